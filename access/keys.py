@@ -1,0 +1,37 @@
+"""Private keys held for this process only, filled from Pulumi secret config; never in state or outputs.
+
+Dynamic providers receive the stack's config in `configure()` (the engine sends it over gRPC) and call
+`set_private_key(name, pem)`; the program checks the key exists with `config.require_secret`. Keeping keys here,
+outside the pickled provider object, means `dill` never serialises a key into the state file.
+"""
+
+from __future__ import annotations
+
+import threading
+
+_KEYS: dict[str, str] = {}
+_LOCK = threading.Lock()
+
+
+class MissingKey(RuntimeError):
+    pass
+
+
+def set_private_key(name: str, pem: str) -> None:
+    with _LOCK:
+        _KEYS[name] = pem
+
+
+def get_private_key(name: str, host: str = "") -> str:
+    with _LOCK:
+        pem = _KEYS.get(name)
+    if pem is None:
+        where = f" for {host}" if host else ""
+        raise MissingKey(f"no SSH private key{where}: set it with "
+                         f"`pulumi config set --secret gpuhost:{name} \"$(cat key)\"`")
+    return pem
+
+
+def clear() -> None:
+    with _LOCK:
+        _KEYS.clear()

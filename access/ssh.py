@@ -1,0 +1,368 @@
+"""SSH host access: strict host keys, keys from secret config, one pooled connection per host, counted round trips.
+
+Usage::
+
+    from access import keys
+    from access.ssh import HostSpec, connect
+    keys.set_private_key("sshPrivateKey", pem_text)       # done by providers' configure() from secret config
+    spec = HostSpec(name="gpu-a", address="10.0.0.5", user="ops", host_key="ssh-ed25519 AAAA...")
+    conn = connect(spec)
+    out = conn.run(sh("cat", "/proc/cmdline")).stdout    # one exec = one round trip (ROUNDTRIPS)
+    conn.put("/etc/modprobe.d/vfio.conf", b"options vfio-pci ids=10de:26b5\\n", mode="0644", owner="root:root")
+
+Host keys are checked strictly: the pinned key (a known_hosts-style "type base64" line) or fingerprint
+("SHA256:...") from stack config must match before any authentication or command happens. Accepting an unknown key
+is possible only with `insecure_accept_unknown_host_key=True`, meant for throwaway dev hosts.
+"""
+
+from __future__ import annotations
+
+import base64
+import hashlib
+import io
+import logging
+import select
+import socket
+import threading
+import time
+from collections import Counter
+from dataclasses import dataclass
+from typing import Optional
+
+import paramiko
+from pydantic import BaseModel, ConfigDict, Field, field_validator
+
+from access import keys
+from access.shell import quote, sh
+
+log = logging.getLogger("gpuhost.ssh")
+
+
+class SshError(RuntimeError):
+    """Base of every access-layer error; messages name the host."""
+
+
+class HostKeyMismatch(SshError):
+    pass
+
+
+class HostKeyUnknown(SshError):
+    pass
+
+
+class HostUnreachable(SshError):
+    pass
+
+
+class CommandFailed(SshError):
+    def __init__(self, host: str, command: str, result: "Result"):
+        self.result = result
+        first = command.strip().splitlines()[0] if command.strip() else command
+        super().__init__(
+            f"{host}: command failed with exit code {result.rc}: {first[:200]}\n"
+            f"stderr: {result.stderr.strip()[-2000:]}"
+        )
+
+
+class JumpHost(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+    address: str
+    port: int = Field(22, ge=1, le=65535)
+    user: str = "root"
+    host_key: Optional[str] = None
+    insecure_accept_unknown_host_key: bool = False
+
+
+class HostSpec(BaseModel):
+    """How to reach one host. Holds no secret: the private key is looked up by `key_name` in `access.keys`."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+    name: str
+    address: str
+    port: int = Field(22, ge=1, le=65535)
+    user: str = "root"
+    host_key: Optional[str] = None
+    insecure_accept_unknown_host_key: bool = False
+    jump: Optional[JumpHost] = None
+    connect_timeout: float = Field(10.0, gt=0)
+    command_timeout: float = Field(900.0, gt=0)
+    key_name: str = "sshPrivateKey"
+
+    @field_validator("host_key")
+    @classmethod
+    def _pin_form(cls, v: Optional[str]) -> Optional[str]:
+        if v is None:
+            return v
+        v = v.strip()
+        if v.startswith("SHA256:"):
+            return v
+        parts = v.split()
+        if len(parts) < 2 or not parts[0].startswith(("ssh-", "ecdsa-", "sk-")):
+            raise ValueError("host_key must be 'type base64' (as in known_hosts) or a 'SHA256:...' fingerprint")
+        try:
+            base64.b64decode(parts[1], validate=True)
+        except Exception as e:
+            raise ValueError(f"host_key's key data is not base64: {e}") from None
+        return " ".join(parts[:2])
+
+
+@dataclass
+class Result:
+    rc: int
+    stdout: str
+    stderr: str
+
+
+class RoundTrips:
+    """Counts SSH execs (round trips) per host and in total; benchmarks and tests assert on it."""
+
+    def __init__(self) -> None:
+        self.by_host: Counter[str] = Counter()
+        self._lock = threading.Lock()
+
+    def add(self, host: str) -> None:
+        with self._lock:
+            self.by_host[host] += 1
+
+    @property
+    def total(self) -> int:
+        return sum(self.by_host.values())
+
+    def reset(self) -> None:
+        with self._lock:
+            self.by_host.clear()
+
+
+ROUNDTRIPS = RoundTrips()
+
+
+def fingerprint(key: paramiko.PKey) -> str:
+    digest = hashlib.sha256(key.asbytes()).digest()
+    return "SHA256:" + base64.b64encode(digest).decode().rstrip("=")
+
+
+def fingerprint_of_line(line: str) -> str:
+    if line.startswith("SHA256:"):
+        return line
+    blob = base64.b64decode(line.split()[1])
+    return "SHA256:" + base64.b64encode(hashlib.sha256(blob).digest()).decode().rstrip("=")
+
+
+class _PinnedKeyPolicy(paramiko.MissingHostKeyPolicy):
+    """Checks the server key against the pin before authentication; raises with both fingerprints."""
+
+    def __init__(self, host: str, pin: Optional[str], insecure: bool):
+        self.host, self.pin, self.insecure = host, pin, insecure
+
+    def missing_host_key(self, client, hostname, key):  # noqa: D401 - paramiko API
+        got = fingerprint(key)
+        if self.pin is None:
+            if self.insecure:
+                log.warning("%s: accepting unknown host key %s (insecure_accept_unknown_host_key)", self.host, got)
+                return
+            raise HostKeyUnknown(
+                f"{self.host}: no host key pinned and strict checking is on; the host presented {got}. "
+                f"Pin it in stack config (hosts[].host_key) after verifying it out of band."
+            )
+        want = fingerprint_of_line(self.pin)
+        if got != want:
+            raise HostKeyMismatch(
+                f"{self.host}: host key mismatch: pinned {want}, host presented {got}. Refusing to connect; "
+                f"nothing was run. If the host was reinstalled, verify and update the pin."
+            )
+
+
+def _load_pkey(pem: str) -> paramiko.PKey:
+    errors = []
+    for cls in (paramiko.Ed25519Key, paramiko.ECDSAKey, paramiko.RSAKey):
+        try:
+            return cls.from_private_key(io.StringIO(pem))
+        except Exception as e:  # try the next key type
+            errors.append(f"{cls.__name__}: {e}")
+    raise SshError("private key from config could not be loaded: " + "; ".join(errors))
+
+
+class Conn:
+    """One authenticated SSH connection to a host; commands run with sudo when the user is not root."""
+
+    def __init__(self, spec: HostSpec, client: paramiko.SSHClient, jump: Optional[paramiko.SSHClient]):
+        self.spec = spec
+        self.client = client
+        self.jump = jump
+        self.lock = threading.Lock()
+
+    @property
+    def alive(self) -> bool:
+        t = self.client.get_transport()
+        return bool(t and t.is_active())
+
+    def _wrap(self, command: str) -> str:
+        if self.spec.user == "root":
+            return command
+        return sh("sudo", "-n", "sh", "-c", command)
+
+    def run(self, command: str, input: Optional[bytes | str] = None, check: bool = True,
+            timeout: Optional[float] = None) -> Result:
+        """Run one command (a string built with access.shell) as root; one round trip."""
+        ROUNDTRIPS.add(self.spec.name)
+        t = self.client.get_transport()
+        if t is None or not t.is_active():
+            raise HostUnreachable(f"{self.spec.name}: SSH connection is closed")
+        try:
+            chan = t.open_session(timeout=self.spec.connect_timeout)
+            chan.settimeout(timeout or self.spec.command_timeout)
+            chan.exec_command(self._wrap(command))
+            if input is not None:
+                chan.sendall(input.encode() if isinstance(input, str) else input)
+            chan.shutdown_write()
+            out, err = bytearray(), bytearray()
+            deadline = time.monotonic() + (timeout or self.spec.command_timeout)
+            while True:
+                select.select([chan], [], [], 1.0)
+                while chan.recv_ready():
+                    out += chan.recv(65536)
+                while chan.recv_stderr_ready():
+                    err += chan.recv_stderr(65536)
+                if chan.exit_status_ready() and not chan.recv_ready() and not chan.recv_stderr_ready():
+                    break
+                if not t.is_active():
+                    raise HostUnreachable(f"{self.spec.name}: connection lost while running a command")
+                if time.monotonic() > deadline:
+                    raise socket.timeout()
+            rc = chan.recv_exit_status()
+            chan.close()
+        except (socket.timeout, TimeoutError) as e:
+            raise HostUnreachable(f"{self.spec.name}: command timed out after "
+                                  f"{timeout or self.spec.command_timeout}s") from e
+        except (paramiko.SSHException, EOFError, OSError) as e:
+            drop(self.spec)
+            raise HostUnreachable(f"{self.spec.name}: connection lost during a command: {e}") from e
+        if rc == -1:
+            drop(self.spec)
+            raise HostUnreachable(f"{self.spec.name}: connection dropped before the command finished")
+        res = Result(rc, out.decode(errors="replace"), err.decode(errors="replace"))
+        if check and rc != 0:
+            raise CommandFailed(self.spec.name, command, res)
+        return res
+
+    def put(self, path: str, data: bytes | str, mode: Optional[str] = None, owner: Optional[str] = None) -> None:
+        """Write a file atomically (temp file in the same directory, fsync, rename), keeping or setting mode/owner.
+
+        An existing file's mode and owner are kept unless `mode`/`owner` are given; a new file gets 0644 root:root.
+        """
+        self.run(put_script(path, mode, owner), input=data)
+
+    def get(self, path: str) -> bytes:
+        res = self.run(sh("cat", "--", path))
+        return res.stdout.encode()
+
+    def close(self) -> None:
+        self.client.close()
+        if self.jump:
+            self.jump.close()
+
+
+def put_script(path: str, mode: Optional[str] = None, owner: Optional[str] = None) -> str:
+    """The shell text `Conn.put` runs; stdin is the file's content. Usable inside a bigger script too."""
+    p = quote(path)
+    lines = [
+        "set -e",
+        f'tmp=$(mktemp {quote(path + ".gpuhost.XXXXXX")})',
+        'trap \'rm -f "$tmp"\' EXIT',
+        'cat > "$tmp"',
+        f"if [ -e {p} ]; then chmod --reference={p} \"$tmp\"; chown --reference={p} \"$tmp\"; "
+        f"else chmod 0644 \"$tmp\"; chown 0:0 \"$tmp\"; fi",
+    ]
+    if mode is not None:
+        lines.append(f'chmod {quote(mode)} "$tmp"')
+    if owner is not None:
+        lines.append(f'chown {quote(owner)} "$tmp"')
+    lines += ['sync "$tmp"', f'mv -f "$tmp" {p}', "trap - EXIT", f"sync {quote(_dirname(path))} 2>/dev/null || true"]
+    return "\n".join(lines) + "\n"
+
+
+def _dirname(path: str) -> str:
+    d = path.rsplit("/", 1)[0]
+    return d or "/"
+
+
+_POOL: dict[tuple, Conn] = {}
+_POOL_LOCK = threading.Lock()
+
+
+def _pool_key(spec: HostSpec) -> tuple:
+    return (spec.address, spec.port, spec.user, spec.jump)
+
+
+def drop(spec: HostSpec) -> None:
+    with _POOL_LOCK:
+        c = _POOL.pop(_pool_key(spec), None)
+    if c:
+        try:
+            c.close()
+        except Exception:
+            pass
+
+
+def close_all() -> None:
+    with _POOL_LOCK:
+        conns = list(_POOL.values())
+        _POOL.clear()
+    for c in conns:
+        try:
+            c.close()
+        except Exception:
+            pass
+
+
+def _client(host: str, pin: Optional[str], insecure: bool) -> paramiko.SSHClient:
+    c = paramiko.SSHClient()
+    # No system/user known_hosts: the pin in stack config is the only source of trust.
+    c.set_missing_host_key_policy(_PinnedKeyPolicy(host, pin, insecure))
+    return c
+
+
+def _open(spec: HostSpec) -> Conn:
+    pkey = _load_pkey(keys.get_private_key(spec.key_name, spec.name))
+    jump_client = None
+    sock = None
+    if spec.jump:
+        j = spec.jump
+        jump_client = _client(f"{spec.name} (jump {j.address})", j.host_key, j.insecure_accept_unknown_host_key)
+        jump_client.connect(j.address, port=j.port, username=j.user, pkey=pkey, timeout=spec.connect_timeout,
+                            allow_agent=False, look_for_keys=False, banner_timeout=spec.connect_timeout)
+        sock = jump_client.get_transport().open_channel("direct-tcpip", (spec.address, spec.port), ("127.0.0.1", 0))
+    client = _client(spec.name, spec.host_key, spec.insecure_accept_unknown_host_key)
+    client.connect(spec.address, port=spec.port, username=spec.user, pkey=pkey, sock=sock,
+                   timeout=spec.connect_timeout, banner_timeout=spec.connect_timeout,
+                   auth_timeout=spec.connect_timeout, allow_agent=False, look_for_keys=False)
+    client.get_transport().set_keepalive(15)
+    return Conn(spec, client, jump_client)
+
+
+def connect(spec: HostSpec, attempts: int = 4, backoff: float = 1.0) -> Conn:
+    """A pooled, authenticated connection; retries with backoff on connect errors only (never on key problems)."""
+    key = _pool_key(spec)
+    with _POOL_LOCK:
+        c = _POOL.get(key)
+        if c and c.alive:
+            return c
+        if c:
+            _POOL.pop(key, None)
+    last: Exception | None = None
+    for i in range(attempts):
+        try:
+            c = _open(spec)
+            break
+        except (HostKeyMismatch, HostKeyUnknown, paramiko.AuthenticationException, SshError):
+            raise
+        except (OSError, paramiko.SSHException, EOFError) as e:
+            last = e
+            if i + 1 < attempts:
+                time.sleep(backoff * (2 ** i))
+    else:
+        raise HostUnreachable(f"{spec.name}: cannot connect to {spec.address}:{spec.port} after {attempts} "
+                              f"attempts: {last}")
+    with _POOL_LOCK:
+        _POOL[key] = c
+    return c
