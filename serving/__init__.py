@@ -1,0 +1,1 @@
+"""Serving-side helpers that run next to Triton (stand-in model, load gate)."""
