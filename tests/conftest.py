@@ -1,0 +1,38 @@
+import os
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+pytest_plugins = []
+if (ROOT / "tests" / "testhost" / "fixtures.py").exists():
+    pytest_plugins.append("tests.testhost.fixtures")
+
+
+@pytest.fixture(scope="module")
+def local_sshd():
+    """A real sshd on loopback with per-run keys; yields the server (host_spec(), client_key_pem)."""
+    from tests.servers.sshd import LocalSshd
+
+    with LocalSshd() as srv:
+        yield srv
+
+
+@pytest.fixture
+def provider_server_for(local_sshd):
+    """Factory: a gRPC dynamic-provider server configured with the local sshd's key as secret config."""
+    from tests.engine import ProviderServer
+
+    servers = []
+
+    def make(extra_config=None):
+        srv = ProviderServer({"gpuhost:sshPrivateKey": local_sshd.client_key_pem, **(extra_config or {})})
+        servers.append(srv.__enter__())
+        return srv
+
+    yield make
+    for s in servers:
+        s.__exit__(None, None, None)
