@@ -605,3 +605,34 @@ def host_from_dict(data: Mapping) -> Host:
         reserved_cpus=frozenset(data.get("reserved_cpus", ())),
         siblings=tuple(tuple(g) for g in data.get("siblings", ())),
     )
+
+
+def from_facts(facts, reserved_cpus: Iterable[int] = ()) -> Host:
+    """The solver's `Host` from the typed host facts (`facts.model.HostFacts`).
+
+    `reserved_cpus` is the host's own reserve (housekeeping, IRQs); it is configuration, not a fact.
+    Node memory is `MemFree` of the node, which already excludes the hugepage pools; hugepages are the
+    pools' free counts (1G = 1048576 kB, 2M = 2048 kB). Devices are every PCI function with its NUMA node.
+
+    Example:
+        host = from_facts(read_facts(conn), reserved_cpus=[0, 32])
+    """
+    online = set(facts.online) if facts.online else {c.id for c in facts.cpus}
+    isolated = set(facts.isolated)
+    cpus = tuple(
+        Cpu(id=c.id, core=c.core, socket=c.socket, node=c.node, online=c.id in online, isolated=c.id in isolated)
+        for c in sorted(facts.cpus, key=lambda c: c.id)
+    )
+    groups = sorted({tuple(sorted(set(c.siblings) | {c.id})) for c in facts.cpus})
+    nodes = tuple(
+        Node(
+            id=n.id,
+            memory_free_mib=n.mem_free_kb // 1024,
+            hugepages_free={
+                size: n.hugepages.get(kb, {}).get("free", 0) for size, kb in (("1G", 1048576), ("2M", 2048))
+            },
+        )
+        for n in sorted(facts.nodes.values(), key=lambda n: n.id)
+    )
+    devices = tuple(Device(address=a, numa_node=d.numa_node) for a, d in sorted(facts.pci.items()))
+    return Host(cpus=cpus, nodes=nodes, devices=devices, reserved_cpus=frozenset(reserved_cpus), siblings=tuple(groups))
