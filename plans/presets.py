@@ -1,0 +1,160 @@
+"""Per-GPU Triton presets from the seeds, applied under what a model spec says itself.
+
+Seed 004 (A10/L40S): L40S takes bigger preferred batches (2/4/8/16) with fewer instances (2); A10
+smaller batches (1/2/4) with more instances (3); the queue window starts at 500–1000 µs for low
+latency. Seed 001 (SDXL): diffusion batches are 1–2, the window 2–6 ms, 2 instances per MIG slice
+or GPU when memory allows (1 when it is tight); 4090s run 2–3 instances under CUDA MPS with the
+active thread percentage split between them (60/40 or 50/50). Seed 000: low-latency windows stay
+≤ 2 ms. A100/H100/H200 sit between, with MIG available.
+
+Usage::
+
+    spec = apply_preset(spec, "L40S")        # fields the spec set explicitly win
+    preset_for("4090", "low_latency").mps    # True
+"""
+
+from __future__ import annotations
+
+from typing import Literal, Optional
+
+from pydantic import BaseModel, ConfigDict
+
+from plans.triton_model import DynamicBatching, InstanceGroup, ModelSpec
+
+GpuModel = Literal["A10", "L40S", "A100", "H100", "H200", "4090"]
+Workload = Literal["low_latency", "diffusion", "throughput"]
+
+
+class Preset(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+    gpu: str
+    workload: str
+    max_batch_size: int
+    preferred_batch_size: list[int]
+    max_queue_delay_microseconds: int
+    instance_count: int
+    mps: bool = False
+    # CUDA_MPS_ACTIVE_THREAD_PERCENTAGE per instance when ``mps`` (seed 001: 60/40 or 50/50).
+    mps_split: list[int] = []
+    mig_capable: bool = False
+    memory_gib: int
+
+
+_P = Preset
+PRESETS: dict[tuple[str, str], Preset] = {
+    ("L40S", "low_latency"): _P(gpu="L40S", workload="low_latency", max_batch_size=16,
+                                preferred_batch_size=[2, 4, 8, 16], max_queue_delay_microseconds=800,
+                                instance_count=2, memory_gib=48),
+    ("A10", "low_latency"): _P(gpu="A10", workload="low_latency", max_batch_size=4,
+                               preferred_batch_size=[1, 2, 4], max_queue_delay_microseconds=500,
+                               instance_count=3, memory_gib=24),
+    ("A100", "low_latency"): _P(gpu="A100", workload="low_latency", max_batch_size=16,
+                                preferred_batch_size=[2, 4, 8, 16], max_queue_delay_microseconds=800,
+                                instance_count=2, mig_capable=True, memory_gib=80),
+    ("H100", "low_latency"): _P(gpu="H100", workload="low_latency", max_batch_size=32,
+                                preferred_batch_size=[4, 8, 16, 32], max_queue_delay_microseconds=1000,
+                                instance_count=2, mig_capable=True, memory_gib=80),
+    ("H200", "low_latency"): _P(gpu="H200", workload="low_latency", max_batch_size=32,
+                                preferred_batch_size=[4, 8, 16, 32], max_queue_delay_microseconds=1000,
+                                instance_count=2, mig_capable=True, memory_gib=141),
+    ("4090", "low_latency"): _P(gpu="4090", workload="low_latency", max_batch_size=8,
+                                preferred_batch_size=[1, 2, 4, 8], max_queue_delay_microseconds=1000,
+                                instance_count=2, mps=True, mps_split=[60, 40], memory_gib=24),
+    # Diffusion (seed 001): batch 1–2, 2–6 ms window; count 1 where 24 GiB makes memory tight.
+    ("L40S", "diffusion"): _P(gpu="L40S", workload="diffusion", max_batch_size=2, preferred_batch_size=[1, 2],
+                              max_queue_delay_microseconds=4000, instance_count=2, memory_gib=48),
+    ("A10", "diffusion"): _P(gpu="A10", workload="diffusion", max_batch_size=2, preferred_batch_size=[1, 2],
+                             max_queue_delay_microseconds=4000, instance_count=1, memory_gib=24),
+    ("A100", "diffusion"): _P(gpu="A100", workload="diffusion", max_batch_size=2, preferred_batch_size=[1, 2],
+                              max_queue_delay_microseconds=4000, instance_count=2, mig_capable=True, memory_gib=80),
+    ("H100", "diffusion"): _P(gpu="H100", workload="diffusion", max_batch_size=2, preferred_batch_size=[1, 2],
+                              max_queue_delay_microseconds=3000, instance_count=2, mig_capable=True, memory_gib=80),
+    ("H200", "diffusion"): _P(gpu="H200", workload="diffusion", max_batch_size=2, preferred_batch_size=[1, 2],
+                              max_queue_delay_microseconds=3000, instance_count=3, mig_capable=True, memory_gib=141),
+    ("4090", "diffusion"): _P(gpu="4090", workload="diffusion", max_batch_size=2, preferred_batch_size=[1, 2],
+                              max_queue_delay_microseconds=6000, instance_count=2, mps=True,
+                              mps_split=[50, 50], memory_gib=24),
+    # Throughput (seed 002: ResNet50 batch 32, concurrency 8): large batches, wide window.
+    ("L40S", "throughput"): _P(gpu="L40S", workload="throughput", max_batch_size=32,
+                               preferred_batch_size=[8, 16, 32], max_queue_delay_microseconds=2000,
+                               instance_count=2, memory_gib=48),
+    ("A10", "throughput"): _P(gpu="A10", workload="throughput", max_batch_size=16, preferred_batch_size=[4, 8, 16],
+                              max_queue_delay_microseconds=2000, instance_count=3, memory_gib=24),
+    ("A100", "throughput"): _P(gpu="A100", workload="throughput", max_batch_size=32,
+                               preferred_batch_size=[8, 16, 32], max_queue_delay_microseconds=2000,
+                               instance_count=2, mig_capable=True, memory_gib=80),
+    ("H100", "throughput"): _P(gpu="H100", workload="throughput", max_batch_size=64,
+                               preferred_batch_size=[16, 32, 64], max_queue_delay_microseconds=2000,
+                               instance_count=2, mig_capable=True, memory_gib=80),
+    ("H200", "throughput"): _P(gpu="H200", workload="throughput", max_batch_size=64,
+                               preferred_batch_size=[16, 32, 64], max_queue_delay_microseconds=2000,
+                               instance_count=2, mig_capable=True, memory_gib=141),
+    ("4090", "throughput"): _P(gpu="4090", workload="throughput", max_batch_size=16,
+                               preferred_batch_size=[4, 8, 16], max_queue_delay_microseconds=2000,
+                               instance_count=2, mps=True, mps_split=[50, 50], memory_gib=24),
+}
+
+_ALIASES = {"L40S": "L40S", "A10": "A10", "A100": "A100", "H100": "H100", "H200": "H200", "4090": "4090"}
+
+
+def gpu_key(name: str) -> str:
+    """Map a marketing or ``nvidia-smi`` name ("NVIDIA H200", "NVIDIA GeForce RTX 4090") to a preset key."""
+    upper = name.upper().replace("NVIDIA", "").replace("GEFORCE", "").replace("RTX", "").strip()
+    for token in upper.replace("-", " ").split():
+        if token in _ALIASES:
+            return _ALIASES[token]
+    raise KeyError(f"no preset for GPU {name!r}; known: {sorted(_ALIASES)}")
+
+
+def preset_for(gpu: str, workload: str = "low_latency") -> Preset:
+    return PRESETS[(gpu_key(gpu), workload)]
+
+
+def apply_preset(spec: ModelSpec, gpu: str, workload: Optional[str] = None) -> ModelSpec:
+    """The spec with the GPU preset filled in where the spec did not set a value itself.
+
+    ``max_batch_size``, ``dynamic_batching`` and ``instance_group`` set explicitly on the spec are kept
+    as they are (per-model override); a ``dynamic_batching`` given without preferred sizes or delay
+    gets those from the preset; preferred sizes above the model's max_batch_size are dropped.
+    """
+    p = preset_for(gpu, workload or spec.workload)
+    explicit = spec.model_fields_set
+    update: dict = {}
+    max_batch = spec.max_batch_size if "max_batch_size" in explicit else p.max_batch_size
+    update["max_batch_size"] = max_batch
+    if max_batch > 0:
+        if "dynamic_batching" not in explicit or spec.dynamic_batching is None:
+            if "dynamic_batching" not in explicit:
+                update["dynamic_batching"] = DynamicBatching(
+                    preferred_batch_size=[b for b in p.preferred_batch_size if b <= max_batch],
+                    max_queue_delay_microseconds=p.max_queue_delay_microseconds,
+                )
+        else:
+            d = spec.dynamic_batching
+            given = d.model_fields_set
+            update["dynamic_batching"] = d.model_copy(update={
+                "preferred_batch_size": d.preferred_batch_size if "preferred_batch_size" in given
+                else [b for b in p.preferred_batch_size if b <= max_batch],
+                "max_queue_delay_microseconds": d.max_queue_delay_microseconds
+                if "max_queue_delay_microseconds" in given else p.max_queue_delay_microseconds,
+            })
+    if "instance_group" not in explicit:
+        update["instance_group"] = [InstanceGroup(kind="KIND_GPU", count=p.instance_count)]
+    new = spec.model_copy(update=update)
+    # model_copy keeps model_fields_set; the preset's values are now part of the spec.
+    return ModelSpec.model_validate(new.model_dump(by_alias=True))
+
+
+def mps_environment(preset: Preset, instance: int, *, pipe_dir: str = "/tmp/nvidia-mps",
+                    log_dir: str = "/var/log/nvidia-mps") -> dict[str, str]:
+    """Environment for one Triton instance under CUDA MPS (seed 001 §5.4); empty when the preset has no MPS."""
+    if not preset.mps:
+        return {}
+    split = preset.mps_split or [100 // preset.instance_count] * preset.instance_count
+    pct = split[instance % len(split)]
+    return {
+        "CUDA_VISIBLE_DEVICES": "0",
+        "CUDA_MPS_PIPE_DIRECTORY": pipe_dir,
+        "CUDA_MPS_LOG_DIRECTORY": log_dir,
+        "CUDA_MPS_ACTIVE_THREAD_PERCENTAGE": str(pct),
+    }

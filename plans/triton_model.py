@@ -1,0 +1,373 @@
+"""Typed Triton model specs → ``config.pbtxt``, checked by Triton's own protobuf and its semantic rules.
+
+A ``ModelSpec`` is built into tritonclient's ``model_config_pb2.ModelConfig`` message, printed with
+protobuf ``text_format`` and parsed back (so a field Triton does not know cannot reach a guest), then
+checked against the rules Triton applies when it loads a model (``validate``). Every error names the
+field as a dotted path, e.g. ``dynamic_batching.preferred_batch_size[2]``.
+
+Usage::
+
+    spec = ModelSpec(
+        name="yolov8n", platform="tensorrt_plan", max_batch_size=8,
+        inputs=[Tensor(name="images", data_type="FP32", dims=[3, 640, 640])],
+        outputs=[Tensor(name="output0", data_type="FP32", dims=[84, 8400])],
+        instance_group=[InstanceGroup(kind="KIND_GPU", count=1, gpus=[0])],
+        dynamic_batching=DynamicBatching(preferred_batch_size=[1, 2, 4, 8], max_queue_delay_microseconds=800),
+    )
+    text = render_config(spec, gpu_count=1)      # raises ModelConfigError naming the field
+    message = parse_config(text)                 # ModelConfig protobuf (text_format.Parse)
+"""
+
+from __future__ import annotations
+
+from typing import Literal, Optional
+
+from google.protobuf import text_format
+from pydantic import BaseModel, ConfigDict, Field, field_validator
+from tritonclient.grpc import model_config_pb2 as pb
+
+Platform = Literal["tensorrt_plan", "onnxruntime_onnx", "python"]
+DataType = Literal[
+    "BOOL", "UINT8", "UINT16", "UINT32", "UINT64", "INT8", "INT16", "INT32", "INT64",
+    "FP16", "FP32", "FP64", "STRING", "BF16",
+]
+Kind = Literal["KIND_GPU", "KIND_CPU", "KIND_AUTO", "KIND_MODEL"]
+
+# Model file Triton looks for in <model>/<version>/ per platform.
+DEFAULT_MODEL_FILENAME = {"tensorrt_plan": "model.plan", "onnxruntime_onnx": "model.onnx", "python": "model.py"}
+
+
+class ModelConfigError(ValueError):
+    """A config Triton would reject; ``field`` is the dotted path of the offending field."""
+
+    def __init__(self, model: str, field: str, message: str):
+        self.model, self.field = model, field
+        super().__init__(f"model {model!r}: {field}: {message}")
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class Tensor(_Strict):
+    name: str
+    data_type: DataType
+    dims: list[int]
+    reshape: Optional[list[int]] = None
+    optional: bool = False  # inputs only
+
+    @field_validator("data_type", mode="before")
+    @classmethod
+    def _strip_prefix(cls, v):
+        return v.removeprefix("TYPE_") if isinstance(v, str) else v
+
+
+class RateLimiterResource(_Strict):
+    name: str
+    count: int
+    global_: bool = Field(False, alias="global")
+
+
+class RateLimiter(_Strict):
+    resources: list[RateLimiterResource] = []
+    priority: int = 0
+
+
+class InstanceGroup(_Strict):
+    kind: Kind = "KIND_GPU"
+    count: int = 1
+    gpus: list[int] = []
+    rate_limiter: Optional[RateLimiter] = None
+    name: Optional[str] = None
+
+
+class QueuePolicy(_Strict):
+    timeout_action: Literal["REJECT", "DELAY"] = "REJECT"
+    default_timeout_microseconds: int = 0
+    allow_timeout_override: bool = False
+    max_queue_size: int = 0
+
+
+class DynamicBatching(_Strict):
+    preferred_batch_size: list[int] = []
+    max_queue_delay_microseconds: int = 0
+    preserve_ordering: bool = False
+    priority_levels: int = 0
+    default_priority_level: int = 0
+    default_queue_policy: Optional[QueuePolicy] = None
+    priority_queue_policy: dict[int, QueuePolicy] = {}
+
+
+class WarmupInput(_Strict):
+    data_type: DataType
+    dims: list[int]
+    data: Literal["zero", "random"] = "zero"
+
+    @field_validator("data_type", mode="before")
+    @classmethod
+    def _strip_prefix(cls, v):
+        return v.removeprefix("TYPE_") if isinstance(v, str) else v
+
+
+class Warmup(_Strict):
+    name: str
+    batch_size: int = 1
+    inputs: dict[str, WarmupInput]
+    count: int = 1
+
+
+class ModelSpec(_Strict):
+    """One model of the repository. ``parameters`` become ``parameters { key value { string_value } }``."""
+
+    name: str
+    platform: Platform
+    max_batch_size: int = 0
+    inputs: list[Tensor]
+    outputs: list[Tensor]
+    instance_group: list[InstanceGroup] = [InstanceGroup()]
+    dynamic_batching: Optional[DynamicBatching] = None
+    response_cache: bool = False
+    warmup: list[Warmup] = []
+    parameters: dict[str, str] = {}
+    version: int = 1
+    # "low_latency" (queue window 500–1000 µs) or "diffusion" (2–6 ms), used by plans.presets.
+    workload: Literal["low_latency", "diffusion", "throughput"] = "low_latency"
+
+
+# ---------------------------------------------------------------- rendering
+
+
+def to_message(spec: ModelSpec) -> pb.ModelConfig:
+    """The ``ModelConfig`` protobuf for ``spec`` (no semantic checks)."""
+    m = pb.ModelConfig(name=spec.name, max_batch_size=spec.max_batch_size)
+    if spec.platform == "python":
+        m.backend = "python"
+    else:
+        m.platform = spec.platform
+    for t in spec.inputs:
+        i = m.input.add(name=t.name, data_type=pb.DataType.Value("TYPE_" + t.data_type), dims=t.dims)
+        if t.optional:
+            i.optional = True
+        if t.reshape is not None:
+            i.reshape.shape.extend(t.reshape)
+    for t in spec.outputs:
+        o = m.output.add(name=t.name, data_type=pb.DataType.Value("TYPE_" + t.data_type), dims=t.dims)
+        if t.reshape is not None:
+            o.reshape.shape.extend(t.reshape)
+    for g in spec.instance_group:
+        ig = m.instance_group.add(kind=pb.ModelInstanceGroup.Kind.Value(g.kind), count=g.count, gpus=g.gpus)
+        if g.name:
+            ig.name = g.name
+        if g.rate_limiter is not None:
+            ig.rate_limiter.priority = g.rate_limiter.priority
+            for r in g.rate_limiter.resources:
+                res = ig.rate_limiter.resources.add(name=r.name, count=r.count)
+                setattr(res, "global", r.global_)
+    if spec.dynamic_batching is not None:
+        d = spec.dynamic_batching
+        db = m.dynamic_batching
+        db.SetInParent()
+        db.preferred_batch_size.extend(d.preferred_batch_size)
+        db.max_queue_delay_microseconds = d.max_queue_delay_microseconds
+        db.preserve_ordering = d.preserve_ordering
+        db.priority_levels = d.priority_levels
+        db.default_priority_level = d.default_priority_level
+        if d.default_queue_policy is not None:
+            _queue_policy(db.default_queue_policy, d.default_queue_policy)
+        for level, policy in sorted(d.priority_queue_policy.items()):
+            _queue_policy(db.priority_queue_policy[level], policy)
+    if spec.response_cache:
+        m.response_cache.enable = True
+    for w in spec.warmup:
+        mw = m.model_warmup.add(name=w.name, batch_size=w.batch_size, count=w.count)
+        for input_name, wi in w.inputs.items():
+            x = mw.inputs[input_name]
+            x.data_type = pb.DataType.Value("TYPE_" + wi.data_type)
+            x.dims.extend(wi.dims)
+            if wi.data == "zero":
+                x.zero_data = True
+            else:
+                x.random_data = True
+    for k, v in sorted(spec.parameters.items()):
+        m.parameters[k].string_value = v
+    return m
+
+
+def _queue_policy(target: pb.ModelQueuePolicy, policy: QueuePolicy) -> None:
+    target.timeout_action = pb.ModelQueuePolicy.TimeoutAction.Value(policy.timeout_action)
+    target.default_timeout_microseconds = policy.default_timeout_microseconds
+    target.allow_timeout_override = policy.allow_timeout_override
+    target.max_queue_size = policy.max_queue_size
+
+
+def parse_config(text: str, model: str = "?") -> pb.ModelConfig:
+    """Parse ``config.pbtxt`` text with Triton's ModelConfig; an unknown field raises ModelConfigError naming it."""
+    try:
+        return text_format.Parse(text, pb.ModelConfig())
+    except text_format.ParseError as e:
+        raise ModelConfigError(model, _field_from_parse_error(str(e)), str(e)) from None
+
+
+def _field_from_parse_error(message: str) -> str:
+    # protobuf says e.g. '3:1 : Message type "inference.ModelConfig" has no field named "max_batch".'
+    for marker in ('has no field named "', 'field named "'):
+        if marker in message:
+            return message.split(marker, 1)[1].split('"', 1)[0]
+    return "config.pbtxt"
+
+
+def render_config(spec: ModelSpec, *, gpu_count: int) -> str:
+    """``config.pbtxt`` text for ``spec`` after ``validate``; parsed back with ModelConfig before returning."""
+    validate(spec, gpu_count=gpu_count)
+    text = text_format.MessageToString(to_message(spec))
+    if parse_config(text, spec.name) != to_message(spec):  # pragma: no cover - protobuf round trip guard
+        raise ModelConfigError(spec.name, "config.pbtxt", "does not round-trip through ModelConfig")
+    return text
+
+
+# ---------------------------------------------------------------- Triton's semantic rules
+
+
+def validate(spec: ModelSpec, *, gpu_count: int) -> None:
+    """Raise ``ModelConfigError`` for what Triton would refuse at load time (or what cannot run on this host).
+
+    Args:
+      spec: the model.
+      gpu_count: GPUs visible where Triton will run (0 on a CPU-only host; a MIG slice counts as one).
+    """
+    errors = problems(spec, gpu_count=gpu_count)
+    if errors:
+        field, message = errors[0]
+        raise ModelConfigError(spec.name, field, message)
+
+
+def problems(spec: ModelSpec, *, gpu_count: int) -> list[tuple[str, str]]:
+    """Every rule violation as (field, message); empty when Triton would load the config."""
+    out: list[tuple[str, str]] = []
+
+    def bad(field: str, message: str) -> None:
+        out.append((field, message))
+
+    if not spec.name or "/" in spec.name:
+        bad("name", "must be a non-empty directory name")
+    if spec.max_batch_size < 0:
+        bad("max_batch_size", "must be >= 0")
+    if spec.version < 1:
+        bad("version", "must be >= 1")
+    if not spec.inputs:
+        bad("input", "a model needs at least one input")
+    if not spec.outputs:
+        bad("output", "a model needs at least one output")
+    for kind, tensors in (("input", spec.inputs), ("output", spec.outputs)):
+        seen: set[str] = set()
+        for i, t in enumerate(tensors):
+            where = f"{kind}[{i}]"
+            if not t.name:
+                bad(f"{where}.name", "must not be empty")
+            if t.name in seen:
+                bad(f"{where}.name", f"duplicate {kind} name {t.name!r}")
+            seen.add(t.name)
+            if not t.dims and t.reshape is None:
+                bad(f"{where}.dims", "must list at least one dimension (or give reshape)")
+            for j, d in enumerate(t.dims):
+                if d == 0 or d < -1:
+                    bad(f"{where}.dims[{j}]", f"{d} is not a size (>= 1) or -1 (variable)")
+            if t.reshape is not None and -1 not in t.dims and -1 not in t.reshape:
+                if _prod(t.dims) != _prod(t.reshape):
+                    bad(f"{where}.reshape", f"{t.reshape} has a different element count than dims {t.dims}")
+            if kind == "output" and t.optional:
+                bad(f"{where}.optional", "only inputs can be optional")
+    for i, g in enumerate(spec.instance_group):
+        where = f"instance_group[{i}]"
+        if g.count < 1:
+            bad(f"{where}.count", "must be >= 1")
+        if g.kind == "KIND_GPU":
+            if gpu_count == 0:
+                bad(f"{where}.kind", "KIND_GPU but the host has no GPU (use KIND_CPU or give the guest a GPU)")
+            for j, gpu in enumerate(g.gpus):
+                if gpu < 0 or gpu >= gpu_count:
+                    bad(f"{where}.gpus[{j}]", f"GPU {gpu} does not exist (host has {gpu_count})")
+        elif g.gpus:
+            bad(f"{where}.gpus", f"only KIND_GPU groups may name GPUs, this one is {g.kind}")
+        if spec.platform == "tensorrt_plan" and g.kind == "KIND_CPU":
+            bad(f"{where}.kind", "a TensorRT plan runs only on a GPU (KIND_GPU)")
+        if g.rate_limiter is not None:
+            for j, r in enumerate(g.rate_limiter.resources):
+                if r.count < 0:
+                    bad(f"{where}.rate_limiter.resources[{j}].count", "must be >= 0")
+    d = spec.dynamic_batching
+    if d is not None:
+        if spec.max_batch_size == 0:
+            bad("dynamic_batching", "needs max_batch_size > 0 (the model does not batch)")
+        for j, p in enumerate(d.preferred_batch_size):
+            if p < 1:
+                bad(f"dynamic_batching.preferred_batch_size[{j}]", "must be >= 1")
+            elif spec.max_batch_size and p > spec.max_batch_size:
+                bad(f"dynamic_batching.preferred_batch_size[{j}]",
+                    f"{p} is larger than max_batch_size {spec.max_batch_size}")
+        if len(set(d.preferred_batch_size)) != len(d.preferred_batch_size):
+            bad("dynamic_batching.preferred_batch_size", "lists a size twice")
+        if d.max_queue_delay_microseconds < 0:
+            bad("dynamic_batching.max_queue_delay_microseconds", "must be >= 0")
+        if d.priority_levels < 0:
+            bad("dynamic_batching.priority_levels", "must be >= 0")
+        if d.priority_levels:
+            if not 1 <= d.default_priority_level <= d.priority_levels:
+                bad("dynamic_batching.default_priority_level",
+                    f"must be within 1..{d.priority_levels} when priority_levels is set")
+            if d.preserve_ordering:
+                # Priority queues reorder requests by design; Triton cannot honour both.
+                bad("dynamic_batching.preserve_ordering", "cannot be combined with priority_levels")
+        elif d.default_priority_level:
+            bad("dynamic_batching.default_priority_level", "set but priority_levels is 0")
+        for level in d.priority_queue_policy:
+            if not 1 <= level <= d.priority_levels:
+                bad(f"dynamic_batching.priority_queue_policy[{level}]",
+                    f"priority level {level} is outside 1..{d.priority_levels}")
+        for label, policy in [("default_queue_policy", d.default_queue_policy),
+                              *((f"priority_queue_policy[{k}]", v) for k, v in d.priority_queue_policy.items())]:
+            if policy is None:
+                continue
+            if policy.max_queue_size < 0:
+                bad(f"dynamic_batching.{label}.max_queue_size", "must be >= 0")
+            if policy.default_timeout_microseconds < 0:
+                bad(f"dynamic_batching.{label}.default_timeout_microseconds", "must be >= 0")
+    inputs = {t.name: t for t in spec.inputs}
+    for i, w in enumerate(spec.warmup):
+        where = f"model_warmup[{i}]"
+        if w.batch_size < 1 or w.batch_size > max(1, spec.max_batch_size):
+            bad(f"{where}.batch_size", f"must be within 1..{max(1, spec.max_batch_size)}")
+        if w.count < 1:
+            bad(f"{where}.count", "must be >= 1")
+        for name, wi in w.inputs.items():
+            if name not in inputs:
+                bad(f"{where}.inputs[{name}]", "is not an input of the model")
+                continue
+            if wi.data_type != inputs[name].data_type:
+                bad(f"{where}.inputs[{name}].data_type", f"{wi.data_type} but the input is {inputs[name].data_type}")
+            if any(x < 1 for x in wi.dims):
+                bad(f"{where}.inputs[{name}].dims", "warmup needs concrete sizes (no -1)")
+        for name, t in inputs.items():
+            if name not in w.inputs and not t.optional:
+                bad(f"{where}.inputs", f"misses required input {name!r}")
+    for k in spec.parameters:
+        if not k:
+            bad("parameters", "empty key")
+    return out
+
+
+def _prod(xs: list[int]) -> int:
+    n = 1
+    for x in xs:
+        n *= x
+    return n
+
+
+def needs_rate_limit(specs: list[ModelSpec]) -> bool:
+    """True when an instance group declares rate-limiter resources (server needs ``--rate-limit=execution_count``)."""
+    return any(g.rate_limiter is not None and g.rate_limiter.resources for s in specs for g in s.instance_group)
+
+
+def needs_response_cache(specs: list[ModelSpec]) -> bool:
+    """True when a model enables ``response_cache`` (server needs ``--cache-config``)."""
+    return any(s.response_cache for s in specs)

@@ -1,0 +1,139 @@
+"""Model repository plan: specs in → files (path → bytes) out; plus the seeds' models and CPU stand-ins.
+
+``repository_files`` renders every ``<model>/config.pbtxt`` (validated, see ``plans.triton_model``)
+and names the model file each version directory must hold; the model binaries themselves (plans,
+ONNX files) come from the engine build (``plans.triton_engine``) or are uploaded as given.
+``standin`` turns a real model into a python-backend model with the same inputs, outputs, batching
+and instance count on CPU, so a real Triton can load the repository where no GPU exists.
+
+Usage::
+
+    files = repository_files([yolov8n(), resnet50_fp16(), sdxl()], gpu_count=1)
+    files["yolov8n/config.pbtxt"]            # bytes
+    cpu = [standin(s, sleep_ms=2) for s in (yolov8n(), resnet50_fp16(), sdxl())]
+    files = repository_files(cpu, gpu_count=0, model_py=Path("serving/standin_model.py").read_bytes())
+"""
+
+from __future__ import annotations
+
+import hashlib
+from typing import Optional
+
+from plans.triton_model import (
+    DEFAULT_MODEL_FILENAME,
+    DynamicBatching,
+    InstanceGroup,
+    ModelSpec,
+    Tensor,
+    Warmup,
+    WarmupInput,
+    render_config,
+)
+
+
+def repository_files(specs: list[ModelSpec], *, gpu_count: int,
+                     model_py: Optional[bytes] = None,
+                     model_files: Optional[dict[str, bytes]] = None) -> dict[str, bytes]:
+    """Relative path → content for the whole repository.
+
+    Args:
+      specs: the models; names must be unique.
+      gpu_count: GPUs where Triton runs (KIND_GPU needs > 0).
+      model_py: content of ``<model>/<version>/model.py`` for python-backend models that have no entry
+        in ``model_files``.
+      model_files: extra files by relative path (e.g. ``"yolov8n/1/model.plan"``).
+    """
+    names = [s.name for s in specs]
+    dupes = sorted({n for n in names if names.count(n) > 1})
+    if dupes:
+        raise ValueError(f"model names must be unique in a repository: {dupes}")
+    files: dict[str, bytes] = {}
+    for spec in specs:
+        files[f"{spec.name}/config.pbtxt"] = render_config(spec, gpu_count=gpu_count).encode()
+        model_path = f"{spec.name}/{spec.version}/{DEFAULT_MODEL_FILENAME[spec.platform]}"
+        if spec.platform == "python" and model_py is not None:
+            files[model_path] = model_py
+    for path, content in (model_files or {}).items():
+        files[path] = content
+    return files
+
+
+def repository_digest(files: dict[str, bytes]) -> str:
+    """sha256 over paths and contents, so a preview shows one input change when any file changes."""
+    h = hashlib.sha256()
+    for path in sorted(files):
+        h.update(path.encode() + b"\0" + hashlib.sha256(files[path]).digest())
+    return h.hexdigest()
+
+
+def standin(spec: ModelSpec, *, sleep_ms: float = 0.0) -> ModelSpec:
+    """A python-backend CPU model with ``spec``'s I/O signature, batching and instance count.
+
+    GPU-only settings are mapped to CPU: instance groups become KIND_CPU with the same count,
+    GPU-only parameters (EXECUTION_ENV_PATH) are dropped, and ``sleep_ms`` is what each batch costs.
+    """
+    groups = [InstanceGroup(kind="KIND_CPU", count=g.count, rate_limiter=g.rate_limiter, name=g.name)
+              for g in spec.instance_group]
+    params = {k: v for k, v in spec.parameters.items() if k != "EXECUTION_ENV_PATH"}
+    params["sleep_ms"] = repr(float(sleep_ms))
+    params["standin_for"] = spec.platform
+    return spec.model_copy(update={"platform": "python", "instance_group": groups, "parameters": params})
+
+
+# ---------------------------------------------------------------- the seeds' models
+
+
+def yolov8n(max_batch_size: int = 8) -> ModelSpec:
+    """YOLOv8n 640×640 TensorRT plan (seed 000 §6–7): ``images`` FP32 [3,640,640] → ``output0`` FP32 [84,8400]."""
+    return ModelSpec(
+        name="yolov8n",
+        platform="tensorrt_plan",
+        max_batch_size=max_batch_size,
+        inputs=[Tensor(name="images", data_type="FP32", dims=[3, 640, 640])],
+        outputs=[Tensor(name="output0", data_type="FP32", dims=[84, 8400])],
+        instance_group=[InstanceGroup(kind="KIND_GPU", count=1, gpus=[0])],
+        dynamic_batching=DynamicBatching(preferred_batch_size=[b for b in (1, 2, 4, 8) if b <= max_batch_size],
+                                         max_queue_delay_microseconds=1000),
+        warmup=[Warmup(name="zeros", batch_size=1,
+                       inputs={"images": WarmupInput(data_type="FP32", dims=[3, 640, 640])})],
+    )
+
+
+def resnet50_fp16(max_batch_size: int = 8) -> ModelSpec:
+    """ResNet50 FP16 TensorRT plan (seed 004): ``input`` FP16 [3,224,224] → ``logits`` FP16 [1000], response cache."""
+    return ModelSpec(
+        name="resnet50_fp16",
+        platform="tensorrt_plan",
+        max_batch_size=max_batch_size,
+        inputs=[Tensor(name="input", data_type="FP16", dims=[3, 224, 224])],
+        outputs=[Tensor(name="logits", data_type="FP16", dims=[1000])],
+        instance_group=[InstanceGroup(kind="KIND_GPU", count=2, gpus=[0])],
+        dynamic_batching=DynamicBatching(preferred_batch_size=[b for b in (1, 2, 4, 8) if b <= max_batch_size],
+                                         max_queue_delay_microseconds=800),
+        response_cache=True,
+    )
+
+
+def sdxl(height: int = 1024, width: int = 1024) -> ModelSpec:
+    """SDXL text-to-image python-backend pipeline (seed 001 §4.4): batch ≤ 2, 4 ms window, 2 instances.
+
+    Inputs: ``prompt`` STRING [1], optional ``negative_prompt`` STRING [1], ``seed`` INT64 [1],
+    ``steps`` INT32 [1], ``guidance_scale`` FP32 [1]; output ``image`` UINT8 [H,W,3].
+    """
+    return ModelSpec(
+        name="sdxl",
+        platform="python",
+        max_batch_size=2,
+        inputs=[
+            Tensor(name="prompt", data_type="STRING", dims=[1]),
+            Tensor(name="negative_prompt", data_type="STRING", dims=[1], optional=True),
+            Tensor(name="seed", data_type="INT64", dims=[1]),
+            Tensor(name="steps", data_type="INT32", dims=[1]),
+            Tensor(name="guidance_scale", data_type="FP32", dims=[1]),
+        ],
+        outputs=[Tensor(name="image", data_type="UINT8", dims=[height, width, 3])],
+        instance_group=[InstanceGroup(kind="KIND_GPU", count=2)],
+        dynamic_batching=DynamicBatching(preferred_batch_size=[1, 2], max_queue_delay_microseconds=4000),
+        parameters={"EXECUTION_ENV_PATH": "/opt/tritonserver/backends/python"},
+        workload="diffusion",
+    )
