@@ -1,0 +1,215 @@
+"""Typed host facts: what one read of a host tells the planners. Pure data, no I/O."""
+
+from __future__ import annotations
+
+from typing import Optional
+
+from pydantic import BaseModel, Field
+
+from facts.files import FileState
+
+PREFETCH = 0x8
+MEM64 = 0x4
+IORESOURCE_MEM = 0x200
+IORESOURCE_PREFETCH = 0x2000
+
+
+class OsInfo(BaseModel):
+    id: str = ""
+    id_like: list[str] = Field(default_factory=list)
+    version_id: str = ""
+    pretty_name: str = ""
+
+    @property
+    def family(self) -> str:
+        ids = {self.id, *self.id_like}
+        if ids & {"debian", "ubuntu"}:
+            return "debian"
+        if ids & {"rhel", "centos", "fedora", "rocky", "almalinux"}:
+            return "rhel"
+        return "unknown"
+
+
+class Bar(BaseModel):
+    index: int
+    start: int
+    end: int
+    flags: int
+
+    @property
+    def size(self) -> int:
+        return self.end - self.start + 1 if self.end else 0
+
+    @property
+    def assigned(self) -> bool:
+        return self.start != 0 or self.end != 0
+
+    @property
+    def is_mem(self) -> bool:
+        return bool(self.flags & IORESOURCE_MEM)
+
+    @property
+    def prefetchable(self) -> bool:
+        return bool(self.flags & IORESOURCE_PREFETCH)
+
+    @property
+    def above_4g(self) -> bool:
+        return self.start >= 1 << 32
+
+
+class PciDevice(BaseModel):
+    address: str
+    vendor: str = ""
+    device: str = ""
+    class_code: str = ""
+    driver: Optional[str] = None
+    driver_override: Optional[str] = None
+    numa_node: int = -1
+    iommu_group: Optional[int] = None
+    sriov_totalvfs: Optional[int] = None
+    sriov_numvfs: Optional[int] = None
+    vfs: list[str] = Field(default_factory=list)
+    physfn: Optional[str] = None
+    boot_vga: bool = False
+    net: list[str] = Field(default_factory=list)
+    bars: list[Bar] = Field(default_factory=list)
+
+    @property
+    def slot(self) -> str:
+        return self.address.rsplit(".", 1)[0]
+
+    @property
+    def function(self) -> int:
+        return int(self.address.rsplit(".", 1)[1], 16)
+
+    @property
+    def vendor_device(self) -> str:
+        return f"{self.vendor.removeprefix('0x')}:{self.device.removeprefix('0x')}"
+
+    @property
+    def base_class(self) -> int:
+        return int(self.class_code, 16) >> 16 if self.class_code else -1
+
+    @property
+    def is_bridge(self) -> bool:
+        return self.class_code.startswith("0x0604") or self.class_code.startswith("0x0600")
+
+    @property
+    def is_display(self) -> bool:
+        return self.base_class == 0x03
+
+
+class Cpu(BaseModel):
+    id: int
+    core: int
+    socket: int
+    node: int
+    siblings: list[int]
+
+
+class NumaNode(BaseModel):
+    id: int
+    cpus: list[int] = Field(default_factory=list)
+    mem_total_kb: int = 0
+    mem_free_kb: int = 0
+    # page size in kB -> {"nr": n, "free": n}
+    hugepages: dict[int, dict[str, int]] = Field(default_factory=dict)
+
+
+class Irq(BaseModel):
+    irq: str
+    counts: list[int] = Field(default_factory=list)
+    chip: str = ""
+    actions: str = ""
+    affinity: list[int] = Field(default_factory=list)
+
+    @property
+    def total(self) -> int:
+        return sum(self.counts)
+
+
+class Iommu(BaseModel):
+    dmar_table: bool = False
+    ivrs_table: bool = False
+    units: list[str] = Field(default_factory=list)
+    groups: dict[int, list[str]] = Field(default_factory=dict)
+    interrupt_remapping: bool = False
+    remapping_evidence: str = ""
+
+    @property
+    def firmware_table(self) -> bool:
+        return self.dmar_table or self.ivrs_table
+
+    @property
+    def active(self) -> bool:
+        return bool(self.groups)
+
+
+class Network(BaseModel):
+    default_route_ifaces: list[str] = Field(default_factory=list)
+    ssh_ifaces: list[str] = Field(default_factory=list)
+    iface_pci: dict[str, str] = Field(default_factory=dict)
+
+    @property
+    def protected_pci(self) -> set[str]:
+        """PCI devices carrying the SSH session or the default route: never to be bound to vfio."""
+        return {self.iface_pci[i] for i in [*self.ssh_ifaces, *self.default_route_ifaces] if i in self.iface_pci}
+
+
+class HostFacts(BaseModel):
+    os: OsInfo = Field(default_factory=OsInfo)
+    kernel: str = ""
+    cmdline: list[str] = Field(default_factory=list)
+    iommu: Iommu = Field(default_factory=Iommu)
+    pci: dict[str, PciDevice] = Field(default_factory=dict)
+    cpus: list[Cpu] = Field(default_factory=list)
+    online: list[int] = Field(default_factory=list)
+    isolated: list[int] = Field(default_factory=list)
+    nodes: dict[int, NumaNode] = Field(default_factory=dict)
+    modules: list[str] = Field(default_factory=list)
+    module_config: dict[str, str] = Field(default_factory=dict)
+    irqbalance_active: Optional[bool] = None
+    tuned_profile: Optional[str] = None
+    governors: dict[int, str] = Field(default_factory=dict)
+    interrupts: list[Irq] = Field(default_factory=list)
+    network: Network = Field(default_factory=Network)
+    driverctl_overrides: dict[str, str] = Field(default_factory=dict)
+    sysctls: dict[str, str] = Field(default_factory=dict)
+    files: dict[str, FileState] = Field(default_factory=dict)
+    boot_id: str = ""
+
+    # -- questions planners ask -----------------------------------------------------------------------------------
+    def device(self, address: str) -> Optional[PciDevice]:
+        return self.pci.get(normalize_pci(address))
+
+    def slot_functions(self, address: str) -> list[PciDevice]:
+        d = self.device(address)
+        if d is None:
+            return []
+        return sorted((x for x in self.pci.values() if x.slot == d.slot), key=lambda x: x.function)
+
+    def group_members(self, address: str) -> list[PciDevice]:
+        d = self.device(address)
+        if d is None or d.iommu_group is None:
+            return []
+        return [self.pci[a] for a in self.iommu.groups.get(d.iommu_group, []) if a in self.pci]
+
+    def cmdline_value(self, key: str) -> Optional[str]:
+        for arg in self.cmdline:
+            k, sep, v = arg.partition("=")
+            if k == key:
+                return v if sep else ""
+        return None
+
+    def siblings_of(self, cpu: int) -> list[int]:
+        for c in self.cpus:
+            if c.id == cpu:
+                return c.siblings
+        return [cpu]
+
+
+def normalize_pci(address: str) -> str:
+    a = address.strip().lower()
+    if a.count(":") == 1:
+        a = "0000:" + a
+    return a
