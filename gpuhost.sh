@@ -1,0 +1,49 @@
+#!/usr/bin/env bash
+# gpuhost's two entry points (see README):
+#   ./gpuhost.sh up     set up, boot the emulated GPU server, and `pulumi up` the dev stack against it
+#   ./gpuhost.sh test   set up and run the whole test suite (what CI runs)
+set -euo pipefail
+cd "$(dirname "$0")"
+
+APT_PACKAGES=(
+  python3-venv openssh-server openssh-client
+  qemu-system-x86 qemu-utils ovmf debootstrap grub-efi-amd64-bin grub-pc-bin mtools dosfstools e2fsprogs fdisk
+  libvirt-daemon-system libvirt-clients libvirt-dev pkg-config libxml2-utils
+  nginx prometheus prometheus-node-exporter cpio zstd busybox-static ansible-core
+)
+
+setup() {
+  local missing=()
+  for p in "${APT_PACKAGES[@]}"; do dpkg -s "$p" >/dev/null 2>&1 || missing+=("$p"); done
+  if [ ${#missing[@]} -gt 0 ]; then
+    echo "== installing Debian packages: ${missing[*]}"
+    export DEBIAN_FRONTEND=noninteractive
+    apt-get update -q
+    apt-get install -y -q --no-install-recommends "${missing[@]}"
+  fi
+  # Debian starts these on install; the tests run their own instances on loopback ports.
+  for s in nginx prometheus prometheus-node-exporter; do systemctl stop "$s" >/dev/null 2>&1 || service "$s" stop >/dev/null 2>&1 || true; done
+  mkdir -p /run/sshd
+  if [ ! -x .venv/bin/python ]; then python3 -m venv .venv; fi
+  .venv/bin/pip install -q --upgrade pip
+  .venv/bin/pip install -q -r requirements.txt
+}
+
+case "${1:-}" in
+  test)
+    shift
+    setup
+    exec .venv/bin/python -m pytest -ra "$@"
+    ;;
+  up)
+    setup
+    exec .venv/bin/python -m tests.testhost up-dev
+    ;;
+  setup)
+    setup
+    ;;
+  *)
+    echo "usage: $0 test|up|setup" >&2
+    exit 2
+    ;;
+esac
