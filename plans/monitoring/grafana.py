@@ -1,0 +1,289 @@
+"""Grafana provisioning as code: the Prometheus datasource (fixed uid) and two dashboards built with
+grafana-foundation-sdk.
+
+Usage::
+
+    files = provisioning_files(graph, prometheus_url="http://127.0.0.1:9090")
+    # {"datasources/gpuhost.yaml": ..., "dashboards/gpuhost.yaml": ..., "dashboards/gpuhost/gpu.json": ..., ...}
+    for d in dashboards(graph):            # grafana_foundation_sdk.models.dashboard.Dashboard objects
+        print(d.uid, [p.title for p in d.panels])
+
+Every query names `DATASOURCE_UID`, the uid the datasource file provisions, so a dashboard never binds to whatever
+datasource happens to be the default. Thresholds come from the stack's SLOs (the strictest service wins on the shared
+serving dashboard). `queries(graph)` lists every PromQL expression and variable query for the tests that check each one
+parses and that each metric it reads is really exported.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from typing import Optional
+
+import yaml
+from grafana_foundation_sdk.builders import common as common_b
+from grafana_foundation_sdk.builders import dashboard as dash
+from grafana_foundation_sdk.builders import prometheus as prom
+from grafana_foundation_sdk.builders import stat, timeseries
+from grafana_foundation_sdk.cog.encoder import JSONEncoder
+from grafana_foundation_sdk.models import common as common_m
+from grafana_foundation_sdk.models import dashboard as model
+
+from plans.monitoring import rules as r
+from plans.monitoring.model import MonitoringGraph
+
+DATASOURCE_UID = "gpuhost-prometheus"
+DATASOURCE_NAME = "gpuhost Prometheus"
+DASHBOARD_FOLDER = "gpuhost"
+GPU_DASHBOARD_UID = "gpuhost-gpu"
+SERVING_DASHBOARD_UID = "gpuhost-serving"
+
+DS = model.DataSourceRef(type_val="prometheus", uid=DATASOURCE_UID)
+
+
+@dataclass(frozen=True)
+class VariableQuery:
+    """A `label_values(metric, label)` template variable: the metric must be exported for the variable to fill."""
+
+    name: str
+    metric: str
+    label: str
+    matchers: str = ""
+
+    @property
+    def query(self) -> str:
+        return f"label_values({self.metric}{self.matchers}, {self.label})"
+
+
+def _target(expr: str, legend: str, ref: str) -> prom.Dataquery:
+    return prom.Dataquery().expr(expr).legend_format(legend).ref_id(ref).datasource(DS)
+
+
+def _thresholds(limit: Optional[float]) -> dash.ThresholdsConfig:
+    steps = [model.Threshold(value=None, color="green")]
+    if limit is not None:
+        steps.append(model.Threshold(value=limit, color="red"))
+    return dash.ThresholdsConfig().mode(model.ThresholdsMode.ABSOLUTE).steps(steps)
+
+
+def _ts(title: str, unit: str, targets: list[tuple[str, str]], *, limit: Optional[float] = None,
+        description: str = "", width: int = 12) -> timeseries.Panel:
+    panel = (
+        timeseries.Panel().title(title).unit(unit).datasource(DS).span(width).height(8)
+        .thresholds(_thresholds(limit))
+        .legend(common_b.VizLegendOptions().display_mode(common_m.LegendDisplayMode.LIST)
+                .placement(common_m.LegendPlacement.BOTTOM).show_legend(True))
+        .tooltip(common_b.VizTooltipOptions().mode(common_m.TooltipDisplayMode.MULTI).sort(common_m.SortOrder.DESCENDING))
+    )
+    if description:
+        panel = panel.description(description)
+    if limit is not None:
+        panel = panel.thresholds_style(common_b.GraphThresholdsStyleConfig().mode(common_m.GraphTresholdsStyleMode.LINE))
+    for i, (expr, legend) in enumerate(targets):
+        panel = panel.with_target(_target(expr, legend, chr(ord("A") + i)))
+    return panel
+
+
+def _variable(v: VariableQuery, label: str) -> dash.QueryVariable:
+    return (
+        dash.QueryVariable(v.name).label(label).datasource(DS).query(v.query)
+        .multi(True).include_all(True).refresh(model.VariableRefresh.ON_TIME_RANGE_CHANGED)
+        .sort(model.VariableSort.ALPHABETICAL_ASC)
+    )
+
+
+# --------------------------------------------------------------------------------------------- GPU dashboard
+
+GPU_VARIABLES = (
+    VariableQuery("host", "DCGM_FI_DEV_GPU_UTIL", "host"),
+    VariableQuery("gpu", "DCGM_FI_DEV_GPU_UTIL", "gpu", '{host=~"$host"}'),
+    VariableQuery("node", "node_uname_info", "host"),
+)
+_GPU = '{host=~"$host",gpu=~"$gpu"}'
+_NODE = '{host=~"$node"}'
+_PER_GPU = "{{host}} GPU{{gpu}}"
+
+
+def gpu_dashboard(graph: MonitoringGraph) -> dash.Dashboard:
+    g = graph.gpu
+    d = (
+        dash.Dashboard("gpuhost / GPUs").uid(GPU_DASHBOARD_UID).tags(["gpuhost", "gpu", "dcgm"])
+        .refresh("30s").time("now-3h", "now").readonly()
+        .with_variable(_variable(GPU_VARIABLES[0], "Host"))
+        .with_variable(_variable(GPU_VARIABLES[1], "GPU"))
+        .with_variable(_variable(GPU_VARIABLES[2], "Machine (node exporter)"))
+        .with_row(dash.Row("GPU (DCGM)"))
+        .with_panel(_ts("GPU utilization", "percent", [(f"DCGM_FI_DEV_GPU_UTIL{_GPU}", _PER_GPU)]))
+        .with_panel(_ts("SM occupancy / SM active", "percentunit", [
+            (f"DCGM_FI_PROF_SM_OCCUPANCY{_GPU}", _PER_GPU + " occupancy"),
+            (f"DCGM_FI_PROF_SM_ACTIVE{_GPU}", _PER_GPU + " active"),
+        ], description="Seed 001 §8 SM_OCCUPANCY, seed 004 sm_util."))
+        .with_panel(_ts("Frame buffer free", "mbytes", [(f"DCGM_FI_DEV_FB_FREE{_GPU}", _PER_GPU)],
+                        limit=g.fb_free_min_mib,
+                        description="Alert below 1.5 GB free (seed 001 §8)."))
+        .with_panel(_ts("Frame buffer used", "mbytes", [(f"DCGM_FI_DEV_FB_USED{_GPU}", _PER_GPU)]))
+        .with_panel(_ts("PCIe throughput", "Bps", [
+            (f"DCGM_FI_PROF_PCIE_TX_BYTES{_GPU}", _PER_GPU + " TX"),
+            (f"DCGM_FI_PROF_PCIE_RX_BYTES{_GPU}", _PER_GPU + " RX"),
+        ]))
+        .with_panel(_ts("Memory copy utilization", "percent", [(f"DCGM_FI_DEV_MEM_COPY_UTIL{_GPU}", _PER_GPU)]))
+        .with_panel(_ts("Power", "watt", [(f"DCGM_FI_DEV_POWER_USAGE{_GPU}", _PER_GPU)]))
+        .with_panel(_ts("Temperature", "celsius", [(f"DCGM_FI_DEV_GPU_TEMP{_GPU}", _PER_GPU)],
+                        limit=g.temperature_max_c))
+        .with_panel(_ts("SM clock", "hertz", [(f"DCGM_FI_DEV_SM_CLOCK{_GPU} * 1000000", _PER_GPU)]))
+        .with_panel(
+            stat.Panel().title("Last XID error").datasource(DS).span(12).height(8)
+            .thresholds(_thresholds(1))
+            .reduce_options(common_b.ReduceDataOptions().calcs(["lastNotNull"]).values(False))
+            .with_target(_target(f"max by (host, gpu) (DCGM_FI_DEV_XID_ERRORS{_GPU})", _PER_GPU, "A"))
+        )
+        .with_row(dash.Row("Machines (node exporter)"))
+        .with_panel(_ts("CPU busy", "percentunit", [(
+            f'1 - avg by (host) (rate(node_cpu_seconds_total{{mode="idle",host=~"$node"}}[$__rate_interval]))',
+            "{{host}}")]))
+        .with_panel(_ts("Memory available", "bytes", [(f"node_memory_MemAvailable_bytes{_NODE}", "{{host}}")]))
+        .with_panel(_ts("Hugepages free / total", "short", [
+            (f"node_memory_HugePages_Free{_NODE}", "{{host}} free"),
+            (f"node_memory_HugePages_Total{_NODE}", "{{host}} total"),
+        ], description="Seed 000 §3: VM memory comes from reserved hugepages."))
+        .with_panel(_ts("Network", "Bps", [
+            (f'rate(node_network_receive_bytes_total{{host=~"$node",device!="lo"}}[$__rate_interval])',
+             "{{host}} {{device}} rx"),
+            (f'rate(node_network_transmit_bytes_total{{host=~"$node",device!="lo"}}[$__rate_interval])',
+             "{{host}} {{device}} tx"),
+        ]))
+    )
+    return d
+
+
+# ----------------------------------------------------------------------------------------- serving dashboard
+
+SERVING_VARIABLES = (
+    VariableQuery("service", "nv_inference_request_success", "service"),
+    VariableQuery("model", "nv_inference_request_success", "model", '{service=~"$service"}'),
+    VariableQuery("instance", "nv_inference_request_success", "instance", '{service=~"$service"}'),
+)
+_SEL = '{service=~"$service",model=~"$model",instance=~"$instance"}'
+_PER_MODEL = "{{service}} {{model}}"
+
+
+def _strictest(graph: MonitoringGraph, attr: str) -> Optional[float]:
+    values = [getattr(s.slo, attr) for s in graph.services]
+    return min(values) if values else None
+
+
+def serving_dashboard(graph: MonitoringGraph) -> dash.Dashboard:
+    p95_ms = _strictest(graph, "p95_latency_ms")
+    queue_ms = _strictest(graph, "queue_duration_ms")
+    failure_ratio = _strictest(graph, "max_failure_ratio")
+    summary = "nv_inference_request_summary_us"
+    d = (
+        dash.Dashboard("gpuhost / Serving (Triton)").uid(SERVING_DASHBOARD_UID).tags(["gpuhost", "triton"])
+        .refresh("30s").time("now-1h", "now").readonly()
+        .with_variable(_variable(SERVING_VARIABLES[0], "Service"))
+        .with_variable(_variable(SERVING_VARIABLES[1], "Model"))
+        .with_variable(_variable(SERVING_VARIABLES[2], "Instance"))
+        .with_panel(_ts("QPS", "reqps", [(f"sum by (service, model) ({r.REC_QPS}{_SEL})", _PER_MODEL)]))
+        .with_panel(_ts("Request latency p50 / p95 / p99", "ms", [
+            (f'{summary}{{quantile="{q}",service=~"$service",model=~"$model",instance=~"$instance"}} / 1000',
+             f"{_PER_MODEL} {name}")
+            for q, name in (("0.5", "p50"), ("0.95", "p95"), ("0.99", "p99"))
+        ], limit=p95_ms, description="Triton summary latencies; the red line is the p95 SLO (seed 004)."))
+        .with_panel(_ts("Queue vs compute time per request", "ms", [
+            (f"{r.REC_QUEUE_AVG}{_SEL} / 1000", _PER_MODEL + " queue"),
+            (f"{r.REC_COMPUTE_AVG}{_SEL} / 1000", _PER_MODEL + " compute"),
+            (f"{r.REC_REQUEST_AVG}{_SEL} / 1000", _PER_MODEL + " request"),
+        ], limit=queue_ms, description="The red line is the queue alert (20 ms for 1 min, seed 001 §8)."))
+        .with_panel(_ts("Average batch size", "short", [(f"{r.REC_BATCH_AVG}{_SEL}", _PER_MODEL)],
+                        description="nv_inference_count / nv_inference_exec_count: is dynamic batching batching?"))
+        .with_panel(_ts("Failures", "reqps", [
+            (f"sum by (service, model, reason) (rate(nv_inference_request_failure{_SEL}[$__rate_interval]))",
+             _PER_MODEL + " {{reason}}"),
+        ]))
+        .with_panel(_ts("Failure ratio", "percentunit", [(f"{r.REC_FAILURE_RATIO}{_SEL}", _PER_MODEL)],
+                        limit=failure_ratio))
+        .with_panel(_ts("Pending requests (queue depth)", "short", [
+            (f"sum by (service, model) (nv_inference_pending_request_count{_SEL})", _PER_MODEL)]))
+        .with_panel(_ts("Executions per second", "short", [
+            (f"sum by (service, model) (rate(nv_inference_exec_count{_SEL}[$__rate_interval]))", _PER_MODEL)]))
+    )
+    return d
+
+
+# ----------------------------------------------------------------------------------------------- provisioning
+
+
+def dashboards(graph: MonitoringGraph) -> list[model.Dashboard]:
+    out = [gpu_dashboard(graph).build(), serving_dashboard(graph).build()]
+    for d in out:
+        # Stable panel ids keep shared links and alert annotations pointing at the same panel across renders.
+        for i, p in enumerate(d.panels or [], start=1):
+            p.id_val = i
+    return out
+
+
+def dashboard_json(d: model.Dashboard) -> str:
+    return json.dumps(d, cls=JSONEncoder, indent=2, sort_keys=True) + "\n"
+
+
+def datasource_yaml(prometheus_url: str) -> str:
+    data = {
+        "apiVersion": 1,
+        "datasources": [{
+            "name": DATASOURCE_NAME,
+            "uid": DATASOURCE_UID,
+            "type": "prometheus",
+            "access": "proxy",
+            "url": prometheus_url,
+            "isDefault": True,
+            "editable": False,
+            "jsonData": {"timeInterval": "15s"},
+        }],
+    }
+    return yaml.safe_dump(data, sort_keys=False)
+
+
+def dashboard_provider_yaml(dashboards_dir: str) -> str:
+    data = {
+        "apiVersion": 1,
+        "providers": [{
+            "name": "gpuhost",
+            "folder": DASHBOARD_FOLDER,
+            "type": "file",
+            "disableDeletion": True,
+            "allowUiUpdates": False,
+            # Grafana re-reads the directory this often: placing a new JSON is the reload.
+            "updateIntervalSeconds": 10,
+            "options": {"path": dashboards_dir, "foldersFromFilesStructure": False},
+        }],
+    }
+    return yaml.safe_dump(data, sort_keys=False)
+
+
+def provisioning_files(graph: MonitoringGraph, prometheus_url: str,
+                       dashboards_dir: str = "/var/lib/grafana/dashboards/gpuhost") -> dict[str, str]:
+    """Relative path (under Grafana's provisioning dir, or `dashboards_dir` for the JSON) -> content."""
+    files = {
+        "datasources/gpuhost.yaml": datasource_yaml(prometheus_url),
+        "dashboards/gpuhost.yaml": dashboard_provider_yaml(dashboards_dir),
+    }
+    for d in dashboards(graph):
+        files[f"json/{d.uid}.json"] = dashboard_json(d)
+    return files
+
+
+def _panels(d: model.Dashboard) -> list[model.Panel]:
+    return [p for p in (d.panels or []) if isinstance(p, model.Panel)]
+
+
+def queries(graph: MonitoringGraph) -> list[str]:
+    """Every PromQL expression of every dashboard panel, in order."""
+    out: list[str] = []
+    for d in dashboards(graph):
+        for p in _panels(d):
+            out += [t.expr for t in (p.targets or [])]
+    return out
+
+
+def variable_queries() -> tuple[VariableQuery, ...]:
+    return GPU_VARIABLES + SERVING_VARIABLES

@@ -1,0 +1,76 @@
+"""Debian's prometheus-node-exporter on a loopback port, for tests.
+
+Usage::
+
+    with start_node_exporter() as ne:
+        urllib.request.urlopen(ne.url + "/metrics")
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import shutil
+import socket
+import subprocess
+import time
+import urllib.error
+import urllib.request
+from pathlib import Path
+
+NODE_EXPORTER = shutil.which("prometheus-node-exporter") or "/usr/bin/prometheus-node-exporter"
+
+
+def available() -> bool:
+    return Path(NODE_EXPORTER).exists()
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@dataclasses.dataclass
+class NodeExporterHandle:
+    address: str  # host:port, as a scrape target
+    url: str
+    process: subprocess.Popen
+
+    def stop(self) -> None:
+        if self.process.poll() is None:
+            self.process.terminate()
+            try:
+                self.process.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                self.process.kill()
+                self.process.wait(timeout=5)
+
+    def __enter__(self) -> "NodeExporterHandle":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.stop()
+
+
+def start_node_exporter(ready_timeout: float = 15.0) -> NodeExporterHandle:
+    port = free_port()
+    # Only the collectors the dashboards read: keeps each scrape cheap on a 2-core CI box.
+    cmd = [
+        NODE_EXPORTER, f"--web.listen-address=127.0.0.1:{port}", "--collector.disable-defaults",
+        "--collector.cpu", "--collector.meminfo", "--collector.netdev", "--collector.uname",
+    ]
+    proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, start_new_session=True)
+    h = NodeExporterHandle(address=f"127.0.0.1:{port}", url=f"http://127.0.0.1:{port}", process=proc)
+    deadline = time.monotonic() + ready_timeout
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise RuntimeError(f"node exporter exited: {proc.stderr.read().decode(errors='replace')[-2000:]}")
+        try:
+            with urllib.request.urlopen(h.url + "/metrics", timeout=2) as r:
+                if r.status == 200:
+                    return h
+        except (urllib.error.URLError, ConnectionError, socket.timeout):
+            pass
+        time.sleep(0.2)
+    h.stop()
+    raise TimeoutError("node exporter not ready")
