@@ -70,7 +70,7 @@ def _ts(title: str, unit: str, targets: list[tuple[str, str]], *, limit: Optiona
         description: str = "", width: int = 12) -> timeseries.Panel:
     panel = (
         timeseries.Panel().title(title).unit(unit).datasource(DS).span(width).height(8)
-        .thresholds(_thresholds(limit))
+        .thresholds(_thresholds(limit)).line_width(1).fill_opacity(10)
         .legend(common_b.VizLegendOptions().display_mode(common_m.LegendDisplayMode.LIST)
                 .placement(common_m.LegendPlacement.BOTTOM).show_legend(True))
         .tooltip(common_b.VizTooltipOptions().mode(common_m.TooltipDisplayMode.MULTI).sort(common_m.SortOrder.DESCENDING))

@@ -98,6 +98,8 @@ def metric_names(expr: str) -> set[str]:
                 continue
             if nxt == "(":
                 continue  # a function or aggregation
+            if re.compile(r"(by|without)\s*\(").match(s, j):
+                continue  # an aggregation written `sum by (x) (...)`
             names.add(word)
         else:
             i += 1
