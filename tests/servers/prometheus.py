@@ -122,7 +122,8 @@ class PrometheusHandle:
 
 
 def start_prometheus(config_text: str, *, workdir: Optional[Path] = None,
-                     extra_files: dict[str, str] | None = None, ready_timeout: float = 30.0) -> PrometheusHandle:
+                     extra_files: dict[str, str] | None = None, ready_timeout: float = 30.0,
+                     port: Optional[int] = None) -> PrometheusHandle:
     """Start /usr/bin/prometheus on a free loopback port with storage under `workdir`."""
     workdir = Path(workdir or tempfile.mkdtemp(prefix="gpuhost-prom-"))
     workdir.mkdir(parents=True, exist_ok=True)
@@ -130,7 +131,7 @@ def start_prometheus(config_text: str, *, workdir: Optional[Path] = None,
         (workdir / name).write_text(text)
     config = workdir / "prometheus.yml"
     config.write_text(config_text.replace("{workdir}", str(workdir)))
-    port = free_port()
+    port = port or free_port()
     log_path = workdir / "prometheus.log"
     cmd = [
         PROMETHEUS,
