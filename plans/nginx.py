@@ -1,0 +1,133 @@
+"""nginx in front of Triton (seed 000 §7.2, seed 004): one rendered ``nginx.conf``, checked with ``nginx -t``.
+
+HTTP: ``/infer`` goes to the default model's v2 infer endpoint and ``/v2/`` passes the whole v2 API,
+both over an upstream with keepalive (``proxy_http_version 1.1`` + ``Connection ""``, otherwise nginx
+opens a TCP connection per request and p95 pays for it), request buffering off so tensors stream
+straight through, and a body limit sized for tensors. gRPC: a separate HTTP/2 listener with
+``grpc_pass`` and a high ``keepalive_requests`` so long-lived client channels are not cut every 1000
+calls. ``/nginx-health`` answers 200 from nginx itself (load balancers, and the load gate's own
+overhead measurement).
+
+Usage::
+
+    text = render(NginxSpec(default_model="yolov8n"))
+    render(NginxSpec(listen_http=18080, listen_grpc=18081, upstream_http="127.0.0.1:8000",
+                     upstream_grpc="127.0.0.1:8001", default_model="sleep", prefix="/tmp/nginx"))
+
+Every value is validated before it reaches the text (names, addresses, sizes), so a config value
+cannot inject a directive.
+"""
+
+from __future__ import annotations
+
+from typing import Optional
+
+from pydantic import BaseModel, ConfigDict, Field
+
+_NAME = r"^[A-Za-z0-9_.\-]+$"
+_HOSTPORT = r"^[A-Za-z0-9_.\-\[\]:]+:[0-9]{1,5}$"
+_SIZE = r"^[0-9]+[kKmMgG]?$"
+_PATH = r"^/[A-Za-z0-9_./\-]*$"
+
+
+class NginxSpec(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    default_model: str = Field(pattern=_NAME)
+    listen_http: int = Field(80, ge=1, le=65535)
+    listen_grpc: Optional[int] = Field(8081, ge=1, le=65535)
+    listen_address: str = Field("0.0.0.0", pattern=r"^[0-9.]+$|^\[[0-9a-fA-F:]+\]$")
+    upstream_http: str = Field("127.0.0.1:8000", pattern=_HOSTPORT)
+    upstream_grpc: str = Field("127.0.0.1:8001", pattern=_HOSTPORT)
+    # Idle keepalive connections each worker keeps to Triton.
+    upstream_keepalive: int = Field(64, ge=1)
+    # Requests per keepalive connection (client side and upstream); high for gRPC channels.
+    keepalive_requests: int = Field(100000, ge=1)
+    # A 8×3×640×640 FP32 batch is ~39 MB as JSON-less binary; leave headroom.
+    client_max_body_size: str = Field("64m", pattern=_SIZE)
+    proxy_read_timeout_s: int = Field(60, ge=1)
+    worker_processes: str = Field("auto", pattern=r"^(auto|[0-9]+)$")
+    worker_connections: int = Field(4096, ge=16)
+    user: Optional[str] = Field("www-data", pattern=_NAME)
+    # Where pid, logs and temp files live; "" = Debian's defaults under /var.
+    prefix: str = Field("", pattern=r"^$|" + _PATH)
+    access_log: bool = False
+
+
+def render(spec: NginxSpec) -> str:
+    """The complete ``nginx.conf`` text (no ``daemon`` directive: systemd or the test launcher decides)."""
+    if spec.prefix:
+        p = spec.prefix.rstrip("/")
+        pid, error_log = f"{p}/nginx.pid", f"{p}/error.log"
+        access = f"{p}/access.log" if spec.access_log else "off"
+        temps = [f"    {d} {p}/{d.removesuffix('_path')};" for d in (
+            "client_body_temp_path", "proxy_temp_path", "fastcgi_temp_path", "uwsgi_temp_path", "scgi_temp_path")]
+    else:
+        pid, error_log = "/run/nginx-triton.pid", "/var/log/nginx/triton-error.log"
+        access = "/var/log/nginx/triton-access.log" if spec.access_log else "off"
+        temps = []
+    lines = []
+    if spec.user:
+        lines.append(f"user {spec.user};")
+    lines += [
+        f"worker_processes {spec.worker_processes};",
+        f"pid {pid};",
+        f"error_log {error_log} warn;",
+        "",
+        f"events {{ worker_connections {spec.worker_connections}; }}",
+        "",
+        "http {",
+        "    sendfile on;",
+        "    tcp_nopush on;",
+        "    tcp_nodelay on;",
+        "    keepalive_timeout 65;",
+        f"    keepalive_requests {spec.keepalive_requests};",
+        f"    access_log {access};",
+        *temps,
+        "",
+        "    upstream triton_http {",
+        f"        server {spec.upstream_http};",
+        f"        keepalive {spec.upstream_keepalive};",
+        f"        keepalive_requests {spec.keepalive_requests};",
+        "    }",
+        "",
+        "    server {",
+        f"        listen {spec.listen_address}:{spec.listen_http} reuseport;",
+        f"        client_max_body_size {spec.client_max_body_size};",
+        "        proxy_http_version 1.1;",
+        '        proxy_set_header Connection "";',
+        "        proxy_request_buffering off;",
+        f"        proxy_read_timeout {spec.proxy_read_timeout_s}s;",
+        "",
+        "        location = /nginx-health {",
+        "            access_log off;",
+        '            return 200 "ok\\n";',
+        "        }",
+        "        location = /infer {",
+        f"            proxy_pass http://triton_http/v2/models/{spec.default_model}/infer;",
+        "        }",
+        "        location /v2/ {",
+        "            proxy_pass http://triton_http;",
+        "        }",
+        "    }",
+    ]
+    if spec.listen_grpc:
+        lines += [
+            "",
+            "    upstream triton_grpc {",
+            f"        server {spec.upstream_grpc};",
+            f"        keepalive {spec.upstream_keepalive};",
+            f"        keepalive_requests {spec.keepalive_requests};",
+            "    }",
+            "",
+            "    server {",
+            f"        listen {spec.listen_address}:{spec.listen_grpc} http2;",
+            f"        client_max_body_size {spec.client_max_body_size};",
+            f"        grpc_read_timeout {spec.proxy_read_timeout_s}s;",
+            "        location / {",
+            "            grpc_pass grpc://triton_grpc;",
+            "        }",
+            "    }",
+        ]
+    lines.append("}")
+    return "\n".join(lines) + "\n"

@@ -1,0 +1,101 @@
+"""Real nginx (Debian's /usr/sbin/nginx) on loopback for tests: ``nginx -t`` and a foreground server.
+
+Usage::
+
+    conf = render(NginxSpec(default_model="sleep", listen_address="127.0.0.1", listen_http=free_port(),
+                            listen_grpc=free_port(), upstream_http=..., prefix=str(tmp), user=run_user()))
+    ok, out = check_config(conf, tmp)              # runs `nginx -t -c`
+    with start_nginx(conf, tmp) as n:             # `nginx -c ... -g "daemon off;"`, waits for the port
+        urllib.request.urlopen(f"http://127.0.0.1:{port}/nginx-health")
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import getpass
+import os
+import shutil
+import socket
+import subprocess
+import time
+from pathlib import Path
+from typing import Optional
+
+NGINX = shutil.which("nginx") or "/usr/sbin/nginx"
+
+
+def nginx_available() -> bool:
+    return os.path.exists(NGINX)
+
+
+def run_user() -> Optional[str]:
+    """The ``user`` directive for a test nginx: as root, keep workers as root so they can use the temp dir."""
+    return "root" if os.geteuid() == 0 else None
+
+
+def _write(conf: str, workdir: Path) -> Path:
+    workdir = Path(workdir)
+    workdir.mkdir(parents=True, exist_ok=True)
+    path = workdir / "nginx.conf"
+    path.write_text(conf)
+    return path
+
+
+def check_config(conf: str, workdir: Path) -> tuple[bool, str]:
+    """Run ``nginx -t -c <conf>``; returns (ok, combined output)."""
+    path = _write(conf, workdir)
+    r = subprocess.run([NGINX, "-t", "-p", str(workdir), "-c", str(path)], capture_output=True, text=True,
+                       timeout=30)
+    return r.returncode == 0, r.stdout + r.stderr
+
+
+@dataclasses.dataclass
+class NginxHandle:
+    process: subprocess.Popen
+    conf_path: Path
+    workdir: Path
+
+    def stop(self) -> None:
+        if self.process.poll() is None:
+            self.process.terminate()  # SIGTERM = fast shutdown
+            try:
+                self.process.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                self.process.kill()
+                self.process.wait(timeout=5)
+
+    def error_log(self) -> str:
+        p = self.workdir / "error.log"
+        return p.read_text(errors="replace") if p.exists() else ""
+
+    def __enter__(self) -> "NginxHandle":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.stop()
+
+
+def start_nginx(conf: str, workdir: Path, *, wait_port: Optional[int] = None, timeout: float = 15.0) -> NginxHandle:
+    """Start nginx in the foreground with ``conf``; waits until ``wait_port`` accepts connections."""
+    path = _write(conf, workdir)
+    ok, out = check_config(conf, workdir)
+    if not ok:
+        raise RuntimeError(f"nginx -t failed:\n{out}")
+    log = open(Path(workdir) / "nginx.stdout", "ab")
+    process = subprocess.Popen([NGINX, "-p", str(workdir), "-c", str(path), "-g", "daemon off;"],
+                               stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+    log.close()
+    handle = NginxHandle(process, path, Path(workdir))
+    deadline = time.monotonic() + timeout
+    while wait_port and time.monotonic() < deadline:
+        if process.poll() is not None:
+            raise RuntimeError(f"nginx exited with {process.returncode}: {handle.error_log()[-2000:]}")
+        try:
+            with socket.create_connection(("127.0.0.1", wait_port), timeout=0.5):
+                return handle
+        except OSError:
+            time.sleep(0.05)
+    if wait_port:
+        handle.stop()
+        raise TimeoutError(f"nginx did not listen on {wait_port}: {handle.error_log()[-2000:]}")
+    return handle
