@@ -80,6 +80,9 @@ echo @@net-ssh; (ss -Htn state established '( sport = :22 )' 2>/dev/null || true
 echo @@net-addrs; ip -o addr show 2>/dev/null | awk '{print $2, $4}'
 echo @@net-pci; for n in /sys/class/net/*; do [ -e "$n/device" ] && echo "${n##*/} $(basename "$(readlink "$n/device")")"; done
 echo @@driverctl; (driverctl list-overrides 2>/dev/null || true)
+echo @@tools; for t in driverctl update-initramfs dracut update-grub grub2-mkconfig grubby tuned-adm cpupower irqbalance systemctl virsh nvidia-smi; do command -v $t >/dev/null 2>&1 && echo $t; done
+echo @@kmods; for m in vfio vfio_pci vfio_iommu_type1 vfio_virqfd nouveau nvidia; do modinfo -F filename $m >/dev/null 2>&1 && echo $m; done
+echo @@pci-errors; (dmesg 2>/dev/null | grep -iE 'not enough MMIO|BAR [0-9]+: (no space|failed to assign)' | tail -n 20)
 """.replace("__MODULE_CONFIG_GLOBS__", MODULE_CONFIG_GLOBS)
 
 
@@ -344,6 +347,9 @@ def parse_host_facts(text: str) -> HostFacts:
         network=parse_network(get("net-default"), get("net-ssh"), get("net-addrs"), get("net-pci")),
         driverctl_overrides=parse_driverctl(get("driverctl")),
         sysctls=parse_kv(get("sysctls")),
+        tools=get("tools").split(),
+        kmods_available=get("kmods").split(),
+        pci_errors=[ln for ln in get("pci-errors").splitlines() if ln.strip()],
         files=parse_files(get("files"), section="f"),
     )
 

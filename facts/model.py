@@ -177,6 +177,9 @@ class HostFacts(BaseModel):
     sysctls: dict[str, str] = Field(default_factory=dict)
     files: dict[str, FileState] = Field(default_factory=dict)
     boot_id: str = ""
+    tools: list[str] = Field(default_factory=list)
+    kmods_available: list[str] = Field(default_factory=list)
+    pci_errors: list[str] = Field(default_factory=list)
 
     # -- questions planners ask -----------------------------------------------------------------------------------
     def device(self, address: str) -> Optional[PciDevice]:

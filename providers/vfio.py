@@ -1,0 +1,200 @@
+"""VfioBinding: hand GPU functions (and VFs) to vfio-pci, persistently and live, with full restore.
+
+Seeds 000 §3.4 / 001 §5.2 (modules-load + nouveau blacklist + `options vfio-pci ids=` + initramfs) and 002 §4
+(per-address `driverctl set-override`). Inputs: host, devices (every function to bind), mode ("address" | "ids"),
+ids (vendor:device list, ids mode), blacklist_nouveau, disable_vga, version.
+Outputs: drivers (address -> driver in use now), prior_drivers, prior (pristine files), pending_reboot.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Any, Optional
+
+import pulumi
+from pulumi import dynamic
+from pulumi.dynamic import CheckFailure, CheckResult, CreateResult, DiffResult, ReadResult, UpdateResult
+
+from access.shell import Script, quote, sh
+from facts.files import FileState
+from facts.host import read_host_facts
+from facts.model import HostFacts, normalize_pci
+from providers.base import HostProvider
+from providers.pristine import capture_and_read, restore_lines, write_lines
+
+MODULES_LOAD = "/etc/modules-load.d/gpuhost-vfio.conf"
+MODPROBE_VFIO = "/etc/modprobe.d/gpuhost-vfio.conf"
+BLACKLIST = "/etc/modprobe.d/gpuhost-blacklist-nouveau.conf"
+
+
+def driverctl_file(addr: str) -> str:
+    return f"/etc/driverctl.d/pci-{addr}"
+
+
+def vfio_modules(available: list[str]) -> list[str]:
+    # vfio_virqfd was folded into vfio in Linux 6.2; listing a missing module makes systemd-modules-load fail.
+    wanted = ("vfio", "vfio_pci", "vfio_iommu_type1", "vfio_virqfd")
+    if not available:
+        return list(wanted[:3])
+    return [m for m in wanted if m in available]
+
+
+def _sysfs_rebind(addr: str, override: str) -> list[str]:
+    d = quote(f"/sys/bus/pci/devices/{addr}")
+    return [f"printf '%s\\n' {quote(override)} > {d}/driver_override",
+            f"if [ -e {d}/driver ]; then printf '%s' {quote(addr)} > {d}/driver/unbind; fi",
+            f"printf '%s' {quote(addr)} > /sys/bus/pci/drivers_probe || true"]
+
+
+def render_files(props: dict, facts: HostFacts) -> dict[str, bytes]:
+    devices = [normalize_pci(a) for a in props["devices"]]
+    files = {MODULES_LOAD: ("\n".join(["# gpuhost: load VFIO early (seed 000 §3.4)",
+                                       *vfio_modules(facts.kmods_available)]) + "\n").encode()}
+    lines = ["# gpuhost: make vfio-pci claim passthrough devices before their host drivers"]
+    if props.get("mode") == "ids":
+        ids = props.get("ids") or sorted({facts.pci[a].vendor_device for a in devices if a in facts.pci})
+        opt = f"options vfio-pci ids={','.join(ids)}"
+        if props.get("disable_vga", True):
+            opt += " disable_vga=1"
+        lines.append(opt)
+    host_drivers = sorted({facts.pci[a].driver for a in devices if a in facts.pci and facts.pci[a].driver
+                           and facts.pci[a].driver != "vfio-pci"} | set(props.get("softdep_drivers") or []))
+    for drv in host_drivers:
+        lines.append(f"softdep {drv.replace('-', '_')} pre: vfio-pci")
+    files[MODPROBE_VFIO] = ("\n".join(lines) + "\n").encode()
+    if props.get("blacklist_nouveau", True):
+        files[BLACKLIST] = b"blacklist nouveau\noptions nouveau modeset=0\n"
+    return files
+
+
+def initramfs_cmd(family: str) -> str:
+    if family == "rhel":
+        return sh("dracut", "-f", "--regenerate-all") + " >/dev/null 2>&1"
+    return sh("update-initramfs", "-u", "-k", "all") + " >/dev/null 2>&1"
+
+
+class VfioBindingProvider(HostProvider):
+    VERSION = "1"
+    OUTPUT_ONLY = ("prior", "prior_drivers", "prior_overrides", "drivers", "pending_reboot")
+
+    def check(self, olds: dict, news: dict) -> CheckResult:
+        failures = self.check_host(news)
+        devs = news.get("devices") or []
+        if not devs:
+            failures.append(CheckFailure("devices", "at least one PCI address to bind"))
+        for a in devs:
+            if not isinstance(a, str) or not re.fullmatch(r"([0-9a-fA-F]{4}:)?[0-9a-fA-F]{2}:[0-9a-fA-F]{2}\.[0-7]", a):
+                failures.append(CheckFailure("devices", f"not a PCI address: {a!r} (want 0000:65:00.0)"))
+        if news.get("mode", "address") not in ("address", "ids"):
+            failures.append(CheckFailure("mode", "must be 'address' (driverctl) or 'ids' (vfio-pci ids=)"))
+        return CheckResult(news, failures)
+
+    def _paths(self, props: dict) -> list[str]:
+        return [MODULES_LOAD, MODPROBE_VFIO, BLACKLIST] + [driverctl_file(normalize_pci(a)) for a in props["devices"]]
+
+    def _apply(self, props: dict, olds: Optional[dict]) -> dict:
+        conn = self.conn(props)
+        facts, pristine = capture_and_read(conn, self._paths(props))
+        devices = [normalize_pci(a) for a in props["devices"]]
+        unknown = [a for a in devices if a not in facts.pci]
+        if unknown:
+            raise RuntimeError(f"{conn.spec.name}: unknown PCI address(es) {', '.join(unknown)}; nothing changed")
+        if props.get("mode", "address") == "address" and "driverctl" not in facts.tools:
+            raise RuntimeError(f"{conn.spec.name}: binding by address needs driverctl (seed 002 §4): "
+                               "install it, or use mode 'ids'; nothing changed")
+        prior_drivers = (olds or {}).get("prior_drivers") or {a: facts.pci[a].driver for a in devices}
+        prior_overrides = (olds or {}).get("prior_overrides")
+        if prior_overrides is None:
+            prior_overrides = {a: facts.driverctl_overrides.get(a) for a in devices}
+        wanted = render_files(props, facts)
+        s = Script().raw("set -e")
+        changed_files = False
+        for path in (MODULES_LOAD, MODPROBE_VFIO, BLACKLIST):
+            cur = facts.files.get(path)
+            if path in wanted:
+                if not (cur and cur.exists and cur.content == wanted[path]):
+                    s.extend(write_lines(path, wanted[path], "0644", "0:0"))
+                    changed_files = True
+            elif cur and cur.exists and not pristine[path].exists:
+                s.raw(sh("rm", "-f", path))
+                changed_files = True
+        live = facts.iommu.active
+        for a in devices:
+            if facts.pci[a].driver == "vfio-pci" and facts.driverctl_overrides.get(a) == "vfio-pci":
+                continue
+            if props.get("mode", "address") == "address":
+                # Without an active IOMMU vfio-pci cannot probe: persist the override, bind at next boot.
+                s.add("driverctl", *([] if live else ["--nobind"]), "set-override", a, "vfio-pci")
+            elif live:
+                s.extend(_sysfs_rebind(a, "vfio-pci"))
+        if changed_files:
+            s.raw(initramfs_cmd(facts.os.family))
+        if len(s.lines) > 1:
+            conn.run(s.render())
+        after = read_host_facts(conn)
+        drivers = {a: after.pci[a].driver for a in devices if a in after.pci}
+        pending = not live or any(d != "vfio-pci" for d in drivers.values())
+        if live and pending:
+            bad = {a: d for a, d in drivers.items() if d != "vfio-pci"}
+            raise RuntimeError(f"{conn.spec.name}: vfio-pci did not take {bad}; check `lspci -nnk` and dmesg "
+                               "(a host driver grabbed it first: blacklist/initramfs, seed 000 §3.4)")
+        return self.outputs(props, prior=(olds or {}).get("prior") or {k: v.model_dump() for k, v in pristine.items()},
+                            prior_drivers=prior_drivers, prior_overrides=prior_overrides, drivers=drivers,
+                            pending_reboot=pending)
+
+    def create(self, props: dict[str, Any]) -> CreateResult:
+        return CreateResult(f"{self.spec(props).name}:vfio", self._apply(props, None))
+
+    def update(self, _id: str, olds: dict, news: dict) -> UpdateResult:
+        return UpdateResult(self._apply(news, olds))
+
+    def diff(self, _id: str, olds: dict, news: dict) -> DiffResult:
+        d = super().diff(_id, olds, news)
+        drivers = olds.get("drivers") or {}
+        if not d.changes and not olds.get("pending_reboot") and any(v != "vfio-pci" for v in drivers.values()):
+            return DiffResult(changes=True, replaces=[], delete_before_replace=None)
+        return d
+
+    def read(self, id_: str, props: dict) -> ReadResult:
+        facts = read_host_facts(self.conn(props), files=[MODULES_LOAD, MODPROBE_VFIO, BLACKLIST])
+        devices = [normalize_pci(a) for a in props["devices"]]
+        drivers = {a: (facts.pci[a].driver if a in facts.pci else None) for a in devices}
+        wanted = render_files(props, facts)
+        files_ok = all(facts.files[p].exists and facts.files[p].content == c for p, c in wanted.items())
+        pending = not facts.iommu.active or (files_ok and any(d != "vfio-pci" for d in drivers.values())
+                                             and all(facts.driverctl_overrides.get(a) == "vfio-pci"
+                                                     for a in devices))
+        outs = {**props, "drivers": drivers, "pending_reboot": pending}
+        if not files_ok:
+            outs["blacklist_nouveau"] = facts.files[BLACKLIST].exists
+            outs["mode"] = "drifted"
+        return ReadResult(id_, outs)
+
+    def delete(self, _id: str, props: dict) -> None:
+        conn = self.conn(props)
+        facts = read_host_facts(conn)
+        prior = {k: FileState.model_validate(v) for k, v in (props.get("prior") or {}).items()}
+        s = Script().raw("set -e")
+        for a in [normalize_pci(x) for x in props["devices"]]:
+            before = (props.get("prior_overrides") or {}).get(a)
+            if props.get("mode", "address") == "address":
+                if before:
+                    s.add("driverctl", "set-override", a, before)
+                else:
+                    s.raw(sh("driverctl", "unset-override", a) + " || true")
+            else:
+                s.extend(_sysfs_rebind(a, ""))
+        s.extend(restore_lines(prior))
+        s.raw(initramfs_cmd(facts.os.family))
+        conn.run(s.render())
+
+
+class VfioBinding(dynamic.Resource, module="host", name="VfioBinding"):
+    drivers: pulumi.Output[dict]
+    pending_reboot: pulumi.Output[bool]
+
+    def __init__(self, name: str, args: dict, opts: Optional[pulumi.ResourceOptions] = None):
+        super().__init__(VfioBindingProvider(), name,
+                         {**{k: None for k in VfioBindingProvider.OUTPUT_ONLY}, "mode": "address",
+                          "blacklist_nouveau": True, "disable_vga": True, **args,
+                          "version": VfioBindingProvider.VERSION}, opts)
