@@ -163,9 +163,11 @@ def _hostdev(devices: ET.Element, address: str, rom_bar: bool) -> None:
         _sub(h, "rom", bar="on")
 
 
-def render_element(spec: DomainSpec) -> ET.Element:
+def render_element(spec: DomainSpec, uuid: Optional[str] = None) -> ET.Element:
     d = ET.Element("domain", {"type": spec.domain_type})
     _sub(d, "name", spec.name)
+    if uuid:
+        _sub(d, "uuid", uuid)
     _sub(d, "memory", str(spec.memory_mib), unit="MiB")
     _sub(d, "currentMemory", str(spec.memory_mib), unit="MiB")
     if spec.page_size != "4K":
@@ -251,9 +253,9 @@ def render_element(spec: DomainSpec) -> ET.Element:
     return d
 
 
-def render(spec: DomainSpec) -> str:
-    """The domain XML text for `spec` (indented, no XML declaration)."""
-    root = render_element(spec)
+def render(spec: DomainSpec, uuid: Optional[str] = None) -> str:
+    """The domain XML text for `spec` (indented, no XML declaration); `uuid` to redefine an existing domain."""
+    root = render_element(spec, uuid)
     ET.indent(root)
     return ET.tostring(root, encoding="unicode") + "\n"
 
@@ -374,3 +376,64 @@ def drift(wanted: DomainSpec, live: DomainSpec) -> dict[str, tuple]:
         if w != l:
             out[f] = (w, l)
     return out
+
+
+# ---------------------------------------------------------------------------------------------------- cloud-init seed
+
+
+class CloudInit(BaseModel):
+    """The guest's first-boot identity, as a cloud-init NoCloud seed (an ISO9660 volume labelled `cidata`).
+
+    Args:
+        user: the login user created in the guest (sudo without password, key login only).
+        ssh_authorized_keys: public keys for `user`. Public keys only: the seed is readable by the guest.
+        hostname: defaults to the domain name.
+    """
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+    user: str = Field("ops", pattern=r"^[a-z_][a-z0-9_-]{0,31}$")
+    ssh_authorized_keys: tuple[str, ...] = ()
+    hostname: Optional[str] = Field(None, pattern=r"^[A-Za-z0-9][A-Za-z0-9-]{0,62}$")
+
+    @field_validator("ssh_authorized_keys")
+    @classmethod
+    def _public_only(cls, v):
+        for k in v:
+            if "PRIVATE KEY" in k or not k.split()[0].startswith(("ssh-", "ecdsa-", "sk-")):
+                raise ValueError("ssh_authorized_keys takes public keys ('ssh-ed25519 AAAA...') only")
+        return v
+
+
+def cloud_init_files(ci: CloudInit, instance_id: str) -> dict[str, str]:
+    """`meta-data` and `user-data` of the NoCloud seed. JSON is valid YAML, so no YAML library is needed and
+    nothing can be injected through a key comment."""
+    import json
+
+    host = ci.hostname or re.sub(r"[^A-Za-z0-9-]", "-", instance_id)[:63]
+    meta = json.dumps({"instance-id": instance_id, "local-hostname": host}, indent=1)
+    user = {
+        "hostname": host,
+        "users": [{"name": ci.user, "sudo": "ALL=(ALL) NOPASSWD:ALL", "shell": "/bin/bash", "lock_passwd": True,
+                   "ssh_authorized_keys": list(ci.ssh_authorized_keys)}],
+        "ssh_pwauth": False,
+        "disable_root": True,
+    }
+    return {"meta-data": meta + "\n", "user-data": "#cloud-config\n" + json.dumps(user, indent=1) + "\n"}
+
+
+def seed_iso(ci: CloudInit, instance_id: str) -> bytes:
+    """The NoCloud seed ISO (volume id `cidata`, Joliet + Rock Ridge names) as bytes, built in memory."""
+    import io
+
+    import pycdlib
+
+    iso = pycdlib.PyCdlib()
+    iso.new(interchange_level=3, joliet=3, rock_ridge="1.09", vol_ident="cidata")
+    for name, text in sorted(cloud_init_files(ci, instance_id).items()):
+        data = text.encode()
+        iso_name = name.upper().replace("-", "_") + ".;1"
+        iso.add_fp(io.BytesIO(data), len(data), "/" + iso_name, rr_name=name, joliet_path="/" + name)
+    out = io.BytesIO()
+    iso.write_fp(out)
+    iso.close()
+    return out.getvalue()

@@ -1,0 +1,482 @@
+"""LibvirtDomain: one tenant VM as a libvirt domain (seed 002 §八), defined from `plans.domain_xml`.
+
+create = disk overlay + cloud-init seed + define + start. update = pin changes applied live where libvirt can
+(vcpupin/emulatorpin/iothreadpin), anything else by graceful shutdown, redefine and start, and if define or start
+fails the previous definition is put back (and started again if it was running) before the error is raised.
+delete = graceful shutdown, destroy after `shutdown_timeout`, undefine with its NVRAM; the disk stays unless
+`keep_disk` is false. read = the live domain XML parsed back into the `domain` input's terms, so refresh shows drift.
+
+How libvirt is reached:
+  * `uri` given (e.g. `test:///default`, `qemu:///system`): opened directly.
+  * otherwise through the project's own SSH connection (`access.ssh`, pinned host key, jump host, key from secret
+    config): a channel runs `virt-ssh-helper qemu:///system` on the host (libvirt's own ssh helper, `nc -U` on the
+    daemon socket where it is missing) and a private 0700 Unix socket here bridges libvirt's `qemu+unix://` client
+    to it. Unlike `qemu+ssh://` with `keyfile=`, no key is written to disk, and fingerprint pins and jump hosts
+    work exactly as for every other gpuhost resource.
+
+Usage::
+
+    LibvirtDomain("gpu-a-tenant-a", {"host": host_input(spec), "domain": spec_dict,
+                  "storage": {"base_image": "/var/lib/libvirt/images/jammy.qcow2", "capacity_gib": 40},
+                  "cloud_init": {"user": "ops", "ssh_authorized_keys": ["ssh-ed25519 AAAA..."]}})
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import shutil
+import socket
+import tempfile
+import threading
+import time
+from typing import Any, Optional
+from xml.sax.saxutils import escape
+
+import libvirt
+import pulumi
+from pulumi import dynamic
+from pulumi.dynamic import CheckFailure, CheckResult, CreateResult, ReadResult, UpdateResult
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+from access.shell import sh
+from access.ssh import HostSpec, connect
+from plans.domain_xml import CloudInit, DomainSpec, cpuset_str, parse, render, seed_iso
+from providers.base import HostProvider, validation_failures
+
+# Changes libvirt applies to a running domain without a restart.
+LIVE_FIELDS = {"vcpupin", "emulatorpin", "iothreadpin"}
+
+
+class Storage(BaseModel):
+    """Where the VM's disk comes from: a qcow2 overlay on `base_image`, created in the libvirt pool whose
+    directory holds `domain.disk` (seed 002: virtio disk from a base image)."""
+
+    model_config = ConfigDict(extra="forbid")
+    base_image: Optional[str] = None
+    capacity_gib: int = Field(20, gt=0)
+
+
+class DomainInputs(BaseModel):
+    model_config = ConfigDict(extra="ignore")
+    host: Optional[dict] = None
+    uri: Optional[str] = None
+    remote_uri: str = "qemu:///system"
+    domain: DomainSpec
+    storage: Storage = Field(default_factory=Storage)
+    cloud_init: Optional[CloudInit] = None
+    start: bool = True
+    keep_disk: bool = True
+    shutdown_timeout: float = Field(60, ge=0)
+
+
+# ------------------------------------------------------------------------------------------- libvirt connection
+
+
+class _Tunnel:
+    """A 0700 Unix socket here whose every connection is an SSH channel to the host's libvirt daemon."""
+
+    def __init__(self, spec: HostSpec, remote_uri: str):
+        self.spec = spec
+        self.conn = connect(spec)
+        self.dir = tempfile.mkdtemp(prefix="gpuhost-libvirt-")
+        os.chmod(self.dir, 0o700)
+        self.path = os.path.join(self.dir, "sock")
+        self.server = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        self.server.bind(self.path)
+        self.server.listen(4)
+        script = (
+            "if command -v virt-ssh-helper >/dev/null 2>&1; then exec "
+            + sh("virt-ssh-helper", remote_uri)
+            + "; else exec "
+            + sh("nc", "-U", "/var/run/libvirt/libvirt-sock")
+            + "; fi"
+        )
+        self.command = script if spec.user == "root" else sh("sudo", "-n", "sh", "-c", script)
+        threading.Thread(target=self._accept, daemon=True).start()
+
+    def _accept(self) -> None:
+        while True:
+            try:
+                client, _ = self.server.accept()
+            except OSError:
+                return
+            chan = self.conn.client.get_transport().open_session()
+            chan.exec_command(self.command)
+            threading.Thread(target=self._pump, args=(client.recv, chan.sendall, chan.shutdown_write),
+                             daemon=True).start()
+            threading.Thread(target=self._pump, args=(chan.recv, client.sendall, lambda: client.shutdown(1)),
+                             daemon=True).start()
+
+    @staticmethod
+    def _pump(recv, send, done) -> None:
+        try:
+            while True:
+                data = recv(65536)
+                if not data:
+                    break
+                send(data)
+        except OSError:
+            pass
+        finally:
+            try:
+                done()
+            except OSError:
+                pass
+
+    def close(self) -> None:
+        self.server.close()
+        shutil.rmtree(self.dir, ignore_errors=True)
+
+
+# Per-process pool (like access.ssh's): libvirt connections and their tunnels, keyed by URI or host.
+_POOL: dict[Any, tuple[libvirt.virConnect, Optional[_Tunnel]]] = {}
+_POOL_LOCK = threading.Lock()
+
+
+def open_libvirt(inputs: DomainInputs) -> libvirt.virConnect:
+    """A live libvirt connection for these inputs, reused within this process."""
+    if inputs.uri:
+        key: Any = inputs.uri
+    elif inputs.host:
+        spec = HostSpec.model_validate(inputs.host)
+        key = (spec.address, spec.port, spec.user, spec.jump, inputs.remote_uri)
+    else:
+        raise ValueError("LibvirtDomain needs `uri` or `host`")
+    with _POOL_LOCK:
+        got = _POOL.get(key)
+        if got is not None:
+            try:
+                if got[0].isAlive():
+                    return got[0]
+            except libvirt.libvirtError:
+                pass
+            _POOL.pop(key, None)
+            if got[1]:
+                got[1].close()
+        tunnel = None
+        if inputs.uri:
+            lv = libvirt.open(inputs.uri)
+        else:
+            tunnel = _Tunnel(spec, inputs.remote_uri)
+            scheme = inputs.remote_uri.split(":", 1)[0]
+            path = inputs.remote_uri.split("://", 1)[1] or "/system"
+            lv = libvirt.open(f"{scheme}+unix://{path}?socket={tunnel.path}")
+        _POOL[key] = (lv, tunnel)
+        return lv
+
+
+def close_all() -> None:
+    with _POOL_LOCK:
+        items = list(_POOL.values())
+        _POOL.clear()
+    for lv, tunnel in items:
+        try:
+            lv.close()
+        except libvirt.libvirtError:
+            pass
+        if tunnel:
+            tunnel.close()
+
+
+# ------------------------------------------------------------------------------------------- domain operations
+
+
+def _lookup(lv: libvirt.virConnect, name: str) -> Optional[libvirt.virDomain]:
+    try:
+        return lv.lookupByName(name)
+    except libvirt.libvirtError as e:
+        if e.get_error_code() == libvirt.VIR_ERR_NO_DOMAIN:
+            return None
+        raise
+
+
+def shutdown(dom: libvirt.virDomain, timeout: float) -> str:
+    """Graceful ACPI shutdown, destroy after `timeout` seconds. Returns how it went down."""
+    if not dom.isActive():
+        return "inactive"
+    deadline = time.monotonic() + timeout
+    next_ask = 0.0
+    while time.monotonic() < deadline:
+        if time.monotonic() >= next_ask:
+            try:
+                dom.shutdown()  # asked again now and then: a guest still booting misses the first ACPI event
+            except libvirt.libvirtError:
+                if not dom.isActive():
+                    return "shutdown"
+            next_ask = time.monotonic() + 10
+        if not dom.isActive():
+            return "shutdown"
+        time.sleep(0.25)
+    if dom.isActive():
+        dom.destroy()
+        return "destroyed"
+    return "shutdown"
+
+
+def _undefine(dom: libvirt.virDomain) -> None:
+    """Undefine with the VM's NVRAM (its UEFI variables are part of it); drivers without NVRAM (test://) refuse
+    that flag, so fall back to fewer flags only on that refusal."""
+    for flags in (libvirt.VIR_DOMAIN_UNDEFINE_NVRAM | libvirt.VIR_DOMAIN_UNDEFINE_MANAGED_SAVE
+                  | libvirt.VIR_DOMAIN_UNDEFINE_SNAPSHOTS_METADATA, 0):
+        try:
+            dom.undefineFlags(flags)
+            return
+        except libvirt.libvirtError as e:
+            if flags == 0 or e.get_error_code() not in (libvirt.VIR_ERR_NO_SUPPORT, libvirt.VIR_ERR_INVALID_ARG):
+                raise
+
+
+def _pool_for(lv: libvirt.virConnect, path: str) -> libvirt.virStoragePool:
+    """The storage pool whose target directory holds `path`."""
+    want = os.path.dirname(path)
+    for pool in lv.listAllStoragePools(0):
+        target = pool.XMLDesc(0).split("<path>", 1)[-1].split("</path>", 1)[0] if "<path>" in pool.XMLDesc(0) else ""
+        if os.path.normpath(target) == os.path.normpath(want):
+            if not pool.isActive():
+                pool.create(0)
+            pool.refresh(0)
+            return pool
+    raise RuntimeError(f"no libvirt storage pool has the directory {want!r}; define one (virsh pool-define-as)")
+
+
+def _volume(lv: libvirt.virConnect, path: str) -> Optional[libvirt.virStorageVol]:
+    try:
+        return lv.storageVolLookupByPath(path)
+    except libvirt.libvirtError:
+        return None
+
+
+def ensure_overlay(lv: libvirt.virConnect, path: str, storage: Storage) -> bool:
+    """Create the qcow2 overlay at `path` backed by `storage.base_image` unless a volume is there. True if made."""
+    if _volume(lv, path) is not None:
+        return False
+    pool = _pool_for(lv, path)
+    xml = (
+        "<volume><name>{}</name><capacity unit='GiB'>{}</capacity>"
+        "<target><format type='qcow2'/></target>"
+        "<backingStore><path>{}</path><format type='qcow2'/></backingStore></volume>"
+    ).format(escape(os.path.basename(path)), storage.capacity_gib, escape(storage.base_image or ""))
+    pool.createXML(xml, 0)
+    return True
+
+
+def write_seed(lv: libvirt.virConnect, path: str, data: bytes) -> bool:
+    """(Re)create the seed ISO volume at `path` with `data`. False where the driver cannot upload (test://)."""
+    old = _volume(lv, path)
+    if old is not None:
+        old.delete(0)
+    pool = _pool_for(lv, path)
+    vol = pool.createXML(
+        "<volume><name>{}</name><capacity unit='bytes'>{}</capacity><target><format type='raw'/></target></volume>"
+        .format(escape(os.path.basename(path)), len(data)), 0)
+    stream = lv.newStream(0)
+    try:
+        vol.upload(stream, 0, len(data), 0)
+    except libvirt.libvirtError as e:
+        if e.get_error_code() == libvirt.VIR_ERR_NO_SUPPORT:
+            return False
+        raise
+    stream.send(data)
+    stream.finish()
+    return True
+
+
+def _delete_volume(lv: libvirt.virConnect, path: Optional[str]) -> None:
+    if path:
+        vol = _volume(lv, path)
+        if vol is not None:
+            vol.delete(0)
+
+
+def _live_pins(dom: libvirt.virDomain, ncpus: int, spec: DomainSpec) -> None:
+    def cpumap(cpus):
+        return tuple(i in set(cpus) for i in range(ncpus))
+
+    # AFFECT_CURRENT on a running domain is the live one (the persistent definition was already redefined);
+    # some drivers (test://) accept only CURRENT.
+    flags = libvirt.VIR_DOMAIN_AFFECT_CURRENT
+    for i, cpu in enumerate(spec.vcpupin):
+        dom.pinVcpuFlags(i, cpumap([cpu]), flags)
+    if spec.emulatorpin:
+        dom.pinEmulator(cpumap(spec.emulatorpin), flags)
+    for i, cs in enumerate(spec.iothreadpin):
+        dom.pinIOThread(i + 1, cpumap(cs), flags)
+
+
+def state_name(dom: libvirt.virDomain) -> str:
+    st = dom.state()[0]
+    return {libvirt.VIR_DOMAIN_RUNNING: "running", libvirt.VIR_DOMAIN_SHUTOFF: "shutoff",
+            libvirt.VIR_DOMAIN_PAUSED: "paused", libvirt.VIR_DOMAIN_SHUTDOWN: "shutdown",
+            libvirt.VIR_DOMAIN_CRASHED: "crashed"}.get(st, str(st))
+
+
+class UpdateFailed(RuntimeError):
+    """Define or start of the new definition failed; the previous one was restored (named in the message)."""
+
+
+class LibvirtDomainProvider(HostProvider):
+    VERSION = "1"
+    # A new name or another host is another domain: delete the old one first (it holds the GPU).
+    REPLACE_ON = ("host", "uri", "remote_uri")
+    OUTPUT_ONLY = ("uuid", "state", "domid", "seed_uploaded", "disk_created", "xml_sha256")
+
+    def check(self, olds: dict, news: dict) -> CheckResult:
+        failures: list[CheckFailure] = []
+        try:
+            inp = DomainInputs.model_validate(news)
+        except ValidationError as e:
+            return CheckResult(news, validation_failures(e))
+        if not inp.uri and not inp.host:
+            failures.append(CheckFailure("host", "give `host` (SSH) or `uri` (a libvirt URI)"))
+        if inp.host:
+            failures += self.check_host(news)
+        if inp.storage.base_image and not inp.domain.disk:
+            failures.append(CheckFailure("domain.disk", "a base image needs the overlay's path in domain.disk"))
+        if inp.cloud_init and not inp.domain.seed_iso:
+            failures.append(CheckFailure("domain.seed_iso", "cloud_init needs the seed ISO path in domain.seed_iso"))
+        # Normalised inputs (PCI addresses in full form, defaults written out) so that state, refresh and new
+        # inputs compare field by field.
+        news = {**news, "domain": inp.domain.model_dump(mode="json"),
+                "storage": inp.storage.model_dump(mode="json"),
+                "cloud_init": inp.cloud_init.model_dump(mode="json") if inp.cloud_init else None}
+        return CheckResult(news, failures)
+
+    def diff(self, id_: str, olds: dict, news: dict):
+        d = super().diff(id_, olds, news)
+        if (olds.get("domain") or {}).get("name") != (news.get("domain") or {}).get("name"):
+            d.replaces = sorted(set(d.replaces or []) | {"domain"})
+            d.delete_before_replace = True
+            d.changes = True
+        return d
+
+    # -- create ---------------------------------------------------------------------------------------------------
+    def create(self, props: dict) -> CreateResult:
+        inp = DomainInputs.model_validate(props)
+        lv = open_libvirt(inp)
+        spec = inp.domain
+        if _lookup(lv, spec.name) is not None:
+            raise RuntimeError(f"domain {spec.name!r} already exists on this host; import it or pick another name")
+        disk_created = seed_uploaded = False
+        dom = None
+        try:
+            if inp.storage.base_image and spec.disk:
+                disk_created = ensure_overlay(lv, spec.disk, inp.storage)
+            if inp.cloud_init and spec.seed_iso:
+                seed_uploaded = write_seed(lv, spec.seed_iso, seed_iso(inp.cloud_init, spec.name))
+            xml = render(spec)
+            dom = lv.defineXML(xml)
+            if inp.start:
+                dom.create()
+        except Exception:
+            # nothing of a failed create may stay behind: the GPU would be held by a half-made domain
+            if dom is not None:
+                if dom.isActive():
+                    dom.destroy()
+                _undefine(dom)
+            if inp.cloud_init:
+                _delete_volume(lv, spec.seed_iso)
+            if disk_created:
+                _delete_volume(lv, spec.disk)
+            raise
+        return CreateResult(dom.UUIDString(), self._outs(props, dom, disk_created, seed_uploaded, xml))
+
+    def _outs(self, props, dom, disk_created, seed_uploaded, xml) -> dict:
+        return self.outputs(props, uuid=dom.UUIDString(), state=state_name(dom), domid=dom.ID(),
+                            disk_created=disk_created,
+                            seed_uploaded=seed_uploaded, xml_sha256=hashlib.sha256(xml.encode()).hexdigest())
+
+    # -- update ---------------------------------------------------------------------------------------------------
+    def update(self, id_: str, olds: dict, news: dict) -> UpdateResult:
+        old = DomainInputs.model_validate(olds)
+        new = DomainInputs.model_validate(news)
+        lv = open_libvirt(new)
+        dom = lv.lookupByUUIDString(id_)
+        spec = new.domain
+        seed_uploaded = bool(olds.get("seed_uploaded"))
+        if new.cloud_init != old.cloud_init and new.cloud_init and spec.seed_iso:
+            was = dom.isActive()
+            if was:
+                shutdown(dom, new.shutdown_timeout)
+            seed_uploaded = write_seed(lv, spec.seed_iso, seed_iso(new.cloud_init, spec.name))
+            if was:
+                dom.create()
+        if new.storage.base_image and spec.disk:
+            ensure_overlay(lv, spec.disk, new.storage)
+        live_xml = parse(dom.XMLDesc(0))
+        changed = {f for f in DomainSpec.model_fields if getattr(live_xml, f) != getattr(spec, f)}
+        xml = render(spec, uuid=dom.UUIDString())
+        previous = dom.XMLDesc(libvirt.VIR_DOMAIN_XML_INACTIVE | libvirt.VIR_DOMAIN_XML_SECURE)
+        running = bool(dom.isActive())
+        if not changed:
+            pass
+        elif running and changed <= LIVE_FIELDS and _same_shape(live_xml, spec):
+            lv.defineXML(xml)
+            try:
+                _live_pins(dom, lv.getCPUMap(0)[0], spec)
+            except libvirt.libvirtError as e:
+                lv.defineXML(previous)
+                raise UpdateFailed(f"live pinning of {spec.name!r} failed ({e}); previous definition restored")
+        else:
+            if running:
+                shutdown(dom, new.shutdown_timeout)
+            try:
+                dom = lv.defineXML(xml)
+                if running or new.start:
+                    dom.create()
+            except libvirt.libvirtError as e:
+                dom = lv.defineXML(previous)
+                if running:
+                    dom.create()
+                raise UpdateFailed(
+                    f"update of {spec.name!r} failed: {e.get_error_message()}; previous definition restored"
+                    + (" and started" if running else "")) from e
+        return UpdateResult(self._outs(news, dom, olds.get("disk_created", False), seed_uploaded, xml))
+
+    # -- delete ---------------------------------------------------------------------------------------------------
+    def delete(self, id_: str, props: dict) -> None:
+        inp = DomainInputs.model_validate(props)
+        lv = open_libvirt(inp)
+        try:
+            dom = lv.lookupByUUIDString(id_)
+        except libvirt.libvirtError:
+            dom = _lookup(lv, inp.domain.name)
+        if dom is not None:
+            shutdown(dom, inp.shutdown_timeout)
+            _undefine(dom)
+        if inp.cloud_init:
+            _delete_volume(lv, inp.domain.seed_iso)
+        if not inp.keep_disk:
+            _delete_volume(lv, inp.domain.disk)
+
+    # -- read -----------------------------------------------------------------------------------------------------
+    def read(self, id_: str, props: dict) -> ReadResult:
+        inp = DomainInputs.model_validate(props)
+        lv = open_libvirt(inp)
+        try:
+            dom = lv.lookupByUUIDString(id_)
+        except libvirt.libvirtError as e:
+            if e.get_error_code() == libvirt.VIR_ERR_NO_DOMAIN:
+                return ReadResult("", {})
+            raise
+        live = parse(dom.XMLDesc(0))
+        outs = {**props, "domain": live.model_dump(mode="json"), "state": state_name(dom), "domid": dom.ID()}
+        return ReadResult(id_, outs)
+
+
+def _same_shape(a: DomainSpec, b: DomainSpec) -> bool:
+    return len(a.vcpupin) == len(b.vcpupin) and len(a.iothreadpin) == len(b.iothreadpin)
+
+
+class LibvirtDomain(dynamic.Resource, module="vm", name="LibvirtDomain"):
+    uuid: pulumi.Output[str]
+    state: pulumi.Output[str]
+
+    def __init__(self, name: str, args: dict, opts: Optional[pulumi.ResourceOptions] = None):
+        props = {k: None for k in LibvirtDomainProvider.OUTPUT_ONLY}
+        props.update(args)
+        props["version"] = LibvirtDomainProvider.VERSION
+        super().__init__(LibvirtDomainProvider(), name, props, opts)
+
+
+__all__ = ["LibvirtDomain", "LibvirtDomainProvider", "DomainInputs", "Storage", "UpdateFailed", "cpuset_str"]

@@ -1,0 +1,113 @@
+"""LibvirtDomain through the SDK's provider server, on libvirt's `test:///default` driver (fast XML lifecycle).
+
+The test driver keeps its state inside the provider process (the provider pools its libvirt connection per
+process, as the engine's one provider process would), so every check below reads back through the provider.
+The same lifecycle against a real libvirtd runs on the emulated host (tests/test_libvirt_testhost.py).
+"""
+
+import pytest
+
+from plans.domain_xml import DomainSpec, Topology
+from providers.libvirt_domain import LibvirtDomainProvider
+from tests.engine import ProviderError, ProviderServer
+
+TYPE = "gpuhost:vm:LibvirtDomain"
+
+
+def spec(**kw) -> dict:
+    base = dict(name="tenant-a", domain_type="test", memory_mib=2048, page_size="2M", vcpupin=(0, 4, 1, 5),
+                emulatorpin=(2, 6), iothreadpin=((3,),), numa_node=0, topology=Topology(cores=2, threads=2),
+                disk="/default-pool/tenant-a.qcow2", seed_iso="/default-pool/tenant-a-seed.iso",
+                gpus=("0000:65:00.0", "0000:65:00.1"), vfs=("0000:41:02.0",), network="default")
+    base.update(kw)
+    return DomainSpec(**base).model_dump(mode="json")
+
+
+def inputs(**kw) -> dict:
+    d = {
+        "uri": "test:///default",
+        "domain": spec(**kw.pop("domain", {})),
+        "storage": {"base_image": "/default-pool/jammy.qcow2", "capacity_gib": 10},
+        "cloud_init": {"user": "ops", "ssh_authorized_keys": ["ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAI x@y"]},
+        "shutdown_timeout": 5,
+        "version": LibvirtDomainProvider.VERSION,
+    }
+    d.update(kw)
+    return d
+
+
+@pytest.fixture
+def server():
+    with ProviderServer() as srv:
+        yield srv
+
+
+def test_create_read_same_live_update_restart_update_delete(server):
+    r = server.resource(LibvirtDomainProvider(), TYPE, "tenant-a")
+    op, outs = r.up(inputs())
+    assert op == "create" and outs["state"] == "running" and outs["disk_created"] is True
+    assert outs["seed_uploaded"] is False  # the test driver cannot upload volumes; the emulated host does
+    first_run = outs["domid"]
+    refreshed = r.refresh()
+    assert refreshed["domain"] == r.inputs["domain"], "live XML reads back as the inputs: no drift"
+    assert r.preview(inputs()).changes is False
+
+    # pins only: applied live, the domain keeps running (same run id)
+    op, outs = r.up(inputs(domain={"vcpupin": (3, 7, 2, 6), "emulatorpin": (1, 5)}))
+    assert op == "update" and outs["domid"] == first_run
+    # (the test driver's host has 8 pinnable CPUs: live pins beyond them read back empty)
+    assert r.refresh()["domain"]["vcpupin"] == [3, 7, 2, 6]
+
+    # memory: needs shutdown + redefine + start (a new run)
+    op, outs = r.up(inputs(domain={"vcpupin": (3, 7, 2, 6), "emulatorpin": (1, 5), "memory_mib": 4096}))
+    assert op == "update" and outs["state"] == "running" and outs["domid"] != first_run
+    assert r.refresh()["domain"]["memory_mib"] == 4096
+
+    r.destroy()
+    gone = server.resource(LibvirtDomainProvider(), TYPE, "tenant-a")
+    gone.id, gone.inputs, gone.outputs = outs["uuid"], inputs(), outs
+    assert gone.read() == {}, "delete leaves no domain"
+
+
+def test_update_that_libvirt_refuses_restores_the_previous_definition(server):
+    r = server.resource(LibvirtDomainProvider(), TYPE, "tenant-a")
+    r.up(inputs())
+    before = r.refresh()
+    with pytest.raises(ProviderError, match="previous definition restored and started"):
+        r.up(inputs(domain={"arch": "bogus", "memory_mib": 4096}))
+    r.outputs = before  # the failed update left state as it was
+    after = r.read()
+    assert after["domain"] == before["domain"] and after["state"] == "running"
+
+
+def test_delete_keeps_the_disk_unless_asked(server):
+    r = server.resource(LibvirtDomainProvider(), TYPE, "tenant-a")
+    assert r.up(inputs())[1]["disk_created"] is True
+    r.destroy()
+    assert r.up(inputs())[1]["disk_created"] is False, "the overlay survived delete (keep_disk default)"
+    r.destroy()
+    r2 = server.resource(LibvirtDomainProvider(), TYPE, "tenant-a")
+    r2.up(inputs(keep_disk=False))
+    r2.destroy()
+    assert r2.up(inputs())[1]["disk_created"] is True, "keep_disk=false removed the overlay"
+
+
+def test_rename_replaces_and_a_defined_name_is_not_adopted(server):
+    r = server.resource(LibvirtDomainProvider(), TYPE, "tenant-a")
+    r.up(inputs())
+    assert r.preview(inputs(domain={"name": "tenant-b"})).replaces == ["domain"]
+    other = server.resource(LibvirtDomainProvider(), TYPE, "tenant-a-again")
+    with pytest.raises(ProviderError, match="already exists"):
+        other.up(inputs())
+
+
+def test_check_refuses_bad_inputs(server):
+    r = server.resource(LibvirtDomainProvider(), TYPE, "x")
+    with pytest.raises(ProviderError, match="host"):
+        r.check({k: v for k, v in inputs().items() if k != "uri"})
+    with pytest.raises(ProviderError, match="public keys"):
+        r.check(inputs(cloud_init={"user": "ops", "ssh_authorized_keys": ["-----BEGIN OPENSSH PRIVATE KEY-----"]}))
+    with pytest.raises(ProviderError, match="topology"):
+        r.check({**inputs(), "domain": {**spec(), "vcpupin": [1, 2, 3]}})
+    checked = r.check({**inputs(), "domain": {**spec(), "gpus": ["65:00.0"]}})
+    assert checked["domain"]["gpus"] == ["0000:65:00.0"], "inputs are normalised so state compares"
