@@ -1,0 +1,117 @@
+"""HostReboot: at most one reboot per host per `up`, only when boot-time changes are not yet running; verified.
+
+Every boot-time resource of a host (KernelCmdline, VfioBinding, ...) feeds this resource's inputs, so it runs
+after all of them and sees their combined wish: the arguments that must be in /proc/cmdline, the arguments that
+must not, the drivers each device must have. If the running host already matches, nothing happens (no reboot on a
+no-op `up`). With policy "never" it reports what is pending instead. Never runs during preview (only create/update
+reboot; check and diff do not touch the host).
+
+Inputs: host, policy ("auto" | "never"), expect_args, expect_absent, expect_drivers, triggers, timeout, version.
+Outputs: pending (reasons, empty when the running host matches), rebooted, boot_id.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any, Optional
+
+import pulumi
+from pulumi import dynamic
+from pulumi.dynamic import CheckFailure, CheckResult, CreateResult, ReadResult, UpdateResult
+
+from access import ssh
+from facts.host import read_host_facts
+from facts.model import HostFacts
+from plans.cmdline import key
+from providers.base import HostProvider
+
+# Counted per process, for benchmarks (reboots per `up`).
+REBOOTS: dict[str, int] = {}
+
+
+def unmet(f: HostFacts, props: dict) -> list[str]:
+    out = []
+    for a in props.get("expect_args") or []:
+        if a not in f.cmdline:
+            out.append(f"kernel argument {a} not running")
+    for a in props.get("expect_absent") or []:
+        if any(x == a or key(x) == a for x in f.cmdline):
+            out.append(f"kernel argument {a} still running")
+    for addr, drv in (props.get("expect_drivers") or {}).items():
+        d = f.pci.get(addr)
+        have = d.driver if d else None
+        if have != drv:
+            out.append(f"{addr} uses {have or 'no driver'}, want {drv}")
+    return out
+
+
+def wait_for_new_boot(spec, old_boot_id: str, timeout: float) -> HostFacts:
+    deadline = time.monotonic() + timeout
+    last = None
+    time.sleep(3)
+    while time.monotonic() < deadline:
+        ssh.drop(spec)
+        try:
+            conn = ssh.connect(spec, attempts=1)
+            f = read_host_facts(conn)
+            if f.boot_id and f.boot_id != old_boot_id:
+                return f
+        except (ssh.SshError, OSError, EOFError) as e:
+            last = e
+        time.sleep(3)
+    raise ssh.HostUnreachable(f"{spec.name}: did not come back within {int(timeout)}s after reboot ({last}); "
+                              "check the console; re-run `pulumi up` once it is reachable")
+
+
+class HostRebootProvider(HostProvider):
+    VERSION = "1"
+    OUTPUT_ONLY = ("pending", "rebooted", "boot_id")
+
+    def check(self, olds: dict, news: dict) -> CheckResult:
+        failures = self.check_host(news)
+        if news.get("policy", "auto") not in ("auto", "never"):
+            failures.append(CheckFailure("policy", "reboot policy must be 'auto' or 'never'"))
+        return CheckResult(news, failures)
+
+    def _apply(self, props: dict) -> dict:
+        spec = self.spec(props)
+        conn = ssh.connect(spec)
+        f = read_host_facts(conn)
+        reasons = unmet(f, props)
+        if not reasons:
+            return self.outputs(props, pending=[], rebooted=False, boot_id=f.boot_id)
+        if props.get("policy", "auto") == "never":
+            return self.outputs(props, pending=reasons, rebooted=False, boot_id=f.boot_id)
+        conn.run("nohup sh -c 'sleep 1; systemctl reboot' >/dev/null 2>&1 &")
+        REBOOTS[spec.name] = REBOOTS.get(spec.name, 0) + 1
+        f2 = wait_for_new_boot(spec, f.boot_id, float(props.get("timeout") or 900))
+        still = unmet(f2, props)
+        if still:
+            raise RuntimeError(f"{spec.name}: rebooted, but: " + "; ".join(still) +
+                               " (check GRUB regeneration, initramfs and `lspci -nnk`; seed 000 §3.4 pitfalls)")
+        return self.outputs(props, pending=[], rebooted=True, boot_id=f2.boot_id)
+
+    def create(self, props: dict[str, Any]) -> CreateResult:
+        return CreateResult(f"{self.spec(props).name}:reboot", self._apply(props))
+
+    def update(self, _id: str, olds: dict, news: dict) -> UpdateResult:
+        return UpdateResult(self._apply(news))
+
+    def read(self, id_: str, props: dict) -> ReadResult:
+        f = read_host_facts(self.conn(props))
+        return ReadResult(id_, {**props, "pending": unmet(f, props), "boot_id": f.boot_id})
+
+    def delete(self, _id: str, props: dict) -> None:
+        # Restoring resources are deleted first; their effect on the running kernel waits for the next reboot,
+        # which the operator schedules (read of KernelCmdline/VfioBinding reports pending_reboot meanwhile).
+        return None
+
+
+class HostReboot(dynamic.Resource, module="host", name="HostReboot"):
+    pending: pulumi.Output[list]
+    rebooted: pulumi.Output[bool]
+
+    def __init__(self, name: str, args: dict, opts: Optional[pulumi.ResourceOptions] = None):
+        super().__init__(HostRebootProvider(), name,
+                         {**{k: None for k in HostRebootProvider.OUTPUT_ONLY}, "policy": "auto", **args,
+                          "version": HostRebootProvider.VERSION}, opts)

@@ -1,0 +1,97 @@
+"""HostTuning: tuned profile and CPU frequency governor (seeds 000 §8.2, 002 §2/§9), restorable.
+
+Inputs: host, tuned_profile ("latency-performance"), governor ("performance"), version.
+Outputs: applied (what was really set), skipped (what the host cannot do, and why), prior_profile, prior_governors.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Optional
+
+import pulumi
+from pulumi import dynamic
+from pulumi.dynamic import CreateResult, DiffResult, ReadResult, UpdateResult
+
+from access.shell import Script, quote, sh
+from facts.host import read_host_facts
+from providers.base import HostProvider
+
+
+def _governor_lines(govs: dict) -> list[str]:
+    return [f"printf '%s' {quote(g)} > /sys/devices/system/cpu/cpu{int(c)}/cpufreq/scaling_governor"
+            for c, g in sorted(govs.items(), key=lambda kv: int(kv[0]))]
+
+
+class HostTuningProvider(HostProvider):
+    VERSION = "1"
+    OUTPUT_ONLY = ("applied", "skipped", "prior_profile", "prior_governors")
+
+    def _apply(self, props: dict, olds: Optional[dict]) -> dict:
+        conn = self.conn(props)
+        facts = read_host_facts(conn)
+        applied, skipped = {}, {}
+        s = Script().raw("set -e")
+        prior_profile = (olds or {}).get("prior_profile", facts.tuned_profile or "")
+        prior_govs = (olds or {}).get("prior_governors") or {str(c): g for c, g in facts.governors.items()}
+        want_profile = props.get("tuned_profile")
+        if want_profile:
+            if "tuned-adm" in facts.tools:
+                if facts.tuned_profile != want_profile:
+                    s.add("tuned-adm", "profile", want_profile)
+                applied["tuned_profile"] = want_profile
+            else:
+                skipped["tuned_profile"] = "tuned is not installed (install tuned, seed 002 §2)"
+        want_gov = props.get("governor")
+        if want_gov:
+            if facts.governors:
+                s.extend(_governor_lines({c: want_gov for c in facts.governors if facts.governors[c] != want_gov}))
+                applied["governor"] = want_gov
+            else:
+                skipped["governor"] = "no cpufreq driver on this host (frequency is firmware/hypervisor managed)"
+        if len(s.lines) > 1:
+            conn.run(s.render())
+        return self.outputs(props, applied=applied, skipped=skipped, prior_profile=prior_profile,
+                            prior_governors=prior_govs)
+
+    def create(self, props: dict[str, Any]) -> CreateResult:
+        return CreateResult(f"{self.spec(props).name}:tuning", self._apply(props, None))
+
+    def update(self, _id: str, olds: dict, news: dict) -> UpdateResult:
+        return UpdateResult(self._apply(news, olds))
+
+    def diff(self, _id: str, olds: dict, news: dict) -> DiffResult:
+        d = super().diff(_id, olds, news)
+        if not d.changes and olds.get("drift"):
+            return DiffResult(changes=True, replaces=[], delete_before_replace=None)
+        return d
+
+    def read(self, id_: str, props: dict) -> ReadResult:
+        facts = read_host_facts(self.conn(props))
+        applied = props.get("applied") or {}
+        drift = []
+        if "tuned_profile" in applied and facts.tuned_profile != applied["tuned_profile"]:
+            drift.append(f"tuned profile is {facts.tuned_profile!r}")
+        if "governor" in applied and any(g != applied["governor"] for g in facts.governors.values()):
+            drift.append("governor changed")
+        return ReadResult(id_, {**props, "drift": drift})
+
+    def delete(self, _id: str, props: dict) -> None:
+        s = Script().raw("set -e")
+        applied = props.get("applied") or {}
+        if "tuned_profile" in applied:
+            prior = props.get("prior_profile")
+            s.raw(sh("tuned-adm", "profile", prior) if prior else sh("tuned-adm", "off"))
+        if "governor" in applied:
+            s.extend(_governor_lines(props.get("prior_governors") or {}))
+        if len(s.lines) > 1:
+            self.conn(props).run(s.render())
+
+
+class HostTuning(dynamic.Resource, module="host", name="HostTuning"):
+    applied: pulumi.Output[dict]
+    skipped: pulumi.Output[dict]
+
+    def __init__(self, name: str, args: dict, opts: Optional[pulumi.ResourceOptions] = None):
+        super().__init__(HostTuningProvider(), name,
+                         {**{k: None for k in HostTuningProvider.OUTPUT_ONLY}, "tuned_profile": None,
+                          "governor": None, **args, "version": HostTuningProvider.VERSION}, opts)
