@@ -42,7 +42,12 @@ def _sha(files: dict[str, str]) -> dict[str, str]:
 def reload_command(reload: dict) -> str:
     if reload["kind"] == "http":
         # Needs --web.enable-lifecycle; a config Prometheus rejects answers 500, so curl -f fails loudly.
-        return sh("curl", "-fsS", "-X", "POST", reload["url"].rstrip("/") + "/-/reload")
+        base = reload["url"].rstrip("/")
+        post = sh("curl", "-fsS", "-X", "POST", base + "/-/reload")
+        if reload.get("when_running"):
+            # First deploy: the files land before the Prometheus container starts and reads them itself.
+            return f"if {sh('curl', '-fsS', '-o', '/dev/null', base + '/-/ready')} 2>/dev/null; then {post}; fi"
+        return post
     if reload["kind"] == "systemd":
         return sh("systemctl", "reload", reload.get("unit", "prometheus"))
     raise ValueError(f"unknown reload kind {reload['kind']!r}")
