@@ -1,0 +1,182 @@
+"""How tritonserver runs on the guest: its arguments, the Docker container, or a systemd unit under numactl.
+
+* ``server_args``: ``--exit-on-error=false`` (one broken model must not take the others down, seed 004),
+  ``--rate-limit=execution_count`` when a model declares rate-limiter resources, ``--cache-config``
+  when a model enables ``response_cache``, ports 8000/8001/8002.
+* ``container_spec``: the pulumi-docker ``Container`` arguments (NGC image pinned, ports, GPU device
+  requests — whole GPUs or MIG UUIDs —, shm size, memlock/stack ulimits, restart policy, MPS env).
+* ``systemd_unit``: the process runtime (seed 002 §11): ``numactl --cpunodebind=N --membind=N
+  tritonserver ...`` with the environment, restart policy and limits in the unit.
+
+Usage::
+
+    args = server_args(ServerOptions(), specs)
+    unit = systemd_unit(ProcessRuntime(numa_node=0), args)        # text of triton.service
+    spec = container_spec(DockerRuntime(image="nvcr.io/nvidia/tritonserver:24.05-py3"), args)
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Literal, Optional
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from plans.triton_model import ModelSpec, needs_rate_limit, needs_response_cache
+
+_IMAGE = r"^[a-z0-9.\-/:_@]+$"
+
+
+class ServerOptions(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+    model_repository: str = "/models"
+    http_port: int = 8000
+    grpc_port: int = 8001
+    metrics_port: int = 8002
+    exit_on_error: bool = False
+    strict_readiness: bool = True
+    response_cache_bytes: int = 256 * 1024 * 1024
+    backend_directory: Optional[str] = None
+    extra: list[str] = []
+
+
+def server_args(o: ServerOptions, specs: list[ModelSpec]) -> list[str]:
+    args = [
+        f"--model-repository={o.model_repository}",
+        f"--http-port={o.http_port}",
+        f"--grpc-port={o.grpc_port}",
+        f"--metrics-port={o.metrics_port}",
+        f"--exit-on-error={'true' if o.exit_on_error else 'false'}",
+        f"--strict-readiness={'true' if o.strict_readiness else 'false'}",
+    ]
+    if o.backend_directory:
+        args.append(f"--backend-directory={o.backend_directory}")
+    if needs_rate_limit(specs):
+        args.append("--rate-limit=execution_count")
+    if needs_response_cache(specs):
+        args.append(f"--cache-config=local,size={o.response_cache_bytes}")
+    return args + list(o.extra)
+
+
+# ---------------------------------------------------------------- Docker
+
+
+class DockerRuntime(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+    # Pinned: a tag plus, in production, the digest (``...:24.05-py3@sha256:...``).
+    image: str = Field("nvcr.io/nvidia/tritonserver:24.05-py3", pattern=_IMAGE)
+    name: str = "triton"
+    host_repository: str = "/srv/triton-repo"
+    # "all", GPU indexes ("0", "1") or MIG UUIDs ("MIG-…").
+    gpus: list[str] = ["all"]
+    shm_size_mib: int = 1024
+    restart: Literal["no", "always", "unless-stopped", "on-failure"] = "always"
+    env: dict[str, str] = {}
+    ports: dict[int, int] = {8000: 8000, 8001: 8001, 8002: 8002}
+
+
+def container_spec(rt: DockerRuntime, args: list[str]) -> dict:
+    """Keyword arguments for ``pulumi_docker.Container`` (plain data; the component wraps them)."""
+    if rt.gpus == ["all"]:
+        device_requests = [{"driver": "nvidia", "count": -1, "capabilities": [["gpu"]]}]
+    else:
+        device_requests = [{"driver": "nvidia", "device_ids": list(rt.gpus), "capabilities": [["gpu"]]}]
+    return {
+        "name": rt.name,
+        "image": rt.image,
+        "command": ["tritonserver", *args],
+        "ports": [{"internal": i, "external": e} for i, e in sorted(rt.ports.items())],
+        "device_requests": device_requests,
+        "shm_size": rt.shm_size_mib,
+        # NGC's recommendation for Triton: unlimited locked memory, 64 MiB stack.
+        "ulimits": [{"name": "memlock", "soft": -1, "hard": -1}, {"name": "stack", "soft": 67108864,
+                                                                   "hard": 67108864}],
+        "restart": rt.restart,
+        "envs": [f"{k}={v}" for k, v in sorted(rt.env.items())],
+        "volumes": [{"host_path": rt.host_repository, "container_path": "/models", "read_only": True}],
+        "must_run": True,
+    }
+
+
+def docker_host(user: str, address: str, port: int = 22) -> str:
+    """The ``ssh://`` DOCKER_HOST for pulumi-docker's provider pointed at the guest."""
+    if not re.fullmatch(r"[A-Za-z0-9._\-]+", user) or not re.fullmatch(r"[A-Za-z0-9.\-:\[\]]+", address):
+        raise ValueError(f"bad docker ssh target {user!r}@{address!r}")
+    return f"ssh://{user}@{address}:{port}"
+
+
+# ---------------------------------------------------------------- systemd + numactl
+
+
+class ProcessRuntime(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+    binary: str = "/opt/tritonserver/bin/tritonserver"
+    numa_node: Optional[int] = 0
+    numactl: str = "/usr/bin/numactl"
+    user: str = "triton"
+    env: dict[str, str] = {}
+    restart: Literal["always", "on-failure", "no"] = "always"
+    description: str = "Triton Inference Server (gpuhost)"
+
+
+def systemd_quote(arg: str) -> str:
+    """Quote one ExecStart word for systemd (its own rules, not a shell): "…" with \\ and " escaped,
+    $ and % doubled so systemd expands neither variables nor specifiers."""
+    escaped = arg.replace("\\", "\\\\").replace('"', '\\"').replace("$", "$$").replace("%", "%%")
+    return f'"{escaped}"'
+
+
+def exec_start(rt: ProcessRuntime, args: list[str]) -> list[str]:
+    argv = []
+    if rt.numa_node is not None:
+        argv += [rt.numactl, f"--cpunodebind={rt.numa_node}", f"--membind={rt.numa_node}"]
+    return argv + [rt.binary, *args]
+
+
+def systemd_unit(rt: ProcessRuntime, args: list[str]) -> str:
+    lines = [
+        "[Unit]",
+        f"Description={rt.description}",
+        "After=network-online.target nvidia-persistenced.service",
+        "Wants=network-online.target",
+        "",
+        "[Service]",
+        "Type=simple",
+        f"User={rt.user}",
+    ]
+    for k, v in sorted(rt.env.items()):
+        if not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", k):
+            raise ValueError(f"bad environment variable name {k!r}")
+        lines.append(f"Environment={systemd_quote(f'{k}={v}')}")
+    lines += [
+        "ExecStart=" + " ".join(systemd_quote(a) for a in exec_start(rt, args)),
+        f"Restart={rt.restart}",
+        "RestartSec=2",
+        "LimitMEMLOCK=infinity",
+        "LimitSTACK=67108864",
+        "LimitNOFILE=1048576",
+        # Triton drains in-flight requests on SIGTERM (exit timeout 30 s).
+        "TimeoutStopSec=40",
+        "",
+        "[Install]",
+        "WantedBy=multi-user.target",
+    ]
+    return "\n".join(lines) + "\n"
+
+
+def parse_unit_exec(unit_text: str) -> tuple[list[str], dict[str, str]]:
+    """(argv of ExecStart, Environment) back from a unit rendered by ``systemd_unit``."""
+    argv: list[str] = []
+    env: dict[str, str] = {}
+    word = re.compile(r'"((?:[^"\\]|\\.)*)"')
+
+    def unquote(s: str) -> str:
+        return re.sub(r"\\(.)", r"\1", s).replace("$$", "$").replace("%%", "%")
+
+    for line in unit_text.splitlines():
+        if line.startswith("ExecStart="):
+            argv = [unquote(m.group(1)) for m in word.finditer(line[len("ExecStart="):])]
+        elif line.startswith("Environment="):
+            k, _, v = unquote(word.match(line[len("Environment="):]).group(1)).partition("=")
+            env[k] = v
+    return argv, env

@@ -1,0 +1,193 @@
+"""Engine build, runtime and MIG plans: facts in → actions out (pure; no GPU, no Docker, no MIG here)."""
+
+import json
+import shlex
+import subprocess
+import time
+import urllib.request
+from pathlib import Path
+
+import pytest
+from pydantic import ValidationError
+
+from plans import triton_mig as mig
+from plans.presets import mps_environment, preset_for
+from plans.triton_engine import EngineBuild, ShapeRange, build_command, cache_key, plan_rebuild, trtexec_args
+from plans.triton_repo import resnet50_fp16, sdxl, yolov8n
+from plans.triton_runtime import (
+    DockerRuntime,
+    ProcessRuntime,
+    ServerOptions,
+    container_spec,
+    parse_unit_exec,
+    server_args,
+    systemd_unit,
+)
+
+FIX = Path(__file__).parent / "fixtures"
+SHA = "a" * 64
+
+
+def _build(**kw):
+    base = dict(model="yolov8n", onnx_path="/srv/onnx/yolov8n_simp.onnx", onnx_sha256=SHA,
+                plan_path="/srv/triton-repo/yolov8n/1/model.plan", gpu_model="NVIDIA H200",
+                shapes={"images": ShapeRange(min=[1, 3, 640, 640], opt=[4, 3, 640, 640], max=[8, 3, 640, 640])})
+    return EngineBuild(**{**base, **kw})
+
+
+def test_trtexec_command_has_shapes_precision_and_kept_timing_cache():
+    args = trtexec_args(_build())
+    assert "--minShapes=images:1x3x640x640" in args and "--optShapes=images:4x3x640x640" in args
+    assert "--maxShapes=images:8x3x640x640" in args and "--fp16" in args and "--int8" not in args
+    assert "--timingCacheFile=/var/lib/gpuhost/tensorrt/timing.cache" in args
+    int8 = trtexec_args(_build(precision="int8", calib_dir="/srv/calib/yolov8n"))
+    assert "--int8" in int8 and "--fp16" in int8 and "--calib=/srv/calib/yolov8n/calibration.cache" in int8
+    script = build_command(_build(onnx_path="/srv/onnx/it's.onnx"))
+    line = next(x for x in script.splitlines() if x.startswith("docker run"))
+    argv = shlex.split(line)
+    assert argv[:6] == ["docker", "run", "--rm", "--gpus", "device=0", "-v"]
+    assert "nvcr.io/nvidia/tensorrt:24.05-py3" in argv and "--onnx=/srv/onnx/it's.onnx" in argv
+    assert "mv /srv/triton-repo/yolov8n/1/model.plan.tmp /srv/triton-repo/yolov8n/1/model.plan" in script
+
+
+def test_int8_without_calibration_and_bad_shapes_are_refused():
+    with pytest.raises(ValidationError, match="calib_dir"):
+        _build(precision="int8")
+    with pytest.raises(ValidationError, match="min <= opt <= max"):
+        ShapeRange(min=[8, 3, 640, 640], opt=[4, 3, 640, 640], max=[8, 3, 640, 640])
+
+
+@pytest.mark.parametrize("change, field", [
+    (dict(onnx_sha256="b" * 64), "onnxSha256"),
+    (dict(precision="int8", calib_dir="/c"), "precision"),
+    (dict(gpu_model="NVIDIA L40S"), "gpuModel"),
+    (dict(image="nvcr.io/nvidia/tensorrt:24.08-py3"), "tensorrtVersion"),
+    (dict(shapes={"images": ShapeRange(min=[1, 3, 640, 640], opt=[8, 3, 640, 640], max=[16, 3, 640, 640])}),
+     "shapes"),
+])
+def test_rebuild_only_when_a_key_input_changes_and_says_which(change, field):
+    built = _build()
+    stored = json.dumps(__import__("plans.triton_engine", fromlist=["key_inputs"]).key_inputs(built))
+    same = plan_rebuild(stored, built)
+    assert not same.rebuild and "same inputs" in same.reason
+    changed = _build(**change)
+    decision = plan_rebuild(stored, changed)
+    assert decision.rebuild and field in decision.changed and field in decision.reason
+    assert cache_key(changed) != cache_key(built)
+    assert plan_rebuild(stored, built, plan_exists=False).rebuild
+
+
+def test_server_args_turn_on_rate_limit_and_cache_when_models_need_them():
+    plain = server_args(ServerOptions(), [yolov8n()])
+    assert "--exit-on-error=false" in plain and "--rate-limit=execution_count" not in plain
+    assert not any(a.startswith("--cache-config") for a in plain)
+    from plans.triton_model import ModelSpec
+    limited = ModelSpec.model_validate({**yolov8n().model_dump(by_alias=True), "instance_group": [
+        {"kind": "KIND_GPU", "count": 1, "rate_limiter": {"resources": [{"name": "R", "count": 1}]}}]})
+    args = server_args(ServerOptions(), [limited, resnet50_fp16()])
+    assert "--rate-limit=execution_count" in args
+    assert any(a.startswith("--cache-config=local,size=") for a in args)
+
+
+def test_container_spec_pins_image_ports_gpus_shm_restart_and_mps_env():
+    env = mps_environment(preset_for("4090"), 0)
+    spec = container_spec(DockerRuntime(gpus=["MIG-1f4c6b1e-3c1a-5d55-9a3e-0b8d2f6a7c10"], env=env, shm_size_mib=2048),
+                          server_args(ServerOptions(), [sdxl()]))
+    assert spec["image"] == "nvcr.io/nvidia/tritonserver:24.05-py3"
+    assert [(p["internal"], p["external"]) for p in spec["ports"]] == [(8000, 8000), (8001, 8001), (8002, 8002)]
+    assert spec["device_requests"][0]["device_ids"] == ["MIG-1f4c6b1e-3c1a-5d55-9a3e-0b8d2f6a7c10"]
+    assert spec["shm_size"] == 2048 and spec["restart"] == "always"
+    assert "CUDA_MPS_ACTIVE_THREAD_PERCENTAGE=60" in spec["envs"]
+    assert spec["command"][0] == "tritonserver" and "--exit-on-error=false" in spec["command"]
+    with pytest.raises(ValidationError):
+        DockerRuntime(image="nvcr.io/nvidia/tritonserver:24.05-py3; rm -rf /")
+
+
+def test_systemd_unit_runs_triton_under_numactl_and_survives_odd_values():
+    unit = systemd_unit(ProcessRuntime(numa_node=1, env={"X": 'a "b" $HOME 100%'}),
+                        server_args(ServerOptions(model_repository="/srv/triton repo"), [yolov8n()]))
+    argv, env = parse_unit_exec(unit)
+    assert argv[:3] == ["/usr/bin/numactl", "--cpunodebind=1", "--membind=1"]
+    assert argv[3] == "/opt/tritonserver/bin/tritonserver" and "--model-repository=/srv/triton repo" in argv
+    assert env == {"X": 'a "b" $HOME 100%'}
+    assert "$$HOME" in unit and "100%%" in unit
+
+
+def test_systemd_unit_execstart_really_starts_triton_here(tmp_path):
+    """The rendered ExecStart (numactl node 0 + the wheel's tritonserver) run as systemd would run it."""
+    from tests.servers.triton import (free_port, prepare_backend_dir, triton_available, triton_env,
+                                      write_sleep_model, _pytriton_dirs)
+    if not triton_available() or not Path("/usr/bin/numactl").exists():
+        pytest.skip("needs the pytriton wheel and numactl")
+    write_sleep_model(tmp_path / "models", "echo", sleep_ms=0)
+    backends = prepare_backend_dir(tmp_path / "work")
+    port = free_port()
+    opts = ServerOptions(model_repository=str(tmp_path / "models"), http_port=port, grpc_port=free_port(),
+                         metrics_port=free_port(), backend_directory=str(backends))
+    unit = systemd_unit(ProcessRuntime(binary=str(_pytriton_dirs()[0] / "bin" / "tritonserver"), numa_node=0,
+                                       env={"LD_LIBRARY_PATH": triton_env()["LD_LIBRARY_PATH"],
+                                            "PATH": triton_env()["PATH"]}),
+                        server_args(opts, []))
+    argv, env = parse_unit_exec(unit)
+    proc = subprocess.Popen(argv, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        deadline, status = time.monotonic() + 60, 0
+        while time.monotonic() < deadline and status != 200:
+            assert proc.poll() is None, "tritonserver from the unit's ExecStart exited"
+            try:
+                status = urllib.request.urlopen(f"http://127.0.0.1:{port}/v2/models/echo/ready").status
+            except OSError:
+                time.sleep(0.2)
+        assert status == 200
+        allowed = Path(f"/proc/{proc.pid}/status").read_text()
+        assert "Mems_allowed_list:\t0" in allowed  # numactl --membind=0 took effect
+    finally:
+        proc.terminate()
+        proc.wait(timeout=30)
+
+
+# ---------------------------------------------------------------- MIG
+
+
+def _state(mode, lgi, listing):
+    text = "\n".join(["@@MODE", (FIX / "triton" / mode).read_text(), "@@LGIP",
+                      (FIX / "nvidia" / "nvidia-smi-mig-lgip.txt").read_text(), "@@LGI",
+                      (FIX / "triton" / lgi).read_text(), "@@LIST", listing.read_text()])
+    return mig.parse_state(text)
+
+
+def test_parsers_read_the_real_h200_captures():
+    profiles = mig.parse_lgip((FIX / "nvidia" / "nvidia-smi-mig-lgip.txt").read_text())
+    assert profiles[0]["1g.18gb"] == 19 and profiles[0]["3g.71gb"] == 9 and profiles[0]["7g.141gb"] == 0
+    assert profiles[0]["1g.18gb+me"] == 20
+    devices = mig.parse_list((FIX / "nvidia" / "nvidia-smi-L.txt").read_text())
+    assert devices == {0: []}
+
+
+LAYOUT = {0: ["3g.71gb", "2g.35gb", "1g.18gb", "1g.18gb"]}
+
+
+def test_mig_plan_from_mig_off_enables_then_creates_by_profile_id():
+    gpus = _state("nvidia-smi-mode-h200-off.csv", "nvidia-smi-mig-lgi-none.txt", FIX / "nvidia" / "nvidia-smi-L.txt")
+    actions = mig.plan(gpus, LAYOUT)
+    assert [a.command for a in actions] == ["nvidia-smi -i 0 -mig 1", "nvidia-smi mig -i 0 -cgi 9,14,19,19 -C"]
+    assert actions[0].needs_reset
+
+
+def test_mig_plan_is_a_noop_when_layout_matches_and_binds_by_uuid():
+    gpus = _state("nvidia-smi-mode-h200-on.csv", "nvidia-smi-mig-lgi-h200.txt",
+                  FIX / "triton" / "nvidia-smi-L-h200-mig.txt")
+    assert mig.plan(gpus, {0: ["1g.18gb", "3g.71gb", "1g.18gb", "2g.35gb"]}) == []
+    assert mig.mig_uuids(gpus, 0)[0] == "MIG-1f4c6b1e-3c1a-5d55-9a3e-0b8d2f6a7c10" and len(mig.mig_uuids(gpus, 0)) == 4
+
+
+def test_mig_plan_changes_layout_by_destroying_then_creating():
+    gpus = _state("nvidia-smi-mode-h200-on.csv", "nvidia-smi-mig-lgi-h200.txt",
+                  FIX / "triton" / "nvidia-smi-L-h200-mig.txt")
+    actions = mig.plan(gpus, {0: ["3g.71gb", "3g.71gb"]})
+    assert [a.command for a in actions] == ["nvidia-smi mig -i 0 -dci", "nvidia-smi mig -i 0 -dgi",
+                                            "nvidia-smi mig -i 0 -cgi 9,9 -C"]
+    off = mig.plan(gpus, {0: []})
+    assert off[-1].command == "nvidia-smi -i 0 -mig 0" and off[-1].needs_reset
+    with pytest.raises(ValueError, match="2g.20gb"):
+        mig.plan(gpus, {0: ["2g.20gb"]})  # an A100 profile name does not exist on an H200
