@@ -217,3 +217,24 @@ def test_gate_fails_below_and_passes_above_the_slo(nginx):
         loadgate.check_slo(result, loadgate.Slo(p95_ms=SLEEP_MS / 2))
     assert "p95" in str(e.value) and f"{result.p95_ms:.3f}" in str(e.value)
     assert loadgate.check_slo(result, loadgate.Slo(p95_ms=SLEEP_MS * 3)) is result
+
+
+def test_acceptance_gate_provider_fails_up_with_numbers_and_passes_above(nginx):
+    """Through the SDK's provider server: the gate's create is what `pulumi up` runs."""
+    from providers.triton_gate import AcceptanceGateProvider
+    from tests.engine import ProviderError, ProviderServer
+
+    inputs = {"url": nginx.http, "models": ["sleep20"], "model": "sleep20",
+              "body": loadgate.infer_body("INPUT0", [1, 4]).decode(), "concurrency": 2, "durationS": 1,
+              "maxRequests": 1000, "warmupRequests": 4, "maxErrorRate": 0.0, "trigger": "digest-1", "version": "1"}
+    with ProviderServer({}) as srv:
+        failing = srv.resource(AcceptanceGateProvider(), "gpuhost:serving:AcceptanceGate", "gate-low")
+        with pytest.raises(ProviderError) as e:
+            failing.up({**inputs, "p95Ms": SLEEP_MS / 2})
+        assert "p95" in str(e.value) and "SLO 10.0 ms" in str(e.value) and "p99" in str(e.value)
+        passing = srv.resource(AcceptanceGateProvider(), "gpuhost:serving:AcceptanceGate", "gate-high")
+        op, outs = passing.up({**inputs, "p95Ms": SLEEP_MS * 3})
+        assert op == "create" and SLEEP_MS <= outs["result"]["p50_ms"] < SLEEP_MS * 3
+        assert outs["result"]["error_rate"] == 0 and outs["overhead"]["p50_ms"] < outs["result"]["p50_ms"]
+        d = passing.preview({**inputs, "p95Ms": SLEEP_MS * 3, "trigger": "digest-2"})
+        assert d.changes and d.replaces == ["trigger"]

@@ -1,0 +1,77 @@
+"""AcceptanceGate: health gate, warmup and a bounded load run through nginx; ``up`` fails when the SLO is missed.
+
+Runs from where Pulumi runs, against ``url`` (the nginx front). It waits for ``/v2/health/ready`` and
+every model's ready, sends warmup requests, measures the load tool's own floor on nginx's
+``/nginx-health``, then runs the load (``serving.loadgate``: wrk where installed, else the Python
+client) and checks the SLO. Outputs are the numbers (p50/p95/p99, throughput, error rate, overhead).
+Any change of ``trigger`` (the repository digest, the runtime's image) or of the load/SLO inputs
+re-runs the gate as a replacement, so every deploy that changes serving is measured again.
+
+Usage::
+
+    AcceptanceGate("gpu-a-gate", {"url": "http://10.0.0.5:80", "models": ["yolov8n"], "model": "yolov8n",
+                   "body": infer_body_json, "concurrency": 8, "durationS": 30, "maxRequests": 200000,
+                   "p95Ms": 8.0, "maxErrorRate": 0.0, "trigger": repo.digest})
+"""
+
+from __future__ import annotations
+
+import pulumi
+from pulumi import dynamic
+from pulumi.dynamic import CheckFailure, CheckResult, CreateResult, DiffResult, ResourceProvider
+
+from serving import loadgate
+from serving.health import wait_ready, warmup
+
+
+class AcceptanceGateProvider(ResourceProvider):
+    VERSION = "1"
+    _BOOKKEEPING = {"__provider", "version", "result", "overhead"}
+
+    def check(self, olds: dict, news: dict) -> CheckResult:
+        failures = []
+        if not str(news.get("url", "")).startswith(("http://", "https://")):
+            failures.append(CheckFailure("url", "must be an http(s) URL of the nginx front"))
+        for key, low in (("concurrency", 1), ("durationS", 0.1), ("maxRequests", 1)):
+            if not isinstance(news.get(key), (int, float)) or news[key] < low:
+                failures.append(CheckFailure(key, f"must be a number >= {low}"))
+        if news.get("p95Ms") is not None and news["p95Ms"] <= 0:
+            failures.append(CheckFailure("p95Ms", "must be > 0"))
+        return CheckResult(news, failures)
+
+    def diff(self, _id: str, olds: dict, news: dict) -> DiffResult:
+        changed = sorted(k for k in set(olds) | set(news)
+                         if k not in self._BOOKKEEPING and olds.get(k) != news.get(k))
+        return DiffResult(changes=bool(changed), replaces=changed, delete_before_replace=True)
+
+    def create(self, props: dict) -> CreateResult:
+        url = props["url"].rstrip("/")
+        wait_ready(url, list(props.get("models") or []), timeout_s=float(props.get("readyTimeoutS", 300)))
+        body = props["body"].encode()
+        model = props["model"]
+        warmup(url, model, body, count=int(props.get("warmupRequests", 20)),
+               concurrency=min(4, int(props["concurrency"])))
+        spec = loadgate.LoadSpec(url=f"{url}/v2/models/{model}/infer", body=body,
+                                 concurrency=int(props["concurrency"]), duration_s=float(props["durationS"]),
+                                 max_requests=int(props["maxRequests"]), tool=props.get("tool", "auto"))
+        floor = loadgate.overhead(spec, f"{url}/nginx-health")
+        result = loadgate.run(spec)
+        slo = loadgate.Slo(p95_ms=props.get("p95Ms"), max_error_rate=float(props.get("maxErrorRate", 0.0)))
+        loadgate.check_slo(result, slo)  # GateFailed carries the numbers into `pulumi up`'s error
+        out = {k: v for k, v in props.items() if k != "__provider"}
+        out["result"] = result.as_dict()
+        out["overhead"] = floor.as_dict()
+        return CreateResult(f"gate-{model}", out)
+
+    def delete(self, _id: str, _props: dict) -> None:
+        return None
+
+
+class AcceptanceGate(dynamic.Resource, module="serving", name="AcceptanceGate"):
+    result: pulumi.Output[dict]
+    overhead: pulumi.Output[dict]
+
+    def __init__(self, name: str, args: dict, opts: pulumi.ResourceOptions | None = None):
+        super().__init__(AcceptanceGateProvider(), name,
+                         {"result": None, "overhead": None, **args, "version": AcceptanceGateProvider.VERSION},
+                         opts)
