@@ -1,0 +1,89 @@
+"""TritonService under Pulumi mocks (no Docker engine, no GPU here: declared resources only)."""
+
+import pulumi
+import pytest
+
+from access.ssh import HostSpec
+from plans.triton_repo import sdxl, yolov8n
+from plans.triton_runtime import DockerRuntime
+
+
+class Recorder(pulumi.runtime.Mocks):
+    def __init__(self):
+        self.resources = []
+
+    def new_resource(self, args):
+        self.resources.append(args)
+        outs = dict(args.inputs)
+        if args.typ == "docker:index/remoteImage:RemoteImage":
+            outs["imageId"] = "sha256:" + "0" * 64
+        return [f"{args.name}-id", outs]
+
+    def call(self, args):
+        return {}
+
+
+HOST = HostSpec(name="gpu-a-guest", address="10.0.0.5", user="ops", host_key="ssh-ed25519 " + "A" * 68)
+
+
+def _run(**over):
+    from components.triton_service import TritonService, TritonServiceArgs
+
+    args = TritonServiceArgs(**{"host": HOST, "gpu_model": "NVIDIA H200", "gpu_count": 1,
+                                "models": [yolov8n(), sdxl()], "endpoint": "http://10.0.0.5:80", **over})
+    mocks = Recorder()
+    pulumi.runtime.set_mocks(mocks, project="gpuhost", stack="test", preview=False)
+
+    @pulumi.runtime.test
+    def program():
+        svc = TritonService("serving", args)
+        return svc.repository_digest.apply(lambda d: d)
+
+    program()
+    return mocks.resources
+
+
+def _one(resources, typ):
+    found = [r for r in resources if r.typ == typ]
+    assert len(found) == 1, [r.typ for r in resources]
+    return found[0]
+
+
+def test_docker_runtime_mocked_declares_pinned_image_ports_gpus_and_ssh_engine():
+    res = _run(docker=DockerRuntime(gpus=["MIG-1f4c6b1e-3c1a-5d55-9a3e-0b8d2f6a7c10"]))
+    names = [(r.typ, r.name) for r in res]
+    assert len(names) == len(set(names)), "duplicate URNs"
+    assert any(t == "gpuhost:serving:TritonService" for t, _ in names)
+    assert all(n.startswith("serving-") for t, n in names if t != "gpuhost:serving:TritonService")
+    provider = _one(res, "pulumi:providers:docker")
+    assert provider.inputs["host"] == "ssh://ops@10.0.0.5:22"
+    assert _one(res, "docker:index/remoteImage:RemoteImage").inputs["name"] == "nvcr.io/nvidia/tritonserver:24.05-py3"
+    c = _one(res, "docker:index/container:Container").inputs
+    assert [(p["internal"], p["external"]) for p in c["ports"]] == [(8000, 8000), (8001, 8001), (8002, 8002)]
+    assert c["gpus"] == "device=MIG-1f4c6b1e-3c1a-5d55-9a3e-0b8d2f6a7c10"
+    assert c["shmSize"] == 1024 and c["restart"] == "always"
+    assert "--exit-on-error=false" in c["command"]
+    assert {"label": "gpuhost.repository-digest"}.items() <= c["labels"][0].items()
+
+
+def test_repository_holds_preset_configs_and_gate_triggers_on_digest():
+    res = _run()
+    repo = next(r for r in res if r.name == "serving-models")
+    assert set(repo.inputs["files"]) == {"yolov8n/config.pbtxt", "sdxl/config.pbtxt", "sdxl/1/model.py"}
+    gate = next(r for r in res if r.name == "serving-gate")
+    assert gate.inputs["p95Ms"] == 8.0 and gate.inputs["trigger"].startswith(repo.inputs["digest"])
+    assert gate.inputs["model"] == "yolov8n"
+
+
+def test_process_runtime_declares_a_numactl_unit_instead_of_containers():
+    res = _run(runtime="process")
+    assert not [r for r in res if r.typ.startswith("docker:")]
+    unit = next(r for r in res if r.name == "serving-triton-unit")
+    assert '"/usr/bin/numactl" "--cpunodebind=0" "--membind=0"' in unit.inputs["content"]
+
+
+def test_kind_gpu_model_on_a_gpu_less_guest_fails_naming_the_field():
+    from plans.triton_model import ModelConfigError
+
+    with pytest.raises(ModelConfigError, match=r"instance_group\[0\]\.kind"):
+        _run(gpu_count=0)
