@@ -1,0 +1,71 @@
+"""SriovNic: SR-IOV VFs of one PF on the GPU's NUMA node, bound to vfio-pci, persistent, PF IRQs on host CPUs.
+
+Seed 002 §5 ("把符合 GPU 同 NUMA 的 VF 设备也 driverctl set-override ... vfio-pci") and the pitfall "SR-IOV VF 没吞吐"
+(VF on the far node, IRQs on VM cores). Thin: one `SriovVfs` host resource; `vf_addresses` feed PinnedVM's `vfs`.
+
+Usage::
+
+    nic = SriovNic("hk-gpu01-ens1f0", SriovNicArgs(host=spec, pf="0000:41:00.0", num_vfs=4, numa_node=0,
+                                                   irq_cpus=[0, 32], vfs=[VfSettings(vlan=100)]))
+    PinnedVM("tenant-a", PinnedVMArgs(..., vfs=...))   # nic.vf_addresses.apply(lambda v: v[:1])
+"""
+
+from __future__ import annotations
+
+from typing import Literal, Optional
+
+import pulumi
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+from access.ssh import HostSpec
+from plans.sriov import SriovWant, VfSettings
+from providers.base import host_input
+from providers.sriov import SriovVfs
+
+
+class SriovNicArgs(BaseModel):
+    """Args:
+        host: the hypervisor (SSH).
+        pf: PCI address or interface name of the physical function.
+        num_vfs: how many VFs (the count changes through 0; VMs using VFs must let go first).
+        numa_node / numa_policy: the GPU's node; "require" refuses a PF elsewhere, "prefer" warns.
+        vfio: bind every VF to vfio-pci (driverctl, persistent) for passthrough.
+        vfs: per-VF MAC/VLAN/trust/spoofchk by index (PF netdev drivers only; reported otherwise).
+        irq_cpus: host-reserved CPUs for the PF's IRQs.
+    """
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+    host: HostSpec
+    pf: str
+    num_vfs: int = Field(ge=0)
+    numa_node: Optional[int] = Field(None, ge=0)
+    numa_policy: Literal["require", "prefer"] = "require"
+    vfio: bool = True
+    vfs: list[VfSettings] = Field(default_factory=list)
+    irq_cpus: list[int] = Field(default_factory=list)
+
+    @model_validator(mode="after")
+    def _valid_want(self) -> "SriovNicArgs":
+        self.want()  # pf (address or interface name) and CPU checks live in one place: plans.sriov
+        return self
+
+    def want(self) -> SriovWant:
+        return SriovWant(**self.model_dump(exclude={"host"}))
+
+
+class SriovNic(pulumi.ComponentResource):
+    vf_addresses: pulumi.Output[list]
+    pf_address: pulumi.Output[str]
+
+    def __init__(self, name: str, args: SriovNicArgs, opts: Optional[pulumi.ResourceOptions] = None):
+        super().__init__("gpuhost:net:SriovNic", name, None, opts)
+        want = args.want()
+        vfs = SriovVfs(f"{name}-vfs", {
+            "host": host_input(args.host), "pf": want.pf, "num_vfs": want.num_vfs, "numa_node": want.numa_node,
+            "numa_policy": want.numa_policy, "vfio": want.vfio,
+            "vfs": [v.model_dump() for v in want.vfs], "irq_cpus": want.irq_cpus,
+        }, pulumi.ResourceOptions(parent=self))
+        self.vfs = vfs
+        self.vf_addresses = vfs.vf_addresses
+        self.pf_address = vfs.pf_address
+        self.register_outputs({"vf_addresses": self.vf_addresses, "pf_address": self.pf_address})
