@@ -9,7 +9,7 @@ APT_PACKAGES=(
   python3-venv openssh-server openssh-client
   qemu-system-x86 qemu-utils ovmf debootstrap grub-efi-amd64-bin grub-pc-bin mtools dosfstools e2fsprogs fdisk
   libvirt-daemon-system libvirt-clients libvirt-dev pkg-config libxml2-utils
-  nginx prometheus prometheus-node-exporter cpio zstd busybox-static ansible-core
+  nginx prometheus prometheus-node-exporter cpio zstd busybox-static ansible-core wrk numactl curl
 )
 
 setup() {

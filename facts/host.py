@@ -32,57 +32,39 @@ echo @@cmdline; cat /proc/cmdline
 echo @@acpi-tables; ls /sys/firmware/acpi/tables/ 2>/dev/null
 echo @@iommu-units; ls /sys/class/iommu/ 2>/dev/null
 echo @@iommu-groups; for d in /sys/kernel/iommu_groups/*/devices/*; do [ -e "$d" ] || continue; g=${d%/devices/*}; echo "${g##*/} ${d##*/}"; done
-echo @@intremap; (dmesg 2>/dev/null | grep -iE 'remapping|x2apic|DMAR-IR|AMD-Vi.*Interrupt' | tail -n 20)
+D=$(dmesg 2>/dev/null)
+echo @@intremap; printf '%s\n' "$D" | grep -iE 'remapping|x2apic|DMAR-IR|AMD-Vi.*Interrupt' | tail -n 20
 echo @@pci
-for d in /sys/bus/pci/devices/*; do
-  [ -e "$d" ] || continue
-  a=${d##*/}
-  printf 'dev %s' "$a"
-  for f in vendor device class numa_node sriov_totalvfs sriov_numvfs boot_vga driver_override; do
-    [ -r "$d/$f" ] && printf ' %s=%s' "$f" "$(cat "$d/$f" 2>/dev/null | tr -d ' ')"
-  done
-  [ -e "$d/driver" ] && printf ' driver=%s' "$(basename "$(readlink "$d/driver")")"
-  [ -e "$d/iommu_group" ] && printf ' iommu_group=%s' "$(basename "$(readlink "$d/iommu_group")")"
-  [ -e "$d/physfn" ] && printf ' physfn=%s' "$(basename "$(readlink "$d/physfn")")"
-  [ -d "$d/net" ] && printf ' net=%s' "$(ls "$d/net" | tr '\n' ',')"
-  echo
-  for v in "$d"/virtfn*; do [ -e "$v" ] && echo "vf $a ${v##*/virtfn} $(basename "$(readlink "$v")")"; done
-  [ -r "$d/resource" ] && head -n 7 "$d/resource" | awk -v a="$a" '{print "res", a, NR-1, $1, $2, $3}'
-done
+P=/sys/bus/pci/devices
+(cd $P && grep -H . */vendor */device */class */numa_node */sriov_totalvfs */sriov_numvfs */boot_vga */driver_override 2>/dev/null)
+echo @@pci-links
+find /sys/devices/pci[0-9a-f]*:* -type l \( -name driver -o -name iommu_group -o -name physfn -o -name 'virtfn*' \) -printf '%h %f %l\n' 2>/dev/null
+echo @@pci-net
+(cd $P && ls -d */net/* 2>/dev/null)
+echo @@pci-res
+(cd $P && grep -Hn . */resource 2>/dev/null)
 echo @@cpus
-for c in /sys/devices/system/cpu/cpu[0-9]*; do
-  [ -r "$c/topology/core_id" ] || continue
-  echo "${c##*/cpu} $(cat $c/topology/core_id) $(cat $c/topology/physical_package_id) $(cat $c/topology/thread_siblings_list)"
-done
+(cd /sys/devices/system/cpu && grep -H . cpu[0-9]*/topology/core_id cpu[0-9]*/topology/physical_package_id cpu[0-9]*/topology/thread_siblings_list 2>/dev/null)
 echo @@cpu-online; cat /sys/devices/system/cpu/online
 echo @@cpu-isolated; cat /sys/devices/system/cpu/isolated 2>/dev/null
 echo @@nodes
-for n in /sys/devices/system/node/node[0-9]*; do
-  [ -d "$n" ] || continue
-  i=${n##*/node}
-  echo "node $i cpus $(cat $n/cpulist)"
-  grep -E 'MemTotal|MemFree' $n/meminfo | awk -v i="$i" '{print "mem", i, $3, $4}'
-  for h in $n/hugepages/hugepages-*; do [ -d "$h" ] && echo "huge $i ${h##*hugepages-} $(cat $h/nr_hugepages) $(cat $h/free_hugepages)"; done
-done
+(cd /sys/devices/system/node && grep -H . node[0-9]*/cpulist node[0-9]*/hugepages/*/nr_hugepages node[0-9]*/hugepages/*/free_hugepages 2>/dev/null; grep -H -E 'MemTotal|MemFree' node[0-9]*/meminfo 2>/dev/null)
 echo @@modules; cut -d' ' -f1 /proc/modules 2>/dev/null
 echo @@module-config
-for f in __MODULE_CONFIG_GLOBS__; do
-  [ -f "$f" ] || continue
-  if grep -qiE 'vfio|nouveau|nvidia|kvm' "$f"; then echo "@file $f"; cat "$f"; fi
-done
+for f in $(grep -liE 'vfio|nouveau|nvidia|kvm' __MODULE_CONFIG_GLOBS__ 2>/dev/null); do echo "@file $f"; cat "$f"; done
 echo @@irqbalance; systemctl is-active irqbalance 2>/dev/null || true
-echo @@tuned; (tuned-adm active 2>/dev/null || cat /etc/tuned/active_profile 2>/dev/null) | head -n 1
-echo @@governors; for g in /sys/devices/system/cpu/cpu[0-9]*/cpufreq/scaling_governor; do [ -r "$g" ] && echo "${g%/cpufreq/*}" "$(cat $g)"; done
+echo @@tuned; cat /etc/tuned/active_profile 2>/dev/null
+echo @@governors; (cd /sys/devices/system/cpu && grep -H . cpu[0-9]*/cpufreq/scaling_governor 2>/dev/null)
 echo @@interrupts; cat /proc/interrupts
-echo @@irq-affinity; for i in /proc/irq/[0-9]*; do echo "${i##*/} $(cat $i/smp_affinity_list 2>/dev/null)"; done
+echo @@irq-affinity; (cd /proc/irq && grep -H . [0-9]*/smp_affinity_list 2>/dev/null)
 echo @@net-default; ip -o route show default 2>/dev/null
 echo @@net-ssh; (ss -Htn state established '( sport = :22 )' 2>/dev/null || true) | awk '{print $3}'
 echo @@net-addrs; ip -o addr show 2>/dev/null | awk '{print $2, $4}'
-echo @@net-pci; for n in /sys/class/net/*; do [ -e "$n/device" ] && echo "${n##*/} $(basename "$(readlink "$n/device")")"; done
-echo @@driverctl; (driverctl list-overrides 2>/dev/null || true)
+echo @@net-pci; for n in /sys/class/net/*; do [ -e "$n/device" ] && echo "${n##*/} $(readlink -f "$n/device")"; done
+echo @@driverctl; (cd /etc/driverctl.d 2>/dev/null && grep -H . pci-* 2>/dev/null)
 echo @@tools; for t in driverctl update-initramfs dracut update-grub grub2-mkconfig grubby tuned-adm cpupower irqbalance systemctl virsh nvidia-smi; do command -v $t >/dev/null 2>&1 && echo $t; done
-echo @@kmods; for m in vfio vfio_pci vfio_iommu_type1 vfio_virqfd nouveau nvidia; do modinfo -F filename $m >/dev/null 2>&1 && echo $m; done
-echo @@pci-errors; (dmesg 2>/dev/null | grep -iE 'not enough MMIO|BAR [0-9]+: (no space|failed to assign)' | tail -n 20)
+echo @@kmods; (k=/lib/modules/$(uname -r); cat $k/modules.dep $k/modules.builtin 2>/dev/null | grep -oE '/(vfio|vfio[-_]pci|vfio[-_]iommu[-_]type1|vfio[-_]virqfd|nouveau|nvidia)\.ko' | sort -u)
+echo @@pci-errors; printf '%s\n' "$D" | grep -iE 'not enough MMIO|BAR [0-9]+: (no space|failed to assign)' | tail -n 20
 """.replace("__MODULE_CONFIG_GLOBS__", MODULE_CONFIG_GLOBS)
 
 
@@ -165,69 +147,104 @@ def _int(v: Optional[str], base: int = 10, default=None):
         return default
 
 
-def parse_pci(text: str) -> dict[str, PciDevice]:
-    devs: dict[str, dict] = {}
-    vfs: dict[str, dict[int, str]] = {}
-    bars: dict[str, list[Bar]] = {}
+_PCI_ADDR = re.compile(r"^[0-9a-f]{4}:[0-9a-f]{2}:[0-9a-f]{2}\.[0-7]$")
+
+
+_GREP_H = re.compile(r"^((?:[0-9a-f]{4}:[0-9a-f]{2}:[0-9a-f]{2}\.[0-7])?[^:]*):(.*)$")
+
+
+def _grep_h(text: str):
+    """Lines of `grep -H . files` as (path, value); paths may start with a PCI address (which has colons)."""
     for line in text.splitlines():
-        parts = line.split()
-        if not parts:
+        m = _GREP_H.match(line)
+        if m:
+            yield m.group(1), m.group(2)
+
+
+def parse_pci(attrs: str, links: str = "", nets: str = "", res: str = "") -> dict[str, PciDevice]:
+    devs: dict[str, dict] = {}
+    for path, value in _grep_h(attrs):
+        addr, _, attr = path.partition("/")
+        if not _PCI_ADDR.match(addr):
             continue
-        if parts[0] == "dev":
-            kv = dict(p.split("=", 1) for p in parts[2:] if "=" in p)
-            addr = parts[1]
-            devs[addr] = dict(
-                address=addr, vendor=kv.get("vendor", ""), device=kv.get("device", ""),
-                class_code=kv.get("class", ""), driver=kv.get("driver"),
-                driver_override=None if kv.get("driver_override") in (None, "", "(null)") else kv["driver_override"],
-                numa_node=_int(kv.get("numa_node"), default=-1), iommu_group=_int(kv.get("iommu_group")),
-                sriov_totalvfs=_int(kv.get("sriov_totalvfs")), sriov_numvfs=_int(kv.get("sriov_numvfs")),
-                physfn=kv.get("physfn"), boot_vga=kv.get("boot_vga") == "1",
-                net=[n for n in kv.get("net", "").split(",") if n],
-            )
-        elif parts[0] == "vf" and len(parts) == 4:
-            vfs.setdefault(parts[1], {})[int(parts[2])] = parts[3]
-        elif parts[0] == "res" and len(parts) == 6:
-            start, end, flags = (int(x, 16) for x in parts[3:6])
-            bars.setdefault(parts[1], []).append(Bar(index=int(parts[2]), start=start, end=end, flags=flags))
+        devs.setdefault(addr, {"address": addr})[attr] = value.strip()
+    vfs: dict[str, dict[int, str]] = {}
+    for line in links.splitlines():
+        parts = line.split()
+        if len(parts) != 3:
+            continue
+        addr = parts[0].rstrip("/").rsplit("/", 1)[-1]
+        if addr not in devs:
+            continue
+        name, target = parts[1], parts[2].rstrip("/").rsplit("/", 1)[-1]
+        if name == "driver" and "/bus/pci/drivers/" in parts[2]:
+            devs[addr]["driver"] = target
+        elif name == "iommu_group" and "iommu_groups" in parts[2]:
+            devs[addr]["iommu_group"] = target
+        elif name == "physfn":
+            devs[addr]["physfn"] = target
+        elif name.startswith("virtfn") and name[6:].isdigit():
+            vfs.setdefault(addr, {})[int(name[6:])] = target
+    net: dict[str, list[str]] = {}
+    for line in nets.splitlines():
+        addr, _, rest = line.strip().partition("/net/")
+        if addr in devs and rest:
+            net.setdefault(addr, []).append(rest)
+    bars: dict[str, list[Bar]] = {}
+    for path, value in _grep_h(res):
+        addr = path.split("/", 1)[0]
+        num, _, vals = value.partition(":")
+        parts = vals.split()
+        if addr in devs and num.isdigit() and len(parts) == 3 and int(num) <= 7:
+            start, end, flags = (int(x, 16) for x in parts)
+            bars.setdefault(addr, []).append(Bar(index=int(num) - 1, start=start, end=end, flags=flags))
     out = {}
-    for addr, d in sorted(devs.items()):
-        d["vfs"] = [v for _, v in sorted(vfs.get(addr, {}).items())]
-        d["bars"] = bars.get(addr, [])
-        out[addr] = PciDevice(**d)
+    for addr, kv in sorted(devs.items()):
+        ov = kv.get("driver_override")
+        out[addr] = PciDevice(
+            address=addr, vendor=kv.get("vendor", ""), device=kv.get("device", ""), class_code=kv.get("class", ""),
+            driver=kv.get("driver"), driver_override=None if ov in (None, "", "(null)") else ov,
+            numa_node=_int(kv.get("numa_node"), default=-1), iommu_group=_int(kv.get("iommu_group")),
+            sriov_totalvfs=_int(kv.get("sriov_totalvfs")), sriov_numvfs=_int(kv.get("sriov_numvfs")),
+            physfn=kv.get("physfn"), boot_vga=kv.get("boot_vga") == "1", net=sorted(net.get(addr, [])),
+            vfs=[v for _, v in sorted(vfs.get(addr, {}).items())], bars=bars.get(addr, []))
     return out
 
 
 def parse_cpus(text: str, nodes: dict[int, NumaNode]) -> list[Cpu]:
     node_of = {c: n.id for n in nodes.values() for c in n.cpus}
+    kv: dict[int, dict[str, str]] = {}
+    for path, value in _grep_h(text):
+        m = re.match(r"^cpu(\d+)/topology/(\w+)$", path)
+        if m:
+            kv.setdefault(int(m.group(1)), {})[m.group(2)] = value.strip()
     out = []
-    for line in text.splitlines():
-        p = line.split()
-        if len(p) == 4:
-            cid = int(p[0])
-            out.append(Cpu(id=cid, core=int(p[1]), socket=int(p[2]), node=node_of.get(cid, 0),
-                           siblings=parse_cpulist(p[3])))
-    return sorted(out, key=lambda c: c.id)
+    for cid, d in sorted(kv.items()):
+        out.append(Cpu(id=cid, core=int(d.get("core_id", cid)), socket=int(d.get("physical_package_id", 0)),
+                       node=node_of.get(cid, 0), siblings=parse_cpulist(d.get("thread_siblings_list", str(cid)))))
+    return out
 
 
 def parse_nodes(text: str) -> dict[int, NumaNode]:
     nodes: dict[int, NumaNode] = {}
-    for line in text.splitlines():
-        p = line.split()
-        if not p:
+    for path, value in _grep_h(text):
+        m = re.match(r"^node(\d+)/(.*)$", path)
+        if not m:
             continue
-        if p[0] == "node" and len(p) >= 3:
-            nodes[int(p[1])] = NumaNode(id=int(p[1]), cpus=parse_cpulist(p[3] if len(p) > 3 else ""))
-        elif p[0] == "mem" and len(p) == 4:
-            n = nodes.setdefault(int(p[1]), NumaNode(id=int(p[1])))
-            if p[2] == "MemTotal:":
+        n = nodes.setdefault(int(m.group(1)), NumaNode(id=int(m.group(1))))
+        rest, value = m.group(2), value.strip()
+        if rest == "cpulist":
+            n.cpus = parse_cpulist(value)
+        elif rest == "meminfo":
+            p = value.split()
+            if len(p) >= 4 and p[2] == "MemTotal:":
                 n.mem_total_kb = int(p[3])
-            elif p[2] == "MemFree:":
+            elif len(p) >= 4 and p[2] == "MemFree:":
                 n.mem_free_kb = int(p[3])
-        elif p[0] == "huge" and len(p) == 5:
-            n = nodes.setdefault(int(p[1]), NumaNode(id=int(p[1])))
-            size = int(p[2].removesuffix("kB"))
-            n.hugepages[size] = {"nr": int(p[3]), "free": int(p[4])}
+        else:
+            h = re.match(r"^hugepages/hugepages-(\d+)kB/(nr|free)_hugepages$", rest)
+            if h:
+                n.hugepages.setdefault(int(h.group(1)), {"nr": 0, "free": 0})[h.group(2)] = int(value)
     return dict(sorted(nodes.items()))
 
 
@@ -249,10 +266,8 @@ def parse_interrupts(text: str, affinity_text: str = "") -> list[Irq]:
         return []
     ncpu = len(lines[0].split())
     aff = {}
-    for line in affinity_text.splitlines():
-        p = line.split(maxsplit=1)
-        if p:
-            aff[p[0]] = parse_cpulist(p[1]) if len(p) > 1 else []
+    for path, value in _grep_h(affinity_text):
+        aff[path.split("/", 1)[0]] = parse_cpulist(value)
     out = []
     for line in lines[1:]:
         head, _, rest = line.partition(":")
@@ -290,18 +305,25 @@ def parse_network(default: str, ssh: str, addrs: str, pci: str) -> Network:
     iface_pci = {}
     for line in pci.splitlines():
         p = line.split()
-        if len(p) == 2 and re.match(r"^[0-9a-f]{4}:[0-9a-f]{2}:[0-9a-f]{2}\.[0-7]$", p[1]):
-            iface_pci[p[0]] = p[1]
+        addrs = re.findall(r"/([0-9a-f]{4}:[0-9a-f]{2}:[0-9a-f]{2}\.[0-7])(?=/|$)", p[1]) if len(p) == 2 else []
+        if addrs:
+            iface_pci[p[0]] = addrs[-1]
     return Network(default_route_ifaces=defaults, ssh_ifaces=ssh_ifaces, iface_pci=iface_pci)
 
 
 def parse_driverctl(text: str) -> dict[str, str]:
+    """`grep -H . /etc/driverctl.d/pci-*` lines: pci-0000:81:00.0:vfio-pci."""
     out = {}
     for line in text.splitlines():
-        p = line.split()
-        if len(p) >= 2 and ":" in p[0]:
-            out[p[0]] = p[1]
+        m = re.match(r"^pci-([0-9a-f]{4}:[0-9a-f]{2}:[0-9a-f]{2}\.[0-7]):(\S+)$", line.strip())
+        if m:
+            out[m.group(1)] = m.group(2)
     return out
+
+
+def parse_kmods(text: str) -> list[str]:
+    return sorted({ln.strip().strip("/").removesuffix(".ko").replace("-", "_") for ln in text.splitlines()
+                   if ln.strip()})
 
 
 def parse_kv(text: str) -> dict[str, str]:
@@ -315,10 +337,10 @@ def parse_kv(text: str) -> dict[str, str]:
 
 def parse_governors(text: str) -> dict[int, str]:
     out = {}
-    for line in text.splitlines():
-        p = line.split()
-        if len(p) == 2:
-            out[int(p[0].rsplit("cpu", 1)[1])] = p[1]
+    for path, value in _grep_h(text):
+        m = re.match(r"^cpu(\d+)/", path)
+        if m:
+            out[int(m.group(1))] = value.strip()
     return out
 
 
@@ -333,7 +355,7 @@ def parse_host_facts(text: str) -> HostFacts:
         cmdline=parse_cmdline(get("cmdline")),
         iommu=parse_iommu(get("acpi-tables"), get("iommu-units"), get("iommu-groups"), get("intremap"),
                           get("interrupts")),
-        pci=parse_pci(get("pci")),
+        pci=parse_pci(get("pci"), get("pci-links"), get("pci-net"), get("pci-res")),
         cpus=parse_cpus(get("cpus"), nodes),
         online=parse_cpulist(get("cpu-online")),
         isolated=parse_cpulist(get("cpu-isolated")),
@@ -341,14 +363,14 @@ def parse_host_facts(text: str) -> HostFacts:
         modules=sorted(get("modules").split()),
         module_config=parse_module_config(get("module-config")),
         irqbalance_active=(get("irqbalance").strip() == "active") if get("irqbalance").strip() else None,
-        tuned_profile=(get("tuned").strip().removeprefix("Current active profile: ") or None),
+        tuned_profile=(get("tuned").strip() or None),
         governors=parse_governors(get("governors")),
         interrupts=parse_interrupts(get("interrupts"), get("irq-affinity")),
         network=parse_network(get("net-default"), get("net-ssh"), get("net-addrs"), get("net-pci")),
         driverctl_overrides=parse_driverctl(get("driverctl")),
         sysctls=parse_kv(get("sysctls")),
         tools=get("tools").split(),
-        kmods_available=get("kmods").split(),
+        kmods_available=parse_kmods(get("kmods")),
         pci_errors=[ln for ln in get("pci-errors").splitlines() if ln.strip()],
         files=parse_files(get("files"), section="f"),
     )

@@ -47,7 +47,7 @@ def _sysfs_rebind(addr: str, override: str) -> list[str]:
 
 
 def render_files(props: dict, facts: HostFacts) -> dict[str, bytes]:
-    devices = [normalize_pci(a) for a in props["devices"]]
+    devices = expand_functions(facts, props["devices"])
     files = {MODULES_LOAD: ("\n".join(["# gpuhost: load VFIO early (seed 000 §3.4)",
                                        *vfio_modules(facts.kmods_available)]) + "\n").encode()}
     lines = ["# gpuhost: make vfio-pci claim passthrough devices before their host drivers"]
@@ -73,6 +73,18 @@ def initramfs_cmd(family: str) -> str:
     return sh("update-initramfs", "-u", "-k", "all") + " >/dev/null 2>&1"
 
 
+def expand_functions(facts: HostFacts, addresses: list[str]) -> list[str]:
+    """Every function of each device's slot: a GPU and its audio function pass through together (seed 000 §4.2)."""
+    out: list[str] = []
+    for a in addresses:
+        for d in facts.slot_functions(a) or []:
+            if d.physfn is None and d.address not in out:
+                out.append(d.address)
+        if normalize_pci(a) not in out:
+            out.append(normalize_pci(a))
+    return out
+
+
 class VfioBindingProvider(HostProvider):
     VERSION = "1"
     OUTPUT_ONLY = ("prior", "prior_drivers", "prior_overrides", "drivers", "pending_reboot")
@@ -90,13 +102,15 @@ class VfioBindingProvider(HostProvider):
         return CheckResult(news, failures)
 
     def _paths(self, props: dict) -> list[str]:
+        # Sibling functions are not known before the read; their driverctl files are recorded as absent/present
+        # by prior_overrides instead.
         return [MODULES_LOAD, MODPROBE_VFIO, BLACKLIST] + [driverctl_file(normalize_pci(a)) for a in props["devices"]]
 
     def _apply(self, props: dict, olds: Optional[dict]) -> dict:
         conn = self.conn(props)
         facts, pristine = capture_and_read(conn, self._paths(props))
-        devices = [normalize_pci(a) for a in props["devices"]]
-        unknown = [a for a in devices if a not in facts.pci]
+        unknown = [normalize_pci(a) for a in props["devices"] if normalize_pci(a) not in facts.pci]
+        devices = expand_functions(facts, props["devices"])
         if unknown:
             raise RuntimeError(f"{conn.spec.name}: unknown PCI address(es) {', '.join(unknown)}; nothing changed")
         if props.get("mode", "address") == "address" and "driverctl" not in facts.tools:
@@ -157,7 +171,7 @@ class VfioBindingProvider(HostProvider):
 
     def read(self, id_: str, props: dict) -> ReadResult:
         facts = read_host_facts(self.conn(props), files=[MODULES_LOAD, MODPROBE_VFIO, BLACKLIST])
-        devices = [normalize_pci(a) for a in props["devices"]]
+        devices = sorted(props.get("prior_drivers") or expand_functions(facts, props["devices"]))
         drivers = {a: (facts.pci[a].driver if a in facts.pci else None) for a in devices}
         wanted = render_files(props, facts)
         files_ok = all(facts.files[p].exists and facts.files[p].content == c for p, c in wanted.items())
@@ -175,7 +189,7 @@ class VfioBindingProvider(HostProvider):
         facts = read_host_facts(conn)
         prior = {k: FileState.model_validate(v) for k, v in (props.get("prior") or {}).items()}
         s = Script().raw("set -e")
-        for a in [normalize_pci(x) for x in props["devices"]]:
+        for a in sorted(props.get("prior_drivers") or expand_functions(facts, props["devices"])):
             before = (props.get("prior_overrides") or {}).get(a)
             if props.get("mode", "address") == "address":
                 if before:
