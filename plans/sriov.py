@@ -329,13 +329,16 @@ def render_unit(pf: str, want: SriovWant, netdev: Optional[str]) -> str:
     if want.vfio and n:
         sh_lines += [
             "udevadm settle -t 30 || true",
-            # driverctl's override file is the source of truth; bind what its udev rule did not (yet).
-            "for v in $d/virtfn*; do [ -e $v ] || continue; a=$(basename $(readlink $v)); o=" + DRIVERCTL_DIR + "/pci-$a;",
-            "[ -f $o ] || continue; w=$(cat $o); cur=;",
-            "[ -e /sys/bus/pci/devices/$a/driver ] && cur=$(basename $(readlink /sys/bus/pci/devices/$a/driver));",
+            # driverctl's udev rule starts driverctl@pci-<vf>.service for each new VF that has an override file;
+            # give it up to 30 s to bind, then bind what is still not on its override driver ourselves.
+            "for v in $d/virtfn*; do [ -e $v ] || continue; a=$(basename $(readlink $v)); o=" + DRIVERCTL_DIR
+            + "/pci-$a;",
+            "[ -f $o ] || continue; w=$(cat $o); p=/sys/bus/pci/devices/$a; j=0; cur=;",
+            "while [ $j -lt 300 ]; do cur=; [ -e $p/driver ] && cur=$(basename $(readlink $p/driver));",
+            "[ \"$cur\" = \"$w\" ] && break; sleep 0.1; j=$((j+1)); done;",
             "[ \"$cur\" = \"$w\" ] && continue;",
-            "echo $w > /sys/bus/pci/devices/$a/driver_override;",
-            "[ -n \"$cur\" ] && echo $a > /sys/bus/pci/devices/$a/driver/unbind;",
+            "echo $w > $p/driver_override;",
+            "[ -n \"$cur\" ] && echo $a > $p/driver/unbind;",
             "echo $a > /sys/bus/pci/drivers_probe || true; done",
         ]
     if netdev:
