@@ -1,0 +1,194 @@
+"""PinnedVM's domain on the emulated GPU server: real libvirtd, real QEMU (TCG inside TCG), real vfio-pci.
+
+The chain is the production one: the host's facts (one SSH round trip) → `from_facts` → the placement solver puts
+the tenant on node 1 (the GPU stand-in's node, CPUs 4-7) → `DomainSpec` → LibvirtDomain through the SDK's provider
+server, reaching libvirtd over the project's SSH (tunnelled `virt-ssh-helper`).
+
+Setup done directly over SSH and undone afterwards (PassthroughHost's job in production): the GPU stand-in's two
+functions bound to vfio-pci with driver_override, 2M hugepages on node 1, a `gpuhost` dir pool with a small base
+image, and a tiny guest: the host's own kernel with a busybox initramfs whose init prints a marker and powers off.
+No KVM in the emulated host, so the domain is `type='qemu'` with `cpu mode='maximum'` and SeaBIOS (OVMF under
+two levels of TCG costs minutes and adds nothing this test checks); production keeps kvm/host-passthrough/OVMF.
+"""
+
+from __future__ import annotations
+
+import gzip
+import io
+import os
+import shutil
+import subprocess
+import time
+
+import pytest
+
+from access.shell import Script, sh
+from facts.host import read_host_facts
+from plans.domain_xml import DomainSpec
+from plans.placement import VmRequest, from_facts, place
+from providers.libvirt_domain import LibvirtDomainProvider
+from tests.engine import ProviderError, ProviderServer
+from tests.testhost.machine import GPU_FN0, GPU_FN1
+
+pytestmark = pytest.mark.testhost
+
+TYPE = "gpuhost:vm:LibvirtDomain"
+POOL_DIR = "/var/lib/libvirt/images"
+NAME = "tenant-stand-in"
+MARKER = "GPUHOST-TINY-GUEST-UP"
+
+
+def tiny_initramfs() -> bytes:
+    """newc cpio (gzip) with a static busybox and an /init that prints MARKER and powers off."""
+    busybox = shutil.which("busybox") or "/bin/busybox"
+    init = ("#!/bin/busybox sh\n/bin/busybox mkdir -p /proc /dev\n"
+            "/bin/busybox mount -t devtmpfs dev /dev\n/bin/busybox mount -t proc proc /proc\n"
+            f"echo {MARKER} > /dev/ttyS0\n/bin/busybox poweroff -f\n")
+    work = "/tmp/gpuhost-tiny-initramfs"
+    shutil.rmtree(work, ignore_errors=True)
+    os.makedirs(work + "/bin")
+    shutil.copy(busybox, work + "/bin/busybox")
+    with open(work + "/init", "w") as f:
+        f.write(init)
+    os.chmod(work + "/init", 0o755)
+    names = "\n".join(["bin", "bin/busybox", "init"]) + "\n"
+    cpio = subprocess.run(["cpio", "-o", "-H", "newc", "--quiet"], input=names.encode(), cwd=work,
+                          capture_output=True, check=True).stdout
+    shutil.rmtree(work, ignore_errors=True)
+    return gzip.compress(cpio)
+
+
+def bind_vfio(addr: str) -> Script:
+    dev = f"/sys/bus/pci/devices/{addr}"
+    s = Script()
+    s.raw(f"echo vfio-pci > {sh(dev + '/driver_override')}")
+    s.raw(f"if [ -e {sh(dev + '/driver')} ]; then echo {sh(addr)} > {sh(dev + '/driver/unbind')}; fi")
+    s.raw(f"echo {sh(addr)} > /sys/bus/pci/drivers_probe")
+    return s
+
+
+def unbind_vfio(addr: str) -> Script:
+    dev = f"/sys/bus/pci/devices/{addr}"
+    s = Script()
+    s.raw(f"if [ -e {sh(dev + '/driver')} ]; then echo {sh(addr)} > {sh(dev + '/driver/unbind')}; fi")
+    s.raw(f"echo > {sh(dev + '/driver_override')}")
+    s.raw(f"echo {sh(addr)} > /sys/bus/pci/drivers_probe")
+    return s
+
+
+HP = "/sys/devices/system/node/node1/hugepages/hugepages-2048kB/nr_hugepages"
+
+
+@pytest.fixture(scope="module")
+def prepared(testhost):
+    """Host set up for the domain; everything restored after the module."""
+    conn = testhost.conn()
+    prior_hp = conn.run(sh("cat", HP)).stdout.strip()
+    prior_drv = {a: conn.run(f"basename \"$(readlink {sh('/sys/bus/pci/devices/' + a + '/driver')})\" "
+                             "2>/dev/null || true").stdout.strip() for a in (GPU_FN0, GPU_FN1)}
+    kernel = conn.run("ls -1 /boot/vmlinuz-* | sort | tail -n1").stdout.strip()
+    setup = Script().raw("set -e").add("modprobe", "vfio-pci")
+    for a in (GPU_FN0, GPU_FN1):
+        setup.lines += bind_vfio(a).lines
+    setup.raw(f"echo 160 > {sh(HP)}")
+    setup.add("systemctl", "start", "libvirtd")
+    setup.add("mkdir", "-p", POOL_DIR)
+    setup.raw(f"virsh pool-info gpuhost >/dev/null 2>&1 || {sh('virsh', 'pool-define-as', 'gpuhost', 'dir', '--target', POOL_DIR)}")
+    setup.raw("virsh pool-start gpuhost >/dev/null 2>&1 || true")
+    setup.add("qemu-img", "create", "-q", "-f", "qcow2", f"{POOL_DIR}/base.qcow2", "64M")
+    setup.add("install", "-m", "0644", kernel, f"{POOL_DIR}/gpuhost-vmlinuz")
+    conn.run(setup.render())
+    conn.put(f"{POOL_DIR}/gpuhost-initrd.gz", tiny_initramfs(), mode="0644")
+    drivers = {a: conn.run(f"basename \"$(readlink {sh('/sys/bus/pci/devices/' + a + '/driver')})\"").stdout.strip()
+               for a in (GPU_FN0, GPU_FN1)}
+    assert drivers == {GPU_FN0: "vfio-pci", GPU_FN1: "vfio-pci"}, drivers
+    yield conn
+    undo = Script()
+    undo.raw(f"virsh destroy {sh(NAME)} >/dev/null 2>&1 || true")
+    undo.raw(f"virsh undefine --nvram {sh(NAME)} >/dev/null 2>&1 || true")
+    for a in (GPU_FN0, GPU_FN1):
+        undo.lines += unbind_vfio(a).lines
+    undo.raw(f"echo {sh(prior_hp)} > {sh(HP)}")
+    undo.raw("virsh pool-destroy gpuhost >/dev/null 2>&1 || true; virsh pool-undefine gpuhost >/dev/null 2>&1 || true")
+    undo.add("rm", "-f", f"{POOL_DIR}/base.qcow2", f"{POOL_DIR}/{NAME}.qcow2", f"{POOL_DIR}/{NAME}-seed.iso",
+             f"{POOL_DIR}/gpuhost-vmlinuz", f"{POOL_DIR}/gpuhost-initrd.gz")
+    conn.run(undo.render(), check=False)
+    after = {a: conn.run(f"basename \"$(readlink {sh('/sys/bus/pci/devices/' + a + '/driver')})\" "
+                         "2>/dev/null || true").stdout.strip() for a in (GPU_FN0, GPU_FN1)}
+    assert after == prior_drv, f"GPU stand-in drivers not restored: {after} != {prior_drv}"
+
+
+def wait_inactive(conn, name: str, timeout: float) -> float:
+    t0 = time.monotonic()
+    while time.monotonic() - t0 < timeout:
+        state = conn.run(sh("virsh", "domstate", name), check=False).stdout.strip()
+        if state == "shut off":
+            return time.monotonic() - t0
+        time.sleep(2)
+    raise AssertionError(f"{name} still {state!r} after {timeout}s")
+
+
+def test_pinned_domain_on_node1_with_gpu_hostdevs_lifecycle(testhost, prepared):
+    conn = prepared
+    host = from_facts(read_host_facts(conn))
+    plan = place(host, [VmRequest(NAME, vcpus=2, memory_mib=256, page_size="2M", gpus=(GPU_FN0, GPU_FN1))])
+    vm = plan.vm(NAME)
+    print(plan.report())
+    assert vm.node == 1 and set(vm.vcpupin) <= {4, 5, 6, 7}
+    spec = DomainSpec.from_placement(
+        vm, domain_type="qemu", cpu_mode="maximum", loader=None, network=None,
+        disk=f"{POOL_DIR}/{NAME}.qcow2", seed_iso=f"{POOL_DIR}/{NAME}-seed.iso",
+        kernel=f"{POOL_DIR}/gpuhost-vmlinuz", initrd=f"{POOL_DIR}/gpuhost-initrd.gz",
+        cmdline="console=ttyS0 panic=-1 quiet", gpus=(GPU_FN0, GPU_FN1))
+    spec_in = spec.model_dump(mode="json")
+    inputs = {"host": testhost.host_spec(key_name="sshPrivateKey").model_dump(mode="json"), "domain": spec_in,
+              "storage": {"base_image": f"{POOL_DIR}/base.qcow2", "capacity_gib": 1},
+              "cloud_init": {"user": "ops", "ssh_authorized_keys": ["ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAI ops@x"]},
+              "shutdown_timeout": 20, "version": LibvirtDomainProvider.VERSION}
+    with ProviderServer(config={"gpuhost:sshPrivateKey": testhost.private_key_pem}) as srv:
+        r = srv.resource(LibvirtDomainProvider(), TYPE, NAME)
+        t0 = time.monotonic()
+        op, outs = r.up(inputs)
+        create_s = time.monotonic() - t0
+        assert op == "create" and outs["disk_created"] is True and outs["seed_uploaded"] is True
+
+        # virsh on the host confirms pinning, node, hugepages and both GPU functions
+        pins = conn.run(sh("virsh", "vcpupin", NAME, "--config")).stdout
+        for i, cpu in enumerate(vm.vcpupin):
+            assert any(line.split() == [f"{i}", str(cpu)] or line.replace(":", " ").split() == [str(i), str(cpu)]
+                       for line in pins.splitlines()), pins
+        xml = conn.run(sh("virsh", "dumpxml", NAME, "--inactive")).stdout
+        assert "<memory mode='strict' nodeset='1'/>" in xml
+        assert "<page size='2048' unit='KiB'/>" in xml
+        assert xml.count("<hostdev mode='subsystem' type='pci' managed='yes'>") == 2
+        assert "bus='0x81' slot='0x00' function='0x1'" in xml and "<rom bar='on'/>" in xml
+
+        # the seed ISO that landed through libvirt's volume upload is a cidata volume with our user-data
+        iso = conn.run(sh("head", "-c", "40000", f"{POOL_DIR}/{NAME}-seed.iso")).stdout
+        assert "CIDATA" in iso.upper()
+
+        # the tiny guest boots (TCG inside TCG) and powers itself off
+        ran_s = wait_inactive(conn, NAME, timeout=900)
+        log = conn.run(sh("tail", "-n", "5", f"/var/log/libvirt/qemu/{NAME}.log"), check=False).stdout
+        assert "shutting down, reason=shutdown" in log, log
+        print(f"create {create_s:.1f}s, guest ran until poweroff in {ran_s:.1f}s")
+
+        # refresh: no drift; a hand edit shows as drift
+        assert r.refresh()["domain"] == r.inputs["domain"]
+        conn.run(sh("virsh", "emulatorpin", NAME, "4", "--config"))
+        assert r.refresh()["domain"]["emulatorpin"] == [4]
+        r.outputs["domain"] = r.inputs["domain"]
+
+        # an update libvirt cannot start (a hostdev that does not exist) restores the previous definition
+        broken = {**inputs, "domain": {**spec_in, "gpus": [GPU_FN0, GPU_FN1, "0000:8f:00.0"]}}
+        with pytest.raises(ProviderError, match="previous definition restored"):
+            r.up(broken)
+        xml_after = conn.run(sh("virsh", "dumpxml", NAME, "--inactive")).stdout
+        assert "bus='0x8f'" not in xml_after and xml_after.count("<hostdev ") == 2
+
+        # delete leaves no domain; the disk stays (keep_disk default), the seed goes
+        r.destroy()
+        names = conn.run(sh("virsh", "list", "--all", "--name")).stdout.split()
+        assert NAME not in names
+        left = conn.run(sh("ls", POOL_DIR)).stdout.split()
+        assert f"{NAME}.qcow2" in left and f"{NAME}-seed.iso" not in left
