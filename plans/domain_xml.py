@@ -61,6 +61,7 @@ class DomainSpec(BaseModel):
         disk: the VM's qcow2 overlay path; seed_iso: the cloud-init NoCloud ISO path.
         kernel / initrd / cmdline: optional direct kernel boot (a tiny guest for tests).
         network: libvirt network for a virtio NIC (None: no NIC).
+        console_log: write the serial console to this file on the host (None: a pty for `virsh console`).
         gpus: every function of every GPU (e.g. VGA and HDA); vfs: SR-IOV VFs.
         hide_kvm / hv_vendor_id: hide the hypervisor from consumer-card drivers (seed 001, 4090).
     """
@@ -88,6 +89,7 @@ class DomainSpec(BaseModel):
     initrd: Optional[str] = None
     cmdline: Optional[str] = None
     network: Optional[str] = None
+    console_log: Optional[str] = None
     gpus: tuple[str, ...] = ()
     vfs: tuple[str, ...] = ()
     hide_kvm: bool = False
@@ -245,9 +247,14 @@ def render_element(spec: DomainSpec, uuid: Optional[str] = None) -> ET.Element:
         _hostdev(dev, a, rom_bar=True)
     for a in spec.vfs:
         _hostdev(dev, a, rom_bar=False)
-    ser = _sub(dev, "serial", type="pty")
+    kind = "file" if spec.console_log else "pty"
+    ser = _sub(dev, "serial", type=kind)
+    if spec.console_log:
+        _sub(ser, "source", path=spec.console_log)
     _sub(ser, "target", port=0)
-    con = _sub(dev, "console", type="pty")
+    con = _sub(dev, "console", type=kind)
+    if spec.console_log:
+        _sub(con, "source", path=spec.console_log)
     _sub(con, "target", type="serial", port=0)
     _sub(dev, "memballoon", model="none")  # ballooning and hugepage-pinned passthrough memory do not mix
     return d
@@ -337,6 +344,7 @@ def parse(xml: str) -> DomainSpec:
             continue
         rom = h.find("rom")
         (gpus if rom is not None and rom.get("bar") == "on" else vfs).append(_addr(a))
+    serial = d.find("devices/serial[@type='file']/source")
     vendor = d.find("features/hyperv/vendor_id")
     hidden = d.find("features/kvm/hidden")
     return DomainSpec.model_construct(
@@ -361,6 +369,7 @@ def parse(xml: str) -> DomainSpec:
         initrd=d.findtext("os/initrd"),
         cmdline=d.findtext("os/cmdline"),
         network=network,
+        console_log=serial.get("path") if serial is not None else None,
         gpus=tuple(gpus),
         vfs=tuple(vfs),
         hide_kvm=hidden is not None and hidden.get("state") == "on",

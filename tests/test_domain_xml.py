@@ -130,6 +130,7 @@ def specs(draw):
         seed_iso=draw(st.none() | st.just("/var/lib/libvirt/images/x-seed.iso")),
         kernel=draw(st.none() | st.just("/boot/vmlinuz")),
         network=draw(st.none() | st.just("default")),
+        console_log=draw(st.none() | st.just("/var/log/libvirt/qemu/x-console.log")),
         gpus=tuple(addrs[:k]),
         vfs=tuple(addrs[k:]),
         hide_kvm=draw(st.booleans()),
