@@ -86,7 +86,7 @@ class PassthroughHost(ComponentResource):
         h = args.host
         conn = host_input(host_spec(h))
         child = ResourceOptions(parent=self)
-        gpus = [g.address for g in h.gpus]
+        gpus = [g.address for g in h.gpus if g.passthrough]
         args_wanted = cmdline_args(h)
 
         self.preflight_check = HostPreflight(f"{name}-preflight", {

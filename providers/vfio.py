@@ -57,10 +57,16 @@ def render_files(props: dict, facts: HostFacts) -> dict[str, bytes]:
         if props.get("disable_vga", True):
             opt += " disable_vga=1"
         lines.append(opt)
-    host_drivers = sorted({facts.pci[a].driver for a in devices if a in facts.pci and facts.pci[a].driver
-                           and facts.pci[a].driver != "vfio-pci"} | set(props.get("softdep_drivers") or []))
+    # Host drivers the devices had; once bound to vfio they are gone from sysfs, so the ones already written
+    # into our file stay (re-runs converge instead of dropping them).
+    written = set()
+    cur = facts.files.get(MODPROBE_VFIO)
+    if cur is not None and cur.exists:
+        written = set(re.findall(r"^softdep (\S+) pre: vfio-pci$", cur.text, re.M))
+    host_drivers = sorted({facts.pci[a].driver.replace("-", "_") for a in devices if a in facts.pci
+                           and facts.pci[a].driver and facts.pci[a].driver != "vfio-pci"} | written)
     for drv in host_drivers:
-        lines.append(f"softdep {drv.replace('-', '_')} pre: vfio-pci")
+        lines.append(f"softdep {drv} pre: vfio-pci")
     files[MODPROBE_VFIO] = ("\n".join(lines) + "\n").encode()
     if props.get("blacklist_nouveau", True):
         files[BLACKLIST] = b"blacklist nouveau\noptions nouveau modeset=0\n"

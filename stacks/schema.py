@@ -84,7 +84,11 @@ class Gpu(Strict):
     model: str = Field("generic", description="L40S, A10, A100, H100, H200, 4090 ... (selects Triton presets)")
     numa_node: Optional[int] = Field(None, description="expected node; preflight compares with the host")
     consumer: bool = Field(False, description="consumer card (4090): hide KVM / set hv_vendor_id (seed 001)")
+    passthrough: bool = Field(True, description="bind to vfio-pci for a VM; false keeps the host's NVIDIA driver "
+                                                "(MIG on the host, seed 001 route A)")
     mig: Optional[list[str]] = Field(None, description="MIG profile layout, e.g. ['2g.20gb','2g.20gb','1g.10gb']")
+    functions: list[int] = Field(default_factory=lambda: [0], description="PCI functions of the card's slot that "
+                                 "pass through together: [0, 1] for a GPU with an HDA audio function (seed 000 §4.2)")
 
     _addr = field_validator("address")(lambda cls, v: pci_address(v))
 
@@ -164,6 +168,8 @@ class Vm(Strict):
     image: str = "/var/lib/libvirt/images/base.qcow2"
     guest_user: str = "ubuntu"
     mps: bool = Field(False, description="CUDA MPS in the guest (seed 001 route B)")
+    address: Optional[str] = Field(None, description="guest IP for SSH (through the host as jump) and scraping")
+    host_key: Optional[str] = Field(None, description="the guest's SSH host key pin")
 
     @field_validator("name")
     @classmethod

@@ -1,0 +1,151 @@
+"""The program: stack config → components, with the dependencies the seeds' order demands.
+
+host prep (and its one reboot) → SR-IOV VFs → tenant VMs pinned beside their GPU → guest services → monitoring.
+
+Usage (what __main__.py does)::
+
+    fleet, _key = stacks.load.load(pulumi.Config("gpuhost"))
+    outputs = build(fleet)
+"""
+
+from __future__ import annotations
+
+from typing import Optional
+
+import pulumi
+from pulumi import ResourceOptions
+
+from access.ssh import HostSpec, JumpHost
+from components.monitoring_stack import MonitoringStack, MonitoringStackArgs
+from components.passthrough_host import PassthroughHost, PassthroughHostArgs, host_spec
+from components.pinned_vm import PinnedVM, PinnedVMArgs
+from components.sriov_nic import SriovNic, SriovNicArgs
+from components.triton_service import TritonService, TritonServiceArgs
+from plans import placement as pl
+from plans.monitoring.model import HostTarget, MonitoringGraph, ServingSlo, TritonTarget
+from plans.triton_repo import resnet50_fp16, sdxl, yolov8n
+from stacks.load import ConfigError
+from stacks.schema import Fleet, Host, Vm
+
+PRESETS = {"yolov8n": yolov8n, "resnet50_fp16": resnet50_fp16, "sdxl": sdxl}
+
+
+def solver_host(h: Host) -> pl.Host:
+    """The placement solver's view of a host, from the topology declared in stack config."""
+    t = h.topology
+    devices = {g.address: g.numa_node if g.numa_node is not None else -1 for g in h.gpus}
+    return pl.Host.uniform(sockets=t.sockets, cores_per_socket=t.cores_per_socket,
+                           threads_per_core=t.threads_per_core, memory_mib=t.memory_gib_per_node * 1024,
+                           hugepages_1g=(h.hugepages.count // t.nodes if h.hugepages.size == "1G" else 0),
+                           hugepages_2m=max(h.hugepages.per_node.values(), default=0) if h.hugepages.size == "2M"
+                           else 0, nodes_per_socket=t.nodes_per_socket, devices=devices,
+                           reserved_cpus=h.reserved_cpus)
+
+
+def gpu_functions(h: Host, address: str) -> tuple[str, ...]:
+    g = next(x for x in h.gpus if x.address == address)
+    base = address.rsplit(".", 1)[0]
+    return tuple(f"{base}.{f}" for f in g.functions)
+
+
+def vm_request(h: Host, vm: Vm) -> pl.VmRequest:
+    return pl.VmRequest(name=vm.name, vcpus=vm.vcpus, memory_mib=vm.memory_gib * 1024, page_size=vm.page_size,
+                        gpus=tuple(vm.gpus), thread_policy=vm.thread_policy, emulator_threads=vm.emulator_threads,
+                        iothreads=vm.iothreads)
+
+
+def plan_host(i: int, h: Host) -> Optional[pl.HostPlacement]:
+    if not h.vms:
+        return None
+    if h.topology is None:
+        raise ConfigError([f"fleet.hosts[{i}].topology: needed to place VMs (sockets, cores_per_socket, "
+                           "threads_per_core, memory_gib_per_node)"])
+    try:
+        return pl.place(solver_host(h), [vm_request(h, vm) for vm in h.vms])
+    except pl.PlacementError as e:
+        idx = next((j for j, v in enumerate(h.vms) if v.name == e.vm), 0) if hasattr(e, "vm") else 0
+        raise ConfigError([f"fleet.hosts[{i}].vms[{idx}]: {e}"]) from None
+
+
+def guest_spec(h: Host, vm: Vm) -> Optional[HostSpec]:
+    if not vm.address:
+        return None
+    return HostSpec(name=f"{h.name}-{vm.name}", address=vm.address, user=vm.guest_user, host_key=vm.host_key,
+                    insecure_accept_unknown_host_key=vm.host_key is None and h.ssh.insecure_accept_unknown_host_key,
+                    jump=JumpHost(address=h.ssh.address, port=h.ssh.port, user=h.ssh.user, host_key=h.ssh.host_key))
+
+
+def build(fleet: Fleet) -> dict:
+    # Plan every host before declaring anything: a VM that cannot fit fails the program with no resource
+    # registered.
+    placements = {h.name: plan_host(i, h) for i, h in enumerate(fleet.hosts)}
+    exports: dict = {"placement": {}, "pending_reboot": {}, "endpoints": {}}
+    vms: dict[tuple[str, str], PinnedVM] = {}
+    hosts: dict[str, PassthroughHost] = {}
+    guests: dict[tuple[str, str], HostSpec] = {}
+    for h in fleet.hosts:
+        spec = host_spec(h)
+        ph = PassthroughHost(h.name, PassthroughHostArgs(host=h))
+        hosts[h.name] = ph
+        exports["pending_reboot"][h.name] = ph.pending_reboot
+        nics = []
+        for j, pf in enumerate(h.sriov):
+            nics.append(SriovNic(f"{h.name}-sriov-{j}", SriovNicArgs(
+                host=spec, pf=pf.pf, num_vfs=pf.num_vfs, numa_node=pf.numa_node, numa_policy=pf.numa_policy,
+                vfio=pf.vfio, vfs=[v.model_dump(exclude_none=True) for v in pf.vfs], irq_cpus=h.reserved_cpus),
+                ResourceOptions(depends_on=[ph])))
+        plan = placements[h.name]
+        if plan is not None:
+            exports["placement"][h.name] = plan.report()
+        vf_pool = [n.vf_addresses for n in nics]
+        taken = 0
+        for vm in h.vms:
+            vfs_out = None
+            if vm.vfs and vf_pool:
+                start = taken
+                taken += vm.vfs
+                vfs_out = vf_pool[0].apply(lambda all_vfs, s=start, n=vm.vfs: list(all_vfs or [])[s:s + n])
+            gs = guest_spec(h, vm)
+            if gs:
+                guests[(h.name, vm.name)] = gs
+            vms[(h.name, vm.name)] = PinnedVM(f"{h.name}-{vm.name}", PinnedVMArgs(
+                host=spec, placement=plan.vm(vm.name),
+                gpus=tuple(a for g in vm.gpus for a in gpu_functions(h, g)), vfs_output=vfs_out,
+                base_image=vm.image, consumer_card=any(g.consumer for g in h.gpus if g.address in vm.gpus),
+                guest=gs), ResourceOptions(depends_on=[ph, *nics]))
+
+    services = []
+    for s in fleet.services:
+        h = next(x for x in fleet.hosts if x.name == s.host)
+        where = guests.get((s.host, s.vm)) if s.vm else host_spec(h)
+        if where is None:
+            raise ConfigError([f"services: {s.name} runs in VM {s.vm} which has no address for SSH"])
+        deps = [vms[(s.host, s.vm)]] if s.vm else [hosts[s.host]]
+        models = [PRESETS[m.preset]().model_copy(update={"name": m.name}) for m in s.models]
+        gpu_count = max(1, len([g for vm in h.vms if vm.name == s.vm for g in vm.gpus]) if s.vm else len(h.gpus))
+        svc = TritonService(s.name, TritonServiceArgs(
+            host=where, gpu_model=s.gpu_model, gpu_count=gpu_count, models=models, runtime=s.runtime,
+            endpoint=f"http://{where.address}:{s.nginx_port}", nginx_listen=s.nginx_port, slo_p95_ms=s.slo.p95_ms,
+            gate_concurrency=s.acceptance.concurrency, gate_duration_s=s.acceptance.duration_s),
+            ResourceOptions(depends_on=deps))
+        services.append(svc)
+        exports["endpoints"][s.name] = f"http://{where.address}:{s.nginx_port}"
+
+    if fleet.monitoring:
+        graph = MonitoringGraph(
+            hosts=[HostTarget(name=h.name, address=h.ssh.address, role="host") for h in fleet.hosts],
+            guests=[HostTarget(name=f"{hn}-{vn}", address=g.address, role="guest", tenant=vn, gpu_driver=True)
+                    for (hn, vn), g in guests.items()],
+            services=[TritonTarget(name=s.name, address=(guests.get((s.host, s.vm)) or host_spec(
+                next(x for x in fleet.hosts if x.name == s.host))).address,
+                host=f"{s.host}-{s.vm}" if s.vm else s.host, tenant=s.vm, models=tuple(m.name for m in s.models),
+                slo=ServingSlo(p95_latency_ms=s.slo.p95_ms)) for s in fleet.services])
+        mon_host = host_spec(next(x for x in fleet.hosts if x.name == fleet.monitoring.host))
+        machines = {h.name: host_spec(h) for h in fleet.hosts}
+        machines.update({f"{hn}-{vn}": g for (hn, vn), g in guests.items()})
+        mon = MonitoringStack("monitoring", MonitoringStackArgs(graph=graph, monitoring_host=mon_host,
+                                                                machines=machines),
+                              ResourceOptions(depends_on=services + list(vms.values())))
+        exports["grafana"] = mon.grafana_url
+        exports["prometheus"] = mon.prometheus_url
+    return exports

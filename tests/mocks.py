@@ -1,0 +1,137 @@
+"""Run the whole program (or a component) under Pulumi mocks and record every registration as the engine sees it.
+
+The recording monitor keeps what plain Mocks lose: each resource's parent URN, its dependency URNs and which
+inputs arrive as secrets, so tests can assert parents, dependency edges and secrecy, and find duplicate URNs
+(which mocks do not reject by themselves).
+
+Usage::
+
+    rec = run_program(config={"gpuhost:fleet": fleet_dict, "gpuhost:sshPrivateKey": pem},
+                      secret_keys=["gpuhost:sshPrivateKey"])
+    rec.of_type("gpuhost:host:KernelCmdline")[0].inputs["add"]
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from typing import Any, Callable, Optional
+
+import pulumi
+from pulumi.runtime import mocks as pm
+from pulumi.runtime import rpc
+
+SECRET_SIG = rpc._special_secret_sig if hasattr(rpc, "_special_secret_sig") else "1b47061264138c4ac30d75fd1eb44270"
+
+
+@dataclass
+class Registration:
+    urn: str
+    type: str
+    name: str
+    parent: str
+    dependencies: list[str]
+    inputs: dict
+    secret_inputs: list[str]
+    custom: bool
+
+
+def _secret_keys(struct) -> list[str]:
+    out = []
+    for k, v in struct.fields.items():
+        sv = v.struct_value if v.HasField("struct_value") else None
+        if sv is not None and "4dabf18193072939515e22adb298388d" in sv.fields:
+            sig = sv.fields["4dabf18193072939515e22adb298388d"].string_value
+            if sig == SECRET_SIG or sig == "1b47061264138c4ac30d75fd1eb44270":
+                out.append(k)
+    return out
+
+
+class RecordingMonitor(pm.MockMonitor):
+    def __init__(self, mocks):
+        super().__init__(mocks)
+        self.registrations: list[Registration] = []
+
+    def RegisterResource(self, request):
+        resp = super().RegisterResource(request)
+        if request.type != "pulumi:pulumi:Stack":
+            self.registrations.append(Registration(
+                urn=resp.urn, type=request.type, name=request.name, parent=request.parent,
+                dependencies=list(request.dependencies), inputs=rpc.deserialize_properties(request.object),
+                secret_inputs=_secret_keys(request.object), custom=bool(request.custom)))
+        return resp
+
+
+class EchoMocks(pulumi.runtime.Mocks):
+    """Outputs are the inputs, plus what providers compute that the program reads back."""
+
+    def new_resource(self, args: pulumi.runtime.MockResourceArgs):
+        outs = dict(args.inputs)
+        if args.typ == "docker:index/remoteImage:RemoteImage":
+            outs["imageId"] = "sha256:" + "0" * 64
+        if args.typ == "gpuhost:net:SriovVfs" or args.typ.endswith(":SriovVfs"):
+            pf = str(args.inputs.get("pf", "0000:41:00.0"))
+            n = int(args.inputs.get("num_vfs", 0) or 0)
+            base = pf.rsplit(":", 1)[0]
+            outs["vf_addresses"] = [f"{base}:{(i + 1) // 8:02x}.{(i + 1) % 8}" for i in range(n)]
+        return [f"{args.name}-id", outs]
+
+    def call(self, args: pulumi.runtime.MockCallArgs):
+        return {}
+
+
+@dataclass
+class Recording:
+    registrations: list[Registration] = field(default_factory=list)
+    exports: dict = field(default_factory=dict)
+
+    def of_type(self, t: str) -> list[Registration]:
+        return [r for r in self.registrations if r.type == t]
+
+    def by_name(self, name: str) -> Registration:
+        return next(r for r in self.registrations if r.name == name)
+
+    def by_urn(self, urn: str) -> Registration:
+        return next(r for r in self.registrations if r.urn == urn)
+
+    def duplicate_urns(self) -> list[str]:
+        seen, dup = set(), []
+        for r in self.registrations:
+            if r.urn in seen:
+                dup.append(r.urn)
+            seen.add(r.urn)
+        return dup
+
+    def types(self) -> dict[str, int]:
+        out: dict[str, int] = {}
+        for r in self.registrations:
+            out[r.type] = out.get(r.type, 0) + 1
+        return out
+
+
+def run_program(config: dict[str, Any], secret_keys: list[str], stack: str = "test",
+                body: Optional[Callable[[], dict]] = None) -> Recording:
+    """Run stacks.program.build (or `body`) fresh under mocks with this stack config."""
+    mocks = EchoMocks()
+    monitor = RecordingMonitor(mocks)
+    pulumi.runtime.set_mocks(mocks, project="gpuhost", stack=stack, preview=False, monitor=monitor)
+    cfg = {k: (json.dumps(v) if not isinstance(v, str) else v) for k, v in config.items()}
+    pulumi.runtime.set_all_config(cfg, secret_keys)
+    rec = Recording()
+
+    def default_body():
+        from stacks.load import load
+        from stacks.program import build
+
+        fleet, _ = load(pulumi.Config("gpuhost"))
+        return build(fleet)
+
+    @pulumi.runtime.test
+    def program():
+        out = (body or default_body)()
+        rec.exports = out
+        return pulumi.Output.from_input(out).apply(lambda v: v)
+
+    program()
+    rec.registrations = monitor.registrations
+    return rec
