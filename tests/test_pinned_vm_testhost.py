@@ -1,4 +1,5 @@
-"""PinnedVM's domain on the emulated GPU server: real libvirtd, real QEMU (TCG inside TCG), real vfio-pci.
+"""PinnedVM on the emulated GPU server: its domain (real libvirtd, real QEMU TCG inside TCG, real vfio-pci) and its
+guest bootstrap provider (one emulated host boot serves both tests).
 
 The chain is the production one: the host's facts (one SSH round trip) → `from_facts` → the placement solver puts
 the tenant on node 1 (the GPU stand-in's node, CPUs 4-7) → `DomainSpec` → LibvirtDomain through the SDK's provider
@@ -110,7 +111,7 @@ def prepared(testhost):
         undo.lines += unbind_vfio(a).lines
     undo.raw(f"echo {sh(prior_hp)} > {sh(HP)}")
     undo.raw("virsh pool-destroy gpuhost >/dev/null 2>&1 || true; virsh pool-undefine gpuhost >/dev/null 2>&1 || true")
-    undo.add("rm", "-f", f"{POOL_DIR}/base.qcow2", f"{POOL_DIR}/{NAME}.qcow2", f"{POOL_DIR}/{NAME}-seed.iso",
+    undo.add("rm", "-f", f"/var/log/libvirt/qemu/{NAME}-console.log", f"{POOL_DIR}/base.qcow2", f"{POOL_DIR}/{NAME}.qcow2", f"{POOL_DIR}/{NAME}-seed.iso",
              f"{POOL_DIR}/gpuhost-vmlinuz", f"{POOL_DIR}/gpuhost-initrd.gz")
     conn.run(undo.render(), check=False)
     after = {a: conn.run(f"basename \"$(readlink {sh('/sys/bus/pci/devices/' + a + '/driver')})\" "
@@ -139,7 +140,8 @@ def test_pinned_domain_on_node1_with_gpu_hostdevs_lifecycle(testhost, prepared):
         vm, domain_type="qemu", cpu_mode="maximum", loader=None, network=None,
         disk=f"{POOL_DIR}/{NAME}.qcow2", seed_iso=f"{POOL_DIR}/{NAME}-seed.iso",
         kernel=f"{POOL_DIR}/gpuhost-vmlinuz", initrd=f"{POOL_DIR}/gpuhost-initrd.gz",
-        cmdline="console=ttyS0 panic=-1 quiet", gpus=(GPU_FN0, GPU_FN1))
+        cmdline="console=ttyS0 panic=-1 quiet", console_log=f"/var/log/libvirt/qemu/{NAME}-console.log",
+        gpus=(GPU_FN0, GPU_FN1))
     spec_in = spec.model_dump(mode="json")
     inputs = {"host": testhost.host_spec(key_name="sshPrivateKey").model_dump(mode="json"), "domain": spec_in,
               "storage": {"base_image": f"{POOL_DIR}/base.qcow2", "capacity_gib": 1},
@@ -171,6 +173,8 @@ def test_pinned_domain_on_node1_with_gpu_hostdevs_lifecycle(testhost, prepared):
         ran_s = wait_inactive(conn, NAME, timeout=900)
         log = conn.run(sh("tail", "-n", "5", f"/var/log/libvirt/qemu/{NAME}.log"), check=False).stdout
         assert "shutting down, reason=shutdown" in log, log
+        console = conn.run(sh("cat", f"/var/log/libvirt/qemu/{NAME}-console.log"), check=False).stdout
+        assert MARKER in console, console[-2000:]
         print(f"create {create_s:.1f}s, guest ran until poweroff in {ran_s:.1f}s")
 
         # refresh: no drift; a hand edit shows as drift
@@ -192,3 +196,43 @@ def test_pinned_domain_on_node1_with_gpu_hostdevs_lifecycle(testhost, prepared):
         assert NAME not in names
         left = conn.run(sh("ls", POOL_DIR)).stdout.split()
         assert f"{NAME}.qcow2" in left and f"{NAME}-seed.iso" not in left
+
+
+def test_guest_bootstrap_is_idempotent_with_nvidia_steps_absent(testhost):
+    """GuestBootstrap over SSH on the emulated host (Debian 12, no NVIDIA GPU or driver, no network): the NVIDIA
+    and Docker steps are checked and reported (driver/toolkit 'needed', persistence and MPS daemon 'absent'), while
+    the steps that can run here — the nvidia-mps unit and the per-instance MPS env files — are applied once and
+    then never again."""
+    from plans.guest_bootstrap import MPS_ENV_DIR, MPS_UNIT
+    from providers.guest_bootstrap import GuestBootstrapProvider
+
+    conn = testhost.conn()
+    spec = testhost.host_spec(key_name="sshPrivateKey").model_dump(mode="json")
+    cfg = {"mps": {"instances": {"triton-a": 60, "triton-b": 40}}, "only": ["mps-unit", "mps-env"]}
+    inputs = {"host": spec, "config": cfg, "version": GuestBootstrapProvider.VERSION}
+    with ProviderServer(config={"gpuhost:sshPrivateKey": testhost.private_key_pem}) as srv:
+        r = srv.resource(GuestBootstrapProvider(), "gpuhost:vm:GuestBootstrap", "stand-in-guest")
+        op, outs = r.up(inputs)
+        assert op == "create"
+        assert outs["applied"] == ["mps-unit", "mps-env:triton-a", "mps-env:triton-b"]
+        assert outs["checks"]["driver"] == "needed" and outs["checks"]["toolkit"] == "needed"
+        assert outs["checks"]["persistence"].startswith("absent:")
+        assert outs["checks"]["mps-daemon"].startswith("absent:")
+        assert outs["checks"]["mps-unit"] == "ok" and outs["done"] is True
+        env = conn.run(sh("cat", f"{MPS_ENV_DIR}/triton-a.env")).stdout
+        assert "CUDA_MPS_ACTIVE_THREAD_PERCENTAGE=60\n" in env
+        assert "nvidia-cuda-mps-control -d" in conn.run(sh("cat", MPS_UNIT)).stdout
+
+        # same inputs: no change; a forced re-apply does nothing (each step checks first)
+        assert r.preview(inputs).changes is False
+        assert srv.resource(GuestBootstrapProvider(), "gpuhost:vm:GuestBootstrap", "again").up(inputs)[1][
+            "applied"] == []
+
+        # a new split rewrites only the files that differ
+        inputs2 = {**inputs, "config": {**cfg, "mps": {"instances": {"triton-a": 50, "triton-b": 40}}}}
+        op, outs = r.up(inputs2)
+        assert op == "update" and outs["applied"] == ["mps-env:triton-a"]
+
+        r.destroy()
+        left = conn.run(f"ls {sh(MPS_ENV_DIR)} {sh(MPS_UNIT)} 2>&1 || true").stdout
+        assert "No such file" in left
