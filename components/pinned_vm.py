@@ -16,7 +16,7 @@ Usage::
 
 from __future__ import annotations
 
-from typing import Literal, Optional
+from typing import Any, Literal, Optional
 
 import pulumi
 from pydantic import BaseModel, ConfigDict, Field
@@ -47,6 +47,8 @@ class PinnedVMArgs(BaseModel):
     placement: VmPlacement
     gpus: tuple[str, ...] = ()
     vfs: tuple[str, ...] = ()
+    # VF addresses known only once SriovNic has carved them (its `vf_addresses` output, sliced per VM).
+    vfs_output: Optional[Any] = None
     base_image: Optional[str] = None
     disk_dir: str = "/var/lib/libvirt/images"
     capacity_gib: int = Field(40, gt=0)
@@ -89,8 +91,13 @@ class PinnedVM(pulumi.ComponentResource):
         if not args.host and not args.uri:
             raise ValueError("PinnedVM needs `host` or `uri`")
         spec = args.domain_spec(args.placement.name)
+        domain = spec.model_dump(mode="json")
+        if args.vfs_output is not None:
+            domain = pulumi.Output.from_input(args.vfs_output).apply(
+                lambda vfs: args.model_copy(update={"vfs": tuple(vfs or ()), "vfs_output": None})
+                .domain_spec(args.placement.name).model_dump(mode="json"))
         dom_inputs = {
-            "domain": spec.model_dump(mode="json"),
+            "domain": domain,
             "storage": {"base_image": args.base_image, "capacity_gib": args.capacity_gib},
             "cloud_init": args.cloud_init.model_dump(mode="json") if args.cloud_init else None,
             "keep_disk": args.keep_disk,

@@ -34,12 +34,22 @@ def solver_host(h: Host) -> pl.Host:
     """The placement solver's view of a host, from the topology declared in stack config."""
     t = h.topology
     devices = {g.address: g.numa_node if g.numa_node is not None else -1 for g in h.gpus}
-    return pl.Host.uniform(sockets=t.sockets, cores_per_socket=t.cores_per_socket,
+    hp1g = h.hugepages.count // t.nodes if h.hugepages.size == "1G" else 0
+    base = pl.Host.uniform(sockets=t.sockets, cores_per_socket=t.cores_per_socket,
                            threads_per_core=t.threads_per_core, memory_mib=t.memory_gib_per_node * 1024,
-                           hugepages_1g=(h.hugepages.count // t.nodes if h.hugepages.size == "1G" else 0),
-                           hugepages_2m=max(h.hugepages.per_node.values(), default=0) if h.hugepages.size == "2M"
-                           else 0, nodes_per_socket=t.nodes_per_socket, devices=devices,
-                           reserved_cpus=h.reserved_cpus)
+                           hugepages_1g=hp1g, hugepages_2m=0, nodes_per_socket=t.nodes_per_socket,
+                           devices=devices, reserved_cpus=h.reserved_cpus)
+    nodes = tuple(pl.Node(id=n.id, memory_free_mib=n.memory_free_mib,
+                          hugepages_free={"1G": hp1g, "2M": int(h.hugepages.per_node.get(n.id, 0))
+                                          if h.hugepages.size == "2M" else 0}) for n in base.nodes)
+    cpus = base.cpus
+    if t.numbering == "sequential":
+        per_core = t.threads_per_core
+        cores_per_node = t.cores_per_socket // t.nodes_per_socket
+        cpus = tuple(pl.Cpu(id=i, core=(i // per_core) % t.cores_per_socket, socket=i // (per_core * t.cores_per_socket),
+                            node=i // (per_core * cores_per_node))
+                     for i in range(t.sockets * t.cores_per_socket * per_core))
+    return pl.Host(cpus=cpus, nodes=nodes, devices=base.devices, reserved_cpus=base.reserved_cpus)
 
 
 def gpu_functions(h: Host, address: str) -> tuple[str, ...]:
@@ -49,7 +59,7 @@ def gpu_functions(h: Host, address: str) -> tuple[str, ...]:
 
 
 def vm_request(h: Host, vm: Vm) -> pl.VmRequest:
-    return pl.VmRequest(name=vm.name, vcpus=vm.vcpus, memory_mib=vm.memory_gib * 1024, page_size=vm.page_size,
+    return pl.VmRequest(name=vm.name, vcpus=vm.vcpus, memory_mib=int(vm.memory_gib * 1024), page_size=vm.page_size,
                         gpus=tuple(vm.gpus), thread_policy=vm.thread_policy, emulator_threads=vm.emulator_threads,
                         iothreads=vm.iothreads)
 

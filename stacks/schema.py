@@ -124,6 +124,9 @@ class Topology(Strict):
     threads_per_core: int = Field(1, ge=1, le=8)
     memory_gib_per_node: int = Field(ge=1)
     nodes_per_socket: int = Field(1, ge=1)
+    numbering: Literal["interleaved", "sequential"] = Field(
+        "interleaved", description="interleaved: sibling threads are N and N+cores (Intel servers, lscpu shows CPU 0 "
+                                   "and 32 on one core); sequential: siblings adjacent (QEMU guests, some AMD BIOSes)")
 
     @property
     def nodes(self) -> int:
@@ -158,7 +161,7 @@ class Tuning(Strict):
 class Vm(Strict):
     name: str
     vcpus: int = Field(ge=1)
-    memory_gib: int = Field(ge=1)
+    memory_gib: float = Field(gt=0, description="guest memory; a whole number of pages of page_size")
     page_size: Literal["1G", "2M", "4K"] = "1G"
     gpus: list[str] = Field(default_factory=list, description="GPU function-0 addresses; all slot functions follow")
     vfs: int = Field(0, ge=0, description="SR-IOV VFs from a PF on the GPU's node")

@@ -1,0 +1,146 @@
+"""The whole program under Pulumi mocks, for the hk-prod and dev stacks as their YAML files define them.
+
+Mocks stand in for the engine (no Pulumi CLI here) and for Docker/libvirt/SSH targets that do not exist here; the
+assertions are on what the program declares: resource counts by type, parents, dependency edges, the inputs that
+matter, secrets and URNs.
+"""
+
+import copy
+import json
+
+import pytest
+
+from stacks.load import ConfigError
+from tests.mocks import run_program
+from tests.stackfiles import stack_config
+
+KEY = "gpuhost:sshPrivateKey"
+
+
+@pytest.fixture(scope="module")
+def hk():
+    cfg, secret = stack_config("hk-prod")
+    return run_program(cfg, secret, stack="hk-prod")
+
+
+@pytest.fixture(scope="module")
+def dev():
+    cfg, secret = stack_config("dev")
+    return run_program(cfg, secret, stack="dev")
+
+
+def test_stack_files_keep_the_key_encrypted():
+    for stack in ("hk-prod", "dev"):
+        text = open(f"Pulumi.{stack}.yaml").read()
+        assert "PRIVATE KEY" not in text and "secure: v1:" in text
+        cfg, secret = stack_config(stack)
+        assert secret == [KEY] and cfg[KEY].startswith("-----BEGIN OPENSSH PRIVATE KEY-----")
+
+
+def test_hk_prod_resource_counts_and_unique_urns(hk):
+    t = hk.types()
+    assert t["gpuhost:host:PassthroughHost"] == 6
+    assert t["pulumi-python:dynamic/host:HostReboot"] == 6 and t["pulumi-python:dynamic/host:HostPreflight"] == 6
+    assert t["gpuhost:vm:PinnedVM"] == 2 + 4 + 2 + 1
+    assert t["gpuhost:net:SriovNic"] == 1
+    assert t["gpuhost:serving:TritonService"] == 5
+    assert t["gpuhost:monitoring:MonitoringStack"] == 1
+    # VFIO only where GPUs pass through: not on the MIG host nor the monitoring host
+    assert t["pulumi-python:dynamic/host:VfioBinding"] == 4
+    assert hk.duplicate_urns() == []
+
+
+def test_children_are_parented_to_their_component(hk):
+    for r in hk.registrations:
+        if r.type.startswith("pulumi-python:dynamic/host:") and r.name.startswith("trt-l40s-01-") \
+                and "tenant" not in r.name:
+            parent = hk.by_urn(r.parent)
+            assert parent.type == "gpuhost:host:PassthroughHost" and parent.name == "trt-l40s-01", r.name
+
+
+def test_kernel_args_per_host(hk):
+    add = {r.name: r.inputs["add"] for r in hk.of_type("pulumi-python:dynamic/host:KernelCmdline")}
+    assert add["trt-l40s-01-cmdline"][:2] == ["intel_iommu=on", "iommu=pt"]
+    assert {"default_hugepagesz=1G", "hugepagesz=1G", "hugepages=384"} <= set(add["trt-l40s-01-cmdline"])
+    assert "video=efifb:off" in add["rtx4090-01-cmdline"]
+    rhel = add["rhel-mt-01-cmdline"]
+    assert "kvm.ignore_msrs=1" in rhel and any(a.startswith("isolcpus=") for a in rhel)
+    assert not any(a.startswith("pcie_acs_override") for args in add.values() for a in args)
+
+
+def test_pinning_on_the_gpu_node_with_sibling_pairs(hk):
+    doms = {r.name: r.inputs for r in hk.of_type("pulumi-python:dynamic/vm:LibvirtDomain")}
+    a = doms["trt-l40s-01-tenant-rt-a-domain"]["domain"]
+    b = doms["trt-l40s-01-tenant-rt-b-domain"]["domain"]
+    cpus_a = set(a["vcpupin"]); cpus_b = set(b["vcpupin"])
+    assert not cpus_a & cpus_b
+    # node 0 of a 2x16x2 box holds CPUs 0-15 and 32-47; node 1 16-31 and 48-63
+    assert cpus_a <= set(range(0, 16)) | set(range(32, 48)) and cpus_b <= set(range(16, 32)) | set(range(48, 64))
+    assert not cpus_a & {0, 1, 32, 33}
+    pins = a["vcpupin"]
+    assert all(pins[i + 1] - pins[i] == 32 for i in range(0, len(pins), 2))  # vCPU pairs are sibling threads
+
+
+def test_dependencies_host_prep_before_vms_before_services_before_monitoring(hk):
+    def children(name):
+        return {r.urn for r in hk.registrations if r.parent == hk.by_name(name).urn}
+
+    vm = hk.by_name("trt-l40s-01-tenant-rt-a")
+    # depends_on a component means on its children: the host's reboot (hence all host prep) comes first
+    assert hk.by_name("trt-l40s-01-reboot").urn in vm.dependencies
+    assert children("trt-l40s-01") <= set(vm.dependencies)
+    svc = hk.by_name("yolo-rt")
+    assert hk.by_name("trt-l40s-01-tenant-rt-a-domain").urn in svc.dependencies
+    mon = hk.by_name("monitoring")
+    assert hk.by_name("yolo-rt-gate").urn in mon.dependencies
+    rhel_vm = hk.by_name("rhel-mt-01-tenant-a100")
+    assert children("rhel-mt-01-sriov-0") <= set(rhel_vm.dependencies)
+    reboot = hk.by_name("rhel-mt-01-reboot")
+    assert {hk.by_name("rhel-mt-01-cmdline").urn, hk.by_name("rhel-mt-01-vfio").urn} <= set(reboot.dependencies)
+
+
+def test_triton_ports_and_ssh_key_never_an_input(hk):
+    conts = [r for r in hk.of_type("docker:index/container:Container") if r.name.endswith("-triton")]
+    assert conts and all(sorted(p["internal"] for p in c.inputs["ports"]) == [8000, 8001, 8002] for c in conts)
+    for r in hk.registrations:
+        assert "PRIVATE KEY" not in json.dumps(r.inputs, default=str), r.name
+
+
+def test_vf_from_sriov_reaches_the_tenant_domain(hk):
+    dom = next(r for r in hk.of_type("pulumi-python:dynamic/vm:LibvirtDomain") if r.name == "rhel-mt-01-tenant-a100-domain")
+    assert len(dom.inputs["domain"]["vfs"]) == 1
+    assert dom.inputs["domain"]["gpus"] == ["0000:65:00.0", "0000:65:00.1"]
+
+
+def test_dev_stack_targets_the_emulated_host(dev):
+    assert dev.by_name("emulated-gpu-01-cmdline").inputs["add"] == ["intel_iommu=on", "iommu=pt"]
+    assert dev.by_name("emulated-gpu-01-vfio").inputs["devices"] == ["0000:81:00.0"]
+    assert dev.by_name("emulated-gpu-01-irq").inputs["banned_cpus"] == [2, 3, 4, 5, 6, 7]
+    dom = dev.by_name("emulated-gpu-01-tenant-a-domain").inputs["domain"]
+    assert set(dom["vcpupin"]) <= {4, 5, 6, 7} and len(set(dom["vcpupin"])) == 2
+    assert dev.duplicate_urns() == []
+
+
+def _broken(mutate):
+    cfg, secret = stack_config("hk-prod")
+    fleet = json.loads(cfg["gpuhost:fleet"])
+    mutate(fleet, cfg, secret)
+    cfg["gpuhost:fleet"] = json.dumps(fleet)
+    return cfg, secret
+
+
+@pytest.mark.parametrize("mutate, field, words", [
+    (lambda f, c, s: f["hosts"][0]["vms"][0].update(vcpus=40), "hosts[0].vms[0].vcpus", "do not fit"),
+    (lambda f, c, s: f["hosts"][1]["vms"][1].update(gpus=["0000:17:00.0"]), "hosts[1].vms[1].gpus",
+     "already given"),
+    (lambda f, c, s: s.clear(), "gpuhost:sshPrivateKey", "plaintext"),
+    (lambda f, c, s: f["hosts"][0]["gpus"][0].update(address="4b:00"), "hosts[0].gpus[0].address",
+     "not a PCI address"),
+    (lambda f, c, s: f["hosts"][0].update(reserved_cpus="3-1"), "hosts[0].reserved_cpus", "backwards"),
+])
+def test_broken_config_fails_before_any_resource(mutate, field, words):
+    cfg, secret = _broken(mutate)
+    with pytest.raises(Exception) as e:
+        rec = run_program(cfg, secret, stack="hk-prod")
+    msg = str(e.value)
+    assert field in msg and words in msg, msg
