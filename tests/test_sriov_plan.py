@@ -193,3 +193,39 @@ def test_pf_detail_parser_on_ip_json_and_missing_fields():
     assert d.irqs == ["24", "25", "26"] and d.vfinfo == {"eth0": {}}
     e = parse_pf_detail("irq 11\nunit_enabled disabled\n")
     assert e.irqs == ["11"] and e.unit_enabled is False and e.offset is None
+
+
+# -- the emulated host's real capture (tests/fixtures/facts/testhost_fresh.txt: facts.host's one-round-trip read) --
+
+def captured_testhost_facts() -> HostFacts:
+    from pathlib import Path
+
+    from facts.host import parse_host_facts
+
+    return parse_host_facts((Path(__file__).parent / "fixtures" / "facts" / "testhost_fresh.txt").read_text())
+
+
+# The PF's sysfs on that host as `pf_detail_script` prints it (QEMU's NVMe PF: first VF offset 1, stride 1; MSI-X
+# vectors 43 (admin queue) and 44 (I/O queue)).
+TESTHOST_DETAIL = parse_pf_detail("sriov_offset 1\nsriov_stride 1\nsriov_drivers_autoprobe 1\nmsi_irqs 43 44 \n"
+                                  "irq 10\nunit_enabled \n")
+
+
+def test_emulated_host_nvme_pf_on_node_1_plans_vfs_and_names_them():
+    f = captured_testhost_facts()
+    p = plan_sriov(f, TESTHOST_DETAIL, SriovWant(pf="0000:82:00.0", num_vfs=2, numa_node=1, irq_cpus=[0, 1],
+                                                 vfs=[VfSettings(mac="02:00:00:00:82:01")]))
+    assert not p.errors
+    assert p.kinds() == ["autoprobe", "numvfs", "persist", "bind", "irq"]
+    assert p.vf_addresses == ["0000:82:00.1", "0000:82:00.2"]
+    assert p.unsupported and "not supported by nvme" in p.unsupported[0]
+
+
+def test_emulated_host_refusals_name_the_numbers_and_the_device():
+    f = captured_testhost_facts()
+    too_many = plan_sriov(f, TESTHOST_DETAIL, SriovWant(pf="0000:82:00.0", num_vfs=5))
+    assert str(too_many.errors[0]) == ("5 VFs asked for but 0000:82:00.0 supports at most 4 (sriov_totalvfs=4)")
+    gpu = plan_sriov(f, TESTHOST_DETAIL, SriovWant(pf="0000:81:00.0", num_vfs=1))
+    assert str(gpu.errors[0]).startswith("0000:81:00.0 (1234:1111, driver bochs-drm) has no SR-IOV capability")
+    far = plan_sriov(f, TESTHOST_DETAIL, SriovWant(pf="0000:82:00.0", num_vfs=1, numa_node=0))
+    assert "sits on NUMA node 1, not on node 0" in str(far.errors[0]) and "node 0: none" in str(far.errors[0])
