@@ -7,6 +7,7 @@ Usage::
                                                        # boot it (left running), print the dev-stack settings
     python -m tests.testhost ssh [--name dev] [CMD...] # an interactive or one-shot ssh as gpuadmin
     python -m tests.testhost status|stop [--name dev]
+    python -m tests.testhost capture [--out tests/fixtures/testhost]   # raw outputs for parser fixtures
 
 State of a started host lives in ``$GPUHOST_TESTHOST_CACHE/run/<name>/`` (state.json, overlay, serial.log, key).
 """
@@ -110,6 +111,12 @@ def cmd_ssh(a) -> None:
     os.execvp("ssh", argv)
 
 
+def cmd_capture(a) -> None:
+    from tests.testhost.capture import capture
+
+    capture(Path(a.out))
+
+
 def main(argv=None) -> None:
     p = argparse.ArgumentParser(prog="python -m tests.testhost", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -120,13 +127,16 @@ def main(argv=None) -> None:
     s.add_argument("--no-iommu", action="store_true", help="leave the intel-iommu device out (VT-d off)")
     for name in ("stop", "status"):
         sub.add_parser(name)
+    c = sub.add_parser("capture")
+    c.add_argument("--out", default=str(Path(__file__).resolve().parents[1] / "fixtures" / "testhost"))
     x = sub.add_parser("ssh")
     x.add_argument("command", nargs=argparse.REMAINDER)
     for sp in sub.choices.values():
-        if sp.prog.split()[-1] != "build":
+        if sp.prog.split()[-1] not in ("build", "capture"):
             sp.add_argument("--name", default="dev")
     a = p.parse_args(argv)
-    {"build": cmd_build, "start": cmd_start, "stop": cmd_stop, "status": cmd_status, "ssh": cmd_ssh}[a.cmd](a)
+    {"build": cmd_build, "start": cmd_start, "stop": cmd_stop, "status": cmd_status, "ssh": cmd_ssh,
+     "capture": cmd_capture}[a.cmd](a)
 
 
 if __name__ == "__main__":

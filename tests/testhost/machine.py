@@ -430,7 +430,7 @@ class TestHost:
 
     def stop(self) -> None:
         """Stop QEMU at once (the overlay is throwaway); idempotent."""
-        from access import keys, ssh as access_ssh
+        from access import ssh as access_ssh
 
         if self.port:
             access_ssh.drop(self.host_spec())
@@ -446,4 +446,3 @@ class TestHost:
             else:
                 os.kill(self.pid, signal.SIGKILL)
         self._reap()
-        keys._KEYS.pop(self.key_name, None) if hasattr(keys, "_KEYS") else None
