@@ -27,7 +27,7 @@ PATHS = ["/etc/default/irqbalance", "/etc/sysconfig/irqbalance"]
 
 
 def _affinity_lines(target: dict[str, list[int]]) -> list[str]:
-    return [f"printf '%s' {quote(format_cpulist(c))} > /proc/irq/{int(i)}/smp_affinity_list 2>/dev/null "
+    return [f"printf '%s' {quote(format_cpulist(int(x) for x in c))} > /proc/irq/{int(i)}/smp_affinity_list 2>/dev/null "
             f"|| echo unmovable {int(i)}" for i, c in sorted(target.items(), key=lambda kv: int(kv[0]))]
 
 
@@ -37,12 +37,13 @@ class IrqIsolationProvider(HostProvider):
 
     def check(self, olds: dict, news: dict) -> CheckResult:
         failures = self.check_host(news)
-        if not all(isinstance(c, int) and c >= 0 for c in news.get("banned_cpus") or []):
+        # Numbers cross gRPC as doubles: 3.0 is CPU 3.
+        if not all(isinstance(c, (int, float)) and c >= 0 and int(c) == c for c in news.get("banned_cpus") or []):
             failures.append(CheckFailure("banned_cpus", "a list of CPU numbers"))
         for i, p in enumerate(news.get("pin") or []):
             if not p.get("match") or not p.get("cpus"):
                 failures.append(CheckFailure(f"pin[{i}]", "needs match (regex on /proc/interrupts) and cpus"))
-            if set(p.get("cpus") or []) & set(news.get("banned_cpus") or []):
+            if {int(c) for c in p.get("cpus") or []} & {int(c) for c in news.get("banned_cpus") or []}:
                 failures.append(CheckFailure(f"pin[{i}].cpus", "pins IRQs onto CPUs that are banned for VMs"))
         return CheckResult(news, failures)
 
@@ -50,14 +51,14 @@ class IrqIsolationProvider(HostProvider):
         out: dict[str, list[int]] = {}
         for p in props.get("pin") or []:
             for irq in plan.matching_irqs(facts.interrupts, p["match"]):
-                out[irq.irq] = sorted(p["cpus"])
+                out[irq.irq] = sorted(int(c) for c in p["cpus"])
         return out
 
     def _apply(self, props: dict, olds: Optional[dict]) -> dict:
         conn = self.conn(props)
         facts, pristine = capture_and_read(conn, PATHS)
         path = plan.irqbalance_path(facts.os.family)
-        banned = format_cpulist(props.get("banned_cpus") or [])
+        banned = format_cpulist(int(c) for c in props.get("banned_cpus") or [])
         cur = facts.files[path]
         new = plan.set_shell_var(cur.text if cur.exists else "", plan.VAR, banned).encode()
         targets = self._targets(facts, props)
@@ -85,7 +86,7 @@ class IrqIsolationProvider(HostProvider):
     def diff(self, _id: str, olds: dict, news: dict) -> DiffResult:
         d = super().diff(_id, olds, news)
         if not d.changes and olds.get("banned") is not None and (
-                olds["banned"] != format_cpulist(news.get("banned_cpus") or []) or olds.get("drift")):
+                olds["banned"] != format_cpulist(int(c) for c in news.get("banned_cpus") or []) or olds.get("drift")):
             return DiffResult(changes=True, replaces=[], delete_before_replace=None)
         return d
 
@@ -95,7 +96,7 @@ class IrqIsolationProvider(HostProvider):
         st = facts.files[path]
         banned = plan.get_shell_var(st.text, plan.VAR) if st.exists else None
         drift = [i for i, c in (props.get("pinned") or {}).items()
-                 if next((x.affinity for x in facts.interrupts if x.irq == i), c) != c]
+                 if next((x.affinity for x in facts.interrupts if x.irq == i), c) != [int(v) for v in c]]
         return ReadResult(id_, {**props, "banned": banned, "drift": drift})
 
     def delete(self, _id: str, props: dict) -> None:

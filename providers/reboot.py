@@ -12,6 +12,7 @@ Outputs: pending (reasons, empty when the running host matches), rebooted, boot_
 
 from __future__ import annotations
 
+import logging
 import time
 from typing import Any, Optional
 
@@ -46,6 +47,8 @@ def unmet(f: HostFacts, props: dict) -> list[str]:
 
 
 def wait_for_new_boot(spec, old_boot_id: str, timeout: float) -> HostFacts:
+    # paramiko logs every refused banner while sshd is down; the loop below reports the outcome itself.
+    logging.getLogger("paramiko").setLevel(logging.CRITICAL)
     deadline = time.monotonic() + timeout
     last = None
     time.sleep(3)
