@@ -37,7 +37,7 @@ case "${1:-}" in
     ;;
   up)
     setup
-    exec .venv/bin/python -m tests.testhost up-dev
+    exec .venv/bin/python -m tools.dev_up
     ;;
   setup)
     setup

@@ -122,7 +122,8 @@ def build(fleet: Fleet) -> dict:
                 host=spec, placement=plan.vm(vm.name),
                 gpus=tuple(a for g in vm.gpus for a in gpu_functions(h, g)), vfs_output=vfs_out,
                 base_image=vm.image, consumer_card=any(g.consumer for g in h.gpus if g.address in vm.gpus),
-                guest=gs), ResourceOptions(depends_on=[ph, *nics]))
+                guest=gs, **({"domain_type": "qemu", "cpu_mode": "maximum", "loader": None, "nvram_template": None}
+                             if vm.emulated else {})), ResourceOptions(depends_on=[ph, *nics]))
 
     services = []
     for s in fleet.services:

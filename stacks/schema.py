@@ -168,7 +168,10 @@ class Vm(Strict):
     thread_policy: Literal["prefer", "require", "isolate"] = "prefer"
     emulator_threads: Literal["share", "isolate"] = "isolate"
     iothreads: int = Field(1, ge=0)
-    image: str = "/var/lib/libvirt/images/base.qcow2"
+    image: Optional[str] = Field("/var/lib/libvirt/images/base.qcow2", description="base qcow2 the disk overlays; "
+                                 "null gives an empty disk")
+    emulated: bool = Field(False, description="hypervisor without KVM (the emulated dev server): TCG domain, "
+                                              "SeaBIOS, CPU model 'maximum'")
     guest_user: str = "ubuntu"
     mps: bool = Field(False, description="CUDA MPS in the guest (seed 001 route B)")
     address: Optional[str] = Field(None, description="guest IP for SSH (through the host as jump) and scraping")
