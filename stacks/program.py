@@ -21,6 +21,10 @@ from components.passthrough_host import PassthroughHost, PassthroughHostArgs, ho
 from components.pinned_vm import PinnedVM, PinnedVMArgs
 from components.sriov_nic import SriovNic, SriovNicArgs
 from components.triton_service import TritonService, TritonServiceArgs
+from plans.triton_engine import EngineBuild, ShapeRange
+from providers.base import host_input
+from providers.mig import MigLayout
+from providers.tensorrt_engine import TensorRTEngine, engine_inputs
 from plans import placement as pl
 from plans.monitoring.model import HostTarget, MonitoringGraph, ServingSlo, TritonTarget
 from plans.triton_repo import resnet50_fp16, sdxl, yolov8n
@@ -125,6 +129,15 @@ def build(fleet: Fleet) -> dict:
                 guest=gs, **({"domain_type": "qemu", "cpu_mode": "maximum", "loader": None, "nvram_template": None}
                              if vm.emulated else {})), ResourceOptions(depends_on=[ph, *nics]))
 
+    migs: dict[str, MigLayout] = {}
+    for h in fleet.hosts:
+        mig_gpus = [g for g in sorted(h.gpus, key=lambda g: g.address) if g.mig]
+        if mig_gpus:
+            # nvidia-smi numbers GPUs in PCI bus order
+            order = [g.address for g in sorted(h.gpus, key=lambda g: g.address) if not g.passthrough]
+            migs[h.name] = MigLayout(f"{h.name}-mig", {"host": host_input(host_spec(h)), "layout": {
+                str(order.index(g.address)): list(g.mig) for g in mig_gpus}}, ResourceOptions(depends_on=[hosts[h.name]]))
+
     services = []
     for s in fleet.services:
         h = next(x for x in fleet.hosts if x.name == s.host)
@@ -132,7 +145,21 @@ def build(fleet: Fleet) -> dict:
         if where is None:
             raise ConfigError([f"services: {s.name} runs in VM {s.vm} which has no address for SSH"])
         deps = [vms[(s.host, s.vm)]] if s.vm else [hosts[s.host]]
+        if s.host in migs and not s.vm:
+            deps.append(migs[s.host])
         models = [PRESETS[m.preset]().model_copy(update={"name": m.name}) for m in s.models]
+        for m, spec in zip(s.models, models):
+            if m.onnx_sha256 and spec.platform == "tensorrt_plan":
+                inp = spec.inputs[0]
+                batch = max(1, spec.max_batch_size)
+                build = EngineBuild(model=m.name, onnx_path=f"/srv/onnx/{m.name}.onnx", onnx_sha256=m.onnx_sha256,
+                                    plan_path=f"/srv/triton-repo/{m.name}/1/model.plan",
+                                    shapes={inp.name: ShapeRange(min=[1, *inp.dims], opt=[max(1, batch // 2), *inp.dims],
+                                                                 max=[batch, *inp.dims])},
+                                    precision=m.precision, calib_dir=m.calib_dir, gpu_model=s.gpu_model)
+                deps.append(TensorRTEngine(f"{s.name}-{m.name}-engine", {"host": host_input(where),
+                                                                          **engine_inputs(build)},
+                                           ResourceOptions(depends_on=list(deps))))
         gpu_count = max(1, len([g for vm in h.vms if vm.name == s.vm for g in vm.gpus]) if s.vm else len(h.gpus))
         svc = TritonService(s.name, TritonServiceArgs(
             host=where, gpu_model=s.gpu_model, gpu_count=gpu_count, models=models, runtime=s.runtime,

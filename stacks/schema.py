@@ -284,6 +284,11 @@ class ServiceModel(Strict):
     max_batch_size: Optional[int] = Field(None, ge=1)
     instance_count: Optional[int] = Field(None, ge=1)
     max_queue_delay_us: Optional[int] = Field(None, ge=0)
+    onnx_sha256: Optional[str] = Field(None, pattern=r"^[0-9a-f]{64}$",
+                                       description="TensorRT models: the ONNX file on the guest (/srv/onnx/<name>.onnx)"
+                                                   " the engine is built from; its hash decides rebuilds")
+    precision: Literal["fp32", "fp16", "int8"] = "fp16"
+    calib_dir: Optional[str] = None
 
 
 class Service(Strict):

@@ -144,3 +144,26 @@ def test_broken_config_fails_before_any_resource(mutate, field, words):
         rec = run_program(cfg, secret, stack="hk-prod")
     msg = str(e.value)
     assert field in msg and words in msg, msg
+
+
+def test_mig_layout_and_engine_builds_declared(hk):
+    mig = hk.by_name("a100-mig-01-mig")
+    assert mig.inputs["layout"] == {"0": ["2g.20gb", "2g.20gb", "1g.10gb", "1g.10gb"], "1": ["3g.40gb", "3g.40gb"]}
+    assert mig.urn in hk.by_name("sdxl-mig").dependencies
+    eng = hk.by_name("yolo-rt-yolov8n-engine")
+    assert eng.inputs["shapes"] == {"images": {"min": [1, 3, 640, 640], "opt": [4, 3, 640, 640],
+                                               "max": [8, 3, 640, 640]}}
+    assert eng.inputs["precision"] == "fp16" and eng.inputs["gpuModel"] == "L40S"
+    assert eng.urn in hk.by_name("yolo-rt").dependencies
+
+
+def test_new_onnx_shows_as_that_input_changing_only():
+    """What preview would show for an engine after a new ONNX export: onnxSha256 differs, nothing else."""
+    cfg, secret = stack_config("hk-prod")
+    base = run_program(cfg, secret, stack="hk-prod").by_name("yolo-rt-yolov8n-engine").inputs
+    fleet = json.loads(cfg["gpuhost:fleet"])
+    fleet["services"][0]["models"][0]["onnx_sha256"] = "0" * 64
+    cfg["gpuhost:fleet"] = json.dumps(fleet)
+    new = run_program(cfg, secret, stack="hk-prod").by_name("yolo-rt-yolov8n-engine").inputs
+    changed = sorted(k for k in set(base) | set(new) if base.get(k) != new.get(k))
+    assert changed == ["build", "onnxSha256"]
