@@ -42,6 +42,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Iterable, Literal, Mapping, Sequence
 
+from facts.cpulist import format_cpulist
+
 PageSize = Literal["1G", "2M", "4K"]
 ThreadPolicy = Literal["prefer", "require", "isolate"]
 EmulatorPolicy = Literal["share", "isolate"]
@@ -271,17 +273,8 @@ class HostPlacement:
 
 
 def cpuset_str(cpus: Iterable[int]) -> str:
-    """`[0,1,2,5]` → `"0-2,5"` (libvirt's cpuset syntax)."""
-    ids = sorted(set(cpus))
-    out: list[str] = []
-    i = 0
-    while i < len(ids):
-        j = i
-        while j + 1 < len(ids) and ids[j + 1] == ids[j] + 1:
-            j += 1
-        out.append(str(ids[i]) if i == j else f"{ids[i]}-{ids[j]}")
-        i = j + 1
-    return ",".join(out)
+    """`[0,1,2,5]` → `"0-2,5"` (libvirt's cpuset syntax is the kernel's cpulist)."""
+    return format_cpulist(cpus)
 
 
 def parse_cpuset(text: str) -> tuple[int, ...]:

@@ -25,6 +25,7 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator, model_valida
 
 from facts.cpulist import CpuListError, parse_cpulist
 from facts.model import normalize_pci
+from plans.sriov import VfSettings  # one definition of per-VF settings
 
 PCI_RE = re.compile(r"^([0-9a-fA-F]{4}:)?[0-9a-fA-F]{2}:[0-9a-fA-F]{2}\.[0-7]$")
 NAME_RE = re.compile(r"^[a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?$")
@@ -91,20 +92,6 @@ class Gpu(Strict):
                                  "pass through together: [0, 1] for a GPU with an HDA audio function (seed 000 §4.2)")
 
     _addr = field_validator("address")(lambda cls, v: pci_address(v))
-
-
-class VfSettings(Strict):
-    mac: Optional[str] = None
-    vlan: Optional[int] = Field(None, ge=0, le=4094)
-    trust: Optional[bool] = None
-    spoofchk: Optional[bool] = None
-
-    @field_validator("mac")
-    @classmethod
-    def _mac(cls, v):
-        if v is not None and not re.fullmatch(r"([0-9a-fA-F]{2}:){5}[0-9a-fA-F]{2}", v):
-            raise ValueError(f"not a MAC address: {v!r}")
-        return v
 
 
 class SriovPf(Strict):
