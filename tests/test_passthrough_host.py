@@ -28,9 +28,13 @@ WATCHED = ["/etc/default/grub", "/boot/grub/grub.cfg", "/etc/modules-load.d/gpuh
            f"/etc/driverctl.d/pci-{GPU}", f"/etc/driverctl.d/pci-{AUDIO}"]
 
 
+def hostname(th) -> str:
+    return th.name.replace("_", "-").lower()
+
+
 def host_config(th, **over) -> Host:
-    cfg = {"name": th.name, "ssh": {"address": th.address, "port": th.port, "user": th.user,
-                                    "host_key": th.host_key_line, "key_name": th.key_name},
+    cfg = {"name": hostname(th), "ssh": {"address": th.address, "port": th.port, "user": th.user,
+                                    "host_key": th.host_key_line, "key_name": "sshPrivateKey"},
            "topology": {"sockets": 2, "cores_per_socket": 2, "threads_per_core": 2, "memory_gib_per_node": 2,
                         "numbering": "sequential"},
            "reserved_cpus": "0-1", "gpus": [{"address": GPU, "numa_node": 1, "functions": [0, 1]}],
@@ -69,7 +73,7 @@ def server(testhost, roundtrip_log):
 
     os.environ["GPUHOST_ROUNDTRIP_LOG"] = str(roundtrip_log)  # inherited by the provider server process
     try:
-        with ProviderServer({f"gpuhost:{testhost.key_name}": testhost.private_key_pem}) as srv:
+        with ProviderServer({"gpuhost:sshPrivateKey": testhost.private_key_pem}) as srv:
             yield srv
     finally:
         os.environ.pop("GPUHOST_ROUNDTRIP_LOG", None)
@@ -89,11 +93,22 @@ def applied(testhost, server, pristine):
     return flow, ops, took
 
 
+def test_reading_all_facts_is_one_round_trip(testhost):
+    from access import ssh as access_ssh
+    from facts.host import read_host_facts
+
+    conn = testhost.conn()
+    before = access_ssh.ROUNDTRIPS.by_host[conn.spec.name]
+    f = read_host_facts(conn, sysctls=["vm.nr_hugepages"], files=["/etc/default/grub"])
+    assert access_ssh.ROUNDTRIPS.by_host[conn.spec.name] == before + 1
+    assert f.device(GPU).numa_node == 1 and f.files["/etc/default/grub"].exists and f.sysctls["vm.nr_hugepages"]
+
+
 def test_preflight_failures_change_nothing(testhost, server, pristine):
     """Unknown PCI address, a GPU in the dirty group, the boot display: check fails, no file changes."""
     for gpu, words in [("0000:99:00.0", "unknown PCI address"), ("0000:43:01.0", "not clean"),
                        ("0000:00:02.0", "boot display")]:
-        h = host_config(testhost, gpus=[{"address": gpu}], name=f"{testhost.name}")
+        h = host_config(testhost, gpus=[{"address": gpu}])
         flow = PassthroughFlow(server, h)
         with pytest.raises(ProviderError) as e:
             flow.up()
@@ -127,7 +142,7 @@ def test_second_run_plans_no_change_and_no_reboot(testhost, applied, roundtrip_l
     assert set(flow.up().values()) == {"same"}
     assert runtime(testhost)["boot_id"] == boot
     # preview + up of an unchanged stack: only preflight's check reads the host, one round trip each time
-    lines = [x for x in roundtrip_log.read_text().splitlines() if x == testhost.name]
+    lines = [x for x in roundtrip_log.read_text().splitlines() if x == hostname(testhost)]
     assert len(lines) == 2 and len(lines) <= len(flow.items)
 
 
@@ -160,7 +175,7 @@ def test_dropped_connection_mid_apply_is_clear_and_rerun_converges(testhost, ser
     with pytest.raises(ProviderError) as e:
         sysctl.up(inputs)
     killer.join()
-    assert testhost.name in e.value.details and ("connection" in e.value.details or "closed" in e.value.details)
+    assert hostname(testhost) in e.value.details and ("connection" in e.value.details or "closed" in e.value.details)
     testhost.wait_ssh(120)
     testhost.ssh("rm -f /usr/local/sbin/sysctl")
     assert sysctl.up(inputs)[0] == "update"
@@ -188,7 +203,7 @@ def test_destroy_restores_files_byte_for_byte_and_drivers_after_reboot(testhost,
 def test_preflight_without_iommu_names_the_bios_fix(testhost_noiommu):
     th = testhost_noiommu
     before = snapshot(th)
-    with ProviderServer({f"gpuhost:{th.key_name}": th.private_key_pem}) as srv:
+    with ProviderServer({"gpuhost:sshPrivateKey": th.private_key_pem}) as srv:
         flow = PassthroughFlow(srv, host_config(th))
         with pytest.raises(ProviderError) as e:
             flow.up()
