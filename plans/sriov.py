@@ -290,6 +290,11 @@ def _capable(f: HostFacts) -> str:
     return "SR-IOV PFs here: " + (", ".join(pfs) if pfs else "none")
 
 
+def on_cpus(affinity: Optional[list[int]], cpus: list[int]) -> bool:
+    """An IRQ is where it should be when its affinity is non-empty and within `cpus`."""
+    return bool(affinity) and set(affinity) <= set(cpus)
+
+
 def vf_address(pf: str, offset: int, stride: int, index: int) -> str:
     """The routing ID of VF `index` is the PF's + offset + index*stride (PCIe SR-IOV spec §2.1.2/§3.3.10)."""
     dom, bus, slot_fn = pf.split(":")
@@ -500,11 +505,16 @@ def plan_sriov(f: HostFacts, detail: PfDetail, want: SriovWant, unit_text: Optio
                                                                                          "netdev": netdev}))
 
     # -- IRQs of the PF to host-reserved CPUs
+    if want.irq_cpus and f.irqbalance_active:
+        p.warnings.append("irqbalance is active: unless it bans the VM CPUs (IrqIsolation, "
+                          "IRQBALANCE_BANNED_CPULIST) it moves the PF's IRQs to the PF's own node again after each "
+                          "boot (seed 002 §9); refresh reports that as drift")
     if want.irq_cpus:
         aff = {q.irq: q.affinity for q in f.interrupts}
         for irq in detail.irqs:
             p.irq_targets[irq] = list(want.irq_cpus)
-        moving = {i: aff.get(i) for i in p.irq_targets if aff.get(i) != want.irq_cpus}
+        # On host-reserved CPUs means a subset of them: irqbalance (banned from VM CPUs) may pick one of them.
+        moving = {i: aff.get(i) for i in p.irq_targets if not on_cpus(aff.get(i), want.irq_cpus)}
         if moving:
             was = "; ".join(f"{i}: {format_cpulist(c or [])}" for i, c in sorted(moving.items(), key=lambda kv: int(kv[0])))
             p.actions.append(Action("irq", (

@@ -91,6 +91,7 @@ class SriovVfsProvider(HostProvider):
     # A different PF (or host) is a different set of VFs: restore the old PF, then set up the new one.
     REPLACE_ON = ("host", "pf")
     OUTPUT_ONLY = ("plan", "pf_address", "vf_addresses", "numvfs", "drivers", "unit", "pinned", "unmovable",
+                   "irq_movable",
                    "vf_config", "unsupported", "warnings", "prior_numvfs", "prior_autoprobe", "prior_overrides",
                    "prior_affinity", "prior_unit_enabled", "prior")
 
@@ -181,6 +182,10 @@ class SriovVfsProvider(HostProvider):
             bad = {a: d for a, d in drivers.items() if d != plan.VFIO}
             raise RuntimeError(f"{name}: vfio-pci did not take {bad}; check dmesg (IOMMU group of the VF?)")
         unmovable = sorted({ln.split()[1] for ln in applied.splitlines() if ln.startswith("unmovable ")}, key=int)
+        if "irq" not in kinds and olds.get("irq_movable") is not None:
+            # Nothing was re-pinned this time: what refused before (kernel-managed) still refuses.
+            was = olds["irq_movable"]
+            unmovable = [i for pos, i in enumerate(adetail.irqs) if pos < len(was) and not was[pos]]
         failed_cfg = {}
         for ln in applied.splitlines():
             if ln.startswith("vfcfg-fail "):
@@ -214,7 +219,8 @@ class SriovVfsProvider(HostProvider):
             props, plan=p.sentence, pf_address=pf, vf_addresses=vfs, numvfs=adev.sriov_numvfs, drivers=drivers,
             unit=plan.unit_name(pf),
             pinned={i: aff_now.get(i, []) for i in p.irq_targets if i not in unmovable},
-            unmovable=unmovable, vf_config=vf_config, unsupported=p.unsupported, warnings=p.warnings,
+            unmovable=unmovable, irq_movable=[i in p.irq_targets and i not in unmovable for i in adetail.irqs],
+            vf_config=vf_config, unsupported=p.unsupported, warnings=p.warnings,
             prior_numvfs=olds.get("prior_numvfs", dev.sriov_numvfs or 0),
             prior_autoprobe=olds.get("prior_autoprobe", detail.autoprobe),
             prior_overrides=prior_overrides, prior_affinity=prior_affinity,
@@ -249,9 +255,11 @@ class SriovVfsProvider(HostProvider):
             wanted_unit = None
         outs["persist"] = bool(unit_text == wanted_unit and detail.unit_enabled)
         aff = {q.irq: q.affinity for q in facts.interrupts}
-        want_cpus = sorted(props.get("irq_cpus") or [])
-        moved = [aff.get(i) for i in detail.irqs if i not in (props.get("unmovable") or [])
-                 and aff.get(i) is not None and aff.get(i) != want_cpus]
+        want_cpus = sorted(int(c) for c in props.get("irq_cpus") or [])
+        movable = props.get("irq_movable") or []
+        # By position in the PF's vector list: IRQ numbers change between boots, the n-th vector does not.
+        moved = [aff.get(i) for pos, i in enumerate(detail.irqs)
+                 if pos < len(movable) and movable[pos] and not plan.on_cpus(aff.get(i), want_cpus)]
         if want_cpus and moved:
             outs["irq_cpus"] = moved[0]
         return ReadResult(id_, outs)
