@@ -98,11 +98,14 @@ class SriovVfsProvider(HostProvider):
     # -- check: everything the host's hardware rules out fails here, before any change --------------------------
     def check(self, olds: dict, news: dict) -> CheckResult:
         failures = self.check_host(news)
+        if _unknown(news):
+            # Preview with a value from another resource not known yet: the next `up` checks again with it.
+            return CheckResult(news, failures)
         try:
             want = want_of(news)
         except ValidationError as e:
             return CheckResult(news, failures + validation_failures(e))
-        if failures or _unknown(news):
+        if failures:
             return CheckResult(news, failures)
         facts, detail, unit_text, _ = read_state(self.conn(news), want.pf)
         p = plan.plan_sriov(facts, detail, want, unit_text)
@@ -311,16 +314,20 @@ class SriovVfsProvider(HostProvider):
 
 
 def _unknown(props: dict) -> bool:
+    """Whether a value is not known yet (preview): the SDK hands check an `Unknown`, or None outside a dry run."""
+    from pulumi.output import Unknown
+
     def bad(v):
-        if isinstance(v, str):
-            return v == UNKNOWN
+        if isinstance(v, Unknown) or (isinstance(v, str) and v == UNKNOWN):
+            return True
         if isinstance(v, dict):
             return any(bad(x) for x in v.values())
         if isinstance(v, list):
             return any(bad(x) for x in v)
         return False
 
-    return any(bad(props.get(k)) for k in ("host", *WANT_KEYS))
+    return any(props.get(k) is None for k in ("host", "pf", "num_vfs")) or any(
+        bad(props.get(k)) for k in ("host", *WANT_KEYS))
 
 
 class SriovVfs(dynamic.Resource, module="host", name="SriovVfs"):
