@@ -126,7 +126,8 @@ class PassthroughHost(ComponentResource):
         self.reboot = HostReboot(f"{name}-reboot", {
             "host": conn, "policy": h.reboot, "expect_args": args_wanted, "expect_absent": list(h.kernel.remove_args),
             "expect_drivers": expect_drivers,
-            "triggers": [r.pending_reboot for r in boot_time]}, ResourceOptions(parent=self, depends_on=boot_time))
+            # Ordering only: the wanted running state is in expect_*; pending flags would change on every refresh.
+            }, ResourceOptions(parent=self, depends_on=boot_time))
 
         self.pending_reboot = self.reboot.pending
         self.drivers = self.vfio.drivers if self.vfio else Output.from_input({})

@@ -35,7 +35,6 @@ from providers.base import host_input
 from providers.managed_file import ManagedFile
 from providers.triton_gate import AcceptanceGate
 from providers.triton_repository import TritonModelRepository, repository_inputs
-from serving.loadgate import infer_body
 
 STANDIN_MODEL_PY = Path(__file__).resolve().parents[1] / "serving" / "standin_model.py"
 
@@ -125,7 +124,8 @@ class TritonService(pulumi.ComponentResource):
             input_name, shape, dtype = args.gate_input
             self.gate = AcceptanceGate(f"{name}-gate", {
                 "url": args.endpoint, "models": [s.name for s in specs], "model": default_model,
-                "body": infer_body(input_name, shape, dtype).decode(), "concurrency": args.gate_concurrency,
+                "bodySpec": {"input": input_name, "shape": list(shape), "datatype": dtype},
+                "concurrency": args.gate_concurrency,
                 "durationS": args.gate_duration_s, "maxRequests": args.gate_max_requests,
                 "p95Ms": args.slo_p95_ms, "maxErrorRate": 0.0,
                 "trigger": f"{repo_inputs['digest']}:{runtime_id}"},

@@ -32,7 +32,7 @@ def _affinity_lines(target: dict[str, list[int]]) -> list[str]:
 
 
 class IrqIsolationProvider(HostProvider):
-    VERSION = "1"
+    VERSION = "2"
     OUTPUT_ONLY = ("prior", "prior_affinity", "config_path", "banned", "pinned", "unmovable")
 
     def check(self, olds: dict, news: dict) -> CheckResult:
@@ -95,8 +95,9 @@ class IrqIsolationProvider(HostProvider):
         path = plan.irqbalance_path(facts.os.family)
         st = facts.files[path]
         banned = plan.get_shell_var(st.text, plan.VAR) if st.exists else None
+        # irqbalance may narrow an IRQ to one of the allowed CPUs; drift is an IRQ outside them.
         drift = [i for i, c in (props.get("pinned") or {}).items()
-                 if next((x.affinity for x in facts.interrupts if x.irq == i), c) != [int(v) for v in c]]
+                 if not set(next((x.affinity for x in facts.interrupts if x.irq == i), c)) <= {int(v) for v in c}]
         return ReadResult(id_, {**props, "banned": banned, "drift": drift})
 
     def delete(self, _id: str, props: dict) -> None:

@@ -67,7 +67,7 @@ def wait_for_new_boot(spec, old_boot_id: str, timeout: float) -> HostFacts:
 
 
 class HostRebootProvider(HostProvider):
-    VERSION = "1"
+    VERSION = "2"
     OUTPUT_ONLY = ("pending", "rebooted", "boot_id")
 
     def check(self, olds: dict, news: dict) -> CheckResult:
@@ -99,6 +99,16 @@ class HostRebootProvider(HostProvider):
 
     def update(self, _id: str, olds: dict, news: dict) -> UpdateResult:
         return UpdateResult(self._apply(news))
+
+    def diff(self, _id: str, olds: dict, news: dict):
+        d = super().diff(_id, olds, news)
+        # After a refresh, `pending` says the running host no longer matches (a boot-time resource was re-applied
+        # or someone rebooted into another entry): the next `up` must reboot/verify again.
+        if not d.changes and olds.get("pending") and news.get("policy", "auto") == "auto":
+            from pulumi.dynamic import DiffResult
+
+            return DiffResult(changes=True, replaces=[], delete_before_replace=None)
+        return d
 
     def read(self, id_: str, props: dict) -> ReadResult:
         f = read_host_facts(self.conn(props))

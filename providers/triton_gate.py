@@ -24,8 +24,19 @@ from serving import loadgate
 from serving.health import wait_ready, warmup
 
 
+def request_body(props: dict) -> bytes:
+    """The infer request the gate sends: given whole (`body`), or built here from `bodySpec` so a large tensor
+    (a 640x640 image is 1.2 M numbers) never travels as a resource input or sits in state."""
+    spec = props.get("bodySpec")
+    if spec:
+        from serving.loadgate import infer_body
+
+        return infer_body(spec["input"], [int(d) for d in spec["shape"]], spec.get("datatype", "FP32"))
+    return props["body"].encode()
+
+
 class AcceptanceGateProvider(ResourceProvider):
-    VERSION = "1"
+    VERSION = "2"
     _BOOKKEEPING = {"__provider", "version", "result", "overhead"}
 
     def check(self, olds: dict, news: dict) -> CheckResult:
@@ -47,7 +58,7 @@ class AcceptanceGateProvider(ResourceProvider):
     def create(self, props: dict) -> CreateResult:
         url = props["url"].rstrip("/")
         wait_ready(url, list(props.get("models") or []), timeout_s=float(props.get("readyTimeoutS", 300)))
-        body = props["body"].encode()
+        body = request_body(props)
         model = props["model"]
         warmup(url, model, body, count=int(props.get("warmupRequests", 20)),
                concurrency=min(4, int(props["concurrency"])))

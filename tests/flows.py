@@ -69,7 +69,7 @@ def declared(h: Host, extra_devices: Optional[list[str]] = None) -> list[tuple[s
         **{k: None for k in HostTuningProvider.OUTPUT_ONLY}, "version": HostTuningProvider.VERSION}))
     out.append(("reboot", HostRebootProvider(), {
         "host": conn, "policy": h.reboot, "expect_args": cmdline_args(h), "expect_absent": list(h.kernel.remove_args),
-        "expect_drivers": {}, "triggers": [], **{k: None for k in HostRebootProvider.OUTPUT_ONLY},
+        "expect_drivers": {}, **{k: None for k in HostRebootProvider.OUTPUT_ONLY},
         "version": HostRebootProvider.VERSION}))
     return out
 
@@ -84,11 +84,10 @@ class PassthroughFlow:
     def inputs(self, suffix: str, base: dict) -> dict:
         if suffix != "reboot":
             return base
-        # As the component wires it: expected drivers from VfioBinding's output, triggers from pending flags.
+        # As the component wires it: expected drivers from VfioBinding's output.
         vfio = self.res.get("vfio")
         drivers = (vfio.outputs.get("drivers") or {}) if vfio else {}
-        pend = [self.res[s].outputs.get("pending_reboot") for s in ("cmdline", "vfio") if s in self.res]
-        return {**base, "expect_drivers": {a: "vfio-pci" for a in drivers}, "triggers": pend}
+        return {**base, "expect_drivers": {a: "vfio-pci" for a in drivers}}
 
     def up(self) -> dict[str, str]:
         return {s: self.res[s].up(self.inputs(s, inp))[0] for s, _, inp in self.items}
