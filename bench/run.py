@@ -373,7 +373,7 @@ def pure_phase(out: dict, n: int) -> dict:
 
     cfg, secret = fleet_config(100)
     body_time = [0.0]
-    real = ts.infer_body
+    real = getattr(ts, "infer_body", None)
 
     def timed(*a, **kw):  # how much of the program's time is building acceptance-gate request bodies
         t = time.perf_counter()
@@ -382,7 +382,9 @@ def pure_phase(out: dict, n: int) -> dict:
         finally:
             body_time[0] += time.perf_counter() - t
 
-    ts.infer_body = timed
+    patched = hasattr(ts, "infer_body")  # older TritonService built gate request bodies at program time
+    if patched:
+        ts.infer_body = timed
     walls, bodies = [], []
     try:
         for _ in range(n):
@@ -392,12 +394,13 @@ def pure_phase(out: dict, n: int) -> dict:
             walls.append(time.perf_counter() - t0)
             bodies.append(body_time[0])
     finally:
-        ts.infer_body = real
+        if patched:
+            ts.infer_body = real
     types = rec.types()
     gate_inputs = [len(json.dumps(r.inputs)) for r in rec.registrations if r.type.endswith(":AcceptanceGate")]
     out["mocks"] = {"hosts": types.get("gpuhost:host:PassthroughHost", 0), "resources": len(rec.registrations),
                     "duplicate_urns": len(rec.duplicate_urns()), "wall": stats(walls),
-                    "infer_body_s": stats(bodies), "acceptance_gates": len(gate_inputs),
+                    "infer_body_s": stats(bodies) if patched else {}, "acceptance_gates": len(gate_inputs),
                     "largest_gate_inputs_bytes": max(gate_inputs) if gate_inputs else 0}
     return out
 
@@ -448,7 +451,9 @@ def table(r: dict) -> str:
     _pure_rows(rows, p)
     head = (f"Machine: {m['nproc']} CPUs ({m['cpu_model']}), {m['mem_gib']} GiB, emulated host under "
             f"{m['accel'].upper()}, load average at start {' '.join(m['loadavg_start'])}, at end "
-            f"{' '.join(m.get('loadavg_end', ['?']))} (shared with other work); {m['ansible']}; {m['date']}.")
+            f"{' '.join(m.get('loadavg_end', ['?']))} (shared with other work); {m['ansible']}; {m['date']}." +
+            "".join(f" {ph} phase measured at commit {r[ph]['commit']}." for ph in ("gpuhost", "ansible", "pure")
+                    if r.get(ph, {}).get("commit")))
     return head + "\n\n" + "\n".join(rows) + "\n"
 
 
@@ -494,8 +499,9 @@ def _pure_rows(rows: list, p: dict) -> None:
         rows.append(f"| 5. Placement solver, {pl['hosts']} hosts × 8 VMs | {fmt(pl['wall'], digits=3)} | – | – | "
                     "< 1 s |")
         rows.append(f"| 5. Whole program under Pulumi mocks, {mk['hosts']} hosts ({mk['resources']} resources) | "
-                    f"{fmt(mk['wall'])}; of which building acceptance-gate request bodies "
-                    f"{fmt(mk['infer_body_s'])} | – | – | < 10 s |")
+                    f"{fmt(mk['wall'])}" + (f"; of which building acceptance-gate request bodies "
+                                             f"{fmt(mk['infer_body_s'])}" if mk.get("infer_body_s") else "")
+                    + " | – | – | < 10 s |")
 
 
 def write(results: dict) -> None:
@@ -533,7 +539,9 @@ def main(argv=None) -> None:
     results = {}
     if a.keep and (RESULTS / "results.json").exists():
         results = json.loads((RESULTS / "results.json").read_text())
-    results["machine"] = machine()
+    here = machine()
+    if not (a.keep and "machine" in results):  # with --keep the table's machine line stays the full run's
+        results["machine"] = here
     work = Path(tempfile.mkdtemp(prefix="gpuhost-bench-"))
     log(f"work dir {work}")
     t0 = time.monotonic()
@@ -543,7 +551,9 @@ def main(argv=None) -> None:
     for phase in ("gpuhost", "ansible", "pure"):
         if phase not in phases:
             continue
-        results[phase] = {}
+        results[phase] = {"commit": subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT,
+                                                   capture_output=True, text=True).stdout.strip()}
+        results[phase]["machine"] = {**here, "loadavg_start": Path("/proc/loadavg").read_text().split()[:3]}
         try:
             runs[phase](results[phase])
         except Exception as e:  # keep what was measured; the error goes into results.json
@@ -561,8 +571,9 @@ def main(argv=None) -> None:
         gr, ar = dict(results["gpuhost"]["runtime_after"]), dict(results["ansible"]["runtime_after"])
         gr.pop("boot_id", None), ar.pop("boot_id", None)
         results["runtime_compare"] = "identical" if gr == ar else f"gpuhost {gr} vs ansible {ar}"
-    results["machine"]["loadavg_end"] = Path("/proc/loadavg").read_text().split()[:3]
-    results["bench_wall_s"] = time.monotonic() - t0
+    if not (a.keep and "loadavg_end" in results["machine"]):
+        results["machine"]["loadavg_end"] = Path("/proc/loadavg").read_text().split()[:3]
+    results[f"bench_wall_s_{'_'.join(phases)}"] = time.monotonic() - t0
     write(results)
     print((RESULTS / "results.md").read_text())
 
