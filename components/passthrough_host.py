@@ -114,11 +114,6 @@ class PassthroughHost(ComponentResource):
         if h.tuning.sysctls:
             self.sysctls = Sysctls(f"{name}-sysctls", {"host": conn, "values": dict(h.tuning.sysctls)},
                                    after_preflight)
-        self.irq = None
-        if vm_cpus(h):
-            self.irq = IrqIsolation(f"{name}-irq", {
-                "host": conn, "banned_cpus": vm_cpus(h),
-                "pin": [{"match": m, "cpus": list(h.reserved_cpus)} for m in h.irq_pin]}, after_preflight)
         self.tuning = HostTuning(f"{name}-tuning", {"host": conn, "tuned_profile": h.tuning.tuned_profile,
                                                     "governor": h.tuning.governor}, after_preflight)
 
@@ -128,6 +123,14 @@ class PassthroughHost(ComponentResource):
             "expect_drivers": expect_drivers,
             # Ordering only: the wanted running state is in expect_*; pending flags would change on every refresh.
             }, ResourceOptions(parent=self, depends_on=boot_time))
+
+        # IRQ affinities are runtime state a reboot loses: pin them once the host runs its final kernel.
+        self.irq = None
+        if vm_cpus(h):
+            self.irq = IrqIsolation(f"{name}-irq", {
+                "host": conn, "banned_cpus": vm_cpus(h),
+                "pin": [{"match": m, "cpus": list(h.reserved_cpus)} for m in h.irq_pin]},
+                ResourceOptions(parent=self, depends_on=[self.reboot]))
 
         self.pending_reboot = self.reboot.pending
         self.drivers = self.vfio.drivers if self.vfio else Output.from_input({})

@@ -59,11 +59,6 @@ def declared(h: Host, extra_devices: Optional[list[str]] = None) -> list[tuple[s
         out.append(("sysctls", SysctlsProvider(), {
             "host": conn, "values": dict(h.tuning.sysctls), **{k: None for k in SysctlsProvider.OUTPUT_ONLY},
             "version": SysctlsProvider.VERSION}))
-    if vm_cpus(h):
-        out.append(("irq", IrqIsolationProvider(), {
-            "host": conn, "banned_cpus": vm_cpus(h), "pin": [{"match": m, "cpus": list(h.reserved_cpus)}
-                                                              for m in h.irq_pin],
-            **{k: None for k in IrqIsolationProvider.OUTPUT_ONLY}, "version": IrqIsolationProvider.VERSION}))
     out.append(("tuning", HostTuningProvider(), {
         "host": conn, "tuned_profile": h.tuning.tuned_profile, "governor": h.tuning.governor,
         **{k: None for k in HostTuningProvider.OUTPUT_ONLY}, "version": HostTuningProvider.VERSION}))
@@ -71,6 +66,12 @@ def declared(h: Host, extra_devices: Optional[list[str]] = None) -> list[tuple[s
         "host": conn, "policy": h.reboot, "expect_args": cmdline_args(h), "expect_absent": list(h.kernel.remove_args),
         "expect_drivers": {}, **{k: None for k in HostRebootProvider.OUTPUT_ONLY},
         "version": HostRebootProvider.VERSION}))
+    # After the reboot, as the component orders it: IRQ affinities do not survive a reboot.
+    if vm_cpus(h):
+        out.append(("irq", IrqIsolationProvider(), {
+            "host": conn, "banned_cpus": vm_cpus(h), "pin": [{"match": m, "cpus": list(h.reserved_cpus)}
+                                                              for m in h.irq_pin],
+            **{k: None for k in IrqIsolationProvider.OUTPUT_ONLY}, "version": IrqIsolationProvider.VERSION}))
     return out
 
 
