@@ -16,6 +16,7 @@ import time
 import urllib.error
 import urllib.request
 from pathlib import Path
+from tests.servers import stop_process
 
 NODE_EXPORTER = shutil.which("prometheus-node-exporter") or "/usr/bin/prometheus-node-exporter"
 
@@ -37,13 +38,7 @@ class NodeExporterHandle:
     process: subprocess.Popen
 
     def stop(self) -> None:
-        if self.process.poll() is None:
-            self.process.terminate()
-            try:
-                self.process.wait(timeout=10)
-            except subprocess.TimeoutExpired:
-                self.process.kill()
-                self.process.wait(timeout=5)
+        stop_process(self.process, timeout=10)
 
     def __enter__(self) -> "NodeExporterHandle":
         return self

@@ -25,6 +25,7 @@ import urllib.parse
 import urllib.request
 from pathlib import Path
 from typing import Any, Optional
+from tests.servers import stop_process
 
 PROMETHEUS = shutil.which("prometheus") or "/usr/bin/prometheus"
 PROMTOOL = shutil.which("promtool") or "/usr/bin/promtool"
@@ -106,13 +107,7 @@ class PrometheusHandle:
         return self.log_path.read_text(errors="replace") if self.log_path.exists() else ""
 
     def stop(self) -> None:
-        if self.process.poll() is None:
-            self.process.terminate()
-            try:
-                self.process.wait(timeout=15)
-            except subprocess.TimeoutExpired:
-                self.process.kill()
-                self.process.wait(timeout=5)
+        stop_process(self.process, timeout=15)
 
     def __enter__(self) -> "PrometheusHandle":
         return self
