@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # gpuhost's two entry points (see README):
 #   ./gpuhost.sh up     set up, boot the emulated GPU server, and `pulumi up` the dev stack against it
-#   ./gpuhost.sh test   set up and run the whole test suite (what CI runs)
+#   ./gpuhost.sh test   set up, lint, and run the whole test suite (what CI runs)
+#   ./gpuhost.sh lint   ruff (lint + format check) and mypy only
 set -euo pipefail
 cd "$(dirname "$0")"
 
@@ -29,11 +30,22 @@ setup() {
   .venv/bin/pip install -q -r requirements.txt
 }
 
+lint() {
+  echo "== ruff check, ruff format --check, mypy"
+  .venv/bin/ruff check .
+  .venv/bin/ruff format --check .
+  .venv/bin/mypy
+}
+
 case "${1:-}" in
   test)
     shift
     setup
+    lint
     exec .venv/bin/python -m pytest -ra "$@"
+    ;;
+  lint)
+    lint
     ;;
   up)
     setup
@@ -43,7 +55,7 @@ case "${1:-}" in
     setup
     ;;
   *)
-    echo "usage: $0 test|up|setup" >&2
+    echo "usage: $0 test|lint|up|setup" >&2
     exit 2
     ;;
 esac

@@ -27,8 +27,9 @@ def get_private_key(name: str, host: str = "") -> str:
         pem = _KEYS.get(name)
     if pem is None:
         where = f" for {host}" if host else ""
-        raise MissingKey(f"no SSH private key{where}: set it with "
-                         f"`pulumi config set --secret gpuhost:{name} \"$(cat key)\"`")
+        raise MissingKey(
+            f'no SSH private key{where}: set it with `pulumi config set --secret gpuhost:{name} "$(cat key)"`'
+        )
     return pem
 
 

@@ -19,9 +19,9 @@ from __future__ import annotations
 
 import base64
 import hashlib
-import os
 import io
 import logging
+import os
 import select
 import socket
 import threading
@@ -60,8 +60,7 @@ class CommandFailed(SshError):
         self.result = result
         first = command.strip().splitlines()[0] if command.strip() else command
         super().__init__(
-            f"{host}: command failed with exit code {result.rc}: {first[:200]}\n"
-            f"stderr: {result.stderr.strip()[-2000:]}"
+            f"{host}: command failed with exit code {result.rc}: {first[:200]}\nstderr: {result.stderr.strip()[-2000:]}"
         )
 
 
@@ -207,8 +206,9 @@ class Conn:
             return command
         return sh("sudo", "-n", "sh", "-c", command)
 
-    def run(self, command: str, input: Optional[bytes | str] = None, check: bool = True,
-            timeout: Optional[float] = None) -> Result:
+    def run(
+        self, command: str, input: Optional[bytes | str] = None, check: bool = True, timeout: Optional[float] = None
+    ) -> Result:
         """Run one command (a string built with access.shell) as root; one round trip."""
         ROUNDTRIPS.add(self.spec.name)
         t = self.client.get_transport()
@@ -238,8 +238,9 @@ class Conn:
             rc = chan.recv_exit_status()
             chan.close()
         except (socket.timeout, TimeoutError) as e:
-            raise HostUnreachable(f"{self.spec.name}: command timed out after "
-                                  f"{timeout or self.spec.command_timeout}s") from e
+            raise HostUnreachable(
+                f"{self.spec.name}: command timed out after {timeout or self.spec.command_timeout}s"
+            ) from e
         except (paramiko.SSHException, EOFError, OSError) as e:
             drop(self.spec)
             raise HostUnreachable(f"{self.spec.name}: connection lost during a command: {e}") from e
@@ -273,11 +274,11 @@ def put_script(path: str, mode: Optional[str] = None, owner: Optional[str] = Non
     p = quote(path)
     lines = [
         "set -e",
-        f'tmp=$(mktemp {quote(path + ".gpuhost.XXXXXX")})',
-        'trap \'rm -f "$tmp"\' EXIT',
+        f"tmp=$(mktemp {quote(path + '.gpuhost.XXXXXX')})",
+        "trap 'rm -f \"$tmp\"' EXIT",
         'cat > "$tmp"',
-        f"if [ -e {p} ]; then chmod --reference={p} \"$tmp\"; chown --reference={p} \"$tmp\"; "
-        f"else chmod 0644 \"$tmp\"; chown 0:0 \"$tmp\"; fi",
+        f'if [ -e {p} ]; then chmod --reference={p} "$tmp"; chown --reference={p} "$tmp"; '
+        f'else chmod 0644 "$tmp"; chown 0:0 "$tmp"; fi',
     ]
     if mode is not None:
         lines.append(f'chmod {quote(mode)} "$tmp"')
@@ -335,13 +336,30 @@ def _open(spec: HostSpec) -> Conn:
     if spec.jump:
         j = spec.jump
         jump_client = _client(f"{spec.name} (jump {j.address})", j.host_key, j.insecure_accept_unknown_host_key)
-        jump_client.connect(j.address, port=j.port, username=j.user, pkey=pkey, timeout=spec.connect_timeout,
-                            allow_agent=False, look_for_keys=False, banner_timeout=spec.connect_timeout)
+        jump_client.connect(
+            j.address,
+            port=j.port,
+            username=j.user,
+            pkey=pkey,
+            timeout=spec.connect_timeout,
+            allow_agent=False,
+            look_for_keys=False,
+            banner_timeout=spec.connect_timeout,
+        )
         sock = jump_client.get_transport().open_channel("direct-tcpip", (spec.address, spec.port), ("127.0.0.1", 0))
     client = _client(spec.name, spec.host_key, spec.insecure_accept_unknown_host_key)
-    client.connect(spec.address, port=spec.port, username=spec.user, pkey=pkey, sock=sock,
-                   timeout=spec.connect_timeout, banner_timeout=spec.connect_timeout,
-                   auth_timeout=spec.connect_timeout, allow_agent=False, look_for_keys=False)
+    client.connect(
+        spec.address,
+        port=spec.port,
+        username=spec.user,
+        pkey=pkey,
+        sock=sock,
+        timeout=spec.connect_timeout,
+        banner_timeout=spec.connect_timeout,
+        auth_timeout=spec.connect_timeout,
+        allow_agent=False,
+        look_for_keys=False,
+    )
     client.get_transport().set_keepalive(15)
     return Conn(spec, client, jump_client)
 
@@ -365,10 +383,11 @@ def connect(spec: HostSpec, attempts: int = 4, backoff: float = 1.0) -> Conn:
         except (OSError, paramiko.SSHException, EOFError) as e:
             last = e
             if i + 1 < attempts:
-                time.sleep(backoff * (2 ** i))
+                time.sleep(backoff * (2**i))
     else:
-        raise HostUnreachable(f"{spec.name}: cannot connect to {spec.address}:{spec.port} after {attempts} "
-                              f"attempts: {last}")
+        raise HostUnreachable(
+            f"{spec.name}: cannot connect to {spec.address}:{spec.port} after {attempts} attempts: {last}"
+        )
     with _POOL_LOCK:
         _POOL[key] = c
     return c

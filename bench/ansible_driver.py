@@ -66,7 +66,7 @@ class AnsibleRun:
         for tool in ("ssh", "sftp", "scp"):
             real = shutil.which(tool)
             w = self.wrappers / tool
-            w.write_text(f"#!/bin/sh\necho {tool} >> {self.log}\nexec {real} \"$@\"\n")
+            w.write_text(f'#!/bin/sh\necho {tool} >> {self.log}\nexec {real} "$@"\n')
             w.chmod(0o755)
         kh = self.dir / "known_hosts"
         kh.write_text(f"[{host.address}]:{host.port} {host.host_key_line}\n")
@@ -75,18 +75,25 @@ class AnsibleRun:
             f"{host.name} ansible_host={host.address} ansible_port={host.port} ansible_user={host.user} "
             f"ansible_ssh_private_key_file={host.private_key_path} "
             f"ansible_ssh_common_args='-o UserKnownHostsFile={kh} -o StrictHostKeyChecking=yes "
-            "-o IdentitiesOnly=yes'\n")
+            "-o IdentitiesOnly=yes'\n"
+        )
         self.runs = 0
 
     def _env(self, timer_out: Path | None) -> tuple[dict, Path]:
         self.runs += 1
         cp = self.dir / f"cp{self.runs}"  # a fresh ControlPersist master per run: no warm connection carried over
         cp.mkdir(exist_ok=True)
-        env = dict(os.environ, ANSIBLE_CONFIG=str(HERE / "ansible.cfg"), ANSIBLE_SSH_CONTROL_PATH_DIR=str(cp),
-                   ANSIBLE_SSH_EXECUTABLE=str(self.wrappers / "ssh"),
-                   ANSIBLE_SFTP_EXECUTABLE=str(self.wrappers / "sftp"),
-                   ANSIBLE_SCP_EXECUTABLE=str(self.wrappers / "scp"),
-                   ANSIBLE_LOCAL_TEMP=str(self.dir / "tmp"), ANSIBLE_NOCOLOR="1", ANSIBLE_FORCE_COLOR="0")
+        env = dict(
+            os.environ,
+            ANSIBLE_CONFIG=str(HERE / "ansible.cfg"),
+            ANSIBLE_SSH_CONTROL_PATH_DIR=str(cp),
+            ANSIBLE_SSH_EXECUTABLE=str(self.wrappers / "ssh"),
+            ANSIBLE_SFTP_EXECUTABLE=str(self.wrappers / "sftp"),
+            ANSIBLE_SCP_EXECUTABLE=str(self.wrappers / "scp"),
+            ANSIBLE_LOCAL_TEMP=str(self.dir / "tmp"),
+            ANSIBLE_NOCOLOR="1",
+            ANSIBLE_FORCE_COLOR="0",
+        )
         if timer_out:
             env.update(ANSIBLE_CALLBACKS_ENABLED="bench_timer", BENCH_TIMER_OUT=str(timer_out))
         return env, cp
@@ -107,18 +114,26 @@ class AnsibleRun:
 
     def playbook(self, *extra: str) -> PlaybookResult:
         timer = self.dir / f"timer{self.runs + 1}.json"
-        p, wall, rts = self._run(["ansible-playbook", "-i", str(self.dir / "inventory.ini"), "host_prep.yml",
-                                  *extra], timer)
+        p, wall, rts = self._run(
+            ["ansible-playbook", "-i", str(self.dir / "inventory.ini"), "host_prep.yml", *extra], timer
+        )
         (self.dir / f"playbook{self.runs}.out").write_text(p.stdout + p.stderr)
         m = RECAP.search(p.stdout)
         tasks = json.loads(timer.read_text())["tasks"] if timer.exists() else []
-        return PlaybookResult(wall, rts, p.returncode, int(m.group(3)) if m else None, int(m.group(2)) if m else None,
-                              int(m.group(5)) if m else None, tasks, p.stdout)
+        return PlaybookResult(
+            wall,
+            rts,
+            p.returncode,
+            int(m.group(3)) if m else None,
+            int(m.group(2)) if m else None,
+            int(m.group(5)) if m else None,
+            tasks,
+            p.stdout,
+        )
 
     def adhoc_setup(self) -> tuple[float, int, int]:
         """`ansible gpu -m setup`: (wall seconds, round trips, number of top-level facts)."""
-        p, wall, rts = self._run(["ansible", "-i", str(self.dir / "inventory.ini"), "gpu", "-m", "setup",
-                                  "-o"])
+        p, wall, rts = self._run(["ansible", "-i", str(self.dir / "inventory.ini"), "gpu", "-m", "setup", "-o"])
         if p.returncode != 0:
             raise RuntimeError(f"ansible -m setup failed: {p.stdout[-2000:]} {p.stderr[-2000:]}")
         body = p.stdout.split("=>", 1)[1] if "=>" in p.stdout else "{}"

@@ -22,7 +22,6 @@ import argparse
 import json
 import os
 import platform
-import re
 import statistics
 import subprocess
 import sys
@@ -51,15 +50,29 @@ def stats(samples: list[float]) -> dict:
 def machine() -> dict:
     from tests.testhost.machine import accel
 
-    model = next((ln.split(":", 1)[1].strip() for ln in Path("/proc/cpuinfo").read_text().splitlines()
-                  if ln.startswith("model name")), "?")
-    mem = next((ln.split()[1] for ln in Path("/proc/meminfo").read_text().splitlines()
-                if ln.startswith("MemTotal")), "0")
+    model = next(
+        (
+            ln.split(":", 1)[1].strip()
+            for ln in Path("/proc/cpuinfo").read_text().splitlines()
+            if ln.startswith("model name")
+        ),
+        "?",
+    )
+    mem = next(
+        (ln.split()[1] for ln in Path("/proc/meminfo").read_text().splitlines() if ln.startswith("MemTotal")), "0"
+    )
     ans = subprocess.run(["ansible", "--version"], capture_output=True, text=True).stdout.splitlines()
-    return {"nproc": os.cpu_count(), "cpu_model": model, "mem_gib": round(int(mem) / 2**20, 1),
-            "accel": accel(), "loadavg_start": Path("/proc/loadavg").read_text().split()[:3],
-            "python": platform.python_version(), "ansible": ans[0] if ans else "?",
-            "kernel": platform.release(), "date": time.strftime("%Y-%m-%d %H:%M:%S %Z")}
+    return {
+        "nproc": os.cpu_count(),
+        "cpu_model": model,
+        "mem_gib": round(int(mem) / 2**20, 1),
+        "accel": accel(),
+        "loadavg_start": Path("/proc/loadavg").read_text().split()[:3],
+        "python": platform.python_version(),
+        "ansible": ans[0] if ans else "?",
+        "kernel": platform.release(),
+        "date": time.strftime("%Y-%m-%d %H:%M:%S %Z"),
+    }
 
 
 # ------------------------------------------------------------------------------------------------- hosts
@@ -85,8 +98,10 @@ def host_files(th) -> dict[str, str | None]:
     """Text of every file PassthroughHost manages (None when absent), in one round trip."""
     from tests.test_passthrough_host import WATCHED
 
-    out = th.ssh("for f in " + " ".join(WATCHED) + "; do echo \"@@@ $f\"; if [ -e \"$f\" ]; then cat \"$f\"; "
-                 "else echo @@@absent; fi; done").stdout
+    out = th.ssh(
+        "for f in " + " ".join(WATCHED) + '; do echo "@@@ $f"; if [ -e "$f" ]; then cat "$f"; '
+        "else echo @@@absent; fi; done"
+    ).stdout
     files: dict[str, str | None] = {}
     for chunk in out.split("@@@ ")[1:]:
         path, _, body = chunk.partition("\n")
@@ -158,8 +173,13 @@ def facts_phase(th, work: Path, n_gpuhost: int, n_ansible: int) -> dict:
             g_in.append(time.monotonic() - t0)
             g_rt.append(ssh.ROUNDTRIPS.total - before)
             t0 = time.monotonic()
-            p = subprocess.run([sys.executable, "-m", "bench.gpuhost_facts", spec.model_dump_json(), str(keyfile)],
-                               cwd=ROOT, capture_output=True, text=True, check=True)
+            p = subprocess.run(
+                [sys.executable, "-m", "bench.gpuhost_facts", spec.model_dump_json(), str(keyfile)],
+                cwd=ROOT,
+                capture_output=True,
+                text=True,
+                check=True,
+            )
             g_cold.append(time.monotonic() - t0)  # interpreter start + imports + connect + read, like `ansible`
             cold = json.loads(p.stdout)
             g_cold_rt.append(cold["roundtrips"])
@@ -169,10 +189,17 @@ def facts_phase(th, work: Path, n_gpuhost: int, n_ansible: int) -> dict:
             a_rt.append(rt)
     vvv, wrapped = ans.count_vvv()
     ssh.drop(spec)
-    return {"gpuhost_inprocess_s": stats(g_in), "gpuhost_roundtrips": stats(g_rt),
-            "gpuhost_cold_process_s": stats(g_cold), "gpuhost_cold_roundtrips": stats(g_cold_rt),
-            "ansible_setup_s": stats(a_wall), "ansible_roundtrips": stats(a_rt), "ansible_top_level_facts": nfacts,
-            "ansible_vvv_ssh_exec_lines": vvv, "ansible_wrapper_count_same_run": wrapped}
+    return {
+        "gpuhost_inprocess_s": stats(g_in),
+        "gpuhost_roundtrips": stats(g_rt),
+        "gpuhost_cold_process_s": stats(g_cold),
+        "gpuhost_cold_roundtrips": stats(g_cold_rt),
+        "ansible_setup_s": stats(a_wall),
+        "ansible_roundtrips": stats(a_rt),
+        "ansible_top_level_facts": nfacts,
+        "ansible_vvv_ssh_exec_lines": vvv,
+        "ansible_wrapper_count_same_run": wrapped,
+    }
 
 
 def gpuhost_phase(out: dict, work: Path, n: int, n_facts_ansible: int) -> dict:
@@ -199,11 +226,18 @@ def gpuhost_phase(out: dict, work: Path, n: int, n_facts_ansible: int) -> dict:
             ops[s] = flow.res[s].up(flow.inputs(s, inp))[0]
             per[s] = time.monotonic() - ts
         total = time.monotonic() - t0
-        out["apply"] = {"total_s": total, "excluding_reboot_s": total - per["reboot"], "reboot_resource_s": per["reboot"],
-                        "per_resource_s": per, "ops": ops, "roundtrips": rtlog.count(),
-                        "rebooted_output": flow.res["reboot"].outputs.get("rebooted"),
-                        "pending_after": flow.res["reboot"].outputs.get("pending"),
-                        "reboots_serial": boots_seen(th) - 1, "resources": len(flow.items)}
+        out["apply"] = {
+            "total_s": total,
+            "excluding_reboot_s": total - per["reboot"],
+            "reboot_resource_s": per["reboot"],
+            "per_resource_s": per,
+            "ops": ops,
+            "roundtrips": rtlog.count(),
+            "rebooted_output": flow.res["reboot"].outputs.get("rebooted"),
+            "pending_after": flow.res["reboot"].outputs.get("pending"),
+            "reboots_serial": boots_seen(th) - 1,
+            "resources": len(flow.items),
+        }
         srv.__exit__(None, None, None)
         log(f"gpuhost: apply {total:.0f} s, ops {ops}")
         out["runtime_after"] = runtime(th)
@@ -211,7 +245,7 @@ def gpuhost_phase(out: dict, work: Path, n: int, n_facts_ansible: int) -> dict:
 
         # -- no-op: `pulumi up` (preview then update) on an unchanged host, a fresh provider process each time
         noop = {"wall_s": [], "roundtrips": [], "preview_changes": [], "up_ops": []}
-        for i in range(n):
+        for _i in range(n):
             rtlog.reset()
             t0 = time.monotonic()
             srv = provider_server(th, rtlog)
@@ -223,13 +257,17 @@ def gpuhost_phase(out: dict, work: Path, n: int, n_facts_ansible: int) -> dict:
             noop["roundtrips"].append(rtlog.count())
             noop["preview_changes"].append(sum(1 for d in pv.values() if d.changes))
             noop["up_ops"].append(sorted(set(ops.values())))
-        out["noop"] = {**noop, "wall": stats(noop["wall_s"]), "rt": stats(noop["roundtrips"]),
-                       "resources": len(flow.items)}
+        out["noop"] = {
+            **noop,
+            "wall": stats(noop["wall_s"]),
+            "rt": stats(noop["roundtrips"]),
+            "resources": len(flow.items),
+        }
         log(f"gpuhost: no-op {out['noop']['wall']}")
 
         # -- no-op with refresh (`pulumi up --refresh`): reads every resource from the host first
         ref = {"wall_s": [], "roundtrips": [], "preview_changes": [], "changed": []}
-        for i in range(max(1, n - 1)):
+        for _i in range(max(1, n - 1)):
             rtlog.reset()
             t0 = time.monotonic()
             srv = provider_server(th, rtlog)
@@ -242,14 +280,19 @@ def gpuhost_phase(out: dict, work: Path, n: int, n_facts_ansible: int) -> dict:
             ref["changed"].append(sorted(s for s, d in pv.items() if d.changes))
             ref["preview_changes"].append(len(ref["changed"][-1]))
         out["noop_refresh"] = {**ref, "wall": stats(ref["wall_s"]), "rt": stats(ref["roundtrips"])}
-        log(f"gpuhost: refresh+preview on the unchanged host {out['noop_refresh']['wall']}, "
-            f"changed {ref['changed']}")
+        log(f"gpuhost: refresh+preview on the unchanged host {out['noop_refresh']['wall']}, changed {ref['changed']}")
 
         # -- drift: hand edit of /etc/default/grub, then `pulumi preview --refresh` (all resources) n times
         th.ssh("sed -i 's/^GRUB_CMDLINE_LINUX=.*/GRUB_CMDLINE_LINUX=\"quiet\"/' /etc/default/grub")
-        drift = {"wall_s": [], "roundtrips": [], "detected": [], "changed": [], "target_wall_s": [],
-                 "target_roundtrips": []}
-        for i in range(n):
+        drift = {
+            "wall_s": [],
+            "roundtrips": [],
+            "detected": [],
+            "changed": [],
+            "target_wall_s": [],
+            "target_roundtrips": [],
+        }
+        for _i in range(n):
             rtlog.reset()
             t0 = time.monotonic()
             srv = provider_server(th, rtlog)
@@ -259,8 +302,9 @@ def gpuhost_phase(out: dict, work: Path, n: int, n_facts_ansible: int) -> dict:
             drift["wall_s"].append(time.monotonic() - t0)
             drift["roundtrips"].append(rtlog.count())
             drift["changed"].append(sorted(s for s, d in pv.items() if d.changes))
-            drift["detected"].append(pv["cmdline"].changes is True
-                                     and flow.res["cmdline"].outputs.get("configured") == ["quiet"])
+            drift["detected"].append(
+                pv["cmdline"].changes is True and flow.res["cmdline"].outputs.get("configured") == ["quiet"]
+            )
             # `pulumi preview --refresh --target <cmdline>`: the one resource that owns the file
             rtlog.reset()
             t0 = time.monotonic()
@@ -269,8 +313,13 @@ def gpuhost_phase(out: dict, work: Path, n: int, n_facts_ansible: int) -> dict:
             drift["target_wall_s"].append(time.monotonic() - t0)
             drift["target_roundtrips"].append(rtlog.count())
             srv.__exit__(None, None, None)
-        out["drift"] = {**drift, "wall": stats(drift["wall_s"]), "rt": stats(drift["roundtrips"]),
-                        "target_wall": stats(drift["target_wall_s"]), "target_rt": stats(drift["target_roundtrips"])}
+        out["drift"] = {
+            **drift,
+            "wall": stats(drift["wall_s"]),
+            "rt": stats(drift["roundtrips"]),
+            "target_wall": stats(drift["target_wall_s"]),
+            "target_rt": stats(drift["target_roundtrips"]),
+        }
         log(f"gpuhost: drift {out['drift']['wall']} detected {drift['detected']}")
     finally:
         stop_servers()
@@ -296,36 +345,48 @@ def ansible_phase(out: dict, work: Path, n: int) -> dict:
         if r.rc != 0:
             raise RuntimeError(f"ansible-playbook failed (rc {r.rc}):\n{r.stdout[-4000:]}")
         reboot_part = r.time_from(REBOOT_DECISION)
-        out["apply"] = {"total_s": r.wall_s, "excluding_reboot_s": r.wall_s - reboot_part,
-                        "reboot_part_s": reboot_part, "reboot_task_s": r.task_time(
-                            "Reboot into the new kernel arguments and drivers"),
-                        "roundtrips": r.roundtrips, "changed": r.changed, "ok": r.ok,
-                        "changed_tasks": r.changed_tasks(), "reboots_serial": boots_seen(th) - 1,
-                        "tasks": [{k: t[k] for k in ("name", "start", "end", "status", "changed")} for t in r.tasks]}
+        out["apply"] = {
+            "total_s": r.wall_s,
+            "excluding_reboot_s": r.wall_s - reboot_part,
+            "reboot_part_s": reboot_part,
+            "reboot_task_s": r.task_time("Reboot into the new kernel arguments and drivers"),
+            "roundtrips": r.roundtrips,
+            "changed": r.changed,
+            "ok": r.ok,
+            "changed_tasks": r.changed_tasks(),
+            "reboots_serial": boots_seen(th) - 1,
+            "tasks": [{k: t[k] for k in ("name", "start", "end", "status", "changed")} for t in r.tasks],
+        }
         log(f"ansible: apply {r.wall_s:.0f} s, changed={r.changed}")
         out["runtime_after"] = runtime(th)
         out["files"] = host_files(th)
 
         noop = {"wall_s": [], "roundtrips": [], "changed": [], "changed_tasks": []}
-        for i in range(n):
+        for _i in range(n):
             r = a.playbook()
             noop["wall_s"].append(r.wall_s)
             noop["roundtrips"].append(r.roundtrips)
             noop["changed"].append(r.changed)
             noop["changed_tasks"].append(r.changed_tasks())
-        out["noop"] = {**noop, "wall": stats(noop["wall_s"]), "rt": stats(noop["roundtrips"]),
-                       "tasks": sum(1 for t in r.tasks)}
+        out["noop"] = {
+            **noop,
+            "wall": stats(noop["wall_s"]),
+            "rt": stats(noop["roundtrips"]),
+            "tasks": sum(1 for t in r.tasks),
+        }
         log(f"ansible: no-op {out['noop']['wall']} changed {noop['changed']}")
 
         th.ssh("sed -i 's/^GRUB_CMDLINE_LINUX=.*/GRUB_CMDLINE_LINUX=\"quiet\"/' /etc/default/grub")
         drift = {"wall_s": [], "roundtrips": [], "changed": [], "detected": []}
-        for i in range(n):
+        for _i in range(n):
             r = a.playbook("--check", "--diff")
             drift["wall_s"].append(r.wall_s)
             drift["roundtrips"].append(r.roundtrips)
             drift["changed"].append(r.changed_tasks())
-            drift["detected"].append("Kernel arguments in GRUB_CMDLINE_LINUX" in r.changed_tasks()
-                                     and '-GRUB_CMDLINE_LINUX="quiet"' in r.stdout)
+            drift["detected"].append(
+                "Kernel arguments in GRUB_CMDLINE_LINUX" in r.changed_tasks()
+                and '-GRUB_CMDLINE_LINUX="quiet"' in r.stdout
+            )
         out["drift"] = {**drift, "wall": stats(drift["wall_s"]), "rt": stats(drift["roundtrips"])}
         log(f"ansible: drift {out['drift']['wall']} detected {drift['detected']}")
     finally:
@@ -398,10 +459,15 @@ def pure_phase(out: dict, n: int) -> dict:
             ts.infer_body = real
     types = rec.types()
     gate_inputs = [len(json.dumps(r.inputs)) for r in rec.registrations if r.type.endswith(":AcceptanceGate")]
-    out["mocks"] = {"hosts": types.get("gpuhost:host:PassthroughHost", 0), "resources": len(rec.registrations),
-                    "duplicate_urns": len(rec.duplicate_urns()), "wall": stats(walls),
-                    "infer_body_s": stats(bodies) if patched else {}, "acceptance_gates": len(gate_inputs),
-                    "largest_gate_inputs_bytes": max(gate_inputs) if gate_inputs else 0}
+    out["mocks"] = {
+        "hosts": types.get("gpuhost:host:PassthroughHost", 0),
+        "resources": len(rec.registrations),
+        "duplicate_urns": len(rec.duplicate_urns()),
+        "wall": stats(walls),
+        "infer_body_s": stats(bodies) if patched else {},
+        "acceptance_gates": len(gate_inputs),
+        "largest_gate_inputs_bytes": max(gate_inputs) if gate_inputs else 0,
+    }
     return out
 
 
@@ -437,71 +503,108 @@ def table(r: dict) -> str:
     rows = ["| Measure | gpuhost | Ansible baseline | Ansible ÷ gpuhost | Target |", "|---|---|---|---|---|"]
     if g.get("facts"):
         f = g["facts"]
-        rows.append(f"| 1. Read all host facts: SSH round trips | {fmt_int(f['gpuhost_roundtrips'])} | "
-                    f"{fmt_int(f['ansible_roundtrips'])} | – | 1 |")
-        rows.append(f"| 1. Read all host facts: wall, fresh process incl. connect | "
-                    f"{fmt(f['gpuhost_cold_process_s'])} | {fmt(f['ansible_setup_s'])} | "
-                    f"{ratio(f['gpuhost_cold_process_s']['median'], f['ansible_setup_s'].get('median'))} | – |")
-        rows.append(f"| 1. Read all host facts: wall, in process incl. connect | "
-                    f"{fmt(f['gpuhost_inprocess_s'])} | – | – | – |")
+        rows.append(
+            f"| 1. Read all host facts: SSH round trips | {fmt_int(f['gpuhost_roundtrips'])} | "
+            f"{fmt_int(f['ansible_roundtrips'])} | – | 1 |"
+        )
+        rows.append(
+            f"| 1. Read all host facts: wall, fresh process incl. connect | "
+            f"{fmt(f['gpuhost_cold_process_s'])} | {fmt(f['ansible_setup_s'])} | "
+            f"{ratio(f['gpuhost_cold_process_s']['median'], f['ansible_setup_s'].get('median'))} | – |"
+        )
+        rows.append(
+            f"| 1. Read all host facts: wall, in process incl. connect | {fmt(f['gpuhost_inprocess_s'])} | – | – | – |"
+        )
     try:
         _pair_rows(rows, g, a)
     except KeyError as e:
         rows.append(f"| (incomplete: {e} missing; see results.json) | | | | |")
     _pure_rows(rows, p)
-    head = (f"Machine: {m['nproc']} CPUs ({m['cpu_model']}), {m['mem_gib']} GiB, emulated host under "
-            f"{m['accel'].upper()}, load average at start {' '.join(m['loadavg_start'])}, at end "
-            f"{' '.join(m.get('loadavg_end', ['?']))} (shared with other work); {m['ansible']}; {m['date']}." +
-            "".join(f" {ph} phase measured at commit {r[ph]['commit']}." for ph in ("gpuhost", "ansible", "pure")
-                    if r.get(ph, {}).get("commit")))
+    head = (
+        f"Machine: {m['nproc']} CPUs ({m['cpu_model']}), {m['mem_gib']} GiB, emulated host under "
+        f"{m['accel'].upper()}, load average at start {' '.join(m['loadavg_start'])}, at end "
+        f"{' '.join(m.get('loadavg_end', ['?']))} (shared with other work); {m['ansible']}; {m['date']}."
+        + "".join(
+            f" {ph} phase measured at commit {r[ph]['commit']}."
+            for ph in ("gpuhost", "ansible", "pure")
+            if r.get(ph, {}).get("commit")
+        )
+    )
     return head + "\n\n" + "\n".join(rows) + "\n"
 
 
 def _pair_rows(rows: list, g: dict, a: dict) -> None:
     if g and a:
         ga, aa = g["apply"], a["apply"]
-        rows.append(f"| 2. First apply of host prep, excluding the reboot | {ga['excluding_reboot_s']:.0f} s (N=1) | "
-                    f"{aa['excluding_reboot_s']:.0f} s (N=1) | "
-                    f"{ratio(ga['excluding_reboot_s'], aa['excluding_reboot_s'])} | ≥ 3× |")
-        rows.append(f"| 2. First apply, total incl. reboot | {ga['total_s']:.0f} s | {aa['total_s']:.0f} s | "
-                    f"{ratio(ga['total_s'], aa['total_s'])} | – |")
+        rows.append(
+            f"| 2. First apply of host prep, excluding the reboot | {ga['excluding_reboot_s']:.0f} s (N=1) | "
+            f"{aa['excluding_reboot_s']:.0f} s (N=1) | "
+            f"{ratio(ga['excluding_reboot_s'], aa['excluding_reboot_s'])} | ≥ 3× |"
+        )
+        rows.append(
+            f"| 2. First apply, total incl. reboot | {ga['total_s']:.0f} s | {aa['total_s']:.0f} s | "
+            f"{ratio(ga['total_s'], aa['total_s'])} | – |"
+        )
         rows.append(f"| 2. First apply: SSH round trips | {ga['roundtrips']} | {aa['roundtrips']} | – | – |")
-        rows.append(f"| 2. Reboots (tool's report / serial console kernel starts − 1) | "
-                    f"{1 if ga['rebooted_output'] else 0} / {ga['reboots_serial']} | "
-                    f"{1 if 'Reboot into the new kernel arguments and drivers' in aa['changed_tasks'] else 0} / "
-                    f"{aa['reboots_serial']} | – | exactly 1 |")
+        rows.append(
+            f"| 2. Reboots (tool's report / serial console kernel starts − 1) | "
+            f"{1 if ga['rebooted_output'] else 0} / {ga['reboots_serial']} | "
+            f"{1 if 'Reboot into the new kernel arguments and drivers' in aa['changed_tasks'] else 0} / "
+            f"{aa['reboots_serial']} | – | exactly 1 |"
+        )
         gn, an = g["noop"], a["noop"]
-        rows.append(f"| 3. No-op run: wall | {fmt(gn['wall'])} | {fmt(an['wall'])} | "
-                    f"{ratio(gn['wall']['median'], an['wall']['median'])} | – |")
-        rows.append(f"| 3. No-op run: SSH round trips ({gn['resources']} resources / {an['tasks']} tasks) | "
-                    f"{fmt_int(gn['rt'])} | {fmt_int(an['rt'])} | – | ≤ 1 per resource |")
-        rows.append(f"| 3. No-op run: changes reported | {max(gn['preview_changes'])} "
-                    f"(`up` ops: {', '.join(sorted({o for ops in gn['up_ops'] for o in ops}))}) | "
-                    f"changed={','.join(str(c) for c in an['changed'])} | – | 0 |")
+        rows.append(
+            f"| 3. No-op run: wall | {fmt(gn['wall'])} | {fmt(an['wall'])} | "
+            f"{ratio(gn['wall']['median'], an['wall']['median'])} | – |"
+        )
+        rows.append(
+            f"| 3. No-op run: SSH round trips ({gn['resources']} resources / {an['tasks']} tasks) | "
+            f"{fmt_int(gn['rt'])} | {fmt_int(an['rt'])} | – | ≤ 1 per resource |"
+        )
+        rows.append(
+            f"| 3. No-op run: changes reported | {max(gn['preview_changes'])} "
+            f"(`up` ops: {', '.join(sorted({o for ops in gn['up_ops'] for o in ops}))}) | "
+            f"changed={','.join(str(c) for c in an['changed'])} | – | 0 |"
+        )
         gr = g["noop_refresh"]
-        rows.append(f"| 3b. Unchanged host, `pulumi preview --refresh` (reads every resource) | "
-                    f"{fmt(gr['wall'])}, {fmt_int(gr['rt'])} round trips, "
-                    f"{max(gr['preview_changes'])} changes | (Ansible always reads) | – | – |")
+        rows.append(
+            f"| 3b. Unchanged host, `pulumi preview --refresh` (reads every resource) | "
+            f"{fmt(gr['wall'])}, {fmt_int(gr['rt'])} round trips, "
+            f"{max(gr['preview_changes'])} changes | (Ansible always reads) | – | – |"
+        )
         gd, ad = g["drift"], a["drift"]
-        rows.append(f"| 4. Drift after a hand edit of /etc/default/grub: wall (whole host) | {fmt(gd['wall'])} | "
-                    f"{fmt(ad['wall'])} | {ratio(gd['wall']['median'], ad['wall']['median'])} | – |")
+        rows.append(
+            f"| 4. Drift after a hand edit of /etc/default/grub: wall (whole host) | {fmt(gd['wall'])} | "
+            f"{fmt(ad['wall'])} | {ratio(gd['wall']['median'], ad['wall']['median'])} | – |"
+        )
         rows.append(f"| 4. Drift: SSH round trips | {fmt_int(gd['rt'])} | {fmt_int(ad['rt'])} | – | – |")
-        rows.append(f"| 4. Drift: detected | {'yes' if all(gd['detected']) else 'NO'} "
-                    f"(changed: {', '.join(gd['changed'][0])}) | "
-                    f"{'yes' if all(ad['detected']) else 'NO'} (changed: {', '.join(ad['changed'][0])}) | – | – |")
-        rows.append(f"| 4. Drift, only the KernelCmdline resource (`--target`) | {fmt(gd['target_wall'])}, "
-                    f"{fmt_int(gd['target_rt'])} round trip(s) | – | – | – |")
+        rows.append(
+            f"| 4. Drift: detected | {'yes' if all(gd['detected']) else 'NO'} "
+            f"(changed: {', '.join(gd['changed'][0])}) | "
+            f"{'yes' if all(ad['detected']) else 'NO'} (changed: {', '.join(ad['changed'][0])}) | – | – |"
+        )
+        rows.append(
+            f"| 4. Drift, only the KernelCmdline resource (`--target`) | {fmt(gd['target_wall'])}, "
+            f"{fmt_int(gd['target_rt'])} round trip(s) | – | – | – |"
+        )
 
 
 def _pure_rows(rows: list, p: dict) -> None:
     if p.get("mocks"):
         pl, mk = p["placement"], p["mocks"]
-        rows.append(f"| 5. Placement solver, {pl['hosts']} hosts × 8 VMs | {fmt(pl['wall'], digits=3)} | – | – | "
-                    "< 1 s |")
-        rows.append(f"| 5. Whole program under Pulumi mocks, {mk['hosts']} hosts ({mk['resources']} resources) | "
-                    f"{fmt(mk['wall'])}" + (f"; of which building acceptance-gate request bodies "
-                                             f"{fmt(mk['infer_body_s'])}" if mk.get("infer_body_s") else "")
-                    + " | – | – | < 10 s |")
+        rows.append(
+            f"| 5. Placement solver, {pl['hosts']} hosts × 8 VMs | {fmt(pl['wall'], digits=3)} | – | – | < 1 s |"
+        )
+        rows.append(
+            f"| 5. Whole program under Pulumi mocks, {mk['hosts']} hosts ({mk['resources']} resources) | "
+            f"{fmt(mk['wall'])}"
+            + (
+                f"; of which building acceptance-gate request bodies {fmt(mk['infer_body_s'])}"
+                if mk.get("infer_body_s")
+                else ""
+            )
+            + " | – | – | < 10 s |"
+        )
 
 
 def write(results: dict) -> None:
@@ -509,8 +612,11 @@ def write(results: dict) -> None:
     (RESULTS / "results.json").write_text(json.dumps(results, indent=1, default=str) + "\n")
     md = table(results)
     if "compare" in results:
-        md += "\nFiles both tools wrote, compared after each first apply:\n\n" + "\n".join(
-            f"- `{k}`: {v}" for k, v in results["compare"].items()) + "\n"
+        md += (
+            "\nFiles both tools wrote, compared after each first apply:\n\n"
+            + "\n".join(f"- `{k}`: {v}" for k, v in results["compare"].items())
+            + "\n"
+        )
         if results.get("runtime_compare"):
             md += f"\nRunning state after the first apply: {results['runtime_compare']}\n"
     (RESULTS / "results.md").write_text(md)
@@ -526,12 +632,17 @@ def write(results: dict) -> None:
 
 
 def main(argv=None) -> None:
-    ap = argparse.ArgumentParser(prog="python -m bench.run", description=__doc__,
-                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap = argparse.ArgumentParser(
+        prog="python -m bench.run", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     ap.add_argument("--only", default="gpuhost,ansible,pure", help="phases, comma-separated")
     ap.add_argument("--n", type=int, default=3, help="runs of each cheap gpuhost measurement (facts: at least 5)")
-    ap.add_argument("--n-ansible", type=int, default=2,
-                    help="runs of each Ansible no-op and drift measurement (each costs ~2 min under TCG)")
+    ap.add_argument(
+        "--n-ansible",
+        type=int,
+        default=2,
+        help="runs of each Ansible no-op and drift measurement (each costs ~2 min under TCG)",
+    )
     ap.add_argument("--n-facts-ansible", type=int, default=3, help="runs of `ansible -m setup`")
     ap.add_argument("--keep", action="store_true", help="merge into the existing results.json (re-run one phase)")
     a = ap.parse_args(argv)
@@ -545,14 +656,19 @@ def main(argv=None) -> None:
     work = Path(tempfile.mkdtemp(prefix="gpuhost-bench-"))
     log(f"work dir {work}")
     t0 = time.monotonic()
-    runs = {"gpuhost": lambda out: gpuhost_phase(out, work, a.n, a.n_facts_ansible),
-            "ansible": lambda out: ansible_phase(out, work, a.n_ansible),
-            "pure": lambda out: pure_phase(out, a.n)}
+    runs = {
+        "gpuhost": lambda out: gpuhost_phase(out, work, a.n, a.n_facts_ansible),
+        "ansible": lambda out: ansible_phase(out, work, a.n_ansible),
+        "pure": lambda out: pure_phase(out, a.n),
+    }
     for phase in ("gpuhost", "ansible", "pure"):
         if phase not in phases:
             continue
-        results[phase] = {"commit": subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT,
-                                                   capture_output=True, text=True).stdout.strip()}
+        results[phase] = {
+            "commit": subprocess.run(
+                ["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True, text=True
+            ).stdout.strip()
+        }
         results[phase]["machine"] = {**here, "loadavg_start": Path("/proc/loadavg").read_text().split()[:3]}
         try:
             runs[phase](results[phase])

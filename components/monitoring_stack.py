@@ -41,8 +41,8 @@ class MonitoringStackArgs(BaseModel):
     graph: MonitoringGraph
     monitoring_host: HostSpec
     machines: dict[str, HostSpec]
-    config_dir: str = "/etc/gpuhost/prometheus"            # mounted at /etc/prometheus in the container
-    grafana_dir: str = "/etc/gpuhost/grafana"              # provisioning/ and dashboards/ below it
+    config_dir: str = "/etc/gpuhost/prometheus"  # mounted at /etc/prometheus in the container
+    grafana_dir: str = "/etc/gpuhost/grafana"  # provisioning/ and dashboards/ below it
     prometheus_image: str = PROMETHEUS_IMAGE
     grafana_image: str = GRAFANA_IMAGE
     node_exporter_image: str = NODE_EXPORTER_IMAGE
@@ -79,8 +79,12 @@ class MonitoringStack(pulumi.ComponentResource):
         super().__init__("gpuhost:monitoring:MonitoringStack", name, None, opts)
         child = pulumi.ResourceOptions(parent=self)
         # Prometheus reads its files at /etc/prometheus inside the container.
-        graph = args.graph.model_copy(update={"rules_path": "/etc/prometheus/rules/gpuhost.rules.yml",
-                                              "self_address": f"{args.listen_address}:9090"})
+        graph = args.graph.model_copy(
+            update={
+                "rules_path": "/etc/prometheus/rules/gpuhost.rules.yml",
+                "self_address": f"{args.listen_address}:9090",
+            }
+        )
 
         # -- exporters on every machine ------------------------------------------------------------------------
         counters = dcgm.counters_csv()
@@ -89,32 +93,56 @@ class MonitoringStack(pulumi.ComponentResource):
             spec = args.machines[m.name]
             engine = docker.Provider(f"{name}-{m.name}-docker", host=_docker_host(spec), opts=child)
             on_engine = pulumi.ResourceOptions(parent=self, provider=engine)
-            node_image = docker.RemoteImage(f"{name}-{m.name}-node-exporter-image", name=args.node_exporter_image,
-                                            keep_locally=True, opts=on_engine)
+            node_image = docker.RemoteImage(
+                f"{name}-{m.name}-node-exporter-image", name=args.node_exporter_image, keep_locally=True, opts=on_engine
+            )
             node = docker.Container(
-                f"{name}-{m.name}-node-exporter", image=node_image.image_id, name="gpuhost-node-exporter",
-                network_mode="host", pid_mode="host", restart="unless-stopped",
+                f"{name}-{m.name}-node-exporter",
+                image=node_image.image_id,
+                name="gpuhost-node-exporter",
+                network_mode="host",
+                pid_mode="host",
+                restart="unless-stopped",
                 command=["--path.rootfs=/host", f"--web.listen-address=:{m.node_exporter_port}"],
                 volumes=[docker.ContainerVolumeArgs(host_path="/", container_path="/host", read_only=True)],
-                opts=on_engine)
+                opts=on_engine,
+            )
             made: list[pulumi.Resource] = [node]
             if m.gpu_driver:
-                csv = ManagedFile(f"{name}-{m.name}-dcgm-counters",
-                                  {"host": host_input(spec), "path": dcgm.COUNTERS_PATH, "content": counters,
-                                   "mode": "0644", "owner": "root:root"}, opts=child)
+                csv = ManagedFile(
+                    f"{name}-{m.name}-dcgm-counters",
+                    {
+                        "host": host_input(spec),
+                        "path": dcgm.COUNTERS_PATH,
+                        "content": counters,
+                        "mode": "0644",
+                        "owner": "root:root",
+                    },
+                    opts=child,
+                )
                 cs = dcgm.container_spec(m.dcgm_exporter_port, image=args.dcgm_exporter_image)
-                dcgm_image = docker.RemoteImage(f"{name}-{m.name}-dcgm-exporter-image", name=cs.image,
-                                                keep_locally=True, opts=on_engine)
-                made.append(docker.Container(
-                    f"{name}-{m.name}-dcgm-exporter", image=dcgm_image.image_id, name="gpuhost-dcgm-exporter",
-                    gpus=cs.gpus, restart=cs.restart, command=list(cs.command),
-                    capabilities=docker.ContainerCapabilitiesArgs(adds=list(cs.capabilities)),
-                    ports=[docker.ContainerPortArgs(internal=c, external=h) for h, c in cs.ports.items()],
-                    volumes=[docker.ContainerVolumeArgs(host_path=h, container_path=c, read_only=True)
-                             for h, c in cs.volumes.items()],
-                    # A new counters file means a new container: dcgm-exporter reads it only at start.
-                    labels=[docker.ContainerLabelArgs(label="gpuhost.counters-sha256", value=_sha(counters))],
-                    opts=pulumi.ResourceOptions(parent=self, provider=engine, depends_on=[csv])))
+                dcgm_image = docker.RemoteImage(
+                    f"{name}-{m.name}-dcgm-exporter-image", name=cs.image, keep_locally=True, opts=on_engine
+                )
+                made.append(
+                    docker.Container(
+                        f"{name}-{m.name}-dcgm-exporter",
+                        image=dcgm_image.image_id,
+                        name="gpuhost-dcgm-exporter",
+                        gpus=cs.gpus,
+                        restart=cs.restart,
+                        command=list(cs.command),
+                        capabilities=docker.ContainerCapabilitiesArgs(adds=list(cs.capabilities)),
+                        ports=[docker.ContainerPortArgs(internal=c, external=h) for h, c in cs.ports.items()],
+                        volumes=[
+                            docker.ContainerVolumeArgs(host_path=h, container_path=c, read_only=True)
+                            for h, c in cs.volumes.items()
+                        ],
+                        # A new counters file means a new container: dcgm-exporter reads it only at start.
+                        labels=[docker.ContainerLabelArgs(label="gpuhost.counters-sha256", value=_sha(counters))],
+                        opts=pulumi.ResourceOptions(parent=self, provider=engine, depends_on=[csv]),
+                    )
+                )
             self.exporters[m.name] = made
 
         # -- configuration on the monitoring host -------------------------------------------------------------
@@ -127,44 +155,83 @@ class MonitoringStack(pulumi.ComponentResource):
         files = {cfg_path: prometheus.render_config(graph), rules_host_path: rules.render_rules(graph)}
         for rel, text in prov.items():
             if rel.startswith("json/"):
-                files[f"{args.grafana_dir}/dashboards/{rel[len('json/'):]}"] = text
+                files[f"{args.grafana_dir}/dashboards/{rel[len('json/') :]}"] = text
             else:
                 files[f"{args.grafana_dir}/provisioning/{rel}"] = text
-        self.files = MonitoringFiles(f"{name}-files", {
-            "host": host_input(mon), "files": files, "config_path": cfg_path, "rules_paths": [rules_host_path],
-            "reload": {"kind": "http", "url": prom_url, "when_running": True},
-            "promtool": args.promtool,
-        }, opts=child)
+        self.files = MonitoringFiles(
+            f"{name}-files",
+            {
+                "host": host_input(mon),
+                "files": files,
+                "config_path": cfg_path,
+                "rules_paths": [rules_host_path],
+                "reload": {"kind": "http", "url": prom_url, "when_running": True},
+                "promtool": args.promtool,
+            },
+            opts=child,
+        )
 
         engine = docker.Provider(f"{name}-monitoring-docker", host=_docker_host(mon), opts=child)
         after_files = pulumi.ResourceOptions(parent=self, provider=engine, depends_on=[self.files])
-        prom_image = docker.RemoteImage(f"{name}-prometheus-image", name=args.prometheus_image, keep_locally=True,
-                                        opts=pulumi.ResourceOptions(parent=self, provider=engine))
+        prom_image = docker.RemoteImage(
+            f"{name}-prometheus-image",
+            name=args.prometheus_image,
+            keep_locally=True,
+            opts=pulumi.ResourceOptions(parent=self, provider=engine),
+        )
         self.prometheus = docker.Container(
-            f"{name}-prometheus", image=prom_image.image_id, name="gpuhost-prometheus", network_mode="host",
+            f"{name}-prometheus",
+            image=prom_image.image_id,
+            name="gpuhost-prometheus",
+            network_mode="host",
             restart="unless-stopped",
-            command=["--config.file=/etc/prometheus/prometheus.yml", "--storage.tsdb.path=/prometheus",
-                     f"--web.listen-address={args.listen_address}:9090", "--web.enable-lifecycle"],
-            volumes=[docker.ContainerVolumeArgs(host_path=args.config_dir, container_path="/etc/prometheus",
-                                                read_only=True),
-                     docker.ContainerVolumeArgs(volume_name="gpuhost-prometheus-data", container_path="/prometheus")],
-            opts=after_files)
-        graf_image = docker.RemoteImage(f"{name}-grafana-image", name=args.grafana_image, keep_locally=True,
-                                        opts=pulumi.ResourceOptions(parent=self, provider=engine))
+            command=[
+                "--config.file=/etc/prometheus/prometheus.yml",
+                "--storage.tsdb.path=/prometheus",
+                f"--web.listen-address={args.listen_address}:9090",
+                "--web.enable-lifecycle",
+            ],
+            volumes=[
+                docker.ContainerVolumeArgs(host_path=args.config_dir, container_path="/etc/prometheus", read_only=True),
+                docker.ContainerVolumeArgs(volume_name="gpuhost-prometheus-data", container_path="/prometheus"),
+            ],
+            opts=after_files,
+        )
+        graf_image = docker.RemoteImage(
+            f"{name}-grafana-image",
+            name=args.grafana_image,
+            keep_locally=True,
+            opts=pulumi.ResourceOptions(parent=self, provider=engine),
+        )
         datasource_sha = _sha(prov["datasources/gpuhost.yaml"])
         self.grafana = docker.Container(
-            f"{name}-grafana", image=graf_image.image_id, name="gpuhost-grafana", network_mode="host",
+            f"{name}-grafana",
+            image=graf_image.image_id,
+            name="gpuhost-grafana",
+            network_mode="host",
             restart="unless-stopped",
             envs=[f"GF_SERVER_HTTP_ADDR={args.listen_address}", "GF_PATHS_PROVISIONING=/etc/grafana/provisioning"],
-            volumes=[docker.ContainerVolumeArgs(host_path=f"{args.grafana_dir}/provisioning",
-                                                container_path="/etc/grafana/provisioning", read_only=True),
-                     docker.ContainerVolumeArgs(host_path=f"{args.grafana_dir}/dashboards",
-                                                container_path=dashboards_dir, read_only=True)],
+            volumes=[
+                docker.ContainerVolumeArgs(
+                    host_path=f"{args.grafana_dir}/provisioning",
+                    container_path="/etc/grafana/provisioning",
+                    read_only=True,
+                ),
+                docker.ContainerVolumeArgs(
+                    host_path=f"{args.grafana_dir}/dashboards", container_path=dashboards_dir, read_only=True
+                ),
+            ],
             # Dashboards reload by polling; a datasource change needs a fresh Grafana, hence this label.
             labels=[docker.ContainerLabelArgs(label="gpuhost.datasource-sha256", value=datasource_sha)],
-            opts=after_files)
+            opts=after_files,
+        )
 
         self.prometheus_url = pulumi.Output.from_input(f"http://{args.listen_address}:9090")
         self.grafana_url = pulumi.Output.from_input(f"http://{args.listen_address}:3000")
-        self.register_outputs({"prometheus_url": self.prometheus_url, "grafana_url": self.grafana_url,
-                               "dashboards": [grafana.GPU_DASHBOARD_UID, grafana.SERVING_DASHBOARD_UID]})
+        self.register_outputs(
+            {
+                "prometheus_url": self.prometheus_url,
+                "grafana_url": self.grafana_url,
+                "dashboards": [grafana.GPU_DASHBOARD_UID, grafana.SERVING_DASHBOARD_UID],
+            }
+        )

@@ -13,7 +13,6 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Optional
 
-import pulumi
 from pulumi import ComponentResource, Output, ResourceOptions
 
 from access.ssh import HostSpec, JumpHost
@@ -31,9 +30,16 @@ from stacks.schema import Host
 
 def host_spec(h: Host) -> HostSpec:
     j = h.ssh.jump
-    return HostSpec(name=h.name, address=h.ssh.address, port=h.ssh.port, user=h.ssh.user, host_key=h.ssh.host_key,
-                    insecure_accept_unknown_host_key=h.ssh.insecure_accept_unknown_host_key, key_name=h.ssh.key_name,
-                    jump=JumpHost(address=j.address, port=j.port, user=j.user, host_key=j.host_key) if j else None)
+    return HostSpec(
+        name=h.name,
+        address=h.ssh.address,
+        port=h.ssh.port,
+        user=h.ssh.user,
+        host_key=h.ssh.host_key,
+        insecure_accept_unknown_host_key=h.ssh.insecure_accept_unknown_host_key,
+        key_name=h.ssh.key_name,
+        jump=JumpHost(address=j.address, port=j.port, user=j.user, host_key=j.host_key) if j else None,
+    )
 
 
 def all_cpus(h: Host) -> list[int]:
@@ -89,51 +95,98 @@ class PassthroughHost(ComponentResource):
         gpus = [g.address for g in h.gpus if g.passthrough]
         args_wanted = cmdline_args(h)
 
-        self.preflight_check = HostPreflight(f"{name}-preflight", {
-            "host": conn, "gpus": gpus, "devices": list(args.extra_vfio_devices), "enables_iommu": True,
-            "acs_override_acknowledged": h.acs_override_acknowledged,
-            "allow_unsafe_interrupts_acknowledged": h.allow_unsafe_interrupts_acknowledged,
-            "bind_by_ids": h.bind == "ids"}, child)
+        self.preflight_check = HostPreflight(
+            f"{name}-preflight",
+            {
+                "host": conn,
+                "gpus": gpus,
+                "devices": list(args.extra_vfio_devices),
+                "enables_iommu": True,
+                "acs_override_acknowledged": h.acs_override_acknowledged,
+                "allow_unsafe_interrupts_acknowledged": h.allow_unsafe_interrupts_acknowledged,
+                "bind_by_ids": h.bind == "ids",
+            },
+            child,
+        )
         after_preflight = ResourceOptions(parent=self, depends_on=[self.preflight_check])
 
-        self.cmdline = KernelCmdline(f"{name}-cmdline", {
-            "host": conn, "family": h.os_family, "add": args_wanted, "remove": list(h.kernel.remove_args),
-            "acknowledged": acknowledged(h)}, after_preflight)
+        self.cmdline = KernelCmdline(
+            f"{name}-cmdline",
+            {
+                "host": conn,
+                "family": h.os_family,
+                "add": args_wanted,
+                "remove": list(h.kernel.remove_args),
+                "acknowledged": acknowledged(h),
+            },
+            after_preflight,
+        )
         boot_time = [self.cmdline]
         self.vfio = None
         if gpus or args.extra_vfio_devices:
-            self.vfio = VfioBinding(f"{name}-vfio", {
-                "host": conn, "devices": gpus + list(args.extra_vfio_devices), "mode": h.bind,
-                "blacklist_nouveau": True, "disable_vga": True}, after_preflight)
+            self.vfio = VfioBinding(
+                f"{name}-vfio",
+                {
+                    "host": conn,
+                    "devices": gpus + list(args.extra_vfio_devices),
+                    "mode": h.bind,
+                    "blacklist_nouveau": True,
+                    "disable_vga": True,
+                },
+                after_preflight,
+            )
             boot_time.append(self.vfio)
         self.hugepages = None
         if h.hugepages.size == "2M" and h.hugepages.per_node:
-            self.hugepages = Hugepages2M(f"{name}-hugepages", {
-                "host": conn, "per_node": {str(k): v for k, v in h.hugepages.per_node.items()}}, after_preflight)
+            self.hugepages = Hugepages2M(
+                f"{name}-hugepages",
+                {"host": conn, "per_node": {str(k): v for k, v in h.hugepages.per_node.items()}},
+                after_preflight,
+            )
         self.sysctls = None
         if h.tuning.sysctls:
-            self.sysctls = Sysctls(f"{name}-sysctls", {"host": conn, "values": dict(h.tuning.sysctls)},
-                                   after_preflight)
-        self.tuning = HostTuning(f"{name}-tuning", {"host": conn, "tuned_profile": h.tuning.tuned_profile,
-                                                    "governor": h.tuning.governor}, after_preflight)
+            self.sysctls = Sysctls(f"{name}-sysctls", {"host": conn, "values": dict(h.tuning.sysctls)}, after_preflight)
+        self.tuning = HostTuning(
+            f"{name}-tuning",
+            {"host": conn, "tuned_profile": h.tuning.tuned_profile, "governor": h.tuning.governor},
+            after_preflight,
+        )
 
         expect_drivers = self.vfio.drivers.apply(lambda d: {a: "vfio-pci" for a in (d or {})}) if self.vfio else {}
-        self.reboot = HostReboot(f"{name}-reboot", {
-            "host": conn, "policy": h.reboot, "expect_args": args_wanted, "expect_absent": list(h.kernel.remove_args),
-            "expect_drivers": expect_drivers,
-            # Ordering only: the wanted running state is in expect_*; pending flags would change on every refresh.
-            }, ResourceOptions(parent=self, depends_on=boot_time))
+        self.reboot = HostReboot(
+            f"{name}-reboot",
+            {
+                "host": conn,
+                "policy": h.reboot,
+                "expect_args": args_wanted,
+                "expect_absent": list(h.kernel.remove_args),
+                "expect_drivers": expect_drivers,
+                # Ordering only: the wanted running state is in expect_*; pending flags would change on every refresh.
+            },
+            ResourceOptions(parent=self, depends_on=boot_time),
+        )
 
         # IRQ affinities are runtime state a reboot loses: pin them once the host runs its final kernel.
         self.irq = None
         if vm_cpus(h):
-            self.irq = IrqIsolation(f"{name}-irq", {
-                "host": conn, "banned_cpus": vm_cpus(h),
-                "pin": [{"match": m, "cpus": list(h.reserved_cpus)} for m in h.irq_pin]},
-                ResourceOptions(parent=self, depends_on=[self.reboot]))
+            self.irq = IrqIsolation(
+                f"{name}-irq",
+                {
+                    "host": conn,
+                    "banned_cpus": vm_cpus(h),
+                    "pin": [{"match": m, "cpus": list(h.reserved_cpus)} for m in h.irq_pin],
+                },
+                ResourceOptions(parent=self, depends_on=[self.reboot]),
+            )
 
         self.pending_reboot = self.reboot.pending
         self.drivers = self.vfio.drivers if self.vfio else Output.from_input({})
         self.preflight = self.preflight_check.report
-        self.register_outputs({"pending_reboot": self.pending_reboot, "drivers": self.drivers,
-                               "preflight": self.preflight, "cmdline": self.cmdline.configured})
+        self.register_outputs(
+            {
+                "pending_reboot": self.pending_reboot,
+                "drivers": self.drivers,
+                "preflight": self.preflight,
+                "cmdline": self.cmdline.configured,
+            }
+        )

@@ -32,13 +32,13 @@ from providers.libvirt_domain import LibvirtDomain
 
 class PinnedVMArgs(BaseModel):
     """Args:
-        host: the hypervisor (SSH).
-        placement: this VM's share of the host's placement plan.
-        gpus / vfs: PCI functions to pass through (every function of each GPU; VFs on the same node).
-        base_image: qcow2 the VM's disk overlays; disk_dir must be a libvirt storage pool's directory.
-        consumer_card: hide KVM and set a Hyper-V vendor id (seed 001's 4090 route).
-        guest / bootstrap: how to reach the guest and what to install there (optional).
-        uri: a libvirt URI instead of SSH (tests: `test:///default`).
+    host: the hypervisor (SSH).
+    placement: this VM's share of the host's placement plan.
+    gpus / vfs: PCI functions to pass through (every function of each GPU; VFs on the same node).
+    base_image: qcow2 the VM's disk overlays; disk_dir must be a libvirt storage pool's directory.
+    consumer_card: hide KVM and set a Hyper-V vendor id (seed 001's 4090 route).
+    guest / bootstrap: how to reach the guest and what to install there (optional).
+    uri: a libvirt URI instead of SSH (tests: `test:///default`).
     """
 
     model_config = ConfigDict(extra="forbid", frozen=True, arbitrary_types_allowed=True)
@@ -94,8 +94,12 @@ class PinnedVM(pulumi.ComponentResource):
         domain = spec.model_dump(mode="json")
         if args.vfs_output is not None:
             domain = pulumi.Output.from_input(args.vfs_output).apply(
-                lambda vfs: args.model_copy(update={"vfs": tuple(vfs or ()), "vfs_output": None})
-                .domain_spec(args.placement.name).model_dump(mode="json"))
+                lambda vfs: (
+                    args.model_copy(update={"vfs": tuple(vfs or ()), "vfs_output": None})
+                    .domain_spec(args.placement.name)
+                    .model_dump(mode="json")
+                )
+            )
         dom_inputs = {
             "domain": domain,
             "storage": {"base_image": args.base_image, "capacity_gib": args.capacity_gib},
@@ -108,8 +112,12 @@ class PinnedVM(pulumi.ComponentResource):
         else:
             dom_inputs["host"] = host_input(args.host)
         self.domain = LibvirtDomain(f"{name}-domain", dom_inputs, pulumi.ResourceOptions(parent=self))
-        outputs = {"uuid": self.domain.uuid, "state": self.domain.state,
-                   "vcpus": cpuset_str(args.placement.vcpupin), "node": args.placement.node}
+        outputs = {
+            "uuid": self.domain.uuid,
+            "state": self.domain.state,
+            "vcpus": cpuset_str(args.placement.vcpupin),
+            "node": args.placement.node,
+        }
         self.bootstrap = None
         if args.guest and args.bootstrap:
             self.bootstrap = GuestBootstrap(

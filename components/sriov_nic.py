@@ -25,13 +25,13 @@ from providers.sriov import SriovVfs
 
 class SriovNicArgs(BaseModel):
     """Args:
-        host: the hypervisor (SSH).
-        pf: PCI address or interface name of the physical function.
-        num_vfs: how many VFs (the count changes through 0; VMs using VFs must let go first).
-        numa_node / numa_policy: the GPU's node; "require" refuses a PF elsewhere, "prefer" warns.
-        vfio: bind every VF to vfio-pci (driverctl, persistent) for passthrough.
-        vfs: per-VF MAC/VLAN/trust/spoofchk by index (PF netdev drivers only; reported otherwise).
-        irq_cpus: host-reserved CPUs for the PF's IRQs.
+    host: the hypervisor (SSH).
+    pf: PCI address or interface name of the physical function.
+    num_vfs: how many VFs (the count changes through 0; VMs using VFs must let go first).
+    numa_node / numa_policy: the GPU's node; "require" refuses a PF elsewhere, "prefer" warns.
+    vfio: bind every VF to vfio-pci (driverctl, persistent) for passthrough.
+    vfs: per-VF MAC/VLAN/trust/spoofchk by index (PF netdev drivers only; reported otherwise).
+    irq_cpus: host-reserved CPUs for the PF's IRQs.
     """
 
     model_config = ConfigDict(extra="forbid", frozen=True)
@@ -60,11 +60,20 @@ class SriovNic(pulumi.ComponentResource):
     def __init__(self, name: str, args: SriovNicArgs, opts: Optional[pulumi.ResourceOptions] = None):
         super().__init__("gpuhost:net:SriovNic", name, None, opts)
         want = args.want()
-        vfs = SriovVfs(f"{name}-vfs", {
-            "host": host_input(args.host), "pf": want.pf, "num_vfs": want.num_vfs, "numa_node": want.numa_node,
-            "numa_policy": want.numa_policy, "vfio": want.vfio,
-            "vfs": [v.model_dump() for v in want.vfs], "irq_cpus": want.irq_cpus,
-        }, pulumi.ResourceOptions(parent=self))
+        vfs = SriovVfs(
+            f"{name}-vfs",
+            {
+                "host": host_input(args.host),
+                "pf": want.pf,
+                "num_vfs": want.num_vfs,
+                "numa_node": want.numa_node,
+                "numa_policy": want.numa_policy,
+                "vfio": want.vfio,
+                "vfs": [v.model_dump() for v in want.vfs],
+                "irq_cpus": want.irq_cpus,
+            },
+            pulumi.ResourceOptions(parent=self),
+        )
         self.vfs = vfs
         self.vf_addresses = vfs.vf_addresses
         self.pf_address = vfs.pf_address

@@ -25,12 +25,20 @@ import pulumi_docker as docker
 from pydantic import BaseModel, ConfigDict
 
 from access.ssh import HostSpec
-from plans.nginx import NginxSpec, render as render_nginx
+from plans.nginx import NginxSpec
+from plans.nginx import render as render_nginx
 from plans.presets import apply_preset, mps_environment, preset_for
 from plans.triton_model import ModelSpec
 from plans.triton_repo import repository_files
-from plans.triton_runtime import (DockerRuntime, ProcessRuntime, ServerOptions, container_spec, docker_host,
-                                  server_args, systemd_unit)
+from plans.triton_runtime import (
+    DockerRuntime,
+    ProcessRuntime,
+    ServerOptions,
+    container_spec,
+    docker_host,
+    server_args,
+    systemd_unit,
+)
 from providers.base import host_input
 from providers.managed_file import ManagedFile
 from providers.triton_gate import AcceptanceGate
@@ -72,64 +80,97 @@ class TritonService(pulumi.ComponentResource):
         super().__init__("gpuhost:serving:TritonService", name, None, opts)
         child = pulumi.ResourceOptions(parent=self)
         specs = _specs(args)
-        model_py = (args.model_py.encode() if args.model_py is not None else STANDIN_MODEL_PY.read_bytes())
+        model_py = args.model_py.encode() if args.model_py is not None else STANDIN_MODEL_PY.read_bytes()
         files = repository_files(specs, gpu_count=args.gpu_count, model_py=model_py)
         repo_inputs = repository_inputs(files)
         self.repository = TritonModelRepository(
-            f"{name}-models", {"host": host_input(args.host), "root": args.repository_root, **repo_inputs},
-            opts=child)
+            f"{name}-models", {"host": host_input(args.host), "root": args.repository_root, **repo_inputs}, opts=child
+        )
 
         preset = preset_for(args.gpu_model)
         env = mps_environment(preset, 0)
         if args.runtime == "docker":
             srv_args = server_args(ServerOptions(model_repository="/models"), specs)
-            rt = args.docker.model_copy(update={"host_repository": args.repository_root,
-                                                "env": {**env, **args.docker.env}})
+            rt = args.docker.model_copy(
+                update={"host_repository": args.repository_root, "env": {**env, **args.docker.env}}
+            )
             c = container_spec(rt, srv_args)
-            engine = docker.Provider(f"{name}-docker", host=docker_host(args.host.user, args.host.address,
-                                                                        args.host.port), opts=child)
+            engine = docker.Provider(
+                f"{name}-docker", host=docker_host(args.host.user, args.host.address, args.host.port), opts=child
+            )
             on_engine = pulumi.ResourceOptions(parent=self, provider=engine)
             image = docker.RemoteImage(f"{name}-triton-image", name=rt.image, keep_locally=True, opts=on_engine)
             self.server = docker.Container(
-                f"{name}-triton", name=c["name"], image=image.image_id, command=c["command"],
+                f"{name}-triton",
+                name=c["name"],
+                image=image.image_id,
+                command=c["command"],
                 ports=[docker.ContainerPortArgs(**p) for p in c["ports"]],
                 # docker's --gpus syntax: "all" or "device=<index|GPU-uuid|MIG-uuid>,...".
                 gpus="all" if rt.gpus == ["all"] else "device=" + ",".join(rt.gpus),
-                shm_size=c["shm_size"], restart=c["restart"], envs=c["envs"], must_run=True,
+                shm_size=c["shm_size"],
+                restart=c["restart"],
+                envs=c["envs"],
+                must_run=True,
                 ulimits=[docker.ContainerUlimitArgs(**u) for u in c["ulimits"]],
                 volumes=[docker.ContainerVolumeArgs(**v) for v in c["volumes"]],
                 # A repository change restarts Triton through this label.
-                labels=[docker.ContainerLabelArgs(label="gpuhost.repository-digest", value=repo_inputs["digest"]),
-                        docker.ContainerLabelArgs(label="gpuhost.gpus", value=",".join(rt.gpus))],
-                opts=pulumi.ResourceOptions(parent=self, provider=engine, depends_on=[self.repository]))
+                labels=[
+                    docker.ContainerLabelArgs(label="gpuhost.repository-digest", value=repo_inputs["digest"]),
+                    docker.ContainerLabelArgs(label="gpuhost.gpus", value=",".join(rt.gpus)),
+                ],
+                opts=pulumi.ResourceOptions(parent=self, provider=engine, depends_on=[self.repository]),
+            )
             runtime_id = c["image"]
         else:
             srv_args = server_args(ServerOptions(model_repository=args.repository_root), specs)
             rt = args.process.model_copy(update={"env": {**env, **args.process.env}})
             unit = systemd_unit(rt, srv_args)
-            self.server = ManagedFile(f"{name}-triton-unit", {
-                "host": host_input(args.host), "path": "/etc/systemd/system/gpuhost-triton.service",
-                "content": unit, "mode": "0644", "owner": "root:root"},
-                opts=pulumi.ResourceOptions(parent=self, depends_on=[self.repository]))
+            self.server = ManagedFile(
+                f"{name}-triton-unit",
+                {
+                    "host": host_input(args.host),
+                    "path": "/etc/systemd/system/gpuhost-triton.service",
+                    "content": unit,
+                    "mode": "0644",
+                    "owner": "root:root",
+                },
+                opts=pulumi.ResourceOptions(parent=self, depends_on=[self.repository]),
+            )
             runtime_id = hashlib.sha256(unit.encode()).hexdigest()
 
         default_model = args.gate_model or specs[0].name
-        self.nginx_conf = ManagedFile(f"{name}-nginx-conf", {
-            "host": host_input(args.host), "path": args.nginx_conf_path,
-            "content": render_nginx(NginxSpec(default_model=default_model, listen_http=args.nginx_listen)),
-            "mode": "0644", "owner": "root:root"}, opts=child)
+        self.nginx_conf = ManagedFile(
+            f"{name}-nginx-conf",
+            {
+                "host": host_input(args.host),
+                "path": args.nginx_conf_path,
+                "content": render_nginx(NginxSpec(default_model=default_model, listen_http=args.nginx_listen)),
+                "mode": "0644",
+                "owner": "root:root",
+            },
+            opts=child,
+        )
 
         self.gate = None
         if args.endpoint:
             input_name, shape, dtype = args.gate_input
-            self.gate = AcceptanceGate(f"{name}-gate", {
-                "url": args.endpoint, "models": [s.name for s in specs], "model": default_model,
-                "bodySpec": {"input": input_name, "shape": list(shape), "datatype": dtype},
-                "concurrency": args.gate_concurrency,
-                "durationS": args.gate_duration_s, "maxRequests": args.gate_max_requests,
-                "p95Ms": args.slo_p95_ms, "maxErrorRate": 0.0,
-                "trigger": f"{repo_inputs['digest']}:{runtime_id}"},
-                opts=pulumi.ResourceOptions(parent=self, depends_on=[self.server, self.nginx_conf]))
+            self.gate = AcceptanceGate(
+                f"{name}-gate",
+                {
+                    "url": args.endpoint,
+                    "models": [s.name for s in specs],
+                    "model": default_model,
+                    "bodySpec": {"input": input_name, "shape": list(shape), "datatype": dtype},
+                    "concurrency": args.gate_concurrency,
+                    "durationS": args.gate_duration_s,
+                    "maxRequests": args.gate_max_requests,
+                    "p95Ms": args.slo_p95_ms,
+                    "maxErrorRate": 0.0,
+                    "trigger": f"{repo_inputs['digest']}:{runtime_id}",
+                },
+                opts=pulumi.ResourceOptions(parent=self, depends_on=[self.server, self.nginx_conf]),
+            )
 
         self.repository_digest = pulumi.Output.from_input(repo_inputs["digest"])
         self.gate_result = self.gate.result if self.gate else pulumi.Output.from_input(None)

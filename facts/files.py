@@ -50,7 +50,7 @@ def parse_files(text: str, section: str = "file") -> dict[str, FileState]:
     while i < len(lines):
         line = lines[i]
         if line.startswith(marker):
-            path = line[len(marker):]
+            path = line[len(marker) :]
             nxt = lines[i + 1] if i + 1 < len(lines) else "ABSENT"
             if nxt == "ABSENT":
                 out[path] = FileState(path=path, exists=False)

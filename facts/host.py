@@ -19,7 +19,7 @@ from typing import Callable, Iterable, Optional
 from access.shell import Script, quote
 from facts.cpulist import parse_cpulist
 from facts.files import files_script, parse_files
-from facts.model import (Bar, Cpu, HostFacts, Iommu, Irq, Network, NumaNode, OsInfo, PciDevice)
+from facts.model import Bar, Cpu, HostFacts, Iommu, Irq, Network, NumaNode, OsInfo, PciDevice
 
 # Files whose presence/content matters to vfio and nouveau decisions.
 MODULE_CONFIG_GLOBS = "/etc/modprobe.d/* /etc/modules-load.d/* /etc/modules /usr/lib/modprobe.d/*"
@@ -95,6 +95,7 @@ def split_sections(text: str) -> dict[str, str]:
 
 # -- pure parsers, one per section -----------------------------------------------------------------------------
 
+
 def parse_os_release(text: str) -> OsInfo:
     kv: dict[str, str] = {}
     for line in text.splitlines():
@@ -104,8 +105,12 @@ def parse_os_release(text: str) -> OsInfo:
                 kv[k.strip()] = " ".join(shlex.split(v)) if v.strip() else ""
             except ValueError:
                 kv[k.strip()] = v.strip().strip('"')
-    return OsInfo(id=kv.get("ID", ""), id_like=kv.get("ID_LIKE", "").split(), version_id=kv.get("VERSION_ID", ""),
-                  pretty_name=kv.get("PRETTY_NAME", ""))
+    return OsInfo(
+        id=kv.get("ID", ""),
+        id_like=kv.get("ID_LIKE", "").split(),
+        version_id=kv.get("VERSION_ID", ""),
+        pretty_name=kv.get("PRETTY_NAME", ""),
+    )
 
 
 def parse_cmdline(text: str) -> list[str]:
@@ -133,9 +138,14 @@ def parse_iommu(tables: str, units: str, groups: str, intremap: str, interrupts:
             if " IR-" in line:
                 enabled, evidence = True, "/proc/interrupts shows IR- irq chips"
                 break
-    return Iommu(dmar_table=any(n.startswith("DMAR") for n in names), ivrs_table=any(n.startswith("IVRS") for n in names),
-                 units=units.split(), groups=dict(sorted(g.items())), interrupt_remapping=enabled,
-                 remapping_evidence=evidence)
+    return Iommu(
+        dmar_table=any(n.startswith("DMAR") for n in names),
+        ivrs_table=any(n.startswith("IVRS") for n in names),
+        units=units.split(),
+        groups=dict(sorted(g.items())),
+        interrupt_remapping=enabled,
+        remapping_evidence=evidence,
+    )
 
 
 def _int(v: Optional[str], base: int = 10, default=None):
@@ -202,12 +212,22 @@ def parse_pci(attrs: str, links: str = "", nets: str = "", res: str = "") -> dic
     for addr, kv in sorted(devs.items()):
         ov = kv.get("driver_override")
         out[addr] = PciDevice(
-            address=addr, vendor=kv.get("vendor", ""), device=kv.get("device", ""), class_code=kv.get("class", ""),
-            driver=kv.get("driver"), driver_override=None if ov in (None, "", "(null)") else ov,
-            numa_node=_int(kv.get("numa_node"), default=-1), iommu_group=_int(kv.get("iommu_group")),
-            sriov_totalvfs=_int(kv.get("sriov_totalvfs")), sriov_numvfs=_int(kv.get("sriov_numvfs")),
-            physfn=kv.get("physfn"), boot_vga=kv.get("boot_vga") == "1", net=sorted(net.get(addr, [])),
-            vfs=[v for _, v in sorted(vfs.get(addr, {}).items())], bars=bars.get(addr, []))
+            address=addr,
+            vendor=kv.get("vendor", ""),
+            device=kv.get("device", ""),
+            class_code=kv.get("class", ""),
+            driver=kv.get("driver"),
+            driver_override=None if ov in (None, "", "(null)") else ov,
+            numa_node=_int(kv.get("numa_node"), default=-1),
+            iommu_group=_int(kv.get("iommu_group")),
+            sriov_totalvfs=_int(kv.get("sriov_totalvfs")),
+            sriov_numvfs=_int(kv.get("sriov_numvfs")),
+            physfn=kv.get("physfn"),
+            boot_vga=kv.get("boot_vga") == "1",
+            net=sorted(net.get(addr, [])),
+            vfs=[v for _, v in sorted(vfs.get(addr, {}).items())],
+            bars=bars.get(addr, []),
+        )
     return out
 
 
@@ -220,8 +240,15 @@ def parse_cpus(text: str, nodes: dict[int, NumaNode]) -> list[Cpu]:
             kv.setdefault(int(m.group(1)), {})[m.group(2)] = value.strip()
     out = []
     for cid, d in sorted(kv.items()):
-        out.append(Cpu(id=cid, core=int(d.get("core_id", cid)), socket=int(d.get("physical_package_id", 0)),
-                       node=node_of.get(cid, 0), siblings=parse_cpulist(d.get("thread_siblings_list", str(cid)))))
+        out.append(
+            Cpu(
+                id=cid,
+                core=int(d.get("core_id", cid)),
+                socket=int(d.get("physical_package_id", 0)),
+                node=node_of.get(cid, 0),
+                siblings=parse_cpulist(d.get("thread_siblings_list", str(cid))),
+            )
+        )
     return out
 
 
@@ -279,7 +306,7 @@ def parse_interrupts(text: str, affinity_text: str = "") -> list[Irq]:
                 counts.append(int(f))
             else:
                 break
-        tail = fields[len(counts):]
+        tail = fields[len(counts) :]
         chip = tail[0] if tail and irq.isdigit() else ""
         actions = " ".join(tail[1:]) if irq.isdigit() else " ".join(tail)
         out.append(Irq(irq=irq, counts=counts, chip=chip, actions=actions, affinity=aff.get(irq, [])))
@@ -322,8 +349,9 @@ def parse_driverctl(text: str) -> dict[str, str]:
 
 
 def parse_kmods(text: str) -> list[str]:
-    return sorted({ln.strip().strip("/").removesuffix(".ko").replace("-", "_") for ln in text.splitlines()
-                   if ln.strip()})
+    return sorted(
+        {ln.strip().strip("/").removesuffix(".ko").replace("-", "_") for ln in text.splitlines() if ln.strip()}
+    )
 
 
 def parse_kv(text: str) -> dict[str, str]:
@@ -353,8 +381,9 @@ def parse_host_facts(text: str) -> HostFacts:
         kernel=get("kernel").strip(),
         boot_id=get("boot-id").strip(),
         cmdline=parse_cmdline(get("cmdline")),
-        iommu=parse_iommu(get("acpi-tables"), get("iommu-units"), get("iommu-groups"), get("intremap"),
-                          get("interrupts")),
+        iommu=parse_iommu(
+            get("acpi-tables"), get("iommu-units"), get("iommu-groups"), get("intremap"), get("interrupts")
+        ),
         pci=parse_pci(get("pci"), get("pci-links"), get("pci-net"), get("pci-res")),
         cpus=parse_cpus(get("cpus"), nodes),
         online=parse_cpulist(get("cpu-online")),

@@ -17,7 +17,7 @@ import shlex
 from dataclasses import dataclass, field
 
 VAR = "GRUB_CMDLINE_LINUX"
-_LINE = re.compile(r'^(?P<indent>\s*)(?P<export>export\s+)?GRUB_CMDLINE_LINUX=(?P<value>.*)$')
+_LINE = re.compile(r"^(?P<indent>\s*)(?P<export>export\s+)?GRUB_CMDLINE_LINUX=(?P<value>.*)$")
 
 # Arguments gpuhost refuses to add unless the stack explicitly acknowledges the risk (seeds 000/001/002 pitfalls).
 UNSAFE = {
@@ -114,9 +114,15 @@ def plan_cmdline(grub_text: str, running: list[str], add: list[str], remove: lis
     missing = [a for a in add if a not in running]
     remove_keys = {key(r) for r in remove if "=" not in r}
     stale = [a for a in running if key(a) in remove_keys or a in remove]
-    return CmdlinePlan(configured=wanted, running=running, add=add, remove=remove,
-                       file_change=edit_grub_default(grub_text, add, remove) != grub_text,
-                       missing_running=missing, stale_running=stale)
+    return CmdlinePlan(
+        configured=wanted,
+        running=running,
+        add=add,
+        remove=remove,
+        file_change=edit_grub_default(grub_text, add, remove) != grub_text,
+        missing_running=missing,
+        stale_running=stale,
+    )
 
 
 def unsafe_args(args: list[str], acknowledged: set[str]) -> list[str]:
@@ -125,8 +131,10 @@ def unsafe_args(args: list[str], acknowledged: set[str]) -> list[str]:
     for a in args:
         flag = UNSAFE.get(key(a))
         if flag and flag not in acknowledged:
-            errs.append(f"{a!r} weakens isolation between devices/VMs (seeds warn: last resort only); "
-                        f"set {flag}: true on the host to use it")
+            errs.append(
+                f"{a!r} weakens isolation between devices/VMs (seeds warn: last resort only); "
+                f"set {flag}: true on the host to use it"
+            )
     return errs
 
 

@@ -274,9 +274,21 @@ def _mib(e: Optional[ET.Element]) -> int:
     if e is None:
         return 0
     unit = (e.get("unit") or "KiB").lower()
-    factor = {"b": 1 / 1048576, "bytes": 1 / 1048576, "k": 1 / 1024, "kib": 1 / 1024, "kb": 1000 / 1048576,
-              "m": 1, "mib": 1, "mb": 1e6 / 1048576, "g": 1024, "gib": 1024, "gb": 1e9 / 1048576,
-              "t": 1048576, "tib": 1048576}[unit]
+    factor = {
+        "b": 1 / 1048576,
+        "bytes": 1 / 1048576,
+        "k": 1 / 1024,
+        "kib": 1 / 1024,
+        "kb": 1000 / 1048576,
+        "m": 1,
+        "mib": 1,
+        "mb": 1e6 / 1048576,
+        "g": 1024,
+        "gib": 1024,
+        "gb": 1e9 / 1048576,
+        "t": 1048576,
+        "tib": 1048576,
+    }[unit]
     return int(round(int(e.text) * factor))
 
 
@@ -294,9 +306,12 @@ def parse(xml: str) -> DomainSpec:
     memory = _mib(d.find("memory"))
     page = d.find("memoryBacking/hugepages/page")
     if page is not None:
-        kib = int(page.get("size")) * {"kib": 1, "k": 1, "mib": 1024, "m": 1024, "gib": 1048576, "g": 1048576}[
-            (page.get("unit") or "KiB").lower()
-        ]
+        kib = (
+            int(page.get("size"))
+            * {"kib": 1, "k": 1, "mib": 1024, "m": 1024, "gib": 1048576, "g": 1048576}[
+                (page.get("unit") or "KiB").lower()
+            ]
+        )
         page_size = {v: k for k, v in PAGE_KIB.items()}.get(kib, "4K")
     elif d.find("memoryBacking/hugepages") is not None:
         page_size = "2M"  # libvirt's default hugepage size on x86 when none is named
@@ -381,9 +396,9 @@ def drift(wanted: DomainSpec, live: DomainSpec) -> dict[str, tuple]:
     """Fields where the live domain differs from the wanted one: {field: (wanted, live)}."""
     out = {}
     for f in DomainSpec.model_fields:
-        w, l = getattr(wanted, f), getattr(live, f)
-        if w != l:
-            out[f] = (w, l)
+        w, lv = getattr(wanted, f), getattr(live, f)
+        if w != lv:
+            out[f] = (w, lv)
     return out
 
 
@@ -422,8 +437,15 @@ def cloud_init_files(ci: CloudInit, instance_id: str) -> dict[str, str]:
     meta = json.dumps({"instance-id": instance_id, "local-hostname": host}, indent=1)
     user = {
         "hostname": host,
-        "users": [{"name": ci.user, "sudo": "ALL=(ALL) NOPASSWD:ALL", "shell": "/bin/bash", "lock_passwd": True,
-                   "ssh_authorized_keys": list(ci.ssh_authorized_keys)}],
+        "users": [
+            {
+                "name": ci.user,
+                "sudo": "ALL=(ALL) NOPASSWD:ALL",
+                "shell": "/bin/bash",
+                "lock_passwd": True,
+                "ssh_authorized_keys": list(ci.ssh_authorized_keys),
+            }
+        ],
         "ssh_pwauth": False,
         "disable_root": True,
     }

@@ -41,7 +41,7 @@ APT_LIST = "/etc/apt/sources.list.d/nvidia-container-toolkit.list"
 APT_KEYRING = "/usr/share/keyrings/nvidia-container-toolkit-keyring.gpg"
 YUM_REPO = "/etc/yum.repos.d/nvidia-container-toolkit.repo"
 NVIDIA_GPGKEY = "https://nvidia.github.io/libnvidia-container/gpgkey"
-APT_SOURCE = ("deb [signed-by=" + APT_KEYRING + "] https://nvidia.github.io/libnvidia-container/stable/deb/$(ARCH) /")
+APT_SOURCE = "deb [signed-by=" + APT_KEYRING + "] https://nvidia.github.io/libnvidia-container/stable/deb/$(ARCH) /"
 YUM_SOURCE = "https://nvidia.github.io/libnvidia-container/stable/rpm/nvidia-container-toolkit.repo"
 
 
@@ -110,7 +110,7 @@ class Step:
 @dataclass(frozen=True)
 class Plan:
     steps: tuple[Step, ...]
-    checks: dict[str, str]          # every step: "ok", "needed" or "absent: <why it cannot apply here>"
+    checks: dict[str, str]  # every step: "ok", "needed" or "absent: <why it cannot apply here>"
     noop_reason: str = ""
 
 
@@ -129,16 +129,20 @@ def read_script(config: Optional[BootstrapConfig] = None) -> str:
     s = Script()
     s.raw("echo '## os'; cat /etc/os-release 2>/dev/null")
     s.raw("echo '## packages'")
-    s.raw("if command -v dpkg-query >/dev/null 2>&1; then dpkg-query -W -f '${Package} ${db:Status-Status}\\n' "
-          "2>/dev/null | awk '$2==\"installed\"{print $1}'; elif command -v rpm >/dev/null 2>&1; then "
-          "rpm -qa --qf '%{NAME}\\n'; fi")
+    s.raw(
+        "if command -v dpkg-query >/dev/null 2>&1; then dpkg-query -W -f '${Package} ${db:Status-Status}\\n' "
+        "2>/dev/null | awk '$2==\"installed\"{print $1}'; elif command -v rpm >/dev/null 2>&1; then "
+        "rpm -qa --qf '%{NAME}\\n'; fi"
+    )
     s.raw("echo '## services'")
     for unit in ("docker", "nvidia-persistenced", "nvidia-mps"):
         s.raw(f"printf '%s %s\\n' {quote(unit)} \"$(systemctl is-active {quote(unit)} 2>/dev/null || true)\"")
     s.raw("echo '## nvidia-smi'")
-    s.raw("if command -v nvidia-smi >/dev/null 2>&1; then echo present; nvidia-smi "
-          "--query-gpu=index,name,persistence_mode,driver_version --format=csv,noheader 2>/dev/null || true; "
-          "else echo absent; fi")
+    s.raw(
+        "if command -v nvidia-smi >/dev/null 2>&1; then echo present; nvidia-smi "
+        "--query-gpu=index,name,persistence_mode,driver_version --format=csv,noheader 2>/dev/null || true; "
+        "else echo absent; fi"
+    )
     s.raw("echo '## daemon.json'")
     s.raw(f"cat {quote(DAEMON_JSON)} 2>/dev/null || true")
     s.raw("echo '## files'")
@@ -226,8 +230,10 @@ def mps_unit(mps: MpsConfig) -> str:
 
 def mps_env(mps: MpsConfig, pct: int) -> str:
     """The env file of one instance (docker --env-file, or systemd EnvironmentFile)."""
-    return (f"CUDA_VISIBLE_DEVICES={mps.visible_devices}\nCUDA_MPS_PIPE_DIRECTORY={MPS_PIPE}\n"
-            f"CUDA_MPS_LOG_DIRECTORY={MPS_LOG}\nCUDA_MPS_ACTIVE_THREAD_PERCENTAGE={pct}\n")
+    return (
+        f"CUDA_VISIBLE_DEVICES={mps.visible_devices}\nCUDA_MPS_PIPE_DIRECTORY={MPS_PIPE}\n"
+        f"CUDA_MPS_LOG_DIRECTORY={MPS_LOG}\nCUDA_MPS_ACTIVE_THREAD_PERCENTAGE={pct}\n"
+    )
 
 
 def _runtime_configured(daemon_json: Optional[str]) -> bool:
@@ -257,59 +263,116 @@ def plan(facts: GuestFacts, config: BootstrapConfig) -> Plan:
     # A working nvidia-smi counts as a driver even without the package: images often bake it in from the runfile
     # (the captured H200 guest has no nvidia package at all).
     have_driver = driver in facts.packages or any(g.get("driver") for g in facts.gpus)
-    want("driver", not have_driver, f"install the NVIDIA driver ({driver})",
-         Script().raw(("apt-get update -q && " if fam == "debian" else "") + _install(fam, driver)).render())
-    want("docker", docker_pkg not in facts.packages or facts.services.get("docker") != "active",
-         f"install Docker ({docker_pkg}) and start it",
-         Script().raw(("apt-get update -q && " if fam == "debian" else "") + _install(fam, docker_pkg))
-         .add("systemctl", "enable", "--now", "docker").render())
+    want(
+        "driver",
+        not have_driver,
+        f"install the NVIDIA driver ({driver})",
+        Script().raw(("apt-get update -q && " if fam == "debian" else "") + _install(fam, driver)).render(),
+    )
+    want(
+        "docker",
+        docker_pkg not in facts.packages or facts.services.get("docker") != "active",
+        f"install Docker ({docker_pkg}) and start it",
+        Script()
+        .raw(("apt-get update -q && " if fam == "debian" else "") + _install(fam, docker_pkg))
+        .add("systemctl", "enable", "--now", "docker")
+        .render(),
+    )
     if fam == "debian":
         # apt itself expands $(ARCH) in a sources line, as in NVIDIA's own list file
-        repo = Script().raw("set -e").raw(
-            sh("curl", "-fsSL", NVIDIA_GPGKEY) + " | " + sh("gpg", "--batch", "--yes", "--dearmor", "-o", APT_KEYRING))
+        repo = (
+            Script()
+            .raw("set -e")
+            .raw(
+                sh("curl", "-fsSL", NVIDIA_GPGKEY)
+                + " | "
+                + sh("gpg", "--batch", "--yes", "--dearmor", "-o", APT_KEYRING)
+            )
+        )
         repo_script, repo_data = repo.render() + _put(APT_LIST), (APT_SOURCE + "\n").encode()
         have_repo = bool(facts.files.get(APT_LIST))
     else:
         repo_script, repo_data = Script().raw("set -e").add("curl", "-fsSL", "-o", YUM_REPO, YUM_SOURCE).render(), None
         have_repo = bool(facts.files.get(YUM_REPO))
     toolkit_installed = "nvidia-container-toolkit" in facts.packages
-    want("toolkit-repo", not have_repo and not toolkit_installed, "add NVIDIA's container toolkit repository",
-         repo_script, repo_data)
-    want("toolkit", not toolkit_installed, "install nvidia-container-toolkit",
-         Script().raw(("apt-get update -q && " if fam == "debian" else "") + _install(fam, "nvidia-container-toolkit"))
-         .render())
-    want("runtime", not _runtime_configured(facts.daemon_json),
-         "register the nvidia runtime with Docker (nvidia-ctk runtime configure)",
-         Script().raw("set -e").add("nvidia-ctk", "runtime", "configure", "--runtime=docker")
-         .add("systemctl", "restart", "docker").render())
+    want(
+        "toolkit-repo",
+        not have_repo and not toolkit_installed,
+        "add NVIDIA's container toolkit repository",
+        repo_script,
+        repo_data,
+    )
+    want(
+        "toolkit",
+        not toolkit_installed,
+        "install nvidia-container-toolkit",
+        Script()
+        .raw(("apt-get update -q && " if fam == "debian" else "") + _install(fam, "nvidia-container-toolkit"))
+        .render(),
+    )
+    want(
+        "runtime",
+        not _runtime_configured(facts.daemon_json),
+        "register the nvidia runtime with Docker (nvidia-ctk runtime configure)",
+        Script()
+        .raw("set -e")
+        .add("nvidia-ctk", "runtime", "configure", "--runtime=docker")
+        .add("systemctl", "restart", "docker")
+        .render(),
+    )
     if config.persistence:
         if not facts.nvidia_smi:
             checks["persistence"] = "absent: no nvidia-smi (driver not installed or no GPU in this guest)"
             if "driver" in [s.name for s in steps]:
-                steps.append(Step("persistence", "enable persistence mode after the driver install",
-                                  Script().add("nvidia-smi", "-pm", "1")
-                                  .raw("systemctl enable --now nvidia-persistenced 2>/dev/null || true").render()))
+                steps.append(
+                    Step(
+                        "persistence",
+                        "enable persistence mode after the driver install",
+                        Script()
+                        .add("nvidia-smi", "-pm", "1")
+                        .raw("systemctl enable --now nvidia-persistenced 2>/dev/null || true")
+                        .render(),
+                    )
+                )
         else:
             off = [g["index"] for g in facts.gpus if g["persistence_mode"].lower() != "enabled"]
-            want("persistence", bool(off),
-                 f"persistence mode on (GPUs off: {off or 'none'})",
-                 Script().add("nvidia-smi", "-pm", "1")
-                 .raw("systemctl enable --now nvidia-persistenced 2>/dev/null || true").render())
+            want(
+                "persistence",
+                bool(off),
+                f"persistence mode on (GPUs off: {off or 'none'})",
+                Script()
+                .add("nvidia-smi", "-pm", "1")
+                .raw("systemctl enable --now nvidia-persistenced 2>/dev/null || true")
+                .render(),
+            )
     if config.mps:
         unit = mps_unit(config.mps).encode()
-        want("mps-unit", facts.files.get(MPS_UNIT) != _sha(unit), "write the nvidia-mps systemd unit",
-             _put(MPS_UNIT) + Script().add("systemctl", "daemon-reload").render(), unit)
+        want(
+            "mps-unit",
+            facts.files.get(MPS_UNIT) != _sha(unit),
+            "write the nvidia-mps systemd unit",
+            _put(MPS_UNIT) + Script().add("systemctl", "daemon-reload").render(),
+            unit,
+        )
         for name, pct in sorted(config.mps.instances.items()):
             env = mps_env(config.mps, pct).encode()
             path = f"{MPS_ENV_DIR}/{name}.env"
-            want(f"mps-env:{name}", facts.files.get(path) != _sha(env),
-                 f"instance {name}: CUDA_MPS_ACTIVE_THREAD_PERCENTAGE={pct}",
-                 Script().add("mkdir", "-p", MPS_ENV_DIR).render() + _put(path), env)
+            want(
+                f"mps-env:{name}",
+                facts.files.get(path) != _sha(env),
+                f"instance {name}: CUDA_MPS_ACTIVE_THREAD_PERCENTAGE={pct}",
+                Script().add("mkdir", "-p", MPS_ENV_DIR).render() + _put(path),
+                env,
+            )
         if not facts.nvidia_smi:
             checks["mps-daemon"] = "absent: no nvidia-smi, the MPS daemon cannot run without the driver"
         else:
-            want("mps-daemon", facts.services.get("nvidia-mps") != "active", "start the MPS control daemon",
-                 Script().add("systemctl", "enable", "--now", "nvidia-mps").render())
+            want(
+                "mps-daemon",
+                facts.services.get("nvidia-mps") != "active",
+                "start the MPS control daemon",
+                Script().add("systemctl", "enable", "--now", "nvidia-mps").render(),
+            )
     if config.only is not None:
         steps = [s for s in steps if s.name in config.only or s.name.split(":")[0] in config.only]
     noop = "" if steps else "guest GPU stack is as wanted (" + ", ".join(f"{k}: {v}" for k, v in checks.items()) + ")"

@@ -60,8 +60,16 @@ def render(spec: NginxSpec) -> str:
         p = spec.prefix.rstrip("/")
         pid, error_log = f"{p}/nginx.pid", f"{p}/error.log"
         access = f"{p}/access.log" if spec.access_log else "off"
-        temps = [f"    {d} {p}/{d.removesuffix('_path')};" for d in (
-            "client_body_temp_path", "proxy_temp_path", "fastcgi_temp_path", "uwsgi_temp_path", "scgi_temp_path")]
+        temps = [
+            f"    {d} {p}/{d.removesuffix('_path')};"
+            for d in (
+                "client_body_temp_path",
+                "proxy_temp_path",
+                "fastcgi_temp_path",
+                "uwsgi_temp_path",
+                "scgi_temp_path",
+            )
+        ]
     else:
         pid, error_log = "/run/nginx-triton.pid", "/var/log/nginx/triton-error.log"
         access = "/var/log/nginx/triton-access.log" if spec.access_log else "off"

@@ -410,7 +410,8 @@ def _pick_vcpu_cores(st: _NodeState, req: VmRequest) -> tuple[list[_Core], list[
             return Shortage(st.id, "SMT threads per core (thread_policy=require)", 2, tpc)
         if n % tpc:
             raise PlacementError(
-                req.name, reason=f"thread_policy=require: {n} vCPUs do not fill whole {tpc}-thread cores on node {st.id}"
+                req.name,
+                reason=f"thread_policy=require: {n} vCPUs do not fill whole {tpc}-thread cores on node {st.id}",
             )
         want = n // tpc
         full = [c for c in full if c.smt == tpc]
@@ -501,9 +502,7 @@ def _candidates(
     if missing:
         return [], f"device(s) {', '.join(missing)} not on this host"
     single_node = len(states) == 1
-    dev_nodes = sorted(
-        {(0 if single_node and devices[a].numa_node < 0 else devices[a].numa_node) for a in addrs}
-    )
+    dev_nodes = sorted({(0 if single_node and devices[a].numa_node < 0 else devices[a].numa_node) for a in addrs})
     # Most free CPUs first, then lowest id: spreads VMs without device affinity over nodes, deterministically.
     by_room = sorted(states.values(), key=lambda s: (-s.free_cpu_count(), s.id))
     if not addrs:

@@ -35,10 +35,10 @@ class PreflightWant:
     gpus: list[str] = field(default_factory=list)
     # Other devices to hand to vfio (e.g. SR-IOV VFs); same safety checks, no slot/BAR checks.
     devices: list[str] = field(default_factory=list)
-    enables_iommu: bool = False          # this stack adds intel_iommu=on/amd_iommu=on (pending reboot is fine)
+    enables_iommu: bool = False  # this stack adds intel_iommu=on/amd_iommu=on (pending reboot is fine)
     acs_override_acknowledged: bool = False
     allow_unsafe_interrupts_acknowledged: bool = False
-    bind_by_ids: bool = False            # `options vfio-pci ids=` claims every device with these IDs
+    bind_by_ids: bool = False  # `options vfio-pci ids=` claims every device with these IDs
 
 
 SUPPORTED = ("debian", "rhel")
@@ -49,39 +49,71 @@ def preflight(f: HostFacts, w: PreflightWant) -> list[Finding]:
     add = out.append
 
     fam = f.os.family
-    add(Finding("os", "PASS", f"{f.os.pretty_name or f.os.id} ({fam} family)") if fam in SUPPORTED else
-        Finding("os", "FAIL", f"unsupported OS {f.os.id!r} {f.os.version_id}",
-                "use a Debian/Ubuntu or RHEL-family host"))
+    add(
+        Finding("os", "PASS", f"{f.os.pretty_name or f.os.id} ({fam} family)")
+        if fam in SUPPORTED
+        else Finding(
+            "os", "FAIL", f"unsupported OS {f.os.id!r} {f.os.version_id}", "use a Debian/Ubuntu or RHEL-family host"
+        )
+    )
 
     if f.iommu.firmware_table:
         add(Finding("iommu-firmware", "PASS", "DMAR (Intel VT-d)" if f.iommu.dmar_table else "IVRS (AMD-Vi)"))
     else:
-        add(Finding("iommu-firmware", "FAIL", "no DMAR/IVRS ACPI table: the IOMMU is off in firmware",
-                    "enable VT-d (Intel) or SVM + IOMMU (AMD) in BIOS, then reboot"))
+        add(
+            Finding(
+                "iommu-firmware",
+                "FAIL",
+                "no DMAR/IVRS ACPI table: the IOMMU is off in firmware",
+                "enable VT-d (Intel) or SVM + IOMMU (AMD) in BIOS, then reboot",
+            )
+        )
 
     pending = False
     if f.iommu.active:
         add(Finding("iommu-active", "PASS", f"{len(f.iommu.groups)} IOMMU groups"))
     elif w.enables_iommu and f.iommu.firmware_table:
         pending = True
-        add(Finding("iommu-active", "WARN", "no IOMMU groups yet; this stack adds intel_iommu=on/amd_iommu=on, "
-                    "active after its reboot"))
+        add(
+            Finding(
+                "iommu-active",
+                "WARN",
+                "no IOMMU groups yet; this stack adds intel_iommu=on/amd_iommu=on, active after its reboot",
+            )
+        )
     else:
-        add(Finding("iommu-active", "FAIL", "no IOMMU groups: the kernel is not using the IOMMU",
-                    "add intel_iommu=on iommu=pt (or amd_iommu=on iommu=pt) to the kernel command line and reboot"))
+        add(
+            Finding(
+                "iommu-active",
+                "FAIL",
+                "no IOMMU groups: the kernel is not using the IOMMU",
+                "add intel_iommu=on iommu=pt (or amd_iommu=on iommu=pt) to the kernel command line and reboot",
+            )
+        )
 
     if f.iommu.interrupt_remapping:
         add(Finding("interrupt-remapping", "PASS", f.iommu.remapping_evidence or "enabled"))
     elif pending:
         add(Finding("interrupt-remapping", "WARN", "cannot be verified until the IOMMU is active (after reboot)"))
     elif w.allow_unsafe_interrupts_acknowledged:
-        add(Finding("interrupt-remapping", "WARN", "interrupt remapping is off; running with "
-                    "vfio_iommu_type1.allow_unsafe_interrupts=1 as acknowledged — a VM can inject interrupts"))
+        add(
+            Finding(
+                "interrupt-remapping",
+                "WARN",
+                "interrupt remapping is off; running with "
+                "vfio_iommu_type1.allow_unsafe_interrupts=1 as acknowledged — a VM can inject interrupts",
+            )
+        )
     else:
-        add(Finding("interrupt-remapping", "FAIL", "interrupt remapping is not enabled; gpuhost will not set "
-                    "vfio_iommu_type1.allow_unsafe_interrupts",
-                    "enable x2APIC / interrupt remapping in BIOS (VT-d), or acknowledge the risk explicitly with "
-                    "allow_unsafe_interrupts_acknowledged"))
+        add(
+            Finding(
+                "interrupt-remapping",
+                "FAIL",
+                "interrupt remapping is not enabled; gpuhost will not set vfio_iommu_type1.allow_unsafe_interrupts",
+                "enable x2APIC / interrupt remapping in BIOS (VT-d), or acknowledge the risk explicitly with "
+                "allow_unsafe_interrupts_acknowledged",
+            )
+        )
 
     protected = f.network.protected_pci
     for raw in w.gpus:
@@ -89,13 +121,24 @@ def preflight(f: HostFacts, w: PreflightWant) -> list[Finding]:
         d = f.device(addr)
         if d is None:
             displays = sorted(x.address for x in f.pci.values() if x.is_display)
-            add(Finding(f"gpu {addr}", "FAIL", f"unknown PCI address {addr}: no such device on this host "
-                        f"(display-class devices here: {', '.join(displays) or 'none'})",
-                        "check `lspci -nn | egrep -i 'nvidia|vga|3d'` and fix the address in stack config"))
+            add(
+                Finding(
+                    f"gpu {addr}",
+                    "FAIL",
+                    f"unknown PCI address {addr}: no such device on this host "
+                    f"(display-class devices here: {', '.join(displays) or 'none'})",
+                    "check `lspci -nn | egrep -i 'nvidia|vga|3d'` and fix the address in stack config",
+                )
+            )
             continue
         funcs = f.slot_functions(addr)
-        add(Finding(f"gpu {addr} functions", "PASS",
-                    "slot functions: " + ", ".join(f"{x.address} [{x.vendor_device}]" for x in funcs)))
+        add(
+            Finding(
+                f"gpu {addr} functions",
+                "PASS",
+                "slot functions: " + ", ".join(f"{x.address} [{x.vendor_device}]" for x in funcs),
+            )
+        )
         _device_safety(f, addr, protected, out)
         if d.iommu_group is not None:
             slot_addrs = {x.address for x in funcs}
@@ -103,34 +146,69 @@ def preflight(f: HostFacts, w: PreflightWant) -> list[Finding]:
             if intruders:
                 names = ", ".join(f"{m.address} [{m.vendor_device}] ({m.driver or 'no driver'})" for m in intruders)
                 if w.acs_override_acknowledged:
-                    add(Finding(f"gpu {addr} iommu-group", "WARN", f"IOMMU group {d.iommu_group} also holds {names}; "
-                                "pcie_acs_override acknowledged — isolation between these devices is NOT real"))
+                    add(
+                        Finding(
+                            f"gpu {addr} iommu-group",
+                            "WARN",
+                            f"IOMMU group {d.iommu_group} also holds {names}; "
+                            "pcie_acs_override acknowledged — isolation between these devices is NOT real",
+                        )
+                    )
                 else:
-                    add(Finding(f"gpu {addr} iommu-group", "FAIL",
-                                f"IOMMU group {d.iommu_group} is not clean: it also holds {names}",
-                                "move the GPU to another slot or adjust PCIe bifurcation/ACS in BIOS; pass the whole "
-                                "group through; pcie_acs_override only as a last resort with "
-                                "acs_override_acknowledged"))
+                    add(
+                        Finding(
+                            f"gpu {addr} iommu-group",
+                            "FAIL",
+                            f"IOMMU group {d.iommu_group} is not clean: it also holds {names}",
+                            "move the GPU to another slot or adjust PCIe bifurcation/ACS in BIOS; pass the whole "
+                            "group through; pcie_acs_override only as a last resort with "
+                            "acs_override_acknowledged",
+                        )
+                    )
             else:
-                add(Finding(f"gpu {addr} iommu-group", "PASS", f"group {d.iommu_group} holds only this slot "
-                            "(and bridges)"))
+                add(
+                    Finding(
+                        f"gpu {addr} iommu-group", "PASS", f"group {d.iommu_group} holds only this slot (and bridges)"
+                    )
+                )
         elif pending:
             add(Finding(f"gpu {addr} iommu-group", "WARN", "group membership known only after the IOMMU is active"))
         mem = [b for b in d.bars if b.is_mem and b.index < 6]
         if d.bars and not any(b.assigned for b in mem):
-            add(Finding(f"gpu {addr} bars", "FAIL", "no memory BAR assigned (not enough MMIO)",
-                        "enable Above 4G Decoding (and Resizable BAR) in BIOS"))
+            add(
+                Finding(
+                    f"gpu {addr} bars",
+                    "FAIL",
+                    "no memory BAR assigned (not enough MMIO)",
+                    "enable Above 4G Decoding (and Resizable BAR) in BIOS",
+                )
+            )
         else:
             low_large = [b for b in mem if b.prefetchable and b.size >= LARGE_BAR and not b.above_4g]
             if low_large:
-                add(Finding(f"gpu {addr} bars", "FAIL", "large prefetchable BAR placed below 4 GiB: " +
-                            ", ".join(f"BAR{b.index} {b.size >> 20} MiB at {b.start:#x}" for b in low_large),
-                            "enable Above 4G Decoding / Resizable BAR in BIOS"))
+                add(
+                    Finding(
+                        f"gpu {addr} bars",
+                        "FAIL",
+                        "large prefetchable BAR placed below 4 GiB: "
+                        + ", ".join(f"BAR{b.index} {b.size >> 20} MiB at {b.start:#x}" for b in low_large),
+                        "enable Above 4G Decoding / Resizable BAR in BIOS",
+                    )
+                )
             else:
-                add(Finding(f"gpu {addr} bars", "PASS", ", ".join(
-                    f"BAR{b.index} {b.size >> 20 if b.size >= 1 << 20 else b.size} "
-                    f"{'MiB' if b.size >= 1 << 20 else 'B'}{' >4G' if b.above_4g else ''}"
-                    for b in mem if b.assigned) or "no memory BARs"))
+                add(
+                    Finding(
+                        f"gpu {addr} bars",
+                        "PASS",
+                        ", ".join(
+                            f"BAR{b.index} {b.size >> 20 if b.size >= 1 << 20 else b.size} "
+                            f"{'MiB' if b.size >= 1 << 20 else 'B'}{' >4G' if b.above_4g else ''}"
+                            for b in mem
+                            if b.assigned
+                        )
+                        or "no memory BARs",
+                    )
+                )
         if len(f.nodes) > 1 and d.numa_node < 0:
             add(Finding(f"gpu {addr} numa", "WARN", "firmware reports no NUMA node for this device"))
         else:
@@ -140,9 +218,15 @@ def preflight(f: HostFacts, w: PreflightWant) -> list[Finding]:
             others = [x for x in f.pci.values() if x.vendor_device in ids and x.slot != d.slot]
             bad = [x for x in others if x.boot_vga or x.address in protected]
             if bad:
-                add(Finding(f"gpu {addr} bind-by-ids", "FAIL", "`vfio-pci ids=` would also claim " +
-                            ", ".join(f"{x.address} ({'boot display' if x.boot_vga else 'SSH/route NIC'})"
-                                      for x in bad), "bind by PCI address (driverctl / driver_override) instead"))
+                add(
+                    Finding(
+                        f"gpu {addr} bind-by-ids",
+                        "FAIL",
+                        "`vfio-pci ids=` would also claim "
+                        + ", ".join(f"{x.address} ({'boot display' if x.boot_vga else 'SSH/route NIC'})" for x in bad),
+                        "bind by PCI address (driverctl / driver_override) instead",
+                    )
+                )
     for raw in w.devices:
         addr = normalize_pci(raw)
         if f.device(addr) is None:
@@ -155,12 +239,23 @@ def preflight(f: HostFacts, w: PreflightWant) -> list[Finding]:
 def _device_safety(f: HostFacts, addr: str, protected: set[str], out: list[Finding]) -> None:
     for x in f.slot_functions(addr) or [f.device(addr)]:
         if x.boot_vga:
-            out.append(Finding(f"{addr} boot-display", "FAIL", f"{x.address} is the boot display (boot_vga=1); "
-                               "binding it to vfio takes the console away",
-                               "pass through a GPU that is not the primary display, or make the onboard VGA primary"))
+            out.append(
+                Finding(
+                    f"{addr} boot-display",
+                    "FAIL",
+                    f"{x.address} is the boot display (boot_vga=1); binding it to vfio takes the console away",
+                    "pass through a GPU that is not the primary display, or make the onboard VGA primary",
+                )
+            )
         if x.address in protected:
-            out.append(Finding(f"{addr} ssh-nic", "FAIL", f"{x.address} carries the SSH session or the default "
-                               "route; binding it to vfio cuts this host off", "choose another device"))
+            out.append(
+                Finding(
+                    f"{addr} ssh-nic",
+                    "FAIL",
+                    f"{x.address} carries the SSH session or the default route; binding it to vfio cuts this host off",
+                    "choose another device",
+                )
+            )
 
 
 def failures(findings: list[Finding]) -> list[Finding]:

@@ -42,56 +42,185 @@ class Preset(BaseModel):
 
 _P = Preset
 PRESETS: dict[tuple[str, str], Preset] = {
-    ("L40S", "low_latency"): _P(gpu="L40S", workload="low_latency", max_batch_size=16,
-                                preferred_batch_size=[2, 4, 8, 16], max_queue_delay_microseconds=800,
-                                instance_count=2, memory_gib=48),
-    ("A10", "low_latency"): _P(gpu="A10", workload="low_latency", max_batch_size=4,
-                               preferred_batch_size=[1, 2, 4], max_queue_delay_microseconds=500,
-                               instance_count=3, memory_gib=24),
-    ("A100", "low_latency"): _P(gpu="A100", workload="low_latency", max_batch_size=16,
-                                preferred_batch_size=[2, 4, 8, 16], max_queue_delay_microseconds=800,
-                                instance_count=2, mig_capable=True, memory_gib=80),
-    ("H100", "low_latency"): _P(gpu="H100", workload="low_latency", max_batch_size=32,
-                                preferred_batch_size=[4, 8, 16, 32], max_queue_delay_microseconds=1000,
-                                instance_count=2, mig_capable=True, memory_gib=80),
-    ("H200", "low_latency"): _P(gpu="H200", workload="low_latency", max_batch_size=32,
-                                preferred_batch_size=[4, 8, 16, 32], max_queue_delay_microseconds=1000,
-                                instance_count=2, mig_capable=True, memory_gib=141),
-    ("4090", "low_latency"): _P(gpu="4090", workload="low_latency", max_batch_size=8,
-                                preferred_batch_size=[1, 2, 4, 8], max_queue_delay_microseconds=1000,
-                                instance_count=2, mps=True, mps_split=[60, 40], memory_gib=24),
+    ("L40S", "low_latency"): _P(
+        gpu="L40S",
+        workload="low_latency",
+        max_batch_size=16,
+        preferred_batch_size=[2, 4, 8, 16],
+        max_queue_delay_microseconds=800,
+        instance_count=2,
+        memory_gib=48,
+    ),
+    ("A10", "low_latency"): _P(
+        gpu="A10",
+        workload="low_latency",
+        max_batch_size=4,
+        preferred_batch_size=[1, 2, 4],
+        max_queue_delay_microseconds=500,
+        instance_count=3,
+        memory_gib=24,
+    ),
+    ("A100", "low_latency"): _P(
+        gpu="A100",
+        workload="low_latency",
+        max_batch_size=16,
+        preferred_batch_size=[2, 4, 8, 16],
+        max_queue_delay_microseconds=800,
+        instance_count=2,
+        mig_capable=True,
+        memory_gib=80,
+    ),
+    ("H100", "low_latency"): _P(
+        gpu="H100",
+        workload="low_latency",
+        max_batch_size=32,
+        preferred_batch_size=[4, 8, 16, 32],
+        max_queue_delay_microseconds=1000,
+        instance_count=2,
+        mig_capable=True,
+        memory_gib=80,
+    ),
+    ("H200", "low_latency"): _P(
+        gpu="H200",
+        workload="low_latency",
+        max_batch_size=32,
+        preferred_batch_size=[4, 8, 16, 32],
+        max_queue_delay_microseconds=1000,
+        instance_count=2,
+        mig_capable=True,
+        memory_gib=141,
+    ),
+    ("4090", "low_latency"): _P(
+        gpu="4090",
+        workload="low_latency",
+        max_batch_size=8,
+        preferred_batch_size=[1, 2, 4, 8],
+        max_queue_delay_microseconds=1000,
+        instance_count=2,
+        mps=True,
+        mps_split=[60, 40],
+        memory_gib=24,
+    ),
     # Diffusion (seed 001): batch 1–2, 2–6 ms window; count 1 where 24 GiB makes memory tight.
-    ("L40S", "diffusion"): _P(gpu="L40S", workload="diffusion", max_batch_size=2, preferred_batch_size=[1, 2],
-                              max_queue_delay_microseconds=4000, instance_count=2, memory_gib=48),
-    ("A10", "diffusion"): _P(gpu="A10", workload="diffusion", max_batch_size=2, preferred_batch_size=[1, 2],
-                             max_queue_delay_microseconds=4000, instance_count=1, memory_gib=24),
-    ("A100", "diffusion"): _P(gpu="A100", workload="diffusion", max_batch_size=2, preferred_batch_size=[1, 2],
-                              max_queue_delay_microseconds=4000, instance_count=2, mig_capable=True, memory_gib=80),
-    ("H100", "diffusion"): _P(gpu="H100", workload="diffusion", max_batch_size=2, preferred_batch_size=[1, 2],
-                              max_queue_delay_microseconds=3000, instance_count=2, mig_capable=True, memory_gib=80),
-    ("H200", "diffusion"): _P(gpu="H200", workload="diffusion", max_batch_size=2, preferred_batch_size=[1, 2],
-                              max_queue_delay_microseconds=3000, instance_count=3, mig_capable=True, memory_gib=141),
-    ("4090", "diffusion"): _P(gpu="4090", workload="diffusion", max_batch_size=2, preferred_batch_size=[1, 2],
-                              max_queue_delay_microseconds=6000, instance_count=2, mps=True,
-                              mps_split=[50, 50], memory_gib=24),
+    ("L40S", "diffusion"): _P(
+        gpu="L40S",
+        workload="diffusion",
+        max_batch_size=2,
+        preferred_batch_size=[1, 2],
+        max_queue_delay_microseconds=4000,
+        instance_count=2,
+        memory_gib=48,
+    ),
+    ("A10", "diffusion"): _P(
+        gpu="A10",
+        workload="diffusion",
+        max_batch_size=2,
+        preferred_batch_size=[1, 2],
+        max_queue_delay_microseconds=4000,
+        instance_count=1,
+        memory_gib=24,
+    ),
+    ("A100", "diffusion"): _P(
+        gpu="A100",
+        workload="diffusion",
+        max_batch_size=2,
+        preferred_batch_size=[1, 2],
+        max_queue_delay_microseconds=4000,
+        instance_count=2,
+        mig_capable=True,
+        memory_gib=80,
+    ),
+    ("H100", "diffusion"): _P(
+        gpu="H100",
+        workload="diffusion",
+        max_batch_size=2,
+        preferred_batch_size=[1, 2],
+        max_queue_delay_microseconds=3000,
+        instance_count=2,
+        mig_capable=True,
+        memory_gib=80,
+    ),
+    ("H200", "diffusion"): _P(
+        gpu="H200",
+        workload="diffusion",
+        max_batch_size=2,
+        preferred_batch_size=[1, 2],
+        max_queue_delay_microseconds=3000,
+        instance_count=3,
+        mig_capable=True,
+        memory_gib=141,
+    ),
+    ("4090", "diffusion"): _P(
+        gpu="4090",
+        workload="diffusion",
+        max_batch_size=2,
+        preferred_batch_size=[1, 2],
+        max_queue_delay_microseconds=6000,
+        instance_count=2,
+        mps=True,
+        mps_split=[50, 50],
+        memory_gib=24,
+    ),
     # Throughput (seed 002: ResNet50 batch 32, concurrency 8): large batches, wide window.
-    ("L40S", "throughput"): _P(gpu="L40S", workload="throughput", max_batch_size=32,
-                               preferred_batch_size=[8, 16, 32], max_queue_delay_microseconds=2000,
-                               instance_count=2, memory_gib=48),
-    ("A10", "throughput"): _P(gpu="A10", workload="throughput", max_batch_size=16, preferred_batch_size=[4, 8, 16],
-                              max_queue_delay_microseconds=2000, instance_count=3, memory_gib=24),
-    ("A100", "throughput"): _P(gpu="A100", workload="throughput", max_batch_size=32,
-                               preferred_batch_size=[8, 16, 32], max_queue_delay_microseconds=2000,
-                               instance_count=2, mig_capable=True, memory_gib=80),
-    ("H100", "throughput"): _P(gpu="H100", workload="throughput", max_batch_size=64,
-                               preferred_batch_size=[16, 32, 64], max_queue_delay_microseconds=2000,
-                               instance_count=2, mig_capable=True, memory_gib=80),
-    ("H200", "throughput"): _P(gpu="H200", workload="throughput", max_batch_size=64,
-                               preferred_batch_size=[16, 32, 64], max_queue_delay_microseconds=2000,
-                               instance_count=2, mig_capable=True, memory_gib=141),
-    ("4090", "throughput"): _P(gpu="4090", workload="throughput", max_batch_size=16,
-                               preferred_batch_size=[4, 8, 16], max_queue_delay_microseconds=2000,
-                               instance_count=2, mps=True, mps_split=[50, 50], memory_gib=24),
+    ("L40S", "throughput"): _P(
+        gpu="L40S",
+        workload="throughput",
+        max_batch_size=32,
+        preferred_batch_size=[8, 16, 32],
+        max_queue_delay_microseconds=2000,
+        instance_count=2,
+        memory_gib=48,
+    ),
+    ("A10", "throughput"): _P(
+        gpu="A10",
+        workload="throughput",
+        max_batch_size=16,
+        preferred_batch_size=[4, 8, 16],
+        max_queue_delay_microseconds=2000,
+        instance_count=3,
+        memory_gib=24,
+    ),
+    ("A100", "throughput"): _P(
+        gpu="A100",
+        workload="throughput",
+        max_batch_size=32,
+        preferred_batch_size=[8, 16, 32],
+        max_queue_delay_microseconds=2000,
+        instance_count=2,
+        mig_capable=True,
+        memory_gib=80,
+    ),
+    ("H100", "throughput"): _P(
+        gpu="H100",
+        workload="throughput",
+        max_batch_size=64,
+        preferred_batch_size=[16, 32, 64],
+        max_queue_delay_microseconds=2000,
+        instance_count=2,
+        mig_capable=True,
+        memory_gib=80,
+    ),
+    ("H200", "throughput"): _P(
+        gpu="H200",
+        workload="throughput",
+        max_batch_size=64,
+        preferred_batch_size=[16, 32, 64],
+        max_queue_delay_microseconds=2000,
+        instance_count=2,
+        mig_capable=True,
+        memory_gib=141,
+    ),
+    ("4090", "throughput"): _P(
+        gpu="4090",
+        workload="throughput",
+        max_batch_size=16,
+        preferred_batch_size=[4, 8, 16],
+        max_queue_delay_microseconds=2000,
+        instance_count=2,
+        mps=True,
+        mps_split=[50, 50],
+        memory_gib=24,
+    ),
 }
 
 _ALIASES = {"L40S": "L40S", "A10": "A10", "A100": "A100", "H100": "H100", "H200": "H200", "4090": "4090"}
@@ -132,12 +261,16 @@ def apply_preset(spec: ModelSpec, gpu: str, workload: Optional[str] = None) -> M
         else:
             d = spec.dynamic_batching
             given = d.model_fields_set
-            update["dynamic_batching"] = d.model_copy(update={
-                "preferred_batch_size": d.preferred_batch_size if "preferred_batch_size" in given
-                else [b for b in p.preferred_batch_size if b <= max_batch],
-                "max_queue_delay_microseconds": d.max_queue_delay_microseconds
-                if "max_queue_delay_microseconds" in given else p.max_queue_delay_microseconds,
-            })
+            update["dynamic_batching"] = d.model_copy(
+                update={
+                    "preferred_batch_size": d.preferred_batch_size
+                    if "preferred_batch_size" in given
+                    else [b for b in p.preferred_batch_size if b <= max_batch],
+                    "max_queue_delay_microseconds": d.max_queue_delay_microseconds
+                    if "max_queue_delay_microseconds" in given
+                    else p.max_queue_delay_microseconds,
+                }
+            )
     if "instance_group" not in explicit:
         update["instance_group"] = [InstanceGroup(kind="KIND_GPU", count=p.instance_count)]
     new = spec.model_copy(update=update)
@@ -145,8 +278,9 @@ def apply_preset(spec: ModelSpec, gpu: str, workload: Optional[str] = None) -> M
     return ModelSpec.model_validate(new.model_dump(by_alias=True))
 
 
-def mps_environment(preset: Preset, instance: int, *, pipe_dir: str = "/tmp/nvidia-mps",
-                    log_dir: str = "/var/log/nvidia-mps") -> dict[str, str]:
+def mps_environment(
+    preset: Preset, instance: int, *, pipe_dir: str = "/tmp/nvidia-mps", log_dir: str = "/var/log/nvidia-mps"
+) -> dict[str, str]:
     """Environment for one Triton instance under CUDA MPS (seed 001 §5.4); empty when the preset has no MPS."""
     if not preset.mps:
         return {}

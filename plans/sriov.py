@@ -159,16 +159,21 @@ def pf_detail_script(pf: str) -> str:
     if not PCI_RE.match(pf):
         raise ValueError(f"not a PCI address: {pf!r}")
     d = quote(f"/sys/bus/pci/devices/{pf}")
-    return "\n".join([
-        "echo @@sriov-pf",
-        f"for f in sriov_offset sriov_stride sriov_drivers_autoprobe; do [ -r {d}/$f ] && echo \"$f $(cat {d}/$f)\"; done",
-        f"[ -d {d}/msi_irqs ] && echo \"msi_irqs $(ls {d}/msi_irqs | sort -n | tr '\\n' ' ')\"",
-        f"[ -r {d}/irq ] && echo \"irq $(cat {d}/irq)\"",
-        f"echo \"unit_enabled $(systemctl is-enabled {quote(unit_name(pf))} 2>/dev/null || true)\"",
-        f"for n in {d}/net/*; do [ -e \"$n\" ] && echo \"iplink ${{n##*/}} $(ip -j link show dev \"${{n##*/}}\" "
-        "2>/dev/null | tr -d '\\n')\"; done",
-        "true",
-    ]) + "\n"
+    return (
+        "\n".join(
+            [
+                "echo @@sriov-pf",
+                f'for f in sriov_offset sriov_stride sriov_drivers_autoprobe; do [ -r {d}/$f ] && echo "$f $(cat {d}/$f)"; done',
+                f"[ -d {d}/msi_irqs ] && echo \"msi_irqs $(ls {d}/msi_irqs | sort -n | tr '\\n' ' ')\"",
+                f'[ -r {d}/irq ] && echo "irq $(cat {d}/irq)"',
+                f'echo "unit_enabled $(systemctl is-enabled {quote(unit_name(pf))} 2>/dev/null || true)"',
+                f'for n in {d}/net/*; do [ -e "$n" ] && echo "iplink ${{n##*/}} $(ip -j link show dev "${{n##*/}}" '
+                "2>/dev/null | tr -d '\\n')\"; done",
+                "true",
+            ]
+        )
+        + "\n"
+    )
 
 
 def parse_pf_detail(text: str) -> PfDetail:
@@ -262,8 +267,11 @@ class SriovPlan:
         parts = [a.sentence for a in self.actions] + [f"warning: {w}" for w in self.warnings]
         parts += [f"note: {u}" for u in self.unsupported]
         if not self.actions:
-            parts.insert(0, f"no change: {self.want.num_vfs} VF(s) on {self.pf} as wanted"
-                            + (" (bound to vfio-pci, persistent)" if self.want.vfio and self.want.num_vfs else ""))
+            parts.insert(
+                0,
+                f"no change: {self.want.num_vfs} VF(s) on {self.pf} as wanted"
+                + (" (bound to vfio-pci, persistent)" if self.want.vfio and self.want.num_vfs else ""),
+            )
         return "; ".join(parts)
 
 
@@ -285,8 +293,9 @@ def resolve_pf(f: HostFacts, pf: str) -> tuple[Optional[PciDevice], Optional[str
 
 
 def _capable(f: HostFacts) -> str:
-    pfs = [f"{d.address} (node {d.numa_node}, up to {d.sriov_totalvfs} VFs)" for d in f.pci.values()
-           if d.sriov_totalvfs]
+    pfs = [
+        f"{d.address} (node {d.numa_node}, up to {d.sriov_totalvfs} VFs)" for d in f.pci.values() if d.sriov_totalvfs
+    ]
     return "SR-IOV PFs here: " + (", ".join(pfs) if pfs else "none")
 
 
@@ -300,7 +309,7 @@ def vf_address(pf: str, offset: int, stride: int, index: int) -> str:
     dom, bus, slot_fn = pf.split(":")
     slot, fn = slot_fn.split(".")
     rid = (int(bus, 16) << 8 | int(slot, 16) << 3 | int(fn, 16)) + offset + index * stride
-    return f"{dom}:{rid >> 8 & 0xff:02x}:{rid >> 3 & 0x1f:02x}.{rid & 7}"
+    return f"{dom}:{rid >> 8 & 0xFF:02x}:{rid >> 3 & 0x1F:02x}.{rid & 7}"
 
 
 def render_unit(pf: str, want: SriovWant, netdev: Optional[str]) -> str:
@@ -336,54 +345,68 @@ def render_unit(pf: str, want: SriovWant, netdev: Optional[str]) -> str:
             "udevadm settle -t 30 || true",
             # driverctl's udev rule starts driverctl@pci-<vf>.service for each new VF that has an override file;
             # give it up to 30 s to bind, then bind what is still not on its override driver ourselves.
-            "for v in $d/virtfn*; do [ -e $v ] || continue; a=$(basename $(readlink $v)); o=" + DRIVERCTL_DIR
+            "for v in $d/virtfn*; do [ -e $v ] || continue; a=$(basename $(readlink $v)); o="
+            + DRIVERCTL_DIR
             + "/pci-$a;",
             "[ -f $o ] || continue; w=$(cat $o); p=/sys/bus/pci/devices/$a; j=0; cur=;",
             "while [ $j -lt 300 ]; do cur=; [ -e $p/driver ] && cur=$(basename $(readlink $p/driver));",
-            "[ \"$cur\" = \"$w\" ] && break; sleep 0.1; j=$((j+1)); done;",
-            "[ \"$cur\" = \"$w\" ] && continue;",
+            '[ "$cur" = "$w" ] && break; sleep 0.1; j=$((j+1)); done;',
+            '[ "$cur" = "$w" ] && continue;',
             "echo $w > $p/driver_override;",
-            "[ -n \"$cur\" ] && echo $a > $p/driver/unbind;",
+            '[ -n "$cur" ] && echo $a > $p/driver/unbind;',
             "echo $a > /sys/bus/pci/drivers_probe || true; done",
         ]
     if netdev:
         for i, s in enumerate(want.vfs):
             if not s.empty:
-                sh_lines.append(" ".join(["ip", "link", "set", "dev", quote(netdev), "vf", str(i),
-                                          *(quote(a) for a in s.ip_args())]) + " || true")
+                sh_lines.append(
+                    " ".join(
+                        ["ip", "link", "set", "dev", quote(netdev), "vf", str(i), *(quote(a) for a in s.ip_args())]
+                    )
+                    + " || true"
+                )
     if want.irq_cpus:
         cpus = format_cpulist(want.irq_cpus)
         # Kernel-managed (per-queue) IRQs refuse a new affinity; that is expected, not a failure.
-        sh_lines.append(f"for q in $(ls $d/msi_irqs 2>/dev/null); do echo {cpus} > /proc/irq/$q/smp_affinity_list "
-                        "2>/dev/null || true; done")
+        sh_lines.append(
+            f"for q in $(ls $d/msi_irqs 2>/dev/null); do echo {cpus} > /proc/irq/$q/smp_affinity_list "
+            "2>/dev/null || true; done"
+        )
     script = " ".join(x if x.endswith((";", "then", "do")) else x + ";" for x in sh_lines)
     script = script.replace("then;", "then").replace("do;", "do")
     for bad in ("'", "\\", "%"):
         if bad in script:
             raise ValueError(f"unit script may not contain {bad!r} (systemd quoting): {script}")
     exec_start = "/bin/sh -ec '" + script.replace("$", "$$") + "'"
-    return "\n".join([
-        f"# Written by gpuhost (SriovNic, seed 002 §5): {n} SR-IOV VF(s) on {pf} at every boot.",
-        "# Deleting the gpuhost resource restores what was here before; do not edit by hand.",
-        "[Unit]",
-        f"Description=gpuhost: {n} SR-IOV VF(s) on PCI {pf}" + (" for vfio-pci" if want.vfio and n else ""),
-        "After=systemd-udev-trigger.service systemd-modules-load.service",
-        # VMs that pass VFs through (libvirt autostart) need them to exist first.
-        "Before=libvirtd.service virtqemud.service libvirt-guests.service",
-        "",
-        "[Service]",
-        "Type=oneshot",
-        "RemainAfterExit=yes",
-        f"ExecStart={exec_start}",
-        "",
-        "[Install]",
-        "WantedBy=multi-user.target",
-        "",
-    ])
+    return "\n".join(
+        [
+            f"# Written by gpuhost (SriovNic, seed 002 §5): {n} SR-IOV VF(s) on {pf} at every boot.",
+            "# Deleting the gpuhost resource restores what was here before; do not edit by hand.",
+            "[Unit]",
+            f"Description=gpuhost: {n} SR-IOV VF(s) on PCI {pf}" + (" for vfio-pci" if want.vfio and n else ""),
+            "After=systemd-udev-trigger.service systemd-modules-load.service",
+            # VMs that pass VFs through (libvirt autostart) need them to exist first.
+            "Before=libvirtd.service virtqemud.service libvirt-guests.service",
+            "",
+            "[Service]",
+            "Type=oneshot",
+            "RemainAfterExit=yes",
+            f"ExecStart={exec_start}",
+            "",
+            "[Install]",
+            "WantedBy=multi-user.target",
+            "",
+        ]
+    )
 
 
-def plan_sriov(f: HostFacts, detail: PfDetail, want: SriovWant, unit_text: Optional[str] = None,
-               vf_state: Optional[dict[str, tuple[Optional[str], Optional[str]]]] = None) -> SriovPlan:
+def plan_sriov(
+    f: HostFacts,
+    detail: PfDetail,
+    want: SriovWant,
+    unit_text: Optional[str] = None,
+    vf_state: Optional[dict[str, tuple[Optional[str], Optional[str]]]] = None,
+) -> SriovPlan:
     """Compare the host with `want`; return the actions (each with a sentence), errors and warnings.
 
     Args:
@@ -403,22 +426,42 @@ def plan_sriov(f: HostFacts, detail: PfDetail, want: SriovWant, unit_text: Optio
         return p
     if dev.sriov_totalvfs is None:
         what = f"{dev.vendor_device}, driver {dev.driver or 'none'}"
-        p.errors.append(Problem("pf", f"{name} ({what}) has no SR-IOV capability (no sriov_totalvfs in sysfs): it cannot "
-                        f"create VFs; {_capable(f)}"))
+        p.errors.append(
+            Problem(
+                "pf",
+                f"{name} ({what}) has no SR-IOV capability (no sriov_totalvfs in sysfs): it cannot "
+                f"create VFs; {_capable(f)}",
+            )
+        )
         return p
     if dev.sriov_totalvfs == 0 and want.num_vfs:
-        p.errors.append(Problem("pf", f"{name} reports sriov_totalvfs=0: SR-IOV is off in the firmware or the device "
-                        "(seed 002 §1: enable SR-IOV in the BIOS)"))
+        p.errors.append(
+            Problem(
+                "pf",
+                f"{name} reports sriov_totalvfs=0: SR-IOV is off in the firmware or the device "
+                "(seed 002 §1: enable SR-IOV in the BIOS)",
+            )
+        )
         return p
     if want.num_vfs > dev.sriov_totalvfs:
-        p.errors.append(Problem("num_vfs", f"{want.num_vfs} VFs asked for but {name} supports at most {dev.sriov_totalvfs} "
-                        f"(sriov_totalvfs={dev.sriov_totalvfs})"))
+        p.errors.append(
+            Problem(
+                "num_vfs",
+                f"{want.num_vfs} VFs asked for but {name} supports at most {dev.sriov_totalvfs} "
+                f"(sriov_totalvfs={dev.sriov_totalvfs})",
+            )
+        )
     if want.numa_node is not None and dev.numa_node != want.numa_node:
-        where = ("reports no NUMA node (numa_node=-1), so it cannot be shown to be" if dev.numa_node < 0
-                 else f"sits on NUMA node {dev.numa_node}, not")
+        where = (
+            "reports no NUMA node (numa_node=-1), so it cannot be shown to be"
+            if dev.numa_node < 0
+            else f"sits on NUMA node {dev.numa_node}, not"
+        )
         others = [d.address for d in f.pci.values() if d.sriov_totalvfs and d.numa_node == want.numa_node]
-        msg = (f"PF {name} {where} on node {want.numa_node}: VFs on the far node lose throughput (seed 002 pitfall "
-               f"'SR-IOV VF 没吞吐'); SR-IOV PFs on node {want.numa_node}: {', '.join(others) or 'none'}")
+        msg = (
+            f"PF {name} {where} on node {want.numa_node}: VFs on the far node lose throughput (seed 002 pitfall "
+            f"'SR-IOV VF 没吞吐'); SR-IOV PFs on node {want.numa_node}: {', '.join(others) or 'none'}"
+        )
         if want.numa_policy == "require":
             p.errors.append(Problem("numa_node", msg + " (numa_policy=require; use prefer to allow it)"))
         else:
@@ -427,8 +470,9 @@ def plan_sriov(f: HostFacts, detail: PfDetail, want: SriovWant, unit_text: Optio
         p.errors.append(Problem("vfs", f"settings for {len(want.vfs)} VFs given but only {want.num_vfs} VFs asked for"))
     offline = [c for c in want.irq_cpus if f.online and c not in f.online]
     if offline:
-        p.errors.append(Problem("irq_cpus", f"irq_cpus {format_cpulist(offline)} are not online CPUs "
-                                            f"({format_cpulist(f.online)})"))
+        p.errors.append(
+            Problem("irq_cpus", f"irq_cpus {format_cpulist(offline)} are not online CPUs ({format_cpulist(f.online)})")
+        )
     if p.errors:
         return p
 
@@ -441,19 +485,41 @@ def plan_sriov(f: HostFacts, detail: PfDetail, want: SriovWant, unit_text: Optio
     # -- the count (through 0)
     if cur != n:
         if cur and n:
-            p.actions.append(Action("numvfs-zero", (
-                f"set sriov_numvfs of {name} {cur} -> 0 first: the kernel refuses to change a non-zero VF count "
-                f"directly (EBUSY), so the {cur} existing VF(s) {', '.join(dev.vfs)} disappear (detach them from VMs "
-                f"first)"), {"from": cur}))
+            p.actions.append(
+                Action(
+                    "numvfs-zero",
+                    (
+                        f"set sriov_numvfs of {name} {cur} -> 0 first: the kernel refuses to change a non-zero VF count "
+                        f"directly (EBUSY), so the {cur} existing VF(s) {', '.join(dev.vfs)} disappear (detach them from VMs "
+                        f"first)"
+                    ),
+                    {"from": cur},
+                )
+            )
     want_autoprobe = False if (want.vfio and n) else None
     if want_autoprobe is not None and detail.autoprobe is not None and detail.autoprobe != want_autoprobe:
-        p.actions.append(Action("autoprobe", (
-            f"turn off host-driver autoprobe for new VFs of {name} (sriov_drivers_autoprobe 1 -> 0): they go to "
-            "vfio-pci, no host driver should touch them"), {"value": 0}))
+        p.actions.append(
+            Action(
+                "autoprobe",
+                (
+                    f"turn off host-driver autoprobe for new VFs of {name} (sriov_drivers_autoprobe 1 -> 0): they go to "
+                    "vfio-pci, no host driver should touch them"
+                ),
+                {"value": 0},
+            )
+        )
     if cur != n:
-        p.actions.append(Action("numvfs", (
-            f"create {n} VF(s) on {name} (sriov_numvfs {'0' if cur else cur} -> {n})" if n
-            else f"remove the {cur} VF(s) of {name} (sriov_numvfs {cur} -> 0)"), {"to": n}))
+        p.actions.append(
+            Action(
+                "numvfs",
+                (
+                    f"create {n} VF(s) on {name} (sriov_numvfs {'0' if cur else cur} -> {n})"
+                    if n
+                    else f"remove the {cur} VF(s) of {name} (sriov_numvfs {cur} -> 0)"
+                ),
+                {"to": n},
+            )
+        )
 
     # -- VF addresses: existing ones when the count stays, else from the PF's routing-ID offset/stride
     if cur == n and len(dev.vfs) == n:
@@ -466,9 +532,16 @@ def plan_sriov(f: HostFacts, detail: PfDetail, want: SriovWant, unit_text: Optio
     cur_unit = unit_text
     if cur_unit != p.unit_text or detail.unit_enabled is False:
         verb = "write" if cur_unit is None else ("rewrite" if cur_unit != p.unit_text else "enable")
-        p.actions.append(Action("persist", (
-            f"{verb} {unit_path(name)} (enabled, Before=libvirtd): sets {n} VF(s) at every boot"
-            + (" and re-applies their vfio-pci overrides" if want.vfio and n else "")), {"path": unit_path(name)}))
+        p.actions.append(
+            Action(
+                "persist",
+                (
+                    f"{verb} {unit_path(name)} (enabled, Before=libvirtd): sets {n} VF(s) at every boot"
+                    + (" and re-applies their vfio-pci overrides" if want.vfio and n else "")
+                ),
+                {"path": unit_path(name)},
+            )
+        )
 
     # -- vfio-pci for every VF
     if want.vfio and n:
@@ -483,32 +556,47 @@ def plan_sriov(f: HostFacts, detail: PfDetail, want: SriovWant, unit_text: Optio
             if counted_new or drv != VFIO or ovr != VFIO:
                 todo.append(a)
         if todo:
-            p.actions.append(Action("bind", (
-                f"bind {', '.join(todo)} to vfio-pci with driverctl set-override (persistent across reboots)"),
-                {"vfs": todo}))
+            p.actions.append(
+                Action(
+                    "bind",
+                    (f"bind {', '.join(todo)} to vfio-pci with driverctl set-override (persistent across reboots)"),
+                    {"vfs": todo},
+                )
+            )
 
     # -- per-VF settings
     wanted_cfg = {i: s for i, s in enumerate(want.vfs) if not s.empty}
     if wanted_cfg:
         if not netdev:
-            p.unsupported.append(f"per-VF mac/vlan/trust/spoofchk not supported by {dev.driver or 'no driver'}: "
-                                 f"PF {name} has no network interface (`ip link set <pf> vf N` needs one)")
+            p.unsupported.append(
+                f"per-VF mac/vlan/trust/spoofchk not supported by {dev.driver or 'no driver'}: "
+                f"PF {name} has no network interface (`ip link set <pf> vf N` needs one)"
+            )
         else:
             have = detail.vfinfo.get(netdev, {})
             for i, s in wanted_cfg.items():
                 now = have.get(i, {})
-                diff = [k for k in ("mac", "vlan", "trust", "spoofchk")
-                        if getattr(s, k) is not None and (cur != n or now.get(k) != getattr(s, k))]
+                diff = [
+                    k
+                    for k in ("mac", "vlan", "trust", "spoofchk")
+                    if getattr(s, k) is not None and (cur != n or now.get(k) != getattr(s, k))
+                ]
                 if diff:
-                    p.actions.append(Action("vf-config", (
-                        f"set VF {i} of {netdev} ({name}): " + " ".join(s.ip_args())), {"vf": i, "args": s.ip_args(),
-                                                                                         "netdev": netdev}))
+                    p.actions.append(
+                        Action(
+                            "vf-config",
+                            (f"set VF {i} of {netdev} ({name}): " + " ".join(s.ip_args())),
+                            {"vf": i, "args": s.ip_args(), "netdev": netdev},
+                        )
+                    )
 
     # -- IRQs of the PF to host-reserved CPUs
     if want.irq_cpus and f.irqbalance_active:
-        p.warnings.append("irqbalance is active: unless it bans the VM CPUs (IrqIsolation, "
-                          "IRQBALANCE_BANNED_CPULIST) it moves the PF's IRQs to the PF's own node again after each "
-                          "boot (seed 002 §9); refresh reports that as drift")
+        p.warnings.append(
+            "irqbalance is active: unless it bans the VM CPUs (IrqIsolation, "
+            "IRQBALANCE_BANNED_CPULIST) it moves the PF's IRQs to the PF's own node again after each "
+            "boot (seed 002 §9); refresh reports that as drift"
+        )
     if want.irq_cpus:
         aff = {q.irq: q.affinity for q in f.interrupts}
         for irq in detail.irqs:
@@ -516,9 +604,17 @@ def plan_sriov(f: HostFacts, detail: PfDetail, want: SriovWant, unit_text: Optio
         # On host-reserved CPUs means a subset of them: irqbalance (banned from VM CPUs) may pick one of them.
         moving = {i: aff.get(i) for i in p.irq_targets if not on_cpus(aff.get(i), want.irq_cpus)}
         if moving:
-            was = "; ".join(f"{i}: {format_cpulist(c or [])}" for i, c in sorted(moving.items(), key=lambda kv: int(kv[0])))
-            p.actions.append(Action("irq", (
-                f"pin IRQs {', '.join(sorted(moving, key=int))} of {name} to host-reserved CPUs "
-                f"{format_cpulist(want.irq_cpus)} (were {was}; kernel-managed queue IRQs may refuse)"),
-                {"irqs": sorted(moving, key=int)}))
+            was = "; ".join(
+                f"{i}: {format_cpulist(c or [])}" for i, c in sorted(moving.items(), key=lambda kv: int(kv[0]))
+            )
+            p.actions.append(
+                Action(
+                    "irq",
+                    (
+                        f"pin IRQs {', '.join(sorted(moving, key=int))} of {name} to host-reserved CPUs "
+                        f"{format_cpulist(want.irq_cpus)} (were {was}; kernel-managed queue IRQs may refuse)"
+                    ),
+                    {"irqs": sorted(moving, key=int)},
+                )
+            )
     return p

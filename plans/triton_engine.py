@@ -30,7 +30,7 @@ from typing import Literal, Optional
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-from access.shell import Script, sh
+from access.shell import Script
 
 # TensorRT container → TensorRT version inside it (NGC release notes).
 TENSORRT_IMAGE_VERSIONS = {
@@ -157,8 +157,10 @@ def plan_rebuild(stored_key_json: Optional[str], b: EngineBuild, *, plan_exists:
 
 def build_command(b: EngineBuild) -> str:
     """The guest-side script: trtexec in the TensorRT container, then atomically install plan and key."""
-    workdirs = sorted({posixpath.dirname(p) for p in (b.onnx_path, b.plan_path, b.timing_cache)}
-                      | ({b.calib_dir} if b.calib_dir else set()))
+    workdirs = sorted(
+        {posixpath.dirname(p) for p in (b.onnx_path, b.plan_path, b.timing_cache)}
+        | ({b.calib_dir} if b.calib_dir else set())
+    )
     s = Script()
     s.raw("set -eu")
     s.add("mkdir", "-p", posixpath.dirname(b.plan_path), posixpath.dirname(b.timing_cache))

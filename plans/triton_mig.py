@@ -27,16 +27,21 @@ from dataclasses import dataclass, field
 from access.shell import sh
 
 SECTIONS = ("MODE", "LGIP", "LGI", "LIST")
-FACT_SCRIPT = "\n".join([
-    "echo '@@MODE'",
-    "nvidia-smi --query-gpu=index,uuid,name,mig.mode.current,mig.mode.pending --format=csv,noheader || true",
-    "echo '@@LGIP'",
-    "nvidia-smi mig -lgip 2>&1 || true",
-    "echo '@@LGI'",
-    "nvidia-smi mig -lgi 2>&1 || true",
-    "echo '@@LIST'",
-    "nvidia-smi -L || true",
-]) + "\n"
+FACT_SCRIPT = (
+    "\n".join(
+        [
+            "echo '@@MODE'",
+            "nvidia-smi --query-gpu=index,uuid,name,mig.mode.current,mig.mode.pending --format=csv,noheader || true",
+            "echo '@@LGIP'",
+            "nvidia-smi mig -lgip 2>&1 || true",
+            "echo '@@LGI'",
+            "nvidia-smi mig -lgi 2>&1 || true",
+            "echo '@@LIST'",
+            "nvidia-smi -L || true",
+        ]
+    )
+    + "\n"
+)
 
 
 @dataclass
@@ -153,26 +158,36 @@ def plan(gpus: list[Gpu], layout: dict[int, list[str]]) -> list[Action]:
             if gpu.mig_current or gpu.mig_pending:
                 if gpu.instances:
                     actions += _destroy(index)
-                actions.append(Action(f"GPU {index}: turn MIG off", sh("nvidia-smi", "-i", index, "-mig", 0),
-                                      needs_reset=True))
+                actions.append(
+                    Action(f"GPU {index}: turn MIG off", sh("nvidia-smi", "-i", index, "-mig", 0), needs_reset=True)
+                )
             continue
         if gpu.mig_current and Counter(gpu.instances) == Counter(wanted):
             continue
         if gpu.profiles:
             unknown = [p for p in wanted if p not in gpu.profiles]
             if unknown:
-                raise ValueError(f"GPU {index} ({gpu.name}) has no MIG profile {unknown[0]!r}; "
-                                 f"it offers {sorted(gpu.profiles)}")
+                raise ValueError(
+                    f"GPU {index} ({gpu.name}) has no MIG profile {unknown[0]!r}; it offers {sorted(gpu.profiles)}"
+                )
         if not gpu.mig_current:
-            actions.append(Action(
-                f"GPU {index}: enable MIG mode" + (" (pending: reset the GPU or the guest)" if gpu.mig_pending
-                                                   else ""),
-                sh("nvidia-smi", "-i", index, "-mig", 1), needs_reset=True))
+            actions.append(
+                Action(
+                    f"GPU {index}: enable MIG mode"
+                    + (" (pending: reset the GPU or the guest)" if gpu.mig_pending else ""),
+                    sh("nvidia-smi", "-i", index, "-mig", 1),
+                    needs_reset=True,
+                )
+            )
         if gpu.instances:
             actions += _destroy(index)
         ids = ",".join(str(gpu.profiles[p]) if p in gpu.profiles else p for p in wanted)
-        actions.append(Action(f"GPU {index}: create GPU+compute instances {wanted}",
-                              sh("nvidia-smi", "mig", "-i", index, "-cgi", ids, "-C")))
+        actions.append(
+            Action(
+                f"GPU {index}: create GPU+compute instances {wanted}",
+                sh("nvidia-smi", "mig", "-i", index, "-cgi", ids, "-C"),
+            )
+        )
     return actions
 
 

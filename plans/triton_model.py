@@ -28,8 +28,20 @@ from tritonclient.grpc import model_config_pb2 as pb
 
 Platform = Literal["tensorrt_plan", "onnxruntime_onnx", "python"]
 DataType = Literal[
-    "BOOL", "UINT8", "UINT16", "UINT32", "UINT64", "INT8", "INT16", "INT32", "INT64",
-    "FP16", "FP32", "FP64", "STRING", "BF16",
+    "BOOL",
+    "UINT8",
+    "UINT16",
+    "UINT32",
+    "UINT64",
+    "INT8",
+    "INT16",
+    "INT32",
+    "INT64",
+    "FP16",
+    "FP32",
+    "FP64",
+    "STRING",
+    "BF16",
 ]
 Kind = Literal["KIND_GPU", "KIND_CPU", "KIND_AUTO", "KIND_MODEL"]
 
@@ -303,8 +315,10 @@ def problems(spec: ModelSpec, *, gpu_count: int) -> list[tuple[str, str]]:
             if p < 1:
                 bad(f"dynamic_batching.preferred_batch_size[{j}]", "must be >= 1")
             elif spec.max_batch_size and p > spec.max_batch_size:
-                bad(f"dynamic_batching.preferred_batch_size[{j}]",
-                    f"{p} is larger than max_batch_size {spec.max_batch_size}")
+                bad(
+                    f"dynamic_batching.preferred_batch_size[{j}]",
+                    f"{p} is larger than max_batch_size {spec.max_batch_size}",
+                )
         if len(set(d.preferred_batch_size)) != len(d.preferred_batch_size):
             bad("dynamic_batching.preferred_batch_size", "lists a size twice")
         if d.max_queue_delay_microseconds < 0:
@@ -313,8 +327,10 @@ def problems(spec: ModelSpec, *, gpu_count: int) -> list[tuple[str, str]]:
             bad("dynamic_batching.priority_levels", "must be >= 0")
         if d.priority_levels:
             if not 1 <= d.default_priority_level <= d.priority_levels:
-                bad("dynamic_batching.default_priority_level",
-                    f"must be within 1..{d.priority_levels} when priority_levels is set")
+                bad(
+                    "dynamic_batching.default_priority_level",
+                    f"must be within 1..{d.priority_levels} when priority_levels is set",
+                )
             if d.preserve_ordering:
                 # Priority queues reorder requests by design; Triton cannot honour both.
                 bad("dynamic_batching.preserve_ordering", "cannot be combined with priority_levels")
@@ -322,10 +338,14 @@ def problems(spec: ModelSpec, *, gpu_count: int) -> list[tuple[str, str]]:
             bad("dynamic_batching.default_priority_level", "set but priority_levels is 0")
         for level in d.priority_queue_policy:
             if not 1 <= level <= d.priority_levels:
-                bad(f"dynamic_batching.priority_queue_policy[{level}]",
-                    f"priority level {level} is outside 1..{d.priority_levels}")
-        for label, policy in [("default_queue_policy", d.default_queue_policy),
-                              *((f"priority_queue_policy[{k}]", v) for k, v in d.priority_queue_policy.items())]:
+                bad(
+                    f"dynamic_batching.priority_queue_policy[{level}]",
+                    f"priority level {level} is outside 1..{d.priority_levels}",
+                )
+        for label, policy in [
+            ("default_queue_policy", d.default_queue_policy),
+            *((f"priority_queue_policy[{k}]", v) for k, v in d.priority_queue_policy.items()),
+        ]:
             if policy is None:
                 continue
             if policy.max_queue_size < 0:

@@ -31,9 +31,13 @@ from plans.triton_model import (
 )
 
 
-def repository_files(specs: list[ModelSpec], *, gpu_count: int,
-                     model_py: Optional[bytes] = None,
-                     model_files: Optional[dict[str, bytes]] = None) -> dict[str, bytes]:
+def repository_files(
+    specs: list[ModelSpec],
+    *,
+    gpu_count: int,
+    model_py: Optional[bytes] = None,
+    model_files: Optional[dict[str, bytes]] = None,
+) -> dict[str, bytes]:
     """Relative path → content for the whole repository.
 
     Args:
@@ -72,8 +76,10 @@ def standin(spec: ModelSpec, *, sleep_ms: float = 0.0) -> ModelSpec:
     GPU-only settings are mapped to CPU: instance groups become KIND_CPU with the same count,
     GPU-only parameters (EXECUTION_ENV_PATH) are dropped, and ``sleep_ms`` is what each batch costs.
     """
-    groups = [InstanceGroup(kind="KIND_CPU", count=g.count, rate_limiter=g.rate_limiter, name=g.name)
-              for g in spec.instance_group]
+    groups = [
+        InstanceGroup(kind="KIND_CPU", count=g.count, rate_limiter=g.rate_limiter, name=g.name)
+        for g in spec.instance_group
+    ]
     params = {k: v for k, v in spec.parameters.items() if k != "EXECUTION_ENV_PATH"}
     params["sleep_ms"] = repr(float(sleep_ms))
     params["standin_for"] = spec.platform
@@ -92,10 +98,12 @@ def yolov8n(max_batch_size: int = 8) -> ModelSpec:
         inputs=[Tensor(name="images", data_type="FP32", dims=[3, 640, 640])],
         outputs=[Tensor(name="output0", data_type="FP32", dims=[84, 8400])],
         instance_group=[InstanceGroup(kind="KIND_GPU", count=1, gpus=[0])],
-        dynamic_batching=DynamicBatching(preferred_batch_size=[b for b in (1, 2, 4, 8) if b <= max_batch_size],
-                                         max_queue_delay_microseconds=1000),
-        warmup=[Warmup(name="zeros", batch_size=1,
-                       inputs={"images": WarmupInput(data_type="FP32", dims=[3, 640, 640])})],
+        dynamic_batching=DynamicBatching(
+            preferred_batch_size=[b for b in (1, 2, 4, 8) if b <= max_batch_size], max_queue_delay_microseconds=1000
+        ),
+        warmup=[
+            Warmup(name="zeros", batch_size=1, inputs={"images": WarmupInput(data_type="FP32", dims=[3, 640, 640])})
+        ],
     )
 
 
@@ -108,8 +116,9 @@ def resnet50_fp16(max_batch_size: int = 8) -> ModelSpec:
         inputs=[Tensor(name="input", data_type="FP16", dims=[3, 224, 224])],
         outputs=[Tensor(name="logits", data_type="FP16", dims=[1000])],
         instance_group=[InstanceGroup(kind="KIND_GPU", count=2, gpus=[0])],
-        dynamic_batching=DynamicBatching(preferred_batch_size=[b for b in (1, 2, 4, 8) if b <= max_batch_size],
-                                         max_queue_delay_microseconds=800),
+        dynamic_batching=DynamicBatching(
+            preferred_batch_size=[b for b in (1, 2, 4, 8) if b <= max_batch_size], max_queue_delay_microseconds=800
+        ),
         response_cache=True,
     )
 

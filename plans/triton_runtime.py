@@ -89,8 +89,7 @@ def container_spec(rt: DockerRuntime, args: list[str]) -> dict:
         "device_requests": device_requests,
         "shm_size": rt.shm_size_mib,
         # NGC's recommendation for Triton: unlimited locked memory, 64 MiB stack.
-        "ulimits": [{"name": "memlock", "soft": -1, "hard": -1}, {"name": "stack", "soft": 67108864,
-                                                                   "hard": 67108864}],
+        "ulimits": [{"name": "memlock", "soft": -1, "hard": -1}, {"name": "stack", "soft": 67108864, "hard": 67108864}],
         "restart": rt.restart,
         "envs": [f"{k}={v}" for k, v in sorted(rt.env.items())],
         "volumes": [{"host_path": rt.host_repository, "container_path": "/models", "read_only": True}],
@@ -175,8 +174,8 @@ def parse_unit_exec(unit_text: str) -> tuple[list[str], dict[str, str]]:
 
     for line in unit_text.splitlines():
         if line.startswith("ExecStart="):
-            argv = [unquote(m.group(1)) for m in word.finditer(line[len("ExecStart="):])]
+            argv = [unquote(m.group(1)) for m in word.finditer(line[len("ExecStart=") :])]
         elif line.startswith("Environment="):
-            k, _, v = unquote(word.match(line[len("Environment="):]).group(1)).partition("=")
+            k, _, v = unquote(word.match(line[len("Environment=") :]).group(1)).partition("=")
             env[k] = v
     return argv, env

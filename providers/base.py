@@ -87,8 +87,11 @@ class HostProvider(ResourceProvider):
         # stack wants changed; version bumps alone re-run nothing.
         changed = self.changed_keys(olds, news, [k for k in news if k not in _IGNORED and k not in self.OUTPUT_ONLY])
         replaces = [k for k in changed if k in self.REPLACE_ON]
-        return DiffResult(changes=bool(changed), replaces=replaces,
-                          delete_before_replace=self.DELETE_BEFORE_REPLACE if replaces else None)
+        return DiffResult(
+            changes=bool(changed),
+            replaces=replaces,
+            delete_before_replace=self.DELETE_BEFORE_REPLACE if replaces else None,
+        )
 
     @staticmethod
     def outputs(props: dict, **extra: Any) -> dict:

@@ -33,13 +33,21 @@ def nr_path(node: int | str) -> str:
 
 
 def render_unit(per_node: dict) -> str:
-    lines = ["# gpuhost: per-NUMA-node 2 MiB hugepages (seed 002 §6), before VMs start",
-             "[Unit]", "Description=gpuhost per-node hugepage reservation", "DefaultDependencies=no",
-             "Before=libvirtd.service libvirt-guests.service", "After=local-fs.target", "",
-             "[Service]", "Type=oneshot", "RemainAfterExit=yes"]
+    lines = [
+        "# gpuhost: per-NUMA-node 2 MiB hugepages (seed 002 §6), before VMs start",
+        "[Unit]",
+        "Description=gpuhost per-node hugepage reservation",
+        "DefaultDependencies=no",
+        "Before=libvirtd.service libvirt-guests.service",
+        "After=local-fs.target",
+        "",
+        "[Service]",
+        "Type=oneshot",
+        "RemainAfterExit=yes",
+    ]
     for node, count in sorted(per_node.items(), key=lambda kv: int(kv[0])):
         # systemd does not run a shell: sh -c with a constant text and the numbers as positional arguments.
-        lines.append(f"ExecStart=/bin/sh -c 'echo \"$1\" > \"$2\"' sh {int(count)} {nr_path(node)}")
+        lines.append(f'ExecStart=/bin/sh -c \'echo "$1" > "$2"\' sh {int(count)} {nr_path(node)}')
     lines += ["", "[Install]", "WantedBy=multi-user.target", ""]
     return "\n".join(lines)
 
@@ -68,10 +76,13 @@ class Hugepages2MProvider(HostProvider):
         per = {str(k): int(v) for k, v in props["per_node"].items()}
         missing = [n for n in per if int(n) not in facts.nodes]
         if missing:
-            raise RuntimeError(f"{conn.spec.name}: no NUMA node {', '.join(missing)} on this host "
-                               f"(nodes: {', '.join(str(n) for n in facts.nodes)}); nothing changed")
+            raise RuntimeError(
+                f"{conn.spec.name}: no NUMA node {', '.join(missing)} on this host "
+                f"(nodes: {', '.join(str(n) for n in facts.nodes)}); nothing changed"
+            )
         prior_counts = (olds or {}).get("prior_counts") or {
-            str(n): facts.nodes[int(n)].hugepages.get(SIZE_KB, {}).get("nr", 0) for n in per}
+            str(n): facts.nodes[int(n)].hugepages.get(SIZE_KB, {}).get("nr", 0) for n in per
+        }
         unit = render_unit(per).encode()
         s = Script().raw("set -e")
         cur = facts.files[UNIT]
@@ -94,12 +105,18 @@ class Hugepages2MProvider(HostProvider):
                 undo.extend(restore_lines(pristine))
                 undo.raw("systemctl daemon-reload")
             conn.run(undo.render())
-            raise RuntimeError(f"{conn.spec.name}: the kernel reserved fewer 2 MiB hugepages than asked — " + "; ".join(
-                f"node {n}: got {g} of {w}" for n, (g, w) in short.items()) +
-                " (memory is fragmented). Reserve them at boot (hugepages= on the kernel command line, or 1G pages) "
-                "or free memory on that node; the previous counts were put back.")
-        return self.outputs(props, prior=(olds or {}).get("prior") or {k: v.model_dump() for k, v in pristine.items()},
-                            prior_counts=prior_counts, allocated=got)
+            raise RuntimeError(
+                f"{conn.spec.name}: the kernel reserved fewer 2 MiB hugepages than asked — "
+                + "; ".join(f"node {n}: got {g} of {w}" for n, (g, w) in short.items())
+                + " (memory is fragmented). Reserve them at boot (hugepages= on the kernel command line, or 1G pages) "
+                "or free memory on that node; the previous counts were put back."
+            )
+        return self.outputs(
+            props,
+            prior=(olds or {}).get("prior") or {k: v.model_dump() for k, v in pristine.items()},
+            prior_counts=prior_counts,
+            allocated=got,
+        )
 
     def create(self, props: dict[str, Any]) -> CreateResult:
         return CreateResult(f"{self.spec(props).name}:hugepages-2M", self._apply(props, None))
@@ -110,15 +127,21 @@ class Hugepages2MProvider(HostProvider):
     def diff(self, _id: str, olds: dict, news: dict) -> DiffResult:
         d = super().diff(_id, olds, news)
         want = {str(k): int(v) for k, v in (news.get("per_node") or {}).items()}
-        if not d.changes and olds.get("allocated") is not None and any(
-                int((olds.get("allocated") or {}).get(n, 0)) != c for n, c in want.items()):
+        if (
+            not d.changes
+            and olds.get("allocated") is not None
+            and any(int((olds.get("allocated") or {}).get(n, 0)) != c for n, c in want.items())
+        ):
             return DiffResult(changes=True, replaces=[], delete_before_replace=None)
         return d
 
     def read(self, id_: str, props: dict) -> ReadResult:
         facts = read_host_facts(self.conn(props))
-        got = {str(n): facts.nodes[int(n)].hugepages.get(SIZE_KB, {}).get("nr", 0)
-               for n in (props.get("per_node") or {}) if int(n) in facts.nodes}
+        got = {
+            str(n): facts.nodes[int(n)].hugepages.get(SIZE_KB, {}).get("nr", 0)
+            for n in (props.get("per_node") or {})
+            if int(n) in facts.nodes
+        }
         return ReadResult(id_, {**props, "allocated": got})
 
     def delete(self, _id: str, props: dict) -> None:
@@ -134,6 +157,9 @@ class Hugepages2M(dynamic.Resource, module="host", name="Hugepages2M"):
     allocated: pulumi.Output[dict]
 
     def __init__(self, name: str, args: dict, opts: Optional[pulumi.ResourceOptions] = None):
-        super().__init__(Hugepages2MProvider(), name,
-                         {**{k: None for k in Hugepages2MProvider.OUTPUT_ONLY}, **args,
-                          "version": Hugepages2MProvider.VERSION}, opts)
+        super().__init__(
+            Hugepages2MProvider(),
+            name,
+            {**{k: None for k in Hugepages2MProvider.OUTPUT_ONLY}, **args, "version": Hugepages2MProvider.VERSION},
+            opts,
+        )

@@ -27,8 +27,11 @@ PATHS = ["/etc/default/irqbalance", "/etc/sysconfig/irqbalance"]
 
 
 def _affinity_lines(target: dict[str, list[int]]) -> list[str]:
-    return [f"printf '%s' {quote(format_cpulist(int(x) for x in c))} > /proc/irq/{int(i)}/smp_affinity_list 2>/dev/null "
-            f"|| echo unmovable {int(i)}" for i, c in sorted(target.items(), key=lambda kv: int(kv[0]))]
+    return [
+        f"printf '%s' {quote(format_cpulist(int(x) for x in c))} > /proc/irq/{int(i)}/smp_affinity_list 2>/dev/null "
+        f"|| echo unmovable {int(i)}"
+        for i, c in sorted(target.items(), key=lambda kv: int(kv[0]))
+    ]
 
 
 class IrqIsolationProvider(HostProvider):
@@ -67,15 +70,27 @@ class IrqIsolationProvider(HostProvider):
             prior_aff.setdefault(i, next(x.affinity for x in facts.interrupts if x.irq == i))
         s = Script().raw("set -e")
         if not (cur.exists and cur.content == new):
-            s.extend(write_lines(path, new, cur.mode.zfill(4) if cur.exists else "0644",
-                                 f"{cur.uid}:{cur.gid}" if cur.exists else "0:0"))
+            s.extend(
+                write_lines(
+                    path,
+                    new,
+                    cur.mode.zfill(4) if cur.exists else "0644",
+                    f"{cur.uid}:{cur.gid}" if cur.exists else "0:0",
+                )
+            )
             s.raw("if systemctl is-active -q irqbalance; then systemctl restart irqbalance; fi")
         s.extend(_affinity_lines(targets))
         out = conn.run(s.render()).stdout
         unmovable = sorted({ln.split()[1] for ln in out.splitlines() if ln.startswith("unmovable ")}, key=int)
-        return self.outputs(props, prior=(olds or {}).get("prior") or {k: v.model_dump() for k, v in pristine.items()},
-                            prior_affinity=prior_aff, config_path=path, banned=banned,
-                            pinned={i: c for i, c in targets.items() if i not in unmovable}, unmovable=unmovable)
+        return self.outputs(
+            props,
+            prior=(olds or {}).get("prior") or {k: v.model_dump() for k, v in pristine.items()},
+            prior_affinity=prior_aff,
+            config_path=path,
+            banned=banned,
+            pinned={i: c for i, c in targets.items() if i not in unmovable},
+            unmovable=unmovable,
+        )
 
     def create(self, props: dict[str, Any]) -> CreateResult:
         return CreateResult(f"{self.spec(props).name}:irq-isolation", self._apply(props, None))
@@ -85,8 +100,11 @@ class IrqIsolationProvider(HostProvider):
 
     def diff(self, _id: str, olds: dict, news: dict) -> DiffResult:
         d = super().diff(_id, olds, news)
-        if not d.changes and olds.get("banned") is not None and (
-                olds["banned"] != format_cpulist(int(c) for c in news.get("banned_cpus") or []) or olds.get("drift")):
+        if (
+            not d.changes
+            and olds.get("banned") is not None
+            and (olds["banned"] != format_cpulist(int(c) for c in news.get("banned_cpus") or []) or olds.get("drift"))
+        ):
             return DiffResult(changes=True, replaces=[], delete_before_replace=None)
         return d
 
@@ -96,8 +114,11 @@ class IrqIsolationProvider(HostProvider):
         st = facts.files[path]
         banned = plan.get_shell_var(st.text, plan.VAR) if st.exists else None
         # irqbalance may narrow an IRQ to one of the allowed CPUs; drift is an IRQ outside them.
-        drift = [i for i, c in (props.get("pinned") or {}).items()
-                 if not set(next((x.affinity for x in facts.interrupts if x.irq == i), c)) <= {int(v) for v in c}]
+        drift = [
+            i
+            for i, c in (props.get("pinned") or {}).items()
+            if not set(next((x.affinity for x in facts.interrupts if x.irq == i), c)) <= {int(v) for v in c}
+        ]
         return ReadResult(id_, {**props, "banned": banned, "drift": drift})
 
     def delete(self, _id: str, props: dict) -> None:
@@ -113,6 +134,14 @@ class IrqIsolation(dynamic.Resource, module="host", name="IrqIsolation"):
     pinned: pulumi.Output[dict]
 
     def __init__(self, name: str, args: dict, opts: Optional[pulumi.ResourceOptions] = None):
-        super().__init__(IrqIsolationProvider(), name,
-                         {**{k: None for k in IrqIsolationProvider.OUTPUT_ONLY}, "pin": [], **args,
-                          "version": IrqIsolationProvider.VERSION}, opts)
+        super().__init__(
+            IrqIsolationProvider(),
+            name,
+            {
+                **{k: None for k in IrqIsolationProvider.OUTPUT_ONLY},
+                "pin": [],
+                **args,
+                "version": IrqIsolationProvider.VERSION,
+            },
+            opts,
+        )

@@ -28,8 +28,12 @@ def _regen(family: str, add: list[str], remove: list[str]) -> list[str]:
     cmds = plan.regenerate_commands(family)
     if family == "rhel":
         cmds += plan.grubby_commands(add, remove)
-    return [sh(*c) + " >/dev/null 2>&1 || { echo 'regenerating the boot config failed' >&2; exit 1; }"
-            if c[0] in ("update-grub", "grub2-mkconfig") else sh(*c) for c in cmds]
+    return [
+        sh(*c) + " >/dev/null 2>&1 || { echo 'regenerating the boot config failed' >&2; exit 1; }"
+        if c[0] in ("update-grub", "grub2-mkconfig")
+        else sh(*c)
+        for c in cmds
+    ]
 
 
 class KernelCmdlineProvider(HostProvider):
@@ -56,12 +60,21 @@ class KernelCmdlineProvider(HostProvider):
         p = plan.plan_cmdline(current.text, facts.cmdline, add, remove)
         if p.file_change:
             new = plan.edit_grub_default(current.text, add, remove).encode()
-            s = Script().raw("set -e").extend(write_lines(GRUB, new, current.mode.zfill(4),
-                                                          f"{current.uid}:{current.gid}"))
+            s = (
+                Script()
+                .raw("set -e")
+                .extend(write_lines(GRUB, new, current.mode.zfill(4), f"{current.uid}:{current.gid}"))
+            )
             s.extend(_regen(facts.os.family, add, remove))
             conn.run(s.render())
-        return self.outputs(props, prior=prior or pristine[GRUB].model_dump(), configured=p.configured,
-                            running=facts.cmdline, pending_reboot=p.pending_reboot, plan=p.sentence)
+        return self.outputs(
+            props,
+            prior=prior or pristine[GRUB].model_dump(),
+            configured=p.configured,
+            running=facts.cmdline,
+            pending_reboot=p.pending_reboot,
+            plan=p.sentence,
+        )
 
     def create(self, props: dict[str, Any]) -> CreateResult:
         outs = self._apply(props, None)
@@ -73,8 +86,10 @@ class KernelCmdlineProvider(HostProvider):
     def diff(self, _id: str, olds: dict, news: dict) -> DiffResult:
         d = super().diff(_id, olds, news)
         configured = olds.get("configured")
-        drifted = configured is not None and plan.apply_args(
-            configured, news.get("add") or [], news.get("remove") or []) != configured
+        drifted = (
+            configured is not None
+            and plan.apply_args(configured, news.get("add") or [], news.get("remove") or []) != configured
+        )
         if drifted and not d.changes:
             return DiffResult(changes=True, replaces=[], delete_before_replace=None)
         return d
@@ -84,8 +99,16 @@ class KernelCmdlineProvider(HostProvider):
         text = facts.files[GRUB].text
         p = plan.plan_cmdline(text, facts.cmdline, props.get("add") or [], props.get("remove") or [])
         configured, _ = plan.find_value(text)
-        return ReadResult(id_, {**props, "configured": configured, "running": facts.cmdline,
-                                "pending_reboot": p.pending_reboot, "plan": p.sentence})
+        return ReadResult(
+            id_,
+            {
+                **props,
+                "configured": configured,
+                "running": facts.cmdline,
+                "pending_reboot": p.pending_reboot,
+                "plan": p.sentence,
+            },
+        )
 
     def delete(self, _id: str, props: dict) -> None:
         prior = FileState.model_validate(props["prior"])
@@ -102,6 +125,14 @@ class KernelCmdline(dynamic.Resource, module="host", name="KernelCmdline"):
     pending_reboot: pulumi.Output[bool]
 
     def __init__(self, name: str, args: dict, opts: Optional[pulumi.ResourceOptions] = None):
-        super().__init__(KernelCmdlineProvider(), name,
-                         {**{k: None for k in KernelCmdlineProvider.OUTPUT_ONLY}, "acknowledged": [], **args,
-                          "version": KernelCmdlineProvider.VERSION}, opts)
+        super().__init__(
+            KernelCmdlineProvider(),
+            name,
+            {
+                **{k: None for k in KernelCmdlineProvider.OUTPUT_ONLY},
+                "acknowledged": [],
+                **args,
+                "version": KernelCmdlineProvider.VERSION,
+            },
+            opts,
+        )

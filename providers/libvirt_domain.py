@@ -103,10 +103,12 @@ class _Tunnel:
                 return
             chan = self.conn.client.get_transport().open_session()
             chan.exec_command(self.command)
-            threading.Thread(target=self._pump, args=(client.recv, chan.sendall, chan.shutdown_write),
-                             daemon=True).start()
-            threading.Thread(target=self._pump, args=(chan.recv, client.sendall, lambda: client.shutdown(1)),
-                             daemon=True).start()
+            threading.Thread(
+                target=self._pump, args=(client.recv, chan.sendall, chan.shutdown_write), daemon=True
+            ).start()
+            threading.Thread(
+                target=self._pump, args=(chan.recv, client.sendall, lambda c=client: c.shutdown(1)), daemon=True
+            ).start()
 
     @staticmethod
     def _pump(recv, send, done) -> None:
@@ -217,8 +219,12 @@ def shutdown(dom: libvirt.virDomain, timeout: float) -> str:
 def _undefine(dom: libvirt.virDomain) -> None:
     """Undefine with the VM's NVRAM (its UEFI variables are part of it); drivers without NVRAM (test://) refuse
     that flag, so fall back to fewer flags only on that refusal."""
-    for flags in (libvirt.VIR_DOMAIN_UNDEFINE_NVRAM | libvirt.VIR_DOMAIN_UNDEFINE_MANAGED_SAVE
-                  | libvirt.VIR_DOMAIN_UNDEFINE_SNAPSHOTS_METADATA, 0):
+    for flags in (
+        libvirt.VIR_DOMAIN_UNDEFINE_NVRAM
+        | libvirt.VIR_DOMAIN_UNDEFINE_MANAGED_SAVE
+        | libvirt.VIR_DOMAIN_UNDEFINE_SNAPSHOTS_METADATA,
+        0,
+    ):
         try:
             dom.undefineFlags(flags)
             return
@@ -268,8 +274,11 @@ def write_seed(lv: libvirt.virConnect, path: str, data: bytes) -> bool:
         old.delete(0)
     pool = _pool_for(lv, path)
     vol = pool.createXML(
-        "<volume><name>{}</name><capacity unit='bytes'>{}</capacity><target><format type='raw'/></target></volume>"
-        .format(escape(os.path.basename(path)), len(data)), 0)
+        "<volume><name>{}</name><capacity unit='bytes'>{}</capacity><target><format type='raw'/></target></volume>".format(
+            escape(os.path.basename(path)), len(data)
+        ),
+        0,
+    )
     stream = lv.newStream(0)
     try:
         vol.upload(stream, 0, len(data), 0)
@@ -306,9 +315,13 @@ def _live_pins(dom: libvirt.virDomain, ncpus: int, spec: DomainSpec) -> None:
 
 def state_name(dom: libvirt.virDomain) -> str:
     st = dom.state()[0]
-    return {libvirt.VIR_DOMAIN_RUNNING: "running", libvirt.VIR_DOMAIN_SHUTOFF: "shutoff",
-            libvirt.VIR_DOMAIN_PAUSED: "paused", libvirt.VIR_DOMAIN_SHUTDOWN: "shutdown",
-            libvirt.VIR_DOMAIN_CRASHED: "crashed"}.get(st, str(st))
+    return {
+        libvirt.VIR_DOMAIN_RUNNING: "running",
+        libvirt.VIR_DOMAIN_SHUTOFF: "shutoff",
+        libvirt.VIR_DOMAIN_PAUSED: "paused",
+        libvirt.VIR_DOMAIN_SHUTDOWN: "shutdown",
+        libvirt.VIR_DOMAIN_CRASHED: "crashed",
+    }.get(st, str(st))
 
 
 class UpdateFailed(RuntimeError):
@@ -337,9 +350,12 @@ class LibvirtDomainProvider(HostProvider):
             failures.append(CheckFailure("domain.seed_iso", "cloud_init needs the seed ISO path in domain.seed_iso"))
         # Normalised inputs (PCI addresses in full form, defaults written out) so that state, refresh and new
         # inputs compare field by field.
-        news = {**news, "domain": inp.domain.model_dump(mode="json"),
-                "storage": inp.storage.model_dump(mode="json"),
-                "cloud_init": inp.cloud_init.model_dump(mode="json") if inp.cloud_init else None}
+        news = {
+            **news,
+            "domain": inp.domain.model_dump(mode="json"),
+            "storage": inp.storage.model_dump(mode="json"),
+            "cloud_init": inp.cloud_init.model_dump(mode="json") if inp.cloud_init else None,
+        }
         return CheckResult(news, failures)
 
     def diff(self, id_: str, olds: dict, news: dict):
@@ -382,9 +398,15 @@ class LibvirtDomainProvider(HostProvider):
         return CreateResult(dom.UUIDString(), self._outs(props, dom, disk_created, seed_uploaded, xml))
 
     def _outs(self, props, dom, disk_created, seed_uploaded, xml) -> dict:
-        return self.outputs(props, uuid=dom.UUIDString(), state=state_name(dom), domid=dom.ID(),
-                            disk_created=disk_created,
-                            seed_uploaded=seed_uploaded, xml_sha256=hashlib.sha256(xml.encode()).hexdigest())
+        return self.outputs(
+            props,
+            uuid=dom.UUIDString(),
+            state=state_name(dom),
+            domid=dom.ID(),
+            disk_created=disk_created,
+            seed_uploaded=seed_uploaded,
+            xml_sha256=hashlib.sha256(xml.encode()).hexdigest(),
+        )
 
     # -- update ---------------------------------------------------------------------------------------------------
     def update(self, id_: str, olds: dict, news: dict) -> UpdateResult:
@@ -416,7 +438,7 @@ class LibvirtDomainProvider(HostProvider):
                 _live_pins(dom, lv.getCPUMap(0)[0], spec)
             except libvirt.libvirtError as e:
                 lv.defineXML(previous)
-                raise UpdateFailed(f"live pinning of {spec.name!r} failed ({e}); previous definition restored")
+                raise UpdateFailed(f"live pinning of {spec.name!r} failed ({e}); previous definition restored") from e
         else:
             if running:
                 shutdown(dom, new.shutdown_timeout)
@@ -430,7 +452,8 @@ class LibvirtDomainProvider(HostProvider):
                     dom.create()
                 raise UpdateFailed(
                     f"update of {spec.name!r} failed: {e.get_error_message()}; previous definition restored"
-                    + (" and started" if running else "")) from e
+                    + (" and started" if running else "")
+                ) from e
         return UpdateResult(self._outs(news, dom, olds.get("disk_created", False), seed_uploaded, xml))
 
     # -- delete ---------------------------------------------------------------------------------------------------

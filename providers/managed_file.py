@@ -12,7 +12,6 @@ Usage::
 
 from __future__ import annotations
 
-import base64
 import hashlib
 from typing import Any, Optional
 
@@ -61,8 +60,10 @@ class ManagedFileProvider(HostProvider):
         conn = self.conn(props)
         prior = self._state(conn, props["path"])
         conn.put(props["path"], props["content"].encode(), mode=props.get("mode"), owner=props.get("owner"))
-        return CreateResult(f"{self.spec(props).name}:{props['path']}",
-                            self.outputs(props, prior=prior.model_dump(), sha256=sha256(props["content"])))
+        return CreateResult(
+            f"{self.spec(props).name}:{props['path']}",
+            self.outputs(props, prior=prior.model_dump(), sha256=sha256(props["content"])),
+        )
 
     def update(self, _id: str, olds: dict, news: dict) -> UpdateResult:
         conn = self.conn(news)
@@ -88,5 +89,9 @@ class ManagedFile(dynamic.Resource, module="host", name="ManagedFile"):
     sha256: pulumi.Output[str]
 
     def __init__(self, name: str, args: dict, opts: Optional[pulumi.ResourceOptions] = None):
-        super().__init__(ManagedFileProvider(), name,
-                         {"prior": None, "sha256": None, **args, "version": ManagedFileProvider.VERSION}, opts)
+        super().__init__(
+            ManagedFileProvider(),
+            name,
+            {"prior": None, "sha256": None, **args, "version": ManagedFileProvider.VERSION},
+            opts,
+        )

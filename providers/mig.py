@@ -43,15 +43,19 @@ class MigLayoutProvider(HostProvider):
     def _apply(self, props: dict, prior: Optional[dict]) -> dict:
         gpus = self._state(props)
         if prior is None:
-            prior = {str(g.index): (list(g.instances) if g.mig_current else []) for g in gpus
-                     if g.index in _layout(props)}
+            prior = {
+                str(g.index): (list(g.instances) if g.mig_current else []) for g in gpus if g.index in _layout(props)
+            }
         actions = mig.plan(gpus, _layout(props))
         if actions:
             self.conn(props).run(Script().raw("set -e").extend(a.command for a in actions).render())
             gpus = self._state(props)
-        return self.outputs(props, prior_layout=prior,
-                            pending_reset=[g.index for g in gpus if g.mig_pending and not g.mig_current],
-                            mig_uuids={str(i): mig.mig_uuids(gpus, i) for i in _layout(props)})
+        return self.outputs(
+            props,
+            prior_layout=prior,
+            pending_reset=[g.index for g in gpus if g.mig_pending and not g.mig_current],
+            mig_uuids={str(i): mig.mig_uuids(gpus, i) for i in _layout(props)},
+        )
 
     def create(self, props: dict[str, Any]) -> CreateResult:
         return CreateResult(f"{self.spec(props).name}:mig", self._apply(props, None))
@@ -61,8 +65,15 @@ class MigLayoutProvider(HostProvider):
 
     def read(self, id_: str, props: dict) -> ReadResult:
         gpus = self._state(props)
-        return ReadResult(id_, {**props, "layout": {str(g.index): list(g.instances) for g in gpus
-                                                    if str(g.index) in (props.get("layout") or {})}})
+        return ReadResult(
+            id_,
+            {
+                **props,
+                "layout": {
+                    str(g.index): list(g.instances) for g in gpus if str(g.index) in (props.get("layout") or {})
+                },
+            },
+        )
 
     def delete(self, _id: str, props: dict) -> None:
         prior = {int(k): v for k, v in (props.get("prior_layout") or {}).items()}
@@ -75,5 +86,9 @@ class MigLayout(dynamic.Resource, module="gpu", name="MigLayout"):
     mig_uuids: pulumi.Output[dict]
 
     def __init__(self, name: str, args: dict, opts: Optional[pulumi.ResourceOptions] = None):
-        super().__init__(MigLayoutProvider(), name, {**{k: None for k in MigLayoutProvider.OUTPUT_ONLY}, **args,
-                                                     "version": MigLayoutProvider.VERSION}, opts)
+        super().__init__(
+            MigLayoutProvider(),
+            name,
+            {**{k: None for k in MigLayoutProvider.OUTPUT_ONLY}, **args, "version": MigLayoutProvider.VERSION},
+            opts,
+        )

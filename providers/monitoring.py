@@ -118,9 +118,10 @@ class MonitoringFilesProvider(HostProvider):
         conn = self.conn(props)
         prior = self._states(conn, list(props["files"]))
         self._place(conn, props, list(props["files"]))
-        return CreateResult(f"{self.spec(props).name}:monitoring-files",
-                            self.outputs(props, prior={p: s.model_dump() for p, s in prior.items()},
-                                         sha256=_sha(props["files"])))
+        return CreateResult(
+            f"{self.spec(props).name}:monitoring-files",
+            self.outputs(props, prior={p: s.model_dump() for p, s in prior.items()}, sha256=_sha(props["files"])),
+        )
 
     def update(self, _id: str, olds: dict, news: dict) -> UpdateResult:
         conn = self.conn(news)
@@ -160,8 +161,17 @@ class MonitoringFiles(dynamic.Resource, module="monitoring", name="MonitoringFil
     sha256: pulumi.Output[dict]
 
     def __init__(self, name: str, args: dict, opts: Optional[pulumi.ResourceOptions] = None):
-        defaults = {"config_path": None, "rules_paths": [], "reload": None, "grafana_unit": None,
-                    "grafana_restart_on": [], "promtool": "promtool"}
-        super().__init__(MonitoringFilesProvider(), name,
-                         {**defaults, "prior": None, "sha256": None, **args,
-                          "version": MonitoringFilesProvider.VERSION}, opts)
+        defaults = {
+            "config_path": None,
+            "rules_paths": [],
+            "reload": None,
+            "grafana_unit": None,
+            "grafana_restart_on": [],
+            "promtool": "promtool",
+        }
+        super().__init__(
+            MonitoringFilesProvider(),
+            name,
+            {**defaults, "prior": None, "sha256": None, **args, "version": MonitoringFilesProvider.VERSION},
+            opts,
+        )

@@ -16,8 +16,14 @@ from facts.host import read_host_facts
 from plans.preflight import PreflightWant, failures, preflight, report
 from providers.base import HostProvider
 
-WANT_KEYS = ("gpus", "devices", "enables_iommu", "acs_override_acknowledged", "allow_unsafe_interrupts_acknowledged",
-             "bind_by_ids")
+WANT_KEYS = (
+    "gpus",
+    "devices",
+    "enables_iommu",
+    "acs_override_acknowledged",
+    "allow_unsafe_interrupts_acknowledged",
+    "bind_by_ids",
+)
 
 
 def want_of(props: dict) -> PreflightWant:
@@ -42,8 +48,9 @@ class HostPreflightProvider(HostProvider):
         findings = self._run(props)
         if failures(findings):
             raise RuntimeError("preflight failed:\n" + report(failures(findings)))
-        return CreateResult(f"{self.spec(props).name}:preflight",
-                            self.outputs(props, report=[str(f) for f in findings], failed=False))
+        return CreateResult(
+            f"{self.spec(props).name}:preflight", self.outputs(props, report=[str(f) for f in findings], failed=False)
+        )
 
     def update(self, _id: str, olds: dict, news: dict) -> UpdateResult:
         return UpdateResult(self.create(news).outs)
@@ -60,6 +67,9 @@ class HostPreflight(dynamic.Resource, module="host", name="HostPreflight"):
     report: pulumi.Output[list]
 
     def __init__(self, name: str, args: dict, opts: Optional[pulumi.ResourceOptions] = None):
-        super().__init__(HostPreflightProvider(), name,
-                         {**{k: None for k in HostPreflightProvider.OUTPUT_ONLY}, **args,
-                          "version": HostPreflightProvider.VERSION}, opts)
+        super().__init__(
+            HostPreflightProvider(),
+            name,
+            {**{k: None for k in HostPreflightProvider.OUTPUT_ONLY}, **args, "version": HostPreflightProvider.VERSION},
+            opts,
+        )

@@ -31,8 +31,10 @@ def capture_script(paths: Iterable[str], script: Script | None = None) -> Script
     for p in paths:
         c, q = quote(_copy(p)), quote(p)
         a = quote(_copy(p) + ".absent")
-        s.raw(f"if [ ! -e {c} ] && [ ! -e {a} ]; then mkdir -p \"$(dirname {c})\"; "
-              f"if [ -f {q} ]; then cp -a {q} {c}; else : > {a}; fi; fi")
+        s.raw(
+            f'if [ ! -e {c} ] && [ ! -e {a} ]; then mkdir -p "$(dirname {c})"; '
+            f"if [ -f {q} ]; then cp -a {q} {c}; else : > {a}; fi; fi"
+        )
         s.raw(f"echo '@@pristine' {q}")
         s.raw(f"if [ -f {c} ]; then stat -c '%a %u %g' {c}; base64 -w0 {c}; echo; else echo ABSENT; fi")
     return s
@@ -46,10 +48,10 @@ def write_lines(path: str, content: bytes, mode: str, owner: str) -> list[str]:
     return [
         f"tmp=$(mktemp {quote(path + '.gpuhost.XXXXXX')})",
         f"printf '%s' {quote(b64)} | base64 -d > \"$tmp\"",
-        f"chmod {quote(mode)} \"$tmp\"",
-        f"chown {quote(owner)} \"$tmp\"",
-        "sync \"$tmp\"",
-        f"mv -f \"$tmp\" {quote(path)}",
+        f'chmod {quote(mode)} "$tmp"',
+        f'chown {quote(owner)} "$tmp"',
+        'sync "$tmp"',
+        f'mv -f "$tmp" {quote(path)}',
     ]
 
 

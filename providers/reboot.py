@@ -62,8 +62,10 @@ def wait_for_new_boot(spec, old_boot_id: str, timeout: float) -> HostFacts:
         except (ssh.SshError, OSError, EOFError) as e:
             last = e
         time.sleep(3)
-    raise ssh.HostUnreachable(f"{spec.name}: did not come back within {int(timeout)}s after reboot ({last}); "
-                              "check the console; re-run `pulumi up` once it is reachable")
+    raise ssh.HostUnreachable(
+        f"{spec.name}: did not come back within {int(timeout)}s after reboot ({last}); "
+        "check the console; re-run `pulumi up` once it is reachable"
+    )
 
 
 class HostRebootProvider(HostProvider):
@@ -90,8 +92,11 @@ class HostRebootProvider(HostProvider):
         f2 = wait_for_new_boot(spec, f.boot_id, float(props.get("timeout") or 900))
         still = unmet(f2, props)
         if still:
-            raise RuntimeError(f"{spec.name}: rebooted, but: " + "; ".join(still) +
-                               " (check GRUB regeneration, initramfs and `lspci -nnk`; seed 000 §3.4 pitfalls)")
+            raise RuntimeError(
+                f"{spec.name}: rebooted, but: "
+                + "; ".join(still)
+                + " (check GRUB regeneration, initramfs and `lspci -nnk`; seed 000 §3.4 pitfalls)"
+            )
         return self.outputs(props, pending=[], rebooted=True, boot_id=f2.boot_id)
 
     def create(self, props: dict[str, Any]) -> CreateResult:
@@ -125,6 +130,14 @@ class HostReboot(dynamic.Resource, module="host", name="HostReboot"):
     rebooted: pulumi.Output[bool]
 
     def __init__(self, name: str, args: dict, opts: Optional[pulumi.ResourceOptions] = None):
-        super().__init__(HostRebootProvider(), name,
-                         {**{k: None for k in HostRebootProvider.OUTPUT_ONLY}, "policy": "auto", **args,
-                          "version": HostRebootProvider.VERSION}, opts)
+        super().__init__(
+            HostRebootProvider(),
+            name,
+            {
+                **{k: None for k in HostRebootProvider.OUTPUT_ONLY},
+                "policy": "auto",
+                **args,
+                "version": HostRebootProvider.VERSION,
+            },
+            opts,
+        )

@@ -68,14 +68,19 @@ def _in_use_guard(facts: HostFacts, vfs: list[str]) -> list[str]:
     if not groups:
         return []
     rx = " -> /dev/vfio/(" + "|".join(str(g) for g in groups) + ")$"
-    return [f"if ls -l /proc/[0-9]*/fd 2>/dev/null | grep -qE {quote(rx)}; then "
-            f"echo {quote('a VF of this PF is open through VFIO (a running VM?): detach it first; nothing changed')} >&2; "
-            "exit 3; fi"]
+    return [
+        f"if ls -l /proc/[0-9]*/fd 2>/dev/null | grep -qE {quote(rx)}; then "
+        f"echo {quote('a VF of this PF is open through VFIO (a running VM?): detach it first; nothing changed')} >&2; "
+        "exit 3; fi"
+    ]
 
 
 def _affinity_lines(target: dict[str, list[int]]) -> list[str]:
-    return [f"printf '%s' {quote(format_cpulist(int(x) for x in c))} > /proc/irq/{int(i)}/smp_affinity_list 2>/dev/null "
-            f"|| echo unmovable {int(i)}" for i, c in sorted(target.items(), key=lambda kv: int(kv[0]))]
+    return [
+        f"printf '%s' {quote(format_cpulist(int(x) for x in c))} > /proc/irq/{int(i)}/smp_affinity_list 2>/dev/null "
+        f"|| echo unmovable {int(i)}"
+        for i, c in sorted(target.items(), key=lambda kv: int(kv[0]))
+    ]
 
 
 def _write_numvfs(pf: str, n: int) -> str:
@@ -90,10 +95,26 @@ class SriovVfsProvider(HostProvider):
     VERSION = "1"
     # A different PF (or host) is a different set of VFs: restore the old PF, then set up the new one.
     REPLACE_ON = ("host", "pf")
-    OUTPUT_ONLY = ("plan", "pf_address", "vf_addresses", "numvfs", "drivers", "unit", "pinned", "unmovable",
-                   "irq_movable",
-                   "vf_config", "unsupported", "warnings", "prior_numvfs", "prior_autoprobe", "prior_overrides",
-                   "prior_affinity", "prior_unit_enabled", "prior")
+    OUTPUT_ONLY = (
+        "plan",
+        "pf_address",
+        "vf_addresses",
+        "numvfs",
+        "drivers",
+        "unit",
+        "pinned",
+        "unmovable",
+        "irq_movable",
+        "vf_config",
+        "unsupported",
+        "warnings",
+        "prior_numvfs",
+        "prior_autoprobe",
+        "prior_overrides",
+        "prior_affinity",
+        "prior_unit_enabled",
+        "prior",
+    )
 
     # -- check: everything the host's hardware rules out fails here, before any change --------------------------
     def check(self, olds: dict, news: dict) -> CheckResult:
@@ -123,11 +144,14 @@ class SriovVfsProvider(HostProvider):
         name = conn.spec.name
         if want.vfio and want.num_vfs:
             if not facts.iommu.active:
-                raise RuntimeError(f"{name}: the IOMMU is not active (no /sys/kernel/iommu_groups), so vfio-pci "
-                                   "cannot take the VFs; enable it first (PassthroughHost, seed 002 §3); nothing changed")
+                raise RuntimeError(
+                    f"{name}: the IOMMU is not active (no /sys/kernel/iommu_groups), so vfio-pci "
+                    "cannot take the VFs; enable it first (PassthroughHost, seed 002 §3); nothing changed"
+                )
             if "driverctl" not in facts.tools:
-                raise RuntimeError(f"{name}: binding VFs to vfio-pci needs driverctl (seed 002 §4/§5); install it; "
-                                   "nothing changed")
+                raise RuntimeError(
+                    f"{name}: binding VFs to vfio-pci needs driverctl (seed 002 §4/§5); install it; nothing changed"
+                )
         dev = facts.pci[pf]
         olds = olds or {}
         bind_vfs = next((a.data["vfs"] for a in p.actions if a.kind == "bind"), [])
@@ -151,13 +175,17 @@ class SriovVfsProvider(HostProvider):
                     s.add("driverctl", "set-override", a, "vfio-pci")
             else:
                 # No offset/stride in sysfs: the VFs' addresses are known only now that they exist.
-                s.raw(f"for v in {quote(f'/sys/bus/pci/devices/{pf}')}/virtfn*; do "
-                      "driverctl set-override \"$(basename \"$(readlink \"$v\")\")\" vfio-pci; done")
+                s.raw(
+                    f"for v in {quote(f'/sys/bus/pci/devices/{pf}')}/virtfn*; do "
+                    'driverctl set-override "$(basename "$(readlink "$v")")" vfio-pci; done'
+                )
             # driverctl@pci-<vf>.service (its udev rule, for VFs whose override file already existed) may be
             # re-probing the same VFs right now: wait until every VF is on vfio-pci before reading back.
-            s.raw(f"for v in {quote(f'/sys/bus/pci/devices/{pf}')}/virtfn*; do j=0; while [ $j -lt 300 ]; do "
-                  "[ \"$(basename \"$(readlink \"$v/driver\" 2>/dev/null)\" 2>/dev/null)\" = vfio-pci ] && break; "
-                  "sleep 0.1; j=$((j+1)); done; done")
+            s.raw(
+                f"for v in {quote(f'/sys/bus/pci/devices/{pf}')}/virtfn*; do j=0; while [ $j -lt 300 ]; do "
+                '[ "$(basename "$(readlink "$v/driver" 2>/dev/null)" 2>/dev/null)" = vfio-pci ] && break; '
+                "sleep 0.1; j=$((j+1)); done; done"
+            )
         unit = plan.unit_path(pf)
         if "persist" in kinds:
             if unit_text != p.unit_text:
@@ -179,8 +207,9 @@ class SriovVfsProvider(HostProvider):
         vfs = list(adev.vfs)
         drivers = {a: (after.pci[a].driver if a in after.pci else None) for a in vfs}
         if adev.sriov_numvfs != want.num_vfs:
-            raise RuntimeError(f"{name}: sriov_numvfs of {pf} is {adev.sriov_numvfs} after writing {want.num_vfs}; "
-                               f"see dmesg")
+            raise RuntimeError(
+                f"{name}: sriov_numvfs of {pf} is {adev.sriov_numvfs} after writing {want.num_vfs}; see dmesg"
+            )
         if want.vfio and any(d != plan.VFIO for d in drivers.values()):
             bad = {a: d for a, d in drivers.items() if d != plan.VFIO}
             raise RuntimeError(f"{name}: vfio-pci did not take {bad}; check dmesg (IOMMU group of the VF?)")
@@ -219,16 +248,26 @@ class SriovVfsProvider(HostProvider):
             prior_affinity = [[i, aff.get(i, [])] for i in detail.irqs] if want.irq_cpus else []
         aff_now = {q.irq: q.affinity for q in after.interrupts}
         return self.outputs(
-            props, plan=p.sentence, pf_address=pf, vf_addresses=vfs, numvfs=adev.sriov_numvfs, drivers=drivers,
+            props,
+            plan=p.sentence,
+            pf_address=pf,
+            vf_addresses=vfs,
+            numvfs=adev.sriov_numvfs,
+            drivers=drivers,
             unit=plan.unit_name(pf),
             pinned={i: aff_now.get(i, []) for i in p.irq_targets if i not in unmovable},
-            unmovable=unmovable, irq_movable=[i in p.irq_targets and i not in unmovable for i in adetail.irqs],
-            vf_config=vf_config, unsupported=p.unsupported, warnings=p.warnings,
+            unmovable=unmovable,
+            irq_movable=[i in p.irq_targets and i not in unmovable for i in adetail.irqs],
+            vf_config=vf_config,
+            unsupported=p.unsupported,
+            warnings=p.warnings,
             prior_numvfs=olds.get("prior_numvfs", dev.sriov_numvfs or 0),
             prior_autoprobe=olds.get("prior_autoprobe", detail.autoprobe),
-            prior_overrides=prior_overrides, prior_affinity=prior_affinity,
+            prior_overrides=prior_overrides,
+            prior_affinity=prior_affinity,
             prior_unit_enabled=olds.get("prior_unit_enabled", bool(detail.unit_enabled)),
-            prior=prior_files)
+            prior=prior_files,
+        )
 
     def create(self, props: dict[str, Any]) -> CreateResult:
         out = self._apply(props, None)
@@ -250,8 +289,9 @@ class SriovVfsProvider(HostProvider):
         outs = {**props, "numvfs": dev.sriov_numvfs, "vf_addresses": vfs, "drivers": drivers}
         outs["num_vfs"] = dev.sriov_numvfs
         if props.get("vfio") and vfs:
-            outs["vfio"] = all(d == plan.VFIO and facts.driverctl_overrides.get(a) == plan.VFIO
-                               for a, d in drivers.items())
+            outs["vfio"] = all(
+                d == plan.VFIO and facts.driverctl_overrides.get(a) == plan.VFIO for a, d in drivers.items()
+            )
         try:
             wanted_unit = plan.render_unit(pf, want_of(props), dev.net[0] if dev.net else None)
         except (ValidationError, ValueError):
@@ -261,8 +301,11 @@ class SriovVfsProvider(HostProvider):
         want_cpus = sorted(int(c) for c in props.get("irq_cpus") or [])
         movable = props.get("irq_movable") or []
         # By position in the PF's vector list: IRQ numbers change between boots, the n-th vector does not.
-        moved = [aff.get(i) for pos, i in enumerate(detail.irqs)
-                 if pos < len(movable) and movable[pos] and not plan.on_cpus(aff.get(i), want_cpus)]
+        moved = [
+            aff.get(i)
+            for pos, i in enumerate(detail.irqs)
+            if pos < len(movable) and movable[pos] and not plan.on_cpus(aff.get(i), want_cpus)
+        ]
         if want_cpus and moved:
             outs["irq_cpus"] = moved[0]
         return ReadResult(id_, outs)
@@ -304,7 +347,7 @@ class SriovVfsProvider(HostProvider):
             s.add("systemctl", "enable", "--quiet", unit)
         irqs_now = detail.irqs
         restore_aff = {}
-        for pos, (irq, cpus) in enumerate(props.get("prior_affinity") or []):
+        for pos, (_irq, cpus) in enumerate(props.get("prior_affinity") or []):
             # IRQ numbers change between boots; the PF's n-th vector is the same vector.
             now = irqs_now[pos] if pos < len(irqs_now) else None
             if now is not None and cpus:
@@ -327,7 +370,8 @@ def _unknown(props: dict) -> bool:
         return False
 
     return any(props.get(k) is None for k in ("host", "pf", "num_vfs")) or any(
-        bad(props.get(k)) for k in ("host", *WANT_KEYS))
+        bad(props.get(k)) for k in ("host", *WANT_KEYS)
+    )
 
 
 class SriovVfs(dynamic.Resource, module="host", name="SriovVfs"):
@@ -338,7 +382,19 @@ class SriovVfs(dynamic.Resource, module="host", name="SriovVfs"):
     plan: pulumi.Output[str]
 
     def __init__(self, name: str, args: dict, opts: Optional[pulumi.ResourceOptions] = None):
-        super().__init__(SriovVfsProvider(), name,
-                         {**{k: None for k in SriovVfsProvider.OUTPUT_ONLY}, "numa_node": None,
-                          "numa_policy": "require", "vfio": True, "vfs": [], "irq_cpus": [], "persist": True,
-                          **args, "version": SriovVfsProvider.VERSION}, opts)
+        super().__init__(
+            SriovVfsProvider(),
+            name,
+            {
+                **{k: None for k in SriovVfsProvider.OUTPUT_ONLY},
+                "numa_node": None,
+                "numa_policy": "require",
+                "vfio": True,
+                "vfs": [],
+                "irq_cpus": [],
+                "persist": True,
+                **args,
+                "version": SriovVfsProvider.VERSION,
+            },
+            opts,
+        )

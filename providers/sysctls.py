@@ -56,16 +56,21 @@ class SysctlsProvider(HostProvider):
         facts, pristine = capture_and_read(conn, [FILE], sysctls=names)
         missing = [k for k in values if facts.sysctls.get(k, "") == ""]
         if missing:
-            raise RuntimeError(f"{conn.spec.name}: unknown sysctl(s) {', '.join(missing)} on this kernel; "
-                               "nothing changed")
+            raise RuntimeError(
+                f"{conn.spec.name}: unknown sysctl(s) {', '.join(missing)} on this kernel; nothing changed"
+            )
         prior_values = (olds or {}).get("prior_values") or {}
         prior_values = {**{k: facts.sysctls[k] for k in values if k not in prior_values}, **prior_values}
         s = Script().raw("set -e").extend(write_lines(FILE, render(values).encode(), "0644", "0:0"))
         dropped = {k: v for k, v in prior_values.items() if k not in values}
         s.extend(set_lines(values)).extend(set_lines(dropped))
         conn.run(s.render())
-        return self.outputs(props, prior=(olds or {}).get("prior") or pristine[FILE].model_dump(),
-                            prior_values={k: v for k, v in prior_values.items() if k in values}, current=values)
+        return self.outputs(
+            props,
+            prior=(olds or {}).get("prior") or pristine[FILE].model_dump(),
+            prior_values={k: v for k, v in prior_values.items() if k in values},
+            current=values,
+        )
 
     def create(self, props: dict[str, Any]) -> CreateResult:
         return CreateResult(f"{self.spec(props).name}:sysctls", self._apply(props, None))
@@ -98,5 +103,9 @@ class Sysctls(dynamic.Resource, module="host", name="Sysctls"):
     current: pulumi.Output[dict]
 
     def __init__(self, name: str, args: dict, opts: Optional[pulumi.ResourceOptions] = None):
-        super().__init__(SysctlsProvider(), name, {**{k: None for k in SysctlsProvider.OUTPUT_ONLY}, **args,
-                                                   "version": SysctlsProvider.VERSION}, opts)
+        super().__init__(
+            SysctlsProvider(),
+            name,
+            {**{k: None for k in SysctlsProvider.OUTPUT_ONLY}, **args, "version": SysctlsProvider.VERSION},
+            opts,
+        )

@@ -83,5 +83,6 @@ class TensorRTEngine(dynamic.Resource, module="serving", name="TensorRTEngine"):
     decision: pulumi.Output[str]
 
     def __init__(self, name: str, args: dict, opts: Optional[pulumi.ResourceOptions] = None):
-        super().__init__(TensorRTEngineProvider(), name,
-                         {"decision": None, **args, "version": TensorRTEngineProvider.VERSION}, opts)
+        super().__init__(
+            TensorRTEngineProvider(), name, {"decision": None, **args, "version": TensorRTEngineProvider.VERSION}, opts
+        )

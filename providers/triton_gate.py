@@ -51,8 +51,7 @@ class AcceptanceGateProvider(ResourceProvider):
         return CheckResult(news, failures)
 
     def diff(self, _id: str, olds: dict, news: dict) -> DiffResult:
-        changed = sorted(k for k in set(olds) | set(news)
-                         if k not in self._BOOKKEEPING and olds.get(k) != news.get(k))
+        changed = sorted(k for k in set(olds) | set(news) if k not in self._BOOKKEEPING and olds.get(k) != news.get(k))
         return DiffResult(changes=bool(changed), replaces=changed, delete_before_replace=True)
 
     def create(self, props: dict) -> CreateResult:
@@ -60,11 +59,17 @@ class AcceptanceGateProvider(ResourceProvider):
         wait_ready(url, list(props.get("models") or []), timeout_s=float(props.get("readyTimeoutS", 300)))
         body = request_body(props)
         model = props["model"]
-        warmup(url, model, body, count=int(props.get("warmupRequests", 20)),
-               concurrency=min(4, int(props["concurrency"])))
-        spec = loadgate.LoadSpec(url=f"{url}/v2/models/{model}/infer", body=body,
-                                 concurrency=int(props["concurrency"]), duration_s=float(props["durationS"]),
-                                 max_requests=int(props["maxRequests"]), tool=props.get("tool", "auto"))
+        warmup(
+            url, model, body, count=int(props.get("warmupRequests", 20)), concurrency=min(4, int(props["concurrency"]))
+        )
+        spec = loadgate.LoadSpec(
+            url=f"{url}/v2/models/{model}/infer",
+            body=body,
+            concurrency=int(props["concurrency"]),
+            duration_s=float(props["durationS"]),
+            max_requests=int(props["maxRequests"]),
+            tool=props.get("tool", "auto"),
+        )
         floor = loadgate.overhead(spec, f"{url}/nginx-health")
         result = loadgate.run(spec)
         slo = loadgate.Slo(p95_ms=props.get("p95Ms"), max_error_rate=float(props.get("maxErrorRate", 0.0)))
@@ -83,6 +88,9 @@ class AcceptanceGate(dynamic.Resource, module="serving", name="AcceptanceGate"):
     overhead: pulumi.Output[dict]
 
     def __init__(self, name: str, args: dict, opts: pulumi.ResourceOptions | None = None):
-        super().__init__(AcceptanceGateProvider(), name,
-                         {"result": None, "overhead": None, **args, "version": AcceptanceGateProvider.VERSION},
-                         opts)
+        super().__init__(
+            AcceptanceGateProvider(),
+            name,
+            {"result": None, "overhead": None, **args, "version": AcceptanceGateProvider.VERSION},
+            opts,
+        )

@@ -32,8 +32,10 @@ from providers.base import HostProvider
 def repository_inputs(files: dict[str, bytes]) -> dict:
     """``files`` / ``digest`` inputs from a ``plans.triton_repo.repository_files`` result."""
     return {
-        "files": {p: {"sha256": hashlib.sha256(c).hexdigest(), "content": base64.b64encode(c).decode()}
-                  for p, c in sorted(files.items())},
+        "files": {
+            p: {"sha256": hashlib.sha256(c).hexdigest(), "content": base64.b64encode(c).decode()}
+            for p, c in sorted(files.items())
+        },
         "digest": repository_digest(files),
     }
 
@@ -56,7 +58,7 @@ def _parse_facts(text: str) -> tuple[bool, dict[str, str | None]]:
         if line == "@@ROOT":
             root_exists = lines[i + 1].strip() == "yes"
         elif line.startswith("@@FILE "):
-            current = line[len("@@FILE "):]
+            current = line[len("@@FILE ") :]
             nxt = lines[i + 1] if i + 1 < len(lines) else "@@ABSENT"
             files[current] = None if nxt == "@@ABSENT" else nxt.strip()
     return root_exists, files
@@ -87,8 +89,10 @@ class TritonModelRepositoryProvider(HostProvider):
     def _write(self, conn, root: str, files: dict, remove: list[str] = ()) -> None:
         for p, f in sorted(files.items()):
             full = posixpath.join(root, p)
-            conn.run(sh("mkdir", "-p", posixpath.dirname(full)) + "\n" + put_script(full, mode="0644"),
-                     input=base64.b64decode(f["content"]))
+            conn.run(
+                sh("mkdir", "-p", posixpath.dirname(full)) + "\n" + put_script(full, mode="0644"),
+                input=base64.b64decode(f["content"]),
+            )
         for p in remove:
             conn.run(sh("rm", "-f", "--", posixpath.join(root, p)))
 
@@ -97,8 +101,9 @@ class TritonModelRepositoryProvider(HostProvider):
         root, files = props["root"], props["files"]
         root_exists, prior = _parse_facts(conn.run(_fact_script(root, sorted(files))).stdout)
         self._write(conn, root, files)
-        return CreateResult(f"{props['host']['name']}:{root}",
-                            self.outputs(props, prior=_prior(prior), priorRootExists=root_exists))
+        return CreateResult(
+            f"{props['host']['name']}:{root}", self.outputs(props, prior=_prior(prior), priorRootExists=root_exists)
+        )
 
     def update(self, _id: str, olds: dict, news: dict) -> UpdateResult:
         conn = self.conn(news)
@@ -133,13 +138,19 @@ class TritonModelRepositoryProvider(HostProvider):
     def read(self, id_: str, props: dict) -> ReadResult:
         conn = self.conn(props)
         _, found = _parse_facts(conn.run(_fact_script(props["root"], sorted(props.get("files") or {}))).stdout)
-        files = {p: {"sha256": hashlib.sha256(base64.b64decode(c)).hexdigest(), "content": c}
-                 for p, c in found.items() if c is not None}
+        files = {
+            p: {"sha256": hashlib.sha256(base64.b64decode(c)).hexdigest(), "content": c}
+            for p, c in found.items()
+            if c is not None
+        }
         return ReadResult(id_, {**props, "files": files})
 
 
 class TritonModelRepository(dynamic.Resource, module="serving", name="TritonModelRepository"):
     def __init__(self, name: str, args: dict, opts: pulumi.ResourceOptions | None = None):
-        super().__init__(TritonModelRepositoryProvider(), name,
-                         {"prior": None, "priorRootExists": None, **args,
-                          "version": TritonModelRepositoryProvider.VERSION}, opts)
+        super().__init__(
+            TritonModelRepositoryProvider(),
+            name,
+            {"prior": None, "priorRootExists": None, **args, "version": TritonModelRepositoryProvider.VERSION},
+            opts,
+        )

@@ -18,8 +18,10 @@ from providers.base import HostProvider
 
 
 def _governor_lines(govs: dict) -> list[str]:
-    return [f"printf '%s' {quote(g)} > /sys/devices/system/cpu/cpu{int(c)}/cpufreq/scaling_governor"
-            for c, g in sorted(govs.items(), key=lambda kv: int(kv[0]))]
+    return [
+        f"printf '%s' {quote(g)} > /sys/devices/system/cpu/cpu{int(c)}/cpufreq/scaling_governor"
+        for c, g in sorted(govs.items(), key=lambda kv: int(kv[0]))
+    ]
 
 
 class HostTuningProvider(HostProvider):
@@ -50,8 +52,9 @@ class HostTuningProvider(HostProvider):
                 skipped["governor"] = "no cpufreq driver on this host (frequency is firmware/hypervisor managed)"
         if len(s.lines) > 1:
             conn.run(s.render())
-        return self.outputs(props, applied=applied, skipped=skipped, prior_profile=prior_profile,
-                            prior_governors=prior_govs)
+        return self.outputs(
+            props, applied=applied, skipped=skipped, prior_profile=prior_profile, prior_governors=prior_govs
+        )
 
     def create(self, props: dict[str, Any]) -> CreateResult:
         return CreateResult(f"{self.spec(props).name}:tuning", self._apply(props, None))
@@ -92,6 +95,15 @@ class HostTuning(dynamic.Resource, module="host", name="HostTuning"):
     skipped: pulumi.Output[dict]
 
     def __init__(self, name: str, args: dict, opts: Optional[pulumi.ResourceOptions] = None):
-        super().__init__(HostTuningProvider(), name,
-                         {**{k: None for k in HostTuningProvider.OUTPUT_ONLY}, "tuned_profile": None,
-                          "governor": None, **args, "version": HostTuningProvider.VERSION}, opts)
+        super().__init__(
+            HostTuningProvider(),
+            name,
+            {
+                **{k: None for k in HostTuningProvider.OUTPUT_ONLY},
+                "tuned_profile": None,
+                "governor": None,
+                **args,
+                "version": HostTuningProvider.VERSION,
+            },
+            opts,
+        )

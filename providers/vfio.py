@@ -41,15 +41,20 @@ def vfio_modules(available: list[str]) -> list[str]:
 
 def _sysfs_rebind(addr: str, override: str) -> list[str]:
     d = quote(f"/sys/bus/pci/devices/{addr}")
-    return [f"printf '%s\\n' {quote(override)} > {d}/driver_override",
-            f"if [ -e {d}/driver ]; then printf '%s' {quote(addr)} > {d}/driver/unbind; fi",
-            f"printf '%s' {quote(addr)} > /sys/bus/pci/drivers_probe || true"]
+    return [
+        f"printf '%s\\n' {quote(override)} > {d}/driver_override",
+        f"if [ -e {d}/driver ]; then printf '%s' {quote(addr)} > {d}/driver/unbind; fi",
+        f"printf '%s' {quote(addr)} > /sys/bus/pci/drivers_probe || true",
+    ]
 
 
 def render_files(props: dict, facts: HostFacts) -> dict[str, bytes]:
     devices = expand_functions(facts, props["devices"])
-    files = {MODULES_LOAD: ("\n".join(["# gpuhost: load VFIO early (seed 000 §3.4)",
-                                       *vfio_modules(facts.kmods_available)]) + "\n").encode()}
+    files = {
+        MODULES_LOAD: (
+            "\n".join(["# gpuhost: load VFIO early (seed 000 §3.4)", *vfio_modules(facts.kmods_available)]) + "\n"
+        ).encode()
+    }
     lines = ["# gpuhost: make vfio-pci claim passthrough devices before their host drivers"]
     if props.get("mode") == "ids":
         ids = props.get("ids") or sorted({facts.pci[a].vendor_device for a in devices if a in facts.pci})
@@ -63,8 +68,14 @@ def render_files(props: dict, facts: HostFacts) -> dict[str, bytes]:
     cur = facts.files.get(MODPROBE_VFIO)
     if cur is not None and cur.exists:
         written = set(re.findall(r"^softdep (\S+) pre: vfio-pci$", cur.text, re.M))
-    host_drivers = sorted({facts.pci[a].driver.replace("-", "_") for a in devices if a in facts.pci
-                           and facts.pci[a].driver and facts.pci[a].driver != "vfio-pci"} | written)
+    host_drivers = sorted(
+        {
+            facts.pci[a].driver.replace("-", "_")
+            for a in devices
+            if a in facts.pci and facts.pci[a].driver and facts.pci[a].driver != "vfio-pci"
+        }
+        | written
+    )
     for drv in host_drivers:
         lines.append(f"softdep {drv} pre: vfio-pci")
     files[MODPROBE_VFIO] = ("\n".join(lines) + "\n").encode()
@@ -120,8 +131,10 @@ class VfioBindingProvider(HostProvider):
         if unknown:
             raise RuntimeError(f"{conn.spec.name}: unknown PCI address(es) {', '.join(unknown)}; nothing changed")
         if props.get("mode", "address") == "address" and "driverctl" not in facts.tools:
-            raise RuntimeError(f"{conn.spec.name}: binding by address needs driverctl (seed 002 §4): "
-                               "install it, or use mode 'ids'; nothing changed")
+            raise RuntimeError(
+                f"{conn.spec.name}: binding by address needs driverctl (seed 002 §4): "
+                "install it, or use mode 'ids'; nothing changed"
+            )
         prior_drivers = (olds or {}).get("prior_drivers") or {a: facts.pci[a].driver for a in devices}
         prior_overrides = (olds or {}).get("prior_overrides")
         if prior_overrides is None:
@@ -156,11 +169,18 @@ class VfioBindingProvider(HostProvider):
         pending = not live or any(d != "vfio-pci" for d in drivers.values())
         if live and pending:
             bad = {a: d for a, d in drivers.items() if d != "vfio-pci"}
-            raise RuntimeError(f"{conn.spec.name}: vfio-pci did not take {bad}; check `lspci -nnk` and dmesg "
-                               "(a host driver grabbed it first: blacklist/initramfs, seed 000 §3.4)")
-        return self.outputs(props, prior=(olds or {}).get("prior") or {k: v.model_dump() for k, v in pristine.items()},
-                            prior_drivers=prior_drivers, prior_overrides=prior_overrides, drivers=drivers,
-                            pending_reboot=pending)
+            raise RuntimeError(
+                f"{conn.spec.name}: vfio-pci did not take {bad}; check `lspci -nnk` and dmesg "
+                "(a host driver grabbed it first: blacklist/initramfs, seed 000 §3.4)"
+            )
+        return self.outputs(
+            props,
+            prior=(olds or {}).get("prior") or {k: v.model_dump() for k, v in pristine.items()},
+            prior_drivers=prior_drivers,
+            prior_overrides=prior_overrides,
+            drivers=drivers,
+            pending_reboot=pending,
+        )
 
     def create(self, props: dict[str, Any]) -> CreateResult:
         return CreateResult(f"{self.spec(props).name}:vfio", self._apply(props, None))
@@ -181,9 +201,11 @@ class VfioBindingProvider(HostProvider):
         drivers = {a: (facts.pci[a].driver if a in facts.pci else None) for a in devices}
         wanted = render_files(props, facts)
         files_ok = all(facts.files[p].exists and facts.files[p].content == c for p, c in wanted.items())
-        pending = not facts.iommu.active or (files_ok and any(d != "vfio-pci" for d in drivers.values())
-                                             and all(facts.driverctl_overrides.get(a) == "vfio-pci"
-                                                     for a in devices))
+        pending = not facts.iommu.active or (
+            files_ok
+            and any(d != "vfio-pci" for d in drivers.values())
+            and all(facts.driverctl_overrides.get(a) == "vfio-pci" for a in devices)
+        )
         outs = {**props, "drivers": drivers, "pending_reboot": pending}
         if not files_ok:
             outs["blacklist_nouveau"] = facts.files[BLACKLIST].exists
@@ -214,7 +236,16 @@ class VfioBinding(dynamic.Resource, module="host", name="VfioBinding"):
     pending_reboot: pulumi.Output[bool]
 
     def __init__(self, name: str, args: dict, opts: Optional[pulumi.ResourceOptions] = None):
-        super().__init__(VfioBindingProvider(), name,
-                         {**{k: None for k in VfioBindingProvider.OUTPUT_ONLY}, "mode": "address",
-                          "blacklist_nouveau": True, "disable_vga": True, **args,
-                          "version": VfioBindingProvider.VERSION}, opts)
+        super().__init__(
+            VfioBindingProvider(),
+            name,
+            {
+                **{k: None for k in VfioBindingProvider.OUTPUT_ONLY},
+                "mode": "address",
+                "blacklist_nouveau": True,
+                "disable_vga": True,
+                **args,
+                "version": VfioBindingProvider.VERSION,
+            },
+            opts,
+        )

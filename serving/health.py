@@ -46,8 +46,9 @@ def wait_ready(base_url: str, models: list[str], *, timeout_s: float = 120.0, in
         time.sleep(interval_s)
 
 
-def warmup(base_url: str, model: str, body: bytes, *, count: int = 10, concurrency: int = 1,
-           timeout_s: float = 60.0) -> list[float]:
+def warmup(
+    base_url: str, model: str, body: bytes, *, count: int = 10, concurrency: int = 1, timeout_s: float = 60.0
+) -> list[float]:
     """POST ``body`` to the model's v2 infer ``count`` times; every answer must be 200. Returns latencies (ms)."""
     url = f"{base_url.rstrip('/')}/v2/models/{model}/infer"
 

@@ -71,10 +71,12 @@ class LoadResult:
         return dataclasses.asdict(self)
 
     def summary(self) -> str:
-        return (f"{self.tool} c={self.concurrency}: {self.requests} requests in {self.duration_s:.2f}s "
-                f"({self.throughput_rps:.1f}/s), errors {self.errors} ({self.error_rate:.2%}), "
-                f"p50 {self.p50_ms:.3f} ms, p95 {self.p95_ms:.3f} ms, p99 {self.p99_ms:.3f} ms, "
-                f"max {self.max_ms:.3f} ms")
+        return (
+            f"{self.tool} c={self.concurrency}: {self.requests} requests in {self.duration_s:.2f}s "
+            f"({self.throughput_rps:.1f}/s), errors {self.errors} ({self.error_rate:.2%}), "
+            f"p50 {self.p50_ms:.3f} ms, p95 {self.p95_ms:.3f} ms, p99 {self.p99_ms:.3f} ms, "
+            f"max {self.max_ms:.3f} ms"
+        )
 
 
 @dataclasses.dataclass(frozen=True)
@@ -94,8 +96,9 @@ class GateFailed(RuntimeError):
 def infer_body(input_name: str, shape: list[int], datatype: str = "FP32", value: float = 0.5) -> bytes:
     """A KServe v2 JSON infer request body with one constant-filled input."""
     n = math.prod(shape)
-    return json.dumps({"inputs": [{"name": input_name, "shape": shape, "datatype": datatype,
-                                   "data": [value] * n}]}).encode()
+    return json.dumps(
+        {"inputs": [{"name": input_name, "shape": shape, "datatype": datatype, "data": [value] * n}]}
+    ).encode()
 
 
 def percentile(sorted_values: list[float], q: float) -> float:
@@ -190,11 +193,18 @@ def _result(tool, concurrency, lat_ms: list[float], errors: int, elapsed: float)
     lat_ms.sort()
     n = len(lat_ms)
     return LoadResult(
-        tool=tool, concurrency=concurrency, requests=n, errors=errors, duration_s=elapsed,
+        tool=tool,
+        concurrency=concurrency,
+        requests=n,
+        errors=errors,
+        duration_s=elapsed,
         throughput_rps=(n - errors) / elapsed if elapsed > 0 else 0.0,
         error_rate=errors / n if n else 1.0,
-        p50_ms=percentile(lat_ms, 50), p95_ms=percentile(lat_ms, 95), p99_ms=percentile(lat_ms, 99),
-        mean_ms=sum(lat_ms) / n if n else float("nan"), max_ms=lat_ms[-1] if n else float("nan"),
+        p50_ms=percentile(lat_ms, 50),
+        p95_ms=percentile(lat_ms, 95),
+        p99_ms=percentile(lat_ms, 99),
+        mean_ms=sum(lat_ms) / n if n else float("nan"),
+        max_ms=lat_ms[-1] if n else float("nan"),
     )
 
 
@@ -225,23 +235,45 @@ def wrk_available() -> bool:
 
 def wrk_command(spec: LoadSpec, script_path: str) -> list[str]:
     threads = max(1, min(spec.concurrency, os.cpu_count() or 1))
-    return ["wrk", "-t", str(threads), "-c", str(spec.concurrency), "-d", f"{max(1, round(spec.duration_s))}s",
-            "--timeout", f"{max(1, math.ceil(spec.timeout_s))}s", "-s", script_path, spec.url]
+    return [
+        "wrk",
+        "-t",
+        str(threads),
+        "-c",
+        str(spec.concurrency),
+        "-d",
+        f"{max(1, round(spec.duration_s))}s",
+        "--timeout",
+        f"{max(1, math.ceil(spec.timeout_s))}s",
+        "-s",
+        script_path,
+        spec.url,
+    ]
 
 
 def run_wrk(spec: LoadSpec) -> LoadResult:
-    headers = "\n".join(f"wrk.headers[{_lua_string(k.encode())}] = {_lua_string(v.encode())}"
-                        for k, v in spec.headers)
-    script = _WRK_LUA % {"method": _lua_string(spec.method.encode()), "body": _lua_string(spec.body),
-                         "headers": headers}
+    headers = "\n".join(f"wrk.headers[{_lua_string(k.encode())}] = {_lua_string(v.encode())}" for k, v in spec.headers)
+    script = _WRK_LUA % {
+        "method": _lua_string(spec.method.encode()),
+        "body": _lua_string(spec.body),
+        "headers": headers,
+    }
     if spec.warmup_requests:
-        run_python(dataclasses.replace(spec, duration_s=0.5, max_requests=spec.warmup_requests,
-                                       concurrency=min(spec.concurrency, spec.warmup_requests), warmup_requests=0))
+        run_python(
+            dataclasses.replace(
+                spec,
+                duration_s=0.5,
+                max_requests=spec.warmup_requests,
+                concurrency=min(spec.concurrency, spec.warmup_requests),
+                warmup_requests=0,
+            )
+        )
     with tempfile.NamedTemporaryFile("w", suffix=".lua", delete=False) as f:
         f.write(script)
     try:
-        out = subprocess.run(wrk_command(spec, f.name), capture_output=True, text=True,
-                             timeout=spec.duration_s + spec.timeout_s + 30)
+        out = subprocess.run(
+            wrk_command(spec, f.name), capture_output=True, text=True, timeout=spec.duration_s + spec.timeout_s + 30
+        )
     finally:
         os.unlink(f.name)
     line = next((x for x in out.stdout.splitlines() if x.startswith("GATEJSON ")), None)
@@ -251,11 +283,18 @@ def run_wrk(spec: LoadSpec) -> LoadResult:
     elapsed = d["duration_us"] / 1e6
     n = d["requests"]
     return LoadResult(
-        tool="wrk", concurrency=spec.concurrency, requests=n, errors=d["errors"], duration_s=elapsed,
+        tool="wrk",
+        concurrency=spec.concurrency,
+        requests=n,
+        errors=d["errors"],
+        duration_s=elapsed,
         throughput_rps=(n - d["errors"]) / elapsed if elapsed else 0.0,
         error_rate=d["errors"] / n if n else 1.0,
-        p50_ms=d["p50"] / 1000, p95_ms=d["p95"] / 1000, p99_ms=d["p99"] / 1000,
-        mean_ms=d["mean"] / 1000, max_ms=d["max"] / 1000,
+        p50_ms=d["p50"] / 1000,
+        p95_ms=d["p95"] / 1000,
+        p99_ms=d["p99"] / 1000,
+        mean_ms=d["mean"] / 1000,
+        max_ms=d["max"] / 1000,
     )
 
 
@@ -308,8 +347,14 @@ def main(argv: Optional[list[str]] = None) -> int:
     ap.add_argument("--p95-ms", type=float)
     ap.add_argument("--max-error-rate", type=float, default=0.0)
     a = ap.parse_args(argv)
-    spec = LoadSpec(url=a.url, body=a.body_json.encode(), concurrency=a.concurrency, duration_s=a.duration,
-                    max_requests=a.max_requests, tool=a.tool)
+    spec = LoadSpec(
+        url=a.url,
+        body=a.body_json.encode(),
+        concurrency=a.concurrency,
+        duration_s=a.duration,
+        max_requests=a.max_requests,
+        tool=a.tool,
+    )
     report: dict = {}
     if a.noop_url:
         report["overhead"] = overhead(spec, a.noop_url).as_dict()

@@ -43,8 +43,12 @@ def errors_of(err: ValidationError, prefix: str = "fleet") -> list[str]:
         # Cross-field checks report several fields at once, "a: ...; b: ..."; give each its own line.
         for part in msg.split("; "):
             head, sep, rest = part.partition(": ")
-            if sep and (head.startswith(("vms[", "gpus[", "services[", "hosts", "reserved_cpus", "kernel.",
-                                         "monitoring.", "fleet")) or head.endswith("]")):
+            if sep and (
+                head.startswith(
+                    ("vms[", "gpus[", "services[", "hosts", "reserved_cpus", "kernel.", "monitoring.", "fleet")
+                )
+                or head.endswith("]")
+            ):
                 lines.append(f"{base}.{head}: {rest}" if not head.startswith("fleet") else f"{head}: {rest}")
             else:
                 lines.append(f"{base}: {part}")
@@ -73,8 +77,10 @@ def load(config: pulumi.Config) -> tuple[Fleet, pulumi.Output[str]]:
         if config.get(name) is None:
             lines.append(f"{full}: missing; set it with `pulumi config set --secret {name} < key`")
         elif not is_config_secret(full):
-            lines.append(f"{full}: stored in plaintext; re-set it with `pulumi config set --secret {name} < key` "
-                         "so it is encrypted in the stack file and never shown")
+            lines.append(
+                f"{full}: stored in plaintext; re-set it with `pulumi config set --secret {name} < key` "
+                "so it is encrypted in the stack file and never shown"
+            )
     if lines:
         raise ConfigError(lines)
     return fleet, config.require_secret("sshPrivateKey")

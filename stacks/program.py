@@ -12,7 +12,6 @@ from __future__ import annotations
 
 from typing import Optional
 
-import pulumi
 from pulumi import ResourceOptions
 
 from access.ssh import HostSpec, JumpHost
@@ -21,13 +20,13 @@ from components.passthrough_host import PassthroughHost, PassthroughHostArgs, ho
 from components.pinned_vm import PinnedVM, PinnedVMArgs
 from components.sriov_nic import SriovNic, SriovNicArgs
 from components.triton_service import TritonService, TritonServiceArgs
+from plans import placement as pl
+from plans.monitoring.model import HostTarget, MonitoringGraph, ServingSlo, TritonTarget
 from plans.triton_engine import EngineBuild, ShapeRange
+from plans.triton_repo import resnet50_fp16, sdxl, yolov8n
 from providers.base import host_input
 from providers.mig import MigLayout
 from providers.tensorrt_engine import TensorRTEngine, engine_inputs
-from plans import placement as pl
-from plans.monitoring.model import HostTarget, MonitoringGraph, ServingSlo, TritonTarget
-from plans.triton_repo import resnet50_fp16, sdxl, yolov8n
 from stacks.load import ConfigError
 from stacks.schema import Fleet, Host, Vm
 
@@ -39,20 +38,41 @@ def solver_host(h: Host) -> pl.Host:
     t = h.topology
     devices = {g.address: g.numa_node if g.numa_node is not None else -1 for g in h.gpus}
     hp1g = h.hugepages.count // t.nodes if h.hugepages.size == "1G" else 0
-    base = pl.Host.uniform(sockets=t.sockets, cores_per_socket=t.cores_per_socket,
-                           threads_per_core=t.threads_per_core, memory_mib=t.memory_gib_per_node * 1024,
-                           hugepages_1g=hp1g, hugepages_2m=0, nodes_per_socket=t.nodes_per_socket,
-                           devices=devices, reserved_cpus=h.reserved_cpus)
-    nodes = tuple(pl.Node(id=n.id, memory_free_mib=n.memory_free_mib,
-                          hugepages_free={"1G": hp1g, "2M": int(h.hugepages.per_node.get(n.id, 0))
-                                          if h.hugepages.size == "2M" else 0}) for n in base.nodes)
+    base = pl.Host.uniform(
+        sockets=t.sockets,
+        cores_per_socket=t.cores_per_socket,
+        threads_per_core=t.threads_per_core,
+        memory_mib=t.memory_gib_per_node * 1024,
+        hugepages_1g=hp1g,
+        hugepages_2m=0,
+        nodes_per_socket=t.nodes_per_socket,
+        devices=devices,
+        reserved_cpus=h.reserved_cpus,
+    )
+    nodes = tuple(
+        pl.Node(
+            id=n.id,
+            memory_free_mib=n.memory_free_mib,
+            hugepages_free={
+                "1G": hp1g,
+                "2M": int(h.hugepages.per_node.get(n.id, 0)) if h.hugepages.size == "2M" else 0,
+            },
+        )
+        for n in base.nodes
+    )
     cpus = base.cpus
     if t.numbering == "sequential":
         per_core = t.threads_per_core
         cores_per_node = t.cores_per_socket // t.nodes_per_socket
-        cpus = tuple(pl.Cpu(id=i, core=(i // per_core) % t.cores_per_socket, socket=i // (per_core * t.cores_per_socket),
-                            node=i // (per_core * cores_per_node))
-                     for i in range(t.sockets * t.cores_per_socket * per_core))
+        cpus = tuple(
+            pl.Cpu(
+                id=i,
+                core=(i // per_core) % t.cores_per_socket,
+                socket=i // (per_core * t.cores_per_socket),
+                node=i // (per_core * cores_per_node),
+            )
+            for i in range(t.sockets * t.cores_per_socket * per_core)
+        )
     return pl.Host(cpus=cpus, nodes=nodes, devices=base.devices, reserved_cpus=base.reserved_cpus)
 
 
@@ -63,17 +83,28 @@ def gpu_functions(h: Host, address: str) -> tuple[str, ...]:
 
 
 def vm_request(h: Host, vm: Vm) -> pl.VmRequest:
-    return pl.VmRequest(name=vm.name, vcpus=vm.vcpus, memory_mib=int(vm.memory_gib * 1024), page_size=vm.page_size,
-                        gpus=tuple(vm.gpus), thread_policy=vm.thread_policy, emulator_threads=vm.emulator_threads,
-                        iothreads=vm.iothreads)
+    return pl.VmRequest(
+        name=vm.name,
+        vcpus=vm.vcpus,
+        memory_mib=int(vm.memory_gib * 1024),
+        page_size=vm.page_size,
+        gpus=tuple(vm.gpus),
+        thread_policy=vm.thread_policy,
+        emulator_threads=vm.emulator_threads,
+        iothreads=vm.iothreads,
+    )
 
 
 def plan_host(i: int, h: Host) -> Optional[pl.HostPlacement]:
     if not h.vms:
         return None
     if h.topology is None:
-        raise ConfigError([f"fleet.hosts[{i}].topology: needed to place VMs (sockets, cores_per_socket, "
-                           "threads_per_core, memory_gib_per_node)"])
+        raise ConfigError(
+            [
+                f"fleet.hosts[{i}].topology: needed to place VMs (sockets, cores_per_socket, "
+                "threads_per_core, memory_gib_per_node)"
+            ]
+        )
     try:
         return pl.place(solver_host(h), [vm_request(h, vm) for vm in h.vms])
     except pl.PlacementError as e:
@@ -84,9 +115,14 @@ def plan_host(i: int, h: Host) -> Optional[pl.HostPlacement]:
 def guest_spec(h: Host, vm: Vm) -> Optional[HostSpec]:
     if not vm.address:
         return None
-    return HostSpec(name=f"{h.name}-{vm.name}", address=vm.address, user=vm.guest_user, host_key=vm.host_key,
-                    insecure_accept_unknown_host_key=vm.host_key is None and h.ssh.insecure_accept_unknown_host_key,
-                    jump=JumpHost(address=h.ssh.address, port=h.ssh.port, user=h.ssh.user, host_key=h.ssh.host_key))
+    return HostSpec(
+        name=f"{h.name}-{vm.name}",
+        address=vm.address,
+        user=vm.guest_user,
+        host_key=vm.host_key,
+        insecure_accept_unknown_host_key=vm.host_key is None and h.ssh.insecure_accept_unknown_host_key,
+        jump=JumpHost(address=h.ssh.address, port=h.ssh.port, user=h.ssh.user, host_key=h.ssh.host_key),
+    )
 
 
 def build(fleet: Fleet) -> dict:
@@ -104,10 +140,22 @@ def build(fleet: Fleet) -> dict:
         exports["pending_reboot"][h.name] = ph.pending_reboot
         nics = []
         for j, pf in enumerate(h.sriov):
-            nics.append(SriovNic(f"{h.name}-sriov-{j}", SriovNicArgs(
-                host=spec, pf=pf.pf, num_vfs=pf.num_vfs, numa_node=pf.numa_node, numa_policy=pf.numa_policy,
-                vfio=pf.vfio, vfs=[v.model_dump(exclude_none=True) for v in pf.vfs], irq_cpus=h.reserved_cpus),
-                ResourceOptions(depends_on=[ph])))
+            nics.append(
+                SriovNic(
+                    f"{h.name}-sriov-{j}",
+                    SriovNicArgs(
+                        host=spec,
+                        pf=pf.pf,
+                        num_vfs=pf.num_vfs,
+                        numa_node=pf.numa_node,
+                        numa_policy=pf.numa_policy,
+                        vfio=pf.vfio,
+                        vfs=[v.model_dump(exclude_none=True) for v in pf.vfs],
+                        irq_cpus=h.reserved_cpus,
+                    ),
+                    ResourceOptions(depends_on=[ph]),
+                )
+            )
         plan = placements[h.name]
         if plan is not None:
             exports["placement"][h.name] = plan.report()
@@ -118,16 +166,28 @@ def build(fleet: Fleet) -> dict:
             if vm.vfs and vf_pool:
                 start = taken
                 taken += vm.vfs
-                vfs_out = vf_pool[0].apply(lambda all_vfs, s=start, n=vm.vfs: list(all_vfs or [])[s:s + n])
+                vfs_out = vf_pool[0].apply(lambda all_vfs, s=start, n=vm.vfs: list(all_vfs or [])[s : s + n])
             gs = guest_spec(h, vm)
             if gs:
                 guests[(h.name, vm.name)] = gs
-            vms[(h.name, vm.name)] = PinnedVM(f"{h.name}-{vm.name}", PinnedVMArgs(
-                host=spec, placement=plan.vm(vm.name),
-                gpus=tuple(a for g in vm.gpus for a in gpu_functions(h, g)), vfs_output=vfs_out,
-                base_image=vm.image, consumer_card=any(g.consumer for g in h.gpus if g.address in vm.gpus),
-                guest=gs, **({"domain_type": "qemu", "cpu_mode": "maximum", "loader": None, "nvram_template": None}
-                             if vm.emulated else {})), ResourceOptions(depends_on=[ph, *nics]))
+            vms[(h.name, vm.name)] = PinnedVM(
+                f"{h.name}-{vm.name}",
+                PinnedVMArgs(
+                    host=spec,
+                    placement=plan.vm(vm.name),
+                    gpus=tuple(a for g in vm.gpus for a in gpu_functions(h, g)),
+                    vfs_output=vfs_out,
+                    base_image=vm.image,
+                    consumer_card=any(g.consumer for g in h.gpus if g.address in vm.gpus),
+                    guest=gs,
+                    **(
+                        {"domain_type": "qemu", "cpu_mode": "maximum", "loader": None, "nvram_template": None}
+                        if vm.emulated
+                        else {}
+                    ),
+                ),
+                ResourceOptions(depends_on=[ph, *nics]),
+            )
 
     migs: dict[str, MigLayout] = {}
     for h in fleet.hosts:
@@ -135,8 +195,14 @@ def build(fleet: Fleet) -> dict:
         if mig_gpus:
             # nvidia-smi numbers GPUs in PCI bus order
             order = [g.address for g in sorted(h.gpus, key=lambda g: g.address) if not g.passthrough]
-            migs[h.name] = MigLayout(f"{h.name}-mig", {"host": host_input(host_spec(h)), "layout": {
-                str(order.index(g.address)): list(g.mig) for g in mig_gpus}}, ResourceOptions(depends_on=[hosts[h.name]]))
+            migs[h.name] = MigLayout(
+                f"{h.name}-mig",
+                {
+                    "host": host_input(host_spec(h)),
+                    "layout": {str(order.index(g.address)): list(g.mig) for g in mig_gpus},
+                },
+                ResourceOptions(depends_on=[hosts[h.name]]),
+            )
 
     services = []
     for s in fleet.services:
@@ -152,38 +218,76 @@ def build(fleet: Fleet) -> dict:
             if m.onnx_sha256 and spec.platform == "tensorrt_plan":
                 inp = spec.inputs[0]
                 batch = max(1, spec.max_batch_size)
-                build = EngineBuild(model=m.name, onnx_path=f"/srv/onnx/{m.name}.onnx", onnx_sha256=m.onnx_sha256,
-                                    plan_path=f"/srv/triton-repo/{m.name}/1/model.plan",
-                                    shapes={inp.name: ShapeRange(min=[1, *inp.dims], opt=[max(1, batch // 2), *inp.dims],
-                                                                 max=[batch, *inp.dims])},
-                                    precision=m.precision, calib_dir=m.calib_dir, gpu_model=s.gpu_model)
-                deps.append(TensorRTEngine(f"{s.name}-{m.name}-engine", {"host": host_input(where),
-                                                                          **engine_inputs(build)},
-                                           ResourceOptions(depends_on=list(deps))))
+                build = EngineBuild(
+                    model=m.name,
+                    onnx_path=f"/srv/onnx/{m.name}.onnx",
+                    onnx_sha256=m.onnx_sha256,
+                    plan_path=f"/srv/triton-repo/{m.name}/1/model.plan",
+                    shapes={
+                        inp.name: ShapeRange(
+                            min=[1, *inp.dims], opt=[max(1, batch // 2), *inp.dims], max=[batch, *inp.dims]
+                        )
+                    },
+                    precision=m.precision,
+                    calib_dir=m.calib_dir,
+                    gpu_model=s.gpu_model,
+                )
+                deps.append(
+                    TensorRTEngine(
+                        f"{s.name}-{m.name}-engine",
+                        {"host": host_input(where), **engine_inputs(build)},
+                        ResourceOptions(depends_on=list(deps)),
+                    )
+                )
         gpu_count = max(1, len([g for vm in h.vms if vm.name == s.vm for g in vm.gpus]) if s.vm else len(h.gpus))
-        svc = TritonService(s.name, TritonServiceArgs(
-            host=where, gpu_model=s.gpu_model, gpu_count=gpu_count, models=models, runtime=s.runtime,
-            endpoint=f"http://{where.address}:{s.nginx_port}", nginx_listen=s.nginx_port, slo_p95_ms=s.slo.p95_ms,
-            gate_concurrency=s.acceptance.concurrency, gate_duration_s=s.acceptance.duration_s),
-            ResourceOptions(depends_on=deps))
+        svc = TritonService(
+            s.name,
+            TritonServiceArgs(
+                host=where,
+                gpu_model=s.gpu_model,
+                gpu_count=gpu_count,
+                models=models,
+                runtime=s.runtime,
+                endpoint=f"http://{where.address}:{s.nginx_port}",
+                nginx_listen=s.nginx_port,
+                slo_p95_ms=s.slo.p95_ms,
+                gate_concurrency=s.acceptance.concurrency,
+                gate_duration_s=s.acceptance.duration_s,
+            ),
+            ResourceOptions(depends_on=deps),
+        )
         services.append(svc)
         exports["endpoints"][s.name] = f"http://{where.address}:{s.nginx_port}"
 
     if fleet.monitoring:
         graph = MonitoringGraph(
             hosts=[HostTarget(name=h.name, address=h.ssh.address, role="host") for h in fleet.hosts],
-            guests=[HostTarget(name=f"{hn}-{vn}", address=g.address, role="guest", tenant=vn, gpu_driver=True)
-                    for (hn, vn), g in guests.items()],
-            services=[TritonTarget(name=s.name, address=(guests.get((s.host, s.vm)) or host_spec(
-                next(x for x in fleet.hosts if x.name == s.host))).address,
-                host=f"{s.host}-{s.vm}" if s.vm else s.host, tenant=s.vm, models=tuple(m.name for m in s.models),
-                slo=ServingSlo(p95_latency_ms=s.slo.p95_ms)) for s in fleet.services])
+            guests=[
+                HostTarget(name=f"{hn}-{vn}", address=g.address, role="guest", tenant=vn, gpu_driver=True)
+                for (hn, vn), g in guests.items()
+            ],
+            services=[
+                TritonTarget(
+                    name=s.name,
+                    address=(
+                        guests.get((s.host, s.vm)) or host_spec(next(x for x in fleet.hosts if x.name == s.host))
+                    ).address,
+                    host=f"{s.host}-{s.vm}" if s.vm else s.host,
+                    tenant=s.vm,
+                    models=tuple(m.name for m in s.models),
+                    slo=ServingSlo(p95_latency_ms=s.slo.p95_ms),
+                )
+                for s in fleet.services
+            ],
+        )
         mon_host = host_spec(next(x for x in fleet.hosts if x.name == fleet.monitoring.host))
         machines = {h.name: host_spec(h) for h in fleet.hosts}
         machines.update({f"{hn}-{vn}": g for (hn, vn), g in guests.items()})
-        mon = MonitoringStack("monitoring", MonitoringStackArgs(graph=graph, monitoring_host=mon_host,
-                                                                machines=machines),
-                              ResourceOptions(depends_on=services + list(vms.values())))
+        mon = MonitoringStack(
+            "monitoring",
+            MonitoringStackArgs(graph=graph, monitoring_host=mon_host, machines=machines),
+            ResourceOptions(depends_on=services + list(vms.values())),
+        )
         exports["grafana"] = mon.grafana_url
         exports["prometheus"] = mon.prometheus_url
     return exports

@@ -71,8 +71,10 @@ class Ssh(Strict):
     @model_validator(mode="after")
     def _pin_required(self):
         if not self.host_key and not self.insecure_accept_unknown_host_key:
-            raise ValueError("host_key is required (strict host-key checking); "
-                             "insecure_accept_unknown_host_key is only for throwaway dev hosts")
+            raise ValueError(
+                "host_key is required (strict host-key checking); "
+                "insecure_accept_unknown_host_key is only for throwaway dev hosts"
+            )
         if self.host_key:
             from access.ssh import HostSpec
 
@@ -85,11 +87,17 @@ class Gpu(Strict):
     model: str = Field("generic", description="L40S, A10, A100, H100, H200, 4090 ... (selects Triton presets)")
     numa_node: Optional[int] = Field(None, description="expected node; preflight compares with the host")
     consumer: bool = Field(False, description="consumer card (4090): hide KVM / set hv_vendor_id (seed 001)")
-    passthrough: bool = Field(True, description="bind to vfio-pci for a VM; false keeps the host's NVIDIA driver "
-                                                "(MIG on the host, seed 001 route A)")
+    passthrough: bool = Field(
+        True,
+        description="bind to vfio-pci for a VM; false keeps the host's NVIDIA driver "
+        "(MIG on the host, seed 001 route A)",
+    )
     mig: Optional[list[str]] = Field(None, description="MIG profile layout, e.g. ['2g.20gb','2g.20gb','1g.10gb']")
-    functions: list[int] = Field(default_factory=lambda: [0], description="PCI functions of the card's slot that "
-                                 "pass through together: [0, 1] for a GPU with an HDA audio function (seed 000 §4.2)")
+    functions: list[int] = Field(
+        default_factory=lambda: [0],
+        description="PCI functions of the card's slot that "
+        "pass through together: [0, 1] for a GPU with an HDA audio function (seed 000 §4.2)",
+    )
 
     _addr = field_validator("address")(lambda cls, v: pci_address(v))
 
@@ -112,8 +120,10 @@ class Topology(Strict):
     memory_gib_per_node: int = Field(ge=1)
     nodes_per_socket: int = Field(1, ge=1)
     numbering: Literal["interleaved", "sequential"] = Field(
-        "interleaved", description="interleaved: sibling threads are N and N+cores (Intel servers, lscpu shows CPU 0 "
-                                   "and 32 on one core); sequential: siblings adjacent (QEMU guests, some AMD BIOSes)")
+        "interleaved",
+        description="interleaved: sibling threads are N and N+cores (Intel servers, lscpu shows CPU 0 "
+        "and 32 on one core); sequential: siblings adjacent (QEMU guests, some AMD BIOSes)",
+    )
 
     @property
     def nodes(self) -> int:
@@ -155,10 +165,12 @@ class Vm(Strict):
     thread_policy: Literal["prefer", "require", "isolate"] = "prefer"
     emulator_threads: Literal["share", "isolate"] = "isolate"
     iothreads: int = Field(1, ge=0)
-    image: Optional[str] = Field("/var/lib/libvirt/images/base.qcow2", description="base qcow2 the disk overlays; "
-                                 "null gives an empty disk")
-    emulated: bool = Field(False, description="hypervisor without KVM (the emulated dev server): TCG domain, "
-                                              "SeaBIOS, CPU model 'maximum'")
+    image: Optional[str] = Field(
+        "/var/lib/libvirt/images/base.qcow2", description="base qcow2 the disk overlays; null gives an empty disk"
+    )
+    emulated: bool = Field(
+        False, description="hypervisor without KVM (the emulated dev server): TCG domain, SeaBIOS, CPU model 'maximum'"
+    )
     guest_user: str = "ubuntu"
     mps: bool = Field(False, description="CUDA MPS in the guest (seed 001 route B)")
     address: Optional[str] = Field(None, description="guest IP for SSH (through the host as jump) and scraping")
@@ -188,8 +200,9 @@ class Host(Strict):
     hugepages: Hugepages = Field(default_factory=Hugepages)
     kernel: Kernel = Field(default_factory=Kernel)
     tuning: Tuning = Field(default_factory=Tuning)
-    irq_pin: list[str] = Field(default_factory=list, description="regexes of /proc/interrupts names to move to "
-                                                                  "reserved CPUs (nvme, mlx5 ...)")
+    irq_pin: list[str] = Field(
+        default_factory=list, description="regexes of /proc/interrupts names to move to reserved CPUs (nvme, mlx5 ...)"
+    )
     vms: list[Vm] = Field(default_factory=list)
     acs_override_acknowledged: bool = False
     allow_unsafe_interrupts_acknowledged: bool = False
@@ -209,9 +222,13 @@ class Host(Strict):
             names.add(vm.name)
             for a in vm.gpus:
                 if a not in gpu_addrs:
-                    errors.append(f"vms[{i}].gpus: {a} is not one of this host's gpus[] ({', '.join(sorted(gpu_addrs))})")
+                    errors.append(
+                        f"vms[{i}].gpus: {a} is not one of this host's gpus[] ({', '.join(sorted(gpu_addrs))})"
+                    )
                 if a in seen:
-                    errors.append(f"vms[{i}].gpus: {a} is already given to VM {seen[a]!r} (a GPU passes through to one VM only)")
+                    errors.append(
+                        f"vms[{i}].gpus: {a} is already given to VM {seen[a]!r} (a GPU passes through to one VM only)"
+                    )
                 seen[a] = vm.name
             if self.topology:
                 nodes = {g.numa_node for g in self.gpus if g.address in vm.gpus and g.numa_node is not None}
@@ -219,12 +236,16 @@ class Host(Strict):
                 cap = self.topology.cpus_per_node - reserved_per_node
                 if vm.vcpus > cap:
                     where = f"node {sorted(nodes)[0]}" if nodes else "any node"
-                    errors.append(f"vms[{i}].vcpus: {vm.vcpus} vCPUs do not fit on {where} of {self.name}: "
-                                  f"{self.topology.cpus_per_node} CPUs per node, about {reserved_per_node} reserved "
-                                  f"for the host, so at most {cap}")
+                    errors.append(
+                        f"vms[{i}].vcpus: {vm.vcpus} vCPUs do not fit on {where} of {self.name}: "
+                        f"{self.topology.cpus_per_node} CPUs per node, about {reserved_per_node} reserved "
+                        f"for the host, so at most {cap}"
+                    )
                 if vm.memory_gib > self.topology.memory_gib_per_node:
-                    errors.append(f"vms[{i}].memory_gib: {vm.memory_gib} GiB exceeds a node's "
-                                  f"{self.topology.memory_gib_per_node} GiB")
+                    errors.append(
+                        f"vms[{i}].memory_gib: {vm.memory_gib} GiB exceeds a node's "
+                        f"{self.topology.memory_gib_per_node} GiB"
+                    )
         for i, g in enumerate(self.gpus):
             if self.topology and g.numa_node is not None and g.numa_node >= self.topology.nodes:
                 errors.append(f"gpus[{i}].numa_node: {g.numa_node} but the topology has {self.topology.nodes} nodes")
@@ -236,11 +257,14 @@ class Host(Strict):
         for k in self.kernel.extra_args:
             key = k.split("=", 1)[0]
             if key == "pcie_acs_override" and not self.acs_override_acknowledged:
-                errors.append("kernel.extra_args: pcie_acs_override needs acs_override_acknowledged: true "
-                              "(it fakes IOMMU isolation; seeds: last resort only)")
+                errors.append(
+                    "kernel.extra_args: pcie_acs_override needs acs_override_acknowledged: true "
+                    "(it fakes IOMMU isolation; seeds: last resort only)"
+                )
             if key == "vfio_iommu_type1.allow_unsafe_interrupts" and not self.allow_unsafe_interrupts_acknowledged:
-                errors.append("kernel.extra_args: allow_unsafe_interrupts needs "
-                              "allow_unsafe_interrupts_acknowledged: true")
+                errors.append(
+                    "kernel.extra_args: allow_unsafe_interrupts needs allow_unsafe_interrupts_acknowledged: true"
+                )
         if errors:
             raise ValueError("; ".join(errors))
         return self
@@ -271,9 +295,12 @@ class ServiceModel(Strict):
     max_batch_size: Optional[int] = Field(None, ge=1)
     instance_count: Optional[int] = Field(None, ge=1)
     max_queue_delay_us: Optional[int] = Field(None, ge=0)
-    onnx_sha256: Optional[str] = Field(None, pattern=r"^[0-9a-f]{64}$",
-                                       description="TensorRT models: the ONNX file on the guest (/srv/onnx/<name>.onnx)"
-                                                   " the engine is built from; its hash decides rebuilds")
+    onnx_sha256: Optional[str] = Field(
+        None,
+        pattern=r"^[0-9a-f]{64}$",
+        description="TensorRT models: the ONNX file on the guest (/srv/onnx/<name>.onnx)"
+        " the engine is built from; its hash decides rebuilds",
+    )
     precision: Literal["fp32", "fp16", "int8"] = "fp16"
     calib_dir: Optional[str] = None
 
@@ -318,9 +345,11 @@ class Fleet(Strict):
                 errors.append(f"services[{i}].vm: host {s.host} has no VM {s.vm!r}")
         if self.monitoring and self.monitoring.host not in hosts:
             errors.append(f"monitoring.host: unknown host {self.monitoring.host!r}")
-        for key, where in _find_private_keys(self.model_dump()):
-            errors.append(f"{where}: looks like a private key in plain config; keys belong in "
-                          "`pulumi config set --secret gpuhost:sshPrivateKey`")
+        for _key, where in _find_private_keys(self.model_dump()):
+            errors.append(
+                f"{where}: looks like a private key in plain config; keys belong in "
+                "`pulumi config set --secret gpuhost:sshPrivateKey`"
+            )
         if errors:
             raise ValueError("; ".join(errors))
         return self

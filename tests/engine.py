@@ -78,10 +78,14 @@ class ProviderServer:
         self.stub = None
 
     def __enter__(self) -> "ProviderServer":
-        env = dict(os.environ, PULUMI_PROJECT=self.project,
-                   PYTHONPATH=os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")]))
-        self.proc = subprocess.Popen([sys.executable, "-u", "-m", "pulumi.dynamic"], cwd=ROOT, env=env,
-                                     stdout=subprocess.PIPE, stderr=None)
+        env = dict(
+            os.environ,
+            PULUMI_PROJECT=self.project,
+            PYTHONPATH=os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")]),
+        )
+        self.proc = subprocess.Popen(
+            [sys.executable, "-u", "-m", "pulumi.dynamic"], cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=None
+        )
         port = int(self.proc.stdout.readline().decode().strip())
         self.channel = grpc.insecure_channel(f"127.0.0.1:{port}")
         grpc.channel_ready_future(self.channel).result(timeout=30)
@@ -132,8 +136,11 @@ class DrivenResource:
 
     def check(self, news: dict) -> dict:
         self.calls.append("check")
-        req = provider_pb2.CheckRequest(urn=self.urn, olds=_ser(self._with_provider(self.inputs)) if self.inputs
-                                        else _ser({}), news=_ser(self._with_provider(news)))
+        req = provider_pb2.CheckRequest(
+            urn=self.urn,
+            olds=_ser(self._with_provider(self.inputs)) if self.inputs else _ser({}),
+            news=_ser(self._with_provider(news)),
+        )
         if not self.inputs:
             # First check of a new resource: olds are empty, the provider is found in news.
             req = provider_pb2.CheckRequest(urn=self.urn, olds=_ser({}), news=_ser(self._with_provider(news)))
@@ -144,42 +151,70 @@ class DrivenResource:
 
     def diff(self, checked: dict) -> DiffOutcome:
         self.calls.append("diff")
-        resp = self.server.call("Diff", provider_pb2.DiffRequest(
-            id=self.id, urn=self.urn, olds=_ser(self._with_provider(self.outputs)),
-            news=_ser(self._with_provider(checked)), old_inputs=_ser(self._with_provider(self.inputs))))
+        resp = self.server.call(
+            "Diff",
+            provider_pb2.DiffRequest(
+                id=self.id,
+                urn=self.urn,
+                olds=_ser(self._with_provider(self.outputs)),
+                news=_ser(self._with_provider(checked)),
+                old_inputs=_ser(self._with_provider(self.inputs)),
+            ),
+        )
         changes = {provider_pb2.DiffResponse.DIFF_SOME: True, provider_pb2.DiffResponse.DIFF_NONE: False}.get(
-            resp.changes)
+            resp.changes
+        )
         return DiffOutcome(changes, list(resp.replaces), resp.deleteBeforeReplace)
 
     def create(self, checked: dict) -> dict:
         self.calls.append("create")
-        resp = self.server.call("Create", provider_pb2.CreateRequest(
-            urn=self.urn, properties=_ser(self._with_provider(checked))))
+        resp = self.server.call(
+            "Create", provider_pb2.CreateRequest(urn=self.urn, properties=_ser(self._with_provider(checked)))
+        )
         self.id = resp.id
         self.inputs, self.outputs = checked, _strip(_de(resp.properties))
         return self.outputs
 
     def update(self, checked: dict) -> dict:
         self.calls.append("update")
-        resp = self.server.call("Update", provider_pb2.UpdateRequest(
-            id=self.id, urn=self.urn, olds=_ser(self._with_provider(self.outputs)),
-            news=_ser(self._with_provider(checked)), old_inputs=_ser(self._with_provider(self.inputs))))
+        resp = self.server.call(
+            "Update",
+            provider_pb2.UpdateRequest(
+                id=self.id,
+                urn=self.urn,
+                olds=_ser(self._with_provider(self.outputs)),
+                news=_ser(self._with_provider(checked)),
+                old_inputs=_ser(self._with_provider(self.inputs)),
+            ),
+        )
         self.inputs, self.outputs = checked, _strip(_de(resp.properties))
         return self.outputs
 
     def delete(self) -> None:
         self.calls.append("delete")
-        self.server.call("Delete", provider_pb2.DeleteRequest(
-            id=self.id, urn=self.urn, properties=_ser(self._with_provider(self.outputs)),
-            old_inputs=_ser(self._with_provider(self.inputs))))
+        self.server.call(
+            "Delete",
+            provider_pb2.DeleteRequest(
+                id=self.id,
+                urn=self.urn,
+                properties=_ser(self._with_provider(self.outputs)),
+                old_inputs=_ser(self._with_provider(self.inputs)),
+            ),
+        )
         self.id, self.inputs, self.outputs = None, {}, {}
 
     def read(self) -> dict:
         """`pulumi refresh`: the engine passes prior outputs and inputs and takes back what the host has."""
         self.calls.append("read")
-        resp = self.server.call("Read", provider_pb2.ReadRequest(
-            id=self.id, urn=self.urn, properties=_ser(self._with_provider(self.outputs)),
-            inputs=_ser(self._with_provider(self.inputs))))
+        resp = self.server.call(
+            "Read",
+            provider_pb2.ReadRequest(
+                id=self.id,
+                urn=self.urn,
+                properties=_ser(self._with_provider(self.outputs)),
+                inputs=_ser(self._with_provider(self.inputs)),
+            ),
+        )
         return _strip(_de(resp.properties))
 
     # -- engine-shaped flows ----------------------------------------------------------------------------------
@@ -205,8 +240,7 @@ class DrivenResource:
             if d.delete_before_replace:
                 self.delete()
                 return "replace", self.create(checked)
-            old = DrivenResource(self.server, self.provider, self.type_, self.name, self.id, self.inputs,
-                                 self.outputs)
+            old = DrivenResource(self.server, self.provider, self.type_, self.name, self.id, self.inputs, self.outputs)
             self.id = None
             outs = self.create(checked)
             old.delete()

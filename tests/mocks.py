@@ -55,10 +55,18 @@ class RecordingMonitor(pm.MockMonitor):
     def RegisterResource(self, request):
         resp = super().RegisterResource(request)
         if request.type != "pulumi:pulumi:Stack":
-            self.registrations.append(Registration(
-                urn=resp.urn, type=request.type, name=request.name, parent=request.parent,
-                dependencies=list(request.dependencies), inputs=rpc.deserialize_properties(request.object),
-                secret_inputs=_secret_keys(request.object), custom=bool(request.custom)))
+            self.registrations.append(
+                Registration(
+                    urn=resp.urn,
+                    type=request.type,
+                    name=request.name,
+                    parent=request.parent,
+                    dependencies=list(request.dependencies),
+                    inputs=rpc.deserialize_properties(request.object),
+                    secret_inputs=_secret_keys(request.object),
+                    custom=bool(request.custom),
+                )
+            )
         return resp
 
 
@@ -109,8 +117,9 @@ class Recording:
         return out
 
 
-def run_program(config: dict[str, Any], secret_keys: list[str], stack: str = "test",
-                body: Optional[Callable[[], dict]] = None) -> Recording:
+def run_program(
+    config: dict[str, Any], secret_keys: list[str], stack: str = "test", body: Optional[Callable[[], dict]] = None
+) -> Recording:
     """Run stacks.program.build (or `body`) fresh under mocks with this stack config."""
     mocks = EchoMocks()
     monitor = RecordingMonitor(mocks)

@@ -21,7 +21,7 @@ def conn(local_sshd):
 
 NASTY = [
     "two words",
-    "it's \"quoted\"",
+    'it\'s "quoted"',
     "$(touch /tmp/gpuhost-pwned-1)",
     "`touch /tmp/gpuhost-pwned-2`",
     "a; touch /tmp/gpuhost-pwned-3",

@@ -8,7 +8,8 @@ import xml.etree.ElementTree as ET
 from pathlib import Path
 
 import pytest
-from hypothesis import given, settings, strategies as st
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from pydantic import ValidationError
 
 from plans.domain_xml import DomainSpec, Topology, drift, parse, render
@@ -28,11 +29,18 @@ def validate(xml: str, tmp_path: Path) -> None:
 def seed002_spec(**kw):
     host = host_from_dict(json.loads((FIX / "seed002_2x16c.json").read_text()))
     gpu = ("0000:ca:00.0", "0000:ca:00.1")
-    plan = place(host, [VmRequest("tenant-b", vcpus=16, memory_mib=64 * 1024, gpus=gpu, vfs=("0000:c1:02.0",),
-                                  iothreads=2)])
+    plan = place(
+        host, [VmRequest("tenant-b", vcpus=16, memory_mib=64 * 1024, gpus=gpu, vfs=("0000:c1:02.0",), iothreads=2)]
+    )
     return plan.vm("tenant-b"), DomainSpec.from_placement(
-        plan.vm("tenant-b"), disk="/var/lib/libvirt/images/tenant-b.qcow2",
-        seed_iso="/var/lib/libvirt/images/tenant-b-seed.iso", gpus=gpu, vfs=["c1:02.0"], network="default", **kw)
+        plan.vm("tenant-b"),
+        disk="/var/lib/libvirt/images/tenant-b.qcow2",
+        seed_iso="/var/lib/libvirt/images/tenant-b-seed.iso",
+        gpus=gpu,
+        vfs=["c1:02.0"],
+        network="default",
+        **kw,
+    )
 
 
 def test_seed002_domain_has_every_piece_and_validates(tmp_path):
@@ -108,8 +116,7 @@ def specs(draw):
     cpus = draw(st.lists(st.integers(0, 255), min_size=n, max_size=n, unique=True))
     page = draw(st.sampled_from(["1G", "2M", "4K"]))
     mem = draw(st.integers(1, 64)) * 1024
-    fns = draw(st.lists(st.tuples(st.integers(0, 255), st.integers(0, 31), st.integers(0, 7)), max_size=4,
-                        unique=True))
+    fns = draw(st.lists(st.tuples(st.integers(0, 255), st.integers(0, 31), st.integers(0, 7)), max_size=4, unique=True))
     addrs = [f"0000:{b:02x}:{s:02x}.{f}" for b, s, f in fns]
     k = draw(st.integers(0, len(addrs)))
     fw = draw(st.booleans())
@@ -121,8 +128,10 @@ def specs(draw):
         page_size=page,
         vcpupin=tuple(cpus),
         emulatorpin=tuple(draw(st.lists(st.integers(0, 255), max_size=4, unique=True))),
-        iothreadpin=tuple(tuple(sorted(set(x))) for x in draw(st.lists(st.lists(st.integers(0, 255), min_size=1,
-                                                                                  max_size=2), max_size=3))),
+        iothreadpin=tuple(
+            tuple(sorted(set(x)))
+            for x in draw(st.lists(st.lists(st.integers(0, 255), min_size=1, max_size=2), max_size=3))
+        ),
         numa_node=draw(st.none() | st.integers(0, 7)),
         topology=Topology(sockets=1, cores=cores, threads=threads),
         loader=None if not fw else "/usr/share/OVMF/OVMF_CODE_4M.fd",

@@ -6,8 +6,17 @@ from pathlib import Path
 import pytest
 
 from facts.cpulist import CpuListError, cpumask, format_cpulist, parse_cpulist, parse_cpumask
-from facts.host import (facts_script, parse_cmdline, parse_interrupts, parse_iommu, parse_network,
-                        parse_os_release, parse_pci, parse_host_facts, split_sections)
+from facts.host import (
+    facts_script,
+    parse_cmdline,
+    parse_host_facts,
+    parse_interrupts,
+    parse_iommu,
+    parse_network,
+    parse_os_release,
+    parse_pci,
+    split_sections,
+)
 
 FIX = Path(__file__).parent / "fixtures" / "facts"
 
@@ -60,7 +69,12 @@ def test_os_release_rhel_family():
 
 def test_cmdline_keeps_quoted_values():
     assert parse_cmdline('BOOT_IMAGE=/vmlinuz root=UUID=ab ro quiet "dyndbg=file x +p"\n') == [
-        "BOOT_IMAGE=/vmlinuz", "root=UUID=ab", "ro", "quiet", "dyndbg=file x +p"]
+        "BOOT_IMAGE=/vmlinuz",
+        "root=UUID=ab",
+        "ro",
+        "quiet",
+        "dyndbg=file x +p",
+    ]
 
 
 INTERRUPTS = """            CPU0       CPU1       CPU2       CPU3
@@ -83,22 +97,29 @@ def test_interrupts_with_affinity_and_remapping_evidence():
 
 
 def test_network_finds_ssh_and_default_route_devices():
-    n = parse_network("default via 10.0.2.2 dev enp0s2 proto dhcp\n", "10.0.2.15:22\n",
-                      "lo 127.0.0.1/8\nenp0s2 10.0.2.15/24\n",
-                      "enp0s2 /sys/devices/pci0000:00/0000:00:02.0/virtio1\n")
+    n = parse_network(
+        "default via 10.0.2.2 dev enp0s2 proto dhcp\n",
+        "10.0.2.15:22\n",
+        "lo 127.0.0.1/8\nenp0s2 10.0.2.15/24\n",
+        "enp0s2 /sys/devices/pci0000:00/0000:00:02.0/virtio1\n",
+    )
     assert n.ssh_ifaces == ["enp0s2"] and n.protected_pci == {"0000:00:02.0"}
 
 
 def test_pci_sriov_pf_and_vfs_in_index_order():
-    attrs = ("0000:82:00.0/vendor:0x1b36\n0000:82:00.0/device:0x0010\n0000:82:00.0/class:0x010802\n"
-             "0000:82:00.0/numa_node:1\n0000:82:00.0/sriov_totalvfs:4\n0000:82:00.0/sriov_numvfs:2\n"
-             "0000:82:00.0/driver_override:(null)\n0000:82:00.1/vendor:0x1b36\n0000:82:00.1/numa_node:1\n"
-             "0000:82:00.2/vendor:0x1b36\n0000:83:01.2/vendor:0x1b36\n")
+    attrs = (
+        "0000:82:00.0/vendor:0x1b36\n0000:82:00.0/device:0x0010\n0000:82:00.0/class:0x010802\n"
+        "0000:82:00.0/numa_node:1\n0000:82:00.0/sriov_totalvfs:4\n0000:82:00.0/sriov_numvfs:2\n"
+        "0000:82:00.0/driver_override:(null)\n0000:82:00.1/vendor:0x1b36\n0000:82:00.1/numa_node:1\n"
+        "0000:82:00.2/vendor:0x1b36\n0000:83:01.2/vendor:0x1b36\n"
+    )
     p = "/sys/devices/pci0000:80/0000:80:01.0/0000:82:00.0"
-    links = (f"{p} driver ../../../../bus/pci/drivers/nvme\n{p} iommu_group ../../../../kernel/iommu_groups/12\n"
-             f"{p} virtfn10 ../0000:83:01.2\n{p} virtfn0 ../0000:82:00.1\n{p} virtfn1 ../0000:82:00.2\n"
-             "/sys/devices/pci0000:80/0000:80:01.0/0000:82:00.1 physfn ../0000:82:00.0\n"
-             f"{p}/nvme/nvme0 driver ../../../../bus/nvme/drivers/foo\n")
+    links = (
+        f"{p} driver ../../../../bus/pci/drivers/nvme\n{p} iommu_group ../../../../kernel/iommu_groups/12\n"
+        f"{p} virtfn10 ../0000:83:01.2\n{p} virtfn0 ../0000:82:00.1\n{p} virtfn1 ../0000:82:00.2\n"
+        "/sys/devices/pci0000:80/0000:80:01.0/0000:82:00.1 physfn ../0000:82:00.0\n"
+        f"{p}/nvme/nvme0 driver ../../../../bus/nvme/drivers/foo\n"
+    )
     res = "0000:82:00.0/resource:1:0x00000000fe000000 0x00000000fe003fff 0x0000000000140204\n"
     pci = parse_pci(attrs, links, "", res)
     pf = pci["0000:82:00.0"]

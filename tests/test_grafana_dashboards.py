@@ -33,7 +33,9 @@ def _load(text: str) -> model.Dashboard:
 
 def test_datasource_file_provisions_the_fixed_uid(files):
     ds = yaml.safe_load(files["datasources/gpuhost.yaml"])["datasources"]
-    assert [(d["uid"], d["type"], d["url"]) for d in ds] == [(grafana.DATASOURCE_UID, "prometheus", "http://127.0.0.1:9090")]
+    assert [(d["uid"], d["type"], d["url"]) for d in ds] == [
+        (grafana.DATASOURCE_UID, "prometheus", "http://127.0.0.1:9090")
+    ]
     provider = yaml.safe_load(files["dashboards/gpuhost.yaml"])["providers"][0]
     assert provider["type"] == "file" and provider["options"]["path"] == "/var/lib/grafana/dashboards/gpuhost"
 
@@ -57,10 +59,21 @@ def test_dashboards_load_back_and_every_query_uses_the_provisioned_uid(files):
         seen[d.uid] = {p.title for p in panels}
         # Round trip: the model re-encodes to the same JSON.
         assert grafana.dashboard_json(d) == files[name]
-    assert {"GPU utilization", "SM occupancy / SM active", "Frame buffer free", "PCIe throughput", "Power",
-            "Temperature"} <= seen[grafana.GPU_DASHBOARD_UID]
-    assert {"QPS", "Request latency p50 / p95 / p99", "Queue vs compute time per request", "Average batch size",
-            "Failures"} <= seen[grafana.SERVING_DASHBOARD_UID]
+    assert {
+        "GPU utilization",
+        "SM occupancy / SM active",
+        "Frame buffer free",
+        "PCIe throughput",
+        "Power",
+        "Temperature",
+    } <= seen[grafana.GPU_DASHBOARD_UID]
+    assert {
+        "QPS",
+        "Request latency p50 / p95 / p99",
+        "Queue vs compute time per request",
+        "Average batch size",
+        "Failures",
+    } <= seen[grafana.SERVING_DASHBOARD_UID]
 
 
 def test_a_panel_on_another_datasource_is_caught(files):
@@ -88,8 +101,11 @@ def test_every_dashboard_and_rule_expression_parses_with_promtool(graph, tmp_pat
     if not available():
         pytest.skip("promtool not installed")
     exprs = [promql.expand_grafana(e) for e in grafana.queries(graph)] + rules.expressions(graph)
-    check = {"groups": [{"name": "parse", "rules": [{"record": f"gpuhost_parse:e{i}", "expr": e}
-                                                     for i, e in enumerate(exprs)]}]}
+    check = {
+        "groups": [
+            {"name": "parse", "rules": [{"record": f"gpuhost_parse:e{i}", "expr": e} for i, e in enumerate(exprs)]}
+        ]
+    }
     (tmp_path / "parse.yml").write_text(yaml.safe_dump(check))
     rc, out = promtool("check", "rules", str(tmp_path / "parse.yml"))
     assert rc == 0, out
@@ -114,9 +130,17 @@ def test_dcgm_metrics_used_are_in_the_generated_counters_file(graph):
     assert used, "dashboards and rules read DCGM metrics"
     assert used <= counters, used - counters
     # And what the seeds watch is on.
-    assert {"DCGM_FI_DEV_GPU_UTIL", "DCGM_FI_DEV_FB_USED", "DCGM_FI_DEV_FB_FREE", "DCGM_FI_PROF_SM_OCCUPANCY",
-            "DCGM_FI_PROF_PCIE_TX_BYTES", "DCGM_FI_PROF_PCIE_RX_BYTES", "DCGM_FI_DEV_POWER_USAGE",
-            "DCGM_FI_DEV_GPU_TEMP", "DCGM_FI_DEV_XID_ERRORS"} <= counters
+    assert {
+        "DCGM_FI_DEV_GPU_UTIL",
+        "DCGM_FI_DEV_FB_USED",
+        "DCGM_FI_DEV_FB_FREE",
+        "DCGM_FI_PROF_SM_OCCUPANCY",
+        "DCGM_FI_PROF_PCIE_TX_BYTES",
+        "DCGM_FI_PROF_PCIE_RX_BYTES",
+        "DCGM_FI_DEV_POWER_USAGE",
+        "DCGM_FI_DEV_GPU_TEMP",
+        "DCGM_FI_DEV_XID_ERRORS",
+    } <= counters
 
 
 def test_a_dcgm_field_missing_from_the_counters_file_is_reported(graph):
@@ -127,13 +151,22 @@ def test_a_dcgm_field_missing_from_the_counters_file_is_reported(graph):
     assert {m for ms in missing.values() for m in ms} == {"DCGM_FI_PROF_SM_OCCUPANCY"}
 
 
-@pytest.mark.parametrize("expr, names", [
-    ('sum by (service, model) (rate(nv_inference_count{model=~"$model"}[$__rate_interval]))', {"nv_inference_count"}),
-    ("rate(a_total[1m]) / ignoring (reason) group_left (x) b", {"a_total", "b"}),
-    ('1 - avg without (cpu) (rate(node_cpu_seconds_total{mode="idle"}[5m])) > bool 0.5', {"node_cpu_seconds_total"}),
-    ("gpuhost:triton_batch_size:avg1m offset 5m and on (model) up", {"gpuhost:triton_batch_size:avg1m", "up"}),
-    ('histogram_quantile(0.95, sum by (le) (rate(x_bucket{a="sum(y)"}[5m]))) * 1e3', {"x_bucket"}),
-])
+@pytest.mark.parametrize(
+    "expr, names",
+    [
+        (
+            'sum by (service, model) (rate(nv_inference_count{model=~"$model"}[$__rate_interval]))',
+            {"nv_inference_count"},
+        ),
+        ("rate(a_total[1m]) / ignoring (reason) group_left (x) b", {"a_total", "b"}),
+        (
+            '1 - avg without (cpu) (rate(node_cpu_seconds_total{mode="idle"}[5m])) > bool 0.5',
+            {"node_cpu_seconds_total"},
+        ),
+        ("gpuhost:triton_batch_size:avg1m offset 5m and on (model) up", {"gpuhost:triton_batch_size:avg1m", "up"}),
+        ('histogram_quantile(0.95, sum by (le) (rate(x_bucket{a="sum(y)"}[5m]))) * 1e3', {"x_bucket"}),
+    ],
+)
 def test_metric_names_lexer(expr, names):
     assert promql.metric_names(expr) == names
 

@@ -8,7 +8,14 @@ import pytest
 from pydantic import ValidationError
 
 from plans.guest_bootstrap import (
-    APT_LIST, MPS_ENV_DIR, MPS_UNIT, BootstrapConfig, MpsConfig, parse_facts, plan, read_script,
+    APT_LIST,
+    MPS_ENV_DIR,
+    MPS_UNIT,
+    BootstrapConfig,
+    MpsConfig,
+    parse_facts,
+    plan,
+    read_script,
 )
 
 FIX = Path(__file__).parent / "fixtures" / "guest_bootstrap"
@@ -26,8 +33,9 @@ def test_fixture_is_the_output_of_todays_read_script():
 def test_parse_real_h200_guest():
     f = facts("h200_guest")
     assert f.family == "debian" and f.os_id == "ubuntu" and f.version_id == "24.04"
-    assert f.nvidia_smi and f.gpus == ({"index": "0", "name": "NVIDIA H200", "persistence_mode": "Enabled",
-                                        "driver": "580.159.04"},)
+    assert f.nvidia_smi and f.gpus == (
+        {"index": "0", "name": "NVIDIA H200", "persistence_mode": "Enabled", "driver": "580.159.04"},
+    )
     assert "docker.io" not in f.packages and len(f.packages) > 50
     assert f.files[MPS_UNIT] == "" and f.daemon_json is None
 
@@ -35,8 +43,16 @@ def test_parse_real_h200_guest():
 def test_h200_guest_needs_docker_toolkit_runtime_and_mps_but_not_driver_or_persistence():
     p = plan(facts("h200_guest"), CFG)
     names = [s.name for s in p.steps]
-    assert names == ["docker", "toolkit-repo", "toolkit", "runtime", "mps-unit", "mps-env:triton-a",
-                     "mps-env:triton-b", "mps-daemon"]
+    assert names == [
+        "docker",
+        "toolkit-repo",
+        "toolkit",
+        "runtime",
+        "mps-unit",
+        "mps-env:triton-a",
+        "mps-env:triton-b",
+        "mps-daemon",
+    ]
     assert p.checks["driver"] == "ok" and p.checks["persistence"] == "ok"
     env_a = next(s for s in p.steps if s.name == "mps-env:triton-a")
     assert b"CUDA_MPS_ACTIVE_THREAD_PERCENTAGE=60\n" in env_a.input
@@ -57,7 +73,8 @@ def apply(f, steps, cfg):
     pk, files, svc, dj = set(f.packages), dict(f.files), dict(f.services), f.daemon_json
     for s in steps:
         if s.name == "docker":
-            pk.add("docker.io"); svc["docker"] = "active"
+            pk.add("docker.io")
+            svc["docker"] = "active"
         elif s.name == "toolkit-repo":
             files[APT_LIST] = hashlib.sha256(s.input).hexdigest()
         elif s.name == "toolkit":

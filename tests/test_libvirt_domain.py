@@ -15,10 +15,22 @@ TYPE = "gpuhost:vm:LibvirtDomain"
 
 
 def spec(**kw) -> dict:
-    base = dict(name="tenant-a", domain_type="test", memory_mib=2048, page_size="2M", vcpupin=(0, 4, 1, 5),
-                emulatorpin=(2, 6), iothreadpin=((3,),), numa_node=0, topology=Topology(cores=2, threads=2),
-                disk="/default-pool/tenant-a.qcow2", seed_iso="/default-pool/tenant-a-seed.iso",
-                gpus=("0000:65:00.0", "0000:65:00.1"), vfs=("0000:41:02.0",), network="default")
+    base = dict(
+        name="tenant-a",
+        domain_type="test",
+        memory_mib=2048,
+        page_size="2M",
+        vcpupin=(0, 4, 1, 5),
+        emulatorpin=(2, 6),
+        iothreadpin=((3,),),
+        numa_node=0,
+        topology=Topology(cores=2, threads=2),
+        disk="/default-pool/tenant-a.qcow2",
+        seed_iso="/default-pool/tenant-a-seed.iso",
+        gpus=("0000:65:00.0", "0000:65:00.1"),
+        vfs=("0000:41:02.0",),
+        network="default",
+    )
     base.update(kw)
     return DomainSpec(**base).model_dump(mode="json")
 

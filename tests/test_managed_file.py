@@ -35,9 +35,16 @@ def test_create_noop_drift_and_byte_exact_restore(local_sshd, provider_server_fo
 
     srv = provider_server_for()
     r = srv.resource(ManagedFileProvider(), "gpuhost:host:ManagedFile", "vfio-conf")
-    inputs = {"host": host_input(local_sshd.host_spec()), "path": path,
-              "content": "options vfio-pci ids=10de:26b5,10de:228e disable_vga=1\n", "mode": "0644",
-              "owner": "root:root", "prior": None, "sha256": None, "version": "1"}
+    inputs = {
+        "host": host_input(local_sshd.host_spec()),
+        "path": path,
+        "content": "options vfio-pci ids=10de:26b5,10de:228e disable_vga=1\n",
+        "mode": "0644",
+        "owner": "root:root",
+        "prior": None,
+        "sha256": None,
+        "version": "1",
+    }
     op, outs = r.up(inputs)
     assert op == "create"
     assert open(path).read() == inputs["content"]
@@ -63,8 +70,7 @@ def test_absent_file_is_removed_again_and_bad_input_fails_in_check(local_sshd, p
     path = str(target / "new.conf")
     srv = provider_server_for()
     r = srv.resource(ManagedFileProvider(), "gpuhost:host:ManagedFile", "new-conf")
-    base = {"host": host_input(local_sshd.host_spec()), "content": "x\n", "prior": None, "sha256": None,
-            "version": "1"}
+    base = {"host": host_input(local_sshd.host_spec()), "content": "x\n", "prior": None, "sha256": None, "version": "1"}
     with pytest.raises(ProviderError) as e:
         r.up({**base, "path": "relative/../x", "mode": "rwx"})
     assert "path" in str(e.value.details) and "mode" in str(e.value.details)

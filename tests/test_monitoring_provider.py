@@ -43,10 +43,15 @@ def test_place_validate_reload_in_place_and_restore(local_sshd, provider_server_
         inputs = {
             "host": host_input(local_sshd.host_spec()),
             "files": {cfg_path: prometheus.render_config(graph), rules_path: rules.render_rules(graph)},
-            "config_path": cfg_path, "rules_paths": [rules_path],
+            "config_path": cfg_path,
+            "rules_paths": [rules_path],
             "reload": {"kind": "http", "url": prom.url},
-            "grafana_unit": None, "grafana_restart_on": [], "promtool": "promtool",
-            "prior": None, "sha256": None, "version": MonitoringFilesProvider.VERSION,
+            "grafana_unit": None,
+            "grafana_restart_on": [],
+            "promtool": "promtool",
+            "prior": None,
+            "sha256": None,
+            "version": MonitoringFilesProvider.VERSION,
         }
         op, outs = r.up(inputs)
         assert op == "create"
@@ -60,7 +65,10 @@ def test_place_validate_reload_in_place_and_restore(local_sshd, provider_server_
         assert r.refresh()["files"] == inputs["files"]
 
         # A rules file promtool rejects: the update fails and the live files and the running rules stay as they were.
-        broken = {**inputs, "files": {**inputs["files"], rules_path: "groups:\n- name: x\n  rules:\n  - record: a\n    expr: sum(\n"}}
+        broken = {
+            **inputs,
+            "files": {**inputs["files"], rules_path: "groups:\n- name: x\n  rules:\n  - record: a\n    expr: sum(\n"},
+        }
         with pytest.raises(ProviderError):
             r.up(broken)
         assert Path(rules_path).read_text() == inputs["files"][rules_path]
@@ -69,8 +77,12 @@ def test_place_validate_reload_in_place_and_restore(local_sshd, provider_server_
 
         # A tighter SLO reaches the running Prometheus through the same reload.
         yolo = graph.services[0]
-        tighter = graph.model_copy(update={"services": (yolo.model_copy(update={"slo": yolo.slo.model_copy(
-            update={"p95_latency_ms": 40})}),) + graph.services[1:]})
+        tighter = graph.model_copy(
+            update={
+                "services": (yolo.model_copy(update={"slo": yolo.slo.model_copy(update={"p95_latency_ms": 40})}),)
+                + graph.services[1:]
+            }
+        )
         updated = {**inputs, "files": {**inputs["files"], rules_path: rules.render_rules(tighter)}}
         assert r.up(updated)[0] == "update"
         assert any('service="yolo"} > 40000' in q for q in _rule_groups(prom)["gpuhost-serving-yolo"])
@@ -87,6 +99,16 @@ def test_check_rejects_paths_and_reload_kind(local_sshd, provider_server_for):
     srv = provider_server_for()
     r = srv.resource(MonitoringFilesProvider(), "gpuhost:monitoring:MonitoringFiles", "bad")
     with pytest.raises(ProviderError) as e:
-        r.up({"host": host_input(local_sshd.host_spec()), "files": {"etc/x.yml": "a"}, "config_path": "/nope",
-              "rules_paths": [], "reload": {"kind": "pkill"}, "prior": None, "sha256": None, "version": "1"})
+        r.up(
+            {
+                "host": host_input(local_sshd.host_spec()),
+                "files": {"etc/x.yml": "a"},
+                "config_path": "/nope",
+                "rules_paths": [],
+                "reload": {"kind": "pkill"},
+                "prior": None,
+                "sha256": None,
+                "version": "1",
+            }
+        )
     assert "files" in e.value.details and "config_path" in e.value.details and "reload" in e.value.details

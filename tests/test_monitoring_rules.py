@@ -90,11 +90,14 @@ def test_generated_rule_tests_pass(tmp_path):
     assert rc == 0, out
 
 
-@pytest.mark.parametrize("service_slo", [
-    {"queue_duration_ms": 30.0},     # seed 001's 20 ms moved: 25 ms waits no longer alert
-    {"p95_latency_ms": 60.0},        # seed 004's 50 ms moved: 51 ms p95 no longer alerts
-    {"p95_for": "10m"},              # "for 5 minutes" moved: still pending at 6m
-])
+@pytest.mark.parametrize(
+    "service_slo",
+    [
+        {"queue_duration_ms": 30.0},  # seed 001's 20 ms moved: 25 ms waits no longer alert
+        {"p95_latency_ms": 60.0},  # seed 004's 50 ms moved: 51 ms p95 no longer alerts
+        {"p95_for": "10m"},  # "for 5 minutes" moved: still pending at 6m
+    ],
+)
 def test_rule_tests_fail_when_a_threshold_changes(tmp_path, service_slo):
     """The promtool tests are not vacuous: rules rendered with a mutated SLO fail both test files."""
     good = sample_graph()
@@ -123,10 +126,14 @@ def test_gpu_free_memory_threshold_change_fails_the_seed_test(tmp_path):
 def test_each_service_gets_its_own_slo_threshold():
     g = sample_graph()
     exprs = {(r["alert"], r["expr"]) for grp in rules.rules(g)["groups"] for r in grp["rules"] if "alert" in r}
-    assert ("TritonP95LatencyAboveSlo",
-            'gpuhost:triton_request_duration_us:p95{job="triton",service="yolo"} > 50000') in exprs
-    assert ("TritonP95LatencyAboveSlo",
-            'gpuhost:triton_request_duration_us:p95{job="triton",service="sdxl"} > 2.5e+06') in exprs
+    assert (
+        "TritonP95LatencyAboveSlo",
+        'gpuhost:triton_request_duration_us:p95{job="triton",service="yolo"} > 50000',
+    ) in exprs
+    assert (
+        "TritonP95LatencyAboveSlo",
+        'gpuhost:triton_request_duration_us:p95{job="triton",service="sdxl"} > 2.5e+06',
+    ) in exprs
 
 
 def test_slo_durations_are_validated():

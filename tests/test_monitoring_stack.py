@@ -80,9 +80,14 @@ def test_declares_component_type_and_unique_urns(declared):
 def test_mocked_containers_node_exporter_everywhere_dcgm_only_where_the_driver_is(declared):
     containers = {r.name: r.inputs for r in _by_type(declared, "docker:index/container:Container")}
     assert {n for n in containers if n.endswith("-node-exporter")} == {
-        "mon-hk-gpu01-node-exporter", "mon-vm-tenant-a-node-exporter", "mon-vm-tenant-b-node-exporter"}
+        "mon-hk-gpu01-node-exporter",
+        "mon-vm-tenant-a-node-exporter",
+        "mon-vm-tenant-b-node-exporter",
+    }
     assert {n for n in containers if n.endswith("-dcgm-exporter")} == {
-        "mon-vm-tenant-a-dcgm-exporter", "mon-vm-tenant-b-dcgm-exporter"}
+        "mon-vm-tenant-a-dcgm-exporter",
+        "mon-vm-tenant-b-dcgm-exporter",
+    }
     d = containers["mon-vm-tenant-a-dcgm-exporter"]
     assert d["gpus"] == "all" and d["capabilities"]["adds"] == ["SYS_ADMIN"]
     assert d["command"][:2] == ["-f", dcgm.COUNTERS_PATH]

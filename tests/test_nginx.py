@@ -13,10 +13,16 @@ def test_production_config_passes_real_nginx_t(tmp_path):
     text = render(NginxSpec(default_model="yolov8n"))
     ok, out = check_config(text, tmp_path)
     assert ok, out
-    for directive in ("proxy_http_version 1.1;", 'proxy_set_header Connection "";', "proxy_request_buffering off;",
-                      "client_max_body_size 64m;", "keepalive 64;", "grpc_pass grpc://triton_grpc;",
-                      "keepalive_requests 100000;",
-                      "proxy_pass http://triton_http/v2/models/yolov8n/infer;"):
+    for directive in (
+        "proxy_http_version 1.1;",
+        'proxy_set_header Connection "";',
+        "proxy_request_buffering off;",
+        "client_max_body_size 64m;",
+        "keepalive 64;",
+        "grpc_pass grpc://triton_grpc;",
+        "keepalive_requests 100000;",
+        "proxy_pass http://triton_http/v2/models/yolov8n/infer;",
+    ):
         assert directive in text
 
 
@@ -26,8 +32,15 @@ def test_nginx_t_rejects_a_broken_config(tmp_path):
     assert not ok and "keepalive" in out
 
 
-@pytest.mark.parametrize("field, value", [("default_model", "m; return 500"), ("upstream_http", "a b:1"),
-                                          ("client_max_body_size", "64m; x"), ("prefix", "/tmp/x;y")])
+@pytest.mark.parametrize(
+    "field, value",
+    [
+        ("default_model", "m; return 500"),
+        ("upstream_http", "a b:1"),
+        ("client_max_body_size", "64m; x"),
+        ("prefix", "/tmp/x;y"),
+    ],
+)
 def test_values_that_would_inject_directives_are_refused(field, value):
     with pytest.raises(ValidationError) as e:
         NginxSpec(**{"default_model": "m", field: value})

@@ -7,7 +7,6 @@ connection mid-apply, and preflight refusing bad input without touching the host
 
 from __future__ import annotations
 
-import hashlib
 import threading
 import time
 
@@ -21,11 +20,19 @@ pytestmark = pytest.mark.testhost
 
 GPU = "0000:81:00.0"
 AUDIO = "0000:81:00.1"
-WATCHED = ["/etc/default/grub", "/boot/grub/grub.cfg", "/etc/modules-load.d/gpuhost-vfio.conf",
-           "/etc/modprobe.d/gpuhost-vfio.conf", "/etc/modprobe.d/gpuhost-blacklist-nouveau.conf",
-           "/etc/default/irqbalance", "/etc/sysctl.d/99-gpuhost.conf", "/etc/systemd/system/gpuhost-hugepages.service",
-           "/etc/systemd/system/multi-user.target.wants/gpuhost-hugepages.service",
-           f"/etc/driverctl.d/pci-{GPU}", f"/etc/driverctl.d/pci-{AUDIO}"]
+WATCHED = [
+    "/etc/default/grub",
+    "/boot/grub/grub.cfg",
+    "/etc/modules-load.d/gpuhost-vfio.conf",
+    "/etc/modprobe.d/gpuhost-vfio.conf",
+    "/etc/modprobe.d/gpuhost-blacklist-nouveau.conf",
+    "/etc/default/irqbalance",
+    "/etc/sysctl.d/99-gpuhost.conf",
+    "/etc/systemd/system/gpuhost-hugepages.service",
+    "/etc/systemd/system/multi-user.target.wants/gpuhost-hugepages.service",
+    f"/etc/driverctl.d/pci-{GPU}",
+    f"/etc/driverctl.d/pci-{AUDIO}",
+]
 
 
 def hostname(th) -> str:
@@ -33,33 +40,60 @@ def hostname(th) -> str:
 
 
 def host_config(th, **over) -> Host:
-    cfg = {"name": hostname(th), "ssh": {"address": th.address, "port": th.port, "user": th.user,
-                                    "host_key": th.host_key_line, "key_name": "sshPrivateKey"},
-           "topology": {"sockets": 2, "cores_per_socket": 2, "threads_per_core": 2, "memory_gib_per_node": 2,
-                        "numbering": "sequential"},
-           "reserved_cpus": "0-1", "gpus": [{"address": GPU, "numa_node": 1, "functions": [0, 1]}],
-           "hugepages": {"size": "2M", "per_node": {1: 64}},
-           "tuning": {"tuned_profile": "latency-performance", "governor": "performance",
-                      "sysctls": {"net.core.somaxconn": "4096", "net.ipv4.tcp_fin_timeout": "10"}},
-           "irq_pin": ["nvme"]}
+    cfg = {
+        "name": hostname(th),
+        "ssh": {
+            "address": th.address,
+            "port": th.port,
+            "user": th.user,
+            "host_key": th.host_key_line,
+            "key_name": "sshPrivateKey",
+        },
+        "topology": {
+            "sockets": 2,
+            "cores_per_socket": 2,
+            "threads_per_core": 2,
+            "memory_gib_per_node": 2,
+            "numbering": "sequential",
+        },
+        "reserved_cpus": "0-1",
+        "gpus": [{"address": GPU, "numa_node": 1, "functions": [0, 1]}],
+        "hugepages": {"size": "2M", "per_node": {1: 64}},
+        "tuning": {
+            "tuned_profile": "latency-performance",
+            "governor": "performance",
+            "sysctls": {"net.core.somaxconn": "4096", "net.ipv4.tcp_fin_timeout": "10"},
+        },
+        "irq_pin": ["nvme"],
+    }
     cfg.update(over)
     return Host.model_validate(cfg)
 
 
 def snapshot(th) -> dict:
     """sha256, mode and owner of every watched file (or absence), in one round trip."""
-    out = th.ssh("for f in " + " ".join(WATCHED) + "; do if [ -e $f ]; then echo \"$f $(stat -c '%a %u %g' $f) "
-                 "$(sha256sum < $f | cut -c1-64)\"; else echo \"$f absent\"; fi; done").stdout
+    out = th.ssh(
+        "for f in " + " ".join(WATCHED) + "; do if [ -e $f ]; then echo \"$f $(stat -c '%a %u %g' $f) "
+        '$(sha256sum < $f | cut -c1-64)"; else echo "$f absent"; fi; done'
+    ).stdout
     return dict(line.split(" ", 1) for line in out.splitlines())
 
 
 def runtime(th) -> dict:
-    out = th.ssh(f"cat /proc/cmdline; basename $(readlink /sys/bus/pci/devices/{GPU}/driver 2>/dev/null) 2>/dev/null "
-                 f"|| echo none; basename $(readlink /sys/bus/pci/devices/{AUDIO}/driver 2>/dev/null) 2>/dev/null "
-                 "|| echo none; cat /sys/devices/system/node/node1/hugepages/hugepages-2048kB/nr_hugepages; "
-                 "cat /proc/sys/kernel/random/boot_id; sysctl -n net.core.somaxconn").stdout.splitlines()
-    return {"cmdline": out[0].split(), "gpu": out[1], "audio": out[2], "hugepages1": int(out[3]), "boot_id": out[4],
-            "somaxconn": out[5]}
+    out = th.ssh(
+        f"cat /proc/cmdline; basename $(readlink /sys/bus/pci/devices/{GPU}/driver 2>/dev/null) 2>/dev/null "
+        f"|| echo none; basename $(readlink /sys/bus/pci/devices/{AUDIO}/driver 2>/dev/null) 2>/dev/null "
+        "|| echo none; cat /sys/devices/system/node/node1/hugepages/hugepages-2048kB/nr_hugepages; "
+        "cat /proc/sys/kernel/random/boot_id; sysctl -n net.core.somaxconn"
+    ).stdout.splitlines()
+    return {
+        "cmdline": out[0].split(),
+        "gpu": out[1],
+        "audio": out[2],
+        "hugepages1": int(out[3]),
+        "boot_id": out[4],
+        "somaxconn": out[5],
+    }
 
 
 @pytest.fixture(scope="module")
@@ -106,8 +140,11 @@ def test_reading_all_facts_is_one_round_trip(testhost):
 
 def test_preflight_failures_change_nothing(testhost, server, pristine):
     """Unknown PCI address, a GPU in the dirty group, the boot display: check fails, no file changes."""
-    for gpu, words in [("0000:99:00.0", "unknown PCI address"), ("0000:43:01.0", "not clean"),
-                       ("0000:00:02.0", "boot display")]:
+    for gpu, words in [
+        ("0000:99:00.0", "unknown PCI address"),
+        ("0000:43:01.0", "not clean"),
+        ("0000:00:02.0", "boot display"),
+    ]:
         h = host_config(testhost, gpus=[{"address": gpu}])
         flow = PassthroughFlow(server, h)
         with pytest.raises(ProviderError) as e:
@@ -169,8 +206,10 @@ def test_dropped_connection_mid_apply_is_clear_and_rerun_converges(testhost, ser
 
     killer = threading.Thread(target=drop)
     # slow the apply down on the host so the drop lands inside it
-    testhost.ssh("printf '#!/bin/sh\\nsleep 5\\nexec /sbin/sysctl \"$@\"\\n' > /usr/local/sbin/sysctl; "
-                 "chmod +x /usr/local/sbin/sysctl")
+    testhost.ssh(
+        "printf '#!/bin/sh\\nsleep 5\\nexec /sbin/sysctl \"$@\"\\n' > /usr/local/sbin/sysctl; "
+        "chmod +x /usr/local/sbin/sysctl"
+    )
     killer.start()
     with pytest.raises(ProviderError) as e:
         sysctl.up(inputs)

@@ -43,7 +43,8 @@ def run_program(build):
         comps = build()
         kids = [k for c in comps for k in (c.domain, c.bootstrap) if k is not None]
         return pulumi.Output.all(*[k.urn for k in kids]).apply(
-            lambda us: urns.update({u.rsplit("::", 1)[1]: u for u in us}))
+            lambda us: urns.update({u.rsplit("::", 1)[1]: u for u in us})
+        )
 
     program()
     return mocks.resources, urns
@@ -54,25 +55,43 @@ def declared():
     from components.pinned_vm import PinnedVM, PinnedVMArgs
 
     host = host_from_dict(json.loads((FIX / "seed002_2x16c.json").read_text()))
-    reqs = [VmRequest("tenant-a", 8, 16384, gpus=("0000:65:00.0", "0000:65:00.1"), vfs=("0000:41:02.0",),
-                      iothreads=1),
-            VmRequest("tenant-b", 8, 16384, gpus=("0000:ca:00.0", "0000:ca:00.1"), vfs=("0000:c1:02.0",))]
+    reqs = [
+        VmRequest("tenant-a", 8, 16384, gpus=("0000:65:00.0", "0000:65:00.1"), vfs=("0000:41:02.0",), iothreads=1),
+        VmRequest("tenant-b", 8, 16384, gpus=("0000:ca:00.0", "0000:ca:00.1"), vfs=("0000:c1:02.0",)),
+    ]
     plan = place(host, reqs)
-    guest = HostSpec(name="tenant-a", address="192.168.122.10", user="ops", host_key="ssh-ed25519 " + "B" * 68,
-                     jump={"address": "10.0.0.5", "user": "ops", "host_key": "ssh-ed25519 " + "A" * 68})
+    guest = HostSpec(
+        name="tenant-a",
+        address="192.168.122.10",
+        user="ops",
+        host_key="ssh-ed25519 " + "B" * 68,
+        jump={"address": "10.0.0.5", "user": "ops", "host_key": "ssh-ed25519 " + "A" * 68},
+    )
 
     def build():
         out = []
         for r in reqs:
             extra = {}
             if r.name == "tenant-a":
-                extra = dict(guest=guest, bootstrap=BootstrapConfig(mps=MpsConfig(instances={"t1": 60, "t2": 40})),
-                             consumer_card=True)
-            out.append(PinnedVM(r.name, PinnedVMArgs(
-                host=HOST, placement=plan.vm(r.name), gpus=r.gpus, vfs=r.vfs,
-                base_image="/var/lib/libvirt/images/jammy.qcow2",
-                cloud_init=CloudInit(user="ops", ssh_authorized_keys=("ssh-ed25519 AAAAC3Nz ops@laptop",)),
-                **extra)))
+                extra = dict(
+                    guest=guest,
+                    bootstrap=BootstrapConfig(mps=MpsConfig(instances={"t1": 60, "t2": 40})),
+                    consumer_card=True,
+                )
+            out.append(
+                PinnedVM(
+                    r.name,
+                    PinnedVMArgs(
+                        host=HOST,
+                        placement=plan.vm(r.name),
+                        gpus=r.gpus,
+                        vfs=r.vfs,
+                        base_image="/var/lib/libvirt/images/jammy.qcow2",
+                        cloud_init=CloudInit(user="ops", ssh_authorized_keys=("ssh-ed25519 AAAAC3Nz ops@laptop",)),
+                        **extra,
+                    ),
+                )
+            )
         return out
 
     seen_depends = {}

@@ -15,7 +15,6 @@ two levels of TCG costs minutes and adds nothing this test checks); production k
 from __future__ import annotations
 
 import gzip
-import io
 import os
 import shutil
 import subprocess
@@ -42,9 +41,11 @@ MARKER = "GPUHOST-TINY-GUEST-UP"
 def tiny_initramfs() -> bytes:
     """newc cpio (gzip) with a static busybox and an /init that prints MARKER and powers off."""
     busybox = shutil.which("busybox") or "/bin/busybox"
-    init = ("#!/bin/busybox sh\n/bin/busybox mkdir -p /proc /dev\n"
-            "/bin/busybox mount -t devtmpfs dev /dev\n/bin/busybox mount -t proc proc /proc\n"
-            f"echo {MARKER} > /dev/ttyS0\n/bin/busybox poweroff -f\n")
+    init = (
+        "#!/bin/busybox sh\n/bin/busybox mkdir -p /proc /dev\n"
+        "/bin/busybox mount -t devtmpfs dev /dev\n/bin/busybox mount -t proc proc /proc\n"
+        f"echo {MARKER} > /dev/ttyS0\n/bin/busybox poweroff -f\n"
+    )
     work = "/tmp/gpuhost-tiny-initramfs"
     shutil.rmtree(work, ignore_errors=True)
     os.makedirs(work + "/bin")
@@ -53,8 +54,9 @@ def tiny_initramfs() -> bytes:
         f.write(init)
     os.chmod(work + "/init", 0o755)
     names = "\n".join(["bin", "bin/busybox", "init"]) + "\n"
-    cpio = subprocess.run(["cpio", "-o", "-H", "newc", "--quiet"], input=names.encode(), cwd=work,
-                          capture_output=True, check=True).stdout
+    cpio = subprocess.run(
+        ["cpio", "-o", "-H", "newc", "--quiet"], input=names.encode(), cwd=work, capture_output=True, check=True
+    ).stdout
     shutil.rmtree(work, ignore_errors=True)
     return gzip.compress(cpio)
 
@@ -85,8 +87,12 @@ def prepared(testhost):
     """Host set up for the domain; everything restored after the module."""
     conn = testhost.conn()
     prior_hp = conn.run(sh("cat", HP)).stdout.strip()
-    prior_drv = {a: conn.run(f"basename \"$(readlink {sh('/sys/bus/pci/devices/' + a + '/driver')})\" "
-                             "2>/dev/null || true").stdout.strip() for a in (GPU_FN0, GPU_FN1)}
+    prior_drv = {
+        a: conn.run(
+            f'basename "$(readlink {sh("/sys/bus/pci/devices/" + a + "/driver")})" 2>/dev/null || true'
+        ).stdout.strip()
+        for a in (GPU_FN0, GPU_FN1)
+    }
     kernel = conn.run("ls -1 /boot/vmlinuz-* | sort | tail -n1").stdout.strip()
     setup = Script().raw("set -e").add("modprobe", "vfio-pci")
     for a in (GPU_FN0, GPU_FN1):
@@ -94,14 +100,18 @@ def prepared(testhost):
     setup.raw(f"echo 160 > {sh(HP)}")
     setup.add("systemctl", "start", "libvirtd")
     setup.add("mkdir", "-p", POOL_DIR)
-    setup.raw(f"virsh pool-info gpuhost >/dev/null 2>&1 || {sh('virsh', 'pool-define-as', 'gpuhost', 'dir', '--target', POOL_DIR)}")
+    setup.raw(
+        f"virsh pool-info gpuhost >/dev/null 2>&1 || {sh('virsh', 'pool-define-as', 'gpuhost', 'dir', '--target', POOL_DIR)}"
+    )
     setup.raw("virsh pool-start gpuhost >/dev/null 2>&1 || true")
     setup.add("qemu-img", "create", "-q", "-f", "qcow2", f"{POOL_DIR}/base.qcow2", "64M")
     setup.add("install", "-m", "0644", kernel, f"{POOL_DIR}/gpuhost-vmlinuz")
     conn.run(setup.render())
     conn.put(f"{POOL_DIR}/gpuhost-initrd.gz", tiny_initramfs(), mode="0644")
-    drivers = {a: conn.run(f"basename \"$(readlink {sh('/sys/bus/pci/devices/' + a + '/driver')})\"").stdout.strip()
-               for a in (GPU_FN0, GPU_FN1)}
+    drivers = {
+        a: conn.run(f'basename "$(readlink {sh("/sys/bus/pci/devices/" + a + "/driver")})"').stdout.strip()
+        for a in (GPU_FN0, GPU_FN1)
+    }
     assert drivers == {GPU_FN0: "vfio-pci", GPU_FN1: "vfio-pci"}, drivers
     yield conn
     undo = Script()
@@ -111,11 +121,23 @@ def prepared(testhost):
         undo.lines += unbind_vfio(a).lines
     undo.raw(f"echo {sh(prior_hp)} > {sh(HP)}")
     undo.raw("virsh pool-destroy gpuhost >/dev/null 2>&1 || true; virsh pool-undefine gpuhost >/dev/null 2>&1 || true")
-    undo.add("rm", "-f", f"/var/log/libvirt/qemu/{NAME}-console.log", f"{POOL_DIR}/base.qcow2", f"{POOL_DIR}/{NAME}.qcow2", f"{POOL_DIR}/{NAME}-seed.iso",
-             f"{POOL_DIR}/gpuhost-vmlinuz", f"{POOL_DIR}/gpuhost-initrd.gz")
+    undo.add(
+        "rm",
+        "-f",
+        f"/var/log/libvirt/qemu/{NAME}-console.log",
+        f"{POOL_DIR}/base.qcow2",
+        f"{POOL_DIR}/{NAME}.qcow2",
+        f"{POOL_DIR}/{NAME}-seed.iso",
+        f"{POOL_DIR}/gpuhost-vmlinuz",
+        f"{POOL_DIR}/gpuhost-initrd.gz",
+    )
     conn.run(undo.render(), check=False)
-    after = {a: conn.run(f"basename \"$(readlink {sh('/sys/bus/pci/devices/' + a + '/driver')})\" "
-                         "2>/dev/null || true").stdout.strip() for a in (GPU_FN0, GPU_FN1)}
+    after = {
+        a: conn.run(
+            f'basename "$(readlink {sh("/sys/bus/pci/devices/" + a + "/driver")})" 2>/dev/null || true'
+        ).stdout.strip()
+        for a in (GPU_FN0, GPU_FN1)
+    }
     assert after == prior_drv, f"GPU stand-in drivers not restored: {after} != {prior_drv}"
 
 
@@ -137,16 +159,28 @@ def test_pinned_domain_on_node1_with_gpu_hostdevs_lifecycle(testhost, prepared):
     print(plan.report())
     assert vm.node == 1 and set(vm.vcpupin) <= {4, 5, 6, 7}
     spec = DomainSpec.from_placement(
-        vm, domain_type="qemu", cpu_mode="maximum", loader=None, network=None,
-        disk=f"{POOL_DIR}/{NAME}.qcow2", seed_iso=f"{POOL_DIR}/{NAME}-seed.iso",
-        kernel=f"{POOL_DIR}/gpuhost-vmlinuz", initrd=f"{POOL_DIR}/gpuhost-initrd.gz",
-        cmdline="console=ttyS0 panic=-1 quiet", console_log=f"/var/log/libvirt/qemu/{NAME}-console.log",
-        gpus=(GPU_FN0, GPU_FN1))
+        vm,
+        domain_type="qemu",
+        cpu_mode="maximum",
+        loader=None,
+        network=None,
+        disk=f"{POOL_DIR}/{NAME}.qcow2",
+        seed_iso=f"{POOL_DIR}/{NAME}-seed.iso",
+        kernel=f"{POOL_DIR}/gpuhost-vmlinuz",
+        initrd=f"{POOL_DIR}/gpuhost-initrd.gz",
+        cmdline="console=ttyS0 panic=-1 quiet",
+        console_log=f"/var/log/libvirt/qemu/{NAME}-console.log",
+        gpus=(GPU_FN0, GPU_FN1),
+    )
     spec_in = spec.model_dump(mode="json")
-    inputs = {"host": testhost.host_spec(key_name="sshPrivateKey").model_dump(mode="json"), "domain": spec_in,
-              "storage": {"base_image": f"{POOL_DIR}/base.qcow2", "capacity_gib": 1},
-              "cloud_init": {"user": "ops", "ssh_authorized_keys": ["ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAI ops@x"]},
-              "shutdown_timeout": 20, "version": LibvirtDomainProvider.VERSION}
+    inputs = {
+        "host": testhost.host_spec(key_name="sshPrivateKey").model_dump(mode="json"),
+        "domain": spec_in,
+        "storage": {"base_image": f"{POOL_DIR}/base.qcow2", "capacity_gib": 1},
+        "cloud_init": {"user": "ops", "ssh_authorized_keys": ["ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAI ops@x"]},
+        "shutdown_timeout": 20,
+        "version": LibvirtDomainProvider.VERSION,
+    }
     with ProviderServer(config={"gpuhost:sshPrivateKey": testhost.private_key_pem}) as srv:
         r = srv.resource(LibvirtDomainProvider(), TYPE, NAME)
         t0 = time.monotonic()
@@ -157,8 +191,10 @@ def test_pinned_domain_on_node1_with_gpu_hostdevs_lifecycle(testhost, prepared):
         # virsh on the host confirms pinning, node, hugepages and both GPU functions
         pins = conn.run(sh("virsh", "vcpupin", NAME, "--config")).stdout
         for i, cpu in enumerate(vm.vcpupin):
-            assert any(line.split() == [f"{i}", str(cpu)] or line.replace(":", " ").split() == [str(i), str(cpu)]
-                       for line in pins.splitlines()), pins
+            assert any(
+                line.split() == [f"{i}", str(cpu)] or line.replace(":", " ").split() == [str(i), str(cpu)]
+                for line in pins.splitlines()
+            ), pins
         xml = conn.run(sh("virsh", "dumpxml", NAME, "--inactive")).stdout
         assert "<memory mode='strict' nodeset='1'/>" in xml
         assert "<page size='2048' unit='KiB'/>" in xml
@@ -225,8 +261,9 @@ def test_guest_bootstrap_is_idempotent_with_nvidia_steps_absent(testhost):
 
         # same inputs: no change; a forced re-apply does nothing (each step checks first)
         assert r.preview(inputs).changes is False
-        assert srv.resource(GuestBootstrapProvider(), "gpuhost:vm:GuestBootstrap", "again").up(inputs)[1][
-            "applied"] == []
+        assert (
+            srv.resource(GuestBootstrapProvider(), "gpuhost:vm:GuestBootstrap", "again").up(inputs)[1]["applied"] == []
+        )
 
         # a new split rewrites only the files that differ
         inputs2 = {**inputs, "config": {**cfg, "mps": {"instances": {"triton-a": 50, "triton-b": 40}}}}

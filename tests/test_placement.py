@@ -6,12 +6,11 @@ from pathlib import Path
 import pytest
 
 from plans.placement import (
-    HostPlacement,
     PlacementError,
     VmRequest,
+    cpuset_str,
     host_from_dict,
     parse_cpuset,
-    cpuset_str,
     place,
 )
 
@@ -46,10 +45,22 @@ def test_two_tenants_seed002_each_on_its_gpu_node_disjoint_and_sibling_paired():
     plan = place(
         host,
         [
-            VmRequest("tenant-a", vcpus=16, memory_mib=64 * 1024, gpus=("0000:65:00.0", "0000:65:00.1"),
-                      vfs=("0000:41:02.0",), iothreads=2),
-            VmRequest("tenant-b", vcpus=16, memory_mib=64 * 1024, gpus=("0000:ca:00.0", "0000:ca:00.1"),
-                      vfs=("0000:c1:02.0",), iothreads=2),
+            VmRequest(
+                "tenant-a",
+                vcpus=16,
+                memory_mib=64 * 1024,
+                gpus=("0000:65:00.0", "0000:65:00.1"),
+                vfs=("0000:41:02.0",),
+                iothreads=2,
+            ),
+            VmRequest(
+                "tenant-b",
+                vcpus=16,
+                memory_mib=64 * 1024,
+                gpus=("0000:ca:00.0", "0000:ca:00.1"),
+                vfs=("0000:c1:02.0",),
+                iothreads=2,
+            ),
         ],
     )
     a, b = plan.vm("tenant-a"), plan.vm("tenant-b")
@@ -78,8 +89,13 @@ def test_two_tenants_seed004_nodes(fixture, gpu_a, gpu_b):
     """L40S: one card per socket; A10: both tenants' cards on node 0, so they share a node but no core."""
     host = load(fixture)
     dev_node = {d.address: d.numa_node for d in host.devices}
-    plan = place(host, [VmRequest("a", vcpus=8, memory_mib=32768, gpus=(gpu_a,)),
-                        VmRequest("b", vcpus=8, memory_mib=32768, gpus=(gpu_b,))])
+    plan = place(
+        host,
+        [
+            VmRequest("a", vcpus=8, memory_mib=32768, gpus=(gpu_a,)),
+            VmRequest("b", vcpus=8, memory_mib=32768, gpus=(gpu_b,)),
+        ],
+    )
     a, b = plan.vm("a"), plan.vm("b")
     assert a.node == dev_node[gpu_a] and b.node == dev_node[gpu_b]
     assert not set(a.held_cpus) & set(b.held_cpus)
@@ -103,8 +119,10 @@ def test_over_asking_tenant_names_node_resource_need_free():
 
 def test_hugepage_overcommit_is_refused_with_numbers():
     host = load("seed002_2x16c")
-    reqs = [VmRequest("a", vcpus=4, memory_mib=100 * 1024, gpus=("0000:65:00.0",)),
-            VmRequest("b", vcpus=4, memory_mib=30 * 1024, vfs=("0000:41:02.1",))]
+    reqs = [
+        VmRequest("a", vcpus=4, memory_mib=100 * 1024, gpus=("0000:65:00.0",)),
+        VmRequest("b", vcpus=4, memory_mib=30 * 1024, vfs=("0000:41:02.1",)),
+    ]
     with pytest.raises(PlacementError) as err:
         place(host, reqs)
     (short,) = err.value.shortages
@@ -129,11 +147,14 @@ def test_preferred_policy_falls_back_to_another_node_required_does_not():
 def test_thread_policies():
     host = load("seed004_a10")
     sib = siblings_of(host)
-    plan = place(host, [
-        VmRequest("iso", vcpus=4, memory_mib=4096, gpus=("0000:17:00.0",), thread_policy="isolate"),
-        VmRequest("req", vcpus=4, memory_mib=4096, gpus=("0000:31:00.0",), thread_policy="require"),
-        VmRequest("odd", vcpus=3, memory_mib=4096, gpus=("0000:b1:00.0",), thread_policy="prefer"),
-    ])
+    plan = place(
+        host,
+        [
+            VmRequest("iso", vcpus=4, memory_mib=4096, gpus=("0000:17:00.0",), thread_policy="isolate"),
+            VmRequest("req", vcpus=4, memory_mib=4096, gpus=("0000:31:00.0",), thread_policy="require"),
+            VmRequest("odd", vcpus=3, memory_mib=4096, gpus=("0000:b1:00.0",), thread_policy="prefer"),
+        ],
+    )
     iso = plan.vm("iso")
     assert len({sib[c] for c in iso.vcpupin}) == 4 and iso.topology.threads == 1
     # the idle siblings of an isolated vCPU's core are held, so nobody else lands there
@@ -143,8 +164,9 @@ def test_thread_policies():
     assert odd.topology.threads == 1 and odd.topology.cores == 3
     assert all(sib[c] <= set(odd.held_cpus) for c in odd.vcpupin)
     with pytest.raises(PlacementError, match="node 0: SMT threads per core .* need 2, free 1"):
-        nosmt = host_from_dict({**json.loads((FIX / "seed004_a10.json").read_text()),
-                                "siblings": [[c] for c in range(64)]})
+        nosmt = host_from_dict(
+            {**json.loads((FIX / "seed004_a10.json").read_text()), "siblings": [[c] for c in range(64)]}
+        )
         place(nosmt, [VmRequest("r", vcpus=2, memory_mib=1024, thread_policy="require")])
 
 
@@ -155,8 +177,9 @@ def test_require_with_odd_vcpus_is_refused():
 
 def test_emulator_share_uses_host_reserve_of_the_node():
     host = load("seed002_2x16c")
-    plan = place(host, [VmRequest("s", vcpus=4, memory_mib=2048, gpus=("0000:ca:00.0",),
-                                  emulator_threads="share", iothreads=1)])
+    plan = place(
+        host, [VmRequest("s", vcpus=4, memory_mib=2048, gpus=("0000:ca:00.0",), emulator_threads="share", iothreads=1)]
+    )
     s = plan.vm("s")
     assert s.emulatorpin == (16, 48) and s.iothreadpin == ((16, 48),)
     assert len(s.held_cpus) == 4

@@ -1,7 +1,8 @@
 """Property tests: on generated hosts and requests, every placement keeps every invariant,
 and every refusal names a real shortage."""
 
-from hypothesis import HealthCheck, given, settings, strategies as st
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 from plans.placement import Cpu, Device, Host, Node, PlacementError, VmRequest, place
 
@@ -99,7 +100,7 @@ def check_invariants(host: Host, reqs, plan):
         t = v.topology
         assert t.sockets * t.cores * t.threads == r.vcpus
         for k in range(0, r.vcpus, t.threads):
-            assert len({core_of[c] for c in v.vcpupin[k:k + t.threads]}) == 1, "guest core spans host cores"
+            assert len({core_of[c] for c in v.vcpupin[k : k + t.threads]}) == 1, "guest core spans host cores"
         if r.thread_policy == "isolate":
             assert len({core_of[c] for c in v.vcpupin}) == r.vcpus
         if r.thread_policy == "require":
@@ -153,12 +154,13 @@ def test_every_placement_keeps_the_invariants_and_every_refusal_is_explained(sce
 def test_a_single_small_vm_fits_whenever_one_free_core_and_memory_exist(host):
     """Completeness check for the easy case: the solver does not refuse what plainly fits."""
     any_isolated = any(c.isolated for c in host.cpus)
-    req = VmRequest("solo", vcpus=1, memory_mib=512, page_size="4K", thread_policy="prefer",
-                    emulator_threads="share")
+    req = VmRequest("solo", vcpus=1, memory_mib=512, page_size="4K", thread_policy="prefer", emulator_threads="share")
     fits = any(
         n.memory_free_mib >= 512
-        and any(c.node == n.id and c.online and c.id not in host.reserved_cpus and (c.isolated or not any_isolated)
-                for c in host.cpus)
+        and any(
+            c.node == n.id and c.online and c.id not in host.reserved_cpus and (c.isolated or not any_isolated)
+            for c in host.cpus
+        )
         for n in host.nodes
     )
     try:

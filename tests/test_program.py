@@ -5,12 +5,10 @@ assertions are on what the program declares: resource counts by type, parents, d
 matter, secrets and URNs.
 """
 
-import copy
 import json
 
 import pytest
 
-from stacks.load import ConfigError
 from tests.mocks import run_program
 from tests.stackfiles import stack_config
 
@@ -52,8 +50,11 @@ def test_hk_prod_resource_counts_and_unique_urns(hk):
 
 def test_children_are_parented_to_their_component(hk):
     for r in hk.registrations:
-        if r.type.startswith("pulumi-python:dynamic/host:") and r.name.startswith("trt-l40s-01-") \
-                and "tenant" not in r.name:
+        if (
+            r.type.startswith("pulumi-python:dynamic/host:")
+            and r.name.startswith("trt-l40s-01-")
+            and "tenant" not in r.name
+        ):
             parent = hk.by_urn(r.parent)
             assert parent.type == "gpuhost:host:PassthroughHost" and parent.name == "trt-l40s-01", r.name
 
@@ -72,7 +73,8 @@ def test_pinning_on_the_gpu_node_with_sibling_pairs(hk):
     doms = {r.name: r.inputs for r in hk.of_type("pulumi-python:dynamic/vm:LibvirtDomain")}
     a = doms["trt-l40s-01-tenant-rt-a-domain"]["domain"]
     b = doms["trt-l40s-01-tenant-rt-b-domain"]["domain"]
-    cpus_a = set(a["vcpupin"]); cpus_b = set(b["vcpupin"])
+    cpus_a = set(a["vcpupin"])
+    cpus_b = set(b["vcpupin"])
     assert not cpus_a & cpus_b
     # node 0 of a 2x16x2 box holds CPUs 0-15 and 32-47; node 1 16-31 and 48-63
     assert cpus_a <= set(range(0, 16)) | set(range(32, 48)) and cpus_b <= set(range(16, 32)) | set(range(48, 64))
@@ -107,7 +109,9 @@ def test_triton_ports_and_ssh_key_never_an_input(hk):
 
 
 def test_vf_from_sriov_reaches_the_tenant_domain(hk):
-    dom = next(r for r in hk.of_type("pulumi-python:dynamic/vm:LibvirtDomain") if r.name == "rhel-mt-01-tenant-a100-domain")
+    dom = next(
+        r for r in hk.of_type("pulumi-python:dynamic/vm:LibvirtDomain") if r.name == "rhel-mt-01-tenant-a100-domain"
+    )
     assert len(dom.inputs["domain"]["vfs"]) == 1
     assert dom.inputs["domain"]["gpus"] == ["0000:65:00.0", "0000:65:00.1"]
 
@@ -129,19 +133,28 @@ def _broken(mutate):
     return cfg, secret
 
 
-@pytest.mark.parametrize("mutate, field, words", [
-    (lambda f, c, s: f["hosts"][0]["vms"][0].update(vcpus=40), "hosts[0].vms[0].vcpus", "do not fit"),
-    (lambda f, c, s: f["hosts"][1]["vms"][1].update(gpus=["0000:17:00.0"]), "hosts[1].vms[1].gpus",
-     "already given"),
-    (lambda f, c, s: s.clear(), "gpuhost:sshPrivateKey", "plaintext"),
-    (lambda f, c, s: f["hosts"][0]["gpus"][0].update(address="4b:00"), "hosts[0].gpus[0].address",
-     "not a PCI address"),
-    (lambda f, c, s: f["hosts"][0].update(reserved_cpus="3-1"), "hosts[0].reserved_cpus", "backwards"),
-])
+@pytest.mark.parametrize(
+    "mutate, field, words",
+    [
+        (lambda f, c, s: f["hosts"][0]["vms"][0].update(vcpus=40), "hosts[0].vms[0].vcpus", "do not fit"),
+        (
+            lambda f, c, s: f["hosts"][1]["vms"][1].update(gpus=["0000:17:00.0"]),
+            "hosts[1].vms[1].gpus",
+            "already given",
+        ),
+        (lambda f, c, s: s.clear(), "gpuhost:sshPrivateKey", "plaintext"),
+        (
+            lambda f, c, s: f["hosts"][0]["gpus"][0].update(address="4b:00"),
+            "hosts[0].gpus[0].address",
+            "not a PCI address",
+        ),
+        (lambda f, c, s: f["hosts"][0].update(reserved_cpus="3-1"), "hosts[0].reserved_cpus", "backwards"),
+    ],
+)
 def test_broken_config_fails_before_any_resource(mutate, field, words):
     cfg, secret = _broken(mutate)
     with pytest.raises(Exception) as e:
-        rec = run_program(cfg, secret, stack="hk-prod")
+        run_program(cfg, secret, stack="hk-prod")
     msg = str(e.value)
     assert field in msg and words in msg, msg
 
@@ -151,8 +164,9 @@ def test_mig_layout_and_engine_builds_declared(hk):
     assert mig.inputs["layout"] == {"0": ["2g.20gb", "2g.20gb", "1g.10gb", "1g.10gb"], "1": ["3g.40gb", "3g.40gb"]}
     assert mig.urn in hk.by_name("sdxl-mig").dependencies
     eng = hk.by_name("yolo-rt-yolov8n-engine")
-    assert eng.inputs["shapes"] == {"images": {"min": [1, 3, 640, 640], "opt": [4, 3, 640, 640],
-                                               "max": [8, 3, 640, 640]}}
+    assert eng.inputs["shapes"] == {
+        "images": {"min": [1, 3, 640, 640], "opt": [4, 3, 640, 640], "max": [8, 3, 640, 640]}
+    }
     assert eng.inputs["precision"] == "fp16" and eng.inputs["gpuModel"] == "L40S"
     assert eng.urn in hk.by_name("yolo-rt").dependencies
 

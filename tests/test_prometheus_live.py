@@ -12,14 +12,17 @@ import time
 import numpy as np
 import pytest
 
-from plans.monitoring import grafana, prometheus, promql, rules, triton as triton_plan
+from plans.monitoring import grafana, prometheus, promql, rules
+from plans.monitoring import triton as triton_plan
 from plans.monitoring.model import HostTarget, MonitoringGraph, ServingSlo, TritonTarget
 from tests.servers import node_exporter as ne_server
 from tests.servers import prometheus as prom_server
 from tests.servers.triton import triton_fixture, write_sleep_model
 
-pytestmark = pytest.mark.skipif(not (prom_server.available() and ne_server.available()),
-                                reason="Debian prometheus / prometheus-node-exporter not installed")
+pytestmark = pytest.mark.skipif(
+    not (prom_server.available() and ne_server.available()),
+    reason="Debian prometheus / prometheus-node-exporter not installed",
+)
 
 MODEL = "sleep"
 triton = triton_fixture(
@@ -31,10 +34,21 @@ triton = triton_fixture(
 def _graph(triton_port: int, node_port: int, prom_port: int, workdir) -> MonitoringGraph:
     return MonitoringGraph(
         hosts=[HostTarget(name="local", address="127.0.0.1", role="host", node_exporter_port=node_port)],
-        services=[TritonTarget(name="sleepsvc", address="127.0.0.1", host="local", tenant="tenant-a",
-                               metrics_port=triton_port, models=(MODEL,), slo=ServingSlo(p95_latency_ms=50))],
-        scrape_interval="1s", evaluation_interval="1s",
-        rules_path=str(workdir / "gpuhost.rules.yml"), self_address=f"127.0.0.1:{prom_port}",
+        services=[
+            TritonTarget(
+                name="sleepsvc",
+                address="127.0.0.1",
+                host="local",
+                tenant="tenant-a",
+                metrics_port=triton_port,
+                models=(MODEL,),
+                slo=ServingSlo(p95_latency_ms=50),
+            )
+        ],
+        scrape_interval="1s",
+        evaluation_interval="1s",
+        rules_path=str(workdir / "gpuhost.rules.yml"),
+        self_address=f"127.0.0.1:{prom_port}",
     )
 
 
@@ -66,8 +80,12 @@ def stack(triton, tmp_path_factory):
     with ne_server.start_node_exporter() as ne:
         port = prom_server.free_port()
         graph = _graph(triton.ports["metrics"], int(ne.address.rsplit(":", 1)[1]), port, workdir)
-        with prom_server.start_prometheus(prometheus.render_config(graph), workdir=workdir, port=port,
-                                          extra_files={"gpuhost.rules.yml": rules.render_rules(graph)}) as prom:
+        with prom_server.start_prometheus(
+            prometheus.render_config(graph),
+            workdir=workdir,
+            port=port,
+            extra_files={"gpuhost.rules.yml": rules.render_rules(graph)},
+        ) as prom:
             prom.wait_for('up{job="triton"} == 1', timeout=20)
             sent = _send_load(triton.http_url, seconds=3, threads=3)
             # rate()[1m] needs two samples with traffic between them, then one rule evaluation.
@@ -125,8 +143,14 @@ def test_every_triton_and_node_metric_used_returns_data(stack):
     exprs = used_expressions(graph)
     read = {m for e in exprs for m in promql.metric_names(e) if not m.startswith("DCGM_")}
     # Raw Triton and node metrics plus our recording rules, all fed by the real scrape.
-    assert {"nv_inference_request_summary_us", "nv_inference_queue_duration_us", "nv_inference_exec_count",
-            "node_cpu_seconds_total", rules.REC_BATCH_AVG, rules.REC_P95} <= read
+    assert {
+        "nv_inference_request_summary_us",
+        "nv_inference_queue_duration_us",
+        "nv_inference_exec_count",
+        "node_cpu_seconds_total",
+        rules.REC_BATCH_AVG,
+        rules.REC_P95,
+    } <= read
     assert missing_live_metrics(prom, exprs) == {}
 
 

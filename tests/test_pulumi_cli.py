@@ -14,21 +14,35 @@ import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
 
-pytestmark = [pytest.mark.pulumi_cli, pytest.mark.testhost,
-              pytest.mark.skipif(shutil.which("pulumi") is None,
-                                 reason="the Pulumi CLI is not on PATH (it cannot be installed here)")]
+pytestmark = [
+    pytest.mark.pulumi_cli,
+    pytest.mark.testhost,
+    pytest.mark.skipif(
+        shutil.which("pulumi") is None, reason="the Pulumi CLI is not on PATH (it cannot be installed here)"
+    ),
+]
 
 
 def test_preview_up_noop_destroy_dev_stack(testhost, tmp_path):
-    env = dict(os.environ, PULUMI_BACKEND_URL=f"file://{tmp_path}", PULUMI_CONFIG_PASSPHRASE="gpuhost-dev",
-               PULUMI_SKIP_UPDATE_CHECK="1")
+    env = dict(
+        os.environ,
+        PULUMI_BACKEND_URL=f"file://{tmp_path}",
+        PULUMI_CONFIG_PASSPHRASE="gpuhost-dev",
+        PULUMI_SKIP_UPDATE_CHECK="1",
+    )
 
     def pulumi(*args, **kw):
-        return subprocess.run(["pulumi", *args, "--stack", "dev", "--non-interactive"], cwd=ROOT, env=env,
-                              check=True, capture_output=True, text=True, **kw)
+        return subprocess.run(
+            ["pulumi", *args, "--stack", "dev", "--non-interactive"],
+            cwd=ROOT,
+            env=env,
+            check=True,
+            capture_output=True,
+            text=True,
+            **kw,
+        )
 
-    subprocess.run(["pulumi", "stack", "select", "dev", "--create", "--non-interactive"], cwd=ROOT, env=env,
-                   check=True)
+    subprocess.run(["pulumi", "stack", "select", "dev", "--create", "--non-interactive"], cwd=ROOT, env=env, check=True)
     pulumi("config", "set", "--path", "fleet.hosts[0].ssh.port", str(testhost.port))
     pulumi("config", "set", "--path", "fleet.hosts[0].ssh.host_key", testhost.host_key_line)
     pulumi("config", "set", "--secret", "sshPrivateKey", input=testhost.private_key_pem)

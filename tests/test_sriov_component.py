@@ -34,8 +34,9 @@ def run(build):
     @pulumi.runtime.test
     def program():
         nics = build()
-        return pulumi.Output.all(*[n.vf_addresses for n in nics], *[n.urn for n in nics],
-                                 *[n.vfs.urn for n in nics]).apply(lambda v: got.update(values=v))
+        return pulumi.Output.all(
+            *[n.vf_addresses for n in nics], *[n.urn for n in nics], *[n.vfs.urn for n in nics]
+        ).apply(lambda v: got.update(values=v))
 
     program()
     return mocks.resources, got["values"]
@@ -46,10 +47,18 @@ def test_declares_one_parented_sriov_vfs_per_nic_and_passes_vf_addresses():
     from plans.sriov import VfSettings
 
     def build():
-        return [SriovNic("hk-gpu01-ens1f0", SriovNicArgs(host=HOST, pf="41:00.0", num_vfs=2, numa_node=0,
-                                                         irq_cpus=[32, 0], vfs=[VfSettings(vlan=100)])),
-                SriovNic("hk-gpu01-ens2f0", SriovNicArgs(host=HOST, pf="ens2f0", num_vfs=1, numa_node=1,
-                                                         numa_policy="prefer", vfio=False))]
+        return [
+            SriovNic(
+                "hk-gpu01-ens1f0",
+                SriovNicArgs(
+                    host=HOST, pf="41:00.0", num_vfs=2, numa_node=0, irq_cpus=[32, 0], vfs=[VfSettings(vlan=100)]
+                ),
+            ),
+            SriovNic(
+                "hk-gpu01-ens2f0",
+                SriovNicArgs(host=HOST, pf="ens2f0", num_vfs=1, numa_node=1, numa_policy="prefer", vfio=False),
+            ),
+        ]
 
     resources, values = run(build)
     vf_a, vf_b, urn_a, urn_b, child_a, child_b = values

@@ -10,34 +10,97 @@ from plans.sriov import SriovWant, VfSettings, parse_pf_detail, plan_sriov
 
 CX = dict(vendor="0x15b3", device="0x101d", class_code="0x020000")
 SEED_PCI = [
-    PciDevice(address="0000:41:00.0", numa_node=0, sriov_totalvfs=8, sriov_numvfs=0, driver="mlx5_core",
-              iommu_group=30, net=["ens1f0"], **CX),
-    PciDevice(address="0000:41:00.1", numa_node=0, sriov_totalvfs=8, sriov_numvfs=2, driver="mlx5_core",
-              iommu_group=31, net=["ens1f1"], vfs=["0000:41:03.2", "0000:41:03.3"], **CX),
-    PciDevice(address="0000:41:03.2", numa_node=0, driver="mlx5_core", iommu_group=40, physfn="0000:41:00.1",
-              net=["ens1f1v0"], vendor="0x15b3", device="0x101e", class_code="0x020000"),
-    PciDevice(address="0000:41:03.3", numa_node=0, driver="vfio-pci", iommu_group=41, physfn="0000:41:00.1",
-              vendor="0x15b3", device="0x101e", class_code="0x020000"),
-    PciDevice(address="0000:65:00.0", numa_node=0, driver="vfio-pci", iommu_group=50, vendor="0x10de",
-              device="0x2335", class_code="0x030200"),
-    PciDevice(address="0000:c1:00.0", numa_node=1, sriov_totalvfs=8, sriov_numvfs=0, driver="mlx5_core",
-              iommu_group=70, net=["ens2f0"], **CX),
-    PciDevice(address="0000:c2:00.0", numa_node=1, sriov_totalvfs=0, sriov_numvfs=0, driver="igb", iommu_group=71,
-              net=["eno1"], vendor="0x8086", device="0x1521", class_code="0x020000"),
+    PciDevice(
+        address="0000:41:00.0",
+        numa_node=0,
+        sriov_totalvfs=8,
+        sriov_numvfs=0,
+        driver="mlx5_core",
+        iommu_group=30,
+        net=["ens1f0"],
+        **CX,
+    ),
+    PciDevice(
+        address="0000:41:00.1",
+        numa_node=0,
+        sriov_totalvfs=8,
+        sriov_numvfs=2,
+        driver="mlx5_core",
+        iommu_group=31,
+        net=["ens1f1"],
+        vfs=["0000:41:03.2", "0000:41:03.3"],
+        **CX,
+    ),
+    PciDevice(
+        address="0000:41:03.2",
+        numa_node=0,
+        driver="mlx5_core",
+        iommu_group=40,
+        physfn="0000:41:00.1",
+        net=["ens1f1v0"],
+        vendor="0x15b3",
+        device="0x101e",
+        class_code="0x020000",
+    ),
+    PciDevice(
+        address="0000:41:03.3",
+        numa_node=0,
+        driver="vfio-pci",
+        iommu_group=41,
+        physfn="0000:41:00.1",
+        vendor="0x15b3",
+        device="0x101e",
+        class_code="0x020000",
+    ),
+    PciDevice(
+        address="0000:65:00.0",
+        numa_node=0,
+        driver="vfio-pci",
+        iommu_group=50,
+        vendor="0x10de",
+        device="0x2335",
+        class_code="0x030200",
+    ),
+    PciDevice(
+        address="0000:c1:00.0",
+        numa_node=1,
+        sriov_totalvfs=8,
+        sriov_numvfs=0,
+        driver="mlx5_core",
+        iommu_group=70,
+        net=["ens2f0"],
+        **CX,
+    ),
+    PciDevice(
+        address="0000:c2:00.0",
+        numa_node=1,
+        sriov_totalvfs=0,
+        sriov_numvfs=0,
+        driver="igb",
+        iommu_group=71,
+        net=["eno1"],
+        vendor="0x8086",
+        device="0x1521",
+        class_code="0x020000",
+    ),
 ]
 
 
 def seed_host(**over) -> HostFacts:
     pci = {d.address: d.model_copy(deep=True) for d in SEED_PCI}
     net = Network(iface_pci={d.net[0]: a for a, d in pci.items() if d.net})
-    irqs = [Irq(irq="120", chip="IR-PCI-MSIX-0000:41:00.0", actions="mlx5_async0@pci:0000:41:00.0",
-                affinity=list(range(64))),
-            Irq(irq="121", chip="IR-PCI-MSIX-0000:41:00.0", actions="mlx5_comp0@pci:0000:41:00.0", affinity=[7])]
+    irqs = [
+        Irq(
+            irq="120", chip="IR-PCI-MSIX-0000:41:00.0", actions="mlx5_async0@pci:0000:41:00.0", affinity=list(range(64))
+        ),
+        Irq(irq="121", chip="IR-PCI-MSIX-0000:41:00.0", actions="mlx5_comp0@pci:0000:41:00.0", affinity=[7]),
+    ]
     return HostFacts(pci=pci, network=net, interrupts=irqs, online=list(range(64)), **over)
 
 
-DETAIL = parse_pf_detail("sriov_offset 2\nsriov_stride 1\nsriov_drivers_autoprobe 1\nmsi_irqs 120 121 \n"
-                         "irq 0\nunit_enabled \n")
+DETAIL = parse_pf_detail(
+    "sriov_offset 2\nsriov_stride 1\nsriov_drivers_autoprobe 1\nmsi_irqs 120 121 \nirq 0\nunit_enabled \n"
+)
 
 
 def test_create_on_the_gpus_node_binds_persists_and_pins_in_that_order():
@@ -79,8 +142,12 @@ def test_only_the_vf_still_on_the_host_driver_is_rebound():
     f = seed_host()
     f.driverctl_overrides = {"0000:41:03.3": "vfio-pci"}
     want = SriovWant(pf="0000:41:00.1", num_vfs=2)
-    p = plan_sriov(f, DETAIL.model_copy(update={"autoprobe": False, "unit_enabled": True}), want,
-                   unit_text=sriov.render_unit("0000:41:00.1", want, "ens1f1"))
+    p = plan_sriov(
+        f,
+        DETAIL.model_copy(update={"autoprobe": False, "unit_enabled": True}),
+        want,
+        unit_text=sriov.render_unit("0000:41:00.1", want, "ens1f1"),
+    )
     assert p.kinds() == ["bind"]
     assert p.actions[0].data["vfs"] == ["0000:41:03.2"]
 
@@ -122,17 +189,25 @@ def test_unknown_pf_by_address_and_by_name():
 
 
 def test_vf_settings_applied_where_the_pf_has_a_netdev_and_reported_where_not():
-    want = SriovWant(pf="0000:41:00.1", num_vfs=2, vfio=False,
-                     vfs=[VfSettings(mac="02:AA:00:00:00:01", vlan=100, trust=True, spoofchk=False)])
-    have = parse_pf_detail('iplink ens1f1 [{"ifname":"ens1f1","vfinfo_list":[{"vf":0,"address":"00:00:00:00:00:00",'
-                           '"spoofchk":true,"trust":false},{"vf":1,"address":"00:00:00:00:00:00"}]}]\n')
+    want = SriovWant(
+        pf="0000:41:00.1",
+        num_vfs=2,
+        vfio=False,
+        vfs=[VfSettings(mac="02:AA:00:00:00:01", vlan=100, trust=True, spoofchk=False)],
+    )
+    have = parse_pf_detail(
+        'iplink ens1f1 [{"ifname":"ens1f1","vfinfo_list":[{"vf":0,"address":"00:00:00:00:00:00",'
+        '"spoofchk":true,"trust":false},{"vf":1,"address":"00:00:00:00:00:00"}]}]\n'
+    )
     p = plan_sriov(seed_host(), have, want)
     cfg = [a for a in p.actions if a.kind == "vf-config"]
     assert len(cfg) == 1
     assert cfg[0].data["args"] == ["mac", "02:aa:00:00:00:01", "vlan", "100", "spoofchk", "off", "trust", "on"]
     # Already applied: nothing to do for the VF.
-    done = parse_pf_detail('iplink ens1f1 [{"vfinfo_list":[{"vf":0,"address":"02:aa:00:00:00:01",'
-                           '"vlan_list":[{"vlan":100}],"spoofchk":false,"trust":true}]}]\n')
+    done = parse_pf_detail(
+        'iplink ens1f1 [{"vfinfo_list":[{"vf":0,"address":"02:aa:00:00:00:01",'
+        '"vlan_list":[{"vlan":100}],"spoofchk":false,"trust":true}]}]\n'
+    )
     assert "vf-config" not in plan_sriov(seed_host(), done, want).kinds()
 
 
@@ -142,8 +217,10 @@ def test_vf_settings_on_a_pf_without_netdev_are_reported_not_supported():
     f.pci["0000:41:00.0"].driver = "nvme"
     p = plan_sriov(f, DETAIL, SriovWant(pf="0000:41:00.0", num_vfs=1, vfs=[VfSettings(vlan=5)]))
     assert "vf-config" not in p.kinds()
-    assert p.unsupported == ["per-VF mac/vlan/trust/spoofchk not supported by nvme: PF 0000:41:00.0 has no "
-                             "network interface (`ip link set <pf> vf N` needs one)"]
+    assert p.unsupported == [
+        "per-VF mac/vlan/trust/spoofchk not supported by nvme: PF 0000:41:00.0 has no "
+        "network interface (`ip link set <pf> vf N` needs one)"
+    ]
 
 
 def test_bad_wants_fail_validation_or_plan():
@@ -187,8 +264,10 @@ def test_unit_orders_before_libvirt_and_its_script_is_valid_sh(tmp_path):
 
 
 def test_pf_detail_parser_on_ip_json_and_missing_fields():
-    d = parse_pf_detail("sriov_offset 1\nsriov_stride 1\nsriov_drivers_autoprobe 0\nmsi_irqs 25 24 26 \n"
-                        "unit_enabled enabled\niplink eth0 not json\n")
+    d = parse_pf_detail(
+        "sriov_offset 1\nsriov_stride 1\nsriov_drivers_autoprobe 0\nmsi_irqs 25 24 26 \n"
+        "unit_enabled enabled\niplink eth0 not json\n"
+    )
     assert (d.offset, d.stride, d.autoprobe, d.unit_enabled) == (1, 1, False, True)
     assert d.irqs == ["24", "25", "26"] and d.vfinfo == {"eth0": {}}
     e = parse_pf_detail("irq 11\nunit_enabled disabled\n")
@@ -196,6 +275,7 @@ def test_pf_detail_parser_on_ip_json_and_missing_fields():
 
 
 # -- the emulated host's real capture (tests/fixtures/facts/testhost_fresh.txt: facts.host's one-round-trip read) --
+
 
 def captured_testhost_facts() -> HostFacts:
     from pathlib import Path
@@ -207,14 +287,20 @@ def captured_testhost_facts() -> HostFacts:
 
 # The PF's sysfs on that host as `pf_detail_script` prints it (QEMU's NVMe PF: first VF offset 1, stride 1; MSI-X
 # vectors 43 (admin queue) and 44 (I/O queue)).
-TESTHOST_DETAIL = parse_pf_detail("sriov_offset 1\nsriov_stride 1\nsriov_drivers_autoprobe 1\nmsi_irqs 43 44 \n"
-                                  "irq 10\nunit_enabled \n")
+TESTHOST_DETAIL = parse_pf_detail(
+    "sriov_offset 1\nsriov_stride 1\nsriov_drivers_autoprobe 1\nmsi_irqs 43 44 \nirq 10\nunit_enabled \n"
+)
 
 
 def test_emulated_host_nvme_pf_on_node_1_plans_vfs_and_names_them():
     f = captured_testhost_facts()
-    p = plan_sriov(f, TESTHOST_DETAIL, SriovWant(pf="0000:82:00.0", num_vfs=2, numa_node=1, irq_cpus=[0, 1],
-                                                 vfs=[VfSettings(mac="02:00:00:00:82:01")]))
+    p = plan_sriov(
+        f,
+        TESTHOST_DETAIL,
+        SriovWant(
+            pf="0000:82:00.0", num_vfs=2, numa_node=1, irq_cpus=[0, 1], vfs=[VfSettings(mac="02:00:00:00:82:01")]
+        ),
+    )
     assert not p.errors
     assert p.kinds() == ["autoprobe", "numvfs", "persist", "bind", "irq"]
     assert p.vf_addresses == ["0000:82:00.1", "0000:82:00.2"]

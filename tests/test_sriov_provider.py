@@ -13,24 +13,38 @@ TYPE = "gpuhost:host:SriovVfs"
 
 
 def _inputs(spec, **over):
-    return {"host": host_input(spec), "pf": "0000:82:00.0", "num_vfs": 2, "numa_node": None,
-            "numa_policy": "require", "vfio": True, "vfs": [], "irq_cpus": [], "persist": True,
-            **{k: None for k in SriovVfsProvider.OUTPUT_ONLY}, "version": SriovVfsProvider.VERSION, **over}
+    return {
+        "host": host_input(spec),
+        "pf": "0000:82:00.0",
+        "num_vfs": 2,
+        "numa_node": None,
+        "numa_policy": "require",
+        "vfio": True,
+        "vfs": [],
+        "irq_cpus": [],
+        "persist": True,
+        **{k: None for k in SriovVfsProvider.OUTPUT_ONLY},
+        "version": SriovVfsProvider.VERSION,
+        **over,
+    }
 
 
 def test_bad_inputs_fail_in_check_without_touching_the_host(local_sshd, provider_server_for):
     r = provider_server_for().resource(SriovVfsProvider(), TYPE, "bad")
     spec = local_sshd.host_spec()
-    for over, field in (({"pf": "0000:82:00.0; reboot"}, "pf"), ({"num_vfs": -1}, "num_vfs"),
-                        ({"numa_policy": "maybe"}, "numa_policy"), ({"vfs": [{"mac": "nope"}]}, "vfs.0.mac"),
-                        ({"irq_cpus": [-1]}, "irq_cpus")):
+    for over, field in (
+        ({"pf": "0000:82:00.0; reboot"}, "pf"),
+        ({"num_vfs": -1}, "num_vfs"),
+        ({"numa_policy": "maybe"}, "numa_policy"),
+        ({"vfs": [{"mac": "nope"}]}, "vfs.0.mac"),
+        ({"irq_cpus": [-1]}, "irq_cpus"),
+    ):
         with pytest.raises(ProviderError) as e:
             r.check(_inputs(spec, **over))
         assert e.value.details.startswith(field), e.value.details
     with pytest.raises(ProviderError) as e:
         r.check({k: v for k, v in _inputs(spec).items() if k != "host"})
     assert "host: missing" in e.value.details
-
 
 
 def test_unknown_pf_fails_after_one_real_read_and_unknowns_skip_the_host(local_sshd, provider_server_for):

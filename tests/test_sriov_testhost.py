@@ -36,13 +36,15 @@ DOMAIN = "tenant-vf"
 
 # Everything SriovVfs may touch, as one listing: files with hash and mode/owner, symlinks with their target, the
 # PF's VF count and autoprobe, and the affinity of each of the PF's IRQs by position.
-SNAPSHOT = "\n".join([
-    "for f in $(find /etc/systemd/system /etc/driverctl.d /etc/udev/rules.d \\( -type f -o -type l \\) 2>/dev/null "
-    "| sort); do if [ -L $f ]; then echo L $f $(readlink $f); else echo F $f $(sha256sum < $f | cut -c1-16) "
-    "$(stat -c '%a %u %g' $f); fi; done",
-    f"echo numvfs $(cat {quote(SYS + '/sriov_numvfs')}) autoprobe $(cat {quote(SYS + '/sriov_drivers_autoprobe')})",
-])
-IRQS = (f"for q in $(ls {quote(SYS + '/msi_irqs')} | sort -n); do echo $(cat /proc/irq/$q/smp_affinity_list); done")
+SNAPSHOT = "\n".join(
+    [
+        "for f in $(find /etc/systemd/system /etc/driverctl.d /etc/udev/rules.d \\( -type f -o -type l \\) 2>/dev/null "
+        "| sort); do if [ -L $f ]; then echo L $f $(readlink $f); else echo F $f $(sha256sum < $f | cut -c1-16) "
+        "$(stat -c '%a %u %g' $f); fi; done",
+        f"echo numvfs $(cat {quote(SYS + '/sriov_numvfs')}) autoprobe $(cat {quote(SYS + '/sriov_drivers_autoprobe')})",
+    ]
+)
+IRQS = f"for q in $(ls {quote(SYS + '/msi_irqs')} | sort -n); do echo $(cat /proc/irq/$q/smp_affinity_list); done"
 
 
 def snapshot(conn) -> list[str]:
@@ -56,15 +58,26 @@ def pf_irq_affinities(conn) -> list[list[int]]:
 
 
 def inputs(spec, **over) -> dict:
-    base = {"host": spec, "pf": NVME_PF, "num_vfs": 2, "numa_node": 1, "numa_policy": "require", "vfio": True,
-            "vfs": [{"mac": "02:00:00:00:82:01", "vlan": 100}], "irq_cpus": [0, 1], "persist": True,
-            **{k: None for k in SriovVfsProvider.OUTPUT_ONLY}, "version": SriovVfsProvider.VERSION}
+    base = {
+        "host": spec,
+        "pf": NVME_PF,
+        "num_vfs": 2,
+        "numa_node": 1,
+        "numa_policy": "require",
+        "vfio": True,
+        "vfs": [{"mac": "02:00:00:00:82:01", "vlan": 100}],
+        "irq_cpus": [0, 1],
+        "persist": True,
+        **{k: None for k in SriovVfsProvider.OUTPUT_ONLY},
+        "version": SriovVfsProvider.VERSION,
+    }
     return {**base, **over}
 
 
 def driver(conn, addr: str) -> str:
-    return conn.run(f"basename \"$(readlink {quote(f'/sys/bus/pci/devices/{addr}/driver')})\" 2>/dev/null || true"
-                    ).stdout.strip()
+    return conn.run(
+        f'basename "$(readlink {quote(f"/sys/bus/pci/devices/{addr}/driver")})" 2>/dev/null || true'
+    ).stdout.strip()
 
 
 class Stack:
@@ -93,8 +106,13 @@ def stack(testhost):
     production): without the ban irqbalance moves the PF's IRQs back to the PF's node (CPUs 4-7) after each boot."""
     s = Stack(testhost)
     s.before = snapshot(testhost.conn())
-    isolation = {"host": s.spec, "banned_cpus": [2, 3, 4, 5, 6, 7], "pin": [],
-                 **{k: None for k in IrqIsolationProvider.OUTPUT_ONLY}, "version": IrqIsolationProvider.VERSION}
+    isolation = {
+        "host": s.spec,
+        "banned_cpus": [2, 3, 4, 5, 6, 7],
+        "pin": [],
+        **{k: None for k in IrqIsolationProvider.OUTPUT_ONLY},
+        "version": IrqIsolationProvider.VERSION,
+    }
     with ProviderServer(config={"gpuhost:sshPrivateKey": testhost.private_key_pem}) as srv:
         irq = srv.resource(IrqIsolationProvider(), "gpuhost:host:IrqIsolation", "testhost-irq-isolation")
         irq.up(isolation)
@@ -120,8 +138,12 @@ def test_check_refuses_what_the_hardware_rules_out_and_nothing_changes(testhost,
 
     def refuse(r):
         got = {}
-        for label, over in {"too_many": {"num_vfs": 5}, "no_sriov": {"pf": GPU_FN0},
-                            "wrong_node": {"numa_node": 0}, "unknown": {"pf": "0000:9a:00.0"}}.items():
+        for label, over in {
+            "too_many": {"num_vfs": 5},
+            "no_sriov": {"pf": GPU_FN0},
+            "wrong_node": {"numa_node": 0},
+            "unknown": {"pf": "0000:9a:00.0"},
+        }.items():
             with pytest.raises(ProviderError) as e:
                 r.preview(inputs(stack.spec, **over))
             got[label] = e.value.details
@@ -213,12 +235,24 @@ def test_pinned_vm_domain_gets_a_vf_from_the_output_as_hostdev(testhost, stack):
     host = from_facts(read_host_facts(conn))
     placement = place(host, [VmRequest(DOMAIN, vcpus=1, memory_mib=128, page_size="4K", vfs=(vf,))]).vm(DOMAIN)
     assert placement.node == 1  # the VF's node
-    args = PinnedVMArgs(placement=placement, vfs=(vf,), domain_type="qemu", cpu_mode="maximum", loader=None,
-                        network=None, uri=None, host=testhost.host_spec(key_name="sshPrivateKey"))
+    args = PinnedVMArgs(
+        placement=placement,
+        vfs=(vf,),
+        domain_type="qemu",
+        cpu_mode="maximum",
+        loader=None,
+        network=None,
+        uri=None,
+        host=testhost.host_spec(key_name="sshPrivateKey"),
+    )
     spec = args.domain_spec(DOMAIN)
     conn.run("systemctl start libvirtd")
-    dom_inputs = {"host": stack.spec, "domain": spec.model_dump(mode="json"), "start": False,
-                  "version": LibvirtDomainProvider.VERSION}
+    dom_inputs = {
+        "host": stack.spec,
+        "domain": spec.model_dump(mode="json"),
+        "start": False,
+        "version": LibvirtDomainProvider.VERSION,
+    }
     with ProviderServer(config={"gpuhost:sshPrivateKey": testhost.private_key_pem}) as srv:
         r = srv.resource(LibvirtDomainProvider(), "gpuhost:vm:LibvirtDomain", DOMAIN)
         try:

@@ -21,8 +21,7 @@ HDA_CLASS = 0x0403
 
 def _gpu_standin(f):
     """The display-class device on NUMA node 1 with an audio function in the same slot (a GPU + its HDA)."""
-    cands = [d for d in f.pci.values()
-             if d.is_display and d.numa_node == 1 and not d.boot_vga and d.function == 0]
+    cands = [d for d in f.pci.values() if d.is_display and d.numa_node == 1 and not d.boot_vga and d.function == 0]
     assert len(cands) == 1, f"expected one display device on node 1, found {[d.address for d in cands]}"
     fn0 = cands[0]
     funcs = sorted((d for d in f.pci.values() if d.slot == fn0.slot), key=lambda d: d.address)
@@ -161,8 +160,15 @@ def test_grub_cmdline_and_initramfs_changes_take_effect_after_reboot(testhost):
 
     # Restore: the original file byte for byte, the hook gone, both regenerated, reboot.
     conn.put(grub, original, mode="0644")
-    conn.run(Script().raw("set -e").add("rm", "-f", INITRAMFS_HOOK).add("update-grub")
-             .add("update-initramfs", "-u").render(), timeout=1200)
+    conn.run(
+        Script()
+        .raw("set -e")
+        .add("rm", "-f", INITRAMFS_HOOK)
+        .add("update-grub")
+        .add("update-initramfs", "-u")
+        .render(),
+        timeout=1200,
+    )
     testhost.reboot()
 
     conn = testhost.conn()

@@ -29,8 +29,16 @@ HOST = HostSpec(name="gpu-a-guest", address="10.0.0.5", user="ops", host_key="ss
 def _run(**over):
     from components.triton_service import TritonService, TritonServiceArgs
 
-    args = TritonServiceArgs(**{"host": HOST, "gpu_model": "NVIDIA H200", "gpu_count": 1,
-                                "models": [yolov8n(), sdxl()], "endpoint": "http://10.0.0.5:80", **over})
+    args = TritonServiceArgs(
+        **{
+            "host": HOST,
+            "gpu_model": "NVIDIA H200",
+            "gpu_count": 1,
+            "models": [yolov8n(), sdxl()],
+            "endpoint": "http://10.0.0.5:80",
+            **over,
+        }
+    )
     mocks = Recorder()
     pulumi.runtime.set_mocks(mocks, project="gpuhost", stack="test", preview=False)
 

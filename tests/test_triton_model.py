@@ -7,12 +7,9 @@ from tritonclient.grpc import model_config_pb2 as pb
 from plans.presets import apply_preset, mps_environment, preset_for
 from plans.triton_model import (
     DynamicBatching,
-    InstanceGroup,
     ModelConfigError,
     ModelSpec,
     Tensor,
-    Warmup,
-    WarmupInput,
     parse_config,
     render_config,
 )
@@ -52,13 +49,13 @@ def test_sdxl_python_pipeline_config_parses():
 
 def test_repository_files_cover_every_model_and_digest_tracks_content():
     files = repository_files([yolov8n(), resnet50_fp16(), sdxl()], gpu_count=1, model_py=b"# pipeline\n")
-    assert set(files) == {"yolov8n/config.pbtxt", "resnet50_fp16/config.pbtxt", "sdxl/config.pbtxt",
-                          "sdxl/1/model.py"}
+    assert set(files) == {"yolov8n/config.pbtxt", "resnet50_fp16/config.pbtxt", "sdxl/config.pbtxt", "sdxl/1/model.py"}
     for path, content in files.items():
         if path.endswith(".pbtxt"):
             text_format.Parse(content.decode(), pb.ModelConfig())
-    changed = repository_files([yolov8n(max_batch_size=4), resnet50_fp16(), sdxl()], gpu_count=1,
-                               model_py=b"# pipeline\n")
+    changed = repository_files(
+        [yolov8n(max_batch_size=4), resnet50_fp16(), sdxl()], gpu_count=1, model_py=b"# pipeline\n"
+    )
     assert repository_digest(files) != repository_digest(changed)
     assert repository_digest(files) == repository_digest(dict(reversed(list(files.items()))))
 
@@ -92,23 +89,61 @@ def _mutate(spec, **update):
         (yolov8n(), 1, None),
         (_mutate(yolov8n(), instance_group=[{"kind": "KIND_GPU", "gpus": [1]}]), 1, "instance_group[0].gpus[0]"),
         (_mutate(yolov8n(), instance_group=[{"kind": "KIND_CPU"}]), 1, "instance_group[0].kind"),  # TRT on CPU
-        (_mutate(yolov8n(), dynamic_batching={"preferred_batch_size": [1, 16]}), 1,
-         "dynamic_batching.preferred_batch_size[1]"),  # batch > max
+        (
+            _mutate(yolov8n(), dynamic_batching={"preferred_batch_size": [1, 16]}),
+            1,
+            "dynamic_batching.preferred_batch_size[1]",
+        ),  # batch > max
         (_mutate(yolov8n(), max_batch_size=0), 1, "dynamic_batching"),
-        (_mutate(yolov8n(), dynamic_batching={"priority_levels": 2, "default_priority_level": 1,
-                                              "preserve_ordering": True}), 1, "dynamic_batching.preserve_ordering"),
-        (_mutate(yolov8n(), dynamic_batching={"priority_levels": 2, "default_priority_level": 3}), 1,
-         "dynamic_batching.default_priority_level"),
-        (_mutate(yolov8n(), inputs=[{"name": "images", "data_type": "FP32", "dims": [3, 0, 640]}]), 1,
-         "input[0].dims[1]"),
-        (_mutate(yolov8n(), outputs=[{"name": "a", "data_type": "FP32", "dims": [1]},
-                                     {"name": "a", "data_type": "FP32", "dims": [1]}]), 1, "output[1].name"),
-        (_mutate(yolov8n(), warmup=[{"name": "w", "batch_size": 1,
-                                     "inputs": {"images": {"data_type": "FP16", "dims": [3, 640, 640]}}}]), 1,
-         "model_warmup[0].inputs[images].data_type"),
-        (_mutate(yolov8n(), warmup=[{"name": "w", "batch_size": 9,
-                                     "inputs": {"images": {"data_type": "FP32", "dims": [3, 640, 640]}}}]), 1,
-         "model_warmup[0].batch_size"),
+        (
+            _mutate(
+                yolov8n(),
+                dynamic_batching={"priority_levels": 2, "default_priority_level": 1, "preserve_ordering": True},
+            ),
+            1,
+            "dynamic_batching.preserve_ordering",
+        ),
+        (
+            _mutate(yolov8n(), dynamic_batching={"priority_levels": 2, "default_priority_level": 3}),
+            1,
+            "dynamic_batching.default_priority_level",
+        ),
+        (
+            _mutate(yolov8n(), inputs=[{"name": "images", "data_type": "FP32", "dims": [3, 0, 640]}]),
+            1,
+            "input[0].dims[1]",
+        ),
+        (
+            _mutate(
+                yolov8n(),
+                outputs=[
+                    {"name": "a", "data_type": "FP32", "dims": [1]},
+                    {"name": "a", "data_type": "FP32", "dims": [1]},
+                ],
+            ),
+            1,
+            "output[1].name",
+        ),
+        (
+            _mutate(
+                yolov8n(),
+                warmup=[
+                    {"name": "w", "batch_size": 1, "inputs": {"images": {"data_type": "FP16", "dims": [3, 640, 640]}}}
+                ],
+            ),
+            1,
+            "model_warmup[0].inputs[images].data_type",
+        ),
+        (
+            _mutate(
+                yolov8n(),
+                warmup=[
+                    {"name": "w", "batch_size": 9, "inputs": {"images": {"data_type": "FP32", "dims": [3, 640, 640]}}}
+                ],
+            ),
+            1,
+            "model_warmup[0].batch_size",
+        ),
     ],
 )
 def test_semantic_rules_fail_naming_the_field(spec, gpus, field):
@@ -140,9 +175,12 @@ def test_standin_keeps_signature_and_batching_but_runs_on_cpu():
 
 
 def test_presets_follow_the_seeds_and_explicit_fields_win():
-    bare = ModelSpec(name="r", platform="tensorrt_plan",
-                     inputs=[Tensor(name="x", data_type="FP16", dims=[3, 224, 224])],
-                     outputs=[Tensor(name="y", data_type="FP16", dims=[1000])])
+    bare = ModelSpec(
+        name="r",
+        platform="tensorrt_plan",
+        inputs=[Tensor(name="x", data_type="FP16", dims=[3, 224, 224])],
+        outputs=[Tensor(name="y", data_type="FP16", dims=[1000])],
+    )
     l40s, a10 = apply_preset(bare, "NVIDIA L40S"), apply_preset(bare, "NVIDIA A10")
     # seed 004: L40S bigger batches, fewer instances; A10 smaller batches, more instances
     assert max(l40s.dynamic_batching.preferred_batch_size) > max(a10.dynamic_batching.preferred_batch_size)
@@ -153,8 +191,13 @@ def test_presets_follow_the_seeds_and_explicit_fields_win():
     assert 2000 <= diffusion.dynamic_batching.max_queue_delay_microseconds <= 6000
     # sdxl sets max_batch_size, dynamic_batching and instance_group itself: kept as given
     assert diffusion.max_batch_size == 2 and diffusion.instance_group == sdxl().instance_group
-    partial = ModelSpec(name="r", platform="tensorrt_plan", inputs=bare.inputs, outputs=bare.outputs,
-                        dynamic_batching=DynamicBatching(max_queue_delay_microseconds=700))
+    partial = ModelSpec(
+        name="r",
+        platform="tensorrt_plan",
+        inputs=bare.inputs,
+        outputs=bare.outputs,
+        dynamic_batching=DynamicBatching(max_queue_delay_microseconds=700),
+    )
     got = apply_preset(partial, "A10")
     assert got.dynamic_batching.max_queue_delay_microseconds == 700
     assert got.dynamic_batching.preferred_batch_size == preset_for("A10").preferred_batch_size

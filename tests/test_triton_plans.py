@@ -29,9 +29,14 @@ SHA = "a" * 64
 
 
 def _build(**kw):
-    base = dict(model="yolov8n", onnx_path="/srv/onnx/yolov8n_simp.onnx", onnx_sha256=SHA,
-                plan_path="/srv/triton-repo/yolov8n/1/model.plan", gpu_model="NVIDIA H200",
-                shapes={"images": ShapeRange(min=[1, 3, 640, 640], opt=[4, 3, 640, 640], max=[8, 3, 640, 640])})
+    base = dict(
+        model="yolov8n",
+        onnx_path="/srv/onnx/yolov8n_simp.onnx",
+        onnx_sha256=SHA,
+        plan_path="/srv/triton-repo/yolov8n/1/model.plan",
+        gpu_model="NVIDIA H200",
+        shapes={"images": ShapeRange(min=[1, 3, 640, 640], opt=[4, 3, 640, 640], max=[8, 3, 640, 640])},
+    )
     return EngineBuild(**{**base, **kw})
 
 
@@ -57,14 +62,19 @@ def test_int8_without_calibration_and_bad_shapes_are_refused():
         ShapeRange(min=[8, 3, 640, 640], opt=[4, 3, 640, 640], max=[8, 3, 640, 640])
 
 
-@pytest.mark.parametrize("change, field", [
-    (dict(onnx_sha256="b" * 64), "onnxSha256"),
-    (dict(precision="int8", calib_dir="/c"), "precision"),
-    (dict(gpu_model="NVIDIA L40S"), "gpuModel"),
-    (dict(image="nvcr.io/nvidia/tensorrt:24.08-py3"), "tensorrtVersion"),
-    (dict(shapes={"images": ShapeRange(min=[1, 3, 640, 640], opt=[8, 3, 640, 640], max=[16, 3, 640, 640])}),
-     "shapes"),
-])
+@pytest.mark.parametrize(
+    "change, field",
+    [
+        (dict(onnx_sha256="b" * 64), "onnxSha256"),
+        (dict(precision="int8", calib_dir="/c"), "precision"),
+        (dict(gpu_model="NVIDIA L40S"), "gpuModel"),
+        (dict(image="nvcr.io/nvidia/tensorrt:24.08-py3"), "tensorrtVersion"),
+        (
+            dict(shapes={"images": ShapeRange(min=[1, 3, 640, 640], opt=[8, 3, 640, 640], max=[16, 3, 640, 640])}),
+            "shapes",
+        ),
+    ],
+)
 def test_rebuild_only_when_a_key_input_changes_and_says_which(change, field):
     built = _build()
     stored = json.dumps(__import__("plans.triton_engine", fromlist=["key_inputs"]).key_inputs(built))
@@ -82,8 +92,15 @@ def test_server_args_turn_on_rate_limit_and_cache_when_models_need_them():
     assert "--exit-on-error=false" in plain and "--rate-limit=execution_count" not in plain
     assert not any(a.startswith("--cache-config") for a in plain)
     from plans.triton_model import ModelSpec
-    limited = ModelSpec.model_validate({**yolov8n().model_dump(by_alias=True), "instance_group": [
-        {"kind": "KIND_GPU", "count": 1, "rate_limiter": {"resources": [{"name": "R", "count": 1}]}}]})
+
+    limited = ModelSpec.model_validate(
+        {
+            **yolov8n().model_dump(by_alias=True),
+            "instance_group": [
+                {"kind": "KIND_GPU", "count": 1, "rate_limiter": {"resources": [{"name": "R", "count": 1}]}}
+            ],
+        }
+    )
     args = server_args(ServerOptions(), [limited, resnet50_fp16()])
     assert "--rate-limit=execution_count" in args
     assert any(a.startswith("--cache-config=local,size=") for a in args)
@@ -91,8 +108,10 @@ def test_server_args_turn_on_rate_limit_and_cache_when_models_need_them():
 
 def test_container_spec_pins_image_ports_gpus_shm_restart_and_mps_env():
     env = mps_environment(preset_for("4090"), 0)
-    spec = container_spec(DockerRuntime(gpus=["MIG-1f4c6b1e-3c1a-5d55-9a3e-0b8d2f6a7c10"], env=env, shm_size_mib=2048),
-                          server_args(ServerOptions(), [sdxl()]))
+    spec = container_spec(
+        DockerRuntime(gpus=["MIG-1f4c6b1e-3c1a-5d55-9a3e-0b8d2f6a7c10"], env=env, shm_size_mib=2048),
+        server_args(ServerOptions(), [sdxl()]),
+    )
     assert spec["image"] == "nvcr.io/nvidia/tritonserver:24.05-py3"
     assert [(p["internal"], p["external"]) for p in spec["ports"]] == [(8000, 8000), (8001, 8001), (8002, 8002)]
     assert spec["device_requests"][0]["device_ids"] == ["MIG-1f4c6b1e-3c1a-5d55-9a3e-0b8d2f6a7c10"]
@@ -104,8 +123,10 @@ def test_container_spec_pins_image_ports_gpus_shm_restart_and_mps_env():
 
 
 def test_systemd_unit_runs_triton_under_numactl_and_survives_odd_values():
-    unit = systemd_unit(ProcessRuntime(numa_node=1, env={"X": 'a "b" $HOME 100%'}),
-                        server_args(ServerOptions(model_repository="/srv/triton repo"), [yolov8n()]))
+    unit = systemd_unit(
+        ProcessRuntime(numa_node=1, env={"X": 'a "b" $HOME 100%'}),
+        server_args(ServerOptions(model_repository="/srv/triton repo"), [yolov8n()]),
+    )
     argv, env = parse_unit_exec(unit)
     assert argv[:3] == ["/usr/bin/numactl", "--cpunodebind=1", "--membind=1"]
     assert argv[3] == "/opt/tritonserver/bin/tritonserver" and "--model-repository=/srv/triton repo" in argv
@@ -115,19 +136,35 @@ def test_systemd_unit_runs_triton_under_numactl_and_survives_odd_values():
 
 def test_systemd_unit_execstart_really_starts_triton_here(tmp_path):
     """The rendered ExecStart (numactl node 0 + the wheel's tritonserver) run as systemd would run it."""
-    from tests.servers.triton import (free_port, prepare_backend_dir, triton_available, triton_env,
-                                      write_sleep_model, _pytriton_dirs)
+    from tests.servers.triton import (
+        _pytriton_dirs,
+        free_port,
+        prepare_backend_dir,
+        triton_available,
+        triton_env,
+        write_sleep_model,
+    )
+
     if not triton_available() or not Path("/usr/bin/numactl").exists():
         pytest.skip("needs the pytriton wheel and numactl")
     write_sleep_model(tmp_path / "models", "echo", sleep_ms=0)
     backends = prepare_backend_dir(tmp_path / "work")
     port = free_port()
-    opts = ServerOptions(model_repository=str(tmp_path / "models"), http_port=port, grpc_port=free_port(),
-                         metrics_port=free_port(), backend_directory=str(backends))
-    unit = systemd_unit(ProcessRuntime(binary=str(_pytriton_dirs()[0] / "bin" / "tritonserver"), numa_node=0,
-                                       env={"LD_LIBRARY_PATH": triton_env()["LD_LIBRARY_PATH"],
-                                            "PATH": triton_env()["PATH"]}),
-                        server_args(opts, []))
+    opts = ServerOptions(
+        model_repository=str(tmp_path / "models"),
+        http_port=port,
+        grpc_port=free_port(),
+        metrics_port=free_port(),
+        backend_directory=str(backends),
+    )
+    unit = systemd_unit(
+        ProcessRuntime(
+            binary=str(_pytriton_dirs()[0] / "bin" / "tritonserver"),
+            numa_node=0,
+            env={"LD_LIBRARY_PATH": triton_env()["LD_LIBRARY_PATH"], "PATH": triton_env()["PATH"]},
+        ),
+        server_args(opts, []),
+    )
     argv, env = parse_unit_exec(unit)
     proc = subprocess.Popen(argv, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     try:
@@ -150,9 +187,18 @@ def test_systemd_unit_execstart_really_starts_triton_here(tmp_path):
 
 
 def _state(mode, lgi, listing):
-    text = "\n".join(["@@MODE", (FIX / "triton" / mode).read_text(), "@@LGIP",
-                      (FIX / "nvidia" / "nvidia-smi-mig-lgip.txt").read_text(), "@@LGI",
-                      (FIX / "triton" / lgi).read_text(), "@@LIST", listing.read_text()])
+    text = "\n".join(
+        [
+            "@@MODE",
+            (FIX / "triton" / mode).read_text(),
+            "@@LGIP",
+            (FIX / "nvidia" / "nvidia-smi-mig-lgip.txt").read_text(),
+            "@@LGI",
+            (FIX / "triton" / lgi).read_text(),
+            "@@LIST",
+            listing.read_text(),
+        ]
+    )
     return mig.parse_state(text)
 
 
@@ -175,18 +221,23 @@ def test_mig_plan_from_mig_off_enables_then_creates_by_profile_id():
 
 
 def test_mig_plan_is_a_noop_when_layout_matches_and_binds_by_uuid():
-    gpus = _state("nvidia-smi-mode-h200-on.csv", "nvidia-smi-mig-lgi-h200.txt",
-                  FIX / "triton" / "nvidia-smi-L-h200-mig.txt")
+    gpus = _state(
+        "nvidia-smi-mode-h200-on.csv", "nvidia-smi-mig-lgi-h200.txt", FIX / "triton" / "nvidia-smi-L-h200-mig.txt"
+    )
     assert mig.plan(gpus, {0: ["1g.18gb", "3g.71gb", "1g.18gb", "2g.35gb"]}) == []
     assert mig.mig_uuids(gpus, 0)[0] == "MIG-1f4c6b1e-3c1a-5d55-9a3e-0b8d2f6a7c10" and len(mig.mig_uuids(gpus, 0)) == 4
 
 
 def test_mig_plan_changes_layout_by_destroying_then_creating():
-    gpus = _state("nvidia-smi-mode-h200-on.csv", "nvidia-smi-mig-lgi-h200.txt",
-                  FIX / "triton" / "nvidia-smi-L-h200-mig.txt")
+    gpus = _state(
+        "nvidia-smi-mode-h200-on.csv", "nvidia-smi-mig-lgi-h200.txt", FIX / "triton" / "nvidia-smi-L-h200-mig.txt"
+    )
     actions = mig.plan(gpus, {0: ["3g.71gb", "3g.71gb"]})
-    assert [a.command for a in actions] == ["nvidia-smi mig -i 0 -dci", "nvidia-smi mig -i 0 -dgi",
-                                            "nvidia-smi mig -i 0 -cgi 9,9 -C"]
+    assert [a.command for a in actions] == [
+        "nvidia-smi mig -i 0 -dci",
+        "nvidia-smi mig -i 0 -dgi",
+        "nvidia-smi mig -i 0 -cgi 9,9 -C",
+    ]
     off = mig.plan(gpus, {0: []})
     assert off[-1].command == "nvidia-smi -i 0 -mig 0" and off[-1].needs_reset
     with pytest.raises(ValueError, match="2g.20gb"):

@@ -11,8 +11,9 @@ from tests.servers.triton import STANDIN_MODEL, start_triton, triton_available
 
 
 def _files(max_batch_size=8):
-    return repository_files([standin(yolov8n(max_batch_size=max_batch_size))], gpu_count=0,
-                            model_py=STANDIN_MODEL.read_bytes())
+    return repository_files(
+        [standin(yolov8n(max_batch_size=max_batch_size))], gpu_count=0, model_py=STANDIN_MODEL.read_bytes()
+    )
 
 
 def test_repository_create_serves_noop_drift_update_and_restore(local_sshd, provider_server_for, tmp_path):
@@ -22,8 +23,14 @@ def test_repository_create_serves_noop_drift_update_and_restore(local_sshd, prov
     (root / "yolov8n" / "config.pbtxt").write_text("# operator's old config\n")
     srv = provider_server_for()
     r = srv.resource(TritonModelRepositoryProvider(), "gpuhost:serving:TritonModelRepository", "models")
-    inputs = {"host": host_input(local_sshd.host_spec()), "root": str(root), **repository_inputs(_files()),
-              "prior": None, "priorRootExists": None, "version": "1"}
+    inputs = {
+        "host": host_input(local_sshd.host_spec()),
+        "root": str(root),
+        **repository_inputs(_files()),
+        "prior": None,
+        "priorRootExists": None,
+        "version": "1",
+    }
     op, outs = r.up(inputs)
     assert op == "create"
     assert (root / "yolov8n" / "config.pbtxt").read_bytes() == _files()["yolov8n/config.pbtxt"]
@@ -50,9 +57,14 @@ def test_repository_create_serves_noop_drift_update_and_restore(local_sshd, prov
 
 def test_repository_check_refuses_escaping_paths(local_sshd, provider_server_for, tmp_path):
     from tests.engine import ProviderError
+
     srv = provider_server_for()
     r = srv.resource(TritonModelRepositoryProvider(), "gpuhost:serving:TritonModelRepository", "bad")
-    bad = {"host": host_input(local_sshd.host_spec()), "root": str(tmp_path),
-           **repository_inputs({"../../etc/passwd": b"x"}), "version": "1"}
+    bad = {
+        "host": host_input(local_sshd.host_spec()),
+        "root": str(tmp_path),
+        **repository_inputs({"../../etc/passwd": b"x"}),
+        "version": "1",
+    }
     with pytest.raises(ProviderError, match=r"files\.\.\./\.\./etc/passwd"):
         r.up(bad)

@@ -60,10 +60,19 @@ def nginx(triton, tmp_path_factory):
         pytest.skip("nginx is not installed")
     work = tmp_path_factory.mktemp("nginx")
     http_port, grpc_port = free_port(), free_port()
-    conf = render(NginxSpec(default_model="sleep20", listen_address="127.0.0.1", listen_http=http_port,
-                            listen_grpc=grpc_port, upstream_http=f"127.0.0.1:{triton.ports['http']}",
-                            upstream_grpc=f"127.0.0.1:{triton.ports['grpc']}", prefix=str(work),
-                            user=run_user(), worker_processes="1"))
+    conf = render(
+        NginxSpec(
+            default_model="sleep20",
+            listen_address="127.0.0.1",
+            listen_http=http_port,
+            listen_grpc=grpc_port,
+            upstream_http=f"127.0.0.1:{triton.ports['http']}",
+            upstream_grpc=f"127.0.0.1:{triton.ports['grpc']}",
+            prefix=str(work),
+            user=run_user(),
+            worker_processes="1",
+        )
+    )
     handle = start_nginx(conf, work, wait_port=http_port)
     handle.http = f"http://127.0.0.1:{http_port}"
     handle.grpc = f"127.0.0.1:{grpc_port}"
@@ -88,14 +97,18 @@ def test_real_triton_loads_generated_standins_with_the_real_signatures(triton):
     for real in REAL:
         cfg = client.get_model_config(real.name)
         assert [(i["name"], i["data_type"], i["dims"]) for i in cfg["input"]] == [
-            (t.name, "TYPE_" + t.data_type, [str(d) for d in t.dims]) for t in real.inputs] or [
-            (i["name"], i["data_type"], [int(d) for d in i["dims"]]) for i in cfg["input"]] == [
-            (t.name, "TYPE_" + t.data_type, t.dims) for t in real.inputs]
+            (t.name, "TYPE_" + t.data_type, [str(d) for d in t.dims]) for t in real.inputs
+        ] or [(i["name"], i["data_type"], [int(d) for d in i["dims"]]) for i in cfg["input"]] == [
+            (t.name, "TYPE_" + t.data_type, t.dims) for t in real.inputs
+        ]
         assert cfg["max_batch_size"] == real.max_batch_size
-        assert [int(b) for b in cfg["dynamic_batching"]["preferred_batch_size"]] == \
-            real.dynamic_batching.preferred_batch_size
-        assert int(cfg["dynamic_batching"]["max_queue_delay_microseconds"]) == \
-            real.dynamic_batching.max_queue_delay_microseconds
+        assert [
+            int(b) for b in cfg["dynamic_batching"]["preferred_batch_size"]
+        ] == real.dynamic_batching.preferred_batch_size
+        assert (
+            int(cfg["dynamic_batching"]["max_queue_delay_microseconds"])
+            == real.dynamic_batching.max_queue_delay_microseconds
+        )
         assert [g["count"] for g in cfg["instance_group"]] == [g.count for g in real.instance_group]
     client.close()
 
@@ -112,10 +125,12 @@ def test_inference_over_grpc_and_http_returns_the_real_output_shapes(triton):
     g.close()
     h = httpclient.InferenceServerClient(triton.http_url.removeprefix("http://"))
     inputs = []
-    for name, dtype, value in [("prompt", "BYTES", np.array([[b"a red fox"]], dtype=object)),
-                               ("seed", "INT64", np.array([[7]], np.int64)),
-                               ("steps", "INT32", np.array([[30]], np.int32)),
-                               ("guidance_scale", "FP32", np.array([[5.0]], np.float32))]:
+    for name, dtype, value in [
+        ("prompt", "BYTES", np.array([[b"a red fox"]], dtype=object)),
+        ("seed", "INT64", np.array([[7]], np.int64)),
+        ("steps", "INT32", np.array([[30]], np.int32)),
+        ("guidance_scale", "FP32", np.array([[5.0]], np.float32)),
+    ]:
         t = httpclient.InferInput(name, list(value.shape), dtype)
         t.set_data_from_numpy(value)
         inputs.append(t)
@@ -141,12 +156,15 @@ def test_dynamic_batching_happens_under_concurrent_load(triton):
     with concurrent.futures.ThreadPoolExecutor(8) as pool:
         list(pool.map(send, range(8)))
     import time
+
     time.sleep(0.5)  # metrics are refreshed every 200 ms (--metrics-interval-ms)
     after = _metrics(triton)
-    count = _metric(after, "nv_inference_count", "resnet50_fp16") - _metric(before, "nv_inference_count",
-                                                                             "resnet50_fp16")
+    count = _metric(after, "nv_inference_count", "resnet50_fp16") - _metric(
+        before, "nv_inference_count", "resnet50_fp16"
+    )
     execs = _metric(after, "nv_inference_exec_count", "resnet50_fp16") - _metric(
-        before, "nv_inference_exec_count", "resnet50_fp16")
+        before, "nv_inference_exec_count", "resnet50_fp16"
+    )
     assert count == 32
     assert execs < count, f"no batching: {execs} executions for {count} inferences"
 
@@ -155,9 +173,11 @@ def test_nginx_proxies_infer_v2_api_and_grpc(triton, nginx):
     with urllib.request.urlopen(nginx.http + "/v2/health/ready") as r:
         assert r.status == 200
     body = loadgate.infer_body("INPUT0", [1, 4])
-    req = urllib.request.Request(nginx.http + "/infer", data=body, method="POST",
-                                 headers={"Content-Type": "application/json"})
+    req = urllib.request.Request(
+        nginx.http + "/infer", data=body, method="POST", headers={"Content-Type": "application/json"}
+    )
     import json
+
     with urllib.request.urlopen(req) as r:
         answer = json.load(r)
     assert answer["model_name"] == "sleep20" and answer["outputs"][0]["data"] == [0.5] * 4
@@ -196,37 +216,58 @@ def test_gate_measures_known_sleep_plus_measured_overhead(triton, nginx, tool):
 
 def _measure_gate(triton, nginx, tool):
     import time
+
     body = loadgate.infer_body("INPUT0", [1, 4])
-    base = loadgate.LoadSpec(url=nginx.http + "/v2/models/zero/infer", body=body, concurrency=1,
-                             duration_s=1.5, max_requests=5000, tool=tool)
+    base = loadgate.LoadSpec(
+        url=nginx.http + "/v2/models/zero/infer", body=body, concurrency=1, duration_s=1.5, max_requests=5000, tool=tool
+    )
     floor = loadgate.overhead(base, nginx.http + "/nginx-health")
     zero = loadgate.run(base)
     time.sleep(0.5)
     before = _metrics(triton)
-    slept = loadgate.run(loadgate.LoadSpec(url=nginx.http + "/infer", body=body, concurrency=1,
-                                           duration_s=2, max_requests=5000, tool=tool))
+    slept = loadgate.run(
+        loadgate.LoadSpec(
+            url=nginx.http + "/infer", body=body, concurrency=1, duration_s=2, max_requests=5000, tool=tool
+        )
+    )
     time.sleep(0.5)  # metrics refresh every 200 ms
     after = _metrics(triton)
     served = _metric(after, "nv_inference_request_success", "sleep20") - _metric(
-        before, "nv_inference_request_success", "sleep20")
-    server_ms = (_metric(after, "nv_inference_request_duration_us", "sleep20") - _metric(
-        before, "nv_inference_request_duration_us", "sleep20")) / served / 1000
-    print(f"\n[{tool}] nginx-only {floor.summary()}\n[{tool}] zero-model {zero.summary()}\n"
-          f"[{tool}] sleep{SLEEP_MS:.0f} {slept.summary()}\n[{tool}] triton mean request {server_ms:.3f} ms")
+        before, "nv_inference_request_success", "sleep20"
+    )
+    server_ms = (
+        (
+            _metric(after, "nv_inference_request_duration_us", "sleep20")
+            - _metric(before, "nv_inference_request_duration_us", "sleep20")
+        )
+        / served
+        / 1000
+    )
+    print(
+        f"\n[{tool}] nginx-only {floor.summary()}\n[{tool}] zero-model {zero.summary()}\n"
+        f"[{tool}] sleep{SLEEP_MS:.0f} {slept.summary()}\n[{tool}] triton mean request {server_ms:.3f} ms"
+    )
     assert floor.errors == zero.errors == slept.errors == 0
     assert served >= slept.requests  # warmup requests count on the server too
     assert slept.requests <= 5000 and slept.duration_s < 2 + 5
     vs_server = abs(slept.p50_ms - (server_ms + floor.p50_ms)) / slept.p50_ms
     vs_sleep = abs(slept.p50_ms - (SLEEP_MS + zero.p50_ms)) / SLEEP_MS
-    return {"ok": floor.p50_ms < zero.p50_ms < slept.p50_ms and vs_server < 0.03 and vs_sleep < 0.08,
-            "floor_p50": floor.p50_ms, "zero_p50": zero.p50_ms, "sleep_p50": slept.p50_ms,
-            "server_ms": server_ms, "vs_server": vs_server, "vs_sleep": vs_sleep}
+    return {
+        "ok": floor.p50_ms < zero.p50_ms < slept.p50_ms and vs_server < 0.03 and vs_sleep < 0.08,
+        "floor_p50": floor.p50_ms,
+        "zero_p50": zero.p50_ms,
+        "sleep_p50": slept.p50_ms,
+        "server_ms": server_ms,
+        "vs_server": vs_server,
+        "vs_sleep": vs_sleep,
+    }
 
 
 def test_gate_fails_below_and_passes_above_the_slo(nginx):
     body = loadgate.infer_body("INPUT0", [1, 4])
-    result = loadgate.run(loadgate.LoadSpec(url=nginx.http + "/infer", body=body, concurrency=2, duration_s=1.5,
-                                            max_requests=2000))
+    result = loadgate.run(
+        loadgate.LoadSpec(url=nginx.http + "/infer", body=body, concurrency=2, duration_s=1.5, max_requests=2000)
+    )
     with pytest.raises(loadgate.GateFailed) as e:
         loadgate.check_slo(result, loadgate.Slo(p95_ms=SLEEP_MS / 2))
     assert "p95" in str(e.value) and f"{result.p95_ms:.3f}" in str(e.value)
@@ -239,9 +280,19 @@ def test_acceptance_gate_provider_fails_up_with_numbers_and_passes_above(nginx):
     from providers.triton_gate import AcceptanceGateProvider
     from tests.engine import ProviderError, ProviderServer
 
-    inputs = {"url": nginx.http, "models": ["sleep20"], "model": "sleep20",
-              "body": loadgate.infer_body("INPUT0", [1, 4]).decode(), "concurrency": 2, "durationS": 1,
-              "maxRequests": 1000, "warmupRequests": 4, "maxErrorRate": 0.0, "trigger": "digest-1", "version": "1"}
+    inputs = {
+        "url": nginx.http,
+        "models": ["sleep20"],
+        "model": "sleep20",
+        "body": loadgate.infer_body("INPUT0", [1, 4]).decode(),
+        "concurrency": 2,
+        "durationS": 1,
+        "maxRequests": 1000,
+        "warmupRequests": 4,
+        "maxErrorRate": 0.0,
+        "trigger": "digest-1",
+        "version": "1",
+    }
     with ProviderServer({}) as srv:
         failing = srv.resource(AcceptanceGateProvider(), "gpuhost:serving:AcceptanceGate", "gate-low")
         with pytest.raises(ProviderError) as e:

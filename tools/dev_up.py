@@ -19,21 +19,30 @@ ROOT = Path(__file__).resolve().parent.parent
 def main() -> int:
     pulumi = shutil.which("pulumi")
     if not pulumi:
-        print("gpuhost up needs the Pulumi CLI on PATH (install it: https://www.pulumi.com/docs/install/).\n"
-              "Everything else works without it: ./gpuhost.sh test runs the suite, and\n"
-              "`.venv/bin/python -m tests.testhost start --name dev` boots the emulated server by hand.",
-              file=sys.stderr)
+        print(
+            "gpuhost up needs the Pulumi CLI on PATH (install it: https://www.pulumi.com/docs/install/).\n"
+            "Everything else works without it: ./gpuhost.sh test runs the suite, and\n"
+            "`.venv/bin/python -m tests.testhost start --name dev` boots the emulated server by hand.",
+            file=sys.stderr,
+        )
         return 3
     py = str(ROOT / ".venv" / "bin" / "python")
     state = Path.home() / ".cache" / "gpuhost" / "testhost" / "run" / "dev" / "state.json"
     if os.environ.get("GPUHOST_TESTHOST_CACHE"):
         state = Path(os.environ["GPUHOST_TESTHOST_CACHE"]) / "run" / "dev" / "state.json"
-    if subprocess.run([py, "-m", "tests.testhost", "status", "--name", "dev"], cwd=ROOT,
-                      capture_output=True).returncode != 0:
+    if (
+        subprocess.run(
+            [py, "-m", "tests.testhost", "status", "--name", "dev"], cwd=ROOT, capture_output=True
+        ).returncode
+        != 0
+    ):
         subprocess.run([py, "-m", "tests.testhost", "start", "--name", "dev"], cwd=ROOT, check=True)
     st = json.loads(state.read_text())
-    env = dict(os.environ, PULUMI_BACKEND_URL=os.environ.get("PULUMI_BACKEND_URL", f"file://{ROOT}/.pulumi-state"),
-               PULUMI_CONFIG_PASSPHRASE=os.environ.get("PULUMI_CONFIG_PASSPHRASE", "gpuhost-dev"))
+    env = dict(
+        os.environ,
+        PULUMI_BACKEND_URL=os.environ.get("PULUMI_BACKEND_URL", f"file://{ROOT}/.pulumi-state"),
+        PULUMI_CONFIG_PASSPHRASE=os.environ.get("PULUMI_CONFIG_PASSPHRASE", "gpuhost-dev"),
+    )
     (ROOT / ".pulumi-state").mkdir(exist_ok=True)
 
     def p(*args, **kw):

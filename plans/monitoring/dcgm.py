@@ -34,10 +34,22 @@ COUNTERS: tuple[Counter, ...] = (
     Counter("DCGM_FI_DEV_FB_USED", "gauge", "Framebuffer memory used (in MiB).", "001 §8"),
     Counter("DCGM_FI_DEV_FB_FREE", "gauge", "Framebuffer memory free (in MiB).", "001 §8 (显存余量 < 1.5GB)"),
     Counter("DCGM_FI_PROF_SM_OCCUPANCY", "gauge", "The ratio of number of warps resident on an SM.", "001 §8"),
-    Counter("DCGM_FI_PROF_SM_ACTIVE", "gauge", "The ratio of cycles an SM has at least 1 warp assigned.", "004 sm_util"),
+    Counter(
+        "DCGM_FI_PROF_SM_ACTIVE", "gauge", "The ratio of cycles an SM has at least 1 warp assigned.", "004 sm_util"
+    ),
     Counter("DCGM_FI_DEV_MEM_COPY_UTIL", "gauge", "Memory utilization (in %).", "004 mem_copy_util"),
-    Counter("DCGM_FI_PROF_PCIE_TX_BYTES", "gauge", "The rate of data transmitted over the PCIe bus in bytes per second.", "001 §8, 000 §9"),
-    Counter("DCGM_FI_PROF_PCIE_RX_BYTES", "gauge", "The rate of data received over the PCIe bus in bytes per second.", "001 §8, 000 §9"),
+    Counter(
+        "DCGM_FI_PROF_PCIE_TX_BYTES",
+        "gauge",
+        "The rate of data transmitted over the PCIe bus in bytes per second.",
+        "001 §8, 000 §9",
+    ),
+    Counter(
+        "DCGM_FI_PROF_PCIE_RX_BYTES",
+        "gauge",
+        "The rate of data received over the PCIe bus in bytes per second.",
+        "001 §8, 000 §9",
+    ),
     Counter("DCGM_FI_DEV_POWER_USAGE", "gauge", "Power draw (in W).", "004 power_usage"),
     Counter("DCGM_FI_DEV_GPU_TEMP", "gauge", "GPU temperature (in C).", "001 epilogue"),
     Counter("DCGM_FI_DEV_SM_CLOCK", "gauge", "SM clock frequency (in MHz).", "000 §8 (locked clocks)"),
@@ -94,7 +106,9 @@ class ContainerSpec:
     labels: dict[str, str] = field(default_factory=dict)
 
 
-def container_spec(port: int = 9400, *, image: str = DCGM_EXPORTER_IMAGE, counters_path: str = COUNTERS_PATH) -> ContainerSpec:
+def container_spec(
+    port: int = 9400, *, image: str = DCGM_EXPORTER_IMAGE, counters_path: str = COUNTERS_PATH
+) -> ContainerSpec:
     if image.endswith(":latest") or ":" not in image.rsplit("/", 1)[-1]:
         raise ValueError(f"dcgm-exporter image must be pinned to a tag, got {image!r}")
     return ContainerSpec(

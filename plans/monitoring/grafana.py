@@ -66,19 +66,41 @@ def _thresholds(limit: Optional[float]) -> dash.ThresholdsConfig:
     return dash.ThresholdsConfig().mode(model.ThresholdsMode.ABSOLUTE).steps(steps)
 
 
-def _ts(title: str, unit: str, targets: list[tuple[str, str]], *, limit: Optional[float] = None,
-        description: str = "", width: int = 12) -> timeseries.Panel:
+def _ts(
+    title: str,
+    unit: str,
+    targets: list[tuple[str, str]],
+    *,
+    limit: Optional[float] = None,
+    description: str = "",
+    width: int = 12,
+) -> timeseries.Panel:
     panel = (
-        timeseries.Panel().title(title).unit(unit).datasource(DS).span(width).height(8)
-        .thresholds(_thresholds(limit)).line_width(1).fill_opacity(10)
-        .legend(common_b.VizLegendOptions().display_mode(common_m.LegendDisplayMode.LIST)
-                .placement(common_m.LegendPlacement.BOTTOM).show_legend(True))
-        .tooltip(common_b.VizTooltipOptions().mode(common_m.TooltipDisplayMode.MULTI).sort(common_m.SortOrder.DESCENDING))
+        timeseries.Panel()
+        .title(title)
+        .unit(unit)
+        .datasource(DS)
+        .span(width)
+        .height(8)
+        .thresholds(_thresholds(limit))
+        .line_width(1)
+        .fill_opacity(10)
+        .legend(
+            common_b.VizLegendOptions()
+            .display_mode(common_m.LegendDisplayMode.LIST)
+            .placement(common_m.LegendPlacement.BOTTOM)
+            .show_legend(True)
+        )
+        .tooltip(
+            common_b.VizTooltipOptions().mode(common_m.TooltipDisplayMode.MULTI).sort(common_m.SortOrder.DESCENDING)
+        )
     )
     if description:
         panel = panel.description(description)
     if limit is not None:
-        panel = panel.thresholds_style(common_b.GraphThresholdsStyleConfig().mode(common_m.GraphTresholdsStyleMode.LINE))
+        panel = panel.thresholds_style(
+            common_b.GraphThresholdsStyleConfig().mode(common_m.GraphTresholdsStyleMode.LINE)
+        )
     for i, (expr, legend) in enumerate(targets):
         panel = panel.with_target(_target(expr, legend, chr(ord("A") + i)))
     return panel
@@ -86,8 +108,13 @@ def _ts(title: str, unit: str, targets: list[tuple[str, str]], *, limit: Optiona
 
 def _variable(v: VariableQuery, label: str) -> dash.QueryVariable:
     return (
-        dash.QueryVariable(v.name).label(label).datasource(DS).query(v.query)
-        .multi(True).include_all(True).refresh(model.VariableRefresh.ON_TIME_RANGE_CHANGED)
+        dash.QueryVariable(v.name)
+        .label(label)
+        .datasource(DS)
+        .query(v.query)
+        .multi(True)
+        .include_all(True)
+        .refresh(model.VariableRefresh.ON_TIME_RANGE_CHANGED)
         .sort(model.VariableSort.ALPHABETICAL_ASC)
     )
 
@@ -107,51 +134,105 @@ _PER_GPU = "{{host}} GPU{{gpu}}"
 def gpu_dashboard(graph: MonitoringGraph) -> dash.Dashboard:
     g = graph.gpu
     d = (
-        dash.Dashboard("gpuhost / GPUs").uid(GPU_DASHBOARD_UID).tags(["gpuhost", "gpu", "dcgm"])
-        .refresh("30s").time("now-3h", "now").readonly()
+        dash.Dashboard("gpuhost / GPUs")
+        .uid(GPU_DASHBOARD_UID)
+        .tags(["gpuhost", "gpu", "dcgm"])
+        .refresh("30s")
+        .time("now-3h", "now")
+        .readonly()
         .with_variable(_variable(GPU_VARIABLES[0], "Host"))
         .with_variable(_variable(GPU_VARIABLES[1], "GPU"))
         .with_variable(_variable(GPU_VARIABLES[2], "Machine (node exporter)"))
         .with_row(dash.Row("GPU (DCGM)"))
         .with_panel(_ts("GPU utilization", "percent", [(f"DCGM_FI_DEV_GPU_UTIL{_GPU}", _PER_GPU)]))
-        .with_panel(_ts("SM occupancy / SM active", "percentunit", [
-            (f"DCGM_FI_PROF_SM_OCCUPANCY{_GPU}", _PER_GPU + " occupancy"),
-            (f"DCGM_FI_PROF_SM_ACTIVE{_GPU}", _PER_GPU + " active"),
-        ], description="Seed 001 §8 SM_OCCUPANCY, seed 004 sm_util."))
-        .with_panel(_ts("Frame buffer free", "mbytes", [(f"DCGM_FI_DEV_FB_FREE{_GPU}", _PER_GPU)],
-                        limit=g.fb_free_min_mib,
-                        description="Alert below 1.5 GB free (seed 001 §8)."))
+        .with_panel(
+            _ts(
+                "SM occupancy / SM active",
+                "percentunit",
+                [
+                    (f"DCGM_FI_PROF_SM_OCCUPANCY{_GPU}", _PER_GPU + " occupancy"),
+                    (f"DCGM_FI_PROF_SM_ACTIVE{_GPU}", _PER_GPU + " active"),
+                ],
+                description="Seed 001 §8 SM_OCCUPANCY, seed 004 sm_util.",
+            )
+        )
+        .with_panel(
+            _ts(
+                "Frame buffer free",
+                "mbytes",
+                [(f"DCGM_FI_DEV_FB_FREE{_GPU}", _PER_GPU)],
+                limit=g.fb_free_min_mib,
+                description="Alert below 1.5 GB free (seed 001 §8).",
+            )
+        )
         .with_panel(_ts("Frame buffer used", "mbytes", [(f"DCGM_FI_DEV_FB_USED{_GPU}", _PER_GPU)]))
-        .with_panel(_ts("PCIe throughput", "Bps", [
-            (f"DCGM_FI_PROF_PCIE_TX_BYTES{_GPU}", _PER_GPU + " TX"),
-            (f"DCGM_FI_PROF_PCIE_RX_BYTES{_GPU}", _PER_GPU + " RX"),
-        ]))
+        .with_panel(
+            _ts(
+                "PCIe throughput",
+                "Bps",
+                [
+                    (f"DCGM_FI_PROF_PCIE_TX_BYTES{_GPU}", _PER_GPU + " TX"),
+                    (f"DCGM_FI_PROF_PCIE_RX_BYTES{_GPU}", _PER_GPU + " RX"),
+                ],
+            )
+        )
         .with_panel(_ts("Memory copy utilization", "percent", [(f"DCGM_FI_DEV_MEM_COPY_UTIL{_GPU}", _PER_GPU)]))
         .with_panel(_ts("Power", "watt", [(f"DCGM_FI_DEV_POWER_USAGE{_GPU}", _PER_GPU)]))
-        .with_panel(_ts("Temperature", "celsius", [(f"DCGM_FI_DEV_GPU_TEMP{_GPU}", _PER_GPU)],
-                        limit=g.temperature_max_c))
+        .with_panel(
+            _ts("Temperature", "celsius", [(f"DCGM_FI_DEV_GPU_TEMP{_GPU}", _PER_GPU)], limit=g.temperature_max_c)
+        )
         .with_panel(_ts("SM clock", "hertz", [(f"DCGM_FI_DEV_SM_CLOCK{_GPU} * 1000000", _PER_GPU)]))
         .with_panel(
-            stat.Panel().title("Last XID error").datasource(DS).span(12).height(8)
+            stat.Panel()
+            .title("Last XID error")
+            .datasource(DS)
+            .span(12)
+            .height(8)
             .thresholds(_thresholds(1))
             .reduce_options(common_b.ReduceDataOptions().calcs(["lastNotNull"]).values(False))
             .with_target(_target(f"max by (host, gpu) (DCGM_FI_DEV_XID_ERRORS{_GPU})", _PER_GPU, "A"))
         )
         .with_row(dash.Row("Machines (node exporter)"))
-        .with_panel(_ts("CPU busy", "percentunit", [(
-            f'1 - avg by (host) (rate(node_cpu_seconds_total{{mode="idle",host=~"$node"}}[$__rate_interval]))',
-            "{{host}}")]))
+        .with_panel(
+            _ts(
+                "CPU busy",
+                "percentunit",
+                [
+                    (
+                        '1 - avg by (host) (rate(node_cpu_seconds_total{mode="idle",host=~"$node"}[$__rate_interval]))',
+                        "{{host}}",
+                    )
+                ],
+            )
+        )
         .with_panel(_ts("Memory available", "bytes", [(f"node_memory_MemAvailable_bytes{_NODE}", "{{host}}")]))
-        .with_panel(_ts("Hugepages free / total", "short", [
-            (f"node_memory_HugePages_Free{_NODE}", "{{host}} free"),
-            (f"node_memory_HugePages_Total{_NODE}", "{{host}} total"),
-        ], description="Seed 000 §3: VM memory comes from reserved hugepages."))
-        .with_panel(_ts("Network", "Bps", [
-            (f'rate(node_network_receive_bytes_total{{host=~"$node",device!="lo"}}[$__rate_interval])',
-             "{{host}} {{device}} rx"),
-            (f'rate(node_network_transmit_bytes_total{{host=~"$node",device!="lo"}}[$__rate_interval])',
-             "{{host}} {{device}} tx"),
-        ]))
+        .with_panel(
+            _ts(
+                "Hugepages free / total",
+                "short",
+                [
+                    (f"node_memory_HugePages_Free{_NODE}", "{{host}} free"),
+                    (f"node_memory_HugePages_Total{_NODE}", "{{host}} total"),
+                ],
+                description="Seed 000 §3: VM memory comes from reserved hugepages.",
+            )
+        )
+        .with_panel(
+            _ts(
+                "Network",
+                "Bps",
+                [
+                    (
+                        'rate(node_network_receive_bytes_total{host=~"$node",device!="lo"}[$__rate_interval])',
+                        "{{host}} {{device}} rx",
+                    ),
+                    (
+                        'rate(node_network_transmit_bytes_total{host=~"$node",device!="lo"}[$__rate_interval])',
+                        "{{host}} {{device}} tx",
+                    ),
+                ],
+            )
+        )
     )
     return d
 
@@ -178,34 +259,81 @@ def serving_dashboard(graph: MonitoringGraph) -> dash.Dashboard:
     failure_ratio = _strictest(graph, "max_failure_ratio")
     summary = "nv_inference_request_summary_us"
     d = (
-        dash.Dashboard("gpuhost / Serving (Triton)").uid(SERVING_DASHBOARD_UID).tags(["gpuhost", "triton"])
-        .refresh("30s").time("now-1h", "now").readonly()
+        dash.Dashboard("gpuhost / Serving (Triton)")
+        .uid(SERVING_DASHBOARD_UID)
+        .tags(["gpuhost", "triton"])
+        .refresh("30s")
+        .time("now-1h", "now")
+        .readonly()
         .with_variable(_variable(SERVING_VARIABLES[0], "Service"))
         .with_variable(_variable(SERVING_VARIABLES[1], "Model"))
         .with_variable(_variable(SERVING_VARIABLES[2], "Instance"))
         .with_panel(_ts("QPS", "reqps", [(f"sum by (service, model) ({r.REC_QPS}{_SEL})", _PER_MODEL)]))
-        .with_panel(_ts("Request latency p50 / p95 / p99", "ms", [
-            (f'{summary}{{quantile="{q}",service=~"$service",model=~"$model",instance=~"$instance"}} / 1000',
-             f"{_PER_MODEL} {name}")
-            for q, name in (("0.5", "p50"), ("0.95", "p95"), ("0.99", "p99"))
-        ], limit=p95_ms, description="Triton summary latencies; the red line is the p95 SLO (seed 004)."))
-        .with_panel(_ts("Queue vs compute time per request", "ms", [
-            (f"{r.REC_QUEUE_AVG}{_SEL} / 1000", _PER_MODEL + " queue"),
-            (f"{r.REC_COMPUTE_AVG}{_SEL} / 1000", _PER_MODEL + " compute"),
-            (f"{r.REC_REQUEST_AVG}{_SEL} / 1000", _PER_MODEL + " request"),
-        ], limit=queue_ms, description="The red line is the queue alert (20 ms for 1 min, seed 001 §8)."))
-        .with_panel(_ts("Average batch size", "short", [(f"{r.REC_BATCH_AVG}{_SEL}", _PER_MODEL)],
-                        description="nv_inference_count / nv_inference_exec_count: is dynamic batching batching?"))
-        .with_panel(_ts("Failures", "reqps", [
-            (f"sum by (service, model, reason) (rate(nv_inference_request_failure{_SEL}[$__rate_interval]))",
-             _PER_MODEL + " {{reason}}"),
-        ]))
-        .with_panel(_ts("Failure ratio", "percentunit", [(f"{r.REC_FAILURE_RATIO}{_SEL}", _PER_MODEL)],
-                        limit=failure_ratio))
-        .with_panel(_ts("Pending requests (queue depth)", "short", [
-            (f"sum by (service, model) (nv_inference_pending_request_count{_SEL})", _PER_MODEL)]))
-        .with_panel(_ts("Executions per second", "short", [
-            (f"sum by (service, model) (rate(nv_inference_exec_count{_SEL}[$__rate_interval]))", _PER_MODEL)]))
+        .with_panel(
+            _ts(
+                "Request latency p50 / p95 / p99",
+                "ms",
+                [
+                    (
+                        f'{summary}{{quantile="{q}",service=~"$service",model=~"$model",instance=~"$instance"}} / 1000',
+                        f"{_PER_MODEL} {name}",
+                    )
+                    for q, name in (("0.5", "p50"), ("0.95", "p95"), ("0.99", "p99"))
+                ],
+                limit=p95_ms,
+                description="Triton summary latencies; the red line is the p95 SLO (seed 004).",
+            )
+        )
+        .with_panel(
+            _ts(
+                "Queue vs compute time per request",
+                "ms",
+                [
+                    (f"{r.REC_QUEUE_AVG}{_SEL} / 1000", _PER_MODEL + " queue"),
+                    (f"{r.REC_COMPUTE_AVG}{_SEL} / 1000", _PER_MODEL + " compute"),
+                    (f"{r.REC_REQUEST_AVG}{_SEL} / 1000", _PER_MODEL + " request"),
+                ],
+                limit=queue_ms,
+                description="The red line is the queue alert (20 ms for 1 min, seed 001 §8).",
+            )
+        )
+        .with_panel(
+            _ts(
+                "Average batch size",
+                "short",
+                [(f"{r.REC_BATCH_AVG}{_SEL}", _PER_MODEL)],
+                description="nv_inference_count / nv_inference_exec_count: is dynamic batching batching?",
+            )
+        )
+        .with_panel(
+            _ts(
+                "Failures",
+                "reqps",
+                [
+                    (
+                        f"sum by (service, model, reason) (rate(nv_inference_request_failure{_SEL}[$__rate_interval]))",
+                        _PER_MODEL + " {{reason}}",
+                    ),
+                ],
+            )
+        )
+        .with_panel(
+            _ts("Failure ratio", "percentunit", [(f"{r.REC_FAILURE_RATIO}{_SEL}", _PER_MODEL)], limit=failure_ratio)
+        )
+        .with_panel(
+            _ts(
+                "Pending requests (queue depth)",
+                "short",
+                [(f"sum by (service, model) (nv_inference_pending_request_count{_SEL})", _PER_MODEL)],
+            )
+        )
+        .with_panel(
+            _ts(
+                "Executions per second",
+                "short",
+                [(f"sum by (service, model) (rate(nv_inference_exec_count{_SEL}[$__rate_interval]))", _PER_MODEL)],
+            )
+        )
     )
     return d
 
@@ -229,16 +357,18 @@ def dashboard_json(d: model.Dashboard) -> str:
 def datasource_yaml(prometheus_url: str) -> str:
     data = {
         "apiVersion": 1,
-        "datasources": [{
-            "name": DATASOURCE_NAME,
-            "uid": DATASOURCE_UID,
-            "type": "prometheus",
-            "access": "proxy",
-            "url": prometheus_url,
-            "isDefault": True,
-            "editable": False,
-            "jsonData": {"timeInterval": "15s"},
-        }],
+        "datasources": [
+            {
+                "name": DATASOURCE_NAME,
+                "uid": DATASOURCE_UID,
+                "type": "prometheus",
+                "access": "proxy",
+                "url": prometheus_url,
+                "isDefault": True,
+                "editable": False,
+                "jsonData": {"timeInterval": "15s"},
+            }
+        ],
     }
     return yaml.safe_dump(data, sort_keys=False)
 
@@ -246,22 +376,25 @@ def datasource_yaml(prometheus_url: str) -> str:
 def dashboard_provider_yaml(dashboards_dir: str) -> str:
     data = {
         "apiVersion": 1,
-        "providers": [{
-            "name": "gpuhost",
-            "folder": DASHBOARD_FOLDER,
-            "type": "file",
-            "disableDeletion": True,
-            "allowUiUpdates": False,
-            # Grafana re-reads the directory this often: placing a new JSON is the reload.
-            "updateIntervalSeconds": 10,
-            "options": {"path": dashboards_dir, "foldersFromFilesStructure": False},
-        }],
+        "providers": [
+            {
+                "name": "gpuhost",
+                "folder": DASHBOARD_FOLDER,
+                "type": "file",
+                "disableDeletion": True,
+                "allowUiUpdates": False,
+                # Grafana re-reads the directory this often: placing a new JSON is the reload.
+                "updateIntervalSeconds": 10,
+                "options": {"path": dashboards_dir, "foldersFromFilesStructure": False},
+            }
+        ],
     }
     return yaml.safe_dump(data, sort_keys=False)
 
 
-def provisioning_files(graph: MonitoringGraph, prometheus_url: str,
-                       dashboards_dir: str = "/var/lib/grafana/dashboards/gpuhost") -> dict[str, str]:
+def provisioning_files(
+    graph: MonitoringGraph, prometheus_url: str, dashboards_dir: str = "/var/lib/grafana/dashboards/gpuhost"
+) -> dict[str, str]:
     """Relative path (under Grafana's provisioning dir, or `dashboards_dir` for the JSON) -> content."""
     files = {
         "datasources/gpuhost.yaml": datasource_yaml(prometheus_url),

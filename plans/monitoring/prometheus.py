@@ -40,27 +40,33 @@ def scrape_jobs(graph: MonitoringGraph) -> list[dict[str, Any]]:
     ]
     machines = graph.machines
     if machines:
-        jobs.append({
-            "job_name": JOB_NODE,
-            "static_configs": [_machine_group(m, m.node_exporter_port) for m in machines],
-        })
+        jobs.append(
+            {
+                "job_name": JOB_NODE,
+                "static_configs": [_machine_group(m, m.node_exporter_port) for m in machines],
+            }
+        )
     gpu_machines = [m for m in machines if m.gpu_driver]
     if gpu_machines:
-        jobs.append({
-            "job_name": JOB_DCGM,
-            "static_configs": [_machine_group(m, m.dcgm_exporter_port) for m in gpu_machines],
-        })
+        jobs.append(
+            {
+                "job_name": JOB_DCGM,
+                "static_configs": [_machine_group(m, m.dcgm_exporter_port) for m in gpu_machines],
+            }
+        )
     if graph.services:
-        jobs.append({
-            "job_name": JOB_TRITON,
-            "static_configs": [
-                {
-                    "targets": [f"{s.address}:{s.metrics_port}"],
-                    "labels": {"host": s.host, "tenant": tenant_label(s.tenant), "service": s.name},
-                }
-                for s in graph.services
-            ],
-        })
+        jobs.append(
+            {
+                "job_name": JOB_TRITON,
+                "static_configs": [
+                    {
+                        "targets": [f"{s.address}:{s.metrics_port}"],
+                        "labels": {"host": s.host, "tenant": tenant_label(s.tenant), "service": s.name},
+                    }
+                    for s in graph.services
+                ],
+            }
+        )
     return jobs
 
 

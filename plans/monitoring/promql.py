@@ -53,7 +53,7 @@ def _skip_group(s: str, i: int, open_: str, close: str) -> tuple[int, str]:
         elif c == close:
             depth -= 1
             if depth == 0:
-                return i + 1, s[start + 1:i]
+                return i + 1, s[start + 1 : i]
         i += 1
     raise PromQLLexError(f"unbalanced {open_}{close} in {s!r}")
 
@@ -88,7 +88,7 @@ def metric_names(expr: str) -> set[str]:
             i = m.end()
         elif _IDENT_START.match(c):
             m = _IDENT.match(s, i + 1)
-            word = s[i:m.end()]
+            word = s[i : m.end()]
             i = m.end()
             j = _next_nonspace(s, i)
             nxt = s[j] if j < len(s) else ""

@@ -27,9 +27,8 @@ Alerts:
 
 from __future__ import annotations
 
-from typing import Any
-
 import re
+from typing import Any
 
 import yaml
 
@@ -235,71 +234,99 @@ def _service_cases(s: TritonTarget) -> list[dict[str, Any]]:
     for factor, fires in ((1.1, True), (0.9, False)):
         p95_us = slo.p95_latency_ms * 1000 * factor
         labels = {**base, "quantile": "0.95"}
-        cases.append({
-            "interval": "1m",
-            "input_series": [{"series": "nv_inference_request_summary_us" + _labels(labels), "values": f"{_fmt(p95_us)}x10"}],
-            "alert_rule_test": [{
-                "eval_time": "6m",
-                "alertname": p95_rule["alert"],
-                "exp_alerts": [_expected(p95_rule, labels, p95_us)] if fires else [],
-            }],
-        })
+        cases.append(
+            {
+                "interval": "1m",
+                "input_series": [
+                    {"series": "nv_inference_request_summary_us" + _labels(labels), "values": f"{_fmt(p95_us)}x10"}
+                ],
+                "alert_rule_test": [
+                    {
+                        "eval_time": "6m",
+                        "alertname": p95_rule["alert"],
+                        "exp_alerts": [_expected(p95_rule, labels, p95_us)] if fires else [],
+                    }
+                ],
+            }
+        )
 
     # Queue: 10 requests per 15 s, each waiting 1.25x / 0.75x the threshold.
     queue_rule = _rule(alerts, "TritonQueueDurationHigh")
     for factor, fires in ((1.25, True), (0.75, False)):
         per_request_us = slo.queue_duration_ms * 1000 * factor
-        cases.append({
-            "interval": "15s",
-            "input_series": [
-                {"series": "nv_inference_request_success" + _labels(base), "values": "0+10x20"},
-                {"series": "nv_inference_queue_duration_us" + _labels(base), "values": f"0+{_fmt(10 * per_request_us)}x20"},
-            ],
-            "alert_rule_test": [{
-                "eval_time": "4m",
-                "alertname": queue_rule["alert"],
-                "exp_alerts": [_expected(queue_rule, base, per_request_us)] if fires else [],
-            }],
-        })
+        cases.append(
+            {
+                "interval": "15s",
+                "input_series": [
+                    {"series": "nv_inference_request_success" + _labels(base), "values": "0+10x20"},
+                    {
+                        "series": "nv_inference_queue_duration_us" + _labels(base),
+                        "values": f"0+{_fmt(10 * per_request_us)}x20",
+                    },
+                ],
+                "alert_rule_test": [
+                    {
+                        "eval_time": "4m",
+                        "alertname": queue_rule["alert"],
+                        "exp_alerts": [_expected(queue_rule, base, per_request_us)] if fires else [],
+                    }
+                ],
+            }
+        )
     return cases
 
 
 def _gpu_cases(graph: MonitoringGraph) -> list[dict[str, Any]]:
     g = graph.gpu
     gpu_rules = gpu_alerts(graph)
-    gpu = {"job": JOB_DCGM, "instance": "gpu-vm:9400", "host": "gpu-vm", "tenant": "shared", "role": "guest",
-           "gpu": "0", "UUID": "GPU-00000000-0000-0000-0000-000000000000"}
+    gpu = {
+        "job": JOB_DCGM,
+        "instance": "gpu-vm:9400",
+        "host": "gpu-vm",
+        "tenant": "shared",
+        "role": "guest",
+        "gpu": "0",
+        "UUID": "GPU-00000000-0000-0000-0000-000000000000",
+    }
     cases: list[dict[str, Any]] = []
     fb_rule = _rule(gpu_rules, "GpuFramebufferFreeLow")
     for free, fires in ((g.fb_free_min_mib - 100, True), (g.fb_free_min_mib + 100, False)):
-        cases.append({
-            "interval": "1m",
-            "input_series": [{"series": "DCGM_FI_DEV_FB_FREE" + _labels(gpu), "values": f"{_fmt(free)}x10"}],
-            "alert_rule_test": [{
-                "eval_time": "6m",
-                "alertname": fb_rule["alert"],
-                "exp_alerts": [_expected(fb_rule, gpu, free)] if fires else [],
-            }],
-        })
+        cases.append(
+            {
+                "interval": "1m",
+                "input_series": [{"series": "DCGM_FI_DEV_FB_FREE" + _labels(gpu), "values": f"{_fmt(free)}x10"}],
+                "alert_rule_test": [
+                    {
+                        "eval_time": "6m",
+                        "alertname": fb_rule["alert"],
+                        "exp_alerts": [_expected(fb_rule, gpu, free)] if fires else [],
+                    }
+                ],
+            }
+        )
     xid_rule = _rule(gpu_rules, "GpuXidError")
-    cases.append({
-        "interval": "1m",
-        "input_series": [{"series": "DCGM_FI_DEV_XID_ERRORS" + _labels(gpu), "values": "0 0 79 79"}],
-        "alert_rule_test": [
-            {"eval_time": "1m", "alertname": xid_rule["alert"], "exp_alerts": []},
-            {"eval_time": "2m", "alertname": xid_rule["alert"], "exp_alerts": [_expected(xid_rule, gpu, 79)]},
-        ],
-    })
+    cases.append(
+        {
+            "interval": "1m",
+            "input_series": [{"series": "DCGM_FI_DEV_XID_ERRORS" + _labels(gpu), "values": "0 0 79 79"}],
+            "alert_rule_test": [
+                {"eval_time": "1m", "alertname": xid_rule["alert"], "exp_alerts": []},
+                {"eval_time": "2m", "alertname": xid_rule["alert"], "exp_alerts": [_expected(xid_rule, gpu, 79)]},
+            ],
+        }
+    )
     down_rule = _rule(target_alerts(), "ScrapeTargetDown")
     node = {"job": JOB_NODE, "instance": "gpu-vm:9100", "host": "gpu-vm", "tenant": "shared", "role": "guest"}
-    cases.append({
-        "interval": "30s",
-        "input_series": [{"series": "up" + _labels(node), "values": "1 1 0 0 0 0 0"}],
-        "alert_rule_test": [
-            {"eval_time": "1m", "alertname": down_rule["alert"], "exp_alerts": []},
-            {"eval_time": "3m", "alertname": down_rule["alert"], "exp_alerts": [_expected(down_rule, node, 0)]},
-        ],
-    })
+    cases.append(
+        {
+            "interval": "30s",
+            "input_series": [{"series": "up" + _labels(node), "values": "1 1 0 0 0 0 0"}],
+            "alert_rule_test": [
+                {"eval_time": "1m", "alertname": down_rule["alert"], "exp_alerts": []},
+                {"eval_time": "3m", "alertname": down_rule["alert"], "exp_alerts": [_expected(down_rule, node, 0)]},
+            ],
+        }
+    )
     return cases
 
 

@@ -12,7 +12,6 @@ Usage::
 from __future__ import annotations
 
 import dataclasses
-import getpass
 import os
 import shutil
 import socket
@@ -44,8 +43,7 @@ def _write(conf: str, workdir: Path) -> Path:
 def check_config(conf: str, workdir: Path) -> tuple[bool, str]:
     """Run ``nginx -t -c <conf>``; returns (ok, combined output)."""
     path = _write(conf, workdir)
-    r = subprocess.run([NGINX, "-t", "-p", str(workdir), "-c", str(path)], capture_output=True, text=True,
-                       timeout=30)
+    r = subprocess.run([NGINX, "-t", "-p", str(workdir), "-c", str(path)], capture_output=True, text=True, timeout=30)
     return r.returncode == 0, r.stdout + r.stderr
 
 
@@ -82,8 +80,12 @@ def start_nginx(conf: str, workdir: Path, *, wait_port: Optional[int] = None, ti
     if not ok:
         raise RuntimeError(f"nginx -t failed:\n{out}")
     log = open(Path(workdir) / "nginx.stdout", "ab")
-    process = subprocess.Popen([NGINX, "-p", str(workdir), "-c", str(path), "-g", "daemon off;"],
-                               stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+    process = subprocess.Popen(
+        [NGINX, "-p", str(workdir), "-c", str(path), "-g", "daemon off;"],
+        stdout=log,
+        stderr=subprocess.STDOUT,
+        start_new_session=True,
+    )
     log.close()
     handle = NginxHandle(process, path, Path(workdir))
     deadline = time.monotonic() + timeout

@@ -16,6 +16,7 @@ import time
 import urllib.error
 import urllib.request
 from pathlib import Path
+
 from tests.servers import stop_process
 
 NODE_EXPORTER = shutil.which("prometheus-node-exporter") or "/usr/bin/prometheus-node-exporter"
@@ -51,8 +52,13 @@ def start_node_exporter(ready_timeout: float = 15.0) -> NodeExporterHandle:
     port = free_port()
     # Only the collectors the dashboards read: keeps each scrape cheap on a 2-core CI box.
     cmd = [
-        NODE_EXPORTER, f"--web.listen-address=127.0.0.1:{port}", "--collector.disable-defaults",
-        "--collector.cpu", "--collector.meminfo", "--collector.netdev", "--collector.uname",
+        NODE_EXPORTER,
+        f"--web.listen-address=127.0.0.1:{port}",
+        "--collector.disable-defaults",
+        "--collector.cpu",
+        "--collector.meminfo",
+        "--collector.netdev",
+        "--collector.uname",
     ]
     proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, start_new_session=True)
     h = NodeExporterHandle(address=f"127.0.0.1:{port}", url=f"http://127.0.0.1:{port}", process=proc)

@@ -25,6 +25,7 @@ import urllib.parse
 import urllib.request
 from pathlib import Path
 from typing import Any, Optional
+
 from tests.servers import stop_process
 
 PROMETHEUS = shutil.which("prometheus") or "/usr/bin/prometheus"
@@ -116,9 +117,14 @@ class PrometheusHandle:
         self.stop()
 
 
-def start_prometheus(config_text: str, *, workdir: Optional[Path] = None,
-                     extra_files: dict[str, str] | None = None, ready_timeout: float = 30.0,
-                     port: Optional[int] = None) -> PrometheusHandle:
+def start_prometheus(
+    config_text: str,
+    *,
+    workdir: Optional[Path] = None,
+    extra_files: dict[str, str] | None = None,
+    ready_timeout: float = 30.0,
+    port: Optional[int] = None,
+) -> PrometheusHandle:
     """Start /usr/bin/prometheus on a free loopback port with storage under `workdir`."""
     workdir = Path(workdir or tempfile.mkdtemp(prefix="gpuhost-prom-"))
     workdir.mkdir(parents=True, exist_ok=True)

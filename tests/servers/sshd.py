@@ -69,8 +69,9 @@ class LocalSshd:
             "UsePAM no\nStrictModes no\nAllowTcpForwarding yes\nMaxSessions 100\nMaxStartups 100\n"
             f"PidFile {self.dir}/sshd.pid\nLogLevel ERROR\n"
         )
-        self.proc = subprocess.Popen([SSHD, "-D", "-e", "-f", str(cfg)], stdout=subprocess.DEVNULL,
-                                     stderr=open(self.dir / "sshd.log", "wb"))
+        self.proc = subprocess.Popen(
+            [SSHD, "-D", "-e", "-f", str(cfg)], stdout=subprocess.DEVNULL, stderr=open(self.dir / "sshd.log", "wb")
+        )
         deadline = time.time() + 15
         while time.time() < deadline:
             if self.proc.poll() is not None:
@@ -95,7 +96,13 @@ class LocalSshd:
     def host_spec(self, **over):
         from access.ssh import HostSpec
 
-        args = dict(name=f"local-sshd:{self.port}", address="127.0.0.1", port=self.port, user=self.user,
-                    host_key=self.host_key_line, key_name=self.key_name)
+        args = dict(
+            name=f"local-sshd:{self.port}",
+            address="127.0.0.1",
+            port=self.port,
+            user=self.user,
+            host_key=self.host_key_line,
+            key_name=self.key_name,
+        )
         args.update(over)
         return HostSpec(**args)

@@ -251,9 +251,7 @@ def sleep_model_config(
     ]
     if dynamic_batching and max_batch_size > 0:
         preferred = " ".join(f"preferred_batch_size: {p}" for p in preferred_batch_size)
-        lines.append(
-            f"dynamic_batching {{ {preferred} max_queue_delay_microseconds: {max_queue_delay_microseconds} }}"
-        )
+        lines.append(f"dynamic_batching {{ {preferred} max_queue_delay_microseconds: {max_queue_delay_microseconds} }}")
     return "\n".join(lines) + "\n"
 
 

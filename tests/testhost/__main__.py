@@ -47,8 +47,18 @@ def _alive(pid: int) -> bool:
 def cmd_build(a) -> None:
     t = time.monotonic()
     img = ensure_image(force=a.force)
-    print(json.dumps({"dir": str(img.dir), "kernel": img.kernel, "host_key_line": img.host_key_line,
-                      "times": img.manifest.get("times"), "took_s": round(time.monotonic() - t, 1)}, indent=2))
+    print(
+        json.dumps(
+            {
+                "dir": str(img.dir),
+                "kernel": img.kernel,
+                "host_key_line": img.host_key_line,
+                "times": img.manifest.get("times"),
+                "took_s": round(time.monotonic() - t, 1),
+            },
+            indent=2,
+        )
+    )
 
 
 def cmd_start(a) -> None:
@@ -61,7 +71,7 @@ def cmd_start(a) -> None:
     key = SshKey.generate(d / "key")
     host = TestHost(img, d, key, iommu=not a.no_iommu, name=a.name)
     host.start()
-    print(f"""test host {a.name!r} is up in {host.timings['boot_s']} s (serial log: {host.serial_log})
+    print(f"""test host {a.name!r} is up in {host.timings["boot_s"]} s (serial log: {host.serial_log})
 
   address:          {host.address}
   port:             {host.port}
@@ -105,9 +115,21 @@ def cmd_ssh(a) -> None:
     st = _state(a.name)
     kh = _rundir(a.name) / "known_hosts"
     kh.write_text(f"[{st['address']}]:{st['port']} {st['host_key_line']}\n")
-    argv = ["ssh", "-i", st["private_key_path"], "-p", str(st["port"]), "-o", f"UserKnownHostsFile={kh}",
-            "-o", "StrictHostKeyChecking=yes", "-o", "IdentitiesOnly=yes", f"{st['user']}@{st['address']}",
-            *a.command]
+    argv = [
+        "ssh",
+        "-i",
+        st["private_key_path"],
+        "-p",
+        str(st["port"]),
+        "-o",
+        f"UserKnownHostsFile={kh}",
+        "-o",
+        "StrictHostKeyChecking=yes",
+        "-o",
+        "IdentitiesOnly=yes",
+        f"{st['user']}@{st['address']}",
+        *a.command,
+    ]
     os.execvp("ssh", argv)
 
 
@@ -118,8 +140,9 @@ def cmd_capture(a) -> None:
 
 
 def main(argv=None) -> None:
-    p = argparse.ArgumentParser(prog="python -m tests.testhost", description=__doc__,
-                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = argparse.ArgumentParser(
+        prog="python -m tests.testhost", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     sub = p.add_subparsers(dest="cmd", required=True)
     b = sub.add_parser("build")
     b.add_argument("--force", action="store_true", help="rebuild even if the cache is current")
@@ -135,8 +158,14 @@ def main(argv=None) -> None:
         if sp.prog.split()[-1] not in ("build", "capture"):
             sp.add_argument("--name", default="dev")
     a = p.parse_args(argv)
-    {"build": cmd_build, "start": cmd_start, "stop": cmd_stop, "status": cmd_status, "ssh": cmd_ssh,
-     "capture": cmd_capture}[a.cmd](a)
+    {
+        "build": cmd_build,
+        "start": cmd_start,
+        "stop": cmd_stop,
+        "status": cmd_status,
+        "ssh": cmd_ssh,
+        "capture": cmd_capture,
+    }[a.cmd](a)
 
 
 if __name__ == "__main__":

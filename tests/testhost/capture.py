@@ -19,8 +19,10 @@ COMMANDS = {
     "cmdline": "cat /proc/cmdline",
     "lspci-nnk": "lspci -nnk",
     "lspci-tree": "lspci -tv",
-    "iommu-groups": ('for d in /sys/kernel/iommu_groups/*/devices/*; do [ -e "$d" ] || continue; '
-                     'echo "IOMMU GROUP $(basename $(dirname $(dirname $d))) - $(lspci -nns $(basename $d))"; done'),
+    "iommu-groups": (
+        'for d in /sys/kernel/iommu_groups/*/devices/*; do [ -e "$d" ] || continue; '
+        'echo "IOMMU GROUP $(basename $(dirname $(dirname $d))) - $(lspci -nns $(basename $d))"; done'
+    ),
     "interrupts": "cat /proc/interrupts",
     "lscpu-e": "lscpu -e",
     "lscpu": "lscpu",
@@ -28,26 +30,33 @@ COMMANDS = {
     "dmesg-dmar": "dmesg | grep -iE 'DMAR|IOMMU|remapping' || true",
     "etc-default-grub": "cat /etc/default/grub",
     "grub-cfg": "cat /boot/grub/grub.cfg",
-    "sriov-pf": ("cd /sys/bus/pci/devices/0000:82:00.0 && "
-                 "for f in sriov_totalvfs sriov_numvfs sriov_offset sriov_stride sriov_vf_device "
-                 "sriov_drivers_autoprobe numa_node; do echo \"$f=$(cat $f)\"; done"),
+    "sriov-pf": (
+        "cd /sys/bus/pci/devices/0000:82:00.0 && "
+        "for f in sriov_totalvfs sriov_numvfs sriov_offset sriov_stride sriov_vf_device "
+        'sriov_drivers_autoprobe numa_node; do echo "$f=$(cat $f)"; done'
+    ),
     "numa-node-of-pci": 'for d in /sys/bus/pci/devices/*; do echo "${d##*/} $(cat $d/numa_node)"; done',
-    "thread-siblings": ('for c in /sys/devices/system/cpu/cpu[0-9]*; do '
-                        'echo "${c##*/} $(cat $c/topology/thread_siblings_list)"; done'),
+    "thread-siblings": (
+        'for c in /sys/devices/system/cpu/cpu[0-9]*; do echo "${c##*/} $(cat $c/topology/thread_siblings_list)"; done'
+    ),
     "driverctl-list-devices": "driverctl list-devices || true",
     "os-release": "cat /etc/os-release",
 }
 
 # Only on the IOMMU host: a state with VFs present and the GPU bound to vfio-pci, then restored.
-WITH_VFS = ("echo 2 > /sys/bus/pci/devices/0000:82:00.0/sriov_numvfs && lspci -nnk -s 82: && "
-            "ls -l /sys/bus/pci/devices/0000:82:00.0/ | grep virtfn; "
-            "echo 0 > /sys/bus/pci/devices/0000:82:00.0/sriov_numvfs")
-WITH_VFIO = ("modprobe vfio-pci; for a in 0000:81:00.0 0000:81:00.1; do "
-             "echo vfio-pci > /sys/bus/pci/devices/$a/driver_override; "
-             "echo $a > /sys/bus/pci/devices/$a/driver/unbind; echo $a > /sys/bus/pci/drivers_probe; done; "
-             "lspci -nnk -s 81:00; ls -l /dev/vfio; "
-             "for a in 0000:81:00.0 0000:81:00.1; do echo > /sys/bus/pci/devices/$a/driver_override; "
-             "echo $a > /sys/bus/pci/devices/$a/driver/unbind; echo $a > /sys/bus/pci/drivers_probe; done")
+WITH_VFS = (
+    "echo 2 > /sys/bus/pci/devices/0000:82:00.0/sriov_numvfs && lspci -nnk -s 82: && "
+    "ls -l /sys/bus/pci/devices/0000:82:00.0/ | grep virtfn; "
+    "echo 0 > /sys/bus/pci/devices/0000:82:00.0/sriov_numvfs"
+)
+WITH_VFIO = (
+    "modprobe vfio-pci; for a in 0000:81:00.0 0000:81:00.1; do "
+    "echo vfio-pci > /sys/bus/pci/devices/$a/driver_override; "
+    "echo $a > /sys/bus/pci/devices/$a/driver/unbind; echo $a > /sys/bus/pci/drivers_probe; done; "
+    "lspci -nnk -s 81:00; ls -l /dev/vfio; "
+    "for a in 0000:81:00.0 0000:81:00.1; do echo > /sys/bus/pci/devices/$a/driver_override; "
+    "echo $a > /sys/bus/pci/devices/$a/driver/unbind; echo $a > /sys/bus/pci/drivers_probe; done"
+)
 
 
 def capture(out: Path) -> None:

@@ -90,8 +90,12 @@ def pytest_runtest_makereport(item, call):
     for name in HOST_FIXTURES:
         host = getattr(item, "funcargs", {}).get(name)
         if isinstance(host, TestHost):
-            rep.sections.append((f"testhost {host.name}",
-                                 f"serial console log: {host.serial_log}\nQEMU: {host.workdir / 'qemu.cmdline'}"))
+            rep.sections.append(
+                (
+                    f"testhost {host.name}",
+                    f"serial console log: {host.serial_log}\nQEMU: {host.workdir / 'qemu.cmdline'}",
+                )
+            )
 
 
 def pytest_terminal_summary(terminalreporter):

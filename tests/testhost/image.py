@@ -46,10 +46,34 @@ MIRROR = os.environ.get("GPUHOST_DEBIAN_MIRROR", "http://deb.debian.org/debian")
 # What a Debian GPU host as the runbooks install it carries (seeds 000/002): grub + initramfs tooling, kmod,
 # pciutils, numactl, irqbalance, tuned, driverctl, cpupower, libvirt with qemu for PinnedVM, python3 for ansible.
 PACKAGES = [
-    "linux-image-amd64", "systemd-sysv", "libpam-systemd", "dbus", "udev", "openssh-server", "sudo", "kmod",
-    "pciutils", "numactl", "grub-efi-amd64", "grub-efi-amd64-bin", "initramfs-tools", "irqbalance", "tuned",
-    "driverctl", "linux-cpupower", "nvme-cli", "iproute2", "procps", "python3", "e2fsprogs", "dosfstools",
-    "libvirt-daemon-system", "qemu-system-x86", "qemu-utils", "ovmf", "less",
+    "linux-image-amd64",
+    "systemd-sysv",
+    "libpam-systemd",
+    "dbus",
+    "udev",
+    "openssh-server",
+    "sudo",
+    "kmod",
+    "pciutils",
+    "numactl",
+    "grub-efi-amd64",
+    "grub-efi-amd64-bin",
+    "initramfs-tools",
+    "irqbalance",
+    "tuned",
+    "driverctl",
+    "linux-cpupower",
+    "nvme-cli",
+    "iproute2",
+    "procps",
+    "python3",
+    "e2fsprogs",
+    "dosfstools",
+    "libvirt-daemon-system",
+    "qemu-system-x86",
+    "qemu-utils",
+    "ovmf",
+    "less",
     # initramfs-tools only recommends zstd; without it mkinitramfs falls back to gzip -9, minutes under TCG.
     "zstd",
 ]
@@ -242,15 +266,19 @@ def build(dest: Path) -> None:
         debs = cache_root() / "debs"
         debs.mkdir(exist_ok=True)
         _log(f"debootstrap {SUITE} from {MIRROR} into {rootfs}")
-        _run(["debootstrap", "--variant=minbase", f"--cache-dir={debs}", SUITE, str(rootfs), MIRROR],
-             capture_output=True)
+        _run(
+            ["debootstrap", "--variant=minbase", f"--cache-dir={debs}", SUITE, str(rootfs), MIRROR], capture_output=True
+        )
         times["debootstrap_s"] = round(time.monotonic() - t0, 1)
         _log(f"apt-get install {len(PACKAGES)} packages in the chroot")
         t = time.monotonic()
         env = dict(os.environ, R=str(rootfs), APT_CACHE=str(debs))
         # A private mount namespace: the chroot's proc/sys/dev mounts vanish with the process even if it dies.
-        _run(["unshare", "--mount", "--propagation", "private", "sh", "-c", CHROOT_SETUP, "sh", *PACKAGES],
-             env=env, capture_output=True)
+        _run(
+            ["unshare", "--mount", "--propagation", "private", "sh", "-c", CHROOT_SETUP, "sh", *PACKAGES],
+            env=env,
+            capture_output=True,
+        )
         times["packages_s"] = round(time.monotonic() - t, 1)
         t = time.monotonic()
         root_uuid = str(uuid.uuid4())
@@ -300,9 +328,11 @@ def configure(r: Path, root_uuid: str, esp_id: str) -> dict:
     """Turn the chroot into a bootable, reachable host. Returns facts for the manifest."""
     _write(r / "etc/hostname", "gpuhost-test\n")
     _write(r / "etc/hosts", "127.0.0.1\tlocalhost\n127.0.1.1\tgpuhost-test\n::1\tlocalhost ip6-localhost\n")
-    _write(r / "etc/fstab",
-           f"UUID={root_uuid} / ext4 errors=remount-ro 0 1\n"
-           f"UUID={esp_id[:4]}-{esp_id[4:]} /boot/efi vfat umask=0077 0 1\n")
+    _write(
+        r / "etc/fstab",
+        f"UUID={root_uuid} / ext4 errors=remount-ro 0 1\n"
+        f"UUID={esp_id[:4]}-{esp_id[4:]} /boot/efi vfat umask=0077 0 1\n",
+    )
     (r / "boot/efi").mkdir(parents=True, exist_ok=True)
     _write(r / "etc/default/grub", DEFAULT_GRUB)
     # MODULES=dep (a stock initramfs-tools setting) instead of "most": the initrd holds what the root disk needs,
@@ -321,13 +351,15 @@ def configure(r: Path, root_uuid: str, esp_id: str) -> dict:
     _write(r / "etc/ssh/sshd_config.d/gpuhost.conf", "UseDNS no\nPasswordAuthentication no\n")
     chroot = ["chroot", str(r)]
     _run(chroot + ["useradd", "-m", "-s", "/bin/bash", "-G", "sudo", "-p", "*", USER], capture_output=True)
-    _run(chroot + ["systemctl", "enable", "systemd-networkd.service", "gpuhost-seed.service", "ssh.service"],
-         capture_output=True)
+    _run(
+        chroot + ["systemctl", "enable", "systemd-networkd.service", "gpuhost-seed.service", "ssh.service"],
+        capture_output=True,
+    )
     # Units that only cost boot time in a throwaway host and reach nothing here.
     _run(chroot + ["systemctl", "disable", "apt-daily.timer", "apt-daily-upgrade.timer"], capture_output=True)
     _run(chroot + ["systemctl", "mask", "systemd-networkd-wait-online.service"], capture_output=True)
     (r / "etc/machine-id").write_text("")  # generated at first boot, as after a real install
-    kernels = sorted(p.name[len("vmlinuz-"):] for p in (r / "boot").glob("vmlinuz-*"))
+    kernels = sorted(p.name[len("vmlinuz-") :] for p in (r / "boot").glob("vmlinuz-*"))
     host_key = " ".join((r / "etc/ssh/ssh_host_ed25519_key.pub").read_text().split()[:2])
     # grub-install's job, done by hand: the guest's full module set where its grub.cfg's insmod looks.
     shutil.copytree(r / "usr/lib/grub/x86_64-efi", r / "boot/grub/x86_64-efi", dirs_exist_ok=True)
@@ -337,22 +369,38 @@ def configure(r: Path, root_uuid: str, esp_id: str) -> dict:
 def make_grub_efi(r: Path, root_uuid: str, out: Path) -> None:
     cfg = r / "tmp/gpuhost-embed.cfg"
     cfg.write_text(GRUB_EMBEDDED_CFG.format(root_uuid=root_uuid))
-    _run(["chroot", str(r), "grub-mkimage", "-O", "x86_64-efi", "-o", "/tmp/BOOTX64.EFI",
-          "-c", "/tmp/gpuhost-embed.cfg", "-p", "/boot/grub", *GRUB_MODULES], capture_output=True)
+    _run(
+        [
+            "chroot",
+            str(r),
+            "grub-mkimage",
+            "-O",
+            "x86_64-efi",
+            "-o",
+            "/tmp/BOOTX64.EFI",
+            "-c",
+            "/tmp/gpuhost-embed.cfg",
+            "-p",
+            "/boot/grub",
+            *GRUB_MODULES,
+        ],
+        capture_output=True,
+    )
     shutil.move(r / "tmp/BOOTX64.EFI", out)
     cfg.unlink()
 
 
 def assemble_disk(r: Path, efi: Path, root_uuid: str, esp_id: str, raw: Path, work: Path) -> None:
     esp = work / "esp.img"
-    _run(["mkfs.vfat", "-F", "32", "-i", esp_id, "-n", "EFI", "-C", str(esp), str(ESP_MIB * 1024)],
-         capture_output=True)
+    _run(["mkfs.vfat", "-F", "32", "-i", esp_id, "-n", "EFI", "-C", str(esp), str(ESP_MIB * 1024)], capture_output=True)
     _run(["mmd", "-i", str(esp), "::/EFI", "::/EFI/BOOT"], capture_output=True)
     _run(["mcopy", "-i", str(esp), str(efi), "::/EFI/BOOT/BOOTX64.EFI"], capture_output=True)
     rootimg = work / "root.ext4"
-    _run(["mkfs.ext4", "-q", "-F", "-L", "root", "-U", root_uuid, "-d", str(r), str(rootimg),
-          f"{ROOT_FS_MIB}M"], capture_output=True)
-    start_esp = 1                      # MiB
+    _run(
+        ["mkfs.ext4", "-q", "-F", "-L", "root", "-U", root_uuid, "-d", str(r), str(rootimg), f"{ROOT_FS_MIB}M"],
+        capture_output=True,
+    )
+    start_esp = 1  # MiB
     start_root = start_esp + ESP_MIB
     total = start_root + ROOT_FS_MIB + 1  # +1 MiB for the backup GPT
     with open(raw, "wb") as f:
@@ -366,6 +414,8 @@ def assemble_disk(r: Path, efi: Path, root_uuid: str, esp_id: str, raw: Path, wo
     )
     _run(["sfdisk", "-q", str(raw)], input=table.encode(), capture_output=True)
     for img, start in ((esp, start_esp), (rootimg, start_root)):
-        _run(["dd", f"if={img}", f"of={raw}", "bs=1M", f"seek={start}", "conv=notrunc,sparse", "status=none"],
-             capture_output=True)
+        _run(
+            ["dd", f"if={img}", f"of={raw}", "bs=1M", f"seek={start}", "conv=notrunc,sparse", "status=none"],
+            capture_output=True,
+        )
         img.unlink()

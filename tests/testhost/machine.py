@@ -76,9 +76,24 @@ def accel() -> str:
         # Run the real firmware for a few seconds: some hosts open /dev/kvm and create a VM fine, then fail the
         # first emulated instruction ("KVM internal error ... emulation failure") and QEMU hangs paused.
         try:
-            p = subprocess.Popen([QEMU, "-accel", "kvm", "-machine", "q35", "-nodefaults", "-display", "none",
-                                  "-m", "256", "-drive", f"if=pflash,format=raw,readonly=on,file={OVMF_CODE}"],
-                                 stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+            p = subprocess.Popen(
+                [
+                    QEMU,
+                    "-accel",
+                    "kvm",
+                    "-machine",
+                    "q35",
+                    "-nodefaults",
+                    "-display",
+                    "none",
+                    "-m",
+                    "256",
+                    "-drive",
+                    f"if=pflash,format=raw,readonly=on,file={OVMF_CODE}",
+                ],
+                stdout=subprocess.DEVNULL,
+                stderr=subprocess.PIPE,
+            )
             try:
                 _, err = p.communicate(timeout=6)
             except subprocess.TimeoutExpired:
@@ -97,8 +112,16 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def machine_args(*, disk: Path, vars_fd: Path, serial_log: Path, port: int, iommu: bool = True,
-                 fw_cfg: dict[str, Path] | None = None, qmp: Optional[Path] = None) -> list[str]:
+def machine_args(
+    *,
+    disk: Path,
+    vars_fd: Path,
+    serial_log: Path,
+    port: int,
+    iommu: bool = True,
+    fw_cfg: dict[str, Path] | None = None,
+    qmp: Optional[Path] = None,
+) -> list[str]:
     """The full QEMU command line of the emulated GPU server (see the module docstring for the layout)."""
     a = [QEMU, "-name", "gpuhost-testhost", "-nodefaults", "-display", "none", "-no-user-config"]
     if accel() == "kvm":
@@ -113,47 +136,76 @@ def machine_args(*, disk: Path, vars_fd: Path, serial_log: Path, port: int, iomm
     if iommu:
         a += ["-device", "intel-iommu,intremap=on"]
     a += [
-        "-smp", "8,sockets=2,cores=2,threads=2",
-        "-m", f"{2 * NODE_MEM_MIB}M",
-        "-object", f"memory-backend-ram,id=mem0,size={NODE_MEM_MIB}M",
-        "-object", f"memory-backend-ram,id=mem1,size={NODE_MEM_MIB}M",
-        "-numa", "node,nodeid=0,cpus=0-3,memdev=mem0",
-        "-numa", "node,nodeid=1,cpus=4-7,memdev=mem1",
-        "-drive", f"if=pflash,format=raw,unit=0,readonly=on,file={OVMF_CODE}",
-        "-drive", f"if=pflash,format=raw,unit=1,file={vars_fd}",
-        "-serial", f"file:{serial_log}",
+        "-smp",
+        "8,sockets=2,cores=2,threads=2",
+        "-m",
+        f"{2 * NODE_MEM_MIB}M",
+        "-object",
+        f"memory-backend-ram,id=mem0,size={NODE_MEM_MIB}M",
+        "-object",
+        f"memory-backend-ram,id=mem1,size={NODE_MEM_MIB}M",
+        "-numa",
+        "node,nodeid=0,cpus=0-3,memdev=mem0",
+        "-numa",
+        "node,nodeid=1,cpus=4-7,memdev=mem1",
+        "-drive",
+        f"if=pflash,format=raw,unit=0,readonly=on,file={OVMF_CODE}",
+        "-drive",
+        f"if=pflash,format=raw,unit=1,file={vars_fd}",
+        "-serial",
+        f"file:{serial_log}",
         # The boot display on the root complex, so one VGA-class device reports boot_vga=1. Cirrus, not QEMU's
         # std VGA: that shares 1234:1111 with the bochs-display GPU stand-in, and on a real server the BMC's
         # display never has the GPU's vendor:device either (binding by ids must not take the console).
-        "-device", "cirrus-vga,bus=pcie.0,addr=0x2",
-        "-drive", f"if=none,id=root,file={disk},format=qcow2,cache=unsafe,discard=unmap",
-        "-device", "virtio-blk-pci,drive=root,bus=pcie.0,addr=0x3,bootindex=0",
+        "-device",
+        "cirrus-vga,bus=pcie.0,addr=0x2",
+        "-drive",
+        f"if=none,id=root,file={disk},format=qcow2,cache=unsafe,discard=unmap",
+        "-device",
+        "virtio-blk-pci,drive=root,bus=pcie.0,addr=0x3,bootindex=0",
         # NUMA node 0: the SSH NIC and the dirty group.
-        "-device", "pxb-pcie,id=pxb0,bus_nr=64,numa_node=0,bus=pcie.0,addr=0x4",
-        "-device", "pcie-root-port,id=rp_net,bus=pxb0,chassis=1,slot=1,addr=0x0",
+        "-device",
+        "pxb-pcie,id=pxb0,bus_nr=64,numa_node=0,bus=pcie.0,addr=0x4",
+        "-device",
+        "pcie-root-port,id=rp_net,bus=pxb0,chassis=1,slot=1,addr=0x0",
         # restrict=on: the guest reaches nothing but the forwarded port (loopback only, no outside network).
-        "-netdev", f"user,id=net0,restrict=on,hostfwd=tcp:127.0.0.1:{port}-:22",
+        "-netdev",
+        f"user,id=net0,restrict=on,hostfwd=tcp:127.0.0.1:{port}-:22",
         # An Intel e1000e rather than virtio-net: like a server NIC, its netdev hangs off the PCI function itself
         # (virtio's hangs off a virtio bus device), which is what the facts' SSH-NIC protection looks for.
-        "-device", "e1000e,netdev=net0,bus=rp_net,romfile=",
-        "-device", "pcie-root-port,id=rp_legacy,bus=pxb0,chassis=2,slot=2,addr=0x1",
+        "-device",
+        "e1000e,netdev=net0,bus=rp_net,romfile=",
+        "-device",
+        "pcie-root-port,id=rp_legacy,bus=pxb0,chassis=2,slot=2,addr=0x1",
         # Conventional PCI behind a PCIe-to-PCI bridge shares one requester ID: one group, never passable alone.
-        "-device", "pcie-pci-bridge,id=pcibr0,bus=rp_legacy,addr=0x0",
-        "-device", "pci-serial,bus=pcibr0,addr=0x1",
-        "-device", "pci-testdev,bus=pcibr0,addr=0x2",
+        "-device",
+        "pcie-pci-bridge,id=pcibr0,bus=rp_legacy,addr=0x0",
+        "-device",
+        "pci-serial,bus=pcibr0,addr=0x1",
+        "-device",
+        "pci-testdev,bus=pcibr0,addr=0x2",
         # NUMA node 1: the GPU stand-in (display fn 0 + HDA audio fn 1 of one slot) and the SR-IOV PF.
-        "-device", "pxb-pcie,id=pxb1,bus_nr=128,numa_node=1,bus=pcie.0,addr=0x5",
-        "-device", "pcie-root-port,id=rp_gpu,bus=pxb1,chassis=3,slot=3,addr=0x0",
-        "-device", "bochs-display,id=gpu0,bus=rp_gpu,addr=0x0.0,multifunction=on,romfile=",
-        "-device", "ich9-intel-hda,id=gpu0audio,bus=rp_gpu,addr=0x0.1",
-        "-device", "pcie-root-port,id=rp_nvme,bus=pxb1,chassis=4,slot=4,addr=0x1",
-        "-device", "nvme-subsys,id=nvmesubsys0,nqn=nqn.2024-01.io.gpuhost:testhost",
+        "-device",
+        "pxb-pcie,id=pxb1,bus_nr=128,numa_node=1,bus=pcie.0,addr=0x5",
+        "-device",
+        "pcie-root-port,id=rp_gpu,bus=pxb1,chassis=3,slot=3,addr=0x0",
+        "-device",
+        "bochs-display,id=gpu0,bus=rp_gpu,addr=0x0.0,multifunction=on,romfile=",
+        "-device",
+        "ich9-intel-hda,id=gpu0audio,bus=rp_gpu,addr=0x0.1",
+        "-device",
+        "pcie-root-port,id=rp_nvme,bus=pxb1,chassis=4,slot=4,addr=0x1",
+        "-device",
+        "nvme-subsys,id=nvmesubsys0,nqn=nqn.2024-01.io.gpuhost:testhost",
         # QEMU 7.2's constraints for an SR-IOV NVMe PF: flexible queues >= 2 per VF, flexible interrupts >= 1
         # per VF, and the PF keeps >= 2 queue pairs and >= 1 vector of its own.
-        "-device", (f"nvme,id=nvme0,serial=gpuhostsriov0,subsys=nvmesubsys0,bus=rp_nvme,"
-                    f"sriov_max_vfs={SRIOV_MAX_VFS},sriov_vq_flexible={2 * SRIOV_MAX_VFS},"
-                    f"sriov_vi_flexible={SRIOV_MAX_VFS},max_ioqpairs={2 * SRIOV_MAX_VFS + 2},"
-                    f"msix_qsize={SRIOV_MAX_VFS + 2}"),
+        "-device",
+        (
+            f"nvme,id=nvme0,serial=gpuhostsriov0,subsys=nvmesubsys0,bus=rp_nvme,"
+            f"sriov_max_vfs={SRIOV_MAX_VFS},sriov_vq_flexible={2 * SRIOV_MAX_VFS},"
+            f"sriov_vi_flexible={SRIOV_MAX_VFS},max_ioqpairs={2 * SRIOV_MAX_VFS + 2},"
+            f"msix_qsize={SRIOV_MAX_VFS + 2}"
+        ),
     ]
     for name, path in (fw_cfg or {}).items():
         a += ["-fw_cfg", f"name=opt/gpuhost/{name},file={path}"]
@@ -169,29 +221,49 @@ def build_boot(disk: Path, serial_log: Path, timeout: float = 900) -> None:
     shutil.copy(OVMF_VARS, vars_fd)
     flag = work / "build-flag"
     flag.write_text("1\n")
-    args = [QEMU, "-nodefaults", "-display", "none", "-no-user-config", "-machine", "q35", "-smp", "2",
-            "-m", "2048", "-no-reboot",
-            "-accel", "kvm" if accel() == "kvm" else "tcg,thread=multi",
-            "-drive", f"if=pflash,format=raw,unit=0,readonly=on,file={OVMF_CODE}",
-            "-drive", f"if=pflash,format=raw,unit=1,file={vars_fd}",
-            "-serial", f"file:{serial_log}",
-            "-drive", f"if=none,id=root,file={disk},format=qcow2",
-            "-device", "virtio-blk-pci,drive=root,bootindex=0",
-            "-fw_cfg", f"name=opt/gpuhost/build,file={flag}"]
+    args = [
+        QEMU,
+        "-nodefaults",
+        "-display",
+        "none",
+        "-no-user-config",
+        "-machine",
+        "q35",
+        "-smp",
+        "2",
+        "-m",
+        "2048",
+        "-no-reboot",
+        "-accel",
+        "kvm" if accel() == "kvm" else "tcg,thread=multi",
+        "-drive",
+        f"if=pflash,format=raw,unit=0,readonly=on,file={OVMF_CODE}",
+        "-drive",
+        f"if=pflash,format=raw,unit=1,file={vars_fd}",
+        "-serial",
+        f"file:{serial_log}",
+        "-drive",
+        f"if=none,id=root,file={disk},format=qcow2",
+        "-device",
+        "virtio-blk-pci,drive=root,bootindex=0",
+        "-fw_cfg",
+        f"name=opt/gpuhost/build,file={flag}",
+    ]
     p = subprocess.Popen(args, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
     try:
         _, err = p.communicate(timeout=timeout)
     except subprocess.TimeoutExpired:
         p.kill()
         p.wait()
-        raise RuntimeError(f"build boot did not power off in {timeout} s; serial log: {serial_log}")
+        raise RuntimeError(f"build boot did not power off in {timeout} s; serial log: {serial_log}") from None
     finally:
         vars_fd.unlink(missing_ok=True)
         flag.unlink(missing_ok=True)
     log = serial_log.read_text(errors="replace")
     if p.returncode != 0 or "Generating grub configuration file" not in log or "done" not in log:
-        raise RuntimeError(f"build boot failed (rc {p.returncode}): {err.decode()[-2000:]}\n"
-                           f"serial log: {serial_log}\n{log[-3000:]}")
+        raise RuntimeError(
+            f"build boot failed (rc {p.returncode}): {err.decode()[-2000:]}\nserial log: {serial_log}\n{log[-3000:]}"
+        )
 
 
 @dataclass(frozen=True)
@@ -205,8 +277,9 @@ class SshKey:
         directory.mkdir(parents=True, exist_ok=True)
         path = directory / "id_ed25519"
         if not path.exists():
-            subprocess.run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-C", "gpuhost-testhost",
-                            "-f", str(path)], check=True)
+            subprocess.run(
+                ["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-C", "gpuhost-testhost", "-f", str(path)], check=True
+            )
         return cls(path)
 
     @property
@@ -232,8 +305,16 @@ class TestHost:
 
     __test__ = False  # not a pytest test class despite the name
 
-    def __init__(self, image, workdir: Path, key: SshKey, *, iommu: bool = True,
-                 backing: Optional[Path] = None, name: str = "testhost"):
+    def __init__(
+        self,
+        image,
+        workdir: Path,
+        key: SshKey,
+        *,
+        iommu: bool = True,
+        backing: Optional[Path] = None,
+        name: str = "testhost",
+    ):
         self.image = image
         self.workdir = Path(workdir)
         self.key = key
@@ -278,8 +359,15 @@ class TestHost:
         """An access.ssh.HostSpec pinned to the guest's real host key (strict checking)."""
         from access.ssh import HostSpec
 
-        kw = dict(name=self.name, address=self.address, port=self.port, user=self.user,
-                  host_key=self.host_key_line, key_name=self.key_name, connect_timeout=15.0)
+        kw = dict(
+            name=self.name,
+            address=self.address,
+            port=self.port,
+            user=self.user,
+            host_key=self.host_key_line,
+            key_name=self.key_name,
+            connect_timeout=15.0,
+        )
         kw.update(overrides)
         return HostSpec(**kw)
 
@@ -294,8 +382,10 @@ class TestHost:
     def create_overlay(self) -> None:
         self.workdir.mkdir(parents=True, exist_ok=True)
         self.overlay.unlink(missing_ok=True)
-        subprocess.run(["qemu-img", "create", "-q", "-f", "qcow2", "-F", "qcow2", "-b", str(self.backing),
-                        str(self.overlay)], check=True)
+        subprocess.run(
+            ["qemu-img", "create", "-q", "-f", "qcow2", "-F", "qcow2", "-b", str(self.backing), str(self.overlay)],
+            check=True,
+        )
         shutil.copy(OVMF_VARS, self.workdir / "vars.fd")
 
     def start(self, timeout: float = 600, fresh: bool = True) -> None:
@@ -306,16 +396,22 @@ class TestHost:
             self.create_overlay()
         keys.set_private_key(self.key_name, self.private_key_pem)
         t0 = time.monotonic()
-        for attempt in range(3):
+        for _attempt in range(3):
             self.port = free_port()
             self.serial_log.write_bytes(b"")
-            args = machine_args(disk=self.overlay, vars_fd=self.workdir / "vars.fd", serial_log=self.serial_log,
-                                port=self.port, iommu=self.iommu, qmp=self.workdir / "qmp.sock",
-                                fw_cfg={"authorized_keys": self.key.public_key_path})
+            args = machine_args(
+                disk=self.overlay,
+                vars_fd=self.workdir / "vars.fd",
+                serial_log=self.serial_log,
+                port=self.port,
+                iommu=self.iommu,
+                qmp=self.workdir / "qmp.sock",
+                fw_cfg={"authorized_keys": self.key.public_key_path},
+            )
             (self.workdir / "qemu.cmdline").write_text(" ".join(args) + "\n")
-            self.proc = subprocess.Popen(args, stdout=subprocess.DEVNULL,
-                                         stderr=open(self.workdir / "qemu.stderr", "wb"),
-                                         start_new_session=True)
+            self.proc = subprocess.Popen(
+                args, stdout=subprocess.DEVNULL, stderr=open(self.workdir / "qemu.stderr", "wb"), start_new_session=True
+            )
             self.pid = self.proc.pid
             time.sleep(1.0)
             if self.proc.poll() is None:
@@ -328,10 +424,18 @@ class TestHost:
         self.timings["boot_s"] = round(time.monotonic() - t0, 1)
 
     def _save_state(self) -> None:
-        state = {"pid": self.pid, "port": self.port, "user": self.user, "address": self.address,
-                 "private_key_path": str(self.private_key_path), "host_key_line": self.host_key_line,
-                 "serial_log": str(self.serial_log), "iommu": self.iommu, "backing": str(self.backing),
-                 "name": self.name}
+        state = {
+            "pid": self.pid,
+            "port": self.port,
+            "user": self.user,
+            "address": self.address,
+            "private_key_path": str(self.private_key_path),
+            "host_key_line": self.host_key_line,
+            "serial_log": str(self.serial_log),
+            "iommu": self.iommu,
+            "backing": str(self.backing),
+            "name": self.name,
+        }
         (self.workdir / "state.json").write_text(json.dumps(state, indent=2))
 
     def running(self) -> bool:
@@ -367,8 +471,10 @@ class TestHost:
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             if not self.running():
-                raise self._fail("QEMU exited while waiting for SSH: " +
-                                 (self.workdir / "qemu.stderr").read_text(errors="replace")[-2000:])
+                raise self._fail(
+                    "QEMU exited while waiting for SSH: "
+                    + (self.workdir / "qemu.stderr").read_text(errors="replace")[-2000:]
+                )
             if self._banner():
                 bid = self._try_boot_id()
                 if bid and bid != not_boot_id:

@@ -32,8 +32,17 @@ class CallbackModule(CallbackBase):
         self.tasks: list[dict] = []
 
     def _start(self, task, handler=False):
-        self.tasks.append({"name": task.get_name(), "action": task.action, "handler": handler,
-                           "start": time.monotonic() - self.t0, "end": None, "status": None, "changed": False})
+        self.tasks.append(
+            {
+                "name": task.get_name(),
+                "action": task.action,
+                "handler": handler,
+                "start": time.monotonic() - self.t0,
+                "end": None,
+                "status": None,
+                "changed": False,
+            }
+        )
 
     def v2_playbook_on_task_start(self, task, is_conditional):
         self._start(task)
@@ -63,8 +72,11 @@ class CallbackModule(CallbackBase):
 
     def v2_playbook_on_stats(self, stats):
         hosts = sorted(stats.processed.keys())
-        out = {"total_s": time.monotonic() - self.t0, "tasks": self.tasks,
-               "stats": {h: stats.summarize(h) for h in hosts}}
+        out = {
+            "total_s": time.monotonic() - self.t0,
+            "tasks": self.tasks,
+            "stats": {h: stats.summarize(h) for h in hosts},
+        }
         path = os.environ.get("BENCH_TIMER_OUT")
         if path:
             with open(path, "w") as f:
