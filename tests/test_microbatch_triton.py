@@ -1,0 +1,166 @@
+"""Client micro-batching against a real Triton (pytriton wheel, CPU, python backend) over gRPC.
+
+The stand-in model costs a + b·batch (``sleep_ms`` once per execution, ``sleep_per_request_ms`` per row) and has
+no server-side dynamic batching, so every execution Triton counts is one request the client sent: the batching
+seen in ``nv_inference_exec_count`` is the client's own.
+"""
+
+import asyncio
+import re
+import statistics
+import time
+import urllib.request
+
+import numpy as np
+import tritonclient.grpc.aio as grpcaio
+from tritonclient.utils import InferenceServerException
+
+from serving.microbatch import BatchPolicy, MicroBatcher, TritonBatchInfer
+from tests.servers.triton import triton_fixture, write_sleep_model
+
+COST_A_MS, COST_B_MS = 2.0, 0.25
+
+
+def standin_model(repo):
+    """a + b·batch: ``sleep_ms`` per execution plus ``sleep_per_request_ms`` per row."""
+    model = write_sleep_model(repo, "standin", sleep_ms=COST_A_MS, dynamic_batching=False, max_batch_size=8,
+                              dims=(4,))
+    cfg = model / "config.pbtxt"
+    cfg.write_text(cfg.read_text() + f'parameters {{ key: "sleep_per_request_ms" value {{ string_value: '
+                                     f'"{COST_B_MS}" }} }}\n')
+
+
+triton = triton_fixture(standin_model)
+
+
+def counters(triton, model="standin"):
+    text = urllib.request.urlopen(triton.metrics_url + "/metrics").read().decode()
+
+    def value(metric):
+        m = re.search(rf'^{metric}{{model="{model}",version="1"}} (\S+)$', text, re.M)
+        return float(m.group(1)) if m else 0.0
+
+    return {k: value(k) for k in ("nv_inference_exec_count", "nv_inference_count", "nv_inference_request_success",
+                                  "nv_inference_request_failure")}
+
+
+def delta(after, before):
+    return {k: after[k] - before[k] for k in after}
+
+
+def settled_counters(triton):
+    # Triton refreshes its counters on the metrics interval (200 ms in tests).
+    time.sleep(0.5)
+    return counters(triton)
+
+
+def items(n, seed=1):
+    rng = np.random.default_rng(seed)
+    return [rng.random(4, dtype=np.float32) + i for i in range(n)]
+
+
+async def _burst(triton, data, policy):
+    client = grpcaio.InferenceServerClient(triton.grpc_url)
+    try:
+        async with MicroBatcher(TritonBatchInfer(client, "standin", outputs=["OUTPUT0"]), policy) as mb:
+            outs = await asyncio.gather(*(mb.submit({"INPUT0": x}) for x in data), return_exceptions=True)
+        return mb, outs
+    finally:
+        await client.close()
+
+
+async def _direct(triton, data):
+    client = grpcaio.InferenceServerClient(triton.grpc_url)
+    try:
+        async def one(x):
+            t = grpcaio.InferInput("INPUT0", [1, 4], "FP32")
+            t.set_data_from_numpy(x[None])
+            return (await client.infer("standin", [t])).as_numpy("OUTPUT0")[0]
+        return await asyncio.gather(*(one(x) for x in data))
+    finally:
+        await client.close()
+
+
+def test_burst_of_single_requests_is_served_in_batches_of_up_to_eight(triton):
+    data = items(64)
+    before = counters(triton)
+    mb, outs = asyncio.run(_burst(triton, data, BatchPolicy(window_us=600, max_batch=8)))
+    d = delta(settled_counters(triton), before)
+    for x, out in zip(data, outs):
+        np.testing.assert_array_equal(out["OUTPUT0"], x)       # one for one, each caller its own row
+    assert d["nv_inference_count"] == 64
+    assert d["nv_inference_exec_count"] == mb.batches_sent <= 10
+    assert set(mb.stats.batch_sizes()) <= set(range(1, 9)) and mb.stats.batch_sizes().get(8, 0) >= 48
+    print(f"micro-batched: 64 requests -> {int(d['nv_inference_exec_count'])} executions, "
+          f"batch sizes {mb.stats.batch_sizes()}")
+
+    # The same burst without the client window: one execution per request.
+    before = counters(triton)
+    direct = asyncio.run(_direct(triton, data))
+    d = delta(settled_counters(triton), before)
+    for x, out in zip(data, direct):
+        np.testing.assert_array_equal(out, x)
+    assert d["nv_inference_exec_count"] == 64
+    print(f"direct: 64 requests -> {int(d['nv_inference_exec_count'])} executions")
+
+
+def test_a_bad_item_fails_only_its_own_caller(triton):
+    data = items(7)
+    bad = np.zeros(4, np.float64)             # Triton rejects FP64 for an FP32 input
+    before = counters(triton)
+
+    async def main():
+        client = grpcaio.InferenceServerClient(triton.grpc_url)
+        try:
+            async with MicroBatcher(TritonBatchInfer(client, "standin", outputs=["OUTPUT0"])) as mb:
+                return await asyncio.gather(*(mb.submit({"INPUT0": x}) for x in [*data[:3], bad, *data[3:]]),
+                                            return_exceptions=True)
+        finally:
+            await client.close()
+
+    outs = asyncio.run(main())
+    assert isinstance(outs[3], InferenceServerException) and "FP64" in str(outs[3])
+    good = outs[:3] + outs[4:]
+    for x, out in zip(data, good):
+        np.testing.assert_array_equal(out["OUTPUT0"], x)
+    d = delta(settled_counters(triton), before)
+    assert d["nv_inference_count"] == 7 and d["nv_inference_exec_count"] == 1
+
+
+def test_added_latency_stays_within_the_window_plus_a_small_bound(triton):
+    window_us = 600
+    lone = items(30, seed=3)
+
+    async def paced(batched: bool):
+        client = grpcaio.InferenceServerClient(triton.grpc_url)
+        lat = []
+        mb = MicroBatcher(TritonBatchInfer(client, "standin", outputs=["OUTPUT0"]), BatchPolicy(window_us, 8))
+        try:
+            async with mb:
+                for x in lone:                     # lone requests: each one waits the whole window
+                    t0 = time.perf_counter()
+                    if batched:
+                        out = (await mb.submit({"INPUT0": x}))["OUTPUT0"]
+                    else:
+                        t = grpcaio.InferInput("INPUT0", [1, 4], "FP32")
+                        t.set_data_from_numpy(x[None])
+                        out = (await client.infer("standin", [t])).as_numpy("OUTPUT0")[0]
+                    lat.append(time.perf_counter() - t0)
+                    np.testing.assert_array_equal(out, x)
+                    await asyncio.sleep(0.003)
+            return lat, mb
+        finally:
+            await client.close()
+
+    direct, _ = asyncio.run(paced(False))
+    batched, mb = asyncio.run(paced(True))
+    added_ms = (statistics.median(batched) - statistics.median(direct)) * 1e3
+    waits_ms = sorted(r.wait_s * 1e3 for r in mb.stats.records)
+    p95_wait = waits_ms[int(0.95 * len(waits_ms)) - 1]
+    print(f"median direct {statistics.median(direct) * 1e3:.2f} ms, batched {statistics.median(batched) * 1e3:.2f} ms,"
+          f" added {added_ms:.2f} ms; window wait p50 {waits_ms[len(waits_ms) // 2]:.2f} ms p95 {p95_wait:.2f} ms "
+          f"max {waits_ms[-1]:.2f} ms")
+    assert all(w >= window_us / 1e3 for w in waits_ms)
+    # asyncio timers wake on the selector's millisecond tick, so the window ends up to ~1 ms late on top.
+    assert p95_wait <= window_us / 1e3 + 1.5
+    assert added_ms <= window_us / 1e3 + 1.5
