@@ -49,8 +49,8 @@ class WindowPolicy:
     period_s: float = 10.0
     min_us: int = 200
     max_us: int = 1500
-    hysteresis: float = 0.1      # widen only when p95 < target·(1 − hysteresis)
-    min_requests: int = 20       # fewer requests in a period is no evidence either way
+    hysteresis: float = 0.1  # widen only when p95 < target·(1 − hysteresis)
+    min_requests: int = 20  # fewer requests in a period is no evidence either way
 
     def __post_init__(self):
         errors = []
@@ -73,11 +73,11 @@ class Decision:
     model: str
     previous_us: int
     window_us: int
-    action: str          # "widen" | "narrow" | "hold" | "clamp"
+    action: str  # "widen" | "narrow" | "hold" | "clamp"
     reason: str
     p95_ms: float
     requests: int
-    at: float = 0.0      # Unix time the period ended and the decision was taken (set by the controller)
+    at: float = 0.0  # Unix time the period ended and the decision was taken (set by the controller)
 
     @property
     def changed(self) -> bool:
@@ -108,12 +108,13 @@ def decide(policy: WindowPolicy, model: str, window_us: int, p95_ms: float, requ
 
 # ---------------------------------------------------------------- Triton: metrics, config, model control
 
-_SAMPLE = re.compile(r'^(?P<name>[a-zA-Z_:][a-zA-Z0-9_:]*)\{(?P<labels>[^}]*)\}\s+(?P<value>\S+)')
+_SAMPLE = re.compile(r"^(?P<name>[a-zA-Z_:][a-zA-Z0-9_:]*)\{(?P<labels>[^}]*)\}\s+(?P<value>\S+)")
 _LABEL = re.compile(r'(\w+)="((?:[^"\\]|\\.)*)"')
 
 
-def parse_summary(text: str, model: str, metric: str = "nv_inference_request_summary_us",
-                  quantile: str = "0.95") -> tuple[float, int]:
+def parse_summary(
+    text: str, model: str, metric: str = "nv_inference_request_summary_us", quantile: str = "0.95"
+) -> tuple[float, int]:
     """(p95 in ms, request count) of one model from Triton's /metrics text; several versions: worst p95, summed
     count. Raises LookupError when the summary is not exported (Triton without summary_latencies)."""
     p95_us: list[float] = []
@@ -135,8 +136,10 @@ def parse_summary(text: str, model: str, metric: str = "nv_inference_request_sum
             found = True
             count += int(value)
     if not found:
-        raise LookupError(f"{metric} for model {model!r} is not in Triton's metrics; start Triton with "
-                          "--metrics-config=summary_latencies=true")
+        raise LookupError(
+            f"{metric} for model {model!r} is not in Triton's metrics; start Triton with "
+            "--metrics-config=summary_latencies=true"
+        )
     return (max(p95_us) / 1000.0 if p95_us else math.nan), count
 
 
@@ -175,9 +178,12 @@ class Triton:
         return json.loads(self._get(f"{self.url}/v2/models/{urllib.parse.quote(model)}/config"))
 
     def load(self, model: str, config: dict) -> None:
-        req = urllib.request.Request(f"{self.url}/v2/repository/models/{urllib.parse.quote(model)}/load",
-                                     data=load_body(config), method="POST",
-                                     headers={"Content-Type": "application/json"})
+        req = urllib.request.Request(
+            f"{self.url}/v2/repository/models/{urllib.parse.quote(model)}/load",
+            data=load_body(config),
+            method="POST",
+            headers={"Content-Type": "application/json"},
+        )
         try:
             with urllib.request.urlopen(req, timeout=self.timeout_s):
                 pass
@@ -228,22 +234,56 @@ def render_metrics(policy: WindowPolicy, states: dict[str, ModelState]) -> str:
         out.extend(f"{name}{{{labels}}} {value:g}" for labels, value in samples)
 
     ms = sorted(states.items())
-    family("gpuhost_adaptive_window_us", "gauge", "Batching window the controller last set or read (µs).",
-           [(f'model="{_esc(m)}"', s.window_us) for m, s in ms if s.window_us is not None])
-    family("gpuhost_adaptive_window_p95_ms", "gauge", "p95 latency the last decision was based on (ms).",
-           [(f'model="{_esc(m)}"', s.p95_ms) for m, s in ms])
-    family("gpuhost_adaptive_window_target_p95_ms", "gauge", "p95 target (ms).",
-           [(f'model="{_esc(m)}"', policy.target_p95_ms) for m, _ in ms])
-    family("gpuhost_adaptive_window_bound_us", "gauge", "Clamp of the window (µs).",
-           [(f'model="{_esc(m)}",bound="{b}"', v) for m, _ in ms for b, v in (("min", policy.min_us),
-                                                                             ("max", policy.max_us))])
-    family("gpuhost_adaptive_window_decisions_total", "counter", "Decisions taken, by action.",
-           [(f'model="{_esc(m)}",action="{a}"', s.actions.get(a, 0)) for m, s in ms
-            for a in ("widen", "narrow", "hold", "clamp")])
-    family("gpuhost_adaptive_window_errors_total", "counter", "Periods that failed (metrics, config or load).",
-           [(f'model="{_esc(m)}"', s.errors) for m, s in ms])
-    family("gpuhost_adaptive_window_last_decision_timestamp_seconds", "gauge", "Unix time of the last decision.",
-           [(f'model="{_esc(m)}"', s.last_decision_s) for m, s in ms])
+    family(
+        "gpuhost_adaptive_window_us",
+        "gauge",
+        "Batching window the controller last set or read (µs).",
+        [(f'model="{_esc(m)}"', s.window_us) for m, s in ms if s.window_us is not None],
+    )
+    family(
+        "gpuhost_adaptive_window_p95_ms",
+        "gauge",
+        "p95 latency the last decision was based on (ms).",
+        [(f'model="{_esc(m)}"', s.p95_ms) for m, s in ms],
+    )
+    family(
+        "gpuhost_adaptive_window_target_p95_ms",
+        "gauge",
+        "p95 target (ms).",
+        [(f'model="{_esc(m)}"', policy.target_p95_ms) for m, _ in ms],
+    )
+    family(
+        "gpuhost_adaptive_window_bound_us",
+        "gauge",
+        "Clamp of the window (µs).",
+        [
+            (f'model="{_esc(m)}",bound="{b}"', v)
+            for m, _ in ms
+            for b, v in (("min", policy.min_us), ("max", policy.max_us))
+        ],
+    )
+    family(
+        "gpuhost_adaptive_window_decisions_total",
+        "counter",
+        "Decisions taken, by action.",
+        [
+            (f'model="{_esc(m)}",action="{a}"', s.actions.get(a, 0))
+            for m, s in ms
+            for a in ("widen", "narrow", "hold", "clamp")
+        ],
+    )
+    family(
+        "gpuhost_adaptive_window_errors_total",
+        "counter",
+        "Periods that failed (metrics, config or load).",
+        [(f'model="{_esc(m)}"', s.errors) for m, s in ms],
+    )
+    family(
+        "gpuhost_adaptive_window_last_decision_timestamp_seconds",
+        "gauge",
+        "Unix time of the last decision.",
+        [(f'model="{_esc(m)}"', s.last_decision_s) for m, s in ms],
+    )
     return "\n".join(out) + "\n"
 
 
@@ -257,8 +297,15 @@ class Controller:
       triton: where the window is read (served config) and set (model load with a config override).
     """
 
-    def __init__(self, policy: WindowPolicy, models: list[str], p95: Callable[[str], tuple[float, int]],
-                 triton: Triton, *, on_decision: Optional[Callable[[Decision], None]] = None):
+    def __init__(
+        self,
+        policy: WindowPolicy,
+        models: list[str],
+        p95: Callable[[str], tuple[float, int]],
+        triton: Triton,
+        *,
+        on_decision: Optional[Callable[[Decision], None]] = None,
+    ):
         self.policy, self.models, self.p95, self.triton = policy, list(models), p95, triton
         self.states = {m: ModelState() for m in self.models}
         self.decisions: list[Decision] = []
@@ -287,8 +334,15 @@ class Controller:
                 state.actions[d.action] = state.actions.get(d.action, 0) + 1
                 state.last_decision_s = d.at
                 self.decisions.append(d)
-            log.info("%s: %s %d -> %d µs (%s, %d requests)", model, d.action, d.previous_us, d.window_us, d.reason,
-                     d.requests)
+            log.info(
+                "%s: %s %d -> %d µs (%s, %d requests)",
+                model,
+                d.action,
+                d.previous_us,
+                d.window_us,
+                d.reason,
+                d.requests,
+            )
             if self.on_decision:
                 self.on_decision(d)
             out.append(d)
@@ -305,7 +359,7 @@ class Controller:
         while not stop.wait(max(0.0, next_at - time.monotonic())):
             self.step()
             next_at += self.policy.period_s
-            if next_at < time.monotonic():   # a slow load ate the period: start the next one now
+            if next_at < time.monotonic():  # a slow load ate the period: start the next one now
                 next_at = time.monotonic() + self.policy.period_s
 
     def metrics_text(self) -> str:

@@ -113,8 +113,9 @@ class Grouper(Generic[T]):
 
     def due(self, now: float) -> list[list[T]]:
         """Batches whose window has ended by ``now``, oldest first; they are closed."""
-        ready = sorted(((b.opened, k) for k, b in self._open.items() if b.opened + self.window_s <= now),
-                       key=lambda x: x[0])
+        ready = sorted(
+            ((b.opened, k) for k, b in self._open.items() if b.opened + self.window_s <= now), key=lambda x: x[0]
+        )
         return [self._open.pop(k).items for _, k in ready]
 
     def drain(self) -> list[list[T]]:
@@ -154,9 +155,9 @@ class BatchShapeError(RuntimeError):
 
 @dataclasses.dataclass(frozen=True)
 class RequestRecord:
-    submitted: float    # clock reading at submit
-    wait_s: float       # submit → its batch sent (time spent in the window)
-    latency_s: float    # submit → result (or error) handed to the caller
+    submitted: float  # clock reading at submit
+    wait_s: float  # submit → its batch sent (time spent in the window)
+    latency_s: float  # submit → result (or error) handed to the caller
     batch_size: int
     ok: bool
 
@@ -212,8 +213,14 @@ class MicroBatcher:
       clock: monotonic clock in seconds (tests pass a fake).
     """
 
-    def __init__(self, infer: BatchInfer, policy: BatchPolicy = BatchPolicy(), *,
-                 clock: Callable[[], float] = time.perf_counter, stats: Optional[LatencyStats] = None):
+    def __init__(
+        self,
+        infer: BatchInfer,
+        policy: BatchPolicy = BatchPolicy(),
+        *,
+        clock: Callable[[], float] = time.perf_counter,
+        stats: Optional[LatencyStats] = None,
+    ):
         self.infer = infer
         self.policy = policy
         self.clock = clock
@@ -268,8 +275,14 @@ class MicroBatcher:
             return
         self._finish(batch, sent, rows=rows)
 
-    def _finish(self, batch: list[_Pending], sent: float, *, rows: Optional[list[dict]] = None,
-                error: Optional[BaseException] = None) -> None:
+    def _finish(
+        self,
+        batch: list[_Pending],
+        sent: float,
+        *,
+        rows: Optional[list[dict]] = None,
+        error: Optional[BaseException] = None,
+    ) -> None:
         done = self.clock()
         for i, p in enumerate(batch):
             ok = error is None
@@ -365,6 +378,10 @@ class TritonBatchInfer:
             t = grpcclient.InferInput(name, list(array.shape), np_to_triton_dtype(array.dtype))
             t.set_data_from_numpy(array)
             tensors.append(t)
-        result = await self.client.infer(self.model, tensors, model_version=self.version,
-                                         outputs=[grpcclient.InferRequestedOutput(n) for n in self.outputs])
+        result = await self.client.infer(
+            self.model,
+            tensors,
+            model_version=self.version,
+            outputs=[grpcclient.InferRequestedOutput(n) for n in self.outputs],
+        )
         return {n: result.as_numpy(n) for n in self.outputs}

@@ -19,7 +19,7 @@ from serving.adaptive_window import (
     with_window,
 )
 
-SEED = WindowPolicy()   # 50 ms, 50 µs, 10 s, [200, 1500] µs
+SEED = WindowPolicy()  # 50 ms, 50 µs, 10 s, [200, 1500] µs
 CAPTURE = Path(__file__).parent / "fixtures" / "triton" / "metrics_summary.txt"
 
 
@@ -31,21 +31,24 @@ def test_seed_values_are_the_defaults_and_bad_policies_are_refused():
         WindowPolicy(step_us=0)
 
 
-@pytest.mark.parametrize("window, p95, requests, new, action", [
-    (800, 30.0, 500, 850, "widen"),       # well under target: bigger batches
-    (800, 44.9, 500, 850, "widen"),       # under 90 % of 50 ms
-    (800, 45.0, 500, 800, "hold"),        # in the dead band: no flapping around the target
-    (800, 50.0, 500, 800, "hold"),        # at the target
-    (800, 50.1, 500, 750, "narrow"),      # over target: less queueing
-    (1500, 10.0, 500, 1500, "hold"),      # ceiling
-    (1480, 10.0, 500, 1500, "widen"),     # a step that would overshoot stops at the ceiling
-    (200, 120.0, 500, 200, "hold"),       # floor
-    (230, 120.0, 500, 200, "narrow"),
-    (800, 120.0, 5, 800, "hold"),         # too few requests: no evidence
-    (800, math.nan, 500, 800, "hold"),    # summary empty (no traffic in its window)
-    (3000, 10.0, 500, 1500, "clamp"),     # a hand-set window outside the clamp is brought back first
-    (100, 120.0, 500, 200, "clamp"),
-])
+@pytest.mark.parametrize(
+    "window, p95, requests, new, action",
+    [
+        (800, 30.0, 500, 850, "widen"),  # well under target: bigger batches
+        (800, 44.9, 500, 850, "widen"),  # under 90 % of 50 ms
+        (800, 45.0, 500, 800, "hold"),  # in the dead band: no flapping around the target
+        (800, 50.0, 500, 800, "hold"),  # at the target
+        (800, 50.1, 500, 750, "narrow"),  # over target: less queueing
+        (1500, 10.0, 500, 1500, "hold"),  # ceiling
+        (1480, 10.0, 500, 1500, "widen"),  # a step that would overshoot stops at the ceiling
+        (200, 120.0, 500, 200, "hold"),  # floor
+        (230, 120.0, 500, 200, "narrow"),
+        (800, 120.0, 5, 800, "hold"),  # too few requests: no evidence
+        (800, math.nan, 500, 800, "hold"),  # summary empty (no traffic in its window)
+        (3000, 10.0, 500, 1500, "clamp"),  # a hand-set window outside the clamp is brought back first
+        (100, 120.0, 500, 200, "clamp"),
+    ],
+)
 def test_decision_table(window, p95, requests, new, action):
     d = decide(SEED, "m", window, p95, requests)
     assert (d.window_us, d.action) == (new, action)
@@ -71,20 +74,25 @@ def test_summary_parsed_from_a_real_triton_capture():
 
 
 def test_summary_of_several_versions_and_nan():
-    text = ('nv_inference_request_summary_us_count{model="m",version="1"} 10\n'
-            'nv_inference_request_summary_us{model="m",version="1",quantile="0.95"} 4000\n'
-            'nv_inference_request_summary_us_count{model="m",version="2"} 5\n'
-            'nv_inference_request_summary_us{model="m",version="2",quantile="0.95"} 9000\n'
-            'nv_inference_request_summary_us_count{model="n",version="1"} 5\n'
-            'nv_inference_request_summary_us{model="n",version="1",quantile="0.95"} nan\n')
+    text = (
+        'nv_inference_request_summary_us_count{model="m",version="1"} 10\n'
+        'nv_inference_request_summary_us{model="m",version="1",quantile="0.95"} 4000\n'
+        'nv_inference_request_summary_us_count{model="m",version="2"} 5\n'
+        'nv_inference_request_summary_us{model="m",version="2",quantile="0.95"} 9000\n'
+        'nv_inference_request_summary_us_count{model="n",version="1"} 5\n'
+        'nv_inference_request_summary_us{model="n",version="1",quantile="0.95"} nan\n'
+    )
     assert parse_summary(text, "m") == (9.0, 15)
     p95, count = parse_summary(text, "n")
     assert math.isnan(p95) and count == 5
 
 
 def test_config_override_changes_only_the_window():
-    config = {"name": "m", "max_batch_size": 8, "dynamic_batching": {"preferred_batch_size": [8],
-                                                                      "max_queue_delay_microseconds": 300}}
+    config = {
+        "name": "m",
+        "max_batch_size": 8,
+        "dynamic_batching": {"preferred_batch_size": [8], "max_queue_delay_microseconds": 300},
+    }
     new = with_window(config, 350)
     assert served_window(new) == 350 and served_window(config) == 300
     assert {k: v for k, v in new.items() if k != "dynamic_batching"} == {"name": "m", "max_batch_size": 8}

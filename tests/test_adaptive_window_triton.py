@@ -19,19 +19,22 @@ import tritonclient.grpc.aio as grpcaio
 from serving.adaptive_window import Controller, Triton, TritonP95, WindowPolicy, serve_metrics, served_window
 from tests.servers.triton import free_port, triton_fixture, write_sleep_model
 
-POLICY = WindowPolicy(target_p95_ms=15.0, step_us=50, period_s=3.0, min_us=250, max_us=350, hysteresis=0.1,
-                      min_requests=20)
+POLICY = WindowPolicy(
+    target_p95_ms=15.0, step_us=50, period_s=3.0, min_us=250, max_us=350, hysteresis=0.1, min_requests=20
+)
 
 
 def standin(repo):
-    model = write_sleep_model(repo, "standin", sleep_ms=3.0, max_batch_size=8, max_queue_delay_microseconds=300,
-                              dims=(4,))
+    model = write_sleep_model(
+        repo, "standin", sleep_ms=3.0, max_batch_size=8, max_queue_delay_microseconds=300, dims=(4,)
+    )
     cfg = model / "config.pbtxt"
     cfg.write_text(cfg.read_text() + 'parameters { key: "sleep_per_request_ms" value { string_value: "0.5" } }\n')
 
 
-triton = triton_fixture(standin, extra_args=("--model-control-mode=explicit", "--load-model=*",
-                                             "--metrics-config=summary_latencies=true"))
+triton = triton_fixture(
+    standin, extra_args=("--model-control-mode=explicit", "--load-model=*", "--metrics-config=summary_latencies=true")
+)
 
 
 class Load:
@@ -76,7 +79,7 @@ def failures(triton):
 
 def test_window_follows_the_load_by_one_step_per_period_inside_the_clamp(triton):
     api = Triton(triton.http_url, triton.metrics_url)
-    served_after = []   # (decision's window, what GET /v2/models/standin/config serves right after)
+    served_after = []  # (decision's window, what GET /v2/models/standin/config serves right after)
 
     def check(d):
         served_after.append((d.window_us, served_window(api.config(d.model))))
@@ -92,6 +95,7 @@ def test_window_follows_the_load_by_one_step_per_period_inside_the_clamp(triton)
     t0 = time.time()
     runner.start()
     try:
+
         def wait_for(pred, timeout):
             deadline = time.monotonic() + timeout
             while time.monotonic() < deadline:
@@ -103,8 +107,9 @@ def test_window_follows_the_load_by_one_step_per_period_inside_the_clamp(triton)
         at_ceiling = wait_for(lambda: any(d.action == "hold" and d.window_us == 350 for d in controller.decisions), 40)
         light = list(controller.decisions)
         load.callers = 48
-        at_floor = wait_for(lambda: any(d.action == "hold" and d.window_us == 250
-                                        for d in controller.decisions[len(light):]), 60)
+        at_floor = wait_for(
+            lambda: any(d.action == "hold" and d.window_us == 250 for d in controller.decisions[len(light) :]), 60
+        )
         exported = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics").read().decode()
     finally:
         stop.set()
@@ -112,7 +117,7 @@ def test_window_follows_the_load_by_one_step_per_period_inside_the_clamp(triton)
         load.stop.set()
         load.thread.join(timeout=10)
         server.shutdown()
-    heavy = controller.decisions[len(light):]
+    heavy = controller.decisions[len(light) :]
     stamps = [d.at for d in controller.decisions]
     for d in controller.decisions:
         print(f"{d.action:6} {d.previous_us} -> {d.window_us} µs  p95 {d.p95_ms:.2f} ms  {d.requests} requests")
@@ -124,8 +129,9 @@ def test_window_follows_the_load_by_one_step_per_period_inside_the_clamp(triton)
     assert all(abs(d.window_us - d.previous_us) in (0, POLICY.step_us) for d in controller.decisions)
     assert [d.window_us for d in light if d.changed] == [350]
     assert [d.window_us for d in heavy if d.changed] == [300, 250]
-    assert all(d.p95_ms < POLICY.target_p95_ms for d in light) and all(d.p95_ms > POLICY.target_p95_ms
-                                                                      for d in heavy if d.changed)
+    assert all(d.p95_ms < POLICY.target_p95_ms for d in light) and all(
+        d.p95_ms > POLICY.target_p95_ms for d in heavy if d.changed
+    )
     # One decision per period.
     gaps = [b - a for a, b in zip(stamps, stamps[1:])]
     assert all(POLICY.period_s * 0.9 <= g <= POLICY.period_s * 1.5 for g in gaps), gaps

@@ -7,8 +7,17 @@ import asyncio
 import numpy as np
 import pytest
 
-from serving.microbatch import (BatchPolicy, BatchShapeError, Grouper, LatencyStats, MicroBatcher, RequestRecord,
-                                signature, split, stack)
+from serving.microbatch import (
+    BatchPolicy,
+    BatchShapeError,
+    Grouper,
+    LatencyStats,
+    MicroBatcher,
+    RequestRecord,
+    signature,
+    split,
+    stack,
+)
 
 
 def test_policy_keeps_seed_bounds():
@@ -19,14 +28,21 @@ def test_policy_keeps_seed_bounds():
         BatchPolicy(max_batch=0)
 
 
-@pytest.mark.parametrize("arrivals, policy, expected_full, expected_due", [
-    # (item, key, t) ... ; batches closed by add (full) and by due(t=1.0)
-    ([("a", "k", 0.0), ("b", "k", 0.0001), ("c", "k", 0.0002)], BatchPolicy(600, 2), [["a", "b"]], [["c"]]),
-    ([("a", "k", 0.0), ("b", "x", 0.0001), ("c", "k", 0.0002)], BatchPolicy(600, 2), [["a", "c"]], [["b"]]),
-    ([(str(i), "k", i * 1e-5) for i in range(17)], BatchPolicy(600, 8),
-     [[str(i) for i in range(8)], [str(i) for i in range(8, 16)]], [["16"]]),
-    ([("a", "k", 0.0)], BatchPolicy(0, 8), [], [["a"]]),
-])
+@pytest.mark.parametrize(
+    "arrivals, policy, expected_full, expected_due",
+    [
+        # (item, key, t) ... ; batches closed by add (full) and by due(t=1.0)
+        ([("a", "k", 0.0), ("b", "k", 0.0001), ("c", "k", 0.0002)], BatchPolicy(600, 2), [["a", "b"]], [["c"]]),
+        ([("a", "k", 0.0), ("b", "x", 0.0001), ("c", "k", 0.0002)], BatchPolicy(600, 2), [["a", "c"]], [["b"]]),
+        (
+            [(str(i), "k", i * 1e-5) for i in range(17)],
+            BatchPolicy(600, 8),
+            [[str(i) for i in range(8)], [str(i) for i in range(8, 16)]],
+            [["16"]],
+        ),
+        ([("a", "k", 0.0)], BatchPolicy(0, 8), [], [["a"]]),
+    ],
+)
 def test_grouper_closes_batches_when_full_or_when_window_ends(arrivals, policy, expected_full, expected_due):
     g: Grouper[str] = Grouper(policy)
     full = [b for item, key, t in arrivals if (b := g.add(item, key, t)) is not None]
@@ -43,7 +59,7 @@ def test_grouper_window_counts_from_first_item_and_remove_takes_an_item_back():
     assert g.deadline() == pytest.approx(10.0006)
     assert g.due(10.00059) == []
     assert g.remove("a", "k") and not g.remove("a", "k")
-    assert g.due(10.0006) == [["b"]]          # the window of "k" opened with "a" at 10.0
+    assert g.due(10.0006) == [["b"]]  # the window of "k" opened with "a" at 10.0
     assert g.due(10.0009) == [["z"]]
     assert not g.remove("b", "k")
 
@@ -64,8 +80,11 @@ def test_stack_split_and_signature():
 def test_latency_stats_percentiles_and_batch_sizes():
     s = LatencyStats()
     for i in range(1, 101):
-        s.add(RequestRecord(submitted=float(i), wait_s=0.0, latency_s=i / 1000, batch_size=8 if i <= 80 else 4,
-                            ok=i != 100))
+        s.add(
+            RequestRecord(
+                submitted=float(i), wait_s=0.0, latency_s=i / 1000, batch_size=8 if i <= 80 else 4, ok=i != 100
+            )
+        )
     assert s.p95_ms() == pytest.approx(95.0)
     assert s.p95_ms(since=91.0) == pytest.approx(99.0)
     assert s.batch_sizes() == {4: 20, 8: 80}
@@ -112,9 +131,10 @@ def test_an_error_reaches_only_the_callers_of_the_failed_batch():
     async def main():
         fake = FakeTriton()
         async with MicroBatcher(fake, BatchPolicy(window_us=600, max_batch=4)) as mb:
-            values = [0, 1, 2, 3, 4, np.nan, 6, 7, 8]   # the NaN sits in the second batch
-            results = await asyncio.gather(*(mb.submit({"x": np.full(1, v, np.float32)}) for v in values),
-                                           return_exceptions=True)
+            values = [0, 1, 2, 3, 4, np.nan, 6, 7, 8]  # the NaN sits in the second batch
+            results = await asyncio.gather(
+                *(mb.submit({"x": np.full(1, v, np.float32)}) for v in values), return_exceptions=True
+            )
         return results
 
     results = run(main())
@@ -142,13 +162,13 @@ def test_a_caller_cancelled_in_the_window_leaves_the_batch_and_the_others_are_se
         fake = FakeTriton()
         async with MicroBatcher(fake, BatchPolicy(window_us=1000, max_batch=8)) as mb:
             tasks = [asyncio.create_task(mb.submit({"x": np.full(1, i, np.float32)})) for i in range(3)]
-            await asyncio.sleep(0)           # all three are pending in the window
+            await asyncio.sleep(0)  # all three are pending in the window
             tasks[1].cancel()
             done = await asyncio.gather(*tasks, return_exceptions=True)
         return fake, done
 
     fake, done = run(main())
-    assert [b[:, 0].tolist() for b in fake.batches] == [[0.0, 2.0]]   # item 1 was never sent
+    assert [b[:, 0].tolist() for b in fake.batches] == [[0.0, 2.0]]  # item 1 was never sent
     assert isinstance(done[1], asyncio.CancelledError)
     assert float(done[0]["y"][0]) == 0.0 and float(done[2]["y"][0]) == 4.0
 

@@ -23,11 +23,11 @@ COST_A_MS, COST_B_MS = 2.0, 0.25
 
 def standin_model(repo):
     """a + b·batch: ``sleep_ms`` per execution plus ``sleep_per_request_ms`` per row."""
-    model = write_sleep_model(repo, "standin", sleep_ms=COST_A_MS, dynamic_batching=False, max_batch_size=8,
-                              dims=(4,))
+    model = write_sleep_model(repo, "standin", sleep_ms=COST_A_MS, dynamic_batching=False, max_batch_size=8, dims=(4,))
     cfg = model / "config.pbtxt"
-    cfg.write_text(cfg.read_text() + f'parameters {{ key: "sleep_per_request_ms" value {{ string_value: '
-                                     f'"{COST_B_MS}" }} }}\n')
+    cfg.write_text(
+        cfg.read_text() + f'parameters {{ key: "sleep_per_request_ms" value {{ string_value: "{COST_B_MS}" }} }}\n'
+    )
 
 
 triton = triton_fixture(standin_model)
@@ -40,8 +40,15 @@ def counters(triton, model="standin"):
         m = re.search(rf'^{metric}{{model="{model}",version="1"}} (\S+)$', text, re.M)
         return float(m.group(1)) if m else 0.0
 
-    return {k: value(k) for k in ("nv_inference_exec_count", "nv_inference_count", "nv_inference_request_success",
-                                  "nv_inference_request_failure")}
+    return {
+        k: value(k)
+        for k in (
+            "nv_inference_exec_count",
+            "nv_inference_count",
+            "nv_inference_request_success",
+            "nv_inference_request_failure",
+        )
+    }
 
 
 def delta(after, before):
@@ -72,10 +79,12 @@ async def _burst(triton, data, policy):
 async def _direct(triton, data):
     client = grpcaio.InferenceServerClient(triton.grpc_url)
     try:
+
         async def one(x):
             t = grpcaio.InferInput("INPUT0", [1, 4], "FP32")
             t.set_data_from_numpy(x[None])
             return (await client.infer("standin", [t])).as_numpy("OUTPUT0")[0]
+
         return await asyncio.gather(*(one(x) for x in data))
     finally:
         await client.close()
@@ -87,12 +96,14 @@ def test_burst_of_single_requests_is_served_in_batches_of_up_to_eight(triton):
     mb, outs = asyncio.run(_burst(triton, data, BatchPolicy(window_us=600, max_batch=8)))
     d = delta(settled_counters(triton), before)
     for x, out in zip(data, outs):
-        np.testing.assert_array_equal(out["OUTPUT0"], x)       # one for one, each caller its own row
+        np.testing.assert_array_equal(out["OUTPUT0"], x)  # one for one, each caller its own row
     assert d["nv_inference_count"] == 64
     assert d["nv_inference_exec_count"] == mb.batches_sent <= 10
     assert set(mb.stats.batch_sizes()) <= set(range(1, 9)) and mb.stats.batch_sizes().get(8, 0) >= 48
-    print(f"micro-batched: 64 requests -> {int(d['nv_inference_exec_count'])} executions, "
-          f"batch sizes {mb.stats.batch_sizes()}")
+    print(
+        f"micro-batched: 64 requests -> {int(d['nv_inference_exec_count'])} executions, "
+        f"batch sizes {mb.stats.batch_sizes()}"
+    )
 
     # The same burst without the client window: one execution per request.
     before = counters(triton)
@@ -106,15 +117,16 @@ def test_burst_of_single_requests_is_served_in_batches_of_up_to_eight(triton):
 
 def test_a_bad_item_fails_only_its_own_caller(triton):
     data = items(7)
-    bad = np.zeros(4, np.float64)             # Triton rejects FP64 for an FP32 input
+    bad = np.zeros(4, np.float64)  # Triton rejects FP64 for an FP32 input
     before = counters(triton)
 
     async def main():
         client = grpcaio.InferenceServerClient(triton.grpc_url)
         try:
             async with MicroBatcher(TritonBatchInfer(client, "standin", outputs=["OUTPUT0"])) as mb:
-                return await asyncio.gather(*(mb.submit({"INPUT0": x}) for x in [*data[:3], bad, *data[3:]]),
-                                            return_exceptions=True)
+                return await asyncio.gather(
+                    *(mb.submit({"INPUT0": x}) for x in [*data[:3], bad, *data[3:]]), return_exceptions=True
+                )
         finally:
             await client.close()
 
@@ -137,7 +149,7 @@ def test_added_latency_stays_within_the_window_plus_a_small_bound(triton):
         mb = MicroBatcher(TritonBatchInfer(client, "standin", outputs=["OUTPUT0"]), BatchPolicy(window_us, 8))
         try:
             async with mb:
-                for x in lone:                     # lone requests: each one waits the whole window
+                for x in lone:  # lone requests: each one waits the whole window
                     t0 = time.perf_counter()
                     if batched:
                         out = (await mb.submit({"INPUT0": x}))["OUTPUT0"]
@@ -157,9 +169,11 @@ def test_added_latency_stays_within_the_window_plus_a_small_bound(triton):
     added_ms = (statistics.median(batched) - statistics.median(direct)) * 1e3
     waits_ms = sorted(r.wait_s * 1e3 for r in mb.stats.records)
     p95_wait = waits_ms[int(0.95 * len(waits_ms)) - 1]
-    print(f"median direct {statistics.median(direct) * 1e3:.2f} ms, batched {statistics.median(batched) * 1e3:.2f} ms,"
-          f" added {added_ms:.2f} ms; window wait p50 {waits_ms[len(waits_ms) // 2]:.2f} ms p95 {p95_wait:.2f} ms "
-          f"max {waits_ms[-1]:.2f} ms")
+    print(
+        f"median direct {statistics.median(direct) * 1e3:.2f} ms, batched {statistics.median(batched) * 1e3:.2f} ms,"
+        f" added {added_ms:.2f} ms; window wait p50 {waits_ms[len(waits_ms) // 2]:.2f} ms p95 {p95_wait:.2f} ms "
+        f"max {waits_ms[-1]:.2f} ms"
+    )
     assert all(w >= window_us / 1e3 for w in waits_ms)
     # asyncio timers wake on the selector's millisecond tick, so the window ends up to ~1 ms late on top.
     assert p95_wait <= window_us / 1e3 + 1.5
