@@ -1,0 +1,140 @@
+"""Conformance of the deployment driver (tools/driver) with the Pulumi engine's semantics, on a pure provider.
+
+The project under tests/fixtures/driver_project is a real Pulumi program whose dynamic provider keeps one file per
+resource and logs each call with its start and end time, so order and overlap are observable. Nothing is mocked:
+the program runs in its own process against the driver's resource monitor, the provider in `python -m
+pulumi.dynamic`, as under the CLI.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from tools.driver import Driver, StackConfig
+
+PROJECT = Path(__file__).resolve().parent / "fixtures" / "driver_project"
+
+
+def calls(d: Path) -> list[tuple[str, str, float, float]]:
+    log = d / "calls.log"
+    if not log.exists():
+        return []
+    out = []
+    for line in log.read_text().splitlines():
+        m, n, a, b = line.split()
+        out.append((m, n, float(a), float(b)))
+    return out
+
+
+def driver(tmp: Path, files: list[dict], greeting: str = "hello-secret") -> Driver:
+    cfg = StackConfig({"drivertest:dir": str(tmp), "drivertest:shape": json.dumps({"files": files}),
+                       "drivertest:greeting": greeting}, ["drivertest:greeting"])
+    return Driver(PROJECT, "t", config=cfg, state=tmp / "state.json", passphrase="pw", project="drivertest",
+                  out=None)
+
+
+BASE = [{"name": "a", "content": "A", "sleep": 1}, {"name": "b", "content": "B", "sleep": 1},
+        {"name": "c", "content_from": "a", "after": ["b"]}]
+
+
+def test_preview_checks_only_and_shows_unknowns(tmp_path):
+    plan = driver(tmp_path, BASE).preview()
+    assert not plan.errors, plan.errors
+    assert plan.counts() == {"create": 4}  # 3 files + the stack
+    c = plan.step("c")
+    # c's content is computed from a's output-only digest: unknown in preview, and shown as such
+    assert c.new["content"] == "04da6b54-80e4-46f7-96ec-b56ff0331ba9"
+    assert "content: [unknown]" in plan.render()
+    assert calls(tmp_path) == [] and not (tmp_path / "a").exists()  # no Create during preview
+    assert not (tmp_path / "state.json").exists()
+
+
+def test_up_runs_independent_steps_in_parallel_and_dependents_after(tmp_path):
+    d = driver(tmp_path, BASE)
+    plan = d.up()
+    assert not plan.errors, plan.errors
+    log = {n: (a, b) for m, n, a, b in calls(tmp_path) if m == "create"}
+    assert set(log) == {"a", "b", "c"}
+    # a and b overlap (each sleeps 1 s); c starts only after both (its input and its depends_on)
+    assert log["a"][0] < log["b"][1] and log["b"][0] < log["a"][1]
+    assert log["c"][0] >= max(log["a"][1], log["b"][1])
+    digest_a = plan.outputs["a"]
+    assert (tmp_path / "c").read_text() == f"digest={digest_a}|hello-secret"  # the secret config reached Configure
+    state = (tmp_path / "state.json").read_text()
+    assert "hello-secret" not in state and '"secure"' in state  # stored sealed, for refresh/destroy
+    again = d.preview()
+    assert again.changes() == 0 and not again.errors
+
+
+def test_refresh_reads_drift_then_up_converges_and_a_vanished_resource_is_dropped(tmp_path):
+    d = driver(tmp_path, BASE)
+    d.up()
+    (tmp_path / "b").write_text("edited by hand|x")
+    (tmp_path / "c").unlink()
+    plan = d.refresh()
+    assert not plan.errors, plan.errors
+    drift = {s.name: s for s in plan.of("refresh")}
+    assert set(drift) == {"b"} and drift["b"].keys == ["content"]
+    assert [s.name for s in plan.of("delete")] == ["c"]  # Read returned an empty id
+    stored = {r.name: r for r in d.resources()}
+    assert "c" not in stored and stored["b"].inputs["content"] == "edited by hand"  # returned inputs replace
+    pv = d.preview()
+    assert {s.name: s.op for s in pv.steps if s.op != "same"} == {"b": "update", "c": "create"}
+    d.up()
+    assert (tmp_path / "b").read_text().startswith("B|") and (tmp_path / "c").exists()
+    assert d.preview().changes() == 0
+
+
+def test_delete_before_replace_deletes_the_dependents_that_would_be_replaced_first(tmp_path):
+    files = [{"name": "a", "content": "A", "dbr": True}, {"name": "c", "content": "C", "ref_from": "a"},
+             {"name": "e", "content": "E", "after": ["a"]}]
+    d = driver(tmp_path, files)
+    d.up()
+    (tmp_path / "calls.log").unlink()
+    files[0]["file"] = "a2"  # the file name is a replacing input
+    d2 = driver(tmp_path, files)
+    pv = d2.preview()
+    assert {s.name: s.op for s in pv.steps if s.op != "same"} == {"a": "replace", "c": "replace"}
+    assert pv.step("a").replace_keys == ["name"]
+    plan = d2.up()
+    assert not plan.errors, plan.errors
+    order = [(m, n) for m, n, _, _ in calls(tmp_path)]
+    # c's `ref` comes from a: with it unknown, c's Diff says replace, so c goes before a; e (depends_on only) stays
+    assert order == [("delete", "c"), ("delete", "a"), ("create", "a2"), ("create", "c")]
+
+
+def test_destroy_goes_in_reverse_dependency_order_in_parallel(tmp_path):
+    d = driver(tmp_path, BASE)
+    d.up()
+    (tmp_path / "calls.log").unlink()
+    plan = d.destroy()
+    assert not plan.errors, plan.errors
+    log = {n: (a, b) for m, n, a, b in calls(tmp_path) if m == "delete"}
+    assert log["c"][1] <= min(log["a"][0], log["b"][0])  # c first: it depends on both
+    assert log["a"][0] < log["b"][1] and log["b"][0] < log["a"][1]  # a and b together
+    assert not any((tmp_path / n).exists() for n in "abc") and d.resources() == []
+
+
+def test_check_failure_stops_before_any_create(tmp_path):
+    plan = driver(tmp_path, [{"name": "a", "content": "A"}, {"name": "b", "content": "bad", "after": ["a"]}]).up()
+    assert any("must not contain 'bad'" in e for e in plan.errors), plan.errors
+    assert [n for m, n, _, _ in calls(tmp_path) if m == "create"] == ["a"]
+    assert not (tmp_path / "b").exists()
+
+
+@pytest.mark.parametrize("op", ["refresh", "destroy"])
+def test_refresh_and_destroy_configure_the_provider_from_the_config_of_the_last_up(tmp_path, op):
+    driver(tmp_path, BASE, greeting="first").up()
+    later = driver(tmp_path, BASE, greeting="second")
+    if op == "refresh":
+        later.refresh()
+        # Read returns the file's content as inputs; the greeting written at up is still the first one
+        assert (tmp_path / "a").read_text() == "A|first"
+        stored = {r.name: r for r in later.resources()}
+        assert stored["a"].outputs["digest"]  # kept from the up
+    else:
+        plan = later.destroy()
+        assert not plan.errors and later.resources() == []

@@ -1,0 +1,23 @@
+"""`python -m tools.driver preview|up|refresh|destroy [--stack dev]`: run a stack through the driver."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+from tools.driver.engine import Driver
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(prog="python -m tools.driver")
+    ap.add_argument("operation", choices=["preview", "up", "refresh", "destroy"])
+    ap.add_argument("--stack", default="dev")
+    ap.add_argument("--parallel", type=int, default=16)
+    a = ap.parse_args()
+    d = Driver(stack=a.stack, parallel=a.parallel)
+    plan = getattr(d, a.operation)()
+    return 1 if plan.errors else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
