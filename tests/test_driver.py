@@ -30,14 +30,18 @@ def calls(d: Path) -> list[tuple[str, str, float, float]]:
 
 
 def driver(tmp: Path, files: list[dict], greeting: str = "hello-secret") -> Driver:
-    cfg = StackConfig({"drivertest:dir": str(tmp), "drivertest:shape": json.dumps({"files": files}),
-                       "drivertest:greeting": greeting}, ["drivertest:greeting"])
-    return Driver(PROJECT, "t", config=cfg, state=tmp / "state.json", passphrase="pw", project="drivertest",
-                  out=None)
+    cfg = StackConfig(
+        {"drivertest:dir": str(tmp), "drivertest:shape": json.dumps({"files": files}), "drivertest:greeting": greeting},
+        ["drivertest:greeting"],
+    )
+    return Driver(PROJECT, "t", config=cfg, state=tmp / "state.json", passphrase="pw", project="drivertest", out=None)
 
 
-BASE = [{"name": "a", "content": "A", "sleep": 1}, {"name": "b", "content": "B", "sleep": 1},
-        {"name": "c", "content_from": "a", "after": ["b"]}]
+BASE = [
+    {"name": "a", "content": "A", "sleep": 1},
+    {"name": "b", "content": "B", "sleep": 1},
+    {"name": "c", "content_from": "a", "after": ["b"]},
+]
 
 
 def test_preview_checks_only_and_shows_unknowns(tmp_path):
@@ -89,8 +93,11 @@ def test_refresh_reads_drift_then_up_converges_and_a_vanished_resource_is_droppe
 
 
 def test_delete_before_replace_deletes_the_dependents_that_would_be_replaced_first(tmp_path):
-    files = [{"name": "a", "content": "A", "dbr": True}, {"name": "c", "content": "C", "ref_from": "a"},
-             {"name": "e", "content": "E", "after": ["a"]}]
+    files = [
+        {"name": "a", "content": "A", "dbr": True},
+        {"name": "c", "content": "C", "ref_from": "a"},
+        {"name": "e", "content": "E", "after": ["a"]},
+    ]
     d = driver(tmp_path, files)
     d.up()
     (tmp_path / "calls.log").unlink()

@@ -63,6 +63,7 @@ DYNAMIC_PROVIDER = "pulumi:providers:pulumi-python"
 
 # ---- property values (the wire form, as JSON: unknowns are the sentinel string, secrets the signature object) ----
 
+
 def to_py(s: struct_pb2.Struct | None) -> dict:
     return json_format.MessageToDict(s) if s is not None else {}
 
@@ -116,6 +117,7 @@ def user_props(d: dict) -> dict:
 
 # ---- stack config -------------------------------------------------------------------------------------------------
 
+
 @dataclass
 class StackConfig:
     """Namespaced config values as the engine hands them out: strings, objects as JSON strings, secrets decrypted."""
@@ -160,8 +162,10 @@ class StackConfig:
         from pulumi_crypto import PassphraseCipher
 
         c = PassphraseCipher(passphrase)
-        return {"encryptionsalt": c.salt_state,
-                "values": {k: ({"secure": c.encrypt(v)} if k in self.secret_keys else v) for k, v in self.values.items()}}
+        return {
+            "encryptionsalt": c.salt_state,
+            "values": {k: ({"secure": c.encrypt(v)} if k in self.secret_keys else v) for k, v in self.values.items()},
+        }
 
     @classmethod
     def unseal(cls, doc: dict, passphrase: str) -> StackConfig:
@@ -179,6 +183,7 @@ class StackConfig:
 
 
 # ---- the dynamic provider process -------------------------------------------------------------------------------
+
 
 class ProviderError(RuntimeError):
     def __init__(self, method: str, urn: str, details: str):
@@ -203,17 +208,29 @@ class DynamicProvider:
 
     def start(self) -> DynamicProvider:
         env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
-        env.update(PULUMI_PROJECT=self.project, PULUMI_RUNTIME_VIRTUALENV=".venv", PULUMI_RUNTIME_TOOLCHAIN="pip",
-                   PULUMI_CONFIG=json.dumps(self.config.values))
-        self.proc = subprocess.Popen([project_python(self.root), "-u", "-m", "pulumi.dynamic"], cwd=self.root,
-                                     env=env, stdout=subprocess.PIPE, stderr=None)
+        env.update(
+            PULUMI_PROJECT=self.project,
+            PULUMI_RUNTIME_VIRTUALENV=".venv",
+            PULUMI_RUNTIME_TOOLCHAIN="pip",
+            PULUMI_CONFIG=json.dumps(self.config.values),
+        )
+        self.proc = subprocess.Popen(
+            [project_python(self.root), "-u", "-m", "pulumi.dynamic"],
+            cwd=self.root,
+            env=env,
+            stdout=subprocess.PIPE,
+            stderr=None,
+        )
         assert self.proc.stdout is not None
         port = int(self.proc.stdout.readline().decode().strip())
         self.channel = grpc.insecure_channel(f"127.0.0.1:{port}")
         grpc.channel_ready_future(self.channel).result(timeout=60)
         self.stub = provider_pb2_grpc.ResourceProviderStub(self.channel)
-        self.stub.Configure(provider_pb2.ConfigureRequest(args=to_struct(self.config.configure_args()),
-                                                          acceptSecrets=True, acceptResources=True))
+        self.stub.Configure(
+            provider_pb2.ConfigureRequest(
+                args=to_struct(self.config.configure_args()), acceptSecrets=True, acceptResources=True
+            )
+        )
         return self
 
     def stop(self) -> None:
@@ -233,16 +250,25 @@ class DynamicProvider:
             raise ProviderError(method, urn, e.details() or str(e)) from None
 
     def check(self, urn: str, olds: dict, news: dict) -> dict:
-        r = self._call("Check", urn, provider_pb2.CheckRequest(urn=urn, olds=to_struct(plain(olds)),
-                                                               news=to_struct(plain(news))))
+        r = self._call(
+            "Check", urn, provider_pb2.CheckRequest(urn=urn, olds=to_struct(plain(olds)), news=to_struct(plain(news)))
+        )
         if r.failures:
             raise ProviderError("Check", urn, "\n".join(f"{f.property}: {f.reason}" for f in r.failures))
         return to_py(r.inputs)
 
     def diff(self, urn: str, id_: str, old_outputs: dict, old_inputs: dict, news: dict) -> DiffResult:
-        r = self._call("Diff", urn, provider_pb2.DiffRequest(
-            id=id_, urn=urn, olds=to_struct(plain(old_outputs)), news=to_struct(plain(news)),
-            old_inputs=to_struct(plain(old_inputs))))
+        r = self._call(
+            "Diff",
+            urn,
+            provider_pb2.DiffRequest(
+                id=id_,
+                urn=urn,
+                olds=to_struct(plain(old_outputs)),
+                news=to_struct(plain(news)),
+                old_inputs=to_struct(plain(old_inputs)),
+            ),
+        )
         return DiffResult(r.changes, list(r.replaces), bool(r.deleteBeforeReplace))
 
     def create(self, urn: str, news: dict) -> tuple[str, dict]:
@@ -250,18 +276,36 @@ class DynamicProvider:
         return r.id, to_py(r.properties)
 
     def update(self, urn: str, id_: str, old_outputs: dict, old_inputs: dict, news: dict) -> dict:
-        r = self._call("Update", urn, provider_pb2.UpdateRequest(
-            id=id_, urn=urn, olds=to_struct(plain(old_outputs)), news=to_struct(plain(news)),
-            old_inputs=to_struct(plain(old_inputs))))
+        r = self._call(
+            "Update",
+            urn,
+            provider_pb2.UpdateRequest(
+                id=id_,
+                urn=urn,
+                olds=to_struct(plain(old_outputs)),
+                news=to_struct(plain(news)),
+                old_inputs=to_struct(plain(old_inputs)),
+            ),
+        )
         return to_py(r.properties)
 
     def delete(self, urn: str, id_: str, outputs: dict, inputs: dict) -> None:
-        self._call("Delete", urn, provider_pb2.DeleteRequest(id=id_, urn=urn, properties=to_struct(plain(outputs)),
-                                                             old_inputs=to_struct(plain(inputs))))
+        self._call(
+            "Delete",
+            urn,
+            provider_pb2.DeleteRequest(
+                id=id_, urn=urn, properties=to_struct(plain(outputs)), old_inputs=to_struct(plain(inputs))
+            ),
+        )
 
     def read(self, urn: str, id_: str, outputs: dict, inputs: dict) -> tuple[str, dict, dict | None]:
-        r = self._call("Read", urn, provider_pb2.ReadRequest(id=id_, urn=urn, properties=to_struct(plain(outputs)),
-                                                             inputs=to_struct(plain(inputs))))
+        r = self._call(
+            "Read",
+            urn,
+            provider_pb2.ReadRequest(
+                id=id_, urn=urn, properties=to_struct(plain(outputs)), inputs=to_struct(plain(inputs))
+            ),
+        )
         return r.id, to_py(r.properties), (to_py(r.inputs) if r.HasField("inputs") else None)
 
 
@@ -273,6 +317,7 @@ class DiffResult:
 
 
 # ---- state ------------------------------------------------------------------------------------------------------
+
 
 @dataclass
 class Resource:
@@ -309,8 +354,8 @@ class Step:
     op: str
     urn: str
     type: str
-    old: dict | None = None      # old inputs (or outputs for refresh)
-    new: dict | None = None      # new (checked) inputs
+    old: dict | None = None  # old inputs (or outputs for refresh)
+    new: dict | None = None  # new (checked) inputs
     keys: list[str] = field(default_factory=list)
     replace_keys: list[str] = field(default_factory=list)
     seconds: float = 0.0
@@ -374,19 +419,28 @@ class Plan:
             # up and destroy print each step as it finishes; their summary lists only failures
             if s.op in ("same", "read") or (self.kind in ("update", "destroy") and not s.error):
                 continue
-            lines.append(f"  {SYMBOLS[s.op]:<2} {s.type}  {s.name}  ({s.op})"
-                         + (f"  [{s.seconds:.1f}s]" if s.seconds >= 0.05 and self.kind != "preview" else ""))
+            lines.append(
+                f"  {SYMBOLS[s.op]:<2} {s.type}  {s.name}  ({s.op})"
+                + (f"  [{s.seconds:.1f}s]" if s.seconds >= 0.05 and self.kind != "preview" else "")
+            )
             lines += self._details(s)
             if s.error:
                 lines.append(f"      error: {s.error}")
         c = self.counts()
         lines.append("Resources:")
-        done = {"create": "created", "update": "updated", "replace": "replaced", "delete": "deleted",
-                "refresh": "drifted"}
+        done = {
+            "create": "created",
+            "update": "updated",
+            "replace": "replaced",
+            "delete": "deleted",
+            "refresh": "drifted",
+        }
         for op in ("create", "update", "replace", "delete", "refresh"):
             if c.get(op):
-                lines.append(f"    {SYMBOLS[op]} {c[op]} " + (f"to {op}" if self.kind == "preview" and op != "refresh"
-                                                              else done[op]))
+                lines.append(
+                    f"    {SYMBOLS[op]} {c[op]} "
+                    + (f"to {op}" if self.kind == "preview" and op != "refresh" else done[op])
+                )
         lines.append(f"    {c.get('same', 0) + c.get('read', 0)} unchanged")
         if self.outputs:
             lines.append("Outputs:")
@@ -416,6 +470,7 @@ class Plan:
 
 # ---- the driver -------------------------------------------------------------------------------------------------
 
+
 class Driver:
     """Runs the project's program and executes its steps with the engine's semantics (see the module docstring).
 
@@ -428,9 +483,18 @@ class Driver:
         parallel: the program's parallelism (the CLI's --parallel).
     """
 
-    def __init__(self, root: Path = ROOT, stack: str = "dev", *, passphrase: str | None = None,
-                 config: StackConfig | None = None, state: Path | None = None,
-                 out: TextIO | None = sys.stdout, parallel: int = 16, project: str = "gpuhost"):
+    def __init__(
+        self,
+        root: Path = ROOT,
+        stack: str = "dev",
+        *,
+        passphrase: str | None = None,
+        config: StackConfig | None = None,
+        state: Path | None = None,
+        out: TextIO | None = sys.stdout,
+        parallel: int = 16,
+        project: str = "gpuhost",
+    ):
         self.root = Path(root)
         self.stack = stack
         self.project = project
@@ -459,8 +523,13 @@ class Driver:
     def _save(self, resources: list[Resource], config: dict | None) -> None:
         self.state_path.parent.mkdir(parents=True, exist_ok=True)
         tmp = self.state_path.with_suffix(".tmp")
-        tmp.write_text(json.dumps({"version": 1, "stack": self.stack, "config": config,
-                                   "resources": [r.to_json() for r in resources]}, indent=1, sort_keys=True))
+        tmp.write_text(
+            json.dumps(
+                {"version": 1, "stack": self.stack, "config": config, "resources": [r.to_json() for r in resources]},
+                indent=1,
+                sort_keys=True,
+            )
+        )
         tmp.replace(self.state_path)
 
     def _stored_config(self) -> StackConfig:
@@ -514,15 +583,28 @@ class Driver:
                 # the news, then inverted for display: what the host changed, relative to what the stack wants.
                 d = prov.diff(r.urn, r.id, r.outputs, r.inputs, old_inputs)
                 drift = d.changes == provider_pb2.DiffResponse.DIFF_SOME
-                keys = sorted(k for k in set(user_props(r.inputs)) | set(user_props(old_inputs))
-                              if norm(r.inputs.get(k)) != norm(old_inputs.get(k)))
+                keys = sorted(
+                    k
+                    for k in set(user_props(r.inputs)) | set(user_props(old_inputs))
+                    if norm(r.inputs.get(k)) != norm(old_inputs.get(k))
+                )
                 if d.changes == provider_pb2.DiffResponse.DIFF_UNKNOWN:
                     drift = bool(keys)
                 if not keys:
-                    keys = sorted(k for k in set(user_props(outs)) | set(user_props(old_outputs))
-                                  if norm(outs.get(k)) != norm(old_outputs.get(k)))
-                st = Step("refresh" if drift else "read", r.urn, r.type, old=old_inputs, new=r.inputs, keys=keys,
-                          seconds=time.monotonic() - t)
+                    keys = sorted(
+                        k
+                        for k in set(user_props(outs)) | set(user_props(old_outputs))
+                        if norm(outs.get(k)) != norm(old_outputs.get(k))
+                    )
+                st = Step(
+                    "refresh" if drift else "read",
+                    r.urn,
+                    r.type,
+                    old=old_inputs,
+                    new=r.inputs,
+                    keys=keys,
+                    seconds=time.monotonic() - t,
+                )
                 with self._lock:
                     plan.steps.append(st)
 
@@ -560,8 +642,9 @@ class Driver:
         return plan
 
     # -- deletes in reverse dependency order, in parallel ------------------------------------------------------
-    def _delete_all(self, resources: list[Resource], prov: DynamicProvider, plan: Plan,
-                    done: Callable[[Resource], None]) -> None:
+    def _delete_all(
+        self, resources: list[Resource], prov: DynamicProvider, plan: Plan, done: Callable[[Resource], None]
+    ) -> None:
         urns = {r.urn for r in resources}
         # r may go once nothing left depends on it (dependencies, property dependencies or parent).
         dependents: dict[str, set[str]] = {u: set() for u in urns}
@@ -634,13 +717,34 @@ class Driver:
         server.start()
         try:
             env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
-            env.update(PULUMI_CONFIG=json.dumps(cfg.values), PULUMI_CONFIG_SECRET_KEYS=json.dumps(cfg.secret_keys),
-                       PULUMI_PROJECT=self.project, PULUMI_STACK=self.stack, PULUMI_DRY_RUN=str(dry_run).lower())
+            env.update(
+                PULUMI_CONFIG=json.dumps(cfg.values),
+                PULUMI_CONFIG_SECRET_KEYS=json.dumps(cfg.secret_keys),
+                PULUMI_PROJECT=self.project,
+                PULUMI_STACK=self.stack,
+                PULUMI_DRY_RUN=str(dry_run).lower(),
+            )
             addr = f"127.0.0.1:{port}"
-            cmd = [project_python(self.root), "-u", str(Path(__file__).with_name("langhost.py")),
-                   "--monitor", addr, "--engine", addr, "--project", self.project, "--stack", self.stack,
-                   "--parallel", str(self.parallel), "--dry_run", str(dry_run).lower(),
-                   "--root_directory", str(self.root), "."]
+            cmd = [
+                project_python(self.root),
+                "-u",
+                str(Path(__file__).with_name("langhost.py")),
+                "--monitor",
+                addr,
+                "--engine",
+                addr,
+                "--project",
+                self.project,
+                "--stack",
+                self.stack,
+                "--parallel",
+                str(self.parallel),
+                "--dry_run",
+                str(dry_run).lower(),
+                "--root_directory",
+                str(self.root),
+                ".",
+            ]
             p = subprocess.run(cmd, cwd=self.root, env=env, capture_output=True, text=True, check=False)
             if p.returncode != 0 and not plan.errors:
                 plan.errors.append(f"the program failed (exit {p.returncode}):\n{(p.stderr or p.stdout)[-4000:]}")
@@ -673,7 +777,7 @@ class Deployment:
         self.d, self.plan, self.old, self.prov, self.dry_run = driver, plan, old, prov, dry_run
         self.new: dict[str, Resource] = {}
         self.order: list[str] = []
-        self.pending_deletes: list[Resource] = []   # old halves of create-before-delete replacements
+        self.pending_deletes: list[Resource] = []  # old halves of create-before-delete replacements
         self.deleted_for_replace: dict[str, Resource] = {}
         self.stack_outputs: dict = {}
         self.root_urn = ""
@@ -714,8 +818,9 @@ class Deployment:
             with self.lock:
                 self.failed = True
                 self.plan.errors.append(str(e) + ("\n" + e.details if e.method != "Check" else ""))
-                self.plan.steps.append(Step("create" if urn not in self.old else "update", urn, req.type,
-                                            new=goal, error=str(e)))
+                self.plan.steps.append(
+                    Step("create" if urn not in self.old else "update", urn, req.type, new=goal, error=str(e))
+                )
             self.d.emit(f"  ✗  {req.type}  {req.name}: {e}")
             raise StepFailed(str(e)) from None
         step.seconds = time.monotonic() - t0
@@ -728,8 +833,10 @@ class Deployment:
                 self.save()
         if step.op != "same" and not self.dry_run:
             verb = {"create": "created", "update": "updated", "replace": "replaced"}[step.op]
-            self.d.emit(f"  {SYMBOLS[step.op]:<2} {req.type}  {req.name}  "
-                        f"{'(' + step.op + ')' if self.dry_run else verb + f' ({step.seconds:.1f}s)'}")
+            self.d.emit(
+                f"  {SYMBOLS[step.op]:<2} {req.type}  {req.name}  "
+                f"{'(' + step.op + ')' if self.dry_run else verb + f' ({step.seconds:.1f}s)'}"
+            )
         # Preview: the outputs of a create/update are the checked inputs; properties the provider alone fills in
         # are absent, which the SDK resolves as unknown in a dry run (provider_plugin.go Create/Update with
         # req.Preview when the provider does not support previews; sdk/python/lib/pulumi/runtime/resource.py).
@@ -740,8 +847,7 @@ class Deployment:
         old = self.old.get(urn)
         if urn in self.deleted_for_replace:
             old = None
-        res = Resource(urn, req.type, True, req.parent, "", {}, {}, deps, pdeps,
-                       bool(req.deleteBeforeReplace))
+        res = Resource(urn, req.type, True, req.parent, "", {}, {}, deps, pdeps, bool(req.deleteBeforeReplace))
         # Check: olds are the old inputs (empty for a new resource), news the program's goal.
         checked = self.prov.check(urn, old.inputs if old else {}, goal)
         res.inputs = checked
@@ -761,8 +867,11 @@ class Deployment:
             keys = sorted(k for k in set(old.inputs) | set(checked) if norm(old.inputs.get(k)) != norm(checked.get(k)))
             changes = provider_pb2.DiffResponse.DIFF_SOME if keys else provider_pb2.DiffResponse.DIFF_NONE
         else:
-            keys = sorted(k for k in set(user_props(old.inputs)) | set(user_props(checked))
-                          if norm(old.inputs.get(k)) != norm(checked.get(k)))
+            keys = sorted(
+                k
+                for k in set(user_props(old.inputs)) | set(user_props(checked))
+                if norm(old.inputs.get(k)) != norm(checked.get(k))
+            )
         if changes == provider_pb2.DiffResponse.DIFF_NONE:
             res.id, res.inputs, res.outputs = old.id, old.inputs, old.outputs
             return Step("same", urn, req.type, old=old.inputs, new=checked), res
@@ -864,8 +973,9 @@ class Deployment:
             # Keep what the run did not touch (a failed run keeps the rest of the old state), in dependency order.
             merged: list[Resource] = [self.new[u] for u in self.order]
             seen = set(self.order)
-            kept = [r for u, r in self.old.items() if u not in seen] + [r for r in self.pending_deletes
-                                                                          if r.urn in seen]
+            kept = [r for u, r in self.old.items() if u not in seen] + [
+                r for r in self.pending_deletes if r.urn in seen
+            ]
             if self._sealed is None and self.d.passphrase:
                 self._sealed = self.d.config().sealed(self.d.passphrase)  # PBKDF2: once per run, not per save
             self.d._save(kept + merged if kept else merged, self._sealed)
@@ -922,8 +1032,12 @@ class Engine(engine_pb2_grpc.EngineServicer):
         self.root = ""
 
     def Log(self, request, context):
-        sev = {engine_pb2.DEBUG: "debug", engine_pb2.INFO: "info", engine_pb2.WARNING: "warning",
-               engine_pb2.ERROR: "error"}.get(request.severity, "info")
+        sev = {
+            engine_pb2.DEBUG: "debug",
+            engine_pb2.INFO: "info",
+            engine_pb2.WARNING: "warning",
+            engine_pb2.ERROR: "error",
+        }.get(request.severity, "info")
         msg = request.message.rstrip()
         self.dep.d.logs.append(f"{sev}: {msg}")
         if sev == "error":
@@ -939,5 +1053,3 @@ class Engine(engine_pb2_grpc.EngineServicer):
     def SetRootResource(self, request, context):
         self.root = request.urn
         return engine_pb2.SetRootResourceResponse()
-
-

@@ -30,10 +30,18 @@ def main() -> int:
     import pulumi.runtime
 
     pulumi.runtime.set_all_config(pulumi.runtime.get_config_env(), pulumi.runtime.get_config_secret_keys_env())
-    pulumi.runtime.configure(pulumi.runtime.Settings(
-        monitor=a.monitor, engine=a.engine, project=a.project, stack=a.stack, parallel=a.parallel,
-        dry_run=a.dry_run == "true", organization=a.organization or "organization",
-        root_directory=a.root_directory))
+    pulumi.runtime.configure(
+        pulumi.runtime.Settings(
+            monitor=a.monitor,
+            engine=a.engine,
+            project=a.project,
+            stack=a.stack,
+            parallel=a.parallel,
+            dry_run=a.dry_run == "true",
+            organization=a.organization or "organization",
+            root_directory=a.root_directory,
+        )
+    )
     sys.argv = [a.program]
     loop = asyncio.new_event_loop()
     asyncio.set_event_loop(loop)
@@ -41,6 +49,7 @@ def main() -> int:
     loop.set_default_executor(ThreadPoolExecutor(max_workers=max(a.parallel, 1) * 4))
     logging.getLogger("asyncio").setLevel(logging.CRITICAL)
     try:
+
         def program() -> None:
             runpy.run_path(a.program, run_name="__main__")
 
