@@ -10,7 +10,7 @@ APT_PACKAGES=(
   python3-venv openssh-server openssh-client
   qemu-system-x86 qemu-utils ovmf debootstrap grub-efi-amd64-bin grub-pc-bin mtools dosfstools e2fsprogs fdisk
   libvirt-daemon-system libvirt-clients libvirt-dev pkg-config libxml2-utils
-  nginx prometheus prometheus-node-exporter cpio zstd busybox-static ansible-core wrk numactl curl
+  nginx prometheus prometheus-node-exporter cpio zstd busybox-static ansible-core wrk numactl curl redis-server
 )
 
 setup() {
@@ -23,7 +23,7 @@ setup() {
     apt-get install -y -q --no-install-recommends "${missing[@]}"
   fi
   # Debian starts these on install; the tests run their own instances on loopback ports.
-  for s in nginx prometheus prometheus-node-exporter; do systemctl stop "$s" >/dev/null 2>&1 || service "$s" stop >/dev/null 2>&1 || true; done
+  for s in nginx prometheus prometheus-node-exporter redis-server; do systemctl stop "$s" >/dev/null 2>&1 || service "$s" stop >/dev/null 2>&1 || true; done
   mkdir -p /run/sshd
   if [ ! -x .venv/bin/python ]; then python3 -m venv .venv; fi
   .venv/bin/pip install -q --upgrade pip

@@ -1,0 +1,278 @@
+"""Seed 001's request queue on Redis Streams: submit with backpressure, consumer groups, exactly-once results.
+
+Keys (``prefix`` defaults to ``gen``, the stream to ``gen:queue`` as in the seed)::
+
+    gen:queue            the stream; one entry per job, deleted once its result is stored
+    gen:job:<key>        the stream id a job key was accepted under (a resubmitted key is not queued twice)
+    gen:done:<key>       the backend that completed the job; SET NX, so only the first completion counts
+    gen:result:<key>     a list holding the result until the caller pops it (BLPOP)
+    gen:stats            counters: accepted, refused, duplicates, served:<backend>, failed
+
+Why an XLEN check and not ``XADD … MAXLEN``: MAXLEN trims the oldest entries, which are jobs nobody has served
+yet (or that a worker holds pending); that is losing work silently. The submit script refuses instead, atomically
+with the add, and the caller gets ``QueueFull`` (HTTP 429 at the gateway). Completed entries are XDEL'd, so XLEN is
+the work waiting or running.
+
+Usage::
+
+    q = JobQueue(redis.Redis(port=6379), QueueConfig(max_depth=200))
+    q.ensure_group()
+    key = q.submit("sdxl", {"INPUT0": np.ones((1, 4), np.float32)})    # raises QueueFull when 200 are queued
+    res = q.result(key, timeout_s=10)                                   # Result: outputs, backend, latency_ms
+
+    # worker side (serving.worker does this)
+    for job in q.read("worker-1", count=8, block_ms=50): ...
+    q.complete(job, result)          # stores the result once, XACK + XDEL
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import time
+import uuid
+from typing import Any, Optional
+
+import numpy as np
+import redis
+
+_SUBMIT = """
+local prior = redis.call('GET', KEYS[2])
+if prior then return {'dup', prior} end
+local depth = redis.call('XLEN', KEYS[1])
+if depth >= tonumber(ARGV[1]) then
+  redis.call('HINCRBY', KEYS[3], 'refused', 1)
+  return {'full', tostring(depth)}
+end
+local id = redis.call('XADD', KEYS[1], '*', unpack(ARGV, 3))
+redis.call('SET', KEYS[2], id, 'EX', ARGV[2])
+redis.call('HINCRBY', KEYS[3], 'accepted', 1)
+return {'ok', id}
+"""
+
+_COMPLETE = """
+local first = redis.call('SET', KEYS[2], ARGV[4], 'NX', 'EX', ARGV[3])
+if first then
+  redis.call('RPUSH', KEYS[3], ARGV[5])
+  redis.call('EXPIRE', KEYS[3], ARGV[3])
+  redis.call('HINCRBY', KEYS[4], ARGV[6], 1)
+else
+  redis.call('HINCRBY', KEYS[4], 'duplicates', 1)
+end
+redis.call('XACK', KEYS[1], ARGV[1], ARGV[2])
+redis.call('XDEL', KEYS[1], ARGV[2])
+if first then return 1 else return 0 end
+"""
+
+
+class QueueFull(RuntimeError):
+    """The queue holds ``max_depth`` jobs; the job was not queued. Retry later (HTTP 429)."""
+
+    def __init__(self, stream: str, depth: int, max_depth: int):
+        self.depth, self.max_depth = depth, max_depth
+        super().__init__(
+            f"{stream} is full: {depth} jobs waiting or running (max_depth {max_depth}); not queued, retry later"
+        )
+
+
+class ResultTimeout(TimeoutError):
+    pass
+
+
+@dataclasses.dataclass(frozen=True)
+class QueueConfig:
+    stream: str = "gen:queue"
+    group: str = "workers"
+    prefix: str = "gen"
+    max_depth: int = 1000
+    result_ttl_s: int = 3600
+
+    def key(self, kind: str, job_key: str) -> str:
+        return f"{self.prefix}:{kind}:{job_key}"
+
+    @property
+    def stats_key(self) -> str:
+        return f"{self.prefix}:stats"
+
+
+# ------------------------------------------------------------------ tensors and results on the wire
+
+
+def _pack_tensors(tensors: dict[str, np.ndarray]) -> tuple[list[dict], list[bytes]]:
+    meta, blobs = [], []
+    for name, a in tensors.items():
+        a = np.ascontiguousarray(a)
+        meta.append({"name": name, "dtype": a.dtype.str, "shape": list(a.shape)})
+        blobs.append(a.tobytes())
+    return meta, blobs
+
+
+def _unpack_tensors(meta: list[dict], blobs: list[bytes]) -> dict[str, np.ndarray]:
+    return {m["name"]: np.frombuffer(b, dtype=np.dtype(m["dtype"])).reshape(m["shape"]) for m, b in zip(meta, blobs)}
+
+
+@dataclasses.dataclass
+class Job:
+    id: str  # stream entry id
+    key: str  # idempotency key, what the caller holds
+    model: str
+    inputs: dict[str, np.ndarray]
+    enqueued_at: float  # epoch seconds at submit
+    reclaimed: bool = False
+
+
+@dataclasses.dataclass
+class Result:
+    key: str
+    status: str  # "ok" | "error"
+    backend: str
+    worker: str
+    latency_ms: float  # submit → result stored: queueing + service
+    queue_ms: float  # submit → first dispatch to a backend
+    service_ms: float  # the successful Triton call
+    attempts: int = 1  # calls made (a failed backend's call counts)
+    reclaimed: bool = False
+    error: str = ""
+    outputs: dict[str, np.ndarray] = dataclasses.field(default_factory=dict)
+    received_ms: float = 0.0  # caller side: submit → result popped
+
+    def encode(self) -> bytes:
+        meta, blobs = _pack_tensors(self.outputs)
+        head = {k: v for k, v in dataclasses.asdict(self).items() if k not in ("outputs", "received_ms")}
+        head["outputs"] = meta
+        h = json.dumps(head).encode()
+        return len(h).to_bytes(4, "big") + h + b"".join(blobs)
+
+    @classmethod
+    def decode(cls, data: bytes) -> "Result":
+        n = int.from_bytes(data[:4], "big")
+        head = json.loads(data[4 : 4 + n])
+        meta = head.pop("outputs")
+        blobs, pos = [], 4 + n
+        for m in meta:
+            size = int(np.prod(m["shape"], dtype=np.int64)) * np.dtype(m["dtype"]).itemsize
+            blobs.append(data[pos : pos + size])
+            pos += size
+        return cls(**head, outputs=_unpack_tensors(meta, blobs))
+
+
+# ------------------------------------------------------------------ the queue
+
+
+class JobQueue:
+    def __init__(self, r: redis.Redis, config: QueueConfig = QueueConfig()):
+        # redis-py's return types are unions over RESP2/3 and sync/async; this module knows which it gets.
+        self.r: Any = r
+        self.cfg = config
+        self._submit = r.register_script(_SUBMIT)
+        self._complete = r.register_script(_COMPLETE)
+
+    def ensure_group(self) -> None:
+        """Create the stream and consumer group (id 0: jobs queued before the group existed are served too)."""
+        try:
+            self.r.xgroup_create(self.cfg.stream, self.cfg.group, id="0", mkstream=True)
+        except redis.ResponseError as e:
+            if "BUSYGROUP" not in str(e):
+                raise
+
+    def join(self, consumer: str) -> None:
+        """Register the consumer now (an XREADGROUP on an empty stream does not), so XINFO shows every worker."""
+        self.r.xgroup_createconsumer(self.cfg.stream, self.cfg.group, consumer)
+
+    # -------------------------------------------------------------- caller side
+
+    def submit(self, model: str, inputs: dict[str, np.ndarray], *, key: Optional[str] = None) -> str:
+        """Queue a job; returns its key. A key already accepted is not queued again (idempotent retries)."""
+        key = key or uuid.uuid4().hex
+        meta, blobs = _pack_tensors(inputs)
+        fields: list[Any] = ["key", key, "model", model, "t", repr(time.time()), "inputs", json.dumps(meta)]
+        for m, b in zip(meta, blobs):
+            fields += [f"in:{m['name']}", b]
+        c = self.cfg
+        status, value = self._submit(
+            keys=[c.stream, c.key("job", key), c.stats_key], args=[c.max_depth, c.result_ttl_s, *fields]
+        )
+        if status == b"full":
+            raise QueueFull(c.stream, int(value), c.max_depth)
+        return key
+
+    def result(self, key: str, *, timeout_s: float = 30.0, submitted_at: Optional[float] = None) -> Result:
+        got = self.r.blpop([self.cfg.key("result", key)], timeout=timeout_s)
+        if got is None:
+            raise ResultTimeout(f"no result for job {key} within {timeout_s}s")
+        res = Result.decode(got[1])
+        if submitted_at is not None:
+            res.received_ms = (time.time() - submitted_at) * 1000
+        return res
+
+    def call(self, model: str, inputs: dict[str, np.ndarray], *, timeout_s: float = 30.0) -> Result:
+        t = time.time()
+        return self.result(self.submit(model, inputs), timeout_s=timeout_s, submitted_at=t)
+
+    # -------------------------------------------------------------- worker side
+
+    def _job(self, entry_id: bytes, fields: dict[bytes, bytes], reclaimed: bool = False) -> Job:
+        meta = json.loads(fields[b"inputs"])
+        blobs = [fields[f"in:{m['name']}".encode()] for m in meta]
+        return Job(
+            id=entry_id.decode(),
+            key=fields[b"key"].decode(),
+            model=fields[b"model"].decode(),
+            inputs=_unpack_tensors(meta, blobs),
+            enqueued_at=float(fields[b"t"]),
+            reclaimed=reclaimed,
+        )
+
+    def read(self, consumer: str, *, count: int = 8, block_ms: int = 50) -> list[Job]:
+        """New jobs for this consumer (seed 001: XREADGROUP … COUNT 8 BLOCK 50)."""
+        got = self.r.xreadgroup(self.cfg.group, consumer, {self.cfg.stream: ">"}, count=count, block=block_ms)
+        return [self._job(i, f) for _, entries in (got or []) for i, f in entries if f]
+
+    def autoclaim(self, consumer: str, *, min_idle_ms: int, count: int = 8) -> list[Job]:
+        """Take over jobs another consumer has held longer than ``min_idle_ms`` (it died, or hung)."""
+        jobs: list[Job] = []
+        cursor = "0-0"
+        while len(jobs) < count:
+            got = self.r.xautoclaim(
+                self.cfg.stream, self.cfg.group, consumer, min_idle_ms, cursor, count=count - len(jobs)
+            )
+            cursor, entries = got[0], got[1]
+            jobs += [self._job(i, f, reclaimed=True) for i, f in entries if f]
+            if cursor in (b"0-0", "0-0"):
+                break
+        return jobs
+
+    def touch(self, consumer: str, ids: list[str]) -> None:
+        """Reset the idle time of jobs this consumer still works on, so a slow job is not reclaimed."""
+        if ids:
+            self.r.xclaim(self.cfg.stream, self.cfg.group, consumer, 0, ids, justid=True)
+
+    def complete(self, job: Job, result: Result) -> bool:
+        """Store the result unless the job was already completed; XACK and XDEL either way. True when first."""
+        c = self.cfg
+        counter = f"served:{result.backend}" if result.status == "ok" else "failed"
+        first = self._complete(
+            keys=[c.stream, c.key("done", job.key), c.key("result", job.key), c.stats_key],
+            args=[c.group, job.id, c.result_ttl_s, result.backend or "-", result.encode(), counter],
+        )
+        return bool(first)
+
+    # -------------------------------------------------------------- state
+
+    def depth(self) -> int:
+        return int(self.r.xlen(self.cfg.stream))
+
+    def group_info(self) -> dict[str, int]:
+        """pending (delivered, not acknowledged) and lag (not yet delivered) of the consumer group."""
+        for g in self.r.xinfo_groups(self.cfg.stream):
+            name = g["name"].decode() if isinstance(g["name"], bytes) else g["name"]
+            if name == self.cfg.group:
+                return {"pending": int(g.get("pending") or 0), "lag": int(g.get("lag") or 0)}
+        return {"pending": 0, "lag": 0}
+
+    def pending_of(self, consumer: str) -> list[str]:
+        rows = self.r.xpending_range(self.cfg.stream, self.cfg.group, "-", "+", 10_000, consumername=consumer)
+        return [r["message_id"].decode() if isinstance(r["message_id"], bytes) else r["message_id"] for r in rows]
+
+    def stats(self) -> dict[str, int]:
+        return {k.decode(): int(v) for k, v in self.r.hgetall(self.cfg.stats_key).items()}

@@ -1,0 +1,511 @@
+"""A queue worker: pulls jobs from the Redis Stream, runs each on the backend the scheduler picks, stores the result.
+
+One process is one consumer of the group. Threads: the reader (XREADGROUP … COUNT ≤8 BLOCK 50, only as many as it
+has free slots, so jobs it cannot start stay in the stream for other workers), ``slots`` job threads, the prober
+(``/v2/health/ready`` and the model's ready endpoint every ``probe_interval_s``; Triton's queue time and DCGM's XID
+from their metrics endpoints every ``metrics_interval_s``), the reclaimer (XAUTOCLAIM of jobs idle longer than
+``claim_idle_ms``: a dead worker's pending jobs) with a heartbeat that keeps this worker's own slow jobs from
+looking idle, and an optional Prometheus endpoint.
+
+A failed call (backend down, unavailable, deadline) drains that backend in the scheduler and the job goes to
+another at once; a job error Triton answers (bad input) is delivered to the caller as an error result. Results go
+through ``JobQueue.complete``: stored once per job key, however often a job ran.
+
+Run::
+
+    python -m serving.worker --config /etc/gpuhost/gateway/worker.json --consumer gw-1
+
+Config (JSON)::
+
+    {"redis": {"host": "127.0.0.1", "port": 6379},
+     "queue": {"stream": "gen:queue", "group": "workers", "max_depth": 1000},
+     "backends": [{"name": "mig-a", "weight": 3, "grpc": "10.0.0.11:8001", "http": "http://10.0.0.11:8000",
+                   "metrics": "http://10.0.0.11:8002/metrics", "dcgm": "http://10.0.0.11:9400/metrics"}, ...],
+     "slots": 8, "claim_idle_ms": 5000, "metrics_port": 9460, "policy": {"ramp_s": 10, "queue_ms_shift": 20}}
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import http.server
+import json
+import logging
+import os
+import signal
+import socket
+import sys
+import threading
+import time
+import urllib.error
+import urllib.request
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any, Callable, Optional
+
+import numpy as np
+import redis
+
+from serving.metrics import Counter, Histogram, parse_samples, render
+from serving.queue import Job, JobQueue, QueueConfig, Result
+from serving.scheduler import Policy, Scheduler, Signals
+
+log = logging.getLogger("gpuhost.worker")
+
+# Call outcomes that mean "this backend cannot serve now" rather than "this job is bad".
+BACKEND_DOWN = {
+    "StatusCode.UNAVAILABLE",
+    "StatusCode.DEADLINE_EXCEEDED",
+    "StatusCode.CANCELLED",
+    "StatusCode.UNKNOWN",
+    "StatusCode.INTERNAL",
+    "StatusCode.RESOURCE_EXHAUSTED",
+}
+
+
+@dataclasses.dataclass(frozen=True)
+class BackendConfig:
+    name: str
+    weight: float
+    grpc: str  # host:port of Triton's gRPC endpoint
+    http: str  # http://host:port, for the health probes
+    metrics: Optional[str] = None  # Triton's /metrics (queue time)
+    dcgm: Optional[str] = None  # dcgm-exporter's /metrics of the backend's GPU (XID)
+
+
+@dataclasses.dataclass(frozen=True)
+class WorkerConfig:
+    backends: tuple[BackendConfig, ...]
+    redis_host: str = "127.0.0.1"
+    redis_port: int = 6379
+    queue: QueueConfig = QueueConfig()
+    slots: int = 8
+    read_count: int = 8
+    block_ms: int = 50
+    claim_idle_ms: int = 5000
+    probe_interval_s: float = 0.25
+    metrics_interval_s: float = 1.0
+    call_timeout_s: float = 30.0
+    job_timeout_s: float = 60.0
+    metrics_port: Optional[int] = None
+    metrics_address: str = "127.0.0.1"
+    policy: Policy = Policy()
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> "WorkerConfig":
+        d = dict(d)
+        r = d.pop("redis", {})
+        return cls(
+            backends=tuple(BackendConfig(**b) for b in d.pop("backends")),
+            redis_host=r.get("host", "127.0.0.1"),
+            redis_port=int(r.get("port", 6379)),
+            queue=QueueConfig(**d.pop("queue", {})),
+            policy=Policy(**d.pop("policy", {})),
+            **d,
+        )
+
+
+class BackendDown(RuntimeError):
+    pass
+
+
+class JobFailed(RuntimeError):
+    pass
+
+
+class TritonBackend:
+    """Triton over gRPC (binary tensors); thread-safe, one channel per backend."""
+
+    def __init__(self, cfg: BackendConfig, timeout_s: float):
+        import tritonclient.grpc as grpcclient
+
+        self.cfg, self.timeout_s, self._g = cfg, timeout_s, grpcclient
+        # Reconnect quickly after a restart: gRPC's default backoff grows to minutes.
+        self.client = grpcclient.InferenceServerClient(
+            cfg.grpc,
+            channel_args=[
+                ("grpc.initial_reconnect_backoff_ms", 200),
+                ("grpc.min_reconnect_backoff_ms", 200),
+                ("grpc.max_reconnect_backoff_ms", 1000),
+                ("grpc.max_send_message_length", 2**31 - 1),
+                ("grpc.max_receive_message_length", 2**31 - 1),
+            ],
+        )
+
+    def infer(self, job: Job) -> dict[str, np.ndarray]:
+        from tritonclient.utils import InferenceServerException, np_to_triton_dtype
+
+        inputs = []
+        for name, a in job.inputs.items():
+            i = self._g.InferInput(name, list(a.shape), np_to_triton_dtype(a.dtype))
+            i.set_data_from_numpy(a)
+            inputs.append(i)
+        try:
+            res = self.client.infer(job.model, inputs, client_timeout=self.timeout_s)
+        except InferenceServerException as e:
+            if (e.status() or "") in BACKEND_DOWN:
+                raise BackendDown(f"{self.cfg.name}: {e}") from None
+            raise JobFailed(f"{self.cfg.name}: {e}") from None
+        out = res.get_response().outputs
+        return {o.name: res.as_numpy(o.name) for o in out}
+
+
+def _get(url: str, timeout: float = 1.0) -> tuple[int, bytes]:
+    try:
+        with urllib.request.urlopen(url, timeout=timeout) as r:
+            return r.status, r.read()
+    except urllib.error.HTTPError as e:
+        return e.code, b""
+    except (urllib.error.URLError, OSError, socket.timeout):
+        return 0, b""
+
+
+def queue_ms_from(
+    prev: Optional[tuple[float, float]], text: str, models: set[str]
+) -> tuple[Optional[float], tuple[float, float]]:
+    """Average queue time per request since ``prev`` from Triton's /metrics text, over the given models."""
+    queue_us = success = 0.0
+    for name, labels, value in parse_samples(text):
+        if labels.get("model") not in models:
+            continue
+        if name == "nv_inference_queue_duration_us":
+            queue_us += value
+        elif name == "nv_inference_request_success":
+            success += value
+    now = (queue_us, success)
+    if prev is None or success <= prev[1]:
+        return None, now
+    return (queue_us - prev[0]) / (success - prev[1]) / 1000.0, now
+
+
+def xid_from(text: str) -> int:
+    """The largest XID DCGM reports on this backend's GPUs (0: none)."""
+    return int(max((v for n, _, v in parse_samples(text) if n == "DCGM_FI_DEV_XID_ERRORS"), default=0))
+
+
+class Worker:
+    def __init__(
+        self,
+        cfg: WorkerConfig,
+        consumer: str,
+        *,
+        models: Optional[set[str]] = None,
+        backend_factory: Callable[[BackendConfig, float], Any] = TritonBackend,
+    ):
+        self.cfg, self.consumer = cfg, consumer
+        self.r = redis.Redis(host=cfg.redis_host, port=cfg.redis_port, socket_timeout=10)
+        self.queue = JobQueue(self.r, cfg.queue)
+        self.sched = Scheduler({b.name: b.weight for b in cfg.backends}, cfg.policy)
+        self.backends = {b.name: backend_factory(b, cfg.call_timeout_s) for b in cfg.backends}
+        self.models = models or set()  # models whose queue time counts; learned from jobs when empty
+        self.stop = threading.Event()
+        self._slots = threading.Semaphore(cfg.slots)
+        self._free = cfg.slots
+        self._lock = threading.Lock()
+        self._holding: dict[str, float] = {}
+        self._pool = ThreadPoolExecutor(cfg.slots, thread_name_prefix="job")
+        self.jobs = Counter("gpuhost_gateway_jobs_total", "Jobs finished by this worker", ("backend", "outcome"))
+        self.calls = Counter("gpuhost_gateway_backend_calls_total", "Calls to backends", ("backend", "outcome"))
+        self.latency = Histogram(
+            "gpuhost_gateway_job_latency_seconds", "Submit to result stored, queueing included", ("backend",)
+        )
+        self.queue_time = Histogram("gpuhost_gateway_job_queue_seconds", "Submit to first dispatch", ("backend",))
+        self.reclaimed = Counter("gpuhost_gateway_jobs_reclaimed_total", "Jobs taken over from an idle consumer", ())
+        self.duplicates = Counter(
+            "gpuhost_gateway_duplicate_completions_total",
+            "Completions dropped because the job key was already done",
+            (),
+        )
+
+    # ------------------------------------------------------------------ jobs
+
+    def _process(self, job: Job) -> None:
+        try:
+            res = self._run(job)
+            first = self.queue.complete(job, res)
+            self.jobs.inc(res.backend or "-", res.status)
+            if not first:
+                self.duplicates.inc()
+            else:
+                self.latency.observe(res.latency_ms / 1000, res.backend or "-")
+                self.queue_time.observe(res.queue_ms / 1000, res.backend or "-")
+        except Exception:  # the job stays pending and is reclaimed after claim_idle_ms
+            log.exception("job %s: not completed", job.key)
+        finally:
+            with self._lock:
+                self._holding.pop(job.id, None)
+                self._free += 1
+            self._slots.release()
+
+    def _run(self, job: Job) -> Result:
+        self.models.add(job.model)
+        tried: set[str] = set()
+        attempts = 0
+        first_dispatch: Optional[float] = None
+        last_error = ""
+        deadline = time.monotonic() + self.cfg.job_timeout_s
+        while not self.stop.is_set():
+            now = time.monotonic()
+            name = self.sched.pick(now, exclude=tried)
+            if name is None and tried:
+                tried.clear()
+                name = self.sched.pick(now)
+            if name is None:
+                if now > deadline:
+                    break
+                time.sleep(0.02)
+                continue
+            first_dispatch = first_dispatch or time.time()
+            attempts += 1
+            self.sched.started(name)
+            t0 = time.perf_counter()
+            try:
+                outputs = self.backends[name].infer(job)
+            except BackendDown as e:
+                self.sched.failed(name, time.monotonic())
+                self.calls.inc(name, "backend_down")
+                tried.add(name)
+                last_error = str(e)
+                continue
+            except JobFailed as e:
+                self.calls.inc(name, "job_error")
+                return self._result(job, "error", name, first_dispatch, 0.0, attempts, str(e))
+            finally:
+                self.sched.finished(name)
+            self.calls.inc(name, "ok")
+            return self._result(
+                job, "ok", name, first_dispatch, (time.perf_counter() - t0) * 1000, attempts, outputs=outputs
+            )
+        if self.stop.is_set():
+            raise RuntimeError("worker stopping; job left pending for another worker")
+        return self._result(
+            job,
+            "error",
+            "",
+            first_dispatch or time.time(),
+            0.0,
+            attempts,
+            f"no backend could serve the job within {self.cfg.job_timeout_s:g}s"
+            + (f" (last: {last_error})" if last_error else ""),
+        )
+
+    def _result(
+        self,
+        job: Job,
+        status: str,
+        backend: str,
+        dispatched: float,
+        service_ms: float,
+        attempts: int,
+        error: str = "",
+        outputs: Optional[dict] = None,
+    ) -> Result:
+        now = time.time()
+        return Result(
+            key=job.key,
+            status=status,
+            backend=backend,
+            worker=self.consumer,
+            latency_ms=(now - job.enqueued_at) * 1000,
+            queue_ms=(dispatched - job.enqueued_at) * 1000,
+            service_ms=service_ms,
+            attempts=attempts,
+            reclaimed=job.reclaimed,
+            error=error,
+            outputs=outputs or {},
+        )
+
+    def _start(self, jobs: list[Job]) -> None:
+        for job in jobs:
+            self._slots.acquire()
+            with self._lock:
+                self._free -= 1
+                self._holding[job.id] = time.monotonic()
+            if job.reclaimed:
+                self.reclaimed.inc()
+            self._pool.submit(self._process, job)
+
+    # ------------------------------------------------------------------ loops
+
+    def _reader(self) -> None:
+        while not self.stop.is_set():
+            with self._lock:
+                free = self._free
+            if free <= 0:
+                time.sleep(0.002)
+                continue
+            try:
+                jobs = self.queue.read(self.consumer, count=min(self.cfg.read_count, free), block_ms=self.cfg.block_ms)
+            except redis.RedisError:
+                log.exception("read")
+                time.sleep(0.5)
+                continue
+            self._start(jobs)
+
+    def _reclaimer(self) -> None:
+        idle = self.cfg.claim_idle_ms / 1000
+        while not self.stop.wait(max(0.1, idle / 4)):
+            try:
+                with self._lock:
+                    mine = list(self._holding)
+                    free = self._free
+                self.queue.touch(self.consumer, mine)
+                if free > 0:
+                    self._start(self.queue.autoclaim(self.consumer, min_idle_ms=self.cfg.claim_idle_ms, count=free))
+            except redis.RedisError:
+                log.exception("reclaim")
+
+    def _probe_once(self, b: BackendConfig, prev: dict[str, Any], with_metrics: bool) -> None:
+        ready = _get(b.http + "/v2/health/ready")[0] == 200
+        for m in sorted(self.models):
+            ready = ready and _get(f"{b.http}/v2/models/{m}/ready")[0] == 200
+        queue_ms = None
+        xid = prev.get("xid", 0)
+        if with_metrics and ready and b.metrics and self.models:
+            status, body = _get(b.metrics)
+            if status == 200:
+                queue_ms, prev["counters"] = queue_ms_from(
+                    prev.get("counters"), body.decode(errors="replace"), self.models
+                )
+        if with_metrics and b.dcgm:
+            status, body = _get(b.dcgm)
+            if status == 200:
+                xid = prev["xid"] = xid_from(body.decode(errors="replace"))
+        self.sched.observe(b.name, Signals(ready=ready, queue_ms=queue_ms, xid=xid), time.monotonic())
+
+    def _prober(self) -> None:
+        state: dict[str, dict] = {b.name: {} for b in self.cfg.backends}
+        last_metrics = 0.0
+        while True:
+            now = time.monotonic()
+            with_metrics = now - last_metrics >= self.cfg.metrics_interval_s
+            if with_metrics:
+                last_metrics = now
+            for b in self.cfg.backends:
+                self._probe_once(b, state[b.name], with_metrics)
+            if self.stop.wait(self.cfg.probe_interval_s):
+                return
+
+    # ------------------------------------------------------------------ metrics
+
+    def metrics_text(self) -> str:
+        now = time.monotonic()
+        labels = {"consumer": self.consumer, "stream": self.cfg.queue.stream}
+        gauges: list[tuple[str, str, dict[str, str], float]] = []
+        try:
+            info = self.queue.group_info()
+            gauges += [
+                ("gpuhost_gateway_queue_depth", "Jobs in the stream (waiting or running)", {}, self.queue.depth()),
+                ("gpuhost_gateway_queue_pending", "Jobs delivered, not yet acknowledged", {}, info["pending"]),
+                ("gpuhost_gateway_queue_lag", "Jobs not yet delivered to any worker", {}, info["lag"]),
+                (
+                    "gpuhost_gateway_queue_max_depth",
+                    "Depth at which new jobs are refused",
+                    {},
+                    self.cfg.queue.max_depth,
+                ),
+            ]
+            for k, v in self.queue.stats().items():
+                if k == "refused":
+                    gauges.append(
+                        ("gpuhost_gateway_jobs_refused", "Submits refused by a full queue (all workers)", {}, v)
+                    )
+            up = 1.0
+        except redis.RedisError:
+            up = 0.0
+        gauges.append(("gpuhost_gateway_redis_up", "Redis answered this scrape", {}, up))
+        for name, s in self.sched.snapshot(now).items():
+            b = {"backend": name}
+            gauges += [
+                ("gpuhost_gateway_backend_healthy", "Health probe and calls succeed", b, float(s["healthy"])),
+                ("gpuhost_gateway_backend_weight", "Configured weight", b, s["weight"]),
+                (
+                    "gpuhost_gateway_backend_effective_weight",
+                    "Weight after health, queue time and ramp",
+                    b,
+                    s["effective_weight"],
+                ),
+                (
+                    "gpuhost_gateway_backend_in_flight",
+                    "Jobs running on the backend from this worker",
+                    b,
+                    s["in_flight"],
+                ),
+            ]
+            if s["queue_ms"] is not None:
+                gauges.append(
+                    ("gpuhost_gateway_backend_queue_ms", "Triton's average queue time per request", b, s["queue_ms"])
+                )
+        return render(
+            gauges,
+            [self.jobs, self.calls, self.reclaimed, self.duplicates],
+            [self.latency, self.queue_time],
+            common=labels,
+        )
+
+    def _serve_metrics(self) -> Optional[http.server.ThreadingHTTPServer]:
+        if self.cfg.metrics_port is None:
+            return None
+        worker = self
+
+        class Handler(http.server.BaseHTTPRequestHandler):
+            def do_GET(self):  # noqa: N802
+                if self.path.split("?")[0] != "/metrics":
+                    self.send_error(404)
+                    return
+                body = worker.metrics_text().encode()
+                self.send_response(200)
+                self.send_header("Content-Type", "text/plain; version=0.0.4")
+                self.send_header("Content-Length", str(len(body)))
+                self.end_headers()
+                self.wfile.write(body)
+
+            def log_message(self, *a):
+                pass
+
+        srv = http.server.ThreadingHTTPServer((self.cfg.metrics_address, self.cfg.metrics_port), Handler)
+        threading.Thread(target=srv.serve_forever, daemon=True, name="metrics").start()
+        return srv
+
+    # ------------------------------------------------------------------ lifecycle
+
+    def run(self) -> None:
+        """Run until ``stop`` is set; jobs in flight finish (or stay pending for another worker)."""
+        self.queue.ensure_group()
+        for b in self.cfg.backends:  # a first probe before any job, so the scheduler starts with real health
+            self._probe_once(b, {}, False)
+        self.queue.join(self.consumer)
+        srv = self._serve_metrics()
+        threads = [threading.Thread(target=t, daemon=True, name=t.__name__) for t in (self._prober, self._reclaimer)]
+        for t in threads:
+            t.start()
+        try:
+            self._reader()
+        finally:
+            self._pool.shutdown(wait=True)
+            for t in threads:
+                t.join(5)
+            if srv:
+                srv.shutdown()
+
+
+def main(argv: Optional[list[str]] = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--config", required=True)
+    ap.add_argument("--consumer", default=f"{socket.gethostname()}-{os.getpid()}")
+    ap.add_argument("--metrics-port", type=int)
+    a = ap.parse_args(argv)
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
+    with open(a.config) as f:
+        cfg = WorkerConfig.from_dict(json.load(f))
+    if a.metrics_port is not None:
+        cfg = dataclasses.replace(cfg, metrics_port=a.metrics_port)
+    w = Worker(cfg, a.consumer)
+    signal.signal(signal.SIGTERM, lambda *_: w.stop.set())
+    signal.signal(signal.SIGINT, lambda *_: w.stop.set())
+    log.info("worker %s: %d backends, %d slots, stream %s", a.consumer, len(cfg.backends), cfg.slots, cfg.queue.stream)
+    w.run()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,118 @@
+"""Debian's redis-server for tests: a real server on a free loopback port, no persistence, data under a temp dir.
+
+Usage::
+
+    with start_redis(tmp_path) as srv:
+        r = redis.Redis(port=srv.port)
+        r.ping()
+
+    redis_server = redis_fixture()          # in a test module: one server per module, flushed per test by `r`
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import shutil
+import socket
+import subprocess
+import tempfile
+import time
+from pathlib import Path
+from typing import Literal, Optional
+
+from tests.servers import stop_process
+
+REDIS_SERVER = shutil.which("redis-server") or "/usr/bin/redis-server"
+
+
+def available() -> bool:
+    return Path(REDIS_SERVER).exists()
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@dataclasses.dataclass
+class RedisHandle:
+    port: int
+    workdir: Path
+    process: subprocess.Popen
+    log_path: Path
+
+    @property
+    def url(self) -> str:
+        return f"redis://127.0.0.1:{self.port}/0"
+
+    def log(self) -> str:
+        return self.log_path.read_text(errors="replace") if self.log_path.exists() else ""
+
+    def stop(self) -> None:
+        stop_process(self.process, timeout=10)
+
+    def __enter__(self) -> "RedisHandle":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.stop()
+
+
+def start_redis(workdir: Optional[Path] = None, *, ready_timeout: float = 15.0) -> RedisHandle:
+    workdir = Path(workdir or tempfile.mkdtemp(prefix="gpuhost-redis-"))
+    workdir.mkdir(parents=True, exist_ok=True)
+    port = free_port()
+    log_path = workdir / "redis.log"
+    cmd = [
+        REDIS_SERVER,
+        "--bind",
+        "127.0.0.1",
+        "--port",
+        str(port),
+        "--save",
+        "",
+        "--appendonly",
+        "no",
+        "--dir",
+        str(workdir),
+        "--daemonize",
+        "no",
+        "--protected-mode",
+        "yes",
+        "--logfile",
+        str(log_path),
+    ]
+    proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.STDOUT, start_new_session=True)
+    h = RedisHandle(port=port, workdir=workdir, process=proc, log_path=log_path)
+    deadline = time.monotonic() + ready_timeout
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise RuntimeError(f"redis-server exited with {proc.returncode}:\n{h.log()[-3000:]}")
+        try:
+            with socket.create_connection(("127.0.0.1", port), timeout=1) as s:
+                s.sendall(b"PING\r\n")
+                if s.recv(64).startswith(b"+PONG"):
+                    return h
+        except OSError:
+            pass
+        time.sleep(0.05)
+    h.stop()
+    raise TimeoutError(f"redis-server not ready:\n{h.log()[-3000:]}")
+
+
+def redis_fixture(scope: Literal["session", "module", "function"] = "module"):
+    """A pytest fixture: one redis-server for the module (skips when Debian's redis-server is missing)."""
+    import pytest
+
+    @pytest.fixture(scope=scope)
+    def _redis(tmp_path_factory):
+        if not available():
+            pytest.skip("redis-server is not installed (APT_PACKAGES in gpuhost.sh)")
+        h = start_redis(tmp_path_factory.mktemp("redis"))
+        try:
+            yield h
+        finally:
+            h.stop()
+
+    return _redis
