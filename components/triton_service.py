@@ -25,6 +25,11 @@ import pulumi_docker as docker
 from pydantic import BaseModel, ConfigDict
 
 from access.ssh import HostSpec
+from plans.adaptive_window import SCRIPT_PATH as WINDOW_SCRIPT_PATH
+from plans.adaptive_window import UNIT_NAME as WINDOW_UNIT_NAME
+from plans.adaptive_window import UNIT_PATH as WINDOW_UNIT_PATH
+from plans.adaptive_window import AdaptiveWindow, controller_unit, with_flags
+from plans.adaptive_window import server_flags as window_server_flags
 from plans.nginx import NginxSpec
 from plans.nginx import render as render_nginx
 from plans.presets import apply_preset, mps_environment, preset_for
@@ -41,9 +46,11 @@ from plans.triton_runtime import (
 )
 from providers.base import host_input
 from providers.managed_file import ManagedFile
+from providers.systemd_service import SystemdService
 from providers.triton_gate import AcceptanceGate
 from providers.triton_repository import TritonModelRepository, repository_inputs
 
+ADAPTIVE_WINDOW_PY = Path(__file__).resolve().parents[1] / "serving" / "adaptive_window.py"
 STANDIN_MODEL_PY = Path(__file__).resolve().parents[1] / "serving" / "standin_model.py"
 
 
@@ -69,6 +76,19 @@ class TritonServiceArgs(BaseModel):
     gate_max_requests: int = 200_000
     slo_p95_ms: Optional[float] = 8.0  # seed 000: p95 < 8 ms (640×640 detection)
     model_py: Optional[str] = None  # python-backend model code; default: the stand-in
+    # Seed 004's adaptive batching window: a controller unit beside Triton, which then runs with explicit model
+    # control and latency summaries.
+    adaptive_window: Optional[AdaptiveWindow] = None
+
+
+def adaptive_window_flags(args: TritonServiceArgs, specs: list[ModelSpec]) -> list[str]:
+    """Triton flags the adaptive-window controller needs; every model must batch dynamically (a window to move)."""
+    if not args.adaptive_window:
+        return []
+    fixed = [m.name for m in specs if m.dynamic_batching is None]
+    if fixed:
+        raise ValueError(f"adaptive_window: model(s) {', '.join(fixed)} have no dynamic_batching, no window to move")
+    return window_server_flags()
 
 
 def _specs(args: TritonServiceArgs) -> list[ModelSpec]:
@@ -87,10 +107,11 @@ class TritonService(pulumi.ComponentResource):
             f"{name}-models", {"host": host_input(args.host), "root": args.repository_root, **repo_inputs}, opts=child
         )
 
+        window_flags = adaptive_window_flags(args, specs)
         preset = preset_for(args.gpu_model)
         env = mps_environment(preset, 0)
         if args.runtime == "docker":
-            srv_args = server_args(ServerOptions(model_repository="/models"), specs)
+            srv_args = with_flags(server_args(ServerOptions(model_repository="/models"), specs), window_flags)
             rt = args.docker.model_copy(
                 update={"host_repository": args.repository_root, "env": {**env, **args.docker.env}}
             )
@@ -123,7 +144,9 @@ class TritonService(pulumi.ComponentResource):
             )
             runtime_id = c["image"]
         else:
-            srv_args = server_args(ServerOptions(model_repository=args.repository_root), specs)
+            srv_args = with_flags(
+                server_args(ServerOptions(model_repository=args.repository_root), specs), window_flags
+            )
             rt = args.process.model_copy(update={"env": {**env, **args.process.env}})
             unit = systemd_unit(rt, srv_args)
             self.server = ManagedFile(
@@ -151,6 +174,25 @@ class TritonService(pulumi.ComponentResource):
             },
             opts=child,
         )
+
+        self.adaptive_window = None
+        if args.adaptive_window:
+            opts_ = ServerOptions()
+            unit_text = controller_unit(
+                args.adaptive_window,
+                [m.name for m in specs],
+                triton_url=f"http://127.0.0.1:{opts_.http_port}",
+                metrics_url=f"http://127.0.0.1:{opts_.metrics_port}",
+            )
+            self.adaptive_window = SystemdService(
+                f"{name}-adaptive-window",
+                {
+                    "host": host_input(args.host),
+                    "unit": WINDOW_UNIT_NAME,
+                    "files": {WINDOW_UNIT_PATH: unit_text, WINDOW_SCRIPT_PATH: ADAPTIVE_WINDOW_PY.read_text()},
+                },
+                opts=pulumi.ResourceOptions(parent=self, depends_on=[self.server]),
+            )
 
         self.gate = None
         if args.endpoint:

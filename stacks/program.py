@@ -253,6 +253,7 @@ def build(fleet: Fleet) -> dict:
                 slo_p95_ms=s.slo.p95_ms,
                 gate_concurrency=s.acceptance.concurrency,
                 gate_duration_s=s.acceptance.duration_s,
+                adaptive_window=s.adaptive_window,
             ),
             ResourceOptions(depends_on=deps),
         )

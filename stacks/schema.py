@@ -25,6 +25,7 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator, model_valida
 
 from facts.cpulist import CpuListError, parse_cpulist
 from facts.model import normalize_pci
+from plans.adaptive_window import AdaptiveWindow  # one definition of the controller's settings
 from plans.sriov import VfSettings  # one definition of per-VF settings
 
 PCI_RE = re.compile(r"^([0-9a-fA-F]{4}:)?[0-9a-fA-F]{2}:[0-9a-fA-F]{2}\.[0-7]$")
@@ -317,6 +318,11 @@ class Service(Strict):
     slo: Slo
     acceptance: Acceptance = Field(default_factory=Acceptance)
     numa_node: Optional[int] = None
+    adaptive_window: Optional[AdaptiveWindow] = Field(
+        None,
+        description="seed 004: a controller moving each model's batching window toward a p95 target "
+        "({target_p95_ms, step_us, period_s, min_us, max_us}; seed values as defaults)",
+    )
 
 
 class Monitoring(Strict):

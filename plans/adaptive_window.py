@@ -1,0 +1,128 @@
+"""The adaptive batching window as deployed (seed 004): what Triton must run with and the controller's systemd unit.
+
+* ``AdaptiveWindow``: the stack-config block (``services[].adaptive_window``), seed values as defaults;
+* ``server_flags``: Triton flags the controller needs — explicit model control (it reloads models with a config
+  override), every model loaded at start, and latency summaries (its p95 source);
+* ``controller_unit``: the unit running ``serving/adaptive_window.py`` next to Triton.
+
+Usage::
+
+    spec = AdaptiveWindow(target_p95_ms=50)
+    args = with_flags(server_args(opts, specs), server_flags())
+    unit = controller_unit(spec, ["resnet50"], triton_url="http://127.0.0.1:8000",
+                           metrics_url="http://127.0.0.1:8002")
+"""
+
+from __future__ import annotations
+
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+from plans.triton_runtime import systemd_quote
+
+UNIT_NAME = "gpuhost-adaptive-window.service"
+UNIT_PATH = f"/etc/systemd/system/{UNIT_NAME}"
+# An existing directory on Debian/Ubuntu: nothing to create at deploy or remove at delete.
+SCRIPT_PATH = "/usr/local/lib/gpuhost-adaptive-window.py"
+
+
+class AdaptiveWindow(BaseModel):
+    """Seed 004: every 10 s, ±50 µs toward the p95 target, clamped to [200, 1500] µs."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+    target_p95_ms: float = Field(50.0, gt=0, description="p95 the window steers to (ms)")
+    step_us: int = Field(50, ge=1, description="window change per period (µs)")
+    period_s: float = Field(10.0, gt=0, le=3600, description="seconds between decisions")
+    min_us: int = Field(200, ge=0, description="smallest window (µs)")
+    max_us: int = Field(1500, ge=0, description="largest window (µs)")
+    listen: str = Field(
+        "0.0.0.0:9108",
+        pattern=r"^[0-9A-Za-z.\-\[\]:]+:[0-9]{1,5}$",
+        description="host:port of the controller's /metrics (decisions for Prometheus)",
+    )
+
+    @model_validator(mode="after")
+    def _clamp(self):
+        if self.max_us < self.min_us:
+            raise ValueError(f"max_us: {self.max_us} µs is below min_us {self.min_us} µs")
+        if self.max_us > self.min_us and self.step_us > self.max_us - self.min_us:
+            raise ValueError(f"step_us: {self.step_us} µs is wider than the clamp [{self.min_us}, {self.max_us}] µs")
+        return self
+
+
+def server_flags() -> list[str]:
+    return ["--model-control-mode=explicit", "--load-model=*", "--metrics-config=summary_latencies=true"]
+
+
+def _option(arg: str) -> str:
+    name, _, value = arg.partition("=")
+    # --metrics-config is given once per key (summary_latencies=..., summary_quantiles=...).
+    return f"{name}={value.split('=', 1)[0]}" if name == "--metrics-config" else name
+
+
+def with_flags(args: list[str], flags: list[str]) -> list[str]:
+    """``args`` plus each flag whose option is not already given (another part may turn summaries on too)."""
+    have = {_option(a) for a in args}
+    return list(args) + [f for f in flags if _option(f) not in have]
+
+
+def controller_argv(
+    spec: AdaptiveWindow,
+    models: list[str],
+    *,
+    triton_url: str,
+    metrics_url: str,
+    python: str = "/usr/bin/python3",
+    script: str = SCRIPT_PATH,
+) -> list[str]:
+    argv = [python, script, "--triton-url", triton_url, "--metrics-url", metrics_url]
+    for m in models:
+        argv += ["--model", m]
+    return argv + [
+        "--target-p95-ms",
+        f"{spec.target_p95_ms:g}",
+        "--step-us",
+        str(spec.step_us),
+        "--period-s",
+        f"{spec.period_s:g}",
+        "--min-us",
+        str(spec.min_us),
+        "--max-us",
+        str(spec.max_us),
+        "--listen",
+        spec.listen,
+    ]
+
+
+def controller_unit(
+    spec: AdaptiveWindow,
+    models: list[str],
+    *,
+    triton_url: str,
+    metrics_url: str,
+    after: str = "gpuhost-triton.service docker.service",
+) -> str:
+    if not models:
+        raise ValueError("the adaptive window needs at least one model")
+    argv = controller_argv(spec, models, triton_url=triton_url, metrics_url=metrics_url)
+    return (
+        "\n".join(
+            [
+                "[Unit]",
+                "Description=gpuhost adaptive batching window (seed 004)",
+                f"After=network-online.target {after}",
+                "Wants=network-online.target",
+                "",
+                "[Service]",
+                "Type=simple",
+                # It only talks HTTP to Triton on loopback: no privileges needed.
+                "DynamicUser=yes",
+                "ExecStart=" + " ".join(systemd_quote(a) for a in argv),
+                "Restart=always",
+                "RestartSec=5",
+                "",
+                "[Install]",
+                "WantedBy=multi-user.target",
+            ]
+        )
+        + "\n"
+    )

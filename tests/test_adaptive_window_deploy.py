@@ -1,0 +1,189 @@
+"""Deploying the adaptive window: stack config → TritonService → a systemd unit beside Triton.
+
+The program runs under Pulumi mocks (no engine, no guest here: declared resources only); the unit's command line
+and the Triton flags it needs are then run for real against a real Triton (pytriton wheel, CPU).
+"""
+
+import json
+import subprocess
+import sys
+import time
+import urllib.request
+from pathlib import Path
+
+import pytest
+
+from plans.adaptive_window import (
+    SCRIPT_PATH,
+    UNIT_NAME,
+    UNIT_PATH,
+    AdaptiveWindow,
+    controller_argv,
+    controller_unit,
+    server_flags,
+    with_flags,
+)
+from plans.triton_runtime import parse_unit_exec
+from providers.systemd_service import SystemdServiceProvider, parse_status, start_script, stop_script
+from stacks.load import ConfigError, parse_fleet
+from tests.mocks import run_program
+from tests.servers.triton import free_port, triton_fixture, write_sleep_model
+from tests.stackfiles import stack_config
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def fleet_with(window, service=1):
+    cfg, secret = stack_config("hk-prod")
+    fleet = json.loads(cfg["gpuhost:fleet"])
+    if window is not None:
+        fleet["services"][service]["adaptive_window"] = window
+    return cfg, secret, fleet
+
+
+def test_seed_values_are_the_defaults():
+    w = AdaptiveWindow()
+    assert (w.target_p95_ms, w.step_us, w.period_s, w.min_us, w.max_us) == (50.0, 50, 10.0, 200, 1500)
+
+
+@pytest.mark.parametrize(
+    "window, line",
+    [
+        ({"min_us": 1500, "max_us": 200}, "fleet.services[1].adaptive_window: max_us: 1500"),
+        ({"step_us": 0}, "fleet.services[1].adaptive_window.step_us: Input should be greater than or equal to 1"),
+        ({"step_us": 500, "min_us": 200, "max_us": 400}, "fleet.services[1].adaptive_window: step_us: 500 µs"),
+        ({"target_p95_ms": -1}, "fleet.services[1].adaptive_window.target_p95_ms: Input should be greater than 0"),
+        ({"period": 10}, "fleet.services[1].adaptive_window.period: Extra inputs are not permitted"),
+    ],
+)
+def test_bad_adaptive_window_is_refused_with_its_config_path(window, line):
+    _, _, fleet = fleet_with(window)
+    with pytest.raises(ConfigError) as e:
+        parse_fleet(fleet)
+    assert any(
+        ln.startswith(line.split(": ", 1)[0]) and line.split(": ", 1)[1].split(" ")[0] in ln for ln in e.value.lines
+    ), e.value.lines
+
+
+def test_controller_unit_runs_the_controller_with_the_configured_values():
+    spec = AdaptiveWindow(target_p95_ms=48, period_s=5)
+    unit = controller_unit(
+        spec, ["resnet50", "yolo"], triton_url="http://127.0.0.1:8000", metrics_url="http://127.0.0.1:8002"
+    )
+    argv, _env = parse_unit_exec(unit)
+    assert argv == controller_argv(
+        spec, ["resnet50", "yolo"], triton_url="http://127.0.0.1:8000", metrics_url="http://127.0.0.1:8002"
+    )
+    assert argv[:2] == ["/usr/bin/python3", SCRIPT_PATH]
+    assert argv[argv.index("--target-p95-ms") + 1] == "48" and argv[argv.index("--period-s") + 1] == "5"
+    assert argv[argv.index("--min-us") + 1] == "200" and argv[argv.index("--max-us") + 1] == "1500"
+    assert "WantedBy=multi-user.target" in unit and "Restart=always" in unit
+
+
+def test_flags_are_added_once():
+    args = ["--model-repository=/models", "--metrics-config=summary_latencies=true"]
+    out = with_flags(args, server_flags())
+    assert out == args + ["--model-control-mode=explicit", "--load-model=*"]
+    assert with_flags(out, server_flags()) == out
+    assert "--metrics-config=summary_quantiles=0.95:0.001" in with_flags(
+        ["--metrics-config=summary_quantiles=0.95:0.001"], server_flags()
+    )
+
+
+def test_service_provider_scripts_and_status():
+    assert start_script("gpuhost-adaptive-window.service", restart=False).splitlines() == [
+        "set -e",
+        "systemctl daemon-reload",
+        "systemctl enable --quiet gpuhost-adaptive-window.service",
+        "systemctl start gpuhost-adaptive-window.service",
+    ]
+    assert "disable --now" in stop_script("x.service")
+    files, enabled, active = parse_status("@@file /etc/x\nABSENT\n@@unit\nenabled\nfailed\n")
+    assert not files["/etc/x"].exists and enabled and not active
+    host = {"name": "h", "address": "10.0.0.1", "host_key": "ssh-ed25519 " + "A" * 68}
+    provider = SystemdServiceProvider()
+    good = {"host": host, "unit": "x.service", "files": {"/etc/systemd/system/x.service": "[Unit]\n"}}
+    assert provider.check({}, good).failures == []
+    bad = {**good, "unit": "x.service; rm -rf /"}
+    assert [f.property for f in provider.check({}, bad).failures] == ["unit", "files"]
+    elsewhere = {**good, "files": {"/tmp/x.service": ""}}
+    assert [f.reason for f in provider.check({}, elsewhere).failures] == [
+        "must include the unit file /etc/systemd/system/x.service"
+    ]
+
+
+def _service_resources(rec, service):
+    comp = next(r for r in rec.of_type("gpuhost:serving:TritonService") if r.name == service)
+    return [r for r in rec.registrations if r.parent == comp.urn]
+
+
+def _triton_argv(children):
+    for r in children:
+        if r.type == "docker:index/container:Container":
+            return r.inputs["command"]
+        if r.name.endswith("-triton-unit"):
+            return parse_unit_exec(r.inputs["content"])[0]
+    raise AssertionError("no Triton runtime among " + str([r.name for r in children]))
+
+
+def test_mocked_program_deploys_the_controller_only_where_config_asks_for_it():
+    cfg, secret, fleet = fleet_with({"target_p95_ms": 48, "period_s": 10}, service=1)
+    fleet["services"][4]["adaptive_window"] = {}
+    cfg["gpuhost:fleet"] = json.dumps(fleet)
+    rec = run_program(cfg, secret, stack="hk-prod")
+    assert rec.duplicate_urns() == []
+    units = rec.of_type("pulumi-python:dynamic/host:SystemdService")
+    assert sorted(u.name for u in units) == ["resnet-a10-adaptive-window", "resnet-rhel-adaptive-window"]
+    for service, target in (("resnet-a10", "48"), ("resnet-rhel", "50")):
+        children = _service_resources(rec, service)
+        unit = next(r for r in children if r.name == f"{service}-adaptive-window")
+        assert unit.inputs["unit"] == UNIT_NAME
+        assert unit.inputs["files"][SCRIPT_PATH] == (ROOT / "serving" / "adaptive_window.py").read_text()
+        argv, _ = parse_unit_exec(unit.inputs["files"][UNIT_PATH])
+        assert argv[argv.index("--target-p95-ms") + 1] == target
+        assert argv[argv.index("--model") + 1] == "resnet50"
+        server = next(r for r in children if r.name in (f"{service}-triton", f"{service}-triton-unit"))
+        assert server.urn in unit.dependencies
+        triton_argv = _triton_argv(children)
+        assert all(f in triton_argv for f in server_flags()), triton_argv
+    # A service that does not ask keeps Triton's default (polling-free, no explicit control) flags.
+    plain = _triton_argv(_service_resources(rec, "yolo-rt"))
+    assert "--model-control-mode=explicit" not in plain
+
+
+def standin(repo):
+    write_sleep_model(repo, "standin", sleep_ms=1.0, max_batch_size=8, max_queue_delay_microseconds=300, dims=(4,))
+
+
+triton = triton_fixture(standin, extra_args=tuple(server_flags()))
+
+
+def test_deployed_command_line_runs_against_triton_started_with_the_deployed_flags(triton):
+    port = free_port()
+    spec = AdaptiveWindow(period_s=1, listen=f"127.0.0.1:{port}")
+    argv = controller_argv(
+        spec,
+        ["standin"],
+        triton_url=triton.http_url,
+        metrics_url=triton.metrics_url,
+        python=sys.executable,
+        script=str(ROOT / "serving" / "adaptive_window.py"),
+    )
+    proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    try:
+        text = ""
+        deadline = time.monotonic() + 20
+        while time.monotonic() < deadline and 'action="hold"} 1' not in text:
+            time.sleep(0.3)
+            try:
+                text = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=2).read().decode()
+            except OSError:
+                continue
+    finally:
+        proc.terminate()
+        out = proc.communicate(timeout=10)[0]
+    # No traffic: the controller reads the served window and holds it (no evidence to move on).
+    assert 'gpuhost_adaptive_window_us{model="standin"} 300' in text, out
+    assert 'gpuhost_adaptive_window_decisions_total{model="standin",action="hold"} 1' in text, out
+    assert 'gpuhost_adaptive_window_errors_total{model="standin"} 0' in text, out
+    assert proc.returncode == 0, out
