@@ -8,8 +8,10 @@ outside the pickled provider object, means `dill` never serialises a key into th
 from __future__ import annotations
 
 import threading
+from collections.abc import Callable
 
 _KEYS: dict[str, str] = {}
+_SOURCE: list[Callable[[str], object]] = []
 _LOCK = threading.Lock()
 
 
@@ -22,13 +24,26 @@ def set_private_key(name: str, pem: str) -> None:
         _KEYS[name] = pem
 
 
+def set_source(lookup: Callable[[str], object]) -> None:
+    """Where keys not set by name come from: the configure request's `Config.get` (`gpuhost:<name>`)."""
+    with _LOCK:
+        _SOURCE[:] = [lookup]
+
+
 def get_private_key(name: str, host: str = "") -> str:
     with _LOCK:
         pem = _KEYS.get(name)
+        source = list(_SOURCE)
+    if pem is None and source:
+        value = source[0](name)
+        if isinstance(value, str) and value.strip():
+            pem = value
     if pem is None:
         where = f" for {host}" if host else ""
         raise MissingKey(
-            f'no SSH private key{where}: set it with `pulumi config set --secret gpuhost:{name} "$(cat key)"`'
+            f'no SSH private key{where}: set it with `pulumi config set --secret gpuhost:{name} "$(cat key)"`. '
+            "If it is set, the Pulumi CLI is older than 3.139.0, which does not send stack config to dynamic "
+            "providers (Pulumi.yaml requires >=3.139.0)"
         )
     return pem
 
@@ -36,3 +51,4 @@ def get_private_key(name: str, host: str = "") -> str:
 def clear() -> None:
     with _LOCK:
         _KEYS.clear()
+        _SOURCE.clear()

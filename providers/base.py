@@ -1,13 +1,22 @@
-"""What every gpuhost dynamic provider shares: keys from secret config, a pooled connection, input diffs.
+"""What every gpuhost dynamic provider shares: keys from secret config, a pooled connection, unknown-safe check/diff.
 
 A provider subclass is small and picklable (Pulumi stores it with dill in the state): it holds no connection, no
 key and no cache. It opens (or reuses, per process) the SSH connection from the `host` input on each call.
+
+Subclasses implement `check_known` and (optionally) `diff_known`; the base's `check` and `diff` wrap them so that a
+value not known during preview (an input computed from another resource's output) is never validated and always
+counts as "will change": the SDK passes such values as the string `UNKNOWN`, at any depth.
+
+Replace reasons are inputs named in REPLACE_ON; for `host` only the host's identity (its fleet name) counts: a new
+port, user, jump host, timeout or a rotated host key is an update, never a delete-before-replace of everything on
+the host.
 
 Usage::
 
     class KernelCmdlineProvider(HostProvider):
         VERSION = "1"
-        REPLACE_ON = ()                          # inputs whose change needs delete+create (none here)
+        REPLACE_ON = ("host",)                   # inputs whose change needs delete+create
+        def check_known(self, olds, news): ...   # validation with every value known
         def create(self, props): conn = self.conn(props); ...
 
     class KernelCmdline(dynamic.Resource, module="host", name="KernelCmdline"):
@@ -18,9 +27,11 @@ Usage::
 
 from __future__ import annotations
 
-from typing import Any, Iterable
+from collections.abc import Iterable
+from typing import Any
 
 from pulumi.dynamic import CheckFailure, CheckResult, ConfigureRequest, DiffResult, ResourceProvider
+from pulumi.runtime.rpc import UNKNOWN
 from pydantic import ValidationError
 
 from access import keys
@@ -28,6 +39,29 @@ from access.ssh import Conn, HostSpec, connect
 
 # Inputs that are bookkeeping, never a reason to touch the host.
 _IGNORED = {"__provider", "version"}
+
+
+def is_unknown(value: Any) -> bool:
+    """A value the engine does not know yet (preview): the SDK's UNKNOWN string, or an `Unknown` in-process."""
+    from pulumi.output import Unknown
+
+    return isinstance(value, Unknown) or (isinstance(value, str) and value == UNKNOWN)
+
+
+def unknown_paths(value: Any, path: tuple = ()) -> list[tuple]:
+    """Paths (tuples of keys and list positions) of every unknown inside `value`, at any depth."""
+    if is_unknown(value):
+        return [path]
+    if isinstance(value, dict):
+        return [p for k, v in value.items() for p in unknown_paths(v, (*path, k))]
+    if isinstance(value, list | tuple):
+        return [p for i, v in enumerate(value) for p in unknown_paths(v, (*path, i))]
+    return []
+
+
+def host_identity(host: Any) -> Any:
+    """What makes a `host` input the same machine: its fleet name. Connection details are not part of it."""
+    return host.get("name") if isinstance(host, dict) else host
 
 
 def host_input(spec: HostSpec) -> dict:
@@ -43,20 +77,88 @@ def validation_failures(err: ValidationError, prefix: str = "") -> list[CheckFai
     return out
 
 
-class HostProvider(ResourceProvider):
+class Provider(ResourceProvider):
+    """Unknown-safe check and diff for every gpuhost dynamic provider (host-bound or not)."""
+
     VERSION = "0"
     # Inputs whose change means delete-then-create instead of update (documented per provider).
-    REPLACE_ON: tuple[str, ...] = ("host",)
+    REPLACE_ON: tuple[str, ...] = ()
     DELETE_BEFORE_REPLACE = True
     # Properties the provider fills in (declared as None inputs so Pulumi exposes them); never diffed.
     OUTPUT_ONLY: tuple[str, ...] = ()
 
+    # -- check ------------------------------------------------------------------------------------------------
+    def check_known(self, olds: dict[str, Any], news: dict[str, Any]) -> CheckResult:
+        return CheckResult(news, [])
+
+    def check_unknown(self, olds: dict[str, Any], news: dict[str, Any]) -> list[CheckFailure]:
+        """Validation that holds with some inputs unknown: per-input rules on known inputs only (default: none)."""
+        return []
+
+    def check(self, olds: dict[str, Any], news: dict[str, Any]) -> CheckResult:
+        unknown = {p[0] for p in unknown_paths(news) if p}
+        if not unknown:
+            return self.check_known(olds, news)
+        # Preview with values from other resources not known yet: `up` checks again with the real values before
+        # it changes this resource. Until then only what check_unknown validates on its own (the host's spec) is
+        # checked: a cross-field rule would judge the placeholder. The unknowns go back untouched.
+        failures = self.check_unknown(olds, news)
+        known_keys = set(news) - unknown
+        seen: set[tuple[str, str]] = set()
+        kept = []
+        for f in failures:
+            if str(f.property).split(".")[0] in known_keys and (f.property, f.reason) not in seen:
+                seen.add((f.property, f.reason))
+                kept.append(f)
+        return CheckResult(news, kept)
+
+    # -- diff -------------------------------------------------------------------------------------------------
+    def diffed_keys(self, news: dict) -> list[str]:
+        return [k for k in news if k not in _IGNORED and k not in self.OUTPUT_ONLY]
+
+    def changed_keys(self, olds: dict, news: dict, keys_: Iterable[str] | None = None) -> list[str]:
+        names = set(keys_) if keys_ is not None else (set(olds) | set(news)) - _IGNORED
+        return sorted(k for k in names if k not in _IGNORED and olds.get(k) != news.get(k))
+
+    def replaces(self, olds: dict, news: dict, changed: Iterable[str]) -> list[str]:
+        return sorted(k for k in changed if k in self.REPLACE_ON)
+
+    def diff_result(self, olds: dict, news: dict, changed: list[str]) -> DiffResult:
+        replaces = self.replaces(olds, news, changed)
+        return DiffResult(
+            changes=bool(changed),
+            replaces=replaces,
+            delete_before_replace=self.DELETE_BEFORE_REPLACE if replaces else None,
+        )
+
+    def diff_known(self, _id: str, olds: dict[str, Any], news: dict[str, Any]) -> DiffResult:
+        # Outputs carry every input back (see `outputs`), so comparing them with the new inputs shows what the
+        # stack wants changed; version bumps alone re-run nothing.
+        return self.diff_result(olds, news, self.changed_keys(olds, news, self.diffed_keys(news)))
+
+    def diff(self, _id: str, olds: dict[str, Any], news: dict[str, Any]) -> DiffResult:
+        keys_ = self.diffed_keys(news)
+        unknown = sorted({p[0] for p in unknown_paths({k: news[k] for k in keys_}) if p})
+        if not unknown:
+            return self.diff_known(_id, olds, news)
+        # An unknown input will change (it may come out equal, but preview cannot say); never read it.
+        changed = sorted(set(unknown) | set(self.changed_keys(olds, news, [k for k in keys_ if k not in unknown])))
+        return self.diff_result(olds, news, changed)
+
+    @staticmethod
+    def outputs(props: dict, **extra: Any) -> dict:
+        out = {k: v for k, v in props.items() if k != "__provider"}
+        out.update(extra)
+        return out
+
+
+class HostProvider(Provider):
+    REPLACE_ON: tuple[str, ...] = ("host",)
+
     def configure(self, req: ConfigureRequest) -> None:
-        # Private keys come from the stack's secret config, which the engine sends to the provider process.
-        for k, v in getattr(req.config, "_props", {}).items():
-            name = k.split(":", 1)[-1]
-            if name.endswith("PrivateKey") and isinstance(v, str) and v.strip():
-                keys.set_private_key(name, v)
+        # Private keys come from the stack's secret config, which the engine sends to the provider process (CLI
+        # >= 3.139.0, see Pulumi.yaml); they are looked up by name, `gpuhost:<key_name>`, when a host needs one.
+        keys.set_source(lambda name: req.config.get(f"gpuhost:{name}"))
 
     # -- helpers for subclasses -------------------------------------------------------------------------------
     @staticmethod
@@ -69,32 +171,24 @@ class HostProvider(ResourceProvider):
     def check_host(self, news: dict) -> list[CheckFailure]:
         if "host" not in news:
             return [CheckFailure("host", "missing: how to reach the host")]
+        if unknown_paths(news["host"]):
+            return []
         try:
             HostSpec.model_validate(news["host"])
         except ValidationError as e:
             return validation_failures(e, "host.")
         return []
 
-    def check(self, _olds: dict[str, Any], news: dict[str, Any]) -> CheckResult:
+    def check_known(self, _olds: dict[str, Any], news: dict[str, Any]) -> CheckResult:
         return CheckResult(news, self.check_host(news))
 
-    def changed_keys(self, olds: dict, news: dict, keys_: Iterable[str] | None = None) -> list[str]:
-        names = set(keys_) if keys_ is not None else (set(olds) | set(news)) - _IGNORED
-        return sorted(k for k in names if k not in _IGNORED and olds.get(k) != news.get(k))
+    def check_unknown(self, olds: dict[str, Any], news: dict[str, Any]) -> list[CheckFailure]:
+        return self.check_host(news)
 
-    def diff(self, _id: str, olds: dict[str, Any], news: dict[str, Any]) -> DiffResult:
-        # Outputs carry every input back (see `outputs`), so comparing them with the new inputs shows what the
-        # stack wants changed; version bumps alone re-run nothing.
-        changed = self.changed_keys(olds, news, [k for k in news if k not in _IGNORED and k not in self.OUTPUT_ONLY])
-        replaces = [k for k in changed if k in self.REPLACE_ON]
-        return DiffResult(
-            changes=bool(changed),
-            replaces=replaces,
-            delete_before_replace=self.DELETE_BEFORE_REPLACE if replaces else None,
-        )
-
-    @staticmethod
-    def outputs(props: dict, **extra: Any) -> dict:
-        out = {k: v for k, v in props.items() if k != "__provider"}
-        out.update(extra)
+    def replaces(self, olds: dict, news: dict, changed: Iterable[str]) -> list[str]:
+        out = super().replaces(olds, news, changed)
+        # Same machine, other connection details (port, user, jump, timeouts, host key): an update.
+        if "host" in out and host_identity(olds.get("host")) == host_identity(news.get("host")):
+            if not unknown_paths(host_identity(news.get("host"))):
+                out.remove("host")
         return out

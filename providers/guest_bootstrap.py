@@ -33,7 +33,7 @@ class GuestBootstrapProvider(HostProvider):
     REPLACE_ON = ("host",)
     OUTPUT_ONLY = ("checks", "applied", "done")
 
-    def check(self, olds: dict, news: dict) -> CheckResult:
+    def check_known(self, olds: dict, news: dict) -> CheckResult:
         failures = self.check_host(news)
         try:
             cfg = BootstrapConfig.model_validate(news.get("config") or {})

@@ -56,7 +56,7 @@ class Hugepages2MProvider(HostProvider):
     VERSION = "1"
     OUTPUT_ONLY = ("prior", "prior_counts", "allocated")
 
-    def check(self, olds: dict, news: dict) -> CheckResult:
+    def check_known(self, olds: dict, news: dict) -> CheckResult:
         failures = self.check_host(news)
         per = news.get("per_node") or {}
         if not isinstance(per, dict) or not per:
@@ -124,8 +124,8 @@ class Hugepages2MProvider(HostProvider):
     def update(self, _id: str, olds: dict, news: dict) -> UpdateResult:
         return UpdateResult(self._apply(news, olds))
 
-    def diff(self, _id: str, olds: dict, news: dict) -> DiffResult:
-        d = super().diff(_id, olds, news)
+    def diff_known(self, _id: str, olds: dict, news: dict) -> DiffResult:
+        d = super().diff_known(_id, olds, news)
         want = {str(k): int(v) for k, v in (news.get("per_node") or {}).items()}
         if (
             not d.changes

@@ -38,7 +38,7 @@ class IrqIsolationProvider(HostProvider):
     VERSION = "2"
     OUTPUT_ONLY = ("prior", "prior_affinity", "config_path", "banned", "pinned", "unmovable")
 
-    def check(self, olds: dict, news: dict) -> CheckResult:
+    def check_known(self, olds: dict, news: dict) -> CheckResult:
         failures = self.check_host(news)
         # Numbers cross gRPC as doubles: 3.0 is CPU 3.
         if not all(isinstance(c, (int, float)) and c >= 0 and int(c) == c for c in news.get("banned_cpus") or []):
@@ -98,8 +98,8 @@ class IrqIsolationProvider(HostProvider):
     def update(self, _id: str, olds: dict, news: dict) -> UpdateResult:
         return UpdateResult(self._apply(news, olds))
 
-    def diff(self, _id: str, olds: dict, news: dict) -> DiffResult:
-        d = super().diff(_id, olds, news)
+    def diff_known(self, _id: str, olds: dict, news: dict) -> DiffResult:
+        d = super().diff_known(_id, olds, news)
         if (
             not d.changes
             and olds.get("banned") is not None

@@ -40,7 +40,7 @@ class KernelCmdlineProvider(HostProvider):
     VERSION = "1"
     OUTPUT_ONLY = ("prior", "configured", "running", "pending_reboot", "plan")
 
-    def check(self, olds: dict, news: dict) -> CheckResult:
+    def check_known(self, olds: dict, news: dict) -> CheckResult:
         failures = self.check_host(news)
         for field in ("add", "remove"):
             for a in news.get(field) or []:
@@ -83,8 +83,8 @@ class KernelCmdlineProvider(HostProvider):
     def update(self, _id: str, olds: dict, news: dict) -> UpdateResult:
         return UpdateResult(self._apply(news, olds.get("prior")))
 
-    def diff(self, _id: str, olds: dict, news: dict) -> DiffResult:
-        d = super().diff(_id, olds, news)
+    def diff_known(self, _id: str, olds: dict, news: dict) -> DiffResult:
+        d = super().diff_known(_id, olds, news)
         configured = olds.get("configured")
         drifted = (
             configured is not None

@@ -334,7 +334,7 @@ class LibvirtDomainProvider(HostProvider):
     REPLACE_ON = ("host", "uri", "remote_uri")
     OUTPUT_ONLY = ("uuid", "state", "domid", "seed_uploaded", "disk_created", "xml_sha256")
 
-    def check(self, olds: dict, news: dict) -> CheckResult:
+    def check_known(self, olds: dict, news: dict) -> CheckResult:
         failures: list[CheckFailure] = []
         try:
             inp = DomainInputs.model_validate(news)
@@ -358,8 +358,8 @@ class LibvirtDomainProvider(HostProvider):
         }
         return CheckResult(news, failures)
 
-    def diff(self, id_: str, olds: dict, news: dict):
-        d = super().diff(id_, olds, news)
+    def diff_known(self, id_: str, olds: dict, news: dict):
+        d = super().diff_known(id_, olds, news)
         if (olds.get("domain") or {}).get("name") != (news.get("domain") or {}).get("name"):
             d.replaces = sorted(set(d.replaces or []) | {"domain"})
             d.delete_before_replace = True

@@ -41,7 +41,7 @@ class ManagedFileProvider(HostProvider):
     REPLACE_ON = ("host", "path")
     OUTPUT_ONLY = ("prior", "sha256")
 
-    def check(self, olds: dict, news: dict) -> CheckResult:
+    def check_known(self, olds: dict, news: dict) -> CheckResult:
         failures = self.check_host(news)
         path = news.get("path", "")
         if not isinstance(path, str) or not path.startswith("/") or ".." in path.split("/"):

@@ -30,7 +30,7 @@ class MigLayoutProvider(HostProvider):
     def _state(self, props: dict) -> list[mig.Gpu]:
         return mig.parse_state(self.conn(props).run(mig.FACT_SCRIPT).stdout)
 
-    def check(self, olds: dict, news: dict) -> CheckResult:
+    def check_known(self, olds: dict, news: dict) -> CheckResult:
         failures = self.check_host(news)
         if failures:
             return CheckResult(news, failures)

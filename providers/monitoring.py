@@ -82,7 +82,7 @@ class MonitoringFilesProvider(HostProvider):
     REPLACE_ON = ("host",)
     OUTPUT_ONLY = ("prior", "sha256")
 
-    def check(self, olds: dict, news: dict) -> CheckResult:
+    def check_known(self, olds: dict, news: dict) -> CheckResult:
         failures = self.check_host(news)
         files = news.get("files")
         if not isinstance(files, dict) or not files:

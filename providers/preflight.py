@@ -37,7 +37,7 @@ class HostPreflightProvider(HostProvider):
     def _run(self, props: dict):
         return preflight(read_host_facts(self.conn(props)), want_of(props))
 
-    def check(self, olds: dict, news: dict) -> CheckResult:
+    def check_known(self, olds: dict, news: dict) -> CheckResult:
         bad = self.check_host(news)
         if bad:
             return CheckResult(news, bad)

@@ -72,7 +72,7 @@ class HostRebootProvider(HostProvider):
     VERSION = "2"
     OUTPUT_ONLY = ("pending", "rebooted", "boot_id")
 
-    def check(self, olds: dict, news: dict) -> CheckResult:
+    def check_known(self, olds: dict, news: dict) -> CheckResult:
         failures = self.check_host(news)
         if news.get("policy", "auto") not in ("auto", "never"):
             failures.append(CheckFailure("policy", "reboot policy must be 'auto' or 'never'"))
@@ -105,8 +105,8 @@ class HostRebootProvider(HostProvider):
     def update(self, _id: str, olds: dict, news: dict) -> UpdateResult:
         return UpdateResult(self._apply(news))
 
-    def diff(self, _id: str, olds: dict, news: dict):
-        d = super().diff(_id, olds, news)
+    def diff_known(self, _id: str, olds: dict, news: dict):
+        d = super().diff_known(_id, olds, news)
         # After a refresh, `pending` says the running host no longer matches (a boot-time resource was re-applied
         # or someone rebooted into another entry): the next `up` must reboot/verify again.
         if not d.changes and olds.get("pending") and news.get("policy", "auto") == "auto":

@@ -117,7 +117,7 @@ class SriovVfsProvider(HostProvider):
     )
 
     # -- check: everything the host's hardware rules out fails here, before any change --------------------------
-    def check(self, olds: dict, news: dict) -> CheckResult:
+    def check_known(self, olds: dict, news: dict) -> CheckResult:
         failures = self.check_host(news)
         if _unknown(news):
             # Preview with a value from another resource not known yet: the next `up` checks again with it.

@@ -40,7 +40,7 @@ class SysctlsProvider(HostProvider):
     VERSION = "1"
     OUTPUT_ONLY = ("prior", "prior_values", "current")
 
-    def check(self, olds: dict, news: dict) -> CheckResult:
+    def check_known(self, olds: dict, news: dict) -> CheckResult:
         failures = self.check_host(news)
         for k, v in (news.get("values") or {}).items():
             if not _NAME.match(k):
@@ -78,8 +78,8 @@ class SysctlsProvider(HostProvider):
     def update(self, _id: str, olds: dict, news: dict) -> UpdateResult:
         return UpdateResult(self._apply(news, olds))
 
-    def diff(self, _id: str, olds: dict, news: dict) -> DiffResult:
-        d = super().diff(_id, olds, news)
+    def diff_known(self, _id: str, olds: dict, news: dict) -> DiffResult:
+        d = super().diff_known(_id, olds, news)
         want = {k: norm(v) for k, v in (news.get("values") or {}).items()}
         if not d.changes and olds.get("current") is not None and olds["current"] != want:
             return DiffResult(changes=True, replaces=[], delete_before_replace=None)

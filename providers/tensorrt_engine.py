@@ -30,7 +30,7 @@ class TensorRTEngineProvider(HostProvider):
     VERSION = "1"
     OUTPUT_ONLY = ("decision",)
 
-    def check(self, olds: dict, news: dict) -> CheckResult:
+    def check_known(self, olds: dict, news: dict) -> CheckResult:
         failures = self.check_host(news)
         try:
             b = EngineBuild.model_validate(news.get("build") or {})

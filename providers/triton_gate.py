@@ -18,8 +18,9 @@ from __future__ import annotations
 
 import pulumi
 from pulumi import dynamic
-from pulumi.dynamic import CheckFailure, CheckResult, CreateResult, DiffResult, ResourceProvider
+from pulumi.dynamic import CheckFailure, CheckResult, CreateResult, DiffResult
 
+from providers.base import Provider
 from serving import loadgate
 from serving.health import wait_ready, warmup
 
@@ -35,11 +36,11 @@ def request_body(props: dict) -> bytes:
     return props["body"].encode()
 
 
-class AcceptanceGateProvider(ResourceProvider):
+class AcceptanceGateProvider(Provider):
     VERSION = "2"
     _BOOKKEEPING = {"__provider", "version", "result", "overhead"}
 
-    def check(self, olds: dict, news: dict) -> CheckResult:
+    def check_known(self, olds: dict, news: dict) -> CheckResult:
         failures = []
         if not str(news.get("url", "")).startswith(("http://", "https://")):
             failures.append(CheckFailure("url", "must be an http(s) URL of the nginx front"))
@@ -50,9 +51,16 @@ class AcceptanceGateProvider(ResourceProvider):
             failures.append(CheckFailure("p95Ms", "must be > 0"))
         return CheckResult(news, failures)
 
-    def diff(self, _id: str, olds: dict, news: dict) -> DiffResult:
+    def diff_known(self, _id: str, olds: dict, news: dict) -> DiffResult:
         changed = sorted(k for k in set(olds) | set(news) if k not in self._BOOKKEEPING and olds.get(k) != news.get(k))
         return DiffResult(changes=bool(changed), replaces=changed, delete_before_replace=True)
+
+    def diffed_keys(self, news: dict) -> list[str]:
+        return [k for k in news if k not in self._BOOKKEEPING]
+
+    def replaces(self, olds: dict, news: dict, changed) -> list[str]:
+        # A gate result stands for exactly the inputs it was measured with: any change measures again.
+        return sorted(changed)
 
     def create(self, props: dict) -> CreateResult:
         url = props["url"].rstrip("/")

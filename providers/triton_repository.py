@@ -74,7 +74,7 @@ class TritonModelRepositoryProvider(HostProvider):
     REPLACE_ON = ("host", "root")
     OUTPUT_ONLY = ("prior", "priorRootExists")
 
-    def check(self, olds: dict, news: dict) -> CheckResult:
+    def check_known(self, olds: dict, news: dict) -> CheckResult:
         failures = self.check_host(news)
         root = news.get("root", "")
         if not isinstance(root, str) or not root.startswith("/") or ".." in root.split("/") or root == "/":

@@ -62,8 +62,8 @@ class HostTuningProvider(HostProvider):
     def update(self, _id: str, olds: dict, news: dict) -> UpdateResult:
         return UpdateResult(self._apply(news, olds))
 
-    def diff(self, _id: str, olds: dict, news: dict) -> DiffResult:
-        d = super().diff(_id, olds, news)
+    def diff_known(self, _id: str, olds: dict, news: dict) -> DiffResult:
+        d = super().diff_known(_id, olds, news)
         if not d.changes and olds.get("drift"):
             return DiffResult(changes=True, replaces=[], delete_before_replace=None)
         return d

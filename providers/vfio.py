@@ -106,7 +106,7 @@ class VfioBindingProvider(HostProvider):
     VERSION = "1"
     OUTPUT_ONLY = ("prior", "prior_drivers", "prior_overrides", "drivers", "pending_reboot")
 
-    def check(self, olds: dict, news: dict) -> CheckResult:
+    def check_known(self, olds: dict, news: dict) -> CheckResult:
         failures = self.check_host(news)
         devs = news.get("devices") or []
         if not devs:
@@ -188,8 +188,8 @@ class VfioBindingProvider(HostProvider):
     def update(self, _id: str, olds: dict, news: dict) -> UpdateResult:
         return UpdateResult(self._apply(news, olds))
 
-    def diff(self, _id: str, olds: dict, news: dict) -> DiffResult:
-        d = super().diff(_id, olds, news)
+    def diff_known(self, _id: str, olds: dict, news: dict) -> DiffResult:
+        d = super().diff_known(_id, olds, news)
         drivers = olds.get("drivers") or {}
         if not d.changes and not olds.get("pending_reboot") and any(v != "vfio-pci" for v in drivers.values()):
             return DiffResult(changes=True, replaces=[], delete_before_replace=None)
