@@ -64,8 +64,9 @@ def test_declares_one_parented_sriov_vfs_per_nic_and_passes_vf_addresses():
     vf_a, vf_b, urn_a, urn_b, child_a, child_b = values
     assert vf_a == ["0000:41:00.2", "0000:41:00.3"] and vf_b == ["0000:41:00.2"]
 
-    comps = [r for r in resources if r.typ == "gpuhost:net:SriovNic"]
-    kids = [r for r in resources if r.typ != "gpuhost:net:SriovNic"]
+    # Registration order of the children is the async runtime's, not the program's: compare by name.
+    comps = sorted((r for r in resources if r.typ == "gpuhost:net:SriovNic"), key=lambda r: r.name)
+    kids = sorted((r for r in resources if r.typ != "gpuhost:net:SriovNic"), key=lambda r: r.name)
     assert [c.name for c in comps] == ["hk-gpu01-ens1f0", "hk-gpu01-ens2f0"]
     assert [k.name for k in kids] == ["hk-gpu01-ens1f0-vfs", "hk-gpu01-ens2f0-vfs"]
     assert all(k.typ.endswith("host:SriovVfs") for k in kids)
