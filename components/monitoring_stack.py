@@ -27,6 +27,7 @@ from pydantic import BaseModel, ConfigDict, model_validator
 from access.ssh import HostSpec
 from plans.monitoring import dcgm, grafana, prometheus, rules
 from plans.monitoring.model import MonitoringGraph
+from plans.values import url_host
 from providers.base import host_input
 from providers.managed_file import ManagedFile
 from providers.monitoring import MonitoringFiles
@@ -64,7 +65,7 @@ class MonitoringStackArgs(BaseModel):
 
 
 def _docker_host(spec: HostSpec) -> str:
-    return f"ssh://{spec.user}@{spec.address}:{spec.port}"
+    return f"ssh://{spec.user}@{url_host(spec.address)}:{spec.port}"
 
 
 def _sha(text: str) -> str:

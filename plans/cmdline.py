@@ -16,6 +16,8 @@ import re
 import shlex
 from dataclasses import dataclass, field
 
+from plans.values import param_name
+
 VAR = "GRUB_CMDLINE_LINUX"
 _LINE = re.compile(r"^(?P<indent>\s*)(?P<export>export\s+)?GRUB_CMDLINE_LINUX=(?P<value>.*)$")
 
@@ -27,7 +29,9 @@ UNSAFE = {
 
 
 def key(arg: str) -> str:
-    return arg.split("=", 1)[0]
+    """The parameter's name as the kernel compares it (`-` and `_` alike), so `vfio-pci.ids=` replaces
+    `vfio_pci.ids=` instead of stacking a second one."""
+    return param_name(arg)
 
 
 def parse_value(raw: str) -> list[str]:
@@ -52,6 +56,12 @@ def apply_args(current: list[str], add: list[str], remove: list[str]) -> list[st
     return out
 
 
+def _dq_escape(s: str) -> str:
+    """Escape for a double-quoted shell string: /etc/default/grub is *sourced* by update-grub/grub2-mkconfig, so $
+    and backticks would expand (second line of defence; `plans.values.kernel_arg` refuses them first)."""
+    return s.replace("\\", "\\\\").replace('"', '\\"').replace("$", "\\$").replace("`", "\\`")
+
+
 def find_value(text: str) -> tuple[list[str], bool]:
     """(arguments of the last GRUB_CMDLINE_LINUX= line, whether the line exists)."""
     found, args = False, []
@@ -65,7 +75,7 @@ def find_value(text: str) -> tuple[list[str], bool]:
 def edit_grub_default(text: str, add: list[str], remove: list[str]) -> str:
     args, found = find_value(text)
     new_args = apply_args(args, add, remove)
-    new_line_value = '"' + " ".join(new_args).replace("\\", "\\\\").replace('"', '\\"') + '"'
+    new_line_value = '"' + _dq_escape(" ".join(new_args)) + '"'
     if not found:
         sep = "" if text.endswith("\n") or not text else "\n"
         return f"{text}{sep}{VAR}={new_line_value}\n"
@@ -129,7 +139,7 @@ def unsafe_args(args: list[str], acknowledged: set[str]) -> list[str]:
     """Errors for risky arguments the stack did not explicitly acknowledge."""
     errs = []
     for a in args:
-        flag = UNSAFE.get(key(a))
+        flag = UNSAFE.get(param_name(a))
         if flag and flag not in acknowledged:
             errs.append(
                 f"{a!r} weakens isolation between devices/VMs (seeds warn: last resort only); "

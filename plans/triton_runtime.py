@@ -23,6 +23,7 @@ from typing import Literal, Optional
 from pydantic import BaseModel, ConfigDict, Field
 
 from plans.triton_model import ModelSpec, needs_rate_limit, needs_response_cache
+from plans.values import url_host
 
 _IMAGE = r"^[a-z0-9.\-/:_@]+$"
 
@@ -101,7 +102,7 @@ def docker_host(user: str, address: str, port: int = 22) -> str:
     """The ``ssh://`` DOCKER_HOST for pulumi-docker's provider pointed at the guest."""
     if not re.fullmatch(r"[A-Za-z0-9._\-]+", user) or not re.fullmatch(r"[A-Za-z0-9.\-:\[\]]+", address):
         raise ValueError(f"bad docker ssh target {user!r}@{address!r}")
-    return f"ssh://{user}@{address}:{port}"
+    return f"ssh://{user}@{url_host(address)}:{port}"
 
 
 # ---------------------------------------------------------------- systemd + numactl

@@ -18,6 +18,7 @@ from access.shell import Script, sh
 from facts.files import FileState
 from facts.host import read_host_facts
 from plans import cmdline as plan
+from plans.values import kernel_arg
 from providers.base import HostProvider
 from providers.pristine import capture_and_read, restore_lines, write_lines
 
@@ -44,8 +45,10 @@ class KernelCmdlineProvider(HostProvider):
         failures = self.check_host(news)
         for field in ("add", "remove"):
             for a in news.get(field) or []:
-                if not isinstance(a, str) or not a or any(c.isspace() or c in "\"'\\" for c in a):
-                    failures.append(CheckFailure(field, f"not a single kernel argument: {a!r}"))
+                try:
+                    kernel_arg(a)
+                except ValueError as e:
+                    failures.append(CheckFailure(field, str(e)))
         for err in plan.unsafe_args(news.get("add") or [], set(news.get("acknowledged") or [])):
             failures.append(CheckFailure("add", err))
         return CheckResult(news, failures)

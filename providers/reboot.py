@@ -36,7 +36,7 @@ def unmet(f: HostFacts, props: dict) -> list[str]:
         if a not in f.cmdline:
             out.append(f"kernel argument {a} not running")
     for a in props.get("expect_absent") or []:
-        if any(x == a or key(x) == a for x in f.cmdline):
+        if any(x == a or ("=" not in a and key(x) == key(a)) for x in f.cmdline):
             out.append(f"kernel argument {a} still running")
     for addr, drv in (props.get("expect_drivers") or {}).items():
         d = f.pci.get(addr)

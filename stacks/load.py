@@ -1,6 +1,7 @@
 """Load and check the stack's config: `gpuhost:fleet` (structured) and `gpuhost:sshPrivateKey` (a Pulumi secret).
 
-Every problem is reported at once, one line per bad field, before any SSH connection or resource registration.
+Every problem is reported at once, one line per bad field (`stacks.schema`) or inconsistency (`stacks.checks`),
+before any SSH connection or resource registration.
 
 Usage (in __main__.py)::
 
@@ -9,13 +10,14 @@ Usage (in __main__.py)::
 
 from __future__ import annotations
 
-from typing import Any
+import copy
+from typing import Any, Optional
 
 import pulumi
 from pulumi.runtime.config import is_config_secret
 from pydantic import ValidationError
 
-from stacks.schema import Fleet
+from stacks.schema import Fleet, _find_private_keys
 
 
 class ConfigError(ValueError):
@@ -39,6 +41,8 @@ def errors_of(err: ValidationError, prefix: str = "fleet") -> list[str]:
     for e in err.errors():
         where = _loc(tuple(p for p in e["loc"] if p not in ("function-after", "function-before")))
         msg = e["msg"].removeprefix("Value error, ")
+        if e["type"] in ("less_than_equal", "greater_than_equal") and str(e["loc"][-1]).endswith("port"):
+            msg = f"{e['input']!r} is not a TCP port (use 1-65535)"
         base = f"{prefix}.{where}" if where else prefix
         # Cross-field checks report several fields at once, "a: ...; b: ..."; give each its own line.
         for part in msg.split("; "):
@@ -56,12 +60,65 @@ def errors_of(err: ValidationError, prefix: str = "fleet") -> list[str]:
 
 
 def parse_fleet(raw: Any) -> Fleet:
+    """Check every field, then the fields against each other (also when some fields are bad: the good ones are
+    still cross-checked), and raise one ConfigError with a line per problem."""
     if raw is None:
         raise ConfigError(["gpuhost:fleet: missing (see Pulumi.dev.yaml for the shape)"])
+    from stacks.checks import fleet_problems, placement_problems
+
+    lines = [
+        f"{where}: looks like a private key in plain config; keys belong in "
+        "`pulumi config set --secret gpuhost:sshPrivateKey`"
+        for _, where in _find_private_keys(raw)
+    ]
+    dropped: list[str] = []
     try:
-        return Fleet.model_validate(raw)
+        fleet: Optional[Fleet] = Fleet.model_validate(raw)
     except ValidationError as e:
-        raise ConfigError(errors_of(e)) from None
+        lines += errors_of(e)
+        fleet, dropped = _good_part(raw, e)
+    if fleet is not None:
+        cross = fleet_problems(fleet, frozenset(dropped))
+        if not cross and not lines:
+            cross = placement_problems(fleet)
+        lines += [ln for ln in cross if not any(ln.startswith(d) and ln[len(d)] in ".[:" for d in dropped)]
+    if lines:
+        raise ConfigError(list(dict.fromkeys(lines)))
+    assert fleet is not None
+    return fleet
+
+
+def _good_part(raw: Any, err: ValidationError, rounds: int = 4) -> tuple[Optional[Fleet], list[str]]:
+    """The fleet without its bad fields (each dropped back to its default), for the cross-field checks; and the
+    config paths dropped, whose cross-field findings would be noise. None when a required field is bad."""
+    doc = copy.deepcopy(raw)
+    dropped: list[str] = []
+    for _ in range(rounds):
+        for e in err.errors():
+            loc = tuple(p for p in e["loc"] if p not in ("function-after", "function-before"))
+            if not loc:
+                return None, dropped
+            parent = doc
+            try:
+                for p in loc[:-1]:
+                    parent = parent[p]
+                if isinstance(parent, list):
+                    # Dropping a list item would shift its siblings' paths: drop the whole list instead.
+                    holder = doc
+                    for p in loc[:-2]:
+                        holder = holder[p]
+                    del holder[loc[-2]]
+                    dropped.append("fleet." + _loc(loc[:-1]))
+                else:
+                    del parent[loc[-1]]
+                    dropped.append("fleet." + _loc(loc))
+            except (KeyError, IndexError, TypeError):
+                return None, dropped
+        try:
+            return Fleet.model_validate(doc), dropped
+        except ValidationError as e2:
+            err = e2
+    return None, dropped
 
 
 def load(config: pulumi.Config) -> tuple[Fleet, pulumi.Output[str]]:

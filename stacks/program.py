@@ -24,6 +24,7 @@ from plans import placement as pl
 from plans.monitoring.model import HostTarget, MonitoringGraph, ServingSlo, TritonTarget
 from plans.triton_engine import EngineBuild, ShapeRange
 from plans.triton_repo import resnet50_fp16, sdxl, yolov8n
+from plans.values import host_port
 from providers.base import host_input
 from providers.mig import MigLayout
 from providers.tensorrt_engine import TensorRTEngine, engine_inputs
@@ -248,7 +249,7 @@ def build(fleet: Fleet) -> dict:
                 gpu_count=gpu_count,
                 models=models,
                 runtime=s.runtime,
-                endpoint=f"http://{where.address}:{s.nginx_port}",
+                endpoint=f"http://{host_port(where.address, s.nginx_port)}",
                 nginx_listen=s.nginx_port,
                 slo_p95_ms=s.slo.p95_ms,
                 gate_concurrency=s.acceptance.concurrency,
@@ -258,7 +259,7 @@ def build(fleet: Fleet) -> dict:
             ResourceOptions(depends_on=deps),
         )
         services.append(svc)
-        exports["endpoints"][s.name] = f"http://{where.address}:{s.nginx_port}"
+        exports["endpoints"][s.name] = f"http://{host_port(where.address, s.nginx_port)}"
 
     if fleet.monitoring:
         graph = MonitoringGraph(

@@ -1,7 +1,10 @@
 """The stack's configuration as typed models: one clear error per bad field, before any SSH or resource.
 
 `Pulumi.<stack>.yaml` holds `gpuhost:fleet` (this schema, as structured config) and `gpuhost:sshPrivateKey` (a Pulumi
-secret). `stacks.load` reads both; `Fleet.model_validate` does every check below.
+secret). `stacks.load` reads both: the models below check each field on its own (allow-lists from
+`plans.values` for every value that lands in a file a tool parses or sources), then `stacks.checks` checks the
+fields against each other (placement capacity, hugepages, MIG layouts, one SSH endpoint per host, one service per
+guest ...). Every problem is one line with its config path.
 
 Example (YAML)::
 
@@ -19,12 +22,13 @@ Example (YAML)::
 from __future__ import annotations
 
 import re
-from typing import Literal, Optional
+from typing import Annotated, Literal, Optional
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from facts.cpulist import CpuListError, parse_cpulist
 from facts.model import normalize_pci
+from plans import values as val
 from plans.adaptive_window import AdaptiveWindow  # one definition of the controller's settings
 from plans.sriov import VfSettings  # one definition of per-VF settings
 
@@ -53,11 +57,24 @@ class Strict(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
 
+def _v(check, *fields: str):
+    """A field validator running a `plans.values` checker (its ValueError becomes the field's one-line error)."""
+    return field_validator(*fields)(lambda cls, v: check(v))
+
+
+KernelArg = Annotated[str, AfterValidator(val.kernel_arg)]
+MigProfile = Annotated[str, AfterValidator(val.mig_profile)]
+IrqPattern = Annotated[str, AfterValidator(val.irq_pattern)]
+
+
 class Jump(Strict):
     address: str
     port: int = Field(22, ge=1, le=65535)
     user: str = "root"
     host_key: Optional[str] = None
+
+    _address = _v(val.address, "address")
+    _user = _v(val.unix_user, "user")
 
 
 class Ssh(Strict):
@@ -68,6 +85,10 @@ class Ssh(Strict):
     insecure_accept_unknown_host_key: bool = False
     jump: Optional[Jump] = None
     key_name: str = "sshPrivateKey"
+
+    _address = _v(val.address, "address")
+    _user = _v(val.unix_user, "user")
+    _key_name = _v(val.config_key, "key_name")
 
     @model_validator(mode="after")
     def _pin_required(self):
@@ -93,7 +114,9 @@ class Gpu(Strict):
         description="bind to vfio-pci for a VM; false keeps the host's NVIDIA driver "
         "(MIG on the host, seed 001 route A)",
     )
-    mig: Optional[list[str]] = Field(None, description="MIG profile layout, e.g. ['2g.20gb','2g.20gb','1g.10gb']")
+    mig: Optional[list[MigProfile]] = Field(
+        None, description="MIG profile layout, e.g. ['2g.20gb','2g.20gb','1g.10gb']"
+    )
     functions: list[int] = Field(
         default_factory=lambda: [0],
         description="PCI functions of the card's slot that "
@@ -101,6 +124,14 @@ class Gpu(Strict):
     )
 
     _addr = field_validator("address")(lambda cls, v: pci_address(v))
+    _model = _v(val.gpu_model, "model")
+
+    @field_validator("functions")
+    @classmethod
+    def _functions(cls, v: list[int]) -> list[int]:
+        if not v or any(f < 0 or f > 7 for f in v) or len(set(v)) != len(v):
+            raise ValueError(f"functions {v}: distinct PCI function numbers 0-7, e.g. [0] or [0, 1]")
+        return v
 
 
 class SriovPf(Strict):
@@ -140,20 +171,46 @@ class Hugepages(Strict):
     count: int = Field(0, ge=0, description="1G: total at boot (kernel command line); 2M: per node in per_node")
     per_node: dict[int, int] = Field(default_factory=dict, description="2M pages per NUMA node at runtime")
 
+    @field_validator("per_node")
+    @classmethod
+    def _per_node(cls, v: dict[int, int]) -> dict[int, int]:
+        bad = {n: c for n, c in v.items() if n < 0 or c < 0}
+        if bad:
+            raise ValueError(f"per_node {bad}: NUMA node numbers and page counts are >= 0")
+        return v
+
 
 class Kernel(Strict):
     iommu_passthrough: bool = Field(True, description="iommu=pt")
     kvm_ignore_msrs: bool = False
     video_efifb_off: bool = False
     isolate_vm_cpus: bool = Field(False, description="isolcpus/nohz_full for VM CPUs (seed 002 advanced)")
-    extra_args: list[str] = Field(default_factory=list)
-    remove_args: list[str] = Field(default_factory=list)
+    extra_args: list[KernelArg] = Field(default_factory=list)
+    remove_args: list[KernelArg] = Field(default_factory=list)
 
 
 class Tuning(Strict):
     tuned_profile: Optional[str] = "latency-performance"
     governor: Optional[str] = "performance"
     sysctls: dict[str, str] = Field(default_factory=dict)
+
+    _profile = field_validator("tuned_profile")(lambda cls, v: val.tuned_profile(v) if v is not None else v)
+    _governor = field_validator("governor")(lambda cls, v: val.governor(v) if v is not None else v)
+
+    @field_validator("sysctls", mode="before")
+    @classmethod
+    def _sysctls(cls, v):
+        if not isinstance(v, dict):
+            return v
+        errors, out = [], {}
+        for k, x in v.items():
+            try:
+                out[val.sysctl_name(k)] = val.sysctl_value(x)
+            except ValueError as e:
+                errors.append(str(e))
+        if errors:
+            raise ValueError("; ".join(errors))
+        return out
 
 
 class Vm(Strict):
@@ -185,6 +242,18 @@ class Vm(Strict):
         return v
 
     _gpus = field_validator("gpus")(lambda cls, v: [pci_address(x) for x in v])
+    _user = _v(val.unix_user, "guest_user")
+    _address = field_validator("address")(lambda cls, v: val.address(v) if v is not None else v)
+    _image = field_validator("image")(lambda cls, v: val.abs_path(v, "image") if v is not None else v)
+
+    @field_validator("host_key")
+    @classmethod
+    def _host_key(cls, v):
+        if v is not None:
+            from access.ssh import HostSpec
+
+            HostSpec(name="x", address="127.0.0.1", host_key=v)  # the access layer's pin rules
+        return v
 
 
 class Host(Strict):
@@ -201,7 +270,7 @@ class Host(Strict):
     hugepages: Hugepages = Field(default_factory=Hugepages)
     kernel: Kernel = Field(default_factory=Kernel)
     tuning: Tuning = Field(default_factory=Tuning)
-    irq_pin: list[str] = Field(
+    irq_pin: list[IrqPattern] = Field(
         default_factory=list, description="regexes of /proc/interrupts names to move to reserved CPUs (nvme, mlx5 ...)"
     )
     vms: list[Vm] = Field(default_factory=list)
@@ -210,65 +279,6 @@ class Host(Strict):
 
     _name = field_validator("name")(lambda cls, v: _check_name(v))
     _reserved = field_validator("reserved_cpus", mode="before")(lambda cls, v: cpu_list(v))
-
-    @model_validator(mode="after")
-    def _consistent(self):
-        errors = []
-        gpu_addrs = {g.address for g in self.gpus}
-        seen: dict[str, str] = {}
-        names = set()
-        for i, vm in enumerate(self.vms):
-            if vm.name in names:
-                errors.append(f"vms[{i}].name: {vm.name!r} appears twice on host {self.name}")
-            names.add(vm.name)
-            for a in vm.gpus:
-                if a not in gpu_addrs:
-                    errors.append(
-                        f"vms[{i}].gpus: {a} is not one of this host's gpus[] ({', '.join(sorted(gpu_addrs))})"
-                    )
-                if a in seen:
-                    errors.append(
-                        f"vms[{i}].gpus: {a} is already given to VM {seen[a]!r} (a GPU passes through to one VM only)"
-                    )
-                seen[a] = vm.name
-            if self.topology:
-                nodes = {g.numa_node for g in self.gpus if g.address in vm.gpus and g.numa_node is not None}
-                reserved_per_node = len(self.reserved_cpus) // max(1, self.topology.nodes)
-                cap = self.topology.cpus_per_node - reserved_per_node
-                if vm.vcpus > cap:
-                    where = f"node {sorted(nodes)[0]}" if nodes else "any node"
-                    errors.append(
-                        f"vms[{i}].vcpus: {vm.vcpus} vCPUs do not fit on {where} of {self.name}: "
-                        f"{self.topology.cpus_per_node} CPUs per node, about {reserved_per_node} reserved "
-                        f"for the host, so at most {cap}"
-                    )
-                if vm.memory_gib > self.topology.memory_gib_per_node:
-                    errors.append(
-                        f"vms[{i}].memory_gib: {vm.memory_gib} GiB exceeds a node's "
-                        f"{self.topology.memory_gib_per_node} GiB"
-                    )
-        for i, g in enumerate(self.gpus):
-            if self.topology and g.numa_node is not None and g.numa_node >= self.topology.nodes:
-                errors.append(f"gpus[{i}].numa_node: {g.numa_node} but the topology has {self.topology.nodes} nodes")
-        if self.topology:
-            ncpu = self.topology.sockets * self.topology.cores_per_socket * self.topology.threads_per_core
-            bad = [c for c in self.reserved_cpus if c >= ncpu]
-            if bad:
-                errors.append(f"reserved_cpus: CPU(s) {bad} beyond this host's {ncpu} CPUs")
-        for k in self.kernel.extra_args:
-            key = k.split("=", 1)[0]
-            if key == "pcie_acs_override" and not self.acs_override_acknowledged:
-                errors.append(
-                    "kernel.extra_args: pcie_acs_override needs acs_override_acknowledged: true "
-                    "(it fakes IOMMU isolation; seeds: last resort only)"
-                )
-            if key == "vfio_iommu_type1.allow_unsafe_interrupts" and not self.allow_unsafe_interrupts_acknowledged:
-                errors.append(
-                    "kernel.extra_args: allow_unsafe_interrupts needs allow_unsafe_interrupts_acknowledged: true"
-                )
-        if errors:
-            raise ValueError("; ".join(errors))
-        return self
 
 
 def _check_name(v: str) -> str:
@@ -305,6 +315,9 @@ class ServiceModel(Strict):
     precision: Literal["fp32", "fp16", "int8"] = "fp16"
     calib_dir: Optional[str] = None
 
+    _name = _v(val.model_name, "name")
+    _calib = field_validator("calib_dir")(lambda cls, v: val.abs_path(v, "calib_dir") if v is not None else v)
+
 
 class Service(Strict):
     name: str
@@ -324,41 +337,21 @@ class Service(Strict):
         "({target_p95_ms, step_us, period_s, min_us, max_us}; seed values as defaults)",
     )
 
+    _name = field_validator("name")(lambda cls, v: val.dns_label(v, "service name"))
+    _gpu_model = _v(val.gpu_model, "gpu_model")
+    _image = _v(val.image_ref, "image")
+
 
 class Monitoring(Strict):
     host: str
-    prometheus_port: int = 9090
-    grafana_port: int = 3000
+    prometheus_port: int = Field(9090, ge=1, le=65535)
+    grafana_port: int = Field(3000, ge=1, le=65535)
 
 
 class Fleet(Strict):
     hosts: list[Host]
     services: list[Service] = Field(default_factory=list)
     monitoring: Optional[Monitoring] = None
-
-    @model_validator(mode="after")
-    def _refs(self):
-        errors = []
-        names = [h.name for h in self.hosts]
-        for n in {n for n in names if names.count(n) > 1}:
-            errors.append(f"hosts: name {n!r} appears twice")
-        hosts = {h.name: h for h in self.hosts}
-        for i, s in enumerate(self.services):
-            h = hosts.get(s.host)
-            if h is None:
-                errors.append(f"services[{i}].host: unknown host {s.host!r}")
-            elif s.vm and s.vm not in {v.name for v in h.vms}:
-                errors.append(f"services[{i}].vm: host {s.host} has no VM {s.vm!r}")
-        if self.monitoring and self.monitoring.host not in hosts:
-            errors.append(f"monitoring.host: unknown host {self.monitoring.host!r}")
-        for _key, where in _find_private_keys(self.model_dump()):
-            errors.append(
-                f"{where}: looks like a private key in plain config; keys belong in "
-                "`pulumi config set --secret gpuhost:sshPrivateKey`"
-            )
-        if errors:
-            raise ValueError("; ".join(errors))
-        return self
 
 
 def _find_private_keys(obj, path="fleet"):

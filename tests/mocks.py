@@ -141,6 +141,46 @@ def run_program(
         rec.exports = out
         return pulumi.Output.from_input(out).apply(lambda v: v)
 
-    program()
-    rec.registrations = monitor.registrations
+    try:
+        program()
+    finally:
+        rec.registrations = monitor.registrations
     return rec
+
+
+def attempt_program(
+    config: dict[str, Any], secret_keys: list[str], stack: str = "test"
+) -> tuple[Recording, Optional[BaseException]]:
+    """Run the program and keep what was registered even when it fails: (recording, the error or None).
+
+    A bad config must fail with nothing registered; `len(rec.registrations)` says how many resources the engine
+    would have seen before the error.
+    """
+    mocks = EchoMocks()
+    monitor = RecordingMonitor(mocks)
+    pulumi.runtime.set_mocks(mocks, project="gpuhost", stack=stack, preview=False, monitor=monitor)
+    cfg = {k: (json.dumps(v) if not isinstance(v, str) else v) for k, v in config.items()}
+    pulumi.runtime.set_all_config(cfg, secret_keys)
+    rec = Recording()
+    error: list[BaseException] = []
+
+    @pulumi.runtime.test
+    def program():
+        from stacks.load import load
+        from stacks.program import build
+
+        try:
+            fleet, _ = load(pulumi.Config("gpuhost"))
+            out = build(fleet)
+        except Exception as e:  # noqa: BLE001 - the error is the result under test
+            error.append(e)
+            return None
+        rec.exports = out
+        return pulumi.Output.from_input(out).apply(lambda v: v)
+
+    try:
+        program()
+    except Exception as e:  # noqa: BLE001 - errors raised inside resource callbacks surface here
+        error.append(e)
+    rec.registrations = list(monitor.registrations)
+    return rec, (error[0] if error else None)

@@ -20,6 +20,7 @@ from typing import Any
 import yaml
 
 from plans.monitoring.model import HostTarget, MonitoringGraph, tenant_label
+from plans.values import host_port
 
 JOB_NODE = "node"
 JOB_DCGM = "dcgm"
@@ -29,7 +30,7 @@ JOB_PROMETHEUS = "prometheus"
 
 def _machine_group(m: HostTarget, port: int) -> dict[str, Any]:
     return {
-        "targets": [f"{m.address}:{port}"],
+        "targets": [host_port(m.address, port)],
         "labels": {"host": m.name, "tenant": tenant_label(m.tenant), "role": m.role},
     }
 
@@ -60,7 +61,7 @@ def scrape_jobs(graph: MonitoringGraph) -> list[dict[str, Any]]:
                 "job_name": JOB_TRITON,
                 "static_configs": [
                     {
-                        "targets": [f"{s.address}:{s.metrics_port}"],
+                        "targets": [host_port(s.address, s.metrics_port)],
                         "labels": {"host": s.host, "tenant": tenant_label(s.tenant), "service": s.name},
                     }
                     for s in graph.services

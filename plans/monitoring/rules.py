@@ -34,6 +34,7 @@ import yaml
 
 from plans.monitoring.model import MonitoringGraph, TritonTarget, tenant_label
 from plans.monitoring.prometheus import JOB_DCGM, JOB_NODE, JOB_TRITON
+from plans.values import host_port
 
 REC_QPS = "gpuhost:triton_requests:rate1m"
 REC_REQUEST_AVG = "gpuhost:triton_request_duration_us:avg1m"
@@ -213,7 +214,7 @@ def _labels(d: dict[str, str]) -> str:
 def _triton_series_labels(s: TritonTarget, model: str) -> dict[str, str]:
     return {
         "job": JOB_TRITON,
-        "instance": f"{s.address}:{s.metrics_port}",
+        "instance": host_port(s.address, s.metrics_port),
         "host": s.host,
         "tenant": tenant_label(s.tenant),
         "service": s.name,
