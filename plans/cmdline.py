@@ -13,7 +13,6 @@ matched by key (`hugepages=64` replaces `hugepages=16`), so re-running converges
 from __future__ import annotations
 
 import re
-import shlex
 from dataclasses import dataclass, field
 
 from plans.values import param_name
@@ -38,8 +37,38 @@ def parse_value(raw: str) -> list[str]:
     raw = raw.strip()
     if not raw:
         return []
-    words = shlex.split(raw, comments=False)
-    return shlex.split(words[0]) if words else []
+    # The shell's view of the assignment (update-grub sources the file), then the kernel's: words split on blanks.
+    return _sh_word(raw).split()
+
+
+def _sh_word(raw: str) -> str:
+    """The first word of `raw` as POSIX sh reads an assignment's value: '…' literal, "…" with \\ escaping only
+    $ ` " \\ and newline (shlex gets that last rule wrong), unquoted \\x → x."""
+    out, i, n = [], 0, len(raw)
+    while i < n and not raw[i].isspace():
+        c = raw[i]
+        if c == "'":
+            j = raw.find("'", i + 1)
+            j = n if j < 0 else j
+            out.append(raw[i + 1 : j])
+            i = j + 1
+        elif c == '"':
+            i += 1
+            while i < n and raw[i] != '"':
+                if raw[i] == "\\" and i + 1 < n and raw[i + 1] in '$`"\\\n':
+                    out.append(raw[i + 1])
+                    i += 2
+                else:
+                    out.append(raw[i])
+                    i += 1
+            i += 1
+        elif c == "\\" and i + 1 < n:
+            out.append(raw[i + 1])
+            i += 2
+        else:
+            out.append(c)
+            i += 1
+    return "".join(out)
 
 
 def apply_args(current: list[str], add: list[str], remove: list[str]) -> list[str]:

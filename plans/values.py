@@ -123,9 +123,11 @@ def address(v: object) -> str:
     s = _one_line(v, "address").strip()
     inner = s[1:-1] if s.startswith("[") and s.endswith("]") else s
     try:
-        return str(ipaddress.ip_address(inner))
+        ip = str(ipaddress.ip_address(inner))
     except ValueError:
-        pass
+        ip = ""
+    if ip and "%" not in ip:  # a zone (fe80::1%eth0) means nothing on the machine that dials it
+        return ip
     if HOSTNAME_RE.match(s) and not re.fullmatch(r"[0-9.]+", s):
         return s.lower()
     raise ValueError(f"address {s!r} is neither an IP address nor a DNS host name (letters, digits, '-' and '.')")
