@@ -55,7 +55,7 @@ def test_kernel_arg_accepts_the_usual_characters(s):
 @given(
     st.lists(
         st.text(
-            alphabet=st.characters(blacklist_characters="\x00", blacklist_categories=("Cs",)), min_size=1, max_size=12
+            alphabet=st.characters(exclude_characters="\x00", exclude_categories=["Cs"]), min_size=1, max_size=12
         ).filter(lambda w: w.split() == [w]),
         min_size=1,
         max_size=4,
