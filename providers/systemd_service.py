@@ -65,7 +65,7 @@ class SystemdServiceProvider(HostProvider):
     REPLACE_ON = ("host", "unit")
     OUTPUT_ONLY = ("priors", "sha256", "enabled", "active")
 
-    def check(self, olds: dict, news: dict) -> CheckResult:
+    def check_known(self, olds: dict, news: dict) -> CheckResult:
         failures = self.check_host(news)
         unit = news.get("unit")
         if not isinstance(unit, str) or not UNIT_RE.match(unit):

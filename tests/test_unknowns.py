@@ -2,8 +2,9 @@
 
 Under the real engine any input computed from another resource's output is unknown during preview; the SDK hands
 the provider the string `UNKNOWN` in its place, at any depth. The inputs here are the ones the program really
-declares for the dev and hk-prod stacks (run under mocks), one of each provider type, plus GuestBootstrap's (not
-wired into the program). The providers are real; only the engine is stood in for by tests/engine.py's server.
+declares for the dev and hk-prod stacks (run under mocks), one of each provider type, plus inputs for those the
+stacks leave off (every module in providers/ is covered). The providers are real; only the engine is stood in
+for by tests/engine.py's server.
 """
 
 from __future__ import annotations
@@ -23,41 +24,38 @@ from tests.engine import ProviderServer, _de, _ser
 from tests.mocks import run_program
 from tests.stackfiles import stack_config
 
-PROVIDER_MODULES = [
-    "guest_bootstrap",
-    "hugepages",
-    "irq",
-    "kernel_cmdline",
-    "libvirt_domain",
-    "managed_file",
-    "mig",
-    "monitoring",
-    "preflight",
-    "reboot",
-    "sriov",
-    "sysctls",
-    "tensorrt_engine",
-    "triton_gate",
-    "triton_repository",
-    "tuning",
-    "vfio",
-]
-
 
 def provider_classes() -> dict[str, type[Provider]]:
     import importlib
+    import pkgutil
 
     out = {}
-    for m in PROVIDER_MODULES:
-        mod = importlib.import_module(f"providers.{m}")
+    for m in pkgutil.iter_modules(providers.__path__):
+        if m.name == "base":
+            continue
+        mod = importlib.import_module(f"providers.{m.name}")
         for name, cls in inspect.getmembers(mod, inspect.isclass):
             if issubclass(cls, Provider) and cls.__module__ == mod.__name__ and name.endswith("Provider"):
                 out[name.removesuffix("Provider")] = cls
     return out
 
 
-def _guest_bootstrap_inputs(host: dict) -> dict:
-    return {"host": {**host, "name": "tenant-a"}, "config": {"mps": {"instances": {"triton-a": 60}}}, "version": "1"}
+def _not_in_the_stacks(host: dict) -> dict[str, dict]:
+    """Inputs for providers neither stack file declares (the stacks leave those features off)."""
+    unit = "/etc/systemd/system/gpuhost-adaptive-window.service"
+    return {
+        "GuestBootstrap": {
+            "host": {**host, "name": "tenant-a"},
+            "config": {"mps": {"instances": {"triton-a": 60}}},
+            "version": "1",
+        },
+        "SystemdService": {
+            "host": host,
+            "unit": "gpuhost-adaptive-window.service",
+            "files": {unit: "[Service]\nExecStart=/usr/bin/true\n", "/usr/local/lib/gpuhost-aw.py": "print()\n"},
+            "version": "1",
+        },
+    }
 
 
 class Samples(dict):
@@ -74,7 +72,8 @@ def samples() -> dict[str, dict]:
         for r in run_program(cfg, secret, stack=stack).registrations:
             if r.type.startswith("pulumi-python:dynamic/"):
                 out.setdefault(r.type.rsplit(":", 1)[1], {k: v for k, v in r.inputs.items() if k != "__provider"})
-    out["GuestBootstrap"] = _guest_bootstrap_inputs(out["Sysctls"]["host"])
+    for type_, inputs in _not_in_the_stacks(out["Sysctls"]["host"]).items():
+        out.setdefault(type_, inputs)
     return out
 
 
