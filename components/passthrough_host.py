@@ -80,6 +80,10 @@ def acknowledged(h: Host) -> list[str]:
 class PassthroughHostArgs:
     host: Host
     extra_vfio_devices: list[str] = field(default_factory=list)
+    # Rollout: this host's reboot waits for these resources (earlier hosts' verified reboots, see stacks/program.py).
+    reboot_after: list = field(default_factory=list)
+    # libvirt domains on this host that the stack manages (drained before a reboot like any running domain).
+    drain_timeout_s: int = 180
 
 
 class PassthroughHost(ComponentResource):
@@ -153,6 +157,10 @@ class PassthroughHost(ComponentResource):
         )
 
         expect_drivers = self.vfio.drivers.apply(lambda d: {a: "vfio-pci" for a in (d or {})}) if self.vfio else {}
+        # The reboot waits for ALL host prep, not only the boot-time resources: under the engine every step runs as
+        # soon as its dependencies are done, so a sysctl or tuned change ordered only after preflight would run in
+        # parallel with the reboot (and its SSH session die with it).
+        host_prep = [r for r in (self.hugepages, self.sysctls, self.tuning) if r is not None]
         self.reboot = HostReboot(
             f"{name}-reboot",
             {
@@ -161,9 +169,11 @@ class PassthroughHost(ComponentResource):
                 "expect_args": args_wanted,
                 "expect_absent": list(h.kernel.remove_args),
                 "expect_drivers": expect_drivers,
+                # Running libvirt domains are shut down gracefully before the reboot and started again after it.
+                "drain_timeout": args.drain_timeout_s,
                 # Ordering only: the wanted running state is in expect_*; pending flags would change on every refresh.
             },
-            ResourceOptions(parent=self, depends_on=boot_time),
+            ResourceOptions(parent=self, depends_on=boot_time + host_prep + list(args.reboot_after)),
         )
 
         # IRQ affinities are runtime state a reboot loses: pin them once the host runs its final kernel.

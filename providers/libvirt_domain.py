@@ -66,6 +66,8 @@ class DomainInputs(BaseModel):
     storage: Storage = Field(default_factory=Storage)
     cloud_init: Optional[CloudInit] = None
     start: bool = True
+    # libvirt starts the domain when libvirtd starts (after a host reboot): a tenant comes back on its own.
+    autostart: bool = True
     keep_disk: bool = True
     shutdown_timeout: float = Field(60, ge=0)
 
@@ -329,7 +331,7 @@ class UpdateFailed(RuntimeError):
 
 
 class LibvirtDomainProvider(HostProvider):
-    VERSION = "1"
+    VERSION = "2"
     # A new name or another host is another domain: delete the old one first (it holds the GPU).
     REPLACE_ON = ("host", "uri", "remote_uri")
     OUTPUT_ONLY = ("uuid", "state", "domid", "seed_uploaded", "disk_created", "xml_sha256")
@@ -382,6 +384,7 @@ class LibvirtDomainProvider(HostProvider):
                 seed_uploaded = write_seed(lv, spec.seed_iso, seed_iso(inp.cloud_init, spec.name))
             xml = render(spec)
             dom = lv.defineXML(xml)
+            dom.setAutostart(1 if inp.autostart else 0)
             if inp.start:
                 dom.create()
         except Exception:
@@ -454,6 +457,8 @@ class LibvirtDomainProvider(HostProvider):
                     f"update of {spec.name!r} failed: {e.get_error_message()}; previous definition restored"
                     + (" and started" if running else "")
                 ) from e
+        if bool(dom.autostart()) != new.autostart:
+            dom.setAutostart(1 if new.autostart else 0)
         return UpdateResult(self._outs(news, dom, olds.get("disk_created", False), seed_uploaded, xml))
 
     # -- delete ---------------------------------------------------------------------------------------------------
@@ -483,7 +488,13 @@ class LibvirtDomainProvider(HostProvider):
                 return ReadResult("", {})
             raise
         live = parse(dom.XMLDesc(0))
-        outs = {**props, "domain": live.model_dump(mode="json"), "state": state_name(dom), "domid": dom.ID()}
+        outs = {
+            **props,
+            "domain": live.model_dump(mode="json"),
+            "state": state_name(dom),
+            "domid": dom.ID(),
+            "autostart": bool(dom.autostart()),
+        }
         return ReadResult(id_, outs)
 
 

@@ -6,8 +6,14 @@ must not, the drivers each device must have. If the running host already matches
 no-op `up`). With policy "never" it reports what is pending instead. Never runs during preview (only create/update
 reboot; check and diff do not touch the host).
 
-Inputs: host, policy ("auto" | "never"), expect_args, expect_absent, expect_drivers, triggers, timeout, version.
-Outputs: pending (reasons, empty when the running host matches), rebooted, boot_id.
+Before rebooting, running libvirt domains are drained: `virsh shutdown` (ACPI, the guest shuts down cleanly), a
+wait of up to `drain_timeout` seconds, `virsh destroy` only for what is still running then; after the verified
+reboot the drained domains are started again (unless libvirt's autostart already did).
+
+Inputs: host, policy ("auto" | "never"), expect_args, expect_absent, expect_drivers, drain_timeout, triggers,
+timeout, version.
+Outputs: pending (reasons, empty when the running host matches), rebooted, boot_id, drained (domains shut down for
+the reboot and started again), forced (domains that had to be destroyed after the drain timeout).
 """
 
 from __future__ import annotations
@@ -21,6 +27,7 @@ from pulumi import dynamic
 from pulumi.dynamic import CheckFailure, CheckResult, CreateResult, ReadResult, UpdateResult
 
 from access import ssh
+from access.shell import sh
 from facts.host import read_host_facts
 from facts.model import HostFacts
 from plans.cmdline import key
@@ -68,9 +75,37 @@ def wait_for_new_boot(spec, old_boot_id: str, timeout: float) -> HostFacts:
     )
 
 
+def running_domains(conn) -> list[str]:
+    out = conn.run("command -v virsh >/dev/null 2>&1 && virsh list --state-running --name || true").stdout
+    return [n for n in out.split() if n]
+
+
+def drain(conn, timeout: float) -> tuple[list[str], list[str]]:
+    """Shut running domains down gracefully; destroy what is still running after `timeout`. Returns (drained,
+    forced)."""
+    names = running_domains(conn)
+    for n in names:
+        conn.run(sh("virsh", "shutdown", n), check=False)
+    deadline = time.monotonic() + timeout
+    left = list(names)
+    while left and time.monotonic() < deadline:
+        time.sleep(2)
+        left = [n for n in running_domains(conn) if n in names]
+    for n in left:
+        conn.run(sh("virsh", "destroy", n), check=False)
+    return names, left
+
+
+def restart(conn, names: list[str]) -> None:
+    running = set(running_domains(conn))
+    for n in names:
+        if n not in running:  # libvirt's autostart may have started it already
+            conn.run(sh("virsh", "start", n))
+
+
 class HostRebootProvider(HostProvider):
-    VERSION = "2"
-    OUTPUT_ONLY = ("pending", "rebooted", "boot_id")
+    VERSION = "3"
+    OUTPUT_ONLY = ("pending", "rebooted", "boot_id", "drained", "forced")
 
     def check_known(self, olds: dict, news: dict) -> CheckResult:
         failures = self.check_host(news)
@@ -84,9 +119,10 @@ class HostRebootProvider(HostProvider):
         f = read_host_facts(conn)
         reasons = unmet(f, props)
         if not reasons:
-            return self.outputs(props, pending=[], rebooted=False, boot_id=f.boot_id)
+            return self.outputs(props, pending=[], rebooted=False, boot_id=f.boot_id, drained=[], forced=[])
         if props.get("policy", "auto") == "never":
-            return self.outputs(props, pending=reasons, rebooted=False, boot_id=f.boot_id)
+            return self.outputs(props, pending=reasons, rebooted=False, boot_id=f.boot_id, drained=[], forced=[])
+        drained, forced = drain(conn, float(props.get("drain_timeout") or 180))
         conn.run("nohup sh -c 'sleep 1; systemctl reboot' >/dev/null 2>&1 &")
         REBOOTS[spec.name] = REBOOTS.get(spec.name, 0) + 1
         f2 = wait_for_new_boot(spec, f.boot_id, float(props.get("timeout") or 900))
@@ -97,7 +133,9 @@ class HostRebootProvider(HostProvider):
                 + "; ".join(still)
                 + " (check GRUB regeneration, initramfs and `lspci -nnk`; seed 000 §3.4 pitfalls)"
             )
-        return self.outputs(props, pending=[], rebooted=True, boot_id=f2.boot_id)
+        if drained:
+            restart(ssh.connect(spec), drained)
+        return self.outputs(props, pending=[], rebooted=True, boot_id=f2.boot_id, drained=drained, forced=forced)
 
     def create(self, props: dict[str, Any]) -> CreateResult:
         return CreateResult(f"{self.spec(props).name}:reboot", self._apply(props))

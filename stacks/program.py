@@ -136,7 +136,11 @@ def build(fleet: Fleet) -> dict:
     guests: dict[tuple[str, str], HostSpec] = {}
     for h in fleet.hosts:
         spec = host_spec(h)
-        ph = PassthroughHost(h.name, PassthroughHostArgs(host=h))
+        # Rollout: with max_parallel_reboots k, host i's reboot waits for host i-k's verified reboot.
+        k = fleet.rollout.max_parallel_reboots
+        earlier = list(hosts.values())
+        after = [earlier[-k].reboot] if len(earlier) >= k else []
+        ph = PassthroughHost(h.name, PassthroughHostArgs(host=h, reboot_after=after))
         hosts[h.name] = ph
         exports["pending_reboot"][h.name] = ph.pending_reboot
         nics = []

@@ -348,10 +348,19 @@ class Monitoring(Strict):
     grafana_port: int = Field(3000, ge=1, le=65535)
 
 
+class Rollout(Strict):
+    """How reboots roll across hosts: at most `max_parallel_reboots` hosts reboot at once; the next host's reboot
+    waits until an earlier one is verified back (new boot, wanted kernel arguments and drivers running), so one
+    kernel-argument change never takes every tenant down at once. Hosts go in the order of `hosts`."""
+
+    max_parallel_reboots: int = Field(1, ge=1)
+
+
 class Fleet(Strict):
     hosts: list[Host]
     services: list[Service] = Field(default_factory=list)
     monitoring: Optional[Monitoring] = None
+    rollout: Rollout = Field(default_factory=Rollout)
 
 
 def _find_private_keys(obj, path="fleet"):

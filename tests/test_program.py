@@ -181,3 +181,34 @@ def test_new_onnx_shows_as_that_input_changing_only():
     new = run_program(cfg, secret, stack="hk-prod").by_name("yolo-rt-yolov8n-engine").inputs
     changed = sorted(k for k in set(base) | set(new) if base.get(k) != new.get(k))
     assert changed == ["build", "onnxSha256"]
+
+
+def test_each_reboot_waits_for_all_host_prep_and_the_previous_hosts_verified_reboot(hk):
+    """Under the engine a step runs as soon as its dependencies are done: the reboot must depend on every host-prep
+    resource of its host, and (rollout.max_parallel_reboots: 1 by default) on the previous host's reboot."""
+    fleet = json.loads(stack_config("hk-prod")[0]["gpuhost:fleet"])
+    reboots = [hk.by_name(f"{h['name']}-reboot") for h in fleet["hosts"]]
+    prev = None
+    for rb in reboots:
+        host = rb.name.removesuffix("-reboot")
+        prep = {
+            r.urn
+            for r in hk.registrations
+            if r.name.startswith(f"{host}-")
+            and r.type.split(":")[-1] in ("KernelCmdline", "VfioBinding", "Hugepages2M", "Sysctls", "HostTuning")
+        }
+        assert prep and prep <= set(rb.dependencies), (host, prep - set(rb.dependencies))
+        if prev is not None:
+            assert prev.urn in rb.dependencies, f"{rb.name} does not wait for {prev.name}"
+        prev = rb
+    assert rb.inputs["drain_timeout"] == 180
+
+
+def test_max_parallel_reboots_two_lets_two_hosts_reboot_together():
+    cfg, secret = stack_config("hk-prod")
+    fleet = json.loads(cfg["gpuhost:fleet"]) if isinstance(cfg["gpuhost:fleet"], str) else cfg["gpuhost:fleet"]
+    fleet["rollout"] = {"max_parallel_reboots": 2}
+    rec = run_program({**cfg, "gpuhost:fleet": json.dumps(fleet)}, secret, stack="hk-prod")
+    reboots = [rec.by_name(f"{h['name']}-reboot") for h in fleet["hosts"]]  # in the order of `hosts`
+    waits = [[d for d in r.dependencies if d in {x.urn for x in reboots}] for r in reboots]
+    assert waits[0] == [] and waits[1] == [] and waits[2] == [reboots[0].urn] and waits[3] == [reboots[1].urn]
