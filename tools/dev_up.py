@@ -1,7 +1,9 @@
-"""`./gpuhost.sh up`: boot the emulated GPU server, point the dev stack at it, and `pulumi up` the dev stack.
+"""`./gpuhost.sh up`: boot the emulated GPU server, point the dev stack at it, preview and up the dev stack.
 
-Needs the Pulumi CLI (https://www.pulumi.com/docs/install/), which you install; it is the one thing gpuhost cannot
-bring. State stays local (`.pulumi-state/`, file backend); the dev stack's passphrase is "gpuhost-dev".
+With the Pulumi CLI on PATH it runs the real thing (`pulumi preview --diff`, `pulumi up`; state in `.pulumi-state/`,
+file backend). Without it, it says so in one line and runs the same program through the deployment driver
+(tools/driver: the engine's semantics, state in `.pulumi-state/driver/dev.json`), so a new machine still shows the
+emulated server prepared, the plan, the diff and the outcome. The dev stack's passphrase is "gpuhost-dev".
 """
 
 from __future__ import annotations
@@ -14,34 +16,33 @@ import sys
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
+PASSPHRASE = "gpuhost-dev"
 
 
-def main() -> int:
-    pulumi = shutil.which("pulumi")
-    if not pulumi:
-        print(
-            "gpuhost up needs the Pulumi CLI on PATH (install it: https://www.pulumi.com/docs/install/).\n"
-            "Everything else works without it: ./gpuhost.sh test runs the suite, and\n"
-            "`.venv/bin/python -m tests.testhost start --name dev` boots the emulated server by hand.",
-            file=sys.stderr,
-        )
-        return 3
+def emulated_host() -> dict:
+    """Boot (or reuse) the emulated server named dev; returns its state (port, host key line, key path)."""
     py = str(ROOT / ".venv" / "bin" / "python")
-    state = Path.home() / ".cache" / "gpuhost" / "testhost" / "run" / "dev" / "state.json"
-    if os.environ.get("GPUHOST_TESTHOST_CACHE"):
-        state = Path(os.environ["GPUHOST_TESTHOST_CACHE"]) / "run" / "dev" / "state.json"
-    if (
-        subprocess.run(
-            [py, "-m", "tests.testhost", "status", "--name", "dev"], cwd=ROOT, capture_output=True
-        ).returncode
-        != 0
-    ):
+    st = subprocess.run(
+        [py, "-m", "tests.testhost", "status", "--name", "dev"], cwd=ROOT, capture_output=True, text=True, check=False
+    )
+    if st.returncode != 0 or not json.loads(st.stdout or "{}").get("running"):
+        print("== booting the emulated GPU server (QEMU; a few minutes under TCG)", flush=True)
         subprocess.run([py, "-m", "tests.testhost", "start", "--name", "dev"], cwd=ROOT, check=True)
-    st = json.loads(state.read_text())
+        st = subprocess.run(
+            [py, "-m", "tests.testhost", "status", "--name", "dev"],
+            cwd=ROOT,
+            capture_output=True,
+            text=True,
+            check=True,
+        )
+    return json.loads(st.stdout)
+
+
+def with_cli(pulumi: str, st: dict) -> int:
     env = dict(
         os.environ,
         PULUMI_BACKEND_URL=os.environ.get("PULUMI_BACKEND_URL", f"file://{ROOT}/.pulumi-state"),
-        PULUMI_CONFIG_PASSPHRASE=os.environ.get("PULUMI_CONFIG_PASSPHRASE", "gpuhost-dev"),
+        PULUMI_CONFIG_PASSPHRASE=os.environ.get("PULUMI_CONFIG_PASSPHRASE", PASSPHRASE),
     )
     (ROOT / ".pulumi-state").mkdir(exist_ok=True)
 
@@ -56,6 +57,43 @@ def main() -> int:
     p("preview", "--diff")
     p("up", "--yes")
     return 0
+
+
+def dev_config(st: dict, passphrase: str):
+    """Pulumi.dev.yaml with the booted server's port, host key and per-run key (secret), as `pulumi config set`
+    would leave it; the file itself is not rewritten."""
+    from tools.driver import StackConfig
+
+    cfg = StackConfig.load(ROOT, "dev", passphrase)
+    fleet = json.loads(cfg.values["gpuhost:fleet"])
+    fleet["hosts"][0]["ssh"].update(port=st["port"], host_key=st["host_key_line"])
+    cfg = cfg.with_values(fleet=fleet, sshPrivateKey=Path(st["private_key_path"]).read_text())
+    if "gpuhost:sshPrivateKey" not in cfg.secret_keys:
+        cfg.secret_keys.append("gpuhost:sshPrivateKey")
+    return cfg
+
+
+def with_driver(st: dict) -> int:
+    from tools.driver import Driver
+
+    passphrase = os.environ.get("PULUMI_CONFIG_PASSPHRASE", PASSPHRASE)
+    d = Driver(ROOT, "dev", passphrase=passphrase, config=dev_config(st, passphrase))
+    plan = d.preview()
+    if plan.errors:
+        return 1
+    return 1 if d.up().errors else 0
+
+
+def main() -> int:
+    pulumi = shutil.which("pulumi")
+    if not pulumi:
+        print(
+            "pulumi CLI not found on PATH (https://www.pulumi.com/docs/install/): running the dev stack through "
+            "gpuhost's deployment driver (tools/driver) instead.",
+            flush=True,
+        )
+    st = emulated_host()
+    return with_cli(pulumi, st) if pulumi else with_driver(st)
 
 
 if __name__ == "__main__":
