@@ -45,6 +45,9 @@ class NginxSpec(BaseModel):
     keepalive_requests: int = Field(100000, ge=1)
     # A 8×3×640×640 FP32 batch is ~39 MB as JSON-less binary; leave headroom.
     client_max_body_size: str = Field("64m", pattern=_SIZE)
+    # Memory for one request body and one response (a 640×640 uint8 image is 1.2 MB, a raw YOLOv8n output
+    # 1.4 MB in FP16), so neither goes through a temp file on disk between Triton and the client (issue 18).
+    body_buffer_size: str = Field("2m", pattern=_SIZE)
     proxy_read_timeout_s: int = Field(60, ge=1)
     worker_processes: str = Field("auto", pattern=r"^(auto|[0-9]+)$")
     worker_connections: int = Field(4096, ge=16)
@@ -52,6 +55,13 @@ class NginxSpec(BaseModel):
     # Where pid, logs and temp files live; "" = Debian's defaults under /var.
     prefix: str = Field("", pattern=r"^$|" + _PATH)
     access_log: bool = False
+
+
+def _quarter_mb_chunks(size: str) -> str:
+    """Chunk size so 32 proxy buffers hold ``size`` (at least 8k)."""
+    unit = {"k": 1024, "m": 1024**2, "g": 1024**3}.get(size[-1].lower(), 1)
+    total = int(size.rstrip("kKmMgG")) * unit
+    return f"{max(8, total // 32 // 1024)}k"
 
 
 def render(spec: NginxSpec) -> str:
@@ -105,6 +115,11 @@ def render(spec: NginxSpec) -> str:
         "        proxy_http_version 1.1;",
         '        proxy_set_header Connection "";',
         "        proxy_request_buffering off;",
+        f"        client_body_buffer_size {spec.body_buffer_size};",
+        "        proxy_buffer_size 64k;",
+        f"        proxy_buffers 32 {_quarter_mb_chunks(spec.body_buffer_size)};",
+        "        proxy_busy_buffers_size 256k;",
+        "        proxy_max_temp_file_size 0;",
         f"        proxy_read_timeout {spec.proxy_read_timeout_s}s;",
         "",
         "        location = /nginx-health {",
@@ -132,6 +147,9 @@ def render(spec: NginxSpec) -> str:
             f"        listen {spec.listen_address}:{spec.listen_grpc} http2;",
             f"        client_max_body_size {spec.client_max_body_size};",
             f"        grpc_read_timeout {spec.proxy_read_timeout_s}s;",
+            f"        grpc_buffer_size {spec.body_buffer_size};",
+            f"        client_body_buffer_size {spec.body_buffer_size};",
+            f"        http2_body_preread_size {spec.body_buffer_size};",
             "        location / {",
             "            grpc_pass grpc://triton_grpc;",
             "        }",

@@ -146,3 +146,53 @@ def sdxl(height: int = 1024, width: int = 1024) -> ModelSpec:
         parameters={"EXECUTION_ENV_PATH": "/opt/tritonserver/backends/python"},
         workload="diffusion",
     )
+
+
+def yolov8n_torch(
+    *,
+    name: str = "yolov8n",
+    output: str = "nms",
+    max_batch_size: int = 8,
+    instances: int = 2,
+    window_us: int = 0,
+    preferred_batch_size: Optional[list[int]] = None,
+    gpu: bool = True,
+    max_det: int = 100,
+) -> ModelSpec:
+    """YOLOv8n 640×640 on the python backend's fast path (``serving/yolov8n_model.py``), where no TensorRT is.
+
+    Input ``images`` UINT8 [640, 640, 3] (NHWC, RGB as decoded: normalised on the GPU, half the bytes of FP16).
+    ``output="nms"``: ``detections`` FP32 [max_det, 6] (x1 y1 x2 y2 score class) and ``num_detections``
+    INT32 [1], NMS on the GPU inside the CUDA graph; ``output="raw"``: ``output0`` [84, 8400] (FP16 on a
+    GPU). ``window_us`` is the dynamic batcher's ``max_queue_delay_microseconds`` (0 still batches what is
+    queued). ``gpu=False`` gives the CPU form (FP32, KIND_CPU) for hosts without a GPU.
+    """
+    if output not in ("nms", "raw"):
+        raise ValueError(f"output must be 'nms' or 'raw', not {output!r}")
+    if output == "nms":
+        outputs = [
+            Tensor(name="detections", data_type="FP32", dims=[max_det, 6]),
+            Tensor(name="num_detections", data_type="INT32", dims=[1]),
+        ]
+    else:
+        outputs = [Tensor(name="output0", data_type="FP16" if gpu else "FP32", dims=[84, 8400])]
+    preferred = (
+        preferred_batch_size
+        if preferred_batch_size is not None
+        else [b for b in (1, 2, 4, 8, 16, 32) if b <= max_batch_size]
+    )
+    return ModelSpec(
+        name=name,
+        platform="python",
+        max_batch_size=max_batch_size,
+        inputs=[Tensor(name="images", data_type="UINT8", dims=[640, 640, 3])],
+        outputs=outputs,
+        instance_group=[InstanceGroup(kind="KIND_GPU" if gpu else "KIND_CPU", count=instances)],
+        dynamic_batching=DynamicBatching(preferred_batch_size=preferred, max_queue_delay_microseconds=window_us),
+        parameters={
+            "output": output,
+            "precision": "fp16" if gpu else "fp32",
+            "cuda_graphs": "true" if gpu else "false",
+            "max_det": str(max_det),
+        },
+    )

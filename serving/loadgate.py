@@ -34,7 +34,7 @@ import tempfile
 import threading
 import time
 import urllib.parse
-from typing import Optional
+from typing import Optional, Sequence
 
 
 @dataclasses.dataclass(frozen=True)
@@ -50,6 +50,11 @@ class LoadSpec:
     warmup_requests: int = 5
     timeout_s: float = 10.0
     tool: str = "auto"  # "auto" | "wrk" | "python"
+    # Every response's outputs are checked against this (python client): a 200 is not a success.
+    check: Optional["ResponseCheck"] = None
+    # Client processes for the python client (threads split between them): one process's GIL otherwise
+    # adds its own queueing to the latencies it measures at high concurrency.
+    processes: int = 1
 
 
 @dataclasses.dataclass(frozen=True)
@@ -66,6 +71,9 @@ class LoadResult:
     p99_ms: float
     mean_ms: float
     max_ms: float
+    # 2xx responses whose outputs did not match the check (counted in ``errors`` too).
+    invalid: int = 0
+    first_invalid: str = ""
 
     def as_dict(self) -> dict:
         return dataclasses.asdict(self)
@@ -101,6 +109,113 @@ def infer_body(input_name: str, shape: list[int], datatype: str = "FP32", value:
     ).encode()
 
 
+# ---------------------------------------------------------------- binary tensors and response checks
+
+# Bytes per element of the KServe v2 datatypes (BYTES/STRING have no fixed size).
+DTYPE_BYTES = {
+    "BOOL": 1,
+    "UINT8": 1,
+    "INT8": 1,
+    "UINT16": 2,
+    "INT16": 2,
+    "FP16": 2,
+    "BF16": 2,
+    "UINT32": 4,
+    "INT32": 4,
+    "FP32": 4,
+    "UINT64": 8,
+    "INT64": 8,
+    "FP64": 8,
+}
+
+
+def binary_request(inputs: list[tuple[str, str, list[int], bytes]], outputs: Sequence[str] = ()) -> tuple[bytes, tuple]:
+    """A KServe v2 binary-tensor request: (body, headers) for ``LoadSpec(body=..., headers=...)``.
+
+    ``inputs`` are (name, datatype, shape, raw bytes); ``outputs`` named here come back as binary too
+    (by default every output, in binary). The JSON header is followed by the raw tensors, its length in
+    ``Inference-Header-Content-Length``: no JSON number parsing on either side, 1 byte per uint8 pixel.
+    """
+    header: dict = {"inputs": []}
+    for name, datatype, shape, data in inputs:
+        size = DTYPE_BYTES.get(datatype)
+        if size is not None and len(data) != size * math.prod(shape):
+            raise ValueError(f"input {name}: {len(data)} bytes but {datatype}{shape} needs {size * math.prod(shape)}")
+        header["inputs"].append(
+            {"name": name, "shape": list(shape), "datatype": datatype, "parameters": {"binary_data_size": len(data)}}
+        )
+    header["parameters"] = {"binary_data_output": True}
+    if outputs:
+        header["outputs"] = [{"name": o, "parameters": {"binary_data": True}} for o in outputs]
+    head = json.dumps(header, separators=(",", ":")).encode()
+    body = head + b"".join(data for *_, data in inputs)
+    return body, (("Content-Type", "application/octet-stream"), ("Inference-Header-Content-Length", str(len(head))))
+
+
+@dataclasses.dataclass(frozen=True)
+class ExpectedOutput:
+    name: str
+    datatype: str
+    shape: tuple[int, ...]
+
+    @property
+    def nbytes(self) -> Optional[int]:
+        size = DTYPE_BYTES.get(self.datatype)
+        return None if size is None else size * math.prod(self.shape)
+
+
+@dataclasses.dataclass(frozen=True)
+class ResponseCheck:
+    """What every response must hold: exactly these outputs, with these datatypes, shapes and byte sizes."""
+
+    outputs: tuple[ExpectedOutput, ...]
+
+    @classmethod
+    def from_config(cls, config: dict, batch: int = 1) -> "ResponseCheck":
+        """From Triton's model config as JSON (``GET /v2/models/<m>/config``) for requests of ``batch`` items."""
+        lead = (batch,) if int(config.get("max_batch_size", 0)) > 0 else ()
+        outs = []
+        for o in config.get("output", []):
+            dims = tuple(int(d) for d in o.get("dims", []))
+            if any(d < 0 for d in dims):
+                raise ValueError(f"output {o['name']} has variable dims {dims}: give the expected shape by hand")
+            outs.append(ExpectedOutput(o["name"], str(o["data_type"]).removeprefix("TYPE_"), lead + dims))
+        return cls(tuple(outs))
+
+
+def check_response(body: bytes, header_length: Optional[str], check: ResponseCheck) -> Optional[str]:
+    """None when ``body`` (a v2 infer response, JSON or binary) holds exactly ``check``'s outputs, else why not."""
+    try:
+        head_len = int(header_length) if header_length is not None else len(body)
+        head = json.loads(body[:head_len])
+    except (ValueError, UnicodeDecodeError) as e:
+        return f"response is not a v2 infer response: {e}"
+    got = {str(o.get("name")): o for o in head.get("outputs", []) if isinstance(o, dict)}
+    want = {o.name: o for o in check.outputs}
+    if set(got) != set(want):
+        return f"outputs {sorted(got)} but the model config names {sorted(want)}"
+    binary_total = 0
+    for name, exp in want.items():
+        o = got[name]
+        if o.get("datatype") != exp.datatype:
+            return f"output {name}: datatype {o.get('datatype')} but the config says {exp.datatype}"
+        if tuple(o.get("shape", ())) != exp.shape:
+            return f"output {name}: shape {o.get('shape')} but the config says {list(exp.shape)}"
+        size = (o.get("parameters") or {}).get("binary_data_size")
+        if size is not None:
+            binary_total += int(size)
+            if exp.nbytes is not None and int(size) != exp.nbytes:
+                return f"output {name}: {size} bytes but {exp.datatype}{list(exp.shape)} is {exp.nbytes}"
+        elif "data" in o:
+            if len(o["data"]) != math.prod(exp.shape):
+                return f"output {name}: {len(o['data'])} values but {list(exp.shape)} holds {math.prod(exp.shape)}"
+        else:
+            return f"output {name}: no data"
+    if len(body) != head_len + binary_total:
+        return f"body is {len(body)} bytes, header {head_len} + binary outputs {binary_total}"
+    return None
+
+
 def percentile(sorted_values: list[float], q: float) -> float:
     """Nearest-rank percentile (q in 0..100) of an ascending list."""
     if not sorted_values:
@@ -118,6 +233,59 @@ def _connection(url: urllib.parse.SplitResult, timeout: float) -> http.client.HT
 
 
 def run_python(spec: LoadSpec) -> LoadResult:
+    """Constant concurrency from ``spec.processes`` processes (threads split between them), one keep-alive
+    connection per thread; percentiles over all of them."""
+    procs = max(1, min(spec.processes, spec.concurrency))
+    if procs == 1:
+        out = _run_threads(spec, spec.concurrency, spec.max_requests, None)
+        return _result(
+            "python",
+            spec.concurrency,
+            out["lat"],
+            out["errors"],
+            out["end"] - out["start"],
+            out["invalid"],
+            out["first_invalid"],
+        )
+    import multiprocessing
+
+    ctx = multiprocessing.get_context("fork")
+    start = ctx.Value("d", 0.0)
+
+    def _open():
+        start.value = time.perf_counter()
+
+    barrier = ctx.Barrier(procs, action=_open)
+    queue = ctx.Queue()
+    shares = [spec.concurrency // procs + (1 if i < spec.concurrency % procs else 0) for i in range(procs)]
+
+    def child(n: int) -> None:
+        def sync() -> float:
+            barrier.wait()
+            return start.value
+
+        queue.put(_run_threads(spec, n, max(1, spec.max_requests * n // spec.concurrency), sync))
+
+    children = [ctx.Process(target=child, args=(n,), daemon=True) for n in shares]
+    for c in children:
+        c.start()
+    outs = [queue.get(timeout=spec.duration_s + spec.timeout_s * (spec.warmup_requests + 2) + 60) for _ in children]
+    for c in children:
+        c.join(10)
+    lat = [x for o in outs for x in o["lat"]]
+    first = next((o["first_invalid"] for o in outs if o["first_invalid"]), "")
+    return _result(
+        "python",
+        spec.concurrency,
+        lat,
+        sum(o["errors"] for o in outs),
+        max(o["end"] for o in outs) - min(o["start"] for o in outs),
+        sum(o["invalid"] for o in outs),
+        first,
+    )
+
+
+def _run_threads(spec: LoadSpec, concurrency: int, max_requests: int, sync) -> dict:
     url = urllib.parse.urlsplit(spec.url)
     path = url.path + (f"?{url.query}" if url.query else "")
     headers = dict(spec.headers)
@@ -126,22 +294,27 @@ def run_python(spec: LoadSpec) -> LoadResult:
     lock = threading.Lock()
     latencies: list[float] = []
     errors = [0]
+    invalid = [0]
+    first_invalid = [""]
     issued = [0]
     deadline = [0.0]
     started = [0.0]
 
     def _open_gate():
-        # Runs once, after every worker finished its warmup and before any is released.
-        started[0] = time.perf_counter()
+        # Runs once, after every worker finished its warmup and before any is released; with several
+        # processes, after every process's workers did (``sync`` returns the common start).
+        started[0] = sync() if sync else time.perf_counter()
         deadline[0] = started[0] + spec.duration_s
 
-    start_gate = threading.Barrier(spec.concurrency + 1, action=_open_gate)
+    start_gate = threading.Barrier(concurrency + 1, action=_open_gate)
 
-    def one(conn):
+    def one(conn) -> tuple[int, Optional[str]]:
         conn.request(spec.method, path, body=spec.body or None, headers=headers)
         r = conn.getresponse()
-        r.read()
-        return r.status
+        data = r.read()
+        if spec.check is not None and 200 <= r.status < 300:
+            return r.status, check_response(data, r.getheader("Inference-Header-Content-Length"), spec.check)
+        return r.status, None
 
     def worker():
         conn = _connection(url, spec.timeout_s)
@@ -152,11 +325,12 @@ def run_python(spec: LoadSpec) -> LoadResult:
                 conn.close()
                 conn = _connection(url, spec.timeout_s)
         mine: list[float] = []
-        bad = 0
+        bad = wrong = 0
+        why = ""
         start_gate.wait()
         while True:
             with lock:
-                if issued[0] >= spec.max_requests:
+                if issued[0] >= max_requests:
                     break
                 issued[0] += 1
             t0 = time.perf_counter()
@@ -165,8 +339,11 @@ def run_python(spec: LoadSpec) -> LoadResult:
                     issued[0] -= 1
                 break
             try:
-                status = one(conn)
-                ok = 200 <= status < 300
+                status, problem = one(conn)
+                ok = 200 <= status < 300 and problem is None
+                if problem is not None:
+                    wrong += 1
+                    why = why or problem
             except (OSError, http.client.HTTPException):
                 ok = False
                 conn.close()
@@ -178,18 +355,28 @@ def run_python(spec: LoadSpec) -> LoadResult:
         with lock:
             latencies.extend(mine)
             errors[0] += bad
+            invalid[0] += wrong
+            first_invalid[0] = first_invalid[0] or why
 
-    threads = [threading.Thread(target=worker, daemon=True) for _ in range(spec.concurrency)]
+    threads = [threading.Thread(target=worker, daemon=True) for _ in range(concurrency)]
     for t in threads:
         t.start()
     start_gate.wait()
     for t in threads:
         t.join(spec.duration_s + spec.timeout_s + 30)
-    elapsed = time.perf_counter() - started[0]
-    return _result("python", spec.concurrency, [x * 1000 for x in latencies], errors[0], elapsed)
+    return {
+        "lat": [x * 1000 for x in latencies],
+        "errors": errors[0],
+        "invalid": invalid[0],
+        "first_invalid": first_invalid[0],
+        "start": started[0],
+        "end": time.perf_counter(),
+    }
 
 
-def _result(tool, concurrency, lat_ms: list[float], errors: int, elapsed: float) -> LoadResult:
+def _result(
+    tool, concurrency, lat_ms: list[float], errors: int, elapsed: float, invalid: int = 0, first_invalid: str = ""
+) -> LoadResult:
     lat_ms.sort()
     n = len(lat_ms)
     return LoadResult(
@@ -205,6 +392,8 @@ def _result(tool, concurrency, lat_ms: list[float], errors: int, elapsed: float)
         p99_ms=percentile(lat_ms, 99),
         mean_ms=sum(lat_ms) / n if n else float("nan"),
         max_ms=lat_ms[-1] if n else float("nan"),
+        invalid=invalid,
+        first_invalid=first_invalid,
     )
 
 
@@ -304,13 +493,16 @@ def run_wrk(spec: LoadSpec) -> LoadResult:
 def run(spec: LoadSpec) -> LoadResult:
     tool = spec.tool
     if tool == "auto":
-        tool = "wrk" if wrk_available() else "python"
+        # wrk cannot read response bodies: a checked run uses the python client.
+        tool = "wrk" if wrk_available() and spec.check is None else "python"
+    if tool == "wrk" and spec.check is not None:
+        raise ValueError("wrk cannot check response outputs; use tool='python' for a checked run")
     return run_wrk(spec) if tool == "wrk" else run_python(spec)
 
 
 def overhead(spec: LoadSpec, noop_url: str) -> LoadResult:
     """The same load tool and concurrency against a URL that costs nothing upstream (GET)."""
-    return run(dataclasses.replace(spec, url=noop_url, method="GET", body=b"", headers=()))
+    return run(dataclasses.replace(spec, url=noop_url, method="GET", body=b"", headers=(), check=None))
 
 
 def violations(result: LoadResult, slo: Slo) -> list[str]:
@@ -321,6 +513,8 @@ def violations(result: LoadResult, slo: Slo) -> list[str]:
         out.append(f"p95 {result.p95_ms:.3f} ms >= SLO {slo.p95_ms} ms")
     if slo.p99_ms is not None and not result.p99_ms < slo.p99_ms:
         out.append(f"p99 {result.p99_ms:.3f} ms >= SLO {slo.p99_ms} ms")
+    if result.invalid:
+        out.append(f"{result.invalid} responses answered 2xx with wrong outputs (first: {result.first_invalid})")
     if result.error_rate > slo.max_error_rate:
         out.append(f"error rate {result.error_rate:.2%} > {slo.max_error_rate:.2%}")
     if slo.min_throughput_rps is not None and result.throughput_rps < slo.min_throughput_rps:

@@ -7,6 +7,7 @@ KIND_CPU), plus two echo models: ``sleep20`` (20 ms per execution, no batching) 
 """
 
 import concurrent.futures
+import dataclasses
 import re
 import shutil
 import urllib.request
@@ -305,3 +306,39 @@ def test_acceptance_gate_provider_fails_up_with_numbers_and_passes_above(nginx):
         assert outs["result"]["error_rate"] == 0 and outs["overhead"]["p50_ms"] < outs["result"]["p50_ms"]
         d = passing.preview({**inputs, "p95Ms": SLEEP_MS * 50, "trigger": "digest-2"})
         assert d.changes and d.replaces == ["trigger"]
+
+
+def test_gate_sends_binary_tensors_and_checks_every_response_through_nginx(triton, nginx):
+    """Binary body through nginx to the real Triton echo model: the echoed bytes come back as binary, a run
+    with the right expected outputs has no invalid response (2 client processes), and the same 200s checked
+    against a different shape are all counted invalid and fail the gate."""
+    import struct
+
+    data = struct.pack("4f", 0.25, 0.5, 0.75, 1.0)
+    body, headers = loadgate.binary_request([("INPUT0", "FP32", [1, 4], data)], ["OUTPUT0"])
+    url = nginx.http + "/v2/models/zero/infer"
+    req = urllib.request.Request(url, data=body, headers=dict(headers), method="POST")
+    with urllib.request.urlopen(req, timeout=10) as r:
+        answer, head_len = r.read(), r.headers["Inference-Header-Content-Length"]
+    assert answer[int(head_len) :] == data
+    good = loadgate.ResponseCheck((loadgate.ExpectedOutput("OUTPUT0", "FP32", (1, 4)),))
+    assert loadgate.check_response(answer, head_len, good) is None
+    spec = loadgate.LoadSpec(
+        url=url,
+        body=body,
+        headers=headers,
+        concurrency=2,
+        duration_s=1.0,
+        max_requests=400,
+        tool="auto",
+        check=good,
+        processes=2,
+    )
+    ok = loadgate.run(spec)
+    assert ok.tool == "python" and ok.requests > 0 and ok.invalid == 0 and ok.errors == 0
+    wrong = loadgate.ResponseCheck((loadgate.ExpectedOutput("OUTPUT0", "FP32", (1, 5)),))
+    bad = loadgate.run(dataclasses.replace(spec, check=wrong, processes=1))
+    assert bad.requests > 0 and bad.invalid == bad.requests == bad.errors
+    assert "shape [1, 4]" in bad.first_invalid
+    with pytest.raises(loadgate.GateFailed, match="wrong outputs"):
+        loadgate.check_slo(bad, loadgate.Slo(p95_ms=1000))

@@ -1,0 +1,110 @@
+"""The acceptance gate's binary bodies and response checks (pure): a 200 is not a success."""
+
+import json
+import struct
+
+import pytest
+
+from serving import loadgate
+from serving.loadgate import ExpectedOutput, ResponseCheck, binary_request, check_response
+
+CHECK = ResponseCheck(
+    (ExpectedOutput("detections", "FP32", (1, 100, 6)), ExpectedOutput("num_detections", "INT32", (1, 1)))
+)
+
+
+def _binary_response(outputs: list[tuple[str, str, list[int], bytes]]) -> tuple[bytes, str]:
+    head = json.dumps(
+        {
+            "model_name": "m",
+            "outputs": [
+                {"name": n, "datatype": d, "shape": s, "parameters": {"binary_data_size": len(b)}}
+                for n, d, s, b in outputs
+            ],
+        }
+    ).encode()
+    return head + b"".join(b for *_, b in outputs), str(len(head))
+
+
+def test_binary_request_is_a_json_header_then_raw_tensors():
+    image = bytes(range(256)) * 4800  # 640*640*3 bytes
+    body, headers = binary_request([("images", "UINT8", [1, 640, 640, 3], image)], ["detections", "num_detections"])
+    h = dict(headers)
+    n = int(h["Inference-Header-Content-Length"])
+    head = json.loads(body[:n])
+    assert h["Content-Type"] == "application/octet-stream"
+    assert head["inputs"] == [
+        {"name": "images", "shape": [1, 640, 640, 3], "datatype": "UINT8", "parameters": {"binary_data_size": 1228800}}
+    ]
+    assert [o["name"] for o in head["outputs"]] == ["detections", "num_detections"]
+    assert all(o["parameters"]["binary_data"] for o in head["outputs"])
+    assert body[n:] == image and len(body) == n + 1228800
+
+
+def test_binary_request_refuses_bytes_that_do_not_fit_the_shape():
+    with pytest.raises(ValueError, match="FP16"):
+        binary_request([("images", "FP16", [1, 3, 640, 640], b"\0" * 1228800)])
+
+
+def test_a_complete_response_passes():
+    body, hl = _binary_response(
+        [("detections", "FP32", [1, 100, 6], b"\1" * 2400), ("num_detections", "INT32", [1, 1], b"\0" * 4)]
+    )
+    assert check_response(body, hl, CHECK) is None
+
+
+@pytest.mark.parametrize(
+    "outputs, why",
+    [
+        # The NumPy 2 trap: the python backend answers HTTP 200 with 0-byte outputs.
+        ([("detections", "FP32", [1, 100, 6], b""), ("num_detections", "INT32", [1, 1], b"")], "0 bytes"),
+        ([("detections", "FP32", [1, 100, 6], b"\0" * 2400)], "outputs"),
+        ([("detections", "FP32", [1, 99, 6], b"\0" * 2376), ("num_detections", "INT32", [1, 1], b"\0" * 4)], "shape"),
+        ([("detections", "FP16", [1, 100, 6], b"\0" * 1200), ("num_detections", "INT32", [1, 1], b"\0" * 4)], "FP16"),
+    ],
+)
+def test_wrong_outputs_under_200_are_named(outputs, why):
+    body, hl = _binary_response(outputs)
+    problem = check_response(body, hl, CHECK)
+    assert problem is not None and why in problem
+
+
+def test_truncated_body_and_json_outputs():
+    body, hl = _binary_response(
+        [("detections", "FP32", [1, 100, 6], b"\1" * 2400), ("num_detections", "INT32", [1, 1], b"\0" * 4)]
+    )
+    assert "body is" in check_response(body[:-1], hl, CHECK)
+    js = json.dumps(
+        {"outputs": [{"name": "OUTPUT0", "datatype": "FP32", "shape": [1, 4], "data": [0.5, 0.5, 0.5]}]}
+    ).encode()
+    check = ResponseCheck((ExpectedOutput("OUTPUT0", "FP32", (1, 4)),))
+    assert "3 values" in check_response(js, None, check)
+    assert "not a v2 infer response" in check_response(b"<html>", None, check)
+
+
+def test_expected_outputs_come_from_tritons_model_config():
+    config = {
+        "max_batch_size": 8,
+        "output": [
+            {"name": "detections", "data_type": "TYPE_FP32", "dims": ["100", "6"]},
+            {"name": "num_detections", "data_type": "TYPE_INT32", "dims": [1]},
+        ],
+    }
+    assert ResponseCheck.from_config(config, batch=1) == CHECK
+    assert ResponseCheck.from_config(config, batch=4).outputs[0].nbytes == 4 * 100 * 6 * 4
+    with pytest.raises(ValueError, match="variable"):
+        ResponseCheck.from_config({"output": [{"name": "o", "data_type": "TYPE_FP32", "dims": [-1]}]})
+
+
+def test_wrong_outputs_fail_the_gate_and_wrk_cannot_check():
+    r = loadgate._result("python", 1, [1.0, 2.0], errors=2, elapsed=1.0, invalid=2, first_invalid="output x: 0 bytes")
+    assert any("2 responses answered 2xx with wrong outputs" in v for v in loadgate.violations(r, loadgate.Slo()))
+    with pytest.raises(ValueError, match="wrk cannot check"):
+        loadgate.run(loadgate.LoadSpec(url="http://127.0.0.1:9/", tool="wrk", check=CHECK))
+
+
+def test_binary_fp32_payload_round_trip_sizes():
+    data = struct.pack("4f", 1, 2, 3, 4)
+    body, headers = binary_request([("INPUT0", "FP32", [1, 4], data)])
+    n = int(dict(headers)["Inference-Header-Content-Length"])
+    assert body[n:] == data and "outputs" not in json.loads(body[:n])

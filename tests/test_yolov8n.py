@@ -1,0 +1,139 @@
+"""YOLOv8n in plain PyTorch and its Triton model spec.
+
+The spec tests are pure. The architecture tests need PyTorch, which the project's own environment does not
+install (it serves the model inside Triton's python backend where torch is); they are skipped without it.
+"""
+
+import importlib.util
+
+import pytest
+
+from plans.triton_model import parse_config
+from plans.triton_repo import repository_files, yolov8n_torch
+from serving.models import yolov8n_files
+
+
+def test_spec_renders_the_fast_path_for_triton():
+    spec = yolov8n_torch(window_us=200, instances=3)
+    files = repository_files([spec], gpu_count=1, model_files=yolov8n_files(spec.name))
+    cfg = parse_config(files["yolov8n/config.pbtxt"].decode())
+    assert cfg.backend == "python" and cfg.max_batch_size == 8
+    assert [(i.name, i.data_type, list(i.dims)) for i in cfg.input] == [("images", 2, [640, 640, 3])]  # TYPE_UINT8
+    assert [(o.name, list(o.dims)) for o in cfg.output] == [("detections", [100, 6]), ("num_detections", [1])]
+    assert cfg.instance_group[0].kind == 1 and cfg.instance_group[0].count == 3  # KIND_GPU
+    assert cfg.dynamic_batching.max_queue_delay_microseconds == 200
+    assert cfg.parameters["output"].string_value == "nms" and cfg.parameters["cuda_graphs"].string_value == "true"
+    assert b"TritonPythonModel" in files["yolov8n/1/model.py"] and b"class YOLOv8n" in files["yolov8n/1/yolov8n.py"]
+
+
+def test_raw_output_and_cpu_form():
+    raw = yolov8n_torch(output="raw")
+    assert [(o.name, o.data_type, o.dims) for o in raw.outputs] == [("output0", "FP16", [84, 8400])]
+    cpu = yolov8n_torch(gpu=False)
+    assert cpu.instance_group[0].kind == "KIND_CPU" and cpu.parameters["precision"] == "fp32"
+    repository_files([cpu], gpu_count=0)  # loads where no GPU exists
+    with pytest.raises(ValueError, match="nms"):
+        yolov8n_torch(output="boxes")
+
+
+needs_torch = pytest.mark.skipif(
+    importlib.util.find_spec("torch") is None, reason="PyTorch is not installed in this environment"
+)
+if importlib.util.find_spec("torch") is not None:
+    import torch
+
+
+def _model():
+    from serving.models import yolov8n as yolo
+
+    torch.manual_seed(0)
+    return yolo, yolo.YOLOv8n().eval()
+
+
+@needs_torch
+def test_architecture_is_yolov8n_at_n_scale():
+    """3,157,200 parameters: the published YOLOv8n (225 layers, 8.7 GFLOPs) counts exactly these."""
+    yolo, m = _model()
+    assert sum(p.numel() for p in m.parameters()) == 3_157_200
+    with torch.no_grad():
+        out = m(torch.rand(2, 3, 640, 640))
+    assert out.shape == (2, 84, 8400)
+    assert float(out[:, 4:].min()) >= 0 and float(out[:, 4:].max()) <= 1  # class scores are sigmoids
+
+
+@needs_torch
+def test_fused_conv_bn_gives_the_same_outputs():
+    yolo, m = _model()
+    for mod in m.modules():
+        if isinstance(mod, torch.nn.BatchNorm2d):  # non-trivial statistics, else fusing is the identity
+            mod.running_mean.uniform_(-0.2, 0.2)
+            mod.running_var.uniform_(0.5, 1.5)
+            mod.weight.data.uniform_(0.5, 1.5)
+            mod.bias.data.uniform_(-0.2, 0.2)
+    x = torch.rand(1, 3, 640, 640)
+    with torch.no_grad():
+        ref = m(x)
+        fused = yolo.fuse(m)(x)
+    assert not any(isinstance(mod, torch.nn.BatchNorm2d) for mod in m.modules())
+    assert float((fused - ref).norm() / ref.norm()) < 1e-5
+
+
+@needs_torch
+def test_preprocess_is_channels_last_and_scaled():
+    from serving.models.yolov8n import Preprocess
+
+    images = torch.randint(0, 256, (2, 640, 640, 3), dtype=torch.uint8)
+    x = Preprocess(torch.float32)(images)
+    assert x.shape == (2, 3, 640, 640) and x.is_contiguous(memory_format=torch.channels_last)
+    assert torch.allclose(x[1, 2, 10, 20], images[1, 10, 20, 2].float() / 255)
+
+
+def _reference_nms(boxes, scores, classes, iou_thr):
+    """Plain greedy NMS per class, for comparison."""
+    keep = []
+    for i in scores.argsort(descending=True).tolist():
+        ok = True
+        for j in keep:
+            if classes[i] != classes[j]:
+                continue
+            lt = torch.maximum(boxes[i, :2], boxes[j, :2])
+            rb = torch.minimum(boxes[i, 2:], boxes[j, 2:])
+            inter = (rb - lt).clamp(min=0).prod()
+            area = lambda b: (b[2] - b[0]) * (b[3] - b[1])  # noqa: E731
+            if inter / (area(boxes[i]) + area(boxes[j]) - inter) > iou_thr:
+                ok = False
+                break
+        if ok:
+            keep.append(i)
+    return keep
+
+
+@needs_torch
+def test_fast_nms_matches_greedy_nms_on_separated_clusters():
+    from serving.models.yolov8n import fast_nms
+
+    torch.manual_seed(1)
+    # 12 clusters of 5 jittered boxes (no chains across clusters), 3 classes, 8400 anchors of noise below conf.
+    a = 8400
+    raw = torch.zeros(1, 84, a)
+    raw[0, :2] = torch.rand(2, a) * 600
+    raw[0, 2:4] = 10
+    raw[0, 4:] = torch.rand(80, a) * 0.1
+    xyxy, sc, cl = [], [], []
+    for k in range(12):
+        cx, cy = 40 + 50 * k, 320
+        for j in range(5):
+            idx = k * 5 + j
+            w = 30 + j
+            raw[0, 0, idx], raw[0, 1, idx], raw[0, 2, idx], raw[0, 3, idx] = cx + j, cy, w, w
+            raw[0, 4 + (k % 3), idx] = 0.5 + 0.08 * j + 0.001 * k
+            xyxy.append([cx + j - w / 2, cy - w / 2, cx + j + w / 2, cy + w / 2])
+            sc.append(float(raw[0, 4 + (k % 3), idx]))
+            cl.append(k % 3)
+    det, count = fast_nms(raw, max_det=100, conf=0.25, iou=0.45)
+    keep = _reference_nms(torch.tensor(xyxy), torch.tensor(sc), torch.tensor(cl), 0.45)
+    assert int(count[0, 0]) == len(keep) == 12
+    got = det[0, : len(keep)]
+    want = torch.tensor([[*xyxy[i], sc[i], cl[i]] for i in sorted(keep, key=lambda i: -sc[i])])
+    assert torch.allclose(got, want, atol=1e-4)
+    assert float(det[0, len(keep) :].abs().sum()) == 0  # rows past the count are zero
