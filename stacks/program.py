@@ -140,7 +140,7 @@ def build(fleet: Fleet) -> dict:
         k = fleet.rollout.max_parallel_reboots
         earlier = list(hosts.values())
         after = [earlier[-k].reboot] if len(earlier) >= k else []
-        ph = PassthroughHost(h.name, PassthroughHostArgs(host=h, reboot_after=after))
+        ph = PassthroughHost(h.name, PassthroughHostArgs(host=h, reboot_after=after, drain_timeout_s=h.drain_timeout_s))
         hosts[h.name] = ph
         exports["pending_reboot"][h.name] = ph.pending_reboot
         nics = []

@@ -262,6 +262,8 @@ class Host(Strict):
     os_family: Literal["debian", "rhel"] = "debian"
     cpu_vendor: Literal["intel", "amd"] = "intel"
     reboot: Literal["auto", "never"] = "auto"
+    # Before a reboot, running VMs get an ACPI shutdown and this long to finish it; then they are destroyed.
+    drain_timeout_s: int = Field(180, ge=0)
     topology: Optional[Topology] = None
     reserved_cpus: list[int] = Field(default_factory=list, description="host CPUs kept off VMs (cpulist)")
     gpus: list[Gpu] = Field(default_factory=list)
