@@ -302,6 +302,59 @@ def grpc_run(
     return r
 
 
+# ---------------------------------------------------------------- the GPU's own floor
+
+
+def gpu_floor(max_batch: int) -> dict:
+    """GPU time of the model alone, as the backend runs it (FP16, fused, channels_last, uint8 in, NMS, one CUDA
+    graph per batch size): median of 50 replays per size with CUDA events, and the pinned host→device copy of
+    the batch's images. Measured in this process before Triton starts, so nothing else is on the GPU."""
+    try:
+        import torch
+    except ImportError:
+        return {}
+    if not torch.cuda.is_available():
+        return {}
+    from serving.models import yolov8n as yolo
+
+    torch.manual_seed(0)
+    dev = torch.device("cuda:0")
+    torch.backends.cudnn.benchmark = True
+    model = yolo.fuse(yolo.YOLOv8n().eval()).to(dev, torch.float16).to(memory_format=torch.channels_last)
+    pre = yolo.Preprocess(torch.float16)
+    stream = torch.cuda.Stream(dev)
+    host = torch.randint(0, 256, (max_batch, 640, 640, 3), dtype=torch.uint8).pin_memory()
+    gpu_in = torch.randint(0, 256, (max_batch, 640, 640, 3), dtype=torch.uint8, device=dev)
+    out: dict = {"graph_ms": {}, "h2d_ms": {}, "eager_ms": {}}
+
+    def median_ms(fn, n=50) -> float:
+        runs = []
+        for _ in range(n):
+            a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            a.record(stream)
+            fn()
+            b.record(stream)
+            b.synchronize()
+            runs.append(a.elapsed_time(b))
+        return round(sorted(runs)[n // 2], 3)
+
+    with torch.no_grad(), torch.cuda.stream(stream):
+        for b in sorted({1, 2, 4, 8, max_batch}):
+            x = gpu_in[:b]
+            for _ in range(3):
+                yolo.fast_nms(model(pre(x)))
+            stream.synchronize()
+            out["eager_ms"][b] = median_ms(lambda x=x: yolo.fast_nms(model(pre(x))), 10)
+            g = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(g, stream=stream):
+                yolo.fast_nms(model(pre(x)))
+            out["graph_ms"][b] = median_ms(g.replay)
+            out["h2d_ms"][b] = median_ms(lambda b=b: gpu_in[:b].copy_(host[:b], non_blocking=True))
+            del g
+    out["graph_ms_per_image"] = {b: round(t / b, 3) for b, t in out["graph_ms"].items()}
+    return out
+
+
 # ---------------------------------------------------------------- servers
 
 
@@ -498,6 +551,11 @@ def measure(
     return row
 
 
+def _git_commit() -> str:
+    r = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True, cwd=ROOT)
+    return r.stdout.strip()
+
+
 def _extras(text: str) -> list[tuple[int, int, int]]:
     """``"1:200:8,3:200:8"`` → [(instances, window µs, max batch), ...]."""
     out = []
@@ -532,6 +590,10 @@ def run(args) -> dict:
             max_batch_size=args.max_batch,
         )
     )
+    # Each instance prints its execute phases every 500 executes (gather, GPU, respond) to Triton's log.
+    specs = [
+        x.model_copy(update={"parameters": {**x.parameters, "report_every": str(args.report_every)}}) for x in specs
+    ]
     files = repository_files(
         specs,
         gpu_count=gpu_count,
@@ -543,13 +605,13 @@ def run(args) -> dict:
         "targets": TARGETS,
         "points": [],
         "started": time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime()),
-        "commit": subprocess.run(
-            ["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True, cwd=ROOT
-        ).stdout.strip()
-        or args.commit,
+        "commit": args.commit or _git_commit(),
         "weights": "random (PyTorch default init + the design's head bias init), seed 0",
     }
     log(json.dumps(results["machine"]))
+    if gpu:
+        results["gpu_floor"] = gpu_floor(max(args.max_batch, *(b for _, _, b in extras), 8))
+        log(f"GPU floor: {results['gpu_floor']}")
     workdir = Path(tempfile.mkdtemp(prefix="gpuhost-gpu-bench-"))
     t0 = time.monotonic()
     s = start_servers(workdir, specs, files, nginx_bin, gpu_count, args.http_threads)
@@ -600,8 +662,16 @@ def run(args) -> dict:
             results.setdefault("gate_floor", []).append(floor.as_dict())
     finally:
         s.stop()
-        tail = (workdir / "triton.log").read_text(errors="replace")[-3000:]
-        results["triton_log_tail"] = tail
+        text = (workdir / "triton.log").read_text(errors="replace")
+        results["triton_log_tail"] = text[-3000:]
+        Path(args.out).mkdir(parents=True, exist_ok=True)
+        (Path(args.out) / "triton.log").write_text(text[-4_000_000:])
+        shutil.rmtree(workdir, ignore_errors=True)
+        results["backend_reports"] = [
+            json.loads(line.split(" ", 1)[1])
+            for line in text.splitlines()
+            if line.startswith(("gpuhost-graph-ms ", "gpuhost-execute-ms "))
+        ]
     results["finished"] = time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime())
     return results
 
@@ -718,6 +788,29 @@ def table(results: dict) -> str:
         "through nginx: "
         + "; ".join(f"c={c}: raw {_cell(p)} vs NMS {_cell(_pt(results, f'nginx-http c={c}'))}" for c, p in raw),
     ]
+    fl = results.get("gpu_floor") or {}
+    if fl:
+        lines += [
+            "",
+            "The GPU alone (this process, before Triton starts; CUDA events, median of 50): one graph replay "
+            + ", ".join(
+                f"batch {b}: {t} ms ({fl['graph_ms_per_image'][b]} per image)" for b, t in fl["graph_ms"].items()
+            )
+            + "; eager PyTorch without graphs "
+            + ", ".join(f"batch {b}: {t} ms" for b, t in fl["eager_ms"].items())
+            + "; pinned host→device copy of the images "
+            + ", ".join(f"batch {b}: {t} ms" for b, t in fl["h2d_ms"].items())
+            + ".",
+        ]
+    reps = [r for r in results.get("backend_reports", []) if "gather_ms" in r]
+    if reps:
+        n = len(reps)
+        lines += [
+            "",
+            f"Inside the python backend's execute (means of {n} reports of 500 executes each, all models): gather "
+            f"(DLPack + pinned staging) {sum(r['gather_ms'] for r in reps) / n:.3f} ms, GPU (copies, graph, sync) "
+            f"{sum(r['gpu_ms'] for r in reps) / n:.3f} ms, respond {sum(r['respond_ms'] for r in reps) / n:.3f} ms.",
+        ]
     floors = results.get("gate_floor", [])
     if floors:
         lines += [
@@ -757,6 +850,7 @@ def main(argv=None) -> int:
     ap.add_argument("--processes", type=int, default=4, help="client processes (threads split between them)")
     ap.add_argument("--http-threads", type=int, default=16)
     ap.add_argument("--extra", default="", help="more models through nginx: instances:window:max_batch,...")
+    ap.add_argument("--report-every", type=int, default=500, help="backend phase report every N executes")
     ap.add_argument("--nginx", default="")
     ap.add_argument("--cpu", action="store_true", help="KIND_CPU instances, FP32 (pipeline check without a GPU)")
     ap.add_argument("--quick", action="store_true", help="1 s per point, concurrency 1,4, windows 0,500")

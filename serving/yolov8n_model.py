@@ -17,12 +17,15 @@ Beside it in the version directory lies ``yolov8n.py`` (``serving/models/yolov8n
 On a KIND_CPU instance (tests, no GPU) the same code runs eagerly in FP32 without graphs.
 
 Parameters (``config.pbtxt``): ``output`` (nms|raw), ``precision`` (fp16|fp32), ``cuda_graphs`` (true|false),
-``max_det``, ``nms_candidates``, ``conf``, ``iou``, ``torch_threads``.
+``max_det``, ``nms_candidates``, ``conf``, ``iou``, ``torch_threads``, ``report_every`` (print the mean time of
+each execute's phases every N executes to Triton's log, 0 = never). At start each instance prints the GPU time of
+one graph replay per batch size (``gpuhost-graph-ms``).
 """
 
 import json
 import os
 import sys
+import time
 
 import torch
 import triton_python_backend_utils as pb_utils
@@ -45,6 +48,7 @@ def graph_sizes(max_batch):
 class TritonPythonModel:
     def initialize(self, args):
         config = json.loads(args["model_config"])
+        self.name = args.get("model_instance_name", "?")
         self.max_batch = max(1, int(config.get("max_batch_size", 0)))
         self.output_mode = _param(config, "output", "nms")
         torch.set_num_threads(int(_param(config, "torch_threads", "4")))
@@ -86,11 +90,32 @@ class TritonPythonModel:
                             self.graph_out[b] = self._forward(self.gpu_in[:b])
                         self.graphs[b] = g
             self.stream.synchronize()
+            self._report_graph_times()
+        self._phases = [0.0, 0.0, 0.0]
+        self._executes = 0
+        self._report_every = int(_param(config, "report_every", "0"))
         out_shapes = {n: t.shape[1:] for n, t in zip(self.outputs, self._forward(self.gpu_in[:1]))}
         self.host_out = {
             n: torch.empty((self.max_batch, *s), dtype=self._out_dtype(n), pin_memory=pin)
             for n, s in out_shapes.items()
         }
+
+    def _report_graph_times(self):
+        """GPU time of one graph replay per batch size (CUDA events, median of 20), printed to Triton's log."""
+        if not self.graphs:
+            return
+        times = {}
+        for b, g in self.graphs.items():
+            runs = []
+            for _ in range(20):
+                start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+                start.record(self.stream)
+                g.replay()
+                end.record(self.stream)
+                end.synchronize()
+                runs.append(start.elapsed_time(end))
+            times[b] = round(sorted(runs)[len(runs) // 2], 3)
+        print("gpuhost-graph-ms " + json.dumps({"instance": self.name, "graph_ms": times}), flush=True)
 
     def _out_dtype(self, name):
         return torch.int32 if name == "num_detections" else (self.dtype if name == "output0" else torch.float32)
@@ -105,6 +130,7 @@ class TritonPythonModel:
 
     @torch.no_grad()
     def execute(self, requests):
+        t0 = time.perf_counter()
         arrays = []
         for request in requests:
             t = pb_utils.get_input_tensor_by_name(request, self.input_name)
@@ -114,6 +140,7 @@ class TritonPythonModel:
         for a in arrays:
             self.staging[off : off + a.shape[0]].copy_(a)
             off += a.shape[0]
+        t1 = time.perf_counter()
         if self.device.type == "cuda":
             size = next(b for b in sorted(self.graphs) if b >= total) if self.graphs else total
             with torch.cuda.stream(self.stream):
@@ -129,6 +156,7 @@ class TritonPythonModel:
         else:
             for name, t in zip(self.outputs, self._forward(self.staging[:total])):
                 self.host_out[name][:total].copy_(t)
+        t2 = time.perf_counter()
         responses = []
         off = 0
         for a in arrays:
@@ -138,4 +166,23 @@ class TritonPythonModel:
             ]
             responses.append(pb_utils.InferenceResponse(output_tensors=tensors))
             off += n
+        if self._report_every:
+            self._account(t0, t1, t2, time.perf_counter())
         return responses
+
+    def _account(self, t0, t1, t2, t3):
+        """Mean ms per execute of gather (DLPack + pinned staging), GPU (copies, graph, sync), respond."""
+        for i, d in enumerate((t1 - t0, t2 - t1, t3 - t2)):
+            self._phases[i] += d
+        self._executes += 1
+        if self._executes == self._report_every:
+            ms = [round(x / self._executes * 1000, 3) for x in self._phases]
+            report = {
+                "instance": self.name,
+                "executes": self._executes,
+                "gather_ms": ms[0],
+                "gpu_ms": ms[1],
+                "respond_ms": ms[2],
+            }
+            print("gpuhost-execute-ms " + json.dumps(report), flush=True)
+            self._phases, self._executes = [0.0, 0.0, 0.0], 0
