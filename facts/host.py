@@ -19,7 +19,7 @@ from typing import Callable, Iterable, Optional
 from access.shell import Script, quote
 from facts.cpulist import parse_cpulist
 from facts.files import files_script, parse_files
-from facts.model import Bar, Cpu, HostFacts, Iommu, Irq, Network, NumaNode, OsInfo, PciDevice
+from facts.model import Bar, Cpu, HostFacts, Iommu, Irq, Network, NumaNode, OsInfo, PciDevice, Virt
 
 # Files whose presence/content matters to vfio and nouveau decisions.
 MODULE_CONFIG_GLOBS = "/etc/modprobe.d/* /etc/modules-load.d/* /etc/modules /usr/lib/modprobe.d/*"
@@ -65,6 +65,20 @@ echo @@driverctl; (cd /etc/driverctl.d 2>/dev/null && grep -H . pci-* 2>/dev/nul
 echo @@tools; for t in driverctl update-initramfs dracut update-grub grub2-mkconfig grubby tuned-adm cpupower irqbalance systemctl virsh nvidia-smi; do command -v $t >/dev/null 2>&1 && echo $t; done
 echo @@kmods; (k=/lib/modules/$(uname -r); cat $k/modules.dep $k/modules.builtin 2>/dev/null | grep -oE '/(vfio|vfio[-_]pci|vfio[-_]iommu[-_]type1|vfio[-_]virqfd|nouveau|nvidia)\.ko' | sort -u)
 echo @@pci-errors; printf '%s\n' "$D" | grep -iE 'not enough MMIO|BAR [0-9]+: (no space|failed to assign)' | tail -n 20
+echo @@virt
+echo "detect=$(systemd-detect-virt 2>/dev/null)"
+echo "sys_vendor=$(cat /sys/class/dmi/id/sys_vendor 2>/dev/null)"
+echo "product_name=$(cat /sys/class/dmi/id/product_name 2>/dev/null)"
+grep -qw hypervisor /proc/cpuinfo 2>/dev/null && echo cpu_hypervisor=1
+echo @@boot-config
+grep -hE '^[[:space:]]*(export[[:space:]]+)?GRUB_CMDLINE_LINUX(_DEFAULT)?=' /etc/default/grub 2>/dev/null
+grep -h '^options' /boot/loader/entries/*.conf 2>/dev/null | sed 's/^options/BLS/'
+echo @@module-params
+for p in /sys/module/vfio_iommu_type1/parameters/allow_unsafe_interrupts /sys/module/vfio/parameters/enable_unsafe_noiommu_mode; do [ -r "$p" ] && { m=${p#/sys/module/}; echo "${m%%/*}.${p##*/}=$(cat "$p")"; }; done
+echo @@ssh-session
+p=$$; while [ "${p:-1}" -gt 1 ]; do c=$(tr '\0' '\n' < /proc/$p/environ 2>/dev/null | sed -n 's/^SSH_CONNECTION=//p'); [ -n "$c" ] && { echo "$c"; break; }; p=$(sed 's/.*) //' /proc/$p/stat 2>/dev/null | cut -d' ' -f2); done
+echo @@net-links
+for n in /sys/class/net/*; do l=; for x in "$n"/lower_*; do [ -e "$x" ] && l="$l ${x##*/lower_}"; done; echo "${n##*/}${l}"; done
 """.replace("__MODULE_CONFIG_GLOBS__", MODULE_CONFIG_GLOBS)
 
 
@@ -313,13 +327,22 @@ def parse_interrupts(text: str, affinity_text: str = "") -> list[Irq]:
     return out
 
 
-def parse_network(default: str, ssh: str, addrs: str, pci: str) -> Network:
+def parse_network(default: str, ssh: str, addrs: str, pci: str, session: str = "", links: str = "") -> Network:
+    """Which interfaces carry the default route and gpuhost's own SSH session, and the PCI functions under them.
+
+    The session is found from the session itself (its SSH_CONNECTION's local address), so sshd on any port and
+    an address on a bond, bridge or VLAN are found too; `ss` on port 22 is kept as a second source.
+    """
     defaults = []
     for line in default.splitlines():
         m = re.search(r"\bdev (\S+)", line)
         if m:
             defaults.append(m.group(1))
     local_ips = set()
+    sess = session.strip().splitlines()[0].strip() if session.strip() else ""
+    parts = sess.split()
+    if len(parts) == 4:
+        local_ips.add(parts[2].removeprefix("::ffff:"))
     for line in ssh.splitlines():
         ip = line.strip().rsplit(":", 1)[0].strip("[]")
         if ip:
@@ -335,7 +358,22 @@ def parse_network(default: str, ssh: str, addrs: str, pci: str) -> Network:
         addrs = re.findall(r"/([0-9a-f]{4}:[0-9a-f]{2}:[0-9a-f]{2}\.[0-7])(?=/|$)", p[1]) if len(p) == 2 else []
         if addrs:
             iface_pci[p[0]] = addrs[-1]
-    return Network(default_route_ifaces=defaults, ssh_ifaces=ssh_ifaces, iface_pci=iface_pci)
+    lower = {}
+    for line in links.splitlines():
+        p = line.split()
+        if len(p) > 1:
+            lower[p[0]] = p[1:]
+    return Network(default_route_ifaces=defaults, ssh_ifaces=ssh_ifaces, iface_pci=iface_pci, session=sess, lower=lower)
+
+
+def parse_virt(text: str) -> Virt:
+    kv = parse_kv(text)
+    return Virt(
+        detect=kv.get("detect", "").strip(),
+        sys_vendor=kv.get("sys_vendor", "").strip(),
+        product_name=kv.get("product_name", "").strip(),
+        cpu_hypervisor=kv.get("cpu_hypervisor", "") == "1",
+    )
 
 
 def parse_driverctl(text: str) -> dict[str, str]:
@@ -395,7 +433,12 @@ def parse_host_facts(text: str) -> HostFacts:
         tuned_profile=(get("tuned").strip() or None),
         governors=parse_governors(get("governors")),
         interrupts=parse_interrupts(get("interrupts"), get("irq-affinity")),
-        network=parse_network(get("net-default"), get("net-ssh"), get("net-addrs"), get("net-pci")),
+        network=parse_network(
+            get("net-default"), get("net-ssh"), get("net-addrs"), get("net-pci"), get("ssh-session"), get("net-links")
+        ),
+        virt=parse_virt(get("virt")),
+        boot_config=[ln.strip() for ln in get("boot-config").splitlines() if ln.strip()],
+        module_params=parse_kv(get("module-params")),
         driverctl_overrides=parse_driverctl(get("driverctl")),
         sysctls=parse_kv(get("sysctls")),
         tools=get("tools").split(),

@@ -149,11 +149,60 @@ class Network(BaseModel):
     default_route_ifaces: list[str] = Field(default_factory=list)
     ssh_ifaces: list[str] = Field(default_factory=list)
     iface_pci: dict[str, str] = Field(default_factory=dict)
+    # The session's own SSH_CONNECTION, as sshd set it for gpuhost's connection: "client port local-address port".
+    session: str = ""
+    # Interfaces stacked on others (bond -> slaves, bridge -> ports, VLAN/macvlan -> parent): /sys/class/net/X/lower_*
+    lower: dict[str, list[str]] = Field(default_factory=dict)
+
+    def pci_of(self, iface: str) -> set[str]:
+        """The PCI functions under an interface, following bonds, bridges, VLANs and macvlans down."""
+        out: set[str] = set()
+        todo, seen = [iface], set()
+        while todo:
+            i = todo.pop()
+            if i in seen:
+                continue
+            seen.add(i)
+            if i in self.iface_pci:
+                out.add(self.iface_pci[i])
+            todo += self.lower.get(i, [])
+        return out
+
+    @property
+    def protected_ifaces(self) -> list[str]:
+        return list(dict.fromkeys([*self.ssh_ifaces, *self.default_route_ifaces]))
 
     @property
     def protected_pci(self) -> set[str]:
-        """PCI devices carrying the SSH session or the default route: never to be bound to vfio."""
-        return {self.iface_pci[i] for i in [*self.ssh_ifaces, *self.default_route_ifaces] if i in self.iface_pci}
+        """PCI devices carrying the SSH session or the default route (through any bond, bridge or VLAN on top):
+        never to be bound to vfio."""
+        return {a for i in self.protected_ifaces for a in self.pci_of(i)}
+
+    def carrier_of(self, pci: str) -> list[str]:
+        """Which protected interfaces a PCI function carries ("ens1 (SSH session)")."""
+        return [i for i in self.protected_ifaces if pci in self.pci_of(i)]
+
+
+class Virt(BaseModel):
+    """Is this machine itself a VM guest? (systemd-detect-virt, DMI, the CPU's hypervisor flag)."""
+
+    detect: str = ""
+    sys_vendor: str = ""
+    product_name: str = ""
+    cpu_hypervisor: bool = False
+
+    @property
+    def guest(self) -> bool:
+        return self.cpu_hypervisor or (self.detect not in ("", "none") and self.detect not in _CONTAINERS)
+
+    @property
+    def what(self) -> str:
+        name = self.detect if self.detect not in ("", "none") else ""
+        dmi = " ".join(x for x in (self.sys_vendor, self.product_name) if x)
+        return ", ".join(x for x in (name, dmi) if x) or "hypervisor CPU flag"
+
+
+_CONTAINERS = ("docker", "podman", "lxc", "lxc-libvirt", "systemd-nspawn", "openvz", "rkt", "wsl", "proot", "pouch")
 
 
 class HostFacts(BaseModel):
@@ -180,6 +229,12 @@ class HostFacts(BaseModel):
     tools: list[str] = Field(default_factory=list)
     kmods_available: list[str] = Field(default_factory=list)
     pci_errors: list[str] = Field(default_factory=list)
+    virt: Virt = Field(default_factory=Virt)
+    # GRUB_CMDLINE_LINUX(_DEFAULT)= lines of /etc/default/grub and `BLS options ...` of /boot/loader/entries: what
+    # the next boot will run (plans.cmdline parses them).
+    boot_config: list[str] = Field(default_factory=list)
+    # Live module parameters that weaken isolation ({"vfio_iommu_type1.allow_unsafe_interrupts": "Y"}).
+    module_params: dict[str, str] = Field(default_factory=dict)
 
     # -- questions planners ask -----------------------------------------------------------------------------------
     def device(self, address: str) -> Optional[PciDevice]:

@@ -14,6 +14,8 @@ from dataclasses import dataclass, field
 from typing import Literal
 
 from facts.model import HostFacts, normalize_pci
+from plans.cmdline import UNSAFE, parse_value
+from plans.values import param_name
 
 Status = Literal["PASS", "WARN", "FAIL"]
 LARGE_BAR = 256 << 20  # seed 000: without Above 4G Decoding a GPU's BAR is squeezed to 256 MB below 4 GiB
@@ -57,8 +59,29 @@ def preflight(f: HostFacts, w: PreflightWant) -> list[Finding]:
         )
     )
 
+    guest = f.virt.guest
+    if guest:
+        add(
+            Finding(
+                "machine",
+                "WARN",
+                f"this machine is a VM guest ({f.virt.what}): passthrough here is nested and "
+                "needs the hypervisor to give it a virtual IOMMU and the devices",
+            )
+        )
     if f.iommu.firmware_table:
         add(Finding("iommu-firmware", "PASS", "DMAR (Intel VT-d)" if f.iommu.dmar_table else "IVRS (AMD-Vi)"))
+    elif guest:
+        add(
+            Finding(
+                "iommu-firmware",
+                "FAIL",
+                f"no DMAR/IVRS ACPI table, and this machine is a VM guest "
+                f"({f.virt.what}): its hypervisor gives it no virtual IOMMU (not a BIOS setting)",
+                "run gpuhost against the bare-metal host, or give this VM a vIOMMU (QEMU: -machine q35 "
+                "-device intel-iommu,intremap=on; libvirt: <iommu model='intel'/>)",
+            )
+        )
     else:
         add(
             Finding(
@@ -68,6 +91,31 @@ def preflight(f: HostFacts, w: PreflightWant) -> list[Finding]:
                 "enable VT-d (Intel) or SVM + IOMMU (AMD) in BIOS, then reboot",
             )
         )
+
+    overrides = active_overrides(f)
+    acked = {
+        flag
+        for flag, on in (
+            ("acs_override_acknowledged", w.acs_override_acknowledged),
+            ("allow_unsafe_interrupts_acknowledged", w.allow_unsafe_interrupts_acknowledged),
+        )
+        if on
+    }
+    for name, where in sorted(overrides.items()):
+        flag = UNSAFE[name]
+        text = f"{name} is already set ({'; '.join(where)})"
+        if flag in acked:
+            add(Finding(f"override {name}", "WARN", text + f"; acknowledged with {flag}"))
+        else:
+            add(
+                Finding(
+                    f"override {name}",
+                    "FAIL",
+                    text + ": " + _OVERRIDE_WHY[name],
+                    f"remove it from there and reboot, or set {flag}: true on the host to accept the risk",
+                )
+            )
+    faked_groups = "pcie_acs_override" in overrides
 
     pending = False
     if f.iommu.active:
@@ -165,6 +213,15 @@ def preflight(f: HostFacts, w: PreflightWant) -> list[Finding]:
                             "acs_override_acknowledged",
                         )
                     )
+            elif faked_groups:
+                add(
+                    Finding(
+                        f"gpu {addr} iommu-group",
+                        "WARN",
+                        f"group {d.iommu_group} holds only this slot, but "
+                        "pcie_acs_override is active: the kernel splits groups without real isolation",
+                    )
+                )
             else:
                 add(
                     Finding(
@@ -236,6 +293,55 @@ def preflight(f: HostFacts, w: PreflightWant) -> list[Finding]:
     return out
 
 
+_OVERRIDE_WHY = {
+    "pcie_acs_override": "IOMMU groups are split by the kernel without hardware isolation, so a clean group "
+    "proves nothing",
+    "vfio_iommu_type1.allow_unsafe_interrupts": "vfio accepts devices without interrupt remapping, so a VM can "
+    "inject interrupts into the host",
+}
+_FALSE = ("", "0", "n", "no", "off", "false")
+
+
+def active_overrides(f: HostFacts) -> dict[str, list[str]]:
+    """Isolation overrides already in force or about to be: {parameter: [where it is set]}.
+
+    Looks at the running kernel (/proc/cmdline), the next boot (GRUB_CMDLINE_LINUX(_DEFAULT), BLS entries), the
+    live module parameter and modprobe.d `options` lines; names compared as the kernel does (`-` = `_`).
+    """
+    out: dict[str, list[str]] = {}
+
+    def note(arg: str, where: str) -> None:
+        name = param_name(arg)
+        if name in UNSAFE:
+            value = arg.split("=", 1)[1] if "=" in arg else "1"
+            if name == "pcie_acs_override" or value.strip().lower() not in _FALSE:
+                out.setdefault(name, [])
+                if where not in out[name]:
+                    out[name].append(where)
+
+    for a in f.cmdline:
+        note(a, "running kernel command line")
+    for line in f.boot_config:
+        if line.startswith("BLS "):
+            args, where = line[4:].split(), "boot loader entry"
+        else:
+            var, _, value = line.partition("=")
+            args, where = parse_value(value), f"/etc/default/grub {var.split()[-1]}"
+        for a in args:
+            note(a, where)
+    for p, value in f.module_params.items():
+        if value.strip().lower() not in _FALSE:
+            mod, _, par = p.partition(".")
+            note(f"{p}={value.strip()}", f"/sys/module/{mod}/parameters/{par}")
+    for path, text in f.module_config.items():
+        for line in text.splitlines():
+            words = line.split()
+            if len(words) >= 3 and words[0] == "options":
+                for w in words[2:]:
+                    note(f"{words[1]}.{w}", path)
+    return out
+
+
 def _device_safety(f: HostFacts, addr: str, protected: set[str], out: list[Finding]) -> None:
     for x in f.slot_functions(addr) or [f.device(addr)]:
         if x.boot_vga:
@@ -252,10 +358,22 @@ def _device_safety(f: HostFacts, addr: str, protected: set[str], out: list[Findi
                 Finding(
                     f"{addr} ssh-nic",
                     "FAIL",
-                    f"{x.address} carries the SSH session or the default route; binding it to vfio cuts this host off",
+                    f"{x.address} carries the SSH session or the default route (through "
+                    f"{', '.join(f.network.carrier_of(x.address)) or 'its interface'}); binding it to vfio cuts this "
+                    "host off",
                     "choose another device",
                 )
             )
+
+
+def binding_refusals(f: HostFacts, addresses: list[str]) -> list[Finding]:
+    """The device-safety checks alone (boot display, the NIC under the SSH session or default route), for the
+    binding provider to repeat right before it binds: preview may be skipped, the host may have changed."""
+    out: list[Finding] = []
+    for a in addresses:
+        if f.device(a) is not None:
+            _device_safety(f, normalize_pci(a), f.network.protected_pci, out)
+    return out
 
 
 def failures(findings: list[Finding]) -> list[Finding]:

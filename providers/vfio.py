@@ -19,6 +19,7 @@ from access.shell import Script, quote, sh
 from facts.files import FileState
 from facts.host import read_host_facts
 from facts.model import HostFacts, normalize_pci
+from plans.preflight import binding_refusals, report
 from providers.base import HostProvider
 from providers.pristine import capture_and_read, restore_lines, write_lines
 
@@ -103,7 +104,7 @@ def expand_functions(facts: HostFacts, addresses: list[str]) -> list[str]:
 
 
 class VfioBindingProvider(HostProvider):
-    VERSION = "1"
+    VERSION = "2"  # 2: repeats the device-safety checks (SSH NIC, boot display) right before binding
     OUTPUT_ONLY = ("prior", "prior_drivers", "prior_overrides", "drivers", "pending_reboot")
 
     def check_known(self, olds: dict, news: dict) -> CheckResult:
@@ -130,6 +131,9 @@ class VfioBindingProvider(HostProvider):
         devices = expand_functions(facts, props["devices"])
         if unknown:
             raise RuntimeError(f"{conn.spec.name}: unknown PCI address(es) {', '.join(unknown)}; nothing changed")
+        refused = binding_refusals(facts, devices)
+        if refused:
+            raise RuntimeError(f"{conn.spec.name}: refusing to bind to vfio-pci; nothing changed:\n" + report(refused))
         if props.get("mode", "address") == "address" and "driverctl" not in facts.tools:
             raise RuntimeError(
                 f"{conn.spec.name}: binding by address needs driverctl (seed 002 §4): "
