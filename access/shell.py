@@ -27,7 +27,11 @@ Arg = Union[str, int, float]
 def quote(value: Arg) -> str:
     if isinstance(value, bool):
         raise TypeError("booleans are ambiguous as shell arguments; pass a string")
-    return shlex.quote(str(value))
+    s = str(value)
+    if "\x00" in s:
+        # No quoting can carry a NUL through sh -c / execve: the value would be cut short silently.
+        raise ValueError(f"a shell argument may not contain a NUL byte: {s[:60]!r}")
+    return shlex.quote(s)
 
 
 def sh(*args: Arg) -> str:

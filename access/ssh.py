@@ -22,6 +22,7 @@ import hashlib
 import io
 import logging
 import os
+import secrets
 import select
 import socket
 import threading
@@ -56,11 +57,27 @@ class HostUnreachable(SshError):
 
 
 class CommandFailed(SshError):
+    """A command exited non-zero. The message holds the whole script (long ones shortened in the middle, where the
+    inlined file contents are) and its stderr, so `update-initramfs` failing inside a bigger script is visible."""
+
+    SCRIPT_CHARS = 4000
+    STDERR_CHARS = 4000
+
     def __init__(self, host: str, command: str, result: "Result"):
         self.result = result
-        first = command.strip().splitlines()[0] if command.strip() else command
+        self.command = command
+        text = command.strip()
+        if len(text) > self.SCRIPT_CHARS:
+            half = self.SCRIPT_CHARS // 2
+            text = f"{text[:half]}\n  … {len(text) - 2 * half} characters …\n{text[-half:]}"
+        script = text if "\n" not in text else "\n" + "\n".join("  | " + ln for ln in text.splitlines())
+        err = result.stderr.strip()
+        if len(err) > self.STDERR_CHARS:
+            err = "…" + err[-self.STDERR_CHARS :]
+        out = result.stdout.strip()[-1000:] if not err else ""
         super().__init__(
-            f"{host}: command failed with exit code {result.rc}: {first[:200]}\nstderr: {result.stderr.strip()[-2000:]}"
+            f"{host}: command failed with exit code {result.rc}: {script}\nstderr: {err or '(empty)'}"
+            + (f"\nstdout: {out}" if out else "")
         )
 
 
@@ -139,6 +156,8 @@ class RoundTrips:
 
 
 ROUNDTRIPS = RoundTrips()
+# One argv string may not exceed MAX_ARG_STRLEN (128 KiB) on Linux; stay well below it (sudo adds its own words).
+ARGV_LIMIT = 96 * 1024
 
 
 def fingerprint(key: paramiko.PKey) -> str:
@@ -206,10 +225,42 @@ class Conn:
             return command
         return sh("sudo", "-n", "sh", "-c", command)
 
+    def _wrap_file(self, path: str) -> str:
+        return sh("sh", path) if self.spec.user == "root" else sh("sudo", "-n", "sh", path)
+
     def run(
         self, command: str, input: Optional[bytes | str] = None, check: bool = True, timeout: Optional[float] = None
     ) -> Result:
-        """Run one command (a string built with access.shell) as root; one round trip."""
+        """Run one command (a string built with access.shell) as root; one round trip.
+
+        A NUL byte never reaches the shell (it would cut the command short). A command longer than ARGV_LIMIT
+        (one argv string may not exceed 128 KiB on Linux: `Argument list too long`) is first sent over stdin into a
+        private file in the login user's home, which the script deletes as it starts: one extra round trip, for
+        scripts that inline large file contents only.
+        """
+        if "\x00" in command:
+            raise ValueError(f"{self.spec.name}: a command may not contain a NUL byte")
+        if len(command.encode()) > ARGV_LIMIT:
+            name = f".gpuhost-{secrets.token_hex(8)}.sh"
+            self._exec(
+                sh("sh", "-c", 'umask 077 && cat > "$1"', "sh", name),
+                'rm -f -- "$0"\n' + command,
+                True,
+                timeout,
+                raw=True,
+            )
+            return self._exec(self._wrap_file(name), input, check, timeout, raw=True, shown=command)
+        return self._exec(command, input, check, timeout)
+
+    def _exec(
+        self,
+        command: str,
+        input: Optional[bytes | str],
+        check: bool,
+        timeout: Optional[float],
+        raw: bool = False,
+        shown: Optional[str] = None,
+    ) -> Result:
         ROUNDTRIPS.add(self.spec.name)
         t = self.client.get_transport()
         if t is None or not t.is_active():
@@ -217,7 +268,7 @@ class Conn:
         try:
             chan = t.open_session(timeout=self.spec.connect_timeout)
             chan.settimeout(timeout or self.spec.command_timeout)
-            chan.exec_command(self._wrap(command))
+            chan.exec_command(command if raw else self._wrap(command))
             if input is not None:
                 chan.sendall(input.encode() if isinstance(input, str) else input)
             chan.shutdown_write()
@@ -249,7 +300,7 @@ class Conn:
             raise HostUnreachable(f"{self.spec.name}: connection dropped before the command finished")
         res = Result(rc, out.decode(errors="replace"), err.decode(errors="replace"))
         if check and rc != 0:
-            raise CommandFailed(self.spec.name, command, res)
+            raise CommandFailed(self.spec.name, shown or command, res)
         return res
 
     def put(self, path: str, data: bytes | str, mode: Optional[str] = None, owner: Optional[str] = None) -> None:
@@ -298,7 +349,17 @@ _POOL_LOCK = threading.Lock()
 
 
 def _pool_key(spec: HostSpec) -> tuple:
-    return (spec.address, spec.port, spec.user, spec.jump)
+    # Everything that decides whom we trust and who we are: a wrong pin or another key must never be answered by
+    # a connection opened with the right ones.
+    return (
+        spec.address,
+        spec.port,
+        spec.user,
+        spec.jump,
+        spec.host_key,
+        spec.insecure_accept_unknown_host_key,
+        spec.key_name,
+    )
 
 
 def drop(spec: HostSpec) -> None:

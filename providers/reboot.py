@@ -28,7 +28,7 @@ from pulumi.dynamic import CheckFailure, CheckResult, CreateResult, ReadResult, 
 
 from access import ssh
 from access.shell import sh
-from facts.host import read_host_facts
+from facts.host import facts_script, parse_host_facts, read_host_facts
 from facts.model import HostFacts
 from plans.cmdline import key
 from providers.base import HostProvider
@@ -54,21 +54,27 @@ def unmet(f: HostFacts, props: dict) -> list[str]:
 
 
 def wait_for_new_boot(spec, old_boot_id: str, timeout: float) -> HostFacts:
+    """Poll until the host runs a new boot, within `timeout` seconds in all (each connect and read is cut to the
+    time left). A host-key mismatch is an answer, not a delay: it is raised at once, never retried."""
     # paramiko logs every refused banner while sshd is down; the loop below reports the outcome itself.
     logging.getLogger("paramiko").setLevel(logging.CRITICAL)
     deadline = time.monotonic() + timeout
-    last = None
-    time.sleep(3)
-    while time.monotonic() < deadline:
+    last: Optional[BaseException] = None
+    time.sleep(min(3.0, timeout))
+    while (left := deadline - time.monotonic()) > 0:
         ssh.drop(spec)
         try:
-            conn = ssh.connect(spec, attempts=1)
-            f = read_host_facts(conn)
+            short = spec.model_copy(update={"connect_timeout": max(0.5, min(spec.connect_timeout, left))})
+            conn = ssh.connect(short, attempts=1)
+            out = conn.run(facts_script(), timeout=max(0.5, deadline - time.monotonic())).stdout
+            f = parse_host_facts(out)
             if f.boot_id and f.boot_id != old_boot_id:
                 return f
+        except (ssh.HostKeyMismatch, ssh.HostKeyUnknown):
+            raise
         except (ssh.SshError, OSError, EOFError) as e:
             last = e
-        time.sleep(3)
+        time.sleep(min(3.0, max(0.0, deadline - time.monotonic())))
     raise ssh.HostUnreachable(
         f"{spec.name}: did not come back within {int(timeout)}s after reboot ({last}); "
         "check the console; re-run `pulumi up` once it is reachable"
@@ -104,7 +110,7 @@ def restart(conn, names: list[str]) -> None:
 
 
 class HostRebootProvider(HostProvider):
-    VERSION = "3"
+    VERSION = "4"  # 4: the reboot wait keeps its deadline and stops at a host-key mismatch
     OUTPUT_ONLY = ("pending", "rebooted", "boot_id", "drained", "forced")
 
     def check_known(self, olds: dict, news: dict) -> CheckResult:
