@@ -88,3 +88,13 @@ def test_reboot_wait_stops_at_a_host_key_mismatch(local_sshd):
     with pytest.raises(ssh.HostKeyMismatch):
         wait_for_new_boot(spec, "old-boot", timeout=120)
     assert time.monotonic() - t0 < 15
+
+
+def test_facts_find_the_session_from_the_session_itself(conn, local_sshd):
+    """sshd here listens on a random port, not 22: the session's own SSH_CONNECTION still names its interface."""
+    from facts.host import read_host_facts
+
+    f = read_host_facts(conn)
+    client, _cport, local, lport = f.network.session.split()
+    assert (local, int(lport)) == ("127.0.0.1", local_sshd.port)
+    assert f.network.ssh_ifaces == ["lo"]
