@@ -10,7 +10,7 @@ import json
 import pytest
 
 from tests.mocks import run_program
-from tests.stackfiles import stack_config
+from tests.stackfiles import stack_config, stack_file, test_key
 
 KEY = "gpuhost:sshPrivateKey"
 
@@ -27,12 +27,32 @@ def dev():
     return run_program(cfg, secret, stack="dev")
 
 
-def test_stack_files_keep_the_key_encrypted():
-    for stack in ("hk-prod", "dev"):
-        text = open(f"Pulumi.{stack}.yaml").read()
-        assert "PRIVATE KEY" not in text and "secure: v1:" in text
-        cfg, secret = stack_config(stack)
-        assert secret == [KEY] and cfg[KEY].startswith("-----BEGIN OPENSSH PRIVATE KEY-----")
+def test_stack_files_hold_no_plaintext_key_and_no_production_secret():
+    dev = open("Pulumi.dev.yaml").read()
+    assert "PRIVATE KEY" not in dev and "secure: v1:" in dev
+    cfg, secret = stack_config("dev", decrypt=True)  # the dev passphrase is public by design
+    assert secret == [KEY] and cfg[KEY].startswith("-----BEGIN OPENSSH PRIVATE KEY-----")
+    # hk-prod: nothing the repository (or PR code) can decrypt; the operators set the key with their passphrase.
+    prod = stack_file("hk-prod")
+    assert "PRIVATE KEY" not in open("Pulumi.hk-prod.yaml").read()
+    assert "encryptionsalt" not in prod and not any(
+        "secure" in v for v in prod["config"].values() if isinstance(v, dict)
+    )
+    cfg, secret = stack_config("hk-prod")
+    assert secret == [KEY] and cfg[KEY] == test_key()  # tests run on their own throwaway key
+
+
+def test_prod_stack_without_its_key_stops_before_any_resource():
+    from stacks.load import ConfigError
+    from tests.mocks import attempt_program
+
+    cfg, _ = stack_config("hk-prod")
+    del cfg[KEY]
+    rec, err = attempt_program(cfg, [], stack="hk-prod")
+    assert isinstance(err, ConfigError) and err.lines == [
+        "gpuhost:sshPrivateKey: missing; set it with `pulumi config set --secret sshPrivateKey < key`"
+    ]
+    assert rec.registrations == []
 
 
 def test_hk_prod_resource_counts_and_unique_urns(hk):
