@@ -39,6 +39,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from plans.nginx import NginxSpec, render  # noqa: E402
+from plans.presets import apply_preset  # noqa: E402
 from plans.triton_repo import repository_files, yolov8n_torch  # noqa: E402
 from plans.triton_runtime import ServerOptions, server_args  # noqa: E402
 from serving import loadgate  # noqa: E402
@@ -571,25 +572,28 @@ def run(args) -> dict:
     gpu_count = 1 if gpu else 0
     windows = [int(w) for w in args.windows.split(",")]
     conc = [int(c) for c in args.concurrency.split(",")]
-    specs = [
-        yolov8n_torch(
-            name=f"yolov8n_w{w}", window_us=w, instances=args.instances, gpu=gpu, max_batch_size=args.max_batch
-        )
-        for w in windows
-    ]
+    smi = machine(nginx_bin).get("gpus") or [""]
+    gpu_name = args.gpu_model or smi[0].split(",")[0]
+
+    def product(spec):
+        """What TritonService deploys: the GPU's preset fills what the spec leaves open."""
+        if not gpu:
+            return spec
+        try:
+            return apply_preset(spec, gpu_name)
+        except KeyError:
+            return spec
+
+    def model(name: str, **kw):
+        return product(yolov8n_torch(name=name, instances=args.instances, max_batch_size=args.max_batch, gpu=gpu, **kw))
+
+    # The main model: the GPU's preset as shipped (window, instances, max batch), unless given on the command line.
+    specs = [model("yolov8n_preset")]
+    specs += [model(f"yolov8n_w{w}", window_us=w) for w in windows]
     extras = _extras(args.extra)
     for n, w, b in extras:
         specs.append(yolov8n_torch(name=f"yolov8n_i{n}_w{w}_b{b}", window_us=w, instances=n, gpu=gpu, max_batch_size=b))
-    specs.append(
-        yolov8n_torch(
-            name="yolov8n_raw",
-            output="raw",
-            window_us=windows[0],
-            instances=args.instances,
-            gpu=gpu,
-            max_batch_size=args.max_batch,
-        )
-    )
+    specs.append(model("yolov8n_raw", output="raw"))
     # Each instance prints its execute phases every 500 executes (gather, GPU, respond) to Triton's log.
     specs = [
         x.model_copy(update={"parameters": {**x.parameters, "report_every": str(args.report_every)}}) for x in specs
@@ -607,10 +611,18 @@ def run(args) -> dict:
         "started": time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime()),
         "commit": args.commit or _git_commit(),
         "weights": "random (PyTorch default init + the design's head bias init), seed 0",
+        "gpu_model": gpu_name,
+        "main": {
+            "model": specs[0].name,
+            "instances": specs[0].instance_group[0].count,
+            "max_batch": specs[0].max_batch_size,
+            "window_us": specs[0].dynamic_batching.max_queue_delay_microseconds if specs[0].dynamic_batching else None,
+            "preferred": specs[0].dynamic_batching.preferred_batch_size if specs[0].dynamic_batching else None,
+        },
     }
     log(json.dumps(results["machine"]))
     if gpu:
-        results["gpu_floor"] = gpu_floor(max(args.max_batch, *(b for _, _, b in extras), 8))
+        results["gpu_floor"] = gpu_floor(max(specs[0].max_batch_size, *(b for _, _, b in extras), 8))
         log(f"GPU floor: {results['gpu_floor']}")
     workdir = Path(tempfile.mkdtemp(prefix="gpuhost-gpu-bench-"))
     t0 = time.monotonic()
@@ -622,7 +634,7 @@ def run(args) -> dict:
     results["nginx_conf"] = (workdir / "nginx" / "nginx.conf").read_text()
     log(f"servers up in {results['startup_s']} s: {results['triton'].get('version')}")
     image = os.urandom(640 * 640 * 3)
-    w0 = f"yolov8n_w{windows[0]}"
+    w0 = specs[0].name
     d = args.duration
     plan = []
     for c in conc:
@@ -631,7 +643,7 @@ def run(args) -> dict:
     for c in conc:
         plan.append((f"nginx-grpc c={c}", w0, "nginx", "grpc", c))
         plan.append((f"direct-grpc c={c}", w0, "direct", "grpc", c))
-    for w in windows[1:]:
+    for w in windows:
         for c in conc:
             plan.append((f"window {w} nginx-http c={c}", f"yolov8n_w{w}", "nginx", "http", c))
     for n, w, b in extras:
@@ -695,6 +707,14 @@ def table(results: dict) -> str:
     a = results["args"]
     conc = [int(c) for c in a["concurrency"].split(",")]
     windows = [int(w) for w in a["windows"].split(",")]
+    main = results.get("main") or {
+        "instances": a["instances"],
+        "max_batch": a["max_batch"],
+        "window_us": a["windows"].split(",")[0],
+    }
+    main_text = f"{main['instances']} instances, max batch {main['max_batch']}, window {main['window_us']} µs" + (
+        f" (gpuhost's {results['gpu_model']} preset)" if results.get("main") else ""
+    )
     lines = [
         f"Machine: {', '.join(m.get('gpus') or ['no GPU'])}; {m.get('cpus')} CPUs; Python {m.get('python')}, "
         f"torch {m.get('torch')} (CUDA {m.get('torch_cuda')}), numpy {m.get('numpy')}, "
@@ -705,10 +725,10 @@ def table(results: dict) -> str:
         "",
         f"Command: `{results.get('command', 'python -m bench.gpu --out bench/results')}`",
         "",
-        f"Model `yolov8n_w<window>`: UINT8 [640,640,3] in (1.2 MB), NMS on the GPU, `detections` FP32 [100,6] + "
-        f"`num_detections` INT32 [1] out (2.4 kB); {a['instances']} instances, max batch {a['max_batch']}, "
-        "dynamic batching on. Each cell: p50 / p95 / p99, throughput (1 image per request); every response's "
-        "outputs checked against the model config (names, datatypes, shapes, bytes).",
+        f"Model: UINT8 [640,640,3] in (1.2 MB), NMS on the GPU, `detections` FP32 [100,6] + "
+        f"`num_detections` INT32 [1] out (2.4 kB). Main table: {main_text}. Each cell: p50 / p95 / p99, "
+        "throughput (1 image per request); every response's outputs checked against the model config (names, "
+        "datatypes, shapes, bytes).",
         "",
         "| Concurrency | gpuhost: nginx + gate, HTTP | straight to Triton, HTTP | nginx, gRPC | straight, gRPC | "
         "Seed target |",
@@ -724,8 +744,8 @@ def table(results: dict) -> str:
         )
     lines += [
         "",
-        "Batching window sweep (through nginx and the gate, HTTP): p95 ms / images per s, "
-        "Triton queue µs, average batch, GPU utilisation",
+        f"Batching window sweep (through nginx and the gate, HTTP; {main['instances']} instances, max batch "
+        f"{main['max_batch']}): p95 ms / images per s, Triton queue µs, average batch, GPU utilisation",
         "",
         "| Window | " + " | ".join(f"c={c}" for c in conc) + " |",
         "|---|" + "---|" * len(conc),
@@ -733,7 +753,9 @@ def table(results: dict) -> str:
     for w in windows:
         cells = []
         for c in conc:
-            p = _pt(results, f"nginx-http c={c}" if w == w0 else f"window {w} nginx-http c={c}")
+            p = _pt(results, f"window {w} nginx-http c={c}") or (
+                _pt(results, f"nginx-http c={c}") if w == w0 and not results.get("main") else None
+            )
             if p is None:
                 cells.append("–")
                 continue
@@ -746,7 +768,7 @@ def table(results: dict) -> str:
         lines.append(f"| {w} µs | " + " | ".join(cells) + " |")
     lines += [
         "",
-        f"Where the time goes (through nginx, HTTP, window {w0} µs; Triton's per-request averages over each run, µs):",
+        "Where the time goes (main model through nginx, HTTP; Triton's per-request averages over each run, µs):",
         "",
         "| Concurrency | client p50 ms | Triton total | queue | compute input | compute infer | "
         "compute output | outside Triton (nginx, HTTP, client) |",
@@ -769,8 +791,8 @@ def table(results: dict) -> str:
     if extras:
         lines += [
             "",
-            f"Instances, window and batch size (through nginx, HTTP; the tables above: {a['instances']} instances, "
-            f"max batch {a['max_batch']}): p50 / p95 / p99, images per s, average batch",
+            f"Instances, window and batch size (through nginx, HTTP; main table: {main_text}): "
+            "p50 / p95 / p99, images per s, average batch",
             "",
             "| Instances, window, max batch | " + " | ".join(f"c={c}" for c in conc) + " |",
             "|---|" + "---|" * len(conc),
@@ -845,8 +867,9 @@ def main(argv=None) -> int:
     ap.add_argument("--duration", type=float, default=5.0)
     ap.add_argument("--concurrency", default="1,4,8,16")
     ap.add_argument("--windows", default="0,200,500,1000")
-    ap.add_argument("--instances", type=int, default=2)
-    ap.add_argument("--max-batch", type=int, default=8)
+    ap.add_argument("--instances", type=int, default=None, help="default: the GPU's preset")
+    ap.add_argument("--max-batch", type=int, default=None, help="default: the GPU's preset")
+    ap.add_argument("--gpu-model", default="", help="preset key (default: nvidia-smi's name)")
     ap.add_argument("--processes", type=int, default=4, help="client processes (threads split between them)")
     ap.add_argument("--http-threads", type=int, default=16)
     ap.add_argument("--extra", default="", help="more models through nginx: instances:window:max_batch,...")

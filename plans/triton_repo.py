@@ -152,9 +152,9 @@ def yolov8n_torch(
     *,
     name: str = "yolov8n",
     output: str = "nms",
-    max_batch_size: int = 8,
-    instances: int = 2,
-    window_us: int = 0,
+    max_batch_size: Optional[int] = None,
+    instances: Optional[int] = None,
+    window_us: Optional[int] = None,
     preferred_batch_size: Optional[list[int]] = None,
     gpu: bool = True,
     max_det: int = 100,
@@ -165,7 +165,10 @@ def yolov8n_torch(
     ``output="nms"``: ``detections`` FP32 [max_det, 6] (x1 y1 x2 y2 score class) and ``num_detections``
     INT32 [1], NMS on the GPU inside the CUDA graph; ``output="raw"``: ``output0`` [84, 8400] (FP16 on a
     GPU). ``window_us`` is the dynamic batcher's ``max_queue_delay_microseconds`` (0 still batches what is
-    queued). ``gpu=False`` gives the CPU form (FP32, KIND_CPU) for hosts without a GPU.
+    queued). ``max_batch_size``, ``instances`` and ``window_us`` left out are defaults (8, 2, 0 µs) that the
+    GPU's preset replaces (``plans.presets.apply_preset``); given, they win over it. ``gpu=False`` gives the
+    CPU form (FP32, KIND_CPU) for hosts without a GPU. The ``model_code`` parameter tells the repository
+    which code to ship beside ``config.pbtxt`` (``serving.models.yolov8n_files``).
     """
     if output not in ("nms", "raw"):
         raise ValueError(f"output must be 'nms' or 'raw', not {output!r}")
@@ -176,23 +179,32 @@ def yolov8n_torch(
         ]
     else:
         outputs = [Tensor(name="output0", data_type="FP16" if gpu else "FP32", dims=[84, 8400])]
+    batch = 8 if max_batch_size is None else max_batch_size
     preferred = (
-        preferred_batch_size
-        if preferred_batch_size is not None
-        else [b for b in (1, 2, 4, 8, 16, 32) if b <= max_batch_size]
+        preferred_batch_size if preferred_batch_size is not None else [b for b in (1, 2, 4, 8, 16, 32) if b <= batch]
     )
-    return ModelSpec(
+    spec = ModelSpec(
         name=name,
         platform="python",
-        max_batch_size=max_batch_size,
+        max_batch_size=batch,
         inputs=[Tensor(name="images", data_type="UINT8", dims=[640, 640, 3])],
         outputs=outputs,
-        instance_group=[InstanceGroup(kind="KIND_GPU" if gpu else "KIND_CPU", count=instances)],
-        dynamic_batching=DynamicBatching(preferred_batch_size=preferred, max_queue_delay_microseconds=window_us),
+        instance_group=[InstanceGroup(kind="KIND_GPU" if gpu else "KIND_CPU", count=instances or 2)],
+        dynamic_batching=DynamicBatching(preferred_batch_size=preferred, max_queue_delay_microseconds=window_us or 0),
         parameters={
+            "model_code": "yolov8n",
             "output": output,
             "precision": "fp16" if gpu else "fp32",
             "cuda_graphs": "true" if gpu else "false",
             "max_det": str(max_det),
         },
     )
+    # Defaults the caller did not choose stay open for the GPU's preset.
+    for field, given in (
+        ("max_batch_size", max_batch_size),
+        ("instance_group", instances),
+        ("dynamic_batching", window_us),
+    ):
+        if given is None:
+            spec.model_fields_set.discard(field)
+    return spec

@@ -36,6 +36,24 @@ def test_raw_output_and_cpu_form():
         yolov8n_torch(output="boxes")
 
 
+def test_h200_preset_from_the_gpu_sweep_fills_what_the_spec_leaves_open():
+    """H100/H200 low latency ships what the H200 sweep measured best (issue 18): max batch 8, 200 µs window,
+    3 instances; values the spec sets itself win over the preset."""
+    from plans.presets import apply_preset, preset_for
+
+    for gpu in ("NVIDIA H200", "NVIDIA H100 80GB HBM3"):
+        p = preset_for(gpu)
+        assert (p.max_batch_size, p.max_queue_delay_microseconds, p.instance_count) == (8, 200, 3)
+        assert p.preferred_batch_size == [1, 2, 4, 8]
+    deployed = apply_preset(yolov8n_torch(), "NVIDIA H200")
+    assert deployed.max_batch_size == 8 and deployed.instance_group[0].count == 3
+    assert deployed.dynamic_batching.max_queue_delay_microseconds == 200
+    assert deployed.parameters["model_code"] == "yolov8n"
+    mine = apply_preset(yolov8n_torch(window_us=0, instances=2, max_batch_size=16), "NVIDIA H200")
+    assert mine.max_batch_size == 16 and mine.instance_group[0].count == 2
+    assert mine.dynamic_batching.max_queue_delay_microseconds == 0
+
+
 needs_torch = pytest.mark.skipif(
     importlib.util.find_spec("torch") is None, reason="PyTorch is not installed in this environment"
 )
