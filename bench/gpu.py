@@ -594,6 +594,18 @@ def run(args) -> dict:
     for n, w, b in extras:
         specs.append(yolov8n_torch(name=f"yolov8n_i{n}_w{w}_b{b}", window_us=w, instances=n, gpu=gpu, max_batch_size=b))
     specs.append(model("yolov8n_raw", output="raw"))
+    if args.compare_old_preset:
+        # gpuhost's H100/H200 low-latency preset before this sweep: max batch 32, preferred 4/8/16/32, 1 ms, 2 inst.
+        specs.append(
+            yolov8n_torch(
+                name="yolov8n_old_preset",
+                window_us=1000,
+                instances=2,
+                max_batch_size=32,
+                preferred_batch_size=[4, 8, 16, 32],
+                gpu=gpu,
+            )
+        )
     # Each instance prints its execute phases every 500 executes (gather, GPU, respond) to Triton's log.
     specs = [
         x.model_copy(update={"parameters": {**x.parameters, "report_every": str(args.report_every)}}) for x in specs
@@ -650,6 +662,9 @@ def run(args) -> dict:
         for c in conc:
             model = f"yolov8n_i{n}_w{w}_b{b}"
             plan.append((f"instances {n} window {w} batch {b} nginx-http c={c}", model, "nginx", "http", c))
+    if args.compare_old_preset:
+        for c in conc:
+            plan.append((f"old preset nginx-http c={c}", "yolov8n_old_preset", "nginx", "http", c))
     for c in (conc[0], conc[-1]):
         plan.append((f"raw-output nginx-http c={c}", "yolov8n_raw", "nginx", "http", c))
     try:
@@ -803,6 +818,13 @@ def table(results: dict) -> str:
                 p = _pt(results, f"instances {n} window {w} batch {b} nginx-http c={c}")
                 cells.append("–" if p is None else f"{_cell(p)}, batch {p['triton'].get('avg_batch')}")
             lines.append(f"| {n}, {w} µs, {b} | " + " | ".join(cells) + " |")
+    if any(p["name"].startswith("old preset") for p in results["points"]):
+        lines += [
+            "",
+            "gpuhost's H100/H200 preset before this sweep (max batch 32, preferred 4/8/16/32, window 1000 µs, "
+            "2 instances), same load through nginx: "
+            + "; ".join(f"c={c}: {_cell(_pt(results, f'old preset nginx-http c={c}'))}" for c in conc),
+        ]
     raw = [(c, _pt(results, f"raw-output nginx-http c={c}")) for c in (conc[0], conc[-1])]
     lines += [
         "",
@@ -874,6 +896,7 @@ def main(argv=None) -> int:
     ap.add_argument("--http-threads", type=int, default=16)
     ap.add_argument("--extra", default="", help="more models through nginx: instances:window:max_batch,...")
     ap.add_argument("--report-every", type=int, default=500, help="backend phase report every N executes")
+    ap.add_argument("--compare-old-preset", action="store_true", help="also the H200 preset before issue 18")
     ap.add_argument("--nginx", default="")
     ap.add_argument("--cpu", action="store_true", help="KIND_CPU instances, FP32 (pipeline check without a GPU)")
     ap.add_argument("--quick", action="store_true", help="1 s per point, concurrency 1,4, windows 0,500")
