@@ -63,7 +63,9 @@ class SystemdServiceProvider(HostProvider):
     VERSION = "1"
     # Another unit name is another service: stop and restore the old one, then start the new one.
     REPLACE_ON = ("host", "unit")
-    OUTPUT_ONLY = ("priors", "sha256", "enabled", "active")
+    # `enabled` and `active` are wanted (True) as inputs and read back from the host: a unit stopped or disabled by
+    # hand is drift that `up` repairs.
+    OUTPUT_ONLY = ("priors", "sha256")
 
     def check_known(self, olds: dict, news: dict) -> CheckResult:
         failures = self.check_host(news)
@@ -79,6 +81,9 @@ class SystemdServiceProvider(HostProvider):
                     failures.append(CheckFailure("files", f"bad entry {p!r}: absolute path to text content"))
             if isinstance(unit, str) and f"/etc/systemd/system/{unit}" not in files:
                 failures.append(CheckFailure("files", f"must include the unit file /etc/systemd/system/{unit}"))
+        for k in ("enabled", "active"):
+            if news.get(k, True) is not True:
+                failures.append(CheckFailure(k, "a SystemdService is always wanted enabled and running"))
         return CheckResult(news, failures)
 
     @staticmethod
@@ -133,5 +138,5 @@ class SystemdService(dynamic.Resource, module="host", name="SystemdService"):
     active: pulumi.Output[bool]
 
     def __init__(self, name: str, args: dict, opts: Optional[pulumi.ResourceOptions] = None):
-        inputs = {"priors": None, "sha256": None, "enabled": None, "active": None, **args}
+        inputs = {"priors": None, "sha256": None, "enabled": True, "active": True, **args}
         super().__init__(SystemdServiceProvider(), name, {**inputs, "version": SystemdServiceProvider.VERSION}, opts)

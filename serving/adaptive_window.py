@@ -309,6 +309,7 @@ class Controller:
         self.policy, self.models, self.p95, self.triton = policy, list(models), p95, triton
         self.states = {m: ModelState() for m in self.models}
         self.decisions: list[Decision] = []
+        self.applied_at: dict[str, float] = {}
         self.on_decision = on_decision
         self.lock = threading.Lock()
 
@@ -324,6 +325,8 @@ class Controller:
                 d = dataclasses.replace(decide(self.policy, model, current, p95_ms, requests), at=at)
                 if d.changed:
                     self.triton.load(model, with_window(config, d.window_us))
+                    # A source that can (a client's own records) measures only what came after the reload.
+                    self.applied_at[model] = time.perf_counter()
             except Exception as e:  # noqa: BLE001 — one bad period is counted and logged; the next one retries
                 with self.lock:
                     state.errors += 1
