@@ -2,8 +2,11 @@
 
 Runs from where Pulumi runs, against ``url`` (the nginx front). It waits for ``/v2/health/ready`` and
 every model's ready, sends warmup requests, measures the load tool's own floor on nginx's
-``/nginx-health``, then runs the load (``serving.loadgate``: wrk where installed, else the Python
-client) and checks the SLO. Outputs are the numbers (p50/p95/p99, throughput, error rate, overhead).
+``/nginx-health``, then runs the load (``serving.loadgate``) and checks the SLO. Every answer's outputs are
+checked against the model config the server reports (names, datatypes, shapes, bytes): a 200 with empty
+outputs is a failure, not a success (the python client does this; wrk, which cannot read bodies, runs only with
+``checkOutputs: false``). ``bodySpec: {input, shape, datatype, binary: true}`` sends the tensor as raw bytes.
+Outputs are the numbers (p50/p95/p99, throughput, error rate, wrong outputs, overhead).
 Any change of ``trigger`` (the repository digest, the runtime's image) or of the load/SLO inputs
 re-runs the gate as a replacement, so every deploy that changes serving is measured again.
 
@@ -16,6 +19,11 @@ Usage::
 
 from __future__ import annotations
 
+import json
+import os
+import urllib.request
+from typing import Optional
+
 import pulumi
 from pulumi import dynamic
 from pulumi.dynamic import CheckFailure, CheckResult, CreateResult, DiffResult
@@ -25,19 +33,41 @@ from serving import loadgate
 from serving.health import wait_ready, warmup
 
 
-def request_body(props: dict) -> bytes:
-    """The infer request the gate sends: given whole (`body`), or built here from `bodySpec` so a large tensor
-    (a 640x640 image is 1.2 M numbers) never travels as a resource input or sits in state."""
+def request_body(props: dict) -> tuple[bytes, tuple[tuple[str, str], ...]]:
+    """The infer request the gate sends and its headers: given whole (`body`, JSON), or built here from `bodySpec`
+    so a large tensor (a 640x640 image is 1.2 M numbers) never travels as a resource input or sits in state.
+    ``bodySpec.binary`` sends the tensor as raw bytes (KServe binary extension; seeded random values, never
+    zeros) and asks for binary outputs."""
     spec = props.get("bodySpec")
-    if spec:
-        from serving.loadgate import infer_body
+    if spec and spec.get("binary"):
+        import math
+        import random
 
-        return infer_body(spec["input"], [int(d) for d in spec["shape"]], spec.get("datatype", "FP32"))
-    return props["body"].encode()
+        shape = [int(d) for d in spec["shape"]]
+        dtype = spec.get("datatype", "FP32")
+        data = random.Random(0).randbytes(loadgate.DTYPE_BYTES[dtype] * math.prod(shape))
+        return loadgate.binary_request([(spec["input"], dtype, shape, data)])
+    if spec:
+        body = loadgate.infer_body(spec["input"], [int(d) for d in spec["shape"]], spec.get("datatype", "FP32"))
+    else:
+        body = props["body"].encode()
+    return body, (("Content-Type", "application/json"),)
+
+
+def response_check(url: str, model: str, props: dict) -> Optional[loadgate.ResponseCheck]:
+    """What every answer must hold, from the model config the server reports (names, datatypes, shapes, bytes):
+    a 200 with empty or misshapen outputs fails the gate (``checkOutputs: false`` turns this off)."""
+    if not props.get("checkOutputs", True):
+        return None
+    with urllib.request.urlopen(f"{url}/v2/models/{model}/config", timeout=30) as r:
+        config = json.loads(r.read())
+    spec = props.get("bodySpec") or {}
+    batch = int(spec["shape"][0]) if spec.get("shape") and int(config.get("max_batch_size", 0)) > 0 else 1
+    return loadgate.ResponseCheck.from_config(config, batch=batch)
 
 
 class AcceptanceGateProvider(Provider):
-    VERSION = "2"
+    VERSION = "3"
     _BOOKKEEPING = {"__provider", "version", "result", "overhead"}
 
     def check_known(self, olds: dict, news: dict) -> CheckResult:
@@ -65,18 +95,29 @@ class AcceptanceGateProvider(Provider):
     def create(self, props: dict) -> CreateResult:
         url = props["url"].rstrip("/")
         wait_ready(url, list(props.get("models") or []), timeout_s=float(props.get("readyTimeoutS", 300)))
-        body = request_body(props)
+        body, headers = request_body(props)
         model = props["model"]
+        concurrency = int(props["concurrency"])
         warmup(
-            url, model, body, count=int(props.get("warmupRequests", 20)), concurrency=min(4, int(props["concurrency"]))
+            url,
+            model,
+            body,
+            count=int(props.get("warmupRequests", 20)),
+            concurrency=min(4, concurrency),
+            headers=dict(headers),
         )
+        check = response_check(url, model, props)
         spec = loadgate.LoadSpec(
             url=f"{url}/v2/models/{model}/infer",
             body=body,
-            concurrency=int(props["concurrency"]),
+            headers=headers,
+            concurrency=concurrency,
             duration_s=float(props["durationS"]),
             max_requests=int(props["maxRequests"]),
             tool=props.get("tool", "auto"),
+            check=check,
+            # One client process per 4 connections: one process's GIL would queue requests at high concurrency.
+            processes=max(1, min(os.cpu_count() or 1, concurrency // 4)),
         )
         floor = loadgate.overhead(spec, f"{url}/nginx-health")
         result = loadgate.run(spec)

@@ -16,6 +16,7 @@ import time
 import urllib.error
 import urllib.request
 from concurrent.futures import ThreadPoolExecutor
+from typing import Optional
 
 
 class NotReady(RuntimeError):
@@ -47,13 +48,22 @@ def wait_ready(base_url: str, models: list[str], *, timeout_s: float = 120.0, in
 
 
 def warmup(
-    base_url: str, model: str, body: bytes, *, count: int = 10, concurrency: int = 1, timeout_s: float = 60.0
+    base_url: str,
+    model: str,
+    body: bytes,
+    *,
+    count: int = 10,
+    concurrency: int = 1,
+    timeout_s: float = 60.0,
+    headers: Optional[dict[str, str]] = None,
 ) -> list[float]:
     """POST ``body`` to the model's v2 infer ``count`` times; every answer must be 200. Returns latencies (ms)."""
     url = f"{base_url.rstrip('/')}/v2/models/{model}/infer"
 
     def one(_):
-        req = urllib.request.Request(url, data=body, method="POST", headers={"Content-Type": "application/json"})
+        req = urllib.request.Request(
+            url, data=body, method="POST", headers=headers or {"Content-Type": "application/json"}
+        )
         t0 = time.perf_counter()
         try:
             with urllib.request.urlopen(req, timeout=timeout_s) as r:

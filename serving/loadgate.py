@@ -160,8 +160,13 @@ class ExpectedOutput:
 
     @property
     def nbytes(self) -> Optional[int]:
+        """Bytes of the tensor; None for BYTES/STRING or a variable (-1) dimension."""
         size = DTYPE_BYTES.get(self.datatype)
-        return None if size is None else size * math.prod(self.shape)
+        return None if size is None or any(d < 0 for d in self.shape) else size * math.prod(self.shape)
+
+    def fits(self, shape) -> bool:
+        """``shape`` matches, a -1 (variable) dimension matching any size."""
+        return len(shape) == len(self.shape) and all(w < 0 or w == g for w, g in zip(self.shape, shape))
 
 
 @dataclasses.dataclass(frozen=True)
@@ -172,13 +177,12 @@ class ResponseCheck:
 
     @classmethod
     def from_config(cls, config: dict, batch: int = 1) -> "ResponseCheck":
-        """From Triton's model config as JSON (``GET /v2/models/<m>/config``) for requests of ``batch`` items."""
+        """From Triton's model config as JSON (``GET /v2/models/<m>/config``) for requests of ``batch`` items;
+        a variable dimension (-1) accepts any size, and the bytes are then checked against the shape answered."""
         lead = (batch,) if int(config.get("max_batch_size", 0)) > 0 else ()
         outs = []
         for o in config.get("output", []):
             dims = tuple(int(d) for d in o.get("dims", []))
-            if any(d < 0 for d in dims):
-                raise ValueError(f"output {o['name']} has variable dims {dims}: give the expected shape by hand")
             outs.append(ExpectedOutput(o["name"], str(o["data_type"]).removeprefix("TYPE_"), lead + dims))
         return cls(tuple(outs))
 
@@ -199,16 +203,18 @@ def check_response(body: bytes, header_length: Optional[str], check: ResponseChe
         o = got[name]
         if o.get("datatype") != exp.datatype:
             return f"output {name}: datatype {o.get('datatype')} but the config says {exp.datatype}"
-        if tuple(o.get("shape", ())) != exp.shape:
-            return f"output {name}: shape {o.get('shape')} but the config says {list(exp.shape)}"
+        shape = tuple(int(d) for d in o.get("shape", ()))
+        if not exp.fits(shape):
+            return f"output {name}: shape {list(shape)} but the config says {list(exp.shape)}"
+        answered = ExpectedOutput(name, exp.datatype, shape)
         size = (o.get("parameters") or {}).get("binary_data_size")
         if size is not None:
             binary_total += int(size)
-            if exp.nbytes is not None and int(size) != exp.nbytes:
-                return f"output {name}: {size} bytes but {exp.datatype}{list(exp.shape)} is {exp.nbytes}"
+            if answered.nbytes is not None and int(size) != answered.nbytes:
+                return f"output {name}: {size} bytes but {exp.datatype}{list(shape)} is {answered.nbytes}"
         elif "data" in o:
-            if len(o["data"]) != math.prod(exp.shape):
-                return f"output {name}: {len(o['data'])} values but {list(exp.shape)} holds {math.prod(exp.shape)}"
+            if len(o["data"]) != math.prod(shape):
+                return f"output {name}: {len(o['data'])} values but {list(shape)} holds {math.prod(shape)}"
         else:
             return f"output {name}: no data"
     if len(body) != head_len + binary_total:

@@ -92,8 +92,13 @@ def test_expected_outputs_come_from_tritons_model_config():
     }
     assert ResponseCheck.from_config(config, batch=1) == CHECK
     assert ResponseCheck.from_config(config, batch=4).outputs[0].nbytes == 4 * 100 * 6 * 4
-    with pytest.raises(ValueError, match="variable"):
-        ResponseCheck.from_config({"output": [{"name": "o", "data_type": "TYPE_FP32", "dims": [-1]}]})
+    variable = ResponseCheck.from_config({"output": [{"name": "o", "data_type": "TYPE_FP32", "dims": [-1]}]})
+    ok, hl = _binary_response([("o", "FP32", [7], b"\0" * 28)])
+    assert check_response(ok, hl, variable) is None
+    short, hl = _binary_response([("o", "FP32", [7], b"\0" * 27)])
+    assert "27 bytes but FP32[7] is 28" in check_response(short, hl, variable)
+    two_d, hl = _binary_response([("o", "FP32", [1, 7], b"\0" * 28)])
+    assert "shape [1, 7]" in check_response(two_d, hl, variable)
 
 
 def test_wrong_outputs_fail_the_gate_and_wrk_cannot_check():

@@ -342,3 +342,31 @@ def test_gate_sends_binary_tensors_and_checks_every_response_through_nginx(trito
     assert "shape [1, 4]" in bad.first_invalid
     with pytest.raises(loadgate.GateFailed, match="wrong outputs"):
         loadgate.check_slo(bad, loadgate.Slo(p95_ms=1000))
+
+
+def test_acceptance_gate_provider_binary_body_and_checked_outputs(nginx):
+    """The gate built from a binary bodySpec (raw FP32 bytes, no JSON numbers) against the real echo model;
+    every answer is checked against the config Triton reports, and the count of wrong outputs is an output."""
+    from providers.triton_gate import AcceptanceGateProvider, request_body
+    from tests.engine import ProviderServer
+
+    spec = {"input": "INPUT0", "shape": [1, 4], "datatype": "FP32", "binary": True}
+    body, headers = request_body({"bodySpec": spec})
+    assert dict(headers)["Content-Type"] == "application/octet-stream" and len(body) > 16
+    inputs = {
+        "url": nginx.http,
+        "models": ["zero"],
+        "model": "zero",
+        "bodySpec": spec,
+        "concurrency": 2,
+        "durationS": 1,
+        "maxRequests": 1000,
+        "warmupRequests": 4,
+        "maxErrorRate": 0.0,
+        "p95Ms": 1000.0,
+        "trigger": "digest-1",
+    }
+    with ProviderServer({}) as srv:
+        op, outs = srv.resource(AcceptanceGateProvider(), "gpuhost:serving:AcceptanceGate", "gate-bin").up(inputs)
+    assert op == "create" and outs["result"]["requests"] > 0
+    assert outs["result"]["invalid"] == 0 and outs["result"]["errors"] == 0 and outs["result"]["tool"] == "python"
