@@ -49,6 +49,8 @@ from providers.managed_file import ManagedFile
 from providers.systemd_service import SystemdService
 from providers.triton_gate import AcceptanceGate
 from providers.triton_repository import TritonModelRepository, repository_inputs
+from serving.loadgate import DTYPE_BYTES
+from serving.models import yolov8n_files
 
 ADAPTIVE_WINDOW_PY = Path(__file__).resolve().parents[1] / "serving" / "adaptive_window.py"
 STANDIN_MODEL_PY = Path(__file__).resolve().parents[1] / "serving" / "standin_model.py"
@@ -70,7 +72,8 @@ class TritonServiceArgs(BaseModel):
     # Where the gate reaches nginx from the Pulumi host; None skips the gate.
     endpoint: Optional[str] = None
     gate_model: Optional[str] = None
-    gate_input: tuple[str, list[int], str] = ("images", [1, 3, 640, 640], "FP32")
+    # (input, shape with batch, datatype); None: the gate model's first input, batch 1, sent as raw bytes.
+    gate_input: Optional[tuple[str, list[int], str]] = None
     gate_concurrency: int = 8
     gate_duration_s: float = 30.0
     gate_max_requests: int = 200_000
@@ -91,6 +94,13 @@ def adaptive_window_flags(args: TritonServiceArgs, specs: list[ModelSpec]) -> li
     return window_server_flags()
 
 
+def gate_input(spec: ModelSpec) -> tuple[str, list[int], str]:
+    """The gate's request for ``spec``: its first input, one item (variable dims as 1), its datatype."""
+    t = spec.inputs[0]
+    dims = [1 if d < 0 else d for d in t.dims]
+    return t.name, ([1, *dims] if spec.max_batch_size > 0 else dims), t.data_type
+
+
 def _specs(args: TritonServiceArgs) -> list[ModelSpec]:
     return [apply_preset(m, args.gpu_model) if args.use_presets else m for m in args.models]
 
@@ -101,7 +111,14 @@ class TritonService(pulumi.ComponentResource):
         child = pulumi.ResourceOptions(parent=self)
         specs = _specs(args)
         model_py = args.model_py.encode() if args.model_py is not None else STANDIN_MODEL_PY.read_bytes()
-        files = repository_files(specs, gpu_count=args.gpu_count, model_py=model_py)
+        # Python models that name their code (``model_code``) ship it instead of the stand-in (yolov8n_torch).
+        code = {
+            k: v
+            for m in specs
+            if m.parameters.get("model_code") == "yolov8n"
+            for k, v in yolov8n_files(m.name, m.version).items()
+        }
+        files = repository_files(specs, gpu_count=args.gpu_count, model_py=model_py, model_files=code)
         repo_inputs = repository_inputs(files)
         self.repository = TritonModelRepository(
             f"{name}-models", {"host": host_input(args.host), "root": args.repository_root, **repo_inputs}, opts=child
@@ -196,14 +213,19 @@ class TritonService(pulumi.ComponentResource):
 
         self.gate = None
         if args.endpoint:
-            input_name, shape, dtype = args.gate_input
+            input_name, shape, dtype = args.gate_input or gate_input(next(m for m in specs if m.name == default_model))
             self.gate = AcceptanceGate(
                 f"{name}-gate",
                 {
                     "url": args.endpoint,
                     "models": [s.name for s in specs],
                     "model": default_model,
-                    "bodySpec": {"input": input_name, "shape": list(shape), "datatype": dtype},
+                    "bodySpec": {
+                        "input": input_name,
+                        "shape": list(shape),
+                        "datatype": dtype,
+                        "binary": dtype in DTYPE_BYTES,
+                    },
                     "concurrency": args.gate_concurrency,
                     "durationS": args.gate_duration_s,
                     "maxRequests": args.gate_max_requests,

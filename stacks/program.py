@@ -23,7 +23,7 @@ from components.triton_service import TritonService, TritonServiceArgs
 from plans import placement as pl
 from plans.monitoring.model import HostTarget, MonitoringGraph, ServingSlo, TritonTarget
 from plans.triton_engine import EngineBuild, ShapeRange
-from plans.triton_repo import resnet50_fp16, sdxl, yolov8n
+from plans.triton_repo import resnet50_fp16, sdxl, yolov8n, yolov8n_torch
 from plans.values import host_port
 from providers.base import host_input
 from providers.mig import MigLayout
@@ -31,7 +31,7 @@ from providers.tensorrt_engine import TensorRTEngine, engine_inputs
 from stacks.load import ConfigError
 from stacks.schema import Fleet, Host, Vm
 
-PRESETS = {"yolov8n": yolov8n, "resnet50_fp16": resnet50_fp16, "sdxl": sdxl}
+PRESETS = {"yolov8n": yolov8n, "yolov8n_torch": yolov8n_torch, "resnet50_fp16": resnet50_fp16, "sdxl": sdxl}
 
 
 def solver_host(h: Host) -> pl.Host:

@@ -303,7 +303,8 @@ class Acceptance(Strict):
 
 class ServiceModel(Strict):
     name: str
-    preset: Literal["yolov8n", "resnet50_fp16", "sdxl"]
+    # yolov8n_torch: YOLOv8n on the python backend's GPU fast path (uint8 in, NMS on the GPU) where no TensorRT is.
+    preset: Literal["yolov8n", "yolov8n_torch", "resnet50_fp16", "sdxl"]
     workload: Optional[Literal["low_latency", "throughput", "diffusion"]] = None
     max_batch_size: Optional[int] = Field(None, ge=1)
     instance_count: Optional[int] = Field(None, ge=1)

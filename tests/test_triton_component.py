@@ -95,3 +95,29 @@ def test_kind_gpu_model_on_a_gpu_less_guest_fails_naming_the_field():
 
     with pytest.raises(ModelConfigError, match=r"instance_group\[0\]\.kind"):
         _run(gpu_count=0)
+
+
+def test_yolov8n_torch_ships_its_code_takes_the_h200_preset_and_gates_with_raw_uint8_images():
+    """The GPU fast path as a user deploys it: model.py + yolov8n.py beside the config (not the stand-in), the
+    H200 preset's window/instances/batch, and a gate that sends one raw uint8 image and checks the outputs."""
+    from plans.triton_model import parse_config
+    from plans.triton_repo import yolov8n_torch
+
+    res = _run(models=[yolov8n_torch()], gate_model="yolov8n")
+    repo = next(r for r in res if r.name == "serving-models")
+    assert {"yolov8n/config.pbtxt", "yolov8n/1/model.py", "yolov8n/1/yolov8n.py"} <= set(repo.inputs["files"])
+    gate = next(r for r in res if r.name == "serving-gate")
+    assert gate.inputs["bodySpec"] == {
+        "input": "images",
+        "shape": [1, 640, 640, 3],
+        "datatype": "UINT8",
+        "binary": True,
+    }
+    from components.triton_service import TritonServiceArgs, _specs
+
+    spec = _specs(TritonServiceArgs(host=HOST, gpu_model="NVIDIA H200", gpu_count=1, models=[yolov8n_torch()]))[0]
+    from plans.triton_repo import repository_files
+
+    cfg = parse_config(repository_files([spec], gpu_count=1)["yolov8n/config.pbtxt"].decode())
+    assert cfg.max_batch_size == 8 and cfg.instance_group[0].count == 3
+    assert cfg.dynamic_batching.max_queue_delay_microseconds == 200

@@ -155,3 +155,13 @@ def test_fast_nms_matches_greedy_nms_on_separated_clusters():
     want = torch.tensor([[*xyxy[i], sc[i], cl[i]] for i in sorted(keep, key=lambda i: -sc[i])])
     assert torch.allclose(got, want, atol=1e-4)
     assert float(det[0, len(keep) :].abs().sum()) == 0  # rows past the count are zero
+
+
+def test_stack_config_can_ask_for_the_gpu_fast_path():
+    from stacks.program import PRESETS
+    from stacks.schema import ServiceModel
+
+    m = ServiceModel(name="det", preset="yolov8n_torch")
+    spec = PRESETS[m.preset]().model_copy(update={"name": m.name})
+    assert spec.parameters["model_code"] == "yolov8n" and spec.inputs[0].data_type == "UINT8"
+    assert "max_batch_size" not in spec.model_fields_set  # left to the GPU's preset
