@@ -660,20 +660,20 @@ def run(args) -> dict:
             plan.append((f"window {w} nginx-http c={c}", f"yolov8n_w{w}", "nginx", "http", c))
     for n, w, b in extras:
         for c in conc:
-            model = f"yolov8n_i{n}_w{w}_b{b}"
-            plan.append((f"instances {n} window {w} batch {b} nginx-http c={c}", model, "nginx", "http", c))
+            extra = f"yolov8n_i{n}_w{w}_b{b}"
+            plan.append((f"instances {n} window {w} batch {b} nginx-http c={c}", extra, "nginx", "http", c))
     if args.compare_old_preset:
         for c in conc:
             plan.append((f"old preset nginx-http c={c}", "yolov8n_old_preset", "nginx", "http", c))
     for c in (conc[0], conc[-1]):
         plan.append((f"raw-output nginx-http c={c}", "yolov8n_raw", "nginx", "http", c))
     try:
-        for name, model, via, proto, c in plan:
+        for name, target, via, proto, c in plan:
             try:
-                row = measure(s, name, model, via, proto, c, d, image, args.processes)
+                row = measure(s, name, target, via, proto, c, d, image, args.processes)
             except Exception as e:  # noqa: BLE001 - one failed point must not lose the others
                 log(f"{name}: FAILED {e!r}")
-                row = {"name": name, "model": model, "via": via, "proto": proto, "concurrency": c, "failed": repr(e)}
+                row = {"name": name, "model": target, "via": via, "proto": proto, "concurrency": c, "failed": repr(e)}
             results["points"].append(row)
         for c in conc:
             spec = loadgate.LoadSpec(
