@@ -738,7 +738,8 @@ def table(results: dict) -> str:
         f"the same machine. Weights: {results.get('weights')}. TensorRT is not used: its wheels are too large to "
         "carry to the device machine (64 MiB per call), so the model runs in PyTorch inside the python backend.",
         "",
-        f"Command: `{results.get('command', 'python -m bench.gpu --out bench/results')}`",
+        f"Command: `{results.get('reproduce') or results.get('command', 'python -m bench.gpu --out bench/results')}`"
+        + (f" (it runs `{results['command']}`)" if results.get("reproduce") else ""),
         "",
         f"Model: UINT8 [640,640,3] in (1.2 MB), NMS on the GPU, `detections` FP32 [100,6] + "
         f"`num_detections` INT32 [1] out (2.4 kB). Main table: {main_text}. Each cell: p50 / p95 / p99, "
