@@ -378,9 +378,11 @@ class Servers:
     nginx_http: str
     nginx_grpc: str
     workdir: Path
+    # More nginx fronts by worker_processes (A/B of the rendered config's one knob that depends on the host).
+    extra: dict = dataclasses.field(default_factory=dict)
 
     def stop(self) -> None:
-        for p in (self.nginx, self.triton):
+        for p in (*(x[0] for x in self.extra.values()), self.nginx, self.triton):
             if p.poll() is None:
                 p.terminate()
                 try:
@@ -398,7 +400,13 @@ def free_port() -> int:
 
 
 def start_servers(
-    workdir: Path, specs, files: dict[str, bytes], nginx_bin: str, gpu_count: int, http_threads: int
+    workdir: Path,
+    specs,
+    files: dict[str, bytes],
+    nginx_bin: str,
+    gpu_count: int,
+    http_threads: int,
+    nginx_workers: tuple[str, ...] = (),
 ) -> Servers:
     repo = workdir / "models"
     for rel, content in files.items():
@@ -415,7 +423,7 @@ def start_servers(
     shutil.copy2(
         dist / "python_backend_stubs" / ver / "triton_python_backend_stub", backends / "triton_python_backend_stub"
     )
-    ports = {k: free_port() for k in ("http", "grpc", "metrics", "nginx_http", "nginx_grpc")}
+    ports = {k: free_port() for k in ("http", "grpc", "metrics")}
     opts = ServerOptions(
         model_repository=str(repo),
         http_port=ports["http"],
@@ -456,45 +464,55 @@ def start_servers(
         if time.monotonic() > deadline:
             raise TimeoutError((workdir / "triton.log").read_text(errors="replace")[-6000:])
         time.sleep(0.5)
+    nginx, nhttp, ngrpc = start_nginx(workdir / "nginx", nginx_bin, specs[0].name, ports["http"], ports["grpc"], "auto")
+    extra = {
+        w: start_nginx(workdir / f"nginx-{w}", nginx_bin, specs[0].name, ports["http"], ports["grpc"], w)
+        for w in nginx_workers
+    }
+    return Servers(triton, nginx, http, f"127.0.0.1:{ports['grpc']}", nhttp, ngrpc, workdir, extra)
+
+
+def start_nginx(prefix: Path, nginx_bin: str, model: str, http_port: int, grpc_port: int, workers: str):
+    """nginx with gpuhost's rendered config in front of Triton; returns (process, http URL, gRPC target)."""
+    listen_http, listen_grpc = free_port(), free_port()
     conf = render(
         NginxSpec(
-            default_model=specs[0].name,
+            default_model=model,
             listen_address="127.0.0.1",
-            listen_http=ports["nginx_http"],
-            listen_grpc=ports["nginx_grpc"],
-            upstream_http=f"127.0.0.1:{ports['http']}",
-            upstream_grpc=f"127.0.0.1:{ports['grpc']}",
-            prefix=str(workdir / "nginx"),
+            listen_http=listen_http,
+            listen_grpc=listen_grpc,
+            upstream_http=f"127.0.0.1:{http_port}",
+            upstream_grpc=f"127.0.0.1:{grpc_port}",
+            prefix=str(prefix),
             user="root" if os.geteuid() == 0 else None,
+            worker_processes=workers,
         )
     )
-    (workdir / "nginx").mkdir(exist_ok=True)
-    (workdir / "nginx" / "nginx.conf").write_text(conf)
+    prefix.mkdir(exist_ok=True)
+    (prefix / "nginx.conf").write_text(conf)
     ncmd = [
         nginx_bin,
         "-p",
-        str(workdir / "nginx"),
+        str(prefix),
         "-c",
-        str(workdir / "nginx" / "nginx.conf"),
+        str(prefix / "nginx.conf"),
         "-e",
-        str(workdir / "nginx" / "error.log"),
+        str(prefix / "error.log"),
         "-g",
         "daemon off;",
     ]
     t = subprocess.run([*ncmd[:-2], "-t"], capture_output=True, text=True)
     if t.returncode:
         raise RuntimeError(f"nginx -t failed: {t.stderr}")
-    nginx = subprocess.Popen(ncmd, stdout=subprocess.DEVNULL, stderr=subprocess.STDOUT, start_new_session=True)
-    nhttp = f"http://127.0.0.1:{ports['nginx_http']}"
+    proc = subprocess.Popen(ncmd, stdout=subprocess.DEVNULL, stderr=subprocess.STDOUT, start_new_session=True)
+    nhttp = f"http://127.0.0.1:{listen_http}"
     for _ in range(100):
         try:
             urllib.request.urlopen(nhttp + "/nginx-health", timeout=1)
             break
         except OSError:
             time.sleep(0.1)
-    return Servers(
-        triton, nginx, http, f"127.0.0.1:{ports['grpc']}", nhttp, f"127.0.0.1:{ports['nginx_grpc']}", workdir
-    )
+    return proc, nhttp, f"127.0.0.1:{listen_grpc}"
 
 
 # ---------------------------------------------------------------- the run
@@ -516,7 +534,7 @@ def measure(
     before = model_stats(s.http, model)
     with GpuSampler() as gpu:
         if proto == "http":
-            base = s.nginx_http if via == "nginx" else s.http
+            base = {"nginx": s.nginx_http, "direct": s.http}.get(via) or s.extra[via.removeprefix("nginx-w")][1]
             body, headers = loadgate.binary_request(
                 [("images", "UINT8", IMAGE_SHAPE, image)], [o.name for o in check.outputs]
             )
@@ -638,7 +656,8 @@ def run(args) -> dict:
         log(f"GPU floor: {results['gpu_floor']}")
     workdir = Path(tempfile.mkdtemp(prefix="gpuhost-gpu-bench-"))
     t0 = time.monotonic()
-    s = start_servers(workdir, specs, files, nginx_bin, gpu_count, args.http_threads)
+    workers = tuple(w for w in args.nginx_workers.split(",") if w)
+    s = start_servers(workdir, specs, files, nginx_bin, gpu_count, args.http_threads, workers)
     results["startup_s"] = round(time.monotonic() - t0, 1)
     results["triton"] = get_json(f"{s.http}/v2")
     results["model_config"] = get_json(f"{s.http}/v2/models/{specs[0].name}/config")
@@ -662,6 +681,9 @@ def run(args) -> dict:
         for c in conc:
             extra = f"yolov8n_i{n}_w{w}_b{b}"
             plan.append((f"instances {n} window {w} batch {b} nginx-http c={c}", extra, "nginx", "http", c))
+    for wk in workers:
+        for c in conc:
+            plan.append((f"nginx workers {wk} http c={c}", w0, f"nginx-w{wk}", "http", c))
     if args.compare_old_preset:
         for c in conc:
             plan.append((f"old preset nginx-http c={c}", "yolov8n_old_preset", "nginx", "http", c))
@@ -819,6 +841,19 @@ def table(results: dict) -> str:
                 p = _pt(results, f"instances {n} window {w} batch {b} nginx-http c={c}")
                 cells.append("–" if p is None else f"{_cell(p)}, batch {p['triton'].get('avg_batch')}")
             lines.append(f"| {n}, {w} µs, {b} | " + " | ".join(cells) + " |")
+    wks = [w for w in a.get("nginx_workers", "").split(",") if w]
+    if wks:
+        lines += [
+            "",
+            "nginx `worker_processes` (main model, HTTP, p50 / p95 / p99, images per s): auto ("
+            + str(results["machine"].get("cpus"))
+            + " workers): "
+            + "; ".join(f"c={c}: {_cell(_pt(results, f'nginx-http c={c}'))}" for c in conc)
+            + "".join(
+                f" | {w}: " + "; ".join(f"c={c}: {_cell(_pt(results, f'nginx workers {w} http c={c}'))}" for c in conc)
+                for w in wks
+            ),
+        ]
     if any(p["name"].startswith("old preset") for p in results["points"]):
         lines += [
             "",
@@ -898,6 +933,7 @@ def main(argv=None) -> int:
     ap.add_argument("--extra", default="", help="more models through nginx: instances:window:max_batch,...")
     ap.add_argument("--report-every", type=int, default=500, help="backend phase report every N executes")
     ap.add_argument("--compare-old-preset", action="store_true", help="also the H200 preset before issue 18")
+    ap.add_argument("--nginx-workers", default="", help="more nginx fronts with these worker_processes, e.g. 4,8")
     ap.add_argument("--nginx", default="")
     ap.add_argument("--cpu", action="store_true", help="KIND_CPU instances, FP32 (pipeline check without a GPU)")
     ap.add_argument("--quick", action="store_true", help="1 s per point, concurrency 1,4, windows 0,500")
