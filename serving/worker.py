@@ -87,6 +87,7 @@ class WorkerConfig:
     call_timeout_s: float = 30.0
     job_timeout_s: float = 60.0
     metrics_port: Optional[int] = None
+    models: tuple[str, ...] = ()  # probed for readiness from the start; models seen in jobs are added
     metrics_address: str = "127.0.0.1"
     policy: Policy = Policy()
 
@@ -94,6 +95,7 @@ class WorkerConfig:
     def from_dict(cls, d: dict[str, Any]) -> "WorkerConfig":
         d = dict(d)
         r = d.pop("redis", {})
+        d["models"] = tuple(d.get("models", ()))
         return cls(
             backends=tuple(BackendConfig(**b) for b in d.pop("backends")),
             redis_host=r.get("host", "127.0.0.1"),
@@ -196,7 +198,7 @@ class Worker:
         self.queue = JobQueue(self.r, cfg.queue)
         self.sched = Scheduler({b.name: b.weight for b in cfg.backends}, cfg.policy)
         self.backends = {b.name: backend_factory(b, cfg.call_timeout_s) for b in cfg.backends}
-        self.models = models or set()  # models whose queue time counts; learned from jobs when empty
+        self.models = set(models or cfg.models)  # models whose queue time counts; learned from jobs when empty
         self.stop = threading.Event()
         self._slots = threading.Semaphore(cfg.slots)
         self._free = cfg.slots

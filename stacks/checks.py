@@ -217,6 +217,40 @@ def fleet_problems(fleet: Fleet, unknown: frozenset[str] = frozenset()) -> list[
         for i, s in enumerate(fleet.services):
             if s.host == m.host and not s.vm and s.nginx_port in (m.prometheus_port, m.grafana_port):
                 out.append(f"fleet.services[{i}].nginx_port: {s.nginx_port} is taken by monitoring on {m.host}")
+    out += gateway_problems(fleet)
+    return out
+
+
+def gateway_problems(fleet: Fleet) -> list[str]:
+    """Seed 001 gateways: on a known host, in front of known services that share a model, ports apart."""
+    out: list[str] = []
+    hosts = [h.name for h in fleet.hosts]
+    services = {s.name: s for s in fleet.services}
+    names = [g.name for g in fleet.gateways]
+    for i, g in enumerate(fleet.gateways):
+        at = f"fleet.gateways[{i}]"
+        if names.index(g.name) != i:
+            out.append(f"{at}.name: {g.name!r} appears twice (gateway names are unique)")
+        if g.host not in hosts:
+            out.append(f"{at}.host: unknown host {g.host!r} (hosts: {', '.join(hosts) or 'none'})")
+        refs = [b.service for b in g.backends]
+        for j, b in enumerate(g.backends):
+            if b.service not in services:
+                out.append(
+                    f"{at}.backends[{j}].service: unknown service {b.service!r} "
+                    f"(services: {', '.join(services) or 'none'})"
+                )
+            elif refs.index(b.service) != j:
+                out.append(f"{at}.backends[{j}].service: {b.service!r} listed twice (one weight per backend)")
+        known = [services[r] for r in refs if r in services]
+        if known and not set.intersection(*({m.name for m in s.models} for s in known)):
+            out.append(f"{at}.backends: the services share no model, so no job could run on all of them")
+        if g.queue_ms_shift >= g.queue_ms_drain:
+            out.append(f"{at}.queue_ms_shift: must be below queue_ms_drain ({g.queue_ms_drain:g})")
+        if g.metrics_port <= g.redis_port < g.metrics_port + g.workers:
+            out.append(f"{at}.redis_port: {g.redis_port} collides with a worker metrics port")
+        if g.metrics_port + g.workers - 1 > 65535:
+            out.append(f"{at}.metrics_port: {g.workers} workers count up past port 65535")
     return out
 
 

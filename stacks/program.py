@@ -15,13 +15,15 @@ from typing import Optional
 from pulumi import ResourceOptions
 
 from access.ssh import HostSpec, JumpHost
+from components.inference_gateway import InferenceGateway, InferenceGatewayArgs
 from components.monitoring_stack import MonitoringStack, MonitoringStackArgs
 from components.passthrough_host import PassthroughHost, PassthroughHostArgs, host_spec
 from components.pinned_vm import PinnedVM, PinnedVMArgs
 from components.sriov_nic import SriovNic, SriovNicArgs
 from components.triton_service import TritonService, TritonServiceArgs
 from plans import placement as pl
-from plans.monitoring.model import HostTarget, MonitoringGraph, ServingSlo, TritonTarget
+from plans.gateway import GatewayBackend, GatewaySpec
+from plans.monitoring.model import GatewayTarget, HostTarget, MonitoringGraph, ServingSlo, TritonTarget
 from plans.triton_engine import EngineBuild, ShapeRange
 from plans.triton_repo import resnet50_fp16, sdxl, yolov8n, yolov8n_torch
 from plans.values import host_port
@@ -29,7 +31,7 @@ from providers.base import host_input
 from providers.mig import MigLayout
 from providers.tensorrt_engine import TensorRTEngine, engine_inputs
 from stacks.load import ConfigError
-from stacks.schema import Fleet, Host, Vm
+from stacks.schema import Fleet, Gateway, Host, Vm
 
 PRESETS = {"yolov8n": yolov8n, "yolov8n_torch": yolov8n_torch, "resnet50_fp16": resnet50_fp16, "sdxl": sdxl}
 
@@ -124,6 +126,37 @@ def guest_spec(h: Host, vm: Vm) -> Optional[HostSpec]:
         insecure_accept_unknown_host_key=vm.host_key is None and h.ssh.insecure_accept_unknown_host_key,
         jump=JumpHost(address=h.ssh.address, port=h.ssh.port, user=h.ssh.user, host_key=h.ssh.host_key),
     )
+
+
+def gateway_spec(fleet: Fleet, g: Gateway, guests: dict[tuple[str, str], HostSpec]) -> tuple[HostSpec, GatewaySpec]:
+    """Where a gateway runs and its backends resolved to the addresses their TritonServices run at."""
+    services = {s.name: s for s in fleet.services}
+    backends = []
+    for b in g.backends:
+        s = services[b.service]
+        where = guests.get((s.host, s.vm)) if s.vm else host_spec(next(x for x in fleet.hosts if x.name == s.host))
+        if where is None:
+            raise ConfigError([f"gateways: backend {s.name} runs in VM {s.vm} which has no address"])
+        # dcgm-exporter runs where the NVIDIA driver does: in the guests (MonitoringStack); its XID drains a backend.
+        dcgm = 9400 if fleet.monitoring and s.vm else None
+        backends.append(GatewayBackend(name=s.name, weight=b.weight, address=where.address, dcgm_port=dcgm))
+    models = set.intersection(*({m.name for m in services[b.service].models} for b in g.backends))
+    spec = GatewaySpec(
+        name=g.name,
+        backends=tuple(backends),
+        models=tuple(sorted(models)),
+        workers=g.workers,
+        slots=g.slots,
+        max_depth=g.max_depth,
+        redis_bind=g.redis_bind,
+        redis_port=g.redis_port,
+        metrics_port=g.metrics_port,
+        claim_idle_ms=g.claim_idle_ms,
+        ramp_s=g.ramp_s,
+        queue_ms_shift=g.queue_ms_shift,
+        queue_ms_drain=g.queue_ms_drain,
+    )
+    return host_spec(next(x for x in fleet.hosts if x.name == g.host)), spec
 
 
 def build(fleet: Fleet) -> dict:
@@ -265,6 +298,20 @@ def build(fleet: Fleet) -> dict:
         services.append(svc)
         exports["endpoints"][s.name] = f"http://{host_port(where.address, s.nginx_port)}"
 
+    gateways = []
+    by_service = dict(zip((s.name for s in fleet.services), services))
+    for g in fleet.gateways:
+        gw_host, gw_spec = gateway_spec(fleet, g, guests)
+        gateways.append(
+            InferenceGateway(
+                g.name,
+                InferenceGatewayArgs(host=gw_host, gateway=gw_spec),
+                ResourceOptions(depends_on=[hosts[g.host], *(by_service[b.service] for b in g.backends)]),
+            )
+        )
+        redis_at = gw_host.address if gw_spec.redis_bind in ("0.0.0.0", "::") else gw_spec.redis_bind
+        exports.setdefault("gateways", {})[g.name] = f"redis://{redis_at}:{gw_spec.redis_port}/0 on {g.host}"
+
     if fleet.monitoring:
         graph = MonitoringGraph(
             hosts=[HostTarget(name=h.name, address=h.ssh.address, role="host") for h in fleet.hosts],
@@ -285,6 +332,17 @@ def build(fleet: Fleet) -> dict:
                 )
                 for s in fleet.services
             ],
+            gateways=[
+                GatewayTarget(
+                    name=g.name,
+                    address=host_spec(next(x for x in fleet.hosts if x.name == g.host)).address,
+                    host=g.host,
+                    metrics_ports=tuple(range(g.metrics_port, g.metrics_port + g.workers)),
+                    p95_latency_s=g.slo_p95_s,
+                    max_depth=g.max_depth,
+                )
+                for g in fleet.gateways
+            ],
         )
         mon_host = host_spec(next(x for x in fleet.hosts if x.name == fleet.monitoring.host))
         machines = {h.name: host_spec(h) for h in fleet.hosts}
@@ -292,7 +350,7 @@ def build(fleet: Fleet) -> dict:
         mon = MonitoringStack(
             "monitoring",
             MonitoringStackArgs(graph=graph, monitoring_host=mon_host, machines=machines),
-            ResourceOptions(depends_on=services + list(vms.values())),
+            ResourceOptions(depends_on=services + gateways + list(vms.values())),
         )
         exports["grafana"] = mon.grafana_url
         exports["prometheus"] = mon.prometheus_url

@@ -359,9 +359,37 @@ class Rollout(Strict):
     max_parallel_reboots: int = Field(1, ge=1)
 
 
+class GatewayBackendRef(Strict):
+    service: str = Field(description="a services[].name; its Triton serves the gateway's models")
+    weight: float = Field(gt=0, description="share of the load by load-per-weight (seed 001: mig-a 3, vm-b 2)")
+
+
+class Gateway(Strict):
+    """Seed 001's request queue (Redis Stream) and scheduler in front of several TritonServices."""
+
+    name: str
+    host: str = Field(description="where Redis and the queue workers run")
+    backends: list[GatewayBackendRef] = Field(min_length=1)
+    workers: int = Field(2, ge=1, le=64, description="queue worker processes, one consumer each")
+    slots: int = Field(8, ge=1, le=1024, description="jobs in flight per worker")
+    max_depth: int = Field(1000, ge=1, description="queued + running jobs; more submits are refused (HTTP 429)")
+    redis_bind: str = Field("127.0.0.1", description="address Redis listens on (loopback: workers only)")
+    redis_port: int = Field(6379, ge=1, le=65535)
+    metrics_port: int = Field(9470, ge=1, le=65535, description="worker 0's; the next workers count up")
+    claim_idle_ms: int = Field(5000, ge=100, description="a job pending this long on a dead worker is reclaimed")
+    ramp_s: float = Field(10.0, ge=0, description="a backend back from a drain reaches full weight over this")
+    queue_ms_shift: float = Field(20.0, gt=0, description="Triton queue time where weight starts moving away")
+    queue_ms_drain: float = Field(100.0, gt=0, description="Triton queue time where the backend is drained")
+    slo_p95_s: float = Field(2.5, gt=0, description="end-to-end p95 including queueing (alert)")
+
+    _name = field_validator("name")(lambda cls, v: val.dns_label(v, "gateway name"))
+    _bind = _v(val.address, "redis_bind")
+
+
 class Fleet(Strict):
     hosts: list[Host]
     services: list[Service] = Field(default_factory=list)
+    gateways: list[Gateway] = Field(default_factory=list)
     monitoring: Optional[Monitoring] = None
     rollout: Rollout = Field(default_factory=Rollout)
 

@@ -126,6 +126,40 @@ class TritonTarget(BaseModel):
         return _check_name(v)
 
 
+class GatewayTarget(BaseModel):
+    """An InferenceGateway (seed 001's queue + scheduler): its workers' metrics endpoints and its latency SLO.
+
+    Args:
+      name: gateway name; becomes the `gateway` label.
+      host: the HostTarget name it runs on (label `host`).
+      metrics_ports: one per queue worker.
+      p95_latency_s: end-to-end p95 including queueing (seed 001: 2.5 s).
+      max_depth: the queue depth at which submits are refused; the backlog alert fires at `backlog_ratio` of it.
+    """
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+    name: str
+    address: str
+    host: str
+    metrics_ports: tuple[int, ...]
+    p95_latency_s: float = Field(2.5, gt=0)
+    p95_for: str = "5m"
+    max_depth: int = Field(1000, ge=1)
+    backlog_ratio: float = Field(0.8, gt=0, le=1)
+    backlog_for: str = "1m"
+    drained_for: str = "1m"
+
+    @field_validator("name")
+    @classmethod
+    def _name(cls, v: str) -> str:
+        return _check_name(v)
+
+    @field_validator("p95_for", "backlog_for", "drained_for")
+    @classmethod
+    def _durations(cls, v: str) -> str:
+        return _check_duration(v)
+
+
 class MonitoringGraph(BaseModel):
     """Every scrape target of the stack plus the global settings of the monitoring host."""
 
@@ -133,6 +167,7 @@ class MonitoringGraph(BaseModel):
     hosts: tuple[HostTarget, ...] = ()
     guests: tuple[HostTarget, ...] = ()
     services: tuple[TritonTarget, ...] = ()
+    gateways: tuple[GatewayTarget, ...] = ()
     gpu: GpuSlo = GpuSlo()
     scrape_interval: str = "15s"
     evaluation_interval: str = "15s"
@@ -160,6 +195,11 @@ class MonitoringGraph(BaseModel):
         for s in self.services:
             if s.host not in names:
                 raise ValueError(f"service {s.name!r} runs on unknown host {s.host!r}")
+        for g in self.gateways:
+            if g.host not in names:
+                raise ValueError(f"gateway {g.name!r} runs on unknown host {g.host!r}")
+        if len({g.name for g in self.gateways}) != len(self.gateways):
+            raise ValueError("gateway names must be unique")
         return self
 
     @property

@@ -19,6 +19,7 @@ from typing import Any
 
 import yaml
 
+from plans.monitoring import gateway
 from plans.monitoring.model import HostTarget, MonitoringGraph, tenant_label
 from plans.values import host_port
 
@@ -68,6 +69,7 @@ def scrape_jobs(graph: MonitoringGraph) -> list[dict[str, Any]]:
                 ],
             }
         )
+    jobs += gateway.scrape_job(graph)
     return jobs
 
 

@@ -32,6 +32,7 @@ from typing import Any
 
 import yaml
 
+from plans.monitoring import gateway
 from plans.monitoring.model import MonitoringGraph, TritonTarget, tenant_label
 from plans.monitoring.prometheus import JOB_DCGM, JOB_NODE, JOB_TRITON
 from plans.values import host_port
@@ -160,6 +161,7 @@ def rules(graph: MonitoringGraph) -> dict[str, Any]:
             *({"name": f"gpuhost-serving-{s.name}", "rules": service_alerts(s)} for s in graph.services),
             {"name": "gpuhost-gpu-alerts", "rules": gpu_alerts(graph)},
             {"name": "gpuhost-targets", "rules": target_alerts()},
+            *gateway.rule_groups(graph),
         ]
     }
 
@@ -336,6 +338,8 @@ def rule_tests(graph: MonitoringGraph, rules_file: str) -> dict[str, Any]:
     for s in graph.services:
         tests += _service_cases(s)
     tests += _gpu_cases(graph)
+    for g in graph.gateways:
+        tests += gateway.rule_tests(g)
     return {"rule_files": [rules_file], "evaluation_interval": "15s", "tests": tests}
 
 

@@ -85,20 +85,29 @@ def start_redis(workdir: Optional[Path] = None, *, ready_timeout: float = 15.0) 
     ]
     proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.STDOUT, start_new_session=True)
     h = RedisHandle(port=port, workdir=workdir, process=proc, log_path=log_path)
-    deadline = time.monotonic() + ready_timeout
+    try:
+        wait_ping(port, proc, ready_timeout)
+    except (RuntimeError, TimeoutError) as e:
+        h.stop()
+        raise type(e)(f"{e}\n{h.log()[-3000:]}") from None
+    return h
+
+
+def wait_ping(port: int, proc: subprocess.Popen, timeout: float = 15.0) -> None:
+    """Until a Redis on loopback `port` answers PING (raw socket: no client retries to wait through)."""
+    deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         if proc.poll() is not None:
-            raise RuntimeError(f"redis-server exited with {proc.returncode}:\n{h.log()[-3000:]}")
+            raise RuntimeError(f"redis-server exited with {proc.returncode}")
         try:
             with socket.create_connection(("127.0.0.1", port), timeout=1) as s:
                 s.sendall(b"PING\r\n")
                 if s.recv(64).startswith(b"+PONG"):
-                    return h
+                    return
         except OSError:
             pass
         time.sleep(0.05)
-    h.stop()
-    raise TimeoutError(f"redis-server not ready:\n{h.log()[-3000:]}")
+    raise TimeoutError(f"redis-server on port {port} not ready after {timeout}s")
 
 
 def redis_fixture(scope: Literal["session", "module", "function"] = "module"):

@@ -1,0 +1,87 @@
+"""InferenceGateway: seed 001's Redis Stream queue and weighted, health-aware queue workers on one host.
+
+Children (all named ``f"{name}-…"``, parented to the component):
+  * ``{name}-runtime``: HostRuntime: Debian's redis-server and python3-venv, a venv with the workers' pinned
+    requirements, and Debian's own ``redis-server.service`` stopped while the gateway's Redis holds port 6379
+    (delete puts all of it back as found);
+  * ``{name}-redis``: SystemdService ``gpuhost-gateway-redis.service`` with its redis.conf (AOF on, noeviction);
+  * ``{name}-worker-<i>``: SystemdService per queue worker (one consumer of the group, its own metrics port);
+    worker 0 also owns the serving package and worker.json, whose digest sits in every worker's unit file, so a
+    code or config change restarts them all.
+
+Usage::
+
+    InferenceGateway("sdxl-gen", InferenceGatewayArgs(host=spec, gateway=GatewaySpec(
+        name="sdxl-gen", models=("sdxl",), backends=(
+            GatewayBackend(name="sdxl-mig", weight=3, address="10.20.0.13"),
+            GatewayBackend(name="sdxl-4090", weight=2, address="10.20.4.11")))))
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Optional
+
+import pulumi
+from pydantic import BaseModel, ConfigDict
+
+from access.ssh import HostSpec
+from plans import gateway as gw
+from plans.host_runtime import Runtime
+from providers.base import host_input
+from providers.host_runtime import HostRuntime
+from providers.systemd_service import SystemdService
+
+SERVING_DIR = Path(__file__).resolve().parents[1] / "serving"
+
+
+def serving_code() -> dict[str, str]:
+    return {m: (SERVING_DIR / m).read_text() for m in gw.SERVING_MODULES}
+
+
+class InferenceGatewayArgs(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+    host: HostSpec
+    gateway: gw.GatewaySpec
+
+
+class InferenceGateway(pulumi.ComponentResource):
+    redis_url: pulumi.Output[str]
+    metrics_targets: pulumi.Output[list]
+
+    def __init__(self, name: str, args: InferenceGatewayArgs, opts: Optional[pulumi.ResourceOptions] = None):
+        super().__init__("gpuhost:serving:InferenceGateway", name, None, opts)
+        spec, host = args.gateway, host_input(args.host)
+        self.runtime = HostRuntime(
+            f"{name}-runtime",
+            {
+                "host": host,
+                "runtime": Runtime(
+                    packages=("redis-server", "python3-venv"),
+                    venv=spec.venv,
+                    requirements=gw.REQUIREMENTS,
+                    conflicts=("redis-server.service",) if spec.redis_port == 6379 else (),
+                ).model_dump(mode="json"),
+            },
+            opts=pulumi.ResourceOptions(parent=self),
+        )
+        self.redis = SystemdService(
+            f"{name}-redis",
+            {"host": host, "unit": gw.REDIS_UNIT, "files": gw.redis_files(spec)},
+            opts=pulumi.ResourceOptions(parent=self, depends_on=[self.runtime]),
+        )
+        shared = gw.shared_files(spec, serving_code())
+        self.workers: list[SystemdService] = []
+        for i in range(spec.workers):
+            after: list[pulumi.Resource] = [self.redis, *self.workers[:1]]
+            self.workers.append(
+                SystemdService(
+                    f"{name}-worker-{i}",
+                    {"host": host, "unit": gw.worker_unit_name(i), "files": gw.worker_files(spec, i, shared)},
+                    opts=pulumi.ResourceOptions(parent=self, depends_on=after),
+                )
+            )
+        where = args.host.address if spec.redis_bind in ("0.0.0.0", "::") else spec.redis_bind
+        self.redis_url = pulumi.Output.from_input(f"redis://{where}:{spec.redis_port}/0")
+        self.metrics_targets = pulumi.Output.from_input([f"{args.host.address}:{p}" for p in spec.metrics_ports])
+        self.register_outputs({"redis_url": self.redis_url, "metrics_targets": self.metrics_targets})
