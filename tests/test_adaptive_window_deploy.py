@@ -132,7 +132,8 @@ def test_mocked_program_deploys_the_controller_only_where_config_asks_for_it():
     cfg["gpuhost:fleet"] = json.dumps(fleet)
     rec = run_program(cfg, secret, stack="hk-prod")
     assert rec.duplicate_urns() == []
-    units = rec.of_type("pulumi-python:dynamic/host:SystemdService")
+    # (the stack's InferenceGateway runs its Redis and workers as SystemdServices too)
+    units = [u for u in rec.of_type("pulumi-python:dynamic/host:SystemdService") if u.inputs["unit"] == UNIT_NAME]
     assert sorted(u.name for u in units) == ["resnet-a10-adaptive-window", "resnet-rhel-adaptive-window"]
     for service, target in (("resnet-a10", "48"), ("resnet-rhel", "50")):
         children = _service_resources(rec, service)
