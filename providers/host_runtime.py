@@ -43,7 +43,7 @@ class HostRuntimeProvider(HostProvider):
     REPLACE_ON = ("host",)
     OUTPUT_ONLY = ("prior", "applied", "state")
 
-    def check(self, olds: dict, news: dict) -> CheckResult:
+    def check_known(self, olds: dict, news: dict) -> CheckResult:
         failures = self.check_host(news)
         try:
             news = {**news, "runtime": Runtime.model_validate(news.get("runtime") or {}).model_dump(mode="json")}
