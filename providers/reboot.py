@@ -102,11 +102,18 @@ def drain(conn, timeout: float) -> tuple[list[str], list[str]]:
     return names, left
 
 
-def restart(conn, names: list[str]) -> None:
-    running = set(running_domains(conn))
-    for n in names:
-        if n not in running:  # libvirt's autostart may have started it already
-            conn.run(sh("virsh", "start", n))
+def restart(conn, names: list[str], timeout: float = 120) -> None:
+    """Start the drained domains again. libvirtd (socket-activated) starts autostart domains itself when the first
+    client connects, possibly while we look: a failed `virsh start` counts only if the domain is still not running."""
+    deadline = time.monotonic() + timeout
+    left = [n for n in names if n not in set(running_domains(conn))]
+    while left:
+        for n in left:
+            conn.run(sh("virsh", "start", n), check=False)
+        time.sleep(2)
+        left = [n for n in names if n not in set(running_domains(conn))]
+        if left and time.monotonic() > deadline:
+            raise RuntimeError(f"domains drained for the reboot did not start again: {', '.join(left)}")
 
 
 class HostRebootProvider(HostProvider):
