@@ -38,6 +38,7 @@ def host_spec(h: Host) -> HostSpec:
         host_key=h.ssh.host_key,
         insecure_accept_unknown_host_key=h.ssh.insecure_accept_unknown_host_key,
         key_name=h.ssh.key_name,
+        connect_timeout=h.ssh.connect_timeout,
         jump=JumpHost(address=j.address, port=j.port, user=j.user, host_key=j.host_key) if j else None,
     )
 

@@ -85,6 +85,8 @@ class Ssh(Strict):
     insecure_accept_unknown_host_key: bool = False
     jump: Optional[Jump] = None
     key_name: str = "sshPrivateKey"
+    # Seconds to connect, authenticate and open a command channel (the emulated dev server under TCG needs more).
+    connect_timeout: float = Field(10.0, gt=0, le=600)
 
     _address = _v(val.address, "address")
     _user = _v(val.unix_user, "user")
