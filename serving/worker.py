@@ -111,7 +111,9 @@ class BackendDown(RuntimeError):
 
 
 class JobFailed(RuntimeError):
-    pass
+    def __init__(self, message: str, status: str = ""):
+        super().__init__(message)
+        self.status = status
 
 
 class TritonBackend:
@@ -146,7 +148,7 @@ class TritonBackend:
         except InferenceServerException as e:
             if (e.status() or "") in BACKEND_DOWN:
                 raise BackendDown(f"{self.cfg.name}: {e}") from None
-            raise JobFailed(f"{self.cfg.name}: {e}") from None
+            raise JobFailed(f"{self.cfg.name}: {e}", e.status() or "") from None
         out = res.get_response().outputs
         return {o.name: res.as_numpy(o.name) for o in out}
 
@@ -269,6 +271,13 @@ class Worker:
                 last_error = str(e)
                 continue
             except JobFailed as e:
+                if e.status == "StatusCode.NOT_FOUND" and job.model in self.cfg.models:
+                    # A model this gateway serves is not loaded there (unloaded, reloading): the backend's fault.
+                    self.sched.failed(name, time.monotonic())
+                    self.calls.inc(name, "model_not_ready")
+                    tried.add(name)
+                    last_error = str(e)
+                    continue
                 self.calls.inc(name, "job_error")
                 return self._result(job, "error", name, first_dispatch, 0.0, attempts, str(e))
             finally:

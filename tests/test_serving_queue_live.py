@@ -14,6 +14,7 @@ import subprocess
 import sys
 import threading
 import time
+import urllib.request
 from pathlib import Path
 
 import numpy as np
@@ -28,6 +29,7 @@ redis = pytest.importorskip("redis")
 ROOT = Path(__file__).resolve().parents[1]
 WEIGHTS = {"mig-a": 3, "vm-b": 2}
 BATCH_MS = 40
+EXPLICIT = ("--model-control-mode=explicit", "--load-model=*")
 
 redis_srv = redis_server.redis_fixture()
 
@@ -55,7 +57,8 @@ class Backends:
                 if h is not None:
                     h.stop()
                 work = self.base / name / f"work-{time.monotonic_ns()}"
-                self.handles[name] = start_triton(self.base / name / "models", workdir=work)
+                # Explicit model control: a test can unload a model to fail one backend's readiness.
+                self.handles[name] = start_triton(self.base / name / "models", workdir=work, extra_args=EXPLICIT)
         return self.handles
 
     def stop(self) -> None:
@@ -237,6 +240,68 @@ def test_backend_killed_share_moves_nothing_lost(tritons, r, workers):
     )
     assert moved_s < 5.0
     assert all(results[k].backend == "vm-b" for k in retried)
+
+
+def _model_control(handle, action: str) -> None:
+    req = urllib.request.Request(f"{handle.http_url}/v2/repository/models/gen/{action}", data=b"", method="POST")
+    urllib.request.urlopen(req, timeout=60).read()
+
+
+def test_unready_backend_drained_then_returns_gradually(tritons, r, workers):
+    """mig-a's model unloaded (readiness fails) and loaded again: drained within a second, back over ramp_s."""
+    handles = tritons.live()
+    q = _queue(r)
+    ramp_s = 4.0
+    for c in ("w1", "w2"):
+        workers(c, handles, models=["gen"], slots=8, policy={"ramp_s": ramp_s})
+    _wait_ready(q, 2)
+    _collect(q, {q.submit("gen", _input(i)): i for i in range(10)})
+    r.delete(q.cfg.stats_key)
+    rate, duration = 80.0, 40.0
+    submitted: dict[str, tuple[int, float]] = {}
+    marks: dict[str, float] = {}
+
+    def produce():
+        start = time.time()
+        i = 0
+        # until ramp_s + 3 s after mig-a is back (a model load takes a while on a busy machine)
+        while time.time() - start < duration and time.time() < marks.get("back", float("inf")) + ramp_s + 3:
+            submitted[q.submit("gen", _input(i))] = (i, time.time())
+            i += 1
+            time.sleep(max(0.0, start + i / rate - time.time()))
+
+    def control():
+        time.sleep(3.0)
+        marks["unload"] = time.time()
+        _model_control(handles["mig-a"], "unload")
+        time.sleep(3.0)
+        _model_control(handles["mig-a"], "load")
+        marks["back"] = time.time()
+
+    threads = [threading.Thread(target=produce), threading.Thread(target=control)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    results = _collect(q, {k: i for k, (i, _) in submitted.items()})
+    stats = q.stats()
+    assert stats["served:mig-a"] + stats["served:vm-b"] == len(submitted) and stats.get("duplicates", 0) == 0
+
+    def share(t0: float, t1: float) -> tuple[float, int]:
+        sel = [res.backend for k, res in results.items() if t0 <= submitted[k][1] < t1]
+        return (sel.count("mig-a") / len(sel) if sel else float("nan")), len(sel)
+
+    before = share(0, marks["unload"])
+    drained = share(marks["unload"] + 1.0, marks["back"] - 0.5)
+    first = share(marks["back"], marks["back"] + 1.0)
+    settled = share(marks["back"] + ramp_s + 0.5, float("inf"))
+    print(
+        f"mig-a share: before {before[0]:.2f} ({before[1]} jobs), drained {drained[0]:.2f} ({drained[1]}), "
+        f"first second back {first[0]:.2f} ({first[1]}), after the ramp {settled[0]:.2f} ({settled[1]})"
+    )
+    assert drained[0] == 0.0
+    assert first[0] < settled[0] - 0.15
+    assert settled[0] > 0.35
 
 
 def test_worker_killed_mid_job_reclaimed_once(tritons, r, workers):
