@@ -22,7 +22,7 @@ from typing import Optional
 
 import pulumi
 import pulumi_docker as docker
-from pydantic import BaseModel, ConfigDict, model_validator
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from access.ssh import HostSpec
 from plans.monitoring import dcgm, grafana, prometheus, rules
@@ -52,6 +52,8 @@ class MonitoringStackArgs(BaseModel):
     promtool: str = "promtool"
     # Prometheus and Grafana listen here on the monitoring host (loopback: reach them through an SSH tunnel).
     listen_address: str = "127.0.0.1"
+    prometheus_port: int = Field(9090, ge=1, le=65535)
+    grafana_port: int = Field(3000, ge=1, le=65535)
 
     @model_validator(mode="after")
     def _every_machine_reachable(self) -> "MonitoringStackArgs":
@@ -83,7 +85,7 @@ class MonitoringStack(pulumi.ComponentResource):
         graph = args.graph.model_copy(
             update={
                 "rules_path": "/etc/prometheus/rules/gpuhost.rules.yml",
-                "self_address": f"{args.listen_address}:9090",
+                "self_address": f"{args.listen_address}:{args.prometheus_port}",
             }
         )
 
@@ -151,7 +153,7 @@ class MonitoringStack(pulumi.ComponentResource):
         cfg_path = f"{args.config_dir}/prometheus.yml"
         rules_host_path = f"{args.config_dir}/rules/gpuhost.rules.yml"
         dashboards_dir = "/var/lib/grafana/dashboards/gpuhost"  # container view of grafana_dir/dashboards
-        prom_url = f"http://{args.listen_address}:9090"
+        prom_url = f"http://{args.listen_address}:{args.prometheus_port}"
         prov = grafana.provisioning_files(graph, prometheus_url=prom_url, dashboards_dir=dashboards_dir)
         files = {cfg_path: prometheus.render_config(graph), rules_host_path: rules.render_rules(graph)}
         for rel, text in prov.items():
@@ -189,7 +191,7 @@ class MonitoringStack(pulumi.ComponentResource):
             command=[
                 "--config.file=/etc/prometheus/prometheus.yml",
                 "--storage.tsdb.path=/prometheus",
-                f"--web.listen-address={args.listen_address}:9090",
+                f"--web.listen-address={args.listen_address}:{args.prometheus_port}",
                 "--web.enable-lifecycle",
             ],
             volumes=[
@@ -211,7 +213,11 @@ class MonitoringStack(pulumi.ComponentResource):
             name="gpuhost-grafana",
             network_mode="host",
             restart="unless-stopped",
-            envs=[f"GF_SERVER_HTTP_ADDR={args.listen_address}", "GF_PATHS_PROVISIONING=/etc/grafana/provisioning"],
+            envs=[
+                f"GF_SERVER_HTTP_ADDR={args.listen_address}",
+                f"GF_SERVER_HTTP_PORT={args.grafana_port}",
+                "GF_PATHS_PROVISIONING=/etc/grafana/provisioning",
+            ],
             volumes=[
                 docker.ContainerVolumeArgs(
                     host_path=f"{args.grafana_dir}/provisioning",
@@ -227,8 +233,8 @@ class MonitoringStack(pulumi.ComponentResource):
             opts=after_files,
         )
 
-        self.prometheus_url = pulumi.Output.from_input(f"http://{args.listen_address}:9090")
-        self.grafana_url = pulumi.Output.from_input(f"http://{args.listen_address}:3000")
+        self.prometheus_url = pulumi.Output.from_input(prom_url)
+        self.grafana_url = pulumi.Output.from_input(f"http://{args.listen_address}:{args.grafana_port}")
         self.register_outputs(
             {
                 "prometheus_url": self.prometheus_url,

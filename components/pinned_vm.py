@@ -54,6 +54,9 @@ class PinnedVMArgs(BaseModel):
     capacity_gib: int = Field(40, gt=0)
     cloud_init: Optional[CloudInit] = None
     network: Optional[str] = "default"
+    # A host bridge instead of the libvirt network (the guest's static address comes from cloud_init.network).
+    bridge: Optional[str] = None
+    mac: Optional[str] = None
     consumer_card: bool = False
     domain_type: Literal["kvm", "qemu", "test"] = "kvm"
     cpu_mode: Literal["host-passthrough", "maximum"] = "host-passthrough"
@@ -74,7 +77,9 @@ class PinnedVMArgs(BaseModel):
             nvram_template=self.nvram_template,
             disk=f"{self.disk_dir.rstrip('/')}/{name}.qcow2",
             seed_iso=f"{self.disk_dir.rstrip('/')}/{name}-seed.iso" if self.cloud_init else None,
-            network=self.network,
+            network=None if self.bridge else self.network,
+            bridge=self.bridge,
+            mac=self.mac,
             gpus=self.gpus,
             vfs=self.vfs,
             hide_kvm=self.consumer_card,

@@ -1,28 +1,36 @@
-"""TritonService: model repository → Triton (Docker or systemd+numactl) → nginx → acceptance gate, on one guest.
+"""TritonService: snapshot → model artifacts → TensorRT engines → model repository → Triton (Docker or
+systemd+numactl, started) → nginx (installed, `nginx -t` on the target, reloaded) → one acceptance gate per model.
 
 Children (all named ``f"{name}-…"``, parented to the component):
-  * ``{name}-models``: TritonModelRepository (config.pbtxt per model, validated; presets applied per GPU);
-  * Docker runtime: ``{name}-docker`` provider at ``ssh://user@guest``, ``{name}-triton-image``
-    (pinned NGC image), ``{name}-triton`` container (ports 8000/8001/8002, device requests, shm, restart,
-    MPS env); or process runtime: ``{name}-triton-unit`` (systemd unit file, numactl-bound);
-  * ``{name}-nginx-conf``: nginx.conf for the front;
-  * ``{name}-gate``: AcceptanceGate through nginx, re-run when the repository or runtime changes.
+  * ``{name}-snapshot``: ServingSnapshot (what the guest served before this deploy; a failed gate restores it);
+  * ``{name}-{model}-artifact``: ModelArtifact per artifact (ONNX or model.py from a URL or path, sha256-checked);
+  * ``{name}-{model}-engine``: TensorRTEngine per TensorRT model (after its ONNX arrived);
+  * ``{name}-models``: TritonModelRepository (config.pbtxt per model, validated; ``.gpuhost-digest`` marker);
+  * Docker runtime: ``{name}-docker`` provider at ``ssh://user@guest``, ``{name}-triton-image`` (pinned image),
+    ``{name}-triton`` container (ports 8000/8001/8002, GPUs or MIG UUIDs, shm, restart, MPS env); or process
+    runtime: ``{name}-triton-unit`` (systemd unit, numactl-bound to the GPU's node) and ``{name}-triton-service``
+    (enabled, restarted on every repository or unit change);
+  * ``{name}-nginx-pkg``, ``{name}-nginx-conf``, ``{name}-nginx``: nginx installed, its config, checked and
+    reloaded;
+  * ``{name}-{model}-gate``: AcceptanceGate through nginx per model, chained so their loads never overlap.
 
 Usage::
 
     TritonService("gpu-a-serving", TritonServiceArgs(host=spec, gpu_model="NVIDIA H200", gpu_count=1,
-                  models=[yolov8n()], endpoint="http://10.0.0.5:80", slo_p95_ms=8.0))
+                  models=[yolov8n()], endpoint="http://10.0.0.5:80", slo_p95_ms=8.0,
+                  artifacts=[ArtifactSpec(model="yolov8n", dest="/srv/onnx/yolov8n.onnx", sha256="…", url="…")]))
 """
 
 from __future__ import annotations
 
 import hashlib
+import json
 from pathlib import Path
-from typing import Literal, Optional
+from typing import Any, Literal, Optional
 
 import pulumi
 import pulumi_docker as docker
-from pydantic import BaseModel, ConfigDict
+from pydantic import BaseModel, ConfigDict, Field
 
 from access.ssh import HostSpec
 from plans.adaptive_window import SCRIPT_PATH as WINDOW_SCRIPT_PATH
@@ -32,9 +40,10 @@ from plans.adaptive_window import AdaptiveWindow, controller_unit, with_flags
 from plans.adaptive_window import server_flags as window_server_flags
 from plans.nginx import NginxSpec
 from plans.nginx import render as render_nginx
-from plans.presets import apply_preset, mps_environment, preset_for
+from plans.presets import apply_preset
+from plans.triton_engine import EngineBuild
 from plans.triton_model import ModelSpec
-from plans.triton_repo import repository_files
+from plans.triton_repo import repository_digest, repository_files
 from plans.triton_runtime import (
     DockerRuntime,
     ProcessRuntime,
@@ -46,14 +55,29 @@ from plans.triton_runtime import (
 )
 from providers.base import host_input
 from providers.managed_file import ManagedFile
+from providers.model_artifact import ModelArtifact
+from providers.service_state import ServiceState, SystemPackages
+from providers.serving_snapshot import MARKER, ServingSnapshot
 from providers.systemd_service import SystemdService
+from providers.tensorrt_engine import TensorRTEngine, engine_inputs
 from providers.triton_gate import AcceptanceGate
 from providers.triton_repository import TritonModelRepository, repository_inputs
-from serving.loadgate import DTYPE_BYTES
+from serving.kserve import signature
 from serving.models import yolov8n_files
 
+UNIT_PATH = "/etc/systemd/system/gpuhost-triton.service"
 ADAPTIVE_WINDOW_PY = Path(__file__).resolve().parents[1] / "serving" / "adaptive_window.py"
-STANDIN_MODEL_PY = Path(__file__).resolve().parents[1] / "serving" / "standin_model.py"
+
+
+class ArtifactSpec(BaseModel):
+    """A model file delivered to the guest: `url` fetched there or `path` uploaded from here, sha256-checked."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+    model: str
+    dest: str
+    sha256: str = Field(pattern=r"^[0-9a-f]{64}$")
+    url: Optional[str] = None
+    path: Optional[str] = None
 
 
 class TritonServiceArgs(BaseModel):
@@ -67,18 +91,37 @@ class TritonServiceArgs(BaseModel):
     runtime: Literal["docker", "process"] = "docker"
     docker: DockerRuntime = DockerRuntime()
     process: ProcessRuntime = ProcessRuntime()
+    # tritonserver's own options (backend directory, extra flags); repository and ports are set per runtime.
+    server: ServerOptions = ServerOptions()
+    # GPU devices Triton gets, known only once MIG is laid out (an Output of MIG UUIDs); None: docker.gpus.
+    devices: Optional[Any] = None
+    # CUDA_MPS_ACTIVE_THREAD_PERCENTAGE of this Triton when the guest runs MPS (vms[].mps).
+    mps_percentage: Optional[int] = Field(None, ge=1, le=100)
+    artifacts: list[ArtifactSpec] = []
+    engines: list[EngineBuild] = []
     nginx_conf_path: str = "/etc/nginx/nginx.conf"
     nginx_listen: int = 80
+    # Install, check and reload nginx on the target (off for a test that runs its own nginx).
+    manage_nginx: bool = True
+    # An offline target (no network): install nginx from the .debs in this directory on the target.
+    nginx_debs_dir: Optional[str] = None
     # Where the gate reaches nginx from the Pulumi host; None skips the gate.
     endpoint: Optional[str] = None
+    # Gate only this model (default: one gate per model).
     gate_model: Optional[str] = None
-    # (input, shape with batch, datatype); None: the gate model's first input, batch 1, sent as raw bytes.
-    gate_input: Optional[tuple[str, list[int], str]] = None
     gate_concurrency: int = 8
     gate_duration_s: float = 30.0
     gate_max_requests: int = 200_000
+    gate_rate: Optional[float] = None
     slo_p95_ms: Optional[float] = 8.0  # seed 000: p95 < 8 ms (640×640 detection)
-    model_py: Optional[str] = None  # python-backend model code; default: the stand-in
+    slo_p99_ms: Optional[float] = None
+    slo_max_error_rate: float = 0.0
+    slo_min_rps: Optional[float] = None
+    gate_ready_timeout_s: float = 300
+    gate_request_timeout_s: float = 30
+    # python-backend model code shipped inline (tests); production python models come as artifacts.
+    model_py: Optional[str] = None
+    snapshot_dir: str = "/var/lib/gpuhost/serving"
     # Seed 004's adaptive batching window: a controller unit beside Triton, which then runs with explicit model
     # control and latency summaries.
     adaptive_window: Optional[AdaptiveWindow] = None
@@ -94,15 +137,25 @@ def adaptive_window_flags(args: TritonServiceArgs, specs: list[ModelSpec]) -> li
     return window_server_flags()
 
 
-def gate_input(spec: ModelSpec) -> tuple[str, list[int], str]:
-    """The gate's request for ``spec``: its first input, one item (variable dims as 1), its datatype."""
-    t = spec.inputs[0]
-    dims = [1 if d < 0 else d for d in t.dims]
-    return t.name, ([1, *dims] if spec.max_batch_size > 0 else dims), t.data_type
-
-
 def _specs(args: TritonServiceArgs) -> list[ModelSpec]:
     return [apply_preset(m, args.gpu_model) if args.use_presets else m for m in args.models]
+
+
+def gate_signature(spec: ModelSpec) -> dict:
+    """The gate's request signature from the model's own config (a batch of one)."""
+    return signature([t.model_dump() for t in spec.inputs], [t.model_dump() for t in spec.outputs], spec.max_batch_size)
+
+
+def _mps_env(pct: Optional[int]) -> dict[str, str]:
+    if pct is None:
+        return {}
+    from plans.guest_bootstrap import MPS_LOG, MPS_PIPE
+
+    return {
+        "CUDA_MPS_PIPE_DIRECTORY": MPS_PIPE,
+        "CUDA_MPS_LOG_DIRECTORY": MPS_LOG,
+        "CUDA_MPS_ACTIVE_THREAD_PERCENTAGE": str(pct),
+    }
 
 
 class TritonService(pulumi.ComponentResource):
@@ -110,42 +163,132 @@ class TritonService(pulumi.ComponentResource):
         super().__init__("gpuhost:serving:TritonService", name, None, opts)
         child = pulumi.ResourceOptions(parent=self)
         specs = _specs(args)
-        model_py = args.model_py.encode() if args.model_py is not None else STANDIN_MODEL_PY.read_bytes()
-        # Python models that name their code (``model_code``) ship it instead of the stand-in (yolov8n_torch).
+        # Python models that name their code (``model_code``) ship it from this repository (yolov8n_torch).
         code = {
             k: v
             for m in specs
             if m.parameters.get("model_code") == "yolov8n"
             for k, v in yolov8n_files(m.name, m.version).items()
         }
-        files = repository_files(specs, gpu_count=args.gpu_count, model_py=model_py, model_files=code)
-        repo_inputs = repository_inputs(files)
-        self.repository = TritonModelRepository(
-            f"{name}-models", {"host": host_input(args.host), "root": args.repository_root, **repo_inputs}, opts=child
+        shipped = {a.dest for a in args.artifacts} | {f"{args.repository_root}/{k}" for k in code}
+        for s in specs:
+            py = f"{args.repository_root}/{s.name}/{s.version}/model.py"
+            if s.platform == "python" and args.model_py is None and py not in shipped:
+                raise ValueError(
+                    f"{name}: python model {s.name!r} has no model.py: give it an artifact "
+                    f"(dest {py}); gpuhost ships no stand-in"
+                )
+        files = repository_files(
+            specs,
+            gpu_count=args.gpu_count,
+            model_py=args.model_py.encode() if args.model_py is not None else None,
+            model_files=code,
         )
+        digest = repository_digest(files)
+        files[MARKER] = digest.encode()
+        repo_inputs = repository_inputs(files)
+        host = host_input(args.host)
 
+        # -- server definition (pure) -----------------------------------------------------------------------------
+        env = _mps_env(args.mps_percentage)
         window_flags = adaptive_window_flags(args, specs)
-        preset = preset_for(args.gpu_model)
-        env = mps_environment(preset, 0)
         if args.runtime == "docker":
-            srv_args = with_flags(server_args(ServerOptions(model_repository="/models"), specs), window_flags)
+            srv_args = with_flags(
+                server_args(args.server.model_copy(update={"model_repository": "/models"}), specs), window_flags
+            )
             rt = args.docker.model_copy(
                 update={"host_repository": args.repository_root, "env": {**env, **args.docker.env}}
             )
             c = container_spec(rt, srv_args)
+            runtime_id = hashlib.sha256(json.dumps(c, sort_keys=True).encode()).hexdigest()
+            server_files: list[str] = []
+            restart = [["docker", "restart", c["name"]]]
+        else:
+            srv_args = with_flags(
+                server_args(args.server.model_copy(update={"model_repository": args.repository_root}), specs),
+                window_flags,
+            )
+            rt_p = args.process.model_copy(update={"env": {**env, **args.process.env}})
+            unit = systemd_unit(rt_p, srv_args)
+            runtime_id = hashlib.sha256(unit.encode()).hexdigest()
+            server_files = [UNIT_PATH]
+            restart = [["systemctl", "daemon-reload"], ["systemctl", "restart", "gpuhost-triton"]]
+        nginx_text = render_nginx(NginxSpec(default_model=specs[0].name, listen_http=args.nginx_listen))
+        if args.manage_nginx:
+            server_files.append(args.nginx_conf_path)
+            restart.append(["systemctl", "reload-or-restart", "nginx"])
+
+        # -- snapshot of what serves now, before anything below changes it ----------------------------------------
+        deploy_id = hashlib.sha256(
+            json.dumps(
+                {
+                    "repo": digest,
+                    "runtime": runtime_id,
+                    "nginx": nginx_text,
+                    "artifacts": [a.model_dump() for a in args.artifacts],
+                    "engines": [e.model_dump(mode="json") for e in args.engines],
+                },
+                sort_keys=True,
+            ).encode()
+        ).hexdigest()
+        rollback = {
+            "host": host,
+            "root": args.repository_root,
+            "snapshot": f"{args.snapshot_dir}/{name}",
+            "files": server_files,
+            "restart": restart,
+        }
+        self.snapshot = ServingSnapshot(f"{name}-snapshot", {**rollback, "trigger": deploy_id}, opts=child)
+        after_snapshot = pulumi.ResourceOptions(parent=self, depends_on=[self.snapshot])
+
+        # -- model artifacts, engines, repository -----------------------------------------------------------------
+        self.artifacts = {
+            a.model + ":" + a.dest: ModelArtifact(
+                f"{name}-{a.model}-artifact",
+                {"host": host, "dest": a.dest, "sha256": a.sha256, "url": a.url, "path": a.path},
+                opts=after_snapshot,
+            )
+            for a in args.artifacts
+        }
+        self.engines = []
+        for b in args.engines:
+            mine = [r for k, r in self.artifacts.items() if k.split(":", 1)[1] == b.onnx_path]
+            self.engines.append(
+                TensorRTEngine(
+                    f"{name}-{b.model}-engine",
+                    {"host": host, **engine_inputs(b)},
+                    pulumi.ResourceOptions(parent=self, depends_on=[self.snapshot, *mine]),
+                )
+            )
+        self.repository = TritonModelRepository(
+            f"{name}-models",
+            {"host": host, "root": args.repository_root, **repo_inputs},
+            opts=pulumi.ResourceOptions(
+                parent=self, depends_on=[self.snapshot, *self.artifacts.values(), *self.engines]
+            ),
+        )
+
+        # -- Triton -----------------------------------------------------------------------------------------------
+        if args.runtime == "docker":
             engine = docker.Provider(
                 f"{name}-docker", host=docker_host(args.host.user, args.host.address, args.host.port), opts=child
             )
             on_engine = pulumi.ResourceOptions(parent=self, provider=engine)
             image = docker.RemoteImage(f"{name}-triton-image", name=rt.image, keep_locally=True, opts=on_engine)
+            devices = (
+                pulumi.Output.from_input(args.devices)
+                if args.devices is not None
+                else pulumi.Output.from_input(list(rt.gpus))
+            )
+            # docker's --gpus syntax: "all" or "device=<index|GPU-uuid|MIG-uuid>,...".
+            gpus = devices.apply(lambda ids: "all" if list(ids or ["all"]) == ["all"] else "device=" + ",".join(ids))
             self.server = docker.Container(
                 f"{name}-triton",
                 name=c["name"],
                 image=image.image_id,
                 command=c["command"],
                 ports=[docker.ContainerPortArgs(**p) for p in c["ports"]],
-                # docker's --gpus syntax: "all" or "device=<index|GPU-uuid|MIG-uuid>,...".
-                gpus="all" if rt.gpus == ["all"] else "device=" + ",".join(rt.gpus),
+                gpus=gpus,
                 shm_size=c["shm_size"],
                 restart=c["restart"],
                 envs=c["envs"],
@@ -154,43 +297,67 @@ class TritonService(pulumi.ComponentResource):
                 volumes=[docker.ContainerVolumeArgs(**v) for v in c["volumes"]],
                 # A repository change restarts Triton through this label.
                 labels=[
-                    docker.ContainerLabelArgs(label="gpuhost.repository-digest", value=repo_inputs["digest"]),
-                    docker.ContainerLabelArgs(label="gpuhost.gpus", value=",".join(rt.gpus)),
+                    docker.ContainerLabelArgs(label="gpuhost.repository-digest", value=digest),
+                    docker.ContainerLabelArgs(
+                        label="gpuhost.gpus", value=devices.apply(lambda ids: ",".join(ids or []))
+                    ),
                 ],
                 opts=pulumi.ResourceOptions(parent=self, provider=engine, depends_on=[self.repository]),
             )
-            runtime_id = c["image"]
+            started: list[pulumi.Resource] = [self.server]
+            server_defs: list[pulumi.Resource] = []
         else:
-            srv_args = with_flags(
-                server_args(ServerOptions(model_repository=args.repository_root), specs), window_flags
-            )
-            rt = args.process.model_copy(update={"env": {**env, **args.process.env}})
-            unit = systemd_unit(rt, srv_args)
-            self.server = ManagedFile(
+            self.unit = ManagedFile(
                 f"{name}-triton-unit",
+                {"host": host, "path": UNIT_PATH, "content": unit, "mode": "0644", "owner": "root:root"},
+                opts=after_snapshot,
+            )
+            self.server = ServiceState(
+                f"{name}-triton-service",
                 {
-                    "host": host_input(args.host),
-                    "path": "/etc/systemd/system/gpuhost-triton.service",
-                    "content": unit,
+                    "host": host,
+                    "unit": "gpuhost-triton",
+                    "action": "restart",
+                    "user": rt_p.user,
+                    "check": [rt_p.numactl, "--hardware"] if rt_p.numa_node is not None else [],
+                    "trigger": f"{digest}:{runtime_id}",
+                },
+                opts=pulumi.ResourceOptions(parent=self, depends_on=[self.repository, self.unit]),
+            )
+            started = [self.server]
+            server_defs = [self.unit]
+
+        # -- nginx ------------------------------------------------------------------------------------------------
+        self.nginx_conf = None
+        if args.manage_nginx:
+            pkgs = SystemPackages(
+                f"{name}-nginx-pkg",
+                {"host": host, "packages": ["nginx"], "debs_dir": args.nginx_debs_dir},
+                opts=after_snapshot,
+            )
+            self.nginx_conf = ManagedFile(
+                f"{name}-nginx-conf",
+                {
+                    "host": host,
+                    "path": args.nginx_conf_path,
+                    "content": nginx_text,
                     "mode": "0644",
                     "owner": "root:root",
                 },
-                opts=pulumi.ResourceOptions(parent=self, depends_on=[self.repository]),
+                opts=pulumi.ResourceOptions(parent=self, depends_on=[pkgs]),
             )
-            runtime_id = hashlib.sha256(unit.encode()).hexdigest()
-
-        default_model = args.gate_model or specs[0].name
-        self.nginx_conf = ManagedFile(
-            f"{name}-nginx-conf",
-            {
-                "host": host_input(args.host),
-                "path": args.nginx_conf_path,
-                "content": render_nginx(NginxSpec(default_model=default_model, listen_http=args.nginx_listen)),
-                "mode": "0644",
-                "owner": "root:root",
-            },
-            opts=child,
-        )
+            nginx = ServiceState(
+                f"{name}-nginx",
+                {
+                    "host": host,
+                    "unit": "nginx",
+                    "action": "reload",
+                    "check": ["nginx", "-t", "-c", args.nginx_conf_path],
+                    "trigger": hashlib.sha256(nginx_text.encode()).hexdigest(),
+                },
+                opts=pulumi.ResourceOptions(parent=self, depends_on=[self.nginx_conf]),
+            )
+            started.append(nginx)
 
         self.adaptive_window = None
         if args.adaptive_window:
@@ -204,38 +371,55 @@ class TritonService(pulumi.ComponentResource):
             self.adaptive_window = SystemdService(
                 f"{name}-adaptive-window",
                 {
-                    "host": host_input(args.host),
+                    "host": host,
                     "unit": WINDOW_UNIT_NAME,
                     "files": {WINDOW_UNIT_PATH: unit_text, WINDOW_SCRIPT_PATH: ADAPTIVE_WINDOW_PY.read_text()},
                 },
-                opts=pulumi.ResourceOptions(parent=self, depends_on=[self.server]),
+                # After Triton is defined and started (the unit file, then the running service, in the process
+                # runtime).
+                opts=pulumi.ResourceOptions(parent=self, depends_on=[*server_defs, self.server]),
             )
 
-        self.gate = None
+        # -- one gate per model, one after the other --------------------------------------------------------------
+        self.gates: list[AcceptanceGate] = []
         if args.endpoint:
-            input_name, shape, dtype = args.gate_input or gate_input(next(m for m in specs if m.name == default_model))
-            self.gate = AcceptanceGate(
-                f"{name}-gate",
-                {
-                    "url": args.endpoint,
-                    "models": [s.name for s in specs],
-                    "model": default_model,
-                    "bodySpec": {
-                        "input": input_name,
-                        "shape": list(shape),
-                        "datatype": dtype,
-                        "binary": dtype in DTYPE_BYTES,
-                    },
-                    "concurrency": args.gate_concurrency,
-                    "durationS": args.gate_duration_s,
-                    "maxRequests": args.gate_max_requests,
-                    "p95Ms": args.slo_p95_ms,
-                    "maxErrorRate": 0.0,
-                    "trigger": f"{repo_inputs['digest']}:{runtime_id}",
-                },
-                opts=pulumi.ResourceOptions(parent=self, depends_on=[self.server, self.nginx_conf]),
-            )
+            names = [s.name for s in specs]
+            for s in specs:
+                if args.gate_model and s.name != args.gate_model:
+                    continue
+                self.gates.append(
+                    AcceptanceGate(
+                        f"{name}-{s.name}-gate",
+                        {
+                            "url": args.endpoint,
+                            "models": names,
+                            "model": s.name,
+                            "request": gate_signature(s),
+                            "concurrency": args.gate_concurrency,
+                            "durationS": args.gate_duration_s,
+                            "maxRequests": args.gate_max_requests,
+                            "rate": args.gate_rate,
+                            "p95Ms": args.slo_p95_ms,
+                            "p99Ms": args.slo_p99_ms,
+                            "maxErrorRate": args.slo_max_error_rate,
+                            "minRps": args.slo_min_rps,
+                            "readyTimeoutS": args.gate_ready_timeout_s,
+                            "requestTimeoutS": args.gate_request_timeout_s,
+                            "rollback": rollback,
+                            "expectDigest": digest,
+                            "trigger": f"{digest}:{runtime_id}:{deploy_id}",
+                        },
+                        opts=pulumi.ResourceOptions(parent=self, depends_on=[*started, *self.gates[-1:]]),
+                    )
+                )
+        self.gate = self.gates[0] if self.gates else None
 
-        self.repository_digest = pulumi.Output.from_input(repo_inputs["digest"])
-        self.gate_result = self.gate.result if self.gate else pulumi.Output.from_input(None)
+        self.repository_digest = pulumi.Output.from_input(digest)
+        self.gate_result = (
+            pulumi.Output.all(*[g.result for g in self.gates]).apply(
+                lambda rs: dict(zip([s.name for s in specs if not args.gate_model or s.name == args.gate_model], rs))
+            )
+            if self.gates
+            else pulumi.Output.from_input(None)
+        )
         self.register_outputs({"repositoryDigest": self.repository_digest, "gateResult": self.gate_result})

@@ -61,6 +61,8 @@ class DomainSpec(BaseModel):
         disk: the VM's qcow2 overlay path; seed_iso: the cloud-init NoCloud ISO path.
         kernel / initrd / cmdline: optional direct kernel boot (a tiny guest for tests).
         network: libvirt network for a virtio NIC (None: no NIC).
+        bridge: a host bridge for the virtio NIC instead (seed 002: the tenant's own address on the fabric);
+            mac: its MAC address, so cloud-init's static address lands on this NIC and not on a VF.
         console_log: write the serial console to this file on the host (None: a pty for `virsh console`).
         gpus: every function of every GPU (e.g. VGA and HDA); vfs: SR-IOV VFs.
         hide_kvm / hv_vendor_id: hide the hypervisor from consumer-card drivers (seed 001, 4090).
@@ -89,6 +91,8 @@ class DomainSpec(BaseModel):
     initrd: Optional[str] = None
     cmdline: Optional[str] = None
     network: Optional[str] = None
+    bridge: Optional[str] = Field(None, pattern=r"^[A-Za-z0-9_.:-]{1,15}$")
+    mac: Optional[str] = Field(None, pattern=r"^([0-9a-f]{2}:){5}[0-9a-f]{2}$")
     console_log: Optional[str] = None
     gpus: tuple[str, ...] = ()
     vfs: tuple[str, ...] = ()
@@ -239,7 +243,13 @@ def render_element(spec: DomainSpec, uuid: Optional[str] = None) -> ET.Element:
         _sub(cd, "source", file=spec.seed_iso)
         _sub(cd, "target", dev="sda", bus="sata")
         _sub(cd, "readonly")
-    if spec.network:
+    if spec.bridge:
+        nic = _sub(dev, "interface", type="bridge")
+        if spec.mac:
+            _sub(nic, "mac", address=spec.mac)
+        _sub(nic, "source", bridge=spec.bridge)
+        _sub(nic, "model", type="virtio")
+    elif spec.network:
         nic = _sub(dev, "interface", type="network")
         _sub(nic, "source", network=spec.network)
         _sub(nic, "model", type="virtio")
@@ -352,6 +362,11 @@ def parse(xml: str) -> DomainSpec:
     nic = d.find("devices/interface[@type='network']/source")
     if nic is not None:
         network = nic.get("network")
+    bridge = mac = None
+    br = d.find("devices/interface[@type='bridge']")
+    if br is not None:
+        bridge = br.find("source").get("bridge") if br.find("source") is not None else None
+        mac = br.find("mac").get("address") if br.find("mac") is not None else None
     gpus, vfs = [], []
     for h in d.findall("devices/hostdev[@type='pci']"):
         a = h.find("source/address")
@@ -384,6 +399,8 @@ def parse(xml: str) -> DomainSpec:
         initrd=d.findtext("os/initrd"),
         cmdline=d.findtext("os/cmdline"),
         network=network,
+        bridge=bridge,
+        mac=mac,
         console_log=serial.get("path") if serial is not None else None,
         gpus=tuple(gpus),
         vfs=tuple(vfs),
@@ -418,6 +435,7 @@ class CloudInit(BaseModel):
     user: str = Field("ops", pattern=r"^[a-z_][a-z0-9_-]{0,31}$")
     ssh_authorized_keys: tuple[str, ...] = ()
     hostname: Optional[str] = Field(None, pattern=r"^[A-Za-z0-9][A-Za-z0-9-]{0,62}$")
+    network: Optional["StaticNetwork"] = None
 
     @field_validator("ssh_authorized_keys")
     @classmethod
@@ -426,6 +444,67 @@ class CloudInit(BaseModel):
             if "PRIVATE KEY" in k or not k.split()[0].startswith(("ssh-", "ecdsa-", "sk-")):
                 raise ValueError("ssh_authorized_keys takes public keys ('ssh-ed25519 AAAA...') only")
         return v
+
+
+class StaticNetwork(BaseModel):
+    """A static address for the bridged NIC (netplan v2 `network-config` in the NoCloud seed).
+
+    Args:
+        mac: the NIC to configure (the domain's bridged interface carries the same MAC).
+        address: CIDR, e.g. "10.20.1.11/24"; gateway / dns: optional.
+    """
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+    mac: str = Field(pattern=r"^([0-9a-f]{2}:){5}[0-9a-f]{2}$")
+    address: str
+    gateway: Optional[str] = None
+    dns: tuple[str, ...] = ()
+
+    @field_validator("address")
+    @classmethod
+    def _address(cls, v):
+        import ipaddress
+
+        if "/" not in v:
+            raise ValueError(f"address {v!r}: CIDR, e.g. 10.20.1.11/24")
+        return str(ipaddress.ip_interface(v))
+
+    @field_validator("gateway")
+    @classmethod
+    def _gateway(cls, v):
+        import ipaddress
+
+        return None if v is None else str(ipaddress.ip_address(v))
+
+    @field_validator("dns")
+    @classmethod
+    def _dns(cls, v):
+        import ipaddress
+
+        return tuple(str(ipaddress.ip_address(a)) for a in v)
+
+
+CloudInit.model_rebuild()
+
+
+def vm_mac(name: str) -> str:
+    """A stable locally administered MAC (QEMU's 52:54:00 prefix) for a VM's bridged NIC."""
+    import hashlib
+
+    h = hashlib.sha256(name.encode()).digest()
+    return "52:54:00:" + ":".join(f"{b:02x}" for b in h[:3])
+
+
+def network_config(net: StaticNetwork) -> str:
+    """netplan v2 as JSON (valid YAML): the NIC matched by MAC, a static address, no DHCP."""
+    import json
+
+    eth: dict = {"match": {"macaddress": net.mac}, "set-name": "eth0", "dhcp4": False, "addresses": [net.address]}
+    if net.gateway:
+        eth["routes"] = [{"to": "default", "via": net.gateway}]
+    if net.dns:
+        eth["nameservers"] = {"addresses": list(net.dns)}
+    return json.dumps({"version": 2, "ethernets": {"eth0": eth}}, indent=1) + "\n"
 
 
 def cloud_init_files(ci: CloudInit, instance_id: str) -> dict[str, str]:
@@ -449,7 +528,10 @@ def cloud_init_files(ci: CloudInit, instance_id: str) -> dict[str, str]:
         "ssh_pwauth": False,
         "disable_root": True,
     }
-    return {"meta-data": meta + "\n", "user-data": "#cloud-config\n" + json.dumps(user, indent=1) + "\n"}
+    files = {"meta-data": meta + "\n", "user-data": "#cloud-config\n" + json.dumps(user, indent=1) + "\n"}
+    if ci.network:
+        files["network-config"] = network_config(ci.network)
+    return files
 
 
 def seed_iso(ci: CloudInit, instance_id: str) -> bytes:

@@ -1,6 +1,7 @@
 """How tritonserver runs on the guest: its arguments, the Docker container, or a systemd unit under numactl.
 
-* ``server_args``: ``--exit-on-error=false`` (one broken model must not take the others down, seed 004),
+* ``server_args``: ``--metrics-config=summary_latencies=true`` (the p95 alert's series),
+  ``--exit-on-error=false`` (one broken model must not take the others down, seed 004),
   ``--rate-limit=execution_count`` when a model declares rate-limiter resources, ``--cache-config``
   when a model enables ``response_cache``, ports 8000/8001/8002.
 * ``container_spec``: the pulumi-docker ``Container`` arguments (NGC image pinned, ports, GPU device
@@ -38,6 +39,9 @@ class ServerOptions(BaseModel):
     strict_readiness: bool = True
     response_cache_bytes: int = 256 * 1024 * 1024
     backend_directory: Optional[str] = None
+    # p50/p95/p99 summaries (nv_inference_request_summary_us & co.): the p95 alert and the latency panels read
+    # them; without this flag Triton exports only counters and those series never exist.
+    latency_summaries: bool = True
     extra: list[str] = []
 
 
@@ -50,6 +54,8 @@ def server_args(o: ServerOptions, specs: list[ModelSpec]) -> list[str]:
         f"--exit-on-error={'true' if o.exit_on_error else 'false'}",
         f"--strict-readiness={'true' if o.strict_readiness else 'false'}",
     ]
+    if o.latency_summaries:
+        args.append("--metrics-config=summary_latencies=true")
     if o.backend_directory:
         args.append(f"--backend-directory={o.backend_directory}")
     if needs_rate_limit(specs):

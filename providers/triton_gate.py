@@ -1,26 +1,37 @@
-"""AcceptanceGate: health gate, warmup and a bounded load run through nginx; ``up`` fails when the SLO is missed.
+"""AcceptanceGate: health gate, answer check, warmup and a bounded load run through nginx, one per model; a miss
+puts the previous deploy back and fails ``up`` with the numbers.
 
-Runs from where Pulumi runs, against ``url`` (the nginx front). It waits for ``/v2/health/ready`` and
-every model's ready, sends warmup requests, measures the load tool's own floor on nginx's
-``/nginx-health``, then runs the load (``serving.loadgate``) and checks the SLO. Every answer's outputs are
-checked against the model config the server reports (names, datatypes, shapes, bytes): a 200 with empty
-outputs is a failure, not a success (the python client does this; wrk, which cannot read bodies, runs only with
-``checkOutputs: false``). ``bodySpec: {input, shape, datatype, binary: true}`` sends the tensor as raw bytes.
-Outputs are the numbers (p50/p95/p99, throughput, error rate, wrong outputs, overhead).
-Any change of ``trigger`` (the repository digest, the runtime's image) or of the load/SLO inputs
-re-runs the gate as a replacement, so every deploy that changes serving is measured again.
+Runs from where Pulumi runs, against ``url`` (the nginx front). The request is built here from ``request``, the
+model's own signature (input names, datatypes, shapes; STRING inputs for a prompt), as a KServe binary-extension
+body (``serving.kserve``): no multi-megabyte JSON in state or on the wire. Steps:
+
+1. ``expectDigest``: the guest must serve the repository this deploy wrote (a marker the repository provider
+   keeps); otherwise a previous gate rolled it back and `pulumi up --refresh` is needed.
+2. ``/v2/health/ready`` and every model's ready; then ``checkRequests`` answers, each checked against the model's
+   outputs (names, datatypes, shapes, byte sizes): a 200 with wrong or empty outputs fails the gate.
+3. Warmup, the load tool's own floor on ``/nginx-health``, then the load (``serving.loadgate``; open loop at
+   ``rate`` when set, every answer checked by the Python client) against p95/p99, error rate and throughput.
+
+On any failure with ``rollback`` set, the snapshot taken before this deploy (``providers.serving_snapshot``) goes
+back — repository and server files — the server restarts, one checked request proves the previous version serves,
+and the error names the numbers and the rollback. Any change of ``trigger`` or of the load/SLO inputs re-runs the
+gate as a replacement, so every deploy that changes serving is measured again.
 
 Usage::
 
-    AcceptanceGate("gpu-a-gate", {"url": "http://10.0.0.5:80", "models": ["yolov8n"], "model": "yolov8n",
-                   "body": infer_body_json, "concurrency": 8, "durationS": 30, "maxRequests": 200000,
-                   "p95Ms": 8.0, "maxErrorRate": 0.0, "trigger": repo.digest})
+    AcceptanceGate("svc-yolov8n-gate", {"url": "http://10.0.0.5:80", "models": ["yolov8n"], "model": "yolov8n",
+                   "request": signature, "concurrency": 8, "durationS": 30, "maxRequests": 200000,
+                   "p95Ms": 8.0, "p99Ms": None, "maxErrorRate": 0.0, "rate": None, "minRps": None,
+                   "trigger": repo.digest, "rollback": None})
 """
 
 from __future__ import annotations
 
+import http.client
 import json
 import os
+import time
+import urllib.parse
 import urllib.request
 from typing import Optional
 
@@ -28,16 +39,17 @@ import pulumi
 from pulumi import dynamic
 from pulumi.dynamic import CheckFailure, CheckResult, CreateResult, DiffResult
 
-from providers.base import Provider
-from serving import loadgate
-from serving.health import wait_ready, warmup
+from providers.base import HostProvider, Provider
+from serving import kserve, loadgate
+from serving.health import NotReady, wait_ready
 
 
-def request_body(props: dict) -> tuple[bytes, tuple[tuple[str, str], ...]]:
-    """The infer request the gate sends and its headers: given whole (`body`, JSON), or built here from `bodySpec`
-    so a large tensor (a 640x640 image is 1.2 M numbers) never travels as a resource input or sits in state.
-    ``bodySpec.binary`` sends the tensor as raw bytes (KServe binary extension; seeded random values, never
-    zeros) and asks for binary outputs."""
+def request_body(props: dict) -> tuple[bytes, dict[str, str]]:
+    """The infer request the gate sends, built here (never carried in state): from ``request``, the model's whole
+    signature (every input, STRING prompts included, binary); or from ``bodySpec`` (one input; ``binary`` sends
+    raw bytes) or ``body`` (JSON text) as earlier gates were given."""
+    if props.get("request"):
+        return kserve.binary_request(props["request"])
     spec = props.get("bodySpec")
     if spec and spec.get("binary"):
         import math
@@ -46,28 +58,58 @@ def request_body(props: dict) -> tuple[bytes, tuple[tuple[str, str], ...]]:
         shape = [int(d) for d in spec["shape"]]
         dtype = spec.get("datatype", "FP32")
         data = random.Random(0).randbytes(loadgate.DTYPE_BYTES[dtype] * math.prod(shape))
-        return loadgate.binary_request([(spec["input"], dtype, shape, data)])
+        body, headers = loadgate.binary_request([(spec["input"], dtype, shape, data)])
+        return body, dict(headers)
     if spec:
         body = loadgate.infer_body(spec["input"], [int(d) for d in spec["shape"]], spec.get("datatype", "FP32"))
     else:
         body = props["body"].encode()
-    return body, (("Content-Type", "application/json"),)
+    return body, {"Content-Type": "application/json"}
 
 
 def response_check(url: str, model: str, props: dict) -> Optional[loadgate.ResponseCheck]:
-    """What every answer must hold, from the model config the server reports (names, datatypes, shapes, bytes):
-    a 200 with empty or misshapen outputs fails the gate (``checkOutputs: false`` turns this off)."""
+    """What every answer of the load run must hold, from the model config the server reports (names, datatypes,
+    shapes, bytes; a -1 dimension checked against the shape answered). ``checkOutputs: false`` turns it off."""
     if not props.get("checkOutputs", True):
         return None
     with urllib.request.urlopen(f"{url}/v2/models/{model}/config", timeout=30) as r:
         config = json.loads(r.read())
+    sig = props.get("request") or {}
     spec = props.get("bodySpec") or {}
-    batch = int(spec["shape"][0]) if spec.get("shape") and int(config.get("max_batch_size", 0)) > 0 else 1
+    shape = sig["inputs"][0]["shape"] if sig.get("inputs") else spec.get("shape")
+    batch = int(shape[0]) if shape and int(config.get("max_batch_size", 0)) > 0 else 1
     return loadgate.ResponseCheck.from_config(config, batch=batch)
 
 
+def post(url: str, body: bytes, headers: dict[str, str], timeout: float = 60.0) -> tuple[int, dict, bytes]:
+    u = urllib.parse.urlsplit(url)
+    conn = http.client.HTTPConnection(u.hostname or "", u.port or 80, timeout=timeout)
+    try:
+        conn.request("POST", u.path, body=body, headers={**headers, "Content-Length": str(len(body))})
+        r = conn.getresponse()
+        return r.status, dict(r.getheaders()), r.read()
+    finally:
+        conn.close()
+
+
+def checked_request(infer_url: str, sig: dict, body: bytes, headers: dict) -> list[str]:
+    try:
+        status, h, data = post(infer_url, body, headers)
+    except (OSError, http.client.HTTPException) as e:
+        return [f"request failed: {e}"]
+    if status != 200:
+        return [f"HTTP {status}: {data[:300]!r}"]
+    return kserve.check_response(sig, h, data)
+
+
+class GateError(RuntimeError):
+    pass
+
+
 class AcceptanceGateProvider(Provider):
-    VERSION = "3"
+    # Keys from secret config as every host provider gets them: the rollback reaches the guest over SSH.
+    configure = HostProvider.configure
+    VERSION = "4"
     _BOOKKEEPING = {"__provider", "version", "result", "overhead"}
 
     def check_known(self, olds: dict, news: dict) -> CheckResult:
@@ -77,8 +119,14 @@ class AcceptanceGateProvider(Provider):
         for key, low in (("concurrency", 1), ("durationS", 0.1), ("maxRequests", 1)):
             if not isinstance(news.get(key), (int, float)) or news[key] < low:
                 failures.append(CheckFailure(key, f"must be a number >= {low}"))
-        if news.get("p95Ms") is not None and news["p95Ms"] <= 0:
-            failures.append(CheckFailure("p95Ms", "must be > 0"))
+        for key in ("p95Ms", "p99Ms", "rate", "minRps"):
+            if news.get(key) is not None and not (isinstance(news[key], (int, float)) and news[key] > 0):
+                failures.append(CheckFailure(key, "must be > 0"))
+        req = news.get("request")
+        if req is not None and (not isinstance(req, dict) or not req.get("inputs") or not req.get("outputs")):
+            failures.append(CheckFailure("request", "the model's signature: inputs and outputs"))
+        if req is None and not news.get("bodySpec") and not news.get("body"):
+            failures.append(CheckFailure("request", "the model's signature (or a bodySpec / body)"))
         return CheckResult(news, failures)
 
     def diff_known(self, _id: str, olds: dict, news: dict) -> DiffResult:
@@ -92,41 +140,94 @@ class AcceptanceGateProvider(Provider):
         # A gate result stands for exactly the inputs it was measured with: any change measures again.
         return sorted(changed)
 
-    def create(self, props: dict) -> CreateResult:
+    def _measure(self, props: dict) -> tuple[loadgate.LoadResult, loadgate.LoadResult]:
         url = props["url"].rstrip("/")
-        wait_ready(url, list(props.get("models") or []), timeout_s=float(props.get("readyTimeoutS", 300)))
+        model, sig = props["model"], props.get("request")
+        infer = f"{url}/v2/models/{model}/infer"
+        wait_ready(url, list(props.get("models") or []), timeout_s=float(props.get("readyTimeoutS") or 300))
         body, headers = request_body(props)
-        model = props["model"]
-        concurrency = int(props["concurrency"])
-        warmup(
-            url,
-            model,
-            body,
-            count=int(props.get("warmupRequests", 20)),
-            concurrency=min(4, concurrency),
-            headers=dict(headers),
-        )
+        if sig:
+            # Against the stack's own signature of the model: what was meant to be deployed answers.
+            for i in range(int(props.get("checkRequests") or 3)):
+                problems = checked_request(infer, sig, body, headers)
+                if problems:
+                    raise GateError(f"answer {i + 1} of {model} is wrong: " + "; ".join(problems))
         check = response_check(url, model, props)
+        concurrency = int(props["concurrency"])
         spec = loadgate.LoadSpec(
-            url=f"{url}/v2/models/{model}/infer",
+            url=infer,
             body=body,
-            headers=headers,
+            headers=tuple(headers.items()),
             concurrency=concurrency,
             duration_s=float(props["durationS"]),
             max_requests=int(props["maxRequests"]),
-            tool=props.get("tool", "auto"),
+            tool=props.get("tool") or "auto",
+            rate=props.get("rate"),
             check=check,
             # One client process per 4 connections: one process's GIL would queue requests at high concurrency.
             processes=max(1, min(os.cpu_count() or 1, concurrency // 4)),
+            warmup_requests=int(props.get("warmupRequests") or 5),
+            timeout_s=float(props.get("requestTimeoutS") or 30),
         )
         floor = loadgate.overhead(spec, f"{url}/nginx-health")
         result = loadgate.run(spec)
-        slo = loadgate.Slo(p95_ms=props.get("p95Ms"), max_error_rate=float(props.get("maxErrorRate", 0.0)))
-        loadgate.check_slo(result, slo)  # GateFailed carries the numbers into `pulumi up`'s error
+        slo = loadgate.Slo(
+            p95_ms=props.get("p95Ms"),
+            p99_ms=props.get("p99Ms"),
+            max_error_rate=float(props.get("maxErrorRate") or 0.0),
+            min_throughput_rps=props.get("minRps"),
+        )
+        loadgate.check_slo(result, slo)
+        return result, floor
+
+    def create(self, props: dict) -> CreateResult:
+        rb = props.get("rollback")
+        try:
+            if rb and props.get("expectDigest"):
+                from providers.serving_snapshot import served_digest
+
+                served = served_digest(rb)
+                if served != props["expectDigest"]:
+                    raise GateError(
+                        f"the guest serves repository {served or 'unknown'}, not this deploy's "
+                        f"{props['expectDigest']} (a failed gate rolled it back): run `pulumi up --refresh`"
+                    )
+            result, floor = self._measure(props)
+        except (GateError, NotReady, loadgate.GateFailed) as e:
+            raise GateError(f"{props['model']}: {e}{self._roll_back(props)}") from None
         out = {k: v for k, v in props.items() if k != "__provider"}
         out["result"] = result.as_dict()
         out["overhead"] = floor.as_dict()
-        return CreateResult(f"gate-{model}", out)
+        return CreateResult(f"gate-{props['model']}", out)
+
+    def _roll_back(self, props: dict) -> str:
+        rb = props.get("rollback")
+        if not rb:
+            return ""
+        from providers.serving_snapshot import restore
+
+        t0 = time.monotonic()
+        restored = restore(rb)
+        if not restored:
+            return " | nothing to roll back to (first deploy): the new version stays"
+        url = props["url"].rstrip("/")
+        try:
+            wait_ready(url, list(props.get("models") or []), timeout_s=float(props.get("readyTimeoutS") or 300))
+            body, headers = request_body(props)
+            sig = props.get("request") or {"inputs": [], "outputs": []}
+            problems = checked_request(f"{url}/v2/models/{props['model']}/infer", sig, body, headers)
+        except NotReady as e:
+            problems = [str(e)]
+        took = time.monotonic() - t0
+        if problems:
+            return (
+                f" | rolled back to the previous repository and server in {took:.1f}s, but it does not answer: "
+                + "; ".join(problems)
+            )
+        return (
+            f" | rolled back to the previous repository and server in {took:.1f}s; it serves again "
+            f"(checked by a request)"
+        )
 
     def delete(self, _id: str, _props: dict) -> None:
         return None
@@ -136,10 +237,21 @@ class AcceptanceGate(dynamic.Resource, module="serving", name="AcceptanceGate"):
     result: pulumi.Output[dict]
     overhead: pulumi.Output[dict]
 
-    def __init__(self, name: str, args: dict, opts: pulumi.ResourceOptions | None = None):
+    def __init__(self, name: str, args: dict, opts: Optional[pulumi.ResourceOptions] = None):
         super().__init__(
             AcceptanceGateProvider(),
             name,
-            {"result": None, "overhead": None, **args, "version": AcceptanceGateProvider.VERSION},
+            {
+                "result": None,
+                "overhead": None,
+                "rollback": None,
+                "expectDigest": None,
+                **args,
+                "version": AcceptanceGateProvider.VERSION,
+            },
             opts,
         )
+
+
+def summary(result: dict) -> str:
+    return json.dumps({k: result[k] for k in ("p50_ms", "p95_ms", "p99_ms", "throughput_rps", "error_rate")})

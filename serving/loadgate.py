@@ -55,6 +55,10 @@ class LoadSpec:
     # Client processes for the python client (threads split between them): one process's GIL otherwise
     # adds its own queueing to the latencies it measures at high concurrency.
     processes: int = 1
+    # Open loop: requests/s over all connections, each sent at its scheduled time and timed from it (no
+    # coordinated omission); None is closed loop (a connection sends as soon as its answer is back). One client
+    # process only (the schedule is per process).
+    rate: Optional[float] = None
 
 
 @dataclasses.dataclass(frozen=True)
@@ -322,7 +326,7 @@ def _run_threads(spec: LoadSpec, concurrency: int, max_requests: int, sync) -> d
             return r.status, check_response(data, r.getheader("Inference-Header-Content-Length"), spec.check)
         return r.status, None
 
-    def worker():
+    def worker(idx: int = 0):
         conn = _connection(url, spec.timeout_s)
         for _ in range(spec.warmup_requests):
             try:
@@ -334,12 +338,22 @@ def _run_threads(spec: LoadSpec, concurrency: int, max_requests: int, sync) -> d
         bad = wrong = 0
         why = ""
         start_gate.wait()
+        interval = concurrency / spec.rate if spec.rate else 0.0
+        k = 0
         while True:
             with lock:
                 if issued[0] >= max_requests:
                     break
                 issued[0] += 1
-            t0 = time.perf_counter()
+            if interval:
+                # This connection's k-th scheduled send, connections spread evenly over one interval.
+                t0 = started[0] + interval * (k + idx / concurrency)
+                k += 1
+                now = time.perf_counter()
+                if t0 > now:
+                    time.sleep(t0 - now)
+            else:
+                t0 = time.perf_counter()
             if t0 >= deadline[0]:
                 with lock:
                     issued[0] -= 1
@@ -364,7 +378,7 @@ def _run_threads(spec: LoadSpec, concurrency: int, max_requests: int, sync) -> d
             invalid[0] += wrong
             first_invalid[0] = first_invalid[0] or why
 
-    threads = [threading.Thread(target=worker, daemon=True) for _ in range(concurrency)]
+    threads = [threading.Thread(target=worker, args=(i,), daemon=True) for i in range(concurrency)]
     for t in threads:
         t.start()
     start_gate.wait()
@@ -500,15 +514,17 @@ def run(spec: LoadSpec) -> LoadResult:
     tool = spec.tool
     if tool == "auto":
         # wrk cannot read response bodies: a checked run uses the python client.
-        tool = "wrk" if wrk_available() and spec.check is None else "python"
+        tool = "wrk" if wrk_available() and spec.check is None and spec.rate is None else "python"
     if tool == "wrk" and spec.check is not None:
         raise ValueError("wrk cannot check response outputs; use tool='python' for a checked run")
+    if spec.rate is not None and spec.processes > 1:
+        spec = dataclasses.replace(spec, processes=1)
     return run_wrk(spec) if tool == "wrk" else run_python(spec)
 
 
 def overhead(spec: LoadSpec, noop_url: str) -> LoadResult:
     """The same load tool and concurrency against a URL that costs nothing upstream (GET)."""
-    return run(dataclasses.replace(spec, url=noop_url, method="GET", body=b"", headers=(), check=None))
+    return run(dataclasses.replace(spec, url=noop_url, method="GET", body=b"", headers=(), check=None, rate=None))
 
 
 def violations(result: LoadResult, slo: Slo) -> list[str]:

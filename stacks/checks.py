@@ -199,6 +199,15 @@ def fleet_problems(fleet: Fleet, unknown: frozenset[str] = frozenset()) -> list[
                 out.append(
                     f"{at}.vm: VM {s.vm!r} has no address, so the service cannot reach it; set address on that VM"
                 )
+        if s.mig:
+            g = next((g for g in sh.gpus if g.address == s.mig.gpu and g.mig), None)
+            if s.vm or g is None:
+                out.append(
+                    f"{at}.mig.gpu: {s.mig.gpu} is not a MIG GPU of host {s.host}"
+                    + (" (a service in a VM has its GPU passed through whole)" if s.vm else "")
+                )
+            elif s.mig.instance >= len(g.mig or []):
+                out.append(f"{at}.mig.instance: {s.mig.instance} but {s.mig.gpu} has {len(g.mig or [])} MIG instances")
         machine = (s.host, s.vm)
         if machine in services_on:
             j = services_on[machine]

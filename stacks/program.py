@@ -20,20 +20,104 @@ from components.monitoring_stack import MonitoringStack, MonitoringStackArgs
 from components.passthrough_host import PassthroughHost, PassthroughHostArgs, host_spec
 from components.pinned_vm import PinnedVM, PinnedVMArgs
 from components.sriov_nic import SriovNic, SriovNicArgs
-from components.triton_service import TritonService, TritonServiceArgs
+from components.triton_service import ArtifactSpec, TritonService, TritonServiceArgs
 from plans import placement as pl
+from plans.domain_xml import CloudInit, StaticNetwork, vm_mac
 from plans.gateway import GatewayBackend, GatewaySpec
+from plans.guest_bootstrap import BootstrapConfig, MpsConfig
 from plans.monitoring.model import GatewayTarget, HostTarget, MonitoringGraph, ServingSlo, TritonTarget
+from plans.presets import apply_preset, gpu_key, preset_for
 from plans.triton_engine import EngineBuild, ShapeRange
+from plans.triton_model import DynamicBatching, InstanceGroup, ModelSpec
 from plans.triton_repo import resnet50_fp16, sdxl, yolov8n, yolov8n_torch
+from plans.triton_runtime import DockerRuntime, ProcessRuntime
 from plans.values import host_port
 from providers.base import host_input
 from providers.mig import MigLayout
-from providers.tensorrt_engine import TensorRTEngine, engine_inputs
 from stacks.load import ConfigError
-from stacks.schema import Fleet, Gateway, Host, Vm
+from stacks.schema import Fleet, Gateway, Host, Service, ServiceModel, Vm
 
 PRESETS = {"yolov8n": yolov8n, "yolov8n_torch": yolov8n_torch, "resnet50_fp16": resnet50_fp16, "sdxl": sdxl}
+
+
+# Batching fields a GPU preset decides unless stack config sets them (plans/presets.py, seed 004).
+_PRESET_FIELDS = {"max_batch_size", "instance_group", "dynamic_batching"}
+
+
+def model_spec(m: ServiceModel, gpu_model: str) -> ModelSpec:
+    """The model's signature from its preset, batching from the GPU's preset, and what config sets on top."""
+    base = PRESETS[m.preset]()
+    try:
+        gpu_key(gpu_model)
+    except KeyError:
+        return base.model_copy(update={"name": m.name})
+    workload = m.workload or base.workload
+    data = base.model_dump(by_alias=True, exclude=_PRESET_FIELDS)
+    data.update(name=m.name, workload=workload)
+    if m.max_batch_size is not None:
+        data["max_batch_size"] = m.max_batch_size
+    if m.instance_count is not None:
+        data["instance_group"] = [InstanceGroup(kind="KIND_GPU", count=m.instance_count).model_dump(by_alias=True)]
+    if m.max_queue_delay_us is not None:
+        data["dynamic_batching"] = DynamicBatching(max_queue_delay_microseconds=m.max_queue_delay_us)
+    spec = ModelSpec.model_validate(data)
+    spec = apply_preset(spec, gpu_model, workload)
+    if spec.warmup and spec.max_batch_size and any(w.batch_size > spec.max_batch_size for w in spec.warmup):
+        spec = spec.model_copy(update={"warmup": []})
+    return spec
+
+
+def mig_devices(h: Host, s: Service, layout: MigLayout):
+    """The MIG UUID the service is bound to (seed 001 route A: one MIG device per Triton)."""
+    order = [g.address for g in sorted(h.gpus, key=lambda g: g.address) if not g.passthrough]
+    gpu = s.mig.gpu if s.mig else next(g.address for g in sorted(h.gpus, key=lambda g: g.address) if g.mig)
+    index, instance = str(order.index(gpu)), (s.mig.instance if s.mig else 0)
+    return layout.mig_uuids.apply(
+        lambda u: (
+            [list((u or {}).get(index) or [])[instance]] if len(list((u or {}).get(index) or [])) > instance else []
+        )
+    )
+
+
+def mps_share(fleet: Fleet, s: Service) -> int:
+    """This service's CUDA_MPS_ACTIVE_THREAD_PERCENTAGE among the services of its VM (seed 001: 60/40, 50/50)."""
+    mates = [x.name for x in fleet.services if x.host == s.host and x.vm == s.vm]
+    try:
+        split = preset_for(
+            s.gpu_model, "diffusion" if any(m.preset == "sdxl" for m in s.models) else "low_latency"
+        ).mps_split
+    except KeyError:
+        split = []
+    if len(split) != len(mates):
+        split = [100 // len(mates)] * len(mates)
+    return split[mates.index(s.name)]
+
+
+def bootstrap_config(fleet: Fleet, h: Host, vm: Vm) -> BootstrapConfig:
+    """The guest's GPU stack: Docker and the toolkit only where a docker-runtime service runs, MPS where asked."""
+    mine = [s for s in fleet.services if s.host == h.name and s.vm == vm.name]
+    mps = None
+    if vm.mps:
+        mps = MpsConfig(instances={s.name: mps_share(fleet, s) for s in mine} or {"default": 100})
+    docker = any(s.runtime == "docker" for s in mine)
+    only = None if docker else ("driver", "persistence", "mps")
+    return BootstrapConfig(persistence=True, mps=mps, only=only)
+
+
+def cloud_init(h: Host, vm: Vm) -> Optional[CloudInit]:
+    if not h.vm_network or not vm.address:
+        return None
+    n = h.vm_network
+    return CloudInit(
+        user=vm.guest_user,
+        hostname=vm.name,
+        network=StaticNetwork(
+            mac=vm_mac(f"{h.name}-{vm.name}"),
+            address=f"{vm.address}/{n.prefix_length}",
+            gateway=n.gateway,
+            dns=tuple(n.dns),
+        ),
+    )
 
 
 def solver_host(h: Host) -> pl.Host:
@@ -197,17 +281,31 @@ def build(fleet: Fleet) -> dict:
         plan = placements[h.name]
         if plan is not None:
             exports["placement"][h.name] = plan.report()
-        vf_pool = [n.vf_addresses for n in nics]
-        taken = 0
+        # VFs come from a PF on the VM's own node (seed 002), each PF sliced on its own.
+        taken = [0] * len(nics)
         for vm in h.vms:
             vfs_out = None
-            if vm.vfs and vf_pool:
-                start = taken
-                taken += vm.vfs
-                vfs_out = vf_pool[0].apply(lambda all_vfs, s=start, n=vm.vfs: list(all_vfs or [])[s : s + n])
+            if vm.vfs:
+                node = plan.vm(vm.name).node
+                pfi: Optional[int] = next((k for k, pf in enumerate(h.sriov) if pf.numa_node == node), None)
+                if pfi is None:
+                    pfi = next((k for k, pf in enumerate(h.sriov) if pf.numa_node is None), None)
+                if pfi is None or taken[pfi] + vm.vfs > h.sriov[pfi].num_vfs:
+                    raise ConfigError(
+                        [
+                            f"fleet.hosts[{fleet.hosts.index(h)}].vms[{h.vms.index(vm)}].vfs: "
+                            f"{vm.vfs} VF(s) wanted on node {node} but no SR-IOV PF there has them free"
+                        ]
+                    )
+                start = taken[pfi]
+                taken[pfi] += vm.vfs
+                vfs_out = nics[pfi].vf_addresses.apply(
+                    lambda all_vfs, s=start, n=vm.vfs: list(all_vfs or [])[s : s + n]
+                )
             gs = guest_spec(h, vm)
             if gs:
                 guests[(h.name, vm.name)] = gs
+            ci = cloud_init(h, vm)
             vms[(h.name, vm.name)] = PinnedVM(
                 f"{h.name}-{vm.name}",
                 PinnedVMArgs(
@@ -218,6 +316,10 @@ def build(fleet: Fleet) -> dict:
                     base_image=vm.image,
                     consumer_card=any(g.consumer for g in h.gpus if g.address in vm.gpus),
                     guest=gs,
+                    bootstrap=bootstrap_config(fleet, h, vm) if gs else None,
+                    cloud_init=ci,
+                    bridge=h.vm_network.bridge if h.vm_network else None,
+                    mac=ci.network.mac if ci else None,
                     **(
                         {"domain_type": "qemu", "cpu_mode": "maximum", "loader": None, "nvram_template": None}
                         if vm.emulated
@@ -249,49 +351,76 @@ def build(fleet: Fleet) -> dict:
         if where is None:
             raise ConfigError([f"services: {s.name} runs in VM {s.vm} which has no address for SSH"])
         deps = [vms[(s.host, s.vm)]] if s.vm else [hosts[s.host]]
+        devices = None
         if s.host in migs and not s.vm:
             deps.append(migs[s.host])
-        models = [PRESETS[m.preset]().model_copy(update={"name": m.name}) for m in s.models]
-        for m, spec in zip(s.models, models):
-            if m.onnx_sha256 and spec.platform == "tensorrt_plan":
-                inp = spec.inputs[0]
-                batch = max(1, spec.max_batch_size)
-                build = EngineBuild(
-                    model=m.name,
-                    onnx_path=f"/srv/onnx/{m.name}.onnx",
-                    onnx_sha256=m.onnx_sha256,
-                    plan_path=f"/srv/triton-repo/{m.name}/1/model.plan",
-                    shapes={
-                        inp.name: ShapeRange(
-                            min=[1, *inp.dims], opt=[max(1, batch // 2), *inp.dims], max=[batch, *inp.dims]
-                        )
-                    },
-                    precision=m.precision,
-                    calib_dir=m.calib_dir,
-                    gpu_model=s.gpu_model,
-                )
-                deps.append(
-                    TensorRTEngine(
-                        f"{s.name}-{m.name}-engine",
-                        {"host": host_input(where), **engine_inputs(build)},
-                        ResourceOptions(depends_on=list(deps)),
+            devices = mig_devices(h, s, migs[s.host])
+        specs = [model_spec(m, s.gpu_model) for m in s.models]
+        root = "/srv/triton-repo"
+        artifacts, engines = [], []
+        for m, mspec in zip(s.models, specs):
+            if mspec.platform == "tensorrt_plan":
+                dest = f"/srv/onnx/{m.name}.onnx"
+                inp = mspec.inputs[0]
+                batch = max(1, mspec.max_batch_size)
+                engines.append(
+                    EngineBuild(
+                        model=m.name,
+                        onnx_path=dest,
+                        onnx_sha256=m.artifact.sha256,
+                        plan_path=f"{root}/{m.name}/{mspec.version}/model.plan",
+                        shapes={
+                            inp.name: ShapeRange(
+                                min=[1, *inp.dims], opt=[max(1, batch // 2), *inp.dims], max=[batch, *inp.dims]
+                            )
+                        },
+                        precision=m.precision,
+                        calib_dir=m.calib_dir,
+                        gpu_model=s.gpu_model,
                     )
                 )
-        gpu_count = max(1, len([g for vm in h.vms if vm.name == s.vm for g in vm.gpus]) if s.vm else len(h.gpus))
+            else:
+                dest = f"{root}/{m.name}/{mspec.version}/model.py"
+            artifacts.append(
+                ArtifactSpec(
+                    model=m.name, dest=dest, sha256=m.artifact.sha256, url=m.artifact.url, path=m.artifact.path
+                )
+            )
+        svm: Optional[Vm] = next((v for v in h.vms if v.name == s.vm), None)
+        svc_gpus = [g for g in h.gpus if (svm and g.address in svm.gpus) or (not svm and not g.passthrough)]
+        gpu_count = max(1, len(svm.gpus) if svm else len([g for g in h.gpus if not g.passthrough]) or len(h.gpus))
+        # Inside a VM the guest sees one node (0); on the host, Triton goes to its GPU's node.
+        node = (
+            s.numa_node
+            if s.numa_node is not None
+            else (0 if svm else next((g.numa_node for g in svc_gpus if g.numa_node is not None), None))
+        )
         svc = TritonService(
             s.name,
             TritonServiceArgs(
                 host=where,
                 gpu_model=s.gpu_model,
                 gpu_count=gpu_count,
-                models=models,
+                models=specs,
+                use_presets=False,
                 runtime=s.runtime,
+                docker=DockerRuntime(image=s.image),
+                process=ProcessRuntime(numa_node=node),
+                devices=devices,
+                mps_percentage=mps_share(fleet, s) if svm and svm.mps else None,
+                artifacts=artifacts,
+                engines=engines,
+                repository_root=root,
                 endpoint=f"http://{host_port(where.address, s.nginx_port)}",
                 nginx_listen=s.nginx_port,
+                adaptive_window=s.adaptive_window,
                 slo_p95_ms=s.slo.p95_ms,
+                slo_p99_ms=s.slo.p99_ms,
+                slo_max_error_rate=s.slo.max_error_rate,
+                slo_min_rps=s.slo.min_throughput_rps,
+                gate_rate=s.acceptance.rate,
                 gate_concurrency=s.acceptance.concurrency,
                 gate_duration_s=s.acceptance.duration_s,
-                adaptive_window=s.adaptive_window,
             ),
             ResourceOptions(depends_on=deps),
         )
@@ -314,7 +443,13 @@ def build(fleet: Fleet) -> dict:
 
     if fleet.monitoring:
         graph = MonitoringGraph(
-            hosts=[HostTarget(name=h.name, address=h.ssh.address, role="host") for h in fleet.hosts],
+            # A host that keeps GPUs on its own NVIDIA driver (MIG, seed 001 route A) runs dcgm-exporter too.
+            hosts=[
+                HostTarget(
+                    name=h.name, address=h.ssh.address, role="host", gpu_driver=any(not g.passthrough for g in h.gpus)
+                )
+                for h in fleet.hosts
+            ],
             guests=[
                 HostTarget(name=f"{hn}-{vn}", address=g.address, role="guest", tenant=vn, gpu_driver=True)
                 for (hn, vn), g in guests.items()
@@ -328,7 +463,10 @@ def build(fleet: Fleet) -> dict:
                     host=f"{s.host}-{s.vm}" if s.vm else s.host,
                     tenant=s.vm,
                     models=tuple(m.name for m in s.models),
-                    slo=ServingSlo(p95_latency_ms=s.slo.p95_ms),
+                    slo=ServingSlo(
+                        p95_latency_ms=s.slo.p95_ms,
+                        max_failure_ratio=s.slo.max_error_rate or ServingSlo().max_failure_ratio,
+                    ),
                 )
                 for s in fleet.services
             ],
@@ -349,7 +487,13 @@ def build(fleet: Fleet) -> dict:
         machines.update({f"{hn}-{vn}": g for (hn, vn), g in guests.items()})
         mon = MonitoringStack(
             "monitoring",
-            MonitoringStackArgs(graph=graph, monitoring_host=mon_host, machines=machines),
+            MonitoringStackArgs(
+                graph=graph,
+                monitoring_host=mon_host,
+                machines=machines,
+                prometheus_port=fleet.monitoring.prometheus_port,
+                grafana_port=fleet.monitoring.grafana_port,
+            ),
             ResourceOptions(depends_on=services + gateways + list(vms.values())),
         )
         exports["grafana"] = mon.grafana_url

@@ -258,6 +258,27 @@ class Vm(Strict):
         return v
 
 
+class VmNetwork(Strict):
+    """How tenant VMs of a host reach the fabric: a host bridge, each VM's static `address` set by cloud-init."""
+
+    bridge: str = Field(pattern=r"^[A-Za-z0-9_.:-]{1,15}$", description="host bridge, e.g. br0")
+    prefix_length: int = Field(24, ge=1, le=32)
+    gateway: Optional[str] = None
+    dns: list[str] = Field(default_factory=list)
+
+    @field_validator("gateway", "dns")
+    @classmethod
+    def _ips(cls, v):
+        import ipaddress
+
+        for a in [v] if isinstance(v, str) else v or []:
+            try:
+                ipaddress.ip_address(a)
+            except ValueError:
+                raise ValueError(f"{a!r} is not an IP address") from None
+        return v
+
+
 class Host(Strict):
     name: str
     ssh: Ssh
@@ -278,6 +299,9 @@ class Host(Strict):
         default_factory=list, description="regexes of /proc/interrupts names to move to reserved CPUs (nvme, mlx5 ...)"
     )
     vms: list[Vm] = Field(default_factory=list)
+    vm_network: Optional[VmNetwork] = Field(
+        None, description="bridge + static addresses for the VMs; without it VMs sit on libvirt's NAT network"
+    )
     acs_override_acknowledged: bool = False
     allow_unsafe_interrupts_acknowledged: bool = False
 
@@ -292,9 +316,12 @@ def _check_name(v: str) -> str:
 
 
 class Slo(Strict):
+    """What the acceptance gate holds a deploy to; a miss fails `up` and puts the previous deploy back."""
+
     p95_ms: float = Field(gt=0)
     p99_ms: Optional[float] = Field(None, gt=0)
     max_error_rate: float = Field(0.0, ge=0, le=1)
+    min_throughput_rps: Optional[float] = Field(None, gt=0)
 
 
 class Acceptance(Strict):
@@ -303,25 +330,49 @@ class Acceptance(Strict):
     rate: Optional[float] = Field(None, gt=0, description="requests/s; open loop when set")
 
 
+class Artifact(Strict):
+    """The model itself: the ONNX export a TensorRT engine is built from, or a python backend's model.py.
+    Fetched on the guest from `url`, or uploaded from `path` on the machine running Pulumi; verified by sha256
+    (a mismatch fails `up` and leaves the previous file in place)."""
+
+    url: Optional[str] = Field(None, pattern=r"^https?://[^\s'\"]+$")
+    path: Optional[str] = None
+    sha256: str = Field(pattern=r"^[0-9a-f]{64}$")
+
+    @model_validator(mode="after")
+    def _one_source(self):
+        if (self.url is None) == (self.path is None):
+            raise ValueError("set exactly one of url or path")
+        return self
+
+
 class ServiceModel(Strict):
+    """One model; the GPU's preset (plans/presets.py) fills what is not set here."""
+
     name: str
     # yolov8n_torch: YOLOv8n on the python backend's GPU fast path (uint8 in, NMS on the GPU) where no TensorRT is.
-    preset: Literal["yolov8n", "yolov8n_torch", "resnet50_fp16", "sdxl"]
+    preset: Literal["yolov8n", "yolov8n_torch", "resnet50_fp16", "sdxl"] = Field(
+        description="the model's signature (inputs, outputs, platform)"
+    )
+    artifact: Artifact
     workload: Optional[Literal["low_latency", "throughput", "diffusion"]] = None
     max_batch_size: Optional[int] = Field(None, ge=1)
     instance_count: Optional[int] = Field(None, ge=1)
     max_queue_delay_us: Optional[int] = Field(None, ge=0)
-    onnx_sha256: Optional[str] = Field(
-        None,
-        pattern=r"^[0-9a-f]{64}$",
-        description="TensorRT models: the ONNX file on the guest (/srv/onnx/<name>.onnx)"
-        " the engine is built from; its hash decides rebuilds",
-    )
     precision: Literal["fp32", "fp16", "int8"] = "fp16"
     calib_dir: Optional[str] = None
 
     _name = _v(val.model_name, "name")
     _calib = field_validator("calib_dir")(lambda cls, v: val.abs_path(v, "calib_dir") if v is not None else v)
+
+
+class MigBinding(Strict):
+    """The MIG device a service on a MIG host runs on (seed 001 route A: one MIG device per Triton)."""
+
+    gpu: str = Field(description="PCI address of the MIG-enabled GPU")
+    instance: int = Field(0, ge=0, description="index into that GPU's mig layout")
+
+    _addr = field_validator("gpu")(lambda cls, v: pci_address(v))
 
 
 class Service(Strict):
@@ -330,12 +381,20 @@ class Service(Strict):
     vm: Optional[str] = Field(None, description="the PinnedVM guest it runs in; the host itself when omitted")
     gpu_model: str = "generic"
     runtime: Literal["docker", "process"] = "docker"
-    image: str = "nvcr.io/nvidia/tritonserver:24.05-py3"
+    image: str = Field("nvcr.io/nvidia/tritonserver:24.05-py3", description="Triton's container image (docker runtime)")
     models: list[ServiceModel]
     nginx_port: int = Field(80, ge=1, le=65535)
     slo: Slo
     acceptance: Acceptance = Field(default_factory=Acceptance)
-    numa_node: Optional[int] = None
+    numa_node: Optional[int] = Field(
+        None,
+        ge=0,
+        description="process runtime: numactl node for Triton; default: the node of the service's GPU (a guest "
+        "sees one node: 0)",
+    )
+    mig: Optional[MigBinding] = Field(
+        None, description="on a MIG host: the MIG device; default the first instance of the first MIG GPU"
+    )
     adaptive_window: Optional[AdaptiveWindow] = Field(
         None,
         description="seed 004: a controller moving each model's batching window toward a p95 target "

@@ -82,6 +82,15 @@ class EchoMocks(pulumi.runtime.Mocks):
             n = int(args.inputs.get("num_vfs", 0) or 0)
             base = pf.rsplit(":", 1)[0]
             outs["vf_addresses"] = [f"{base}:{(i + 1) // 8:02x}.{(i + 1) % 8}" for i in range(n)]
+        if args.typ.endswith("/gpu:MigLayout"):
+            # nvidia-smi -L's MIG UUIDs, one per instance of the layout (what the real provider reads back)
+            outs["mig_uuids"] = {
+                gpu: [
+                    f"MIG-{gpu}{i}000000-0000-4000-8000-{args.name[:4].encode().hex():0>12}"
+                    for i in range(len(profiles))
+                ]
+                for gpu, profiles in (args.inputs.get("layout") or {}).items()
+            }
         return [f"{args.name}-id", outs]
 
     def call(self, args: pulumi.runtime.MockCallArgs):

@@ -264,7 +264,7 @@ def test_ipv6_guest_is_bracketed_in_urls_and_scrape_targets():
     rec, err = _run(mutate)
     assert err is None
     assert rec.exports["endpoints"]["yolo-rt"] == "http://[fd00::11]:80"
-    gate = rec.by_name("yolo-rt-gate")
+    gate = rec.by_name("yolo-rt-yolov8n-gate")
     assert gate.inputs["url"] == "http://[fd00::11]:80"
     prom = [r for r in rec.registrations if "prometheus.yml" in json.dumps(r.inputs, default=str)]
     assert prom and "[fd00::11]:9100" in json.dumps(prom[0].inputs, default=str)

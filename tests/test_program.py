@@ -114,7 +114,7 @@ def test_dependencies_host_prep_before_vms_before_services_before_monitoring(hk)
     svc = hk.by_name("yolo-rt")
     assert hk.by_name("trt-l40s-01-tenant-rt-a-domain").urn in svc.dependencies
     mon = hk.by_name("monitoring")
-    assert hk.by_name("yolo-rt-gate").urn in mon.dependencies
+    assert hk.by_name("yolo-rt-yolov8n-gate").urn in mon.dependencies
     rhel_vm = hk.by_name("rhel-mt-01-tenant-a100")
     assert children("rhel-mt-01-sriov-0") <= set(rhel_vm.dependencies)
     reboot = hk.by_name("rhel-mt-01-reboot")
@@ -185,10 +185,13 @@ def test_mig_layout_and_engine_builds_declared(hk):
     assert mig.urn in hk.by_name("sdxl-mig").dependencies
     eng = hk.by_name("yolo-rt-yolov8n-engine")
     assert eng.inputs["shapes"] == {
-        "images": {"min": [1, 3, 640, 640], "opt": [4, 3, 640, 640], "max": [8, 3, 640, 640]}
+        "images": {"min": [1, 3, 640, 640], "opt": [8, 3, 640, 640], "max": [16, 3, 640, 640]}  # L40S preset: 16
     }
     assert eng.inputs["precision"] == "fp16" and eng.inputs["gpuModel"] == "L40S"
-    assert eng.urn in hk.by_name("yolo-rt").dependencies
+    # built inside the service, after its ONNX artifact arrived and before the repository changes
+    assert eng.parent == hk.by_name("yolo-rt").urn
+    assert hk.by_name("yolo-rt-yolov8n-artifact").urn in eng.dependencies
+    assert eng.urn in hk.by_name("yolo-rt-models").dependencies
 
 
 def test_new_onnx_shows_as_that_input_changing_only():
@@ -196,7 +199,7 @@ def test_new_onnx_shows_as_that_input_changing_only():
     cfg, secret = stack_config("hk-prod")
     base = run_program(cfg, secret, stack="hk-prod").by_name("yolo-rt-yolov8n-engine").inputs
     fleet = json.loads(cfg["gpuhost:fleet"])
-    fleet["services"][0]["models"][0]["onnx_sha256"] = "0" * 64
+    fleet["services"][0]["models"][0]["artifact"]["sha256"] = "0" * 64
     cfg["gpuhost:fleet"] = json.dumps(fleet)
     new = run_program(cfg, secret, stack="hk-prod").by_name("yolo-rt-yolov8n-engine").inputs
     changed = sorted(k for k in set(base) | set(new) if base.get(k) != new.get(k))
@@ -232,3 +235,205 @@ def test_max_parallel_reboots_two_lets_two_hosts_reboot_together():
     reboots = [rec.by_name(f"{h['name']}-reboot") for h in fleet["hosts"]]  # in the order of `hosts`
     waits = [[d for d in r.dependencies if d in {x.urn for x in reboots}] for r in reboots]
     assert waits[0] == [] and waits[1] == [] and waits[2] == [reboots[0].urn] and waits[3] == [reboots[1].urn]
+
+
+# ---------------------------------------------------------------- serving, wired from guest to gate
+
+import base64  # noqa: E402
+
+from plans.triton_model import parse_config  # noqa: E402
+
+
+def _repo_config(hk, service: str, model: str):
+    files = hk.by_name(f"{service}-models").inputs["files"]
+    return parse_config(base64.b64decode(files[f"{model}/config.pbtxt"]["content"]).decode())
+
+
+def test_every_serving_guest_is_bootstrapped_with_mps_where_asked(hk):
+    serving_vms = {
+        ("trt-l40s-01", "tenant-rt-a"),
+        ("trt-a10-01", "tenant-b-1"),
+        ("rtx4090-01", "vm-b-1"),
+        ("rhel-mt-01", "tenant-a100"),
+    }
+    for host, vm in serving_vms:
+        b = hk.by_name(f"{host}-{vm}-bootstrap")
+        assert b.parent == hk.by_name(f"{host}-{vm}").urn
+        assert hk.by_name(f"{host}-{vm}-domain").urn in b.dependencies
+        svc = next(
+            r
+            for r in hk.of_type("gpuhost:serving:TritonService")
+            if hk.by_name(f"{host}-{vm}-domain").urn in r.dependencies
+        )
+        assert b.urn in svc.dependencies  # the guest is ready before anything serves there
+    mps = hk.by_name("rtx4090-01-vm-b-1-bootstrap").inputs["config"]["mps"]
+    assert mps["instances"] == {"sdxl-4090": 100}
+    assert hk.by_name("trt-l40s-01-tenant-rt-a-bootstrap").inputs["config"].get("mps") is None
+    # the process-runtime guest gets no Docker
+    assert hk.by_name("rhel-mt-01-tenant-a100-bootstrap").inputs["config"]["only"] == ["driver", "persistence", "mps"]
+    # Triton in the MPS guest carries its thread share
+    conts = {r.name: r.inputs for r in hk.of_type("docker:index/container:Container")}
+    assert "CUDA_MPS_ACTIVE_THREAD_PERCENTAGE=100" in conts["sdxl-4090-triton"]["envs"]
+    assert not any(e.startswith("CUDA_MPS") for e in conts["yolo-rt-triton"]["envs"])
+
+
+def test_vms_get_bridge_and_static_address_through_cloud_init(hk):
+    d = hk.by_name("trt-l40s-01-tenant-rt-a-domain").inputs
+    assert d["domain"]["bridge"] == "br0" and d["domain"].get("network") is None
+    net = d["cloud_init"]["network"]
+    assert net["address"] == "10.20.1.11/24" and net["gateway"] == "10.20.1.1"
+    assert net["mac"] == d["domain"]["mac"]
+    from plans.domain_xml import CloudInit, cloud_init_files
+
+    cfg = json.loads(cloud_init_files(CloudInit.model_validate(d["cloud_init"]), "x")["network-config"])
+    assert cfg["ethernets"]["eth0"]["addresses"] == ["10.20.1.11/24"]
+    assert cfg["ethernets"]["eth0"]["match"]["macaddress"] == net["mac"]
+
+
+def test_a10_service_carries_the_a10_preset_and_config_overrides_win(hk):
+    a10 = _repo_config(hk, "resnet-a10", "resnet50")
+    # seed 004 A10: small batches (1/2/4), 3 instances, 500 us window
+    assert a10.max_batch_size == 4 and a10.instance_group[0].count == 3
+    assert list(a10.dynamic_batching.preferred_batch_size) == [1, 2, 4]
+    assert a10.dynamic_batching.max_queue_delay_microseconds == 500
+    l40s = _repo_config(hk, "yolo-rt", "yolov8n")
+    assert l40s.max_batch_size == 16 and l40s.instance_group[0].count == 2
+    rhel = _repo_config(hk, "resnet-rhel", "resnet50")  # max_batch_size / max_queue_delay_us set in config
+    assert rhel.max_batch_size == 32 and rhel.dynamic_batching.max_queue_delay_microseconds == 1500
+    assert list(rhel.dynamic_batching.preferred_batch_size) == [2, 4, 8, 16]  # the A100 preset fills the rest
+
+
+def test_config_instance_count_and_workload_reach_the_model_config():
+    def mutate(f, c, s):
+        f["services"][1]["models"][0].update(instance_count=5, workload="throughput")
+
+    cfg, secret = _broken(mutate)
+    rec = run_program(cfg, secret, stack="hk-prod")
+    m = _repo_config(rec, "resnet-a10", "resnet50")
+    assert m.instance_group[0].count == 5 and m.max_batch_size == 16  # A10 throughput preset: batch 16
+
+
+def test_each_gate_request_matches_its_model_config(hk):
+    gates = {r.name: r.inputs for r in hk.of_type("pulumi-python:dynamic/serving:AcceptanceGate")}
+    assert set(gates) == {
+        "yolo-rt-yolov8n-gate",
+        "resnet-a10-resnet50-gate",
+        "sdxl-mig-sdxl-gate",
+        "sdxl-4090-sdxl-gate",
+        "resnet-rhel-resnet50-gate",
+    }
+    for name, g in gates.items():
+        service, model = (
+            name.removesuffix("-gate").split("-" + name.removesuffix("-gate").split("-")[-1])[0],
+            name.removesuffix("-gate").split("-")[-1],
+        )
+        cfg = _repo_config(hk, service, model)
+        want_in = [
+            (t.name, pbtype(t.data_type).replace("STRING", "BYTES"), [1, *t.dims]) for t in cfg.input if not t.optional
+        ]
+        got_in = [(t["name"], t["datatype"], [int(d) for d in t["shape"]]) for t in g["request"]["inputs"]]
+        assert got_in == want_in, name
+        assert [t["name"] for t in g["request"]["outputs"]] == [t.name for t in cfg.output]
+    assert [t["datatype"] for t in gates["sdxl-mig-sdxl-gate"]["request"]["inputs"]][0] == "BYTES"  # the prompt
+    assert gates["resnet-a10-resnet50-gate"]["request"]["inputs"][0]["datatype"] == "FP16"
+    # the binary body a gate sends: a small JSON header plus raw tensor bytes, not 1.2 M floats as JSON
+    from providers.triton_gate import request_body
+
+    body, headers = request_body(gates["yolo-rt-yolov8n-gate"])
+    hlen = int(headers["Inference-Header-Content-Length"])
+    assert hlen < 400 and len(body) - hlen == 3 * 640 * 640 * 4
+
+
+def pbtype(v: int) -> str:
+    from tritonclient.grpc import model_config_pb2 as pb
+
+    return pb.DataType.Name(v).removeprefix("TYPE_")
+
+
+def test_gates_carry_every_slo_field_and_a_rollback(hk):
+    y = hk.by_name("yolo-rt-yolov8n-gate").inputs
+    assert (y["p95Ms"], y["p99Ms"], y["maxErrorRate"]) == (8, 15, 0.001)
+    r = hk.by_name("resnet-a10-resnet50-gate").inputs
+    assert r["rate"] == 400 and r["concurrency"] == 16 and r["p99Ms"] == 80
+    assert y["rollback"]["snapshot"] == "/var/lib/gpuhost/serving/yolo-rt"
+    marker = hk.by_name("yolo-rt-models").inputs["files"][".gpuhost-digest"]["content"]
+    assert y["expectDigest"] == base64.b64decode(marker).decode()
+    snap = hk.by_name("yolo-rt-snapshot")
+    assert snap.urn in hk.by_name("yolo-rt-yolov8n-artifact").dependencies
+
+
+def test_mig_service_bound_to_its_mig_uuid_and_the_mig_host_has_dcgm(hk):
+    c = hk.by_name("sdxl-mig-triton").inputs
+    assert c["gpus"].startswith("device=MIG-") and "," not in c["gpus"]
+    mig = hk.by_name("a100-mig-01-mig")
+    assert mig.urn in hk.by_name("sdxl-mig").dependencies
+    assert hk.by_name("monitoring-a100-mig-01-dcgm-exporter")
+    assert not [r for r in hk.registrations if r.name == "monitoring-trt-l40s-01-dcgm-exporter"]
+
+
+def test_triton_runs_with_latency_summaries_image_and_numa_from_config(hk):
+    for c in hk.of_type("docker:index/container:Container"):
+        if c.name.endswith("-triton"):
+            assert "--metrics-config=summary_latencies=true" in c.inputs["command"]
+    unit = hk.by_name("resnet-rhel-triton-unit").inputs["content"]
+    assert '"--metrics-config=summary_latencies=true"' in unit
+    assert '"--cpunodebind=0" "--membind=0"' in unit
+    svc = hk.by_name("resnet-rhel-triton-service").inputs
+    assert svc["unit"] == "gpuhost-triton" and svc["action"] == "restart"
+    nginx = hk.by_name("resnet-rhel-nginx").inputs
+    assert nginx["check"] == ["nginx", "-t", "-c", "/etc/nginx/nginx.conf"] and nginx["action"] == "reload"
+    assert hk.by_name("resnet-rhel-nginx-pkg").inputs["packages"] == ["nginx"]
+    assert hk.by_name("resnet-rhel-nginx-conf").urn in hk.by_name("resnet-rhel-nginx").dependencies
+
+
+def test_service_image_and_monitoring_ports_from_config():
+    def mutate(f, c, s):
+        f["services"][0]["image"] = "nvcr.io/nvidia/tritonserver:24.08-py3"
+        f["monitoring"].update(prometheus_port=19090, grafana_port=13000)
+
+    cfg, secret = _broken(mutate)
+    rec = run_program(cfg, secret, stack="hk-prod")
+    assert rec.by_name("yolo-rt-triton-image").inputs["name"] == "nvcr.io/nvidia/tritonserver:24.08-py3"
+    assert "--web.listen-address=127.0.0.1:19090" in rec.by_name("monitoring-prometheus").inputs["command"]
+    assert "GF_SERVER_HTTP_PORT=13000" in rec.by_name("monitoring-grafana").inputs["envs"]
+
+
+def test_model_artifacts_from_config_no_standin(hk):
+    a = hk.by_name("sdxl-mig-sdxl-artifact").inputs
+    assert a["dest"] == "/srv/triton-repo/sdxl/1/model.py" and len(a["sha256"]) == 64 and a["url"].startswith("https")
+    files = hk.by_name("sdxl-mig-models").inputs["files"]
+    assert "sdxl/1/model.py" not in files  # the artifact provides it; no stand-in
+    assert hk.by_name("yolo-rt-yolov8n-artifact").inputs["dest"] == "/srv/onnx/yolov8n.onnx"
+
+
+@pytest.mark.parametrize(
+    "mutate, field, words",
+    [
+        (lambda f, c, s: f["services"][0]["models"][0].pop("artifact"), "services[0].models[0].artifact", "required"),
+        (lambda f, c, s: f["services"][0]["models"][0]["artifact"].update(path="/x"), "artifact", "exactly one"),
+        (
+            lambda f, c, s: f["services"][2].update(mig={"gpu": "0000:17:00.0", "instance": 9}),
+            "services[2].mig.instance",
+            "4 MIG instances",
+        ),
+    ],
+)
+def test_bad_serving_config_fails_before_any_resource(mutate, field, words):
+    cfg, secret = _broken(mutate)
+    with pytest.raises(Exception) as e:
+        run_program(cfg, secret, stack="hk-prod")
+    assert field in str(e.value) and words in str(e.value), str(e.value)
+
+
+def test_vfs_come_from_a_pf_on_the_vms_node():
+    def mutate(f, c, s):
+        h = f["hosts"][4]
+        h["sriov"] = [
+            {"pf": "0000:c1:00.0", "num_vfs": 4, "numa_node": 1},
+            {"pf": "0000:41:00.0", "num_vfs": 8, "numa_node": 0},
+        ]
+
+    cfg, secret = _broken(mutate)
+    rec = run_program(cfg, secret, stack="hk-prod")
+    vfs = rec.by_name("rhel-mt-01-tenant-a100-domain").inputs["domain"]["vfs"]
+    assert len(vfs) == 1 and vfs[0].startswith("0000:41:")  # the GPU (and VM) sit on node 0

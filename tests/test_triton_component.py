@@ -27,7 +27,7 @@ HOST = HostSpec(name="gpu-a-guest", address="10.0.0.5", user="ops", host_key="ss
 
 
 def _run(**over):
-    from components.triton_service import TritonService, TritonServiceArgs
+    from components.triton_service import ArtifactSpec, TritonService, TritonServiceArgs
 
     args = TritonServiceArgs(
         **{
@@ -36,6 +36,14 @@ def _run(**over):
             "gpu_count": 1,
             "models": [yolov8n(), sdxl()],
             "endpoint": "http://10.0.0.5:80",
+            "artifacts": [
+                ArtifactSpec(
+                    model="sdxl",
+                    dest="/srv/triton-repo/sdxl/1/model.py",
+                    sha256="a" * 64,
+                    url="https://models.example/sdxl.py",
+                )
+            ],
             **over,
         }
     )
@@ -70,17 +78,25 @@ def test_docker_runtime_mocked_declares_pinned_image_ports_gpus_and_ssh_engine()
     assert [(p["internal"], p["external"]) for p in c["ports"]] == [(8000, 8000), (8001, 8001), (8002, 8002)]
     assert c["gpus"] == "device=MIG-1f4c6b1e-3c1a-5d55-9a3e-0b8d2f6a7c10"
     assert c["shmSize"] == 1024 and c["restart"] == "always"
-    assert "--exit-on-error=false" in c["command"]
+    assert "--exit-on-error=false" in c["command"] and "--metrics-config=summary_latencies=true" in c["command"]
     assert {"label": "gpuhost.repository-digest"}.items() <= c["labels"][0].items()
 
 
 def test_repository_holds_preset_configs_and_gate_triggers_on_digest():
     res = _run()
     repo = next(r for r in res if r.name == "serving-models")
-    assert set(repo.inputs["files"]) == {"yolov8n/config.pbtxt", "sdxl/config.pbtxt", "sdxl/1/model.py"}
-    gate = next(r for r in res if r.name == "serving-gate")
-    assert gate.inputs["p95Ms"] == 8.0 and gate.inputs["trigger"].startswith(repo.inputs["digest"])
-    assert gate.inputs["model"] == "yolov8n"
+    # model.py comes from its artifact, not from a stand-in
+    assert set(repo.inputs["files"]) == {"yolov8n/config.pbtxt", "sdxl/config.pbtxt", ".gpuhost-digest"}
+    gates = [r for r in res if r.name.endswith("-gate")]
+    assert [g.inputs["model"] for g in gates] == ["yolov8n", "sdxl"]
+    gate = gates[0]
+    digest = gate.inputs["expectDigest"]
+    assert gate.inputs["p95Ms"] == 8.0 and gate.inputs["trigger"].startswith(digest)
+
+
+def test_python_model_without_artifact_is_refused():
+    with pytest.raises(ValueError, match="ships no stand-in"):
+        _run(artifacts=[])
 
 
 def test_process_runtime_declares_a_numactl_unit_instead_of_containers():
@@ -106,13 +122,9 @@ def test_yolov8n_torch_ships_its_code_takes_the_h200_preset_and_gates_with_raw_u
     res = _run(models=[yolov8n_torch()], gate_model="yolov8n")
     repo = next(r for r in res if r.name == "serving-models")
     assert {"yolov8n/config.pbtxt", "yolov8n/1/model.py", "yolov8n/1/yolov8n.py"} <= set(repo.inputs["files"])
-    gate = next(r for r in res if r.name == "serving-gate")
-    assert gate.inputs["bodySpec"] == {
-        "input": "images",
-        "shape": [1, 640, 640, 3],
-        "datatype": "UINT8",
-        "binary": True,
-    }
+    gate = next(r for r in res if r.name == "serving-yolov8n-gate")
+    assert gate.inputs["request"]["inputs"] == [{"name": "images", "datatype": "UINT8", "shape": [1, 640, 640, 3]}]
+    assert [o["name"] for o in gate.inputs["request"]["outputs"]] == ["detections", "num_detections"]
     from components.triton_service import TritonServiceArgs, _specs
 
     spec = _specs(TritonServiceArgs(host=HOST, gpu_model="NVIDIA H200", gpu_count=1, models=[yolov8n_torch()]))[0]

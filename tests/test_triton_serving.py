@@ -8,6 +8,7 @@ KIND_CPU), plus two echo models: ``sleep20`` (20 ms per execution, no batching) 
 
 import concurrent.futures
 import dataclasses
+import json
 import re
 import shutil
 import urllib.request
@@ -276,6 +277,53 @@ def test_gate_fails_below_and_passes_above_the_slo(nginx):
     assert loadgate.check_slo(result, loadgate.Slo(p95_ms=SLEEP_MS * 10)) is result
 
 
+SLEEP_SIG = {
+    "inputs": [{"name": "INPUT0", "datatype": "FP32", "shape": [1, 4]}],
+    "outputs": [{"name": "OUTPUT0", "datatype": "FP32", "shape": [1, 4]}],
+}
+
+
+@pytest.mark.parametrize("real", REAL, ids=lambda s: s.name)
+def test_binary_request_from_the_models_config_is_answered_through_nginx(nginx, real):
+    """The gate's request for each seed model (stand-in with the same config): binary tensors in, every output
+    back with the config's names, datatypes, shapes and byte sizes (SDXL: STRING prompt in, 1024x1024x3 out)."""
+    from components.triton_service import gate_signature
+    from providers.triton_gate import checked_request
+    from serving.kserve import binary_request
+
+    sig = gate_signature(real)
+    body, headers = binary_request(sig)
+    assert checked_request(f"{nginx.http}/v2/models/{real.name}/infer", sig, body, headers) == []
+    if real.name == "yolov8n":  # the JSON body it replaces: ~6 MB of text for the same tensor
+        assert len(body) < len(loadgate.infer_body("images", [1, 3, 640, 640])) / 1.2
+
+
+def test_gate_fails_a_200_with_wrong_or_missing_outputs(nginx):
+    from providers.triton_gate import AcceptanceGateProvider
+    from tests.engine import ProviderError, ProviderServer
+
+    wrong = {**SLEEP_SIG, "outputs": [{"name": "OUTPUT0", "datatype": "FP32", "shape": [1, 8]}]}
+    missing = {**SLEEP_SIG, "outputs": [{"name": "output0", "datatype": "FP32", "shape": [1, 84, 8400]}]}
+    base = {
+        "url": nginx.http,
+        "models": ["sleep20"],
+        "model": "sleep20",
+        "concurrency": 1,
+        "durationS": 1,
+        "maxRequests": 10,
+        "p95Ms": 10_000,
+        "maxErrorRate": 0.0,
+        "trigger": "t",
+        "version": "1",
+    }
+    with ProviderServer({}) as srv:
+        for i, (sig, words) in enumerate(((wrong, "shape [1, 4] != [1, 8]"), (missing, "output0"))):
+            gate = srv.resource(AcceptanceGateProvider(), "gpuhost:serving:AcceptanceGate", f"gate-wrong-{i}")
+            with pytest.raises(ProviderError) as e:
+                gate.up({**base, "request": sig})
+            assert "is wrong" in str(e.value) and words in str(e.value), str(e.value)
+
+
 def test_acceptance_gate_provider_fails_up_with_numbers_and_passes_above(nginx):
     """Through the SDK's provider server: the gate's create is what `pulumi up` runs."""
     from providers.triton_gate import AcceptanceGateProvider
@@ -285,7 +333,7 @@ def test_acceptance_gate_provider_fails_up_with_numbers_and_passes_above(nginx):
         "url": nginx.http,
         "models": ["sleep20"],
         "model": "sleep20",
-        "body": loadgate.infer_body("INPUT0", [1, 4]).decode(),
+        "request": SLEEP_SIG,
         "concurrency": 2,
         "durationS": 1,
         "maxRequests": 1000,
@@ -370,3 +418,32 @@ def test_acceptance_gate_provider_binary_body_and_checked_outputs(nginx):
         op, outs = srv.resource(AcceptanceGateProvider(), "gpuhost:serving:AcceptanceGate", "gate-bin").up(inputs)
     assert op == "create" and outs["result"]["requests"] > 0
     assert outs["result"]["invalid"] == 0 and outs["result"]["errors"] == 0 and outs["result"]["tool"] == "python"
+
+
+def test_check_response_flags_a_200_without_the_models_outputs():
+    """Pure: what a broken model can answer with status 200 (captured shapes of Triton's binary answers)."""
+    from serving.kserve import HEADER, check_response
+
+    sig = {"inputs": [], "outputs": [{"name": "logits", "datatype": "FP16", "shape": [1, 1000]}]}
+
+    def answer(outputs, blob):
+        head = json.dumps({"model_name": "m", "outputs": outputs}).encode()
+        return {HEADER: str(len(head))}, head + blob
+
+    ok = answer(
+        [{"name": "logits", "datatype": "FP16", "shape": [1, 1000], "parameters": {"binary_data_size": 2000}}],
+        b"\0" * 2000,
+    )
+    assert check_response(sig, *ok) == []
+    empty = answer([], b"")
+    assert check_response(sig, *empty) == ["output 'logits' missing (got [])"]
+    short = answer(
+        [{"name": "logits", "datatype": "FP16", "shape": [1, 0], "parameters": {"binary_data_size": 0}}], b""
+    )
+    assert any("empty" in p for p in check_response(sig, *short))
+    wrong_size = answer(
+        [{"name": "logits", "datatype": "FP16", "shape": [1, 1000], "parameters": {"binary_data_size": 4000}}],
+        b"\0" * 4000,
+    )
+    assert any("4000 bytes" in p for p in check_response(sig, *wrong_size))
+    assert check_response(sig, {}, b"<html>502</html>")[0].startswith("answer is not a KServe v2 response")
