@@ -27,6 +27,7 @@ from pydantic import BaseModel, ConfigDict
 
 from access.ssh import HostSpec
 from plans import gateway as gw
+from plans import values as val
 from plans.host_runtime import Runtime
 from providers.base import host_input
 from providers.host_runtime import HostRuntime
@@ -81,7 +82,17 @@ class InferenceGateway(pulumi.ComponentResource):
                     opts=pulumi.ResourceOptions(parent=self, depends_on=after),
                 )
             )
+        self.front = SystemdService(
+            f"{name}-front",
+            {"host": host, "unit": gw.FRONT_UNIT, "files": gw.front_files(spec, shared)},
+            opts=pulumi.ResourceOptions(parent=self, depends_on=[self.redis, self.workers[0]]),
+        )
         where = args.host.address if spec.redis_bind in ("0.0.0.0", "::") else spec.redis_bind
         self.redis_url = pulumi.Output.from_input(f"redis://{where}:{spec.redis_port}/0")
         self.metrics_targets = pulumi.Output.from_input([f"{args.host.address}:{p}" for p in spec.metrics_ports])
-        self.register_outputs({"redis_url": self.redis_url, "metrics_targets": self.metrics_targets})
+        self.front_url = pulumi.Output.from_input(
+            f"http://{val.host_port(args.host.address, spec.front_port)}/v2/models/<model>/infer"
+        )
+        self.register_outputs(
+            {"redis_url": self.redis_url, "metrics_targets": self.metrics_targets, "front_url": self.front_url}
+        )

@@ -34,7 +34,7 @@ from plans.triton_runtime import systemd_quote
 
 # The worker's own pins, the same as requirements.txt (a test holds them equal).
 REQUIREMENTS = ("redis==8.1.0", "tritonclient[grpc]==2.73.0", "numpy==1.26.4")
-SERVING_MODULES = ("__init__.py", "metrics.py", "queue.py", "scheduler.py", "worker.py")
+SERVING_MODULES = ("__init__.py", "front.py", "metrics.py", "queue.py", "scheduler.py", "worker.py")
 _NAME = re.compile(r"^[a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?$")
 
 
@@ -63,6 +63,9 @@ class GatewaySpec(BaseModel):
     redis_port: int = Field(6379, ge=1, le=65535)
     metrics_port: int = Field(9470, ge=1, le=65535)
     metrics_address: str = "0.0.0.0"
+    front_listen: str = "0.0.0.0"
+    front_port: int = Field(8090, ge=1, le=65535)
+    front_timeout_s: float = Field(30.0, gt=0)
     claim_idle_ms: int = Field(5000, ge=100)
     job_timeout_s: float = Field(60.0, gt=0)
     ramp_s: float = Field(10.0, ge=0)
@@ -86,6 +89,8 @@ class GatewaySpec(BaseModel):
             raise ValueError("metrics ports run past 65535")
         if self.redis_port in self.metrics_ports:
             raise ValueError(f"redis_port {self.redis_port} collides with a worker metrics port")
+        if self.front_port in (self.redis_port, *self.metrics_ports):
+            raise ValueError(f"front_port {self.front_port} collides with redis_port or a worker metrics port")
         for p in (self.install_dir, self.config_dir):
             if not p.startswith("/") or ".." in p.split("/"):
                 raise ValueError(f"not an absolute path: {p!r}")
@@ -101,6 +106,7 @@ class GatewaySpec(BaseModel):
 
 
 REDIS_UNIT = "gpuhost-gateway-redis.service"
+FRONT_UNIT = "gpuhost-gateway-front.service"
 
 
 def worker_unit_name(i: int) -> str:
@@ -108,7 +114,7 @@ def worker_unit_name(i: int) -> str:
 
 
 def unit_names(spec: GatewaySpec) -> tuple[str, ...]:
-    return (REDIS_UNIT, *(worker_unit_name(i) for i in range(spec.workers)))
+    return (REDIS_UNIT, FRONT_UNIT, *(worker_unit_name(i) for i in range(spec.workers)))
 
 
 def worker_config(spec: GatewaySpec) -> dict:
@@ -250,3 +256,44 @@ def worker_files(spec: GatewaySpec, i: int, shared: dict[str, str]) -> dict[str,
     if i == 0:
         files.update(shared)
     return files
+
+
+def front_unit(spec: GatewaySpec, shared_sha256: str = "") -> str:
+    argv = [
+        f"{spec.venv}/bin/python",
+        "-m",
+        "serving.front",
+        "--config",
+        f"{spec.config_dir}/worker.json",
+        "--listen",
+        spec.front_listen,
+        "--port",
+        str(spec.front_port),
+        "--timeout",
+        f"{spec.front_timeout_s:g}",
+    ]
+    return "\n".join(
+        [
+            f"# gpuhost: serving code and worker.json sha256 {shared_sha256 or '-'}",
+            "[Unit]",
+            f"Description=gpuhost inference gateway {spec.name}: HTTP entry (KServe v2 JSON, 429 when the queue is full)",
+            f"After={REDIS_UNIT} network-online.target",
+            f"Requires={REDIS_UNIT}",
+            "",
+            "[Service]",
+            "Type=simple",
+            "DynamicUser=yes",
+            "WorkingDirectory=" + systemd_quote(spec.install_dir),
+            "ExecStart=" + " ".join(systemd_quote(a) for a in argv),
+            "Restart=always",
+            "RestartSec=1",
+            "",
+            "[Install]",
+            "WantedBy=multi-user.target",
+            "",
+        ]
+    )
+
+
+def front_files(spec: GatewaySpec, shared: dict[str, str]) -> dict[str, str]:
+    return {f"/etc/systemd/system/{FRONT_UNIT}": front_unit(spec, files_sha256(shared))}

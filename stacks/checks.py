@@ -258,6 +258,8 @@ def gateway_problems(fleet: Fleet) -> list[str]:
             out.append(f"{at}.queue_ms_shift: must be below queue_ms_drain ({g.queue_ms_drain:g})")
         if g.metrics_port <= g.redis_port < g.metrics_port + g.workers:
             out.append(f"{at}.redis_port: {g.redis_port} collides with a worker metrics port")
+        if g.front_port == g.redis_port or g.metrics_port <= g.front_port < g.metrics_port + g.workers:
+            out.append(f"{at}.front_port: {g.front_port} collides with redis_port or a worker metrics port")
         if g.metrics_port + g.workers - 1 > 65535:
             out.append(f"{at}.metrics_port: {g.workers} workers count up past port 65535")
     return out

@@ -235,6 +235,7 @@ def gateway_spec(fleet: Fleet, g: Gateway, guests: dict[tuple[str, str], HostSpe
         redis_bind=g.redis_bind,
         redis_port=g.redis_port,
         metrics_port=g.metrics_port,
+        front_port=g.front_port,
         claim_idle_ms=g.claim_idle_ms,
         ramp_s=g.ramp_s,
         queue_ms_shift=g.queue_ms_shift,

@@ -437,6 +437,7 @@ class Gateway(Strict):
     redis_bind: str = Field("127.0.0.1", description="address Redis listens on (loopback: workers only)")
     redis_port: int = Field(6379, ge=1, le=65535)
     metrics_port: int = Field(9470, ge=1, le=65535, description="worker 0's; the next workers count up")
+    front_port: int = Field(8090, ge=1, le=65535, description="HTTP entry: POST /v2/models/<m>/infer, 429 when full")
     claim_idle_ms: int = Field(5000, ge=100, description="a job pending this long on a dead worker is reclaimed")
     ramp_s: float = Field(10.0, ge=0, description="a backend back from a drain reaches full weight over this")
     queue_ms_shift: float = Field(20.0, gt=0, description="Triton queue time where weight starts moving away")

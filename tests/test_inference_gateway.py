@@ -54,6 +54,7 @@ def test_hk_prod_gateway_in_front_of_seed_001_routes(hk):
     gw_reg = hk.by_name("sdxl-gen")
     children = [r for r in hk.registrations if r.parent == gw_reg.urn]
     assert sorted(r.name for r in children) == [
+        "sdxl-gen-front",
         "sdxl-gen-redis",
         "sdxl-gen-runtime",
         "sdxl-gen-worker-0",
@@ -133,6 +134,7 @@ def _fleet(**gateway) -> dict:
         ({"backends": [{"service": "sdxl-mig", "weight": 3}, {"service": "sdxl-mig", "weight": 1}]}, "listed twice"),
         ({"queue_ms_shift": 200}, "queue_ms_shift: must be below queue_ms_drain"),
         ({"redis_port": 9471}, "collides with a worker metrics port"),
+        ({"front_port": 9470}, "front_port: 9470 collides"),
         ({"backends": [{"service": "sdxl-mig", "weight": 0}]}, "greater than 0"),
     ],
 )
@@ -204,6 +206,20 @@ def test_worker_unit_runs_the_worker_with_its_config():
         "9471",
     ]
     assert "Requires=gpuhost-gateway-redis.service" in unit and "DynamicUser=yes" in unit
+    argv, _env = parse_unit_exec(gw.front_unit(spec, "abc"))
+    assert argv[1:] == [
+        "-m",
+        "serving.front",
+        "--config",
+        "/etc/gpuhost/gateway/worker.json",
+        "--listen",
+        "0.0.0.0",
+        "--port",
+        "8090",
+        "--timeout",
+        "30",
+    ]
+    from serving.front import main as _front  # noqa: F401
 
     files = gw.shared_files(spec, serving_code())
     assert set(files) >= {f"/opt/gpuhost/gateway/serving/{m}" for m in gw.SERVING_MODULES}

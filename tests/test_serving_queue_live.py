@@ -373,3 +373,43 @@ def test_worker_metrics_endpoint(tritons, r, workers, tmp_path):
     assert sum(v for (n, lb), v in samples.items() if n == "gpuhost_gateway_job_latency_seconds_count") == 12
     assert any(n == "gpuhost_gateway_backend_healthy" and v == 1 for (n, _), v in samples.items())
     assert any(n == "gpuhost_gateway_queue_depth" for (n, _), v in samples.items())
+
+
+def test_http_front_answers_with_latency_and_refuses_when_full(tritons, r, workers):
+    import http.client
+
+    from serving.front import Front
+    from tests.servers.redis import free_port
+
+    handles = tritons.live()
+    q = _queue(r, max_depth=5)
+    port = free_port()
+    srv = Front(q, timeout_s=30).server("127.0.0.1", port)
+    threading.Thread(target=srv.serve_forever, daemon=True).start()
+
+    def post(body: dict, **headers) -> tuple[int, dict, dict]:
+        c = http.client.HTTPConnection("127.0.0.1", port, timeout=60)
+        c.request("POST", "/v2/models/gen/infer", json.dumps(body), {"Content-Type": "application/json", **headers})
+        resp = c.getresponse()
+        out = (resp.status, dict(resp.getheaders()), json.loads(resp.read()))
+        c.close()
+        return out
+
+    x = [[1.5, 2.5, -3.0, 4.25]]
+    body = {"id": "job-1", "inputs": [{"name": "INPUT0", "shape": [1, 4], "datatype": "FP32", "data": x}]}
+    try:
+        queued = {q.submit("gen", _input(i)): i for i in range(5)}  # no worker yet: the queue is full
+        status, headers, doc = post(body)
+        assert status == 429 and headers["Retry-After"] == "1", doc
+        assert doc["depth"] == 5 and "is full" in doc["error"] and q.depth() == 5
+        assert post({"inputs": []})[0] == 400
+        workers("w1", handles, max_depth=5)
+        _collect(q, queued)
+        status, headers, doc = post(body)
+        assert status == 200, doc
+        assert doc["outputs"][0]["data"] == [1.5, 2.5, -3.0, 4.25] and doc["outputs"][0]["shape"] == [1, 4]
+        assert headers["X-Gpuhost-Backend"] in WEIGHTS and float(headers["X-Gpuhost-Latency-Ms"]) > 0
+        assert doc["id"] == "job-1" and doc["parameters"]["latency_ms"] >= doc["parameters"]["service_ms"]
+        assert q.stats()["accepted"] == 6 and q.stats()["refused"] == 1
+    finally:
+        srv.shutdown()
