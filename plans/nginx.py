@@ -81,7 +81,9 @@ def render(spec: NginxSpec) -> str:
             )
         ]
     else:
-        pid, error_log = "/run/nginx-triton.pid", "/var/log/nginx/triton-error.log"
+        # Debian's nginx.service waits for /run/nginx.pid (PIDFile=) and stops by it: another pid path makes
+        # `systemctl start nginx` time out with this config in place.
+        pid, error_log = "/run/nginx.pid", "/var/log/nginx/triton-error.log"
         access = "/var/log/nginx/triton-access.log" if spec.access_log else "off"
         temps = []
     lines = []

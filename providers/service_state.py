@@ -40,12 +40,12 @@ def missing_script(packages: list[str]) -> str:
 
 
 def install_script(packages: list[str], debs_dir: Optional[str] = None) -> str:
-    """apt-get (or dnf) install of ``packages``; from ``debs_dir``'s ``<package>_*.deb`` files on an offline host."""
+    """apt-get (or dnf) install of ``packages``; on an offline host, every .deb file in ``debs_dir``."""
     s = Script().raw("set -e")
     if debs_dir:
-        files = " ".join(f'"$(ls {quote(debs_dir)}/{quote(p)}_*.deb | tail -n 1)"' for p in packages)
+        # The directory is the package set: the packages and the dependencies the host lacks, all installed.
         s.raw("export DEBIAN_FRONTEND=noninteractive")
-        s.raw(f"apt-get install -y --no-install-recommends -o Dpkg::Options::=--force-confold {files}")
+        s.raw(f"apt-get install -y --no-install-recommends -o Dpkg::Options::=--force-confold {quote(debs_dir)}/*.deb")
         return s.render()
     s.raw(
         "if command -v apt-get >/dev/null 2>&1; then export DEBIAN_FRONTEND=noninteractive; "

@@ -17,6 +17,9 @@ from plans.cmdline import UNSAFE
 from plans.mig_fit import layout_problems
 from stacks.schema import Fleet, Host, Topology
 
+# Presets whose model code gpuhost ships itself (serving/models): no artifact needed.
+SHIPPED_CODE = ("yolov8n_torch",)
+
 # What one TritonService writes on its machine (components/triton_service.py): two services on one machine would
 # overwrite each other's files and fight over Triton's ports.
 SERVICE_FILES = ("/srv/triton-repo", "/etc/nginx/nginx.conf", "/etc/systemd/system/gpuhost-triton.service")
@@ -198,6 +201,12 @@ def fleet_problems(fleet: Fleet, unknown: frozenset[str] = frozenset()) -> list[
             if not svm.address and f"fleet.hosts[{hi}].vms[{sh.vms.index(svm)}].address" not in unknown:
                 out.append(
                     f"{at}.vm: VM {s.vm!r} has no address, so the service cannot reach it; set address on that VM"
+                )
+        for k, mdl in enumerate(s.models):
+            if mdl.artifact is None and mdl.preset not in SHIPPED_CODE:
+                out.append(
+                    f"{at}.models[{k}].artifact: required for preset {mdl.preset}: the model's file (url or path, "
+                    "and sha256); gpuhost ships no stand-in"
                 )
         if s.mig:
             g = next((g for g in sh.gpus if g.address == s.mig.gpu and g.mig), None)

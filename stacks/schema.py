@@ -354,7 +354,11 @@ class ServiceModel(Strict):
     preset: Literal["yolov8n", "yolov8n_torch", "resnet50_fp16", "sdxl"] = Field(
         description="the model's signature (inputs, outputs, platform)"
     )
-    artifact: Artifact
+    artifact: Optional[Artifact] = Field(
+        None,
+        description="the model itself (ONNX for TensorRT presets, model.py for sdxl); required except for presets "
+        "whose code gpuhost ships (yolov8n_torch)",
+    )
     workload: Optional[Literal["low_latency", "throughput", "diffusion"]] = None
     max_batch_size: Optional[int] = Field(None, ge=1)
     instance_count: Optional[int] = Field(None, ge=1)
