@@ -322,7 +322,15 @@ def build(fleet: Fleet) -> dict:
                     bridge=h.vm_network.bridge if h.vm_network else None,
                     mac=ci.network.mac if ci else None,
                     **(
-                        {"domain_type": "qemu", "cpu_mode": "maximum", "loader": None, "nvram_template": None}
+                        # No libvirt NIC: the emulated server has no `default` network running (its only link is
+                        # the SSH port forward), and the first up of the dev stack failed on it under the driver.
+                        {
+                            "domain_type": "qemu",
+                            "cpu_mode": "maximum",
+                            "loader": None,
+                            "nvram_template": None,
+                            "network": None,
+                        }
                         if vm.emulated
                         else {}
                     ),

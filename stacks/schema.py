@@ -229,7 +229,8 @@ class Vm(Strict):
         "/var/lib/libvirt/images/base.qcow2", description="base qcow2 the disk overlays; null gives an empty disk"
     )
     emulated: bool = Field(
-        False, description="hypervisor without KVM (the emulated dev server): TCG domain, SeaBIOS, CPU model 'maximum'"
+        False,
+        description="hypervisor without KVM (the emulated dev server): TCG domain, SeaBIOS, CPU model 'maximum', no libvirt NIC",
     )
     guest_user: str = "ubuntu"
     mps: bool = Field(False, description="CUDA MPS in the guest (seed 001 route B)")
