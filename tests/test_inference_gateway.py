@@ -22,6 +22,7 @@ from plans import host_runtime as hr
 from plans.monitoring import prometheus, rules
 from plans.monitoring.model import GatewayTarget, MonitoringGraph
 from plans.triton_runtime import parse_unit_exec
+from providers.base import host_input
 from serving.worker import WorkerConfig
 from stacks.checks import fleet_problems
 from stacks.schema import Fleet
@@ -318,3 +319,38 @@ def test_runtime_refuses_unpinned_or_odd_values():
         hr.Runtime(packages=("redis; rm -rf /",))
     with pytest.raises(ValueError, match="dedicated"):
         hr.Runtime(venv="/usr")
+
+
+def test_host_runtime_provider_builds_and_removes_the_venv_over_ssh(local_sshd, provider_server_for, tmp_path):
+    """HostRuntime through the SDK's provider server against the real local sshd: a pinned venv is built once,
+    a re-run changes nothing, delete removes it; an installed package stays (it was there before).
+    Needs pip to reach the package index (or its cache), like `./gpuhost.sh setup` does."""
+    from providers.host_runtime import HostRuntimeProvider
+
+    venv = tmp_path / "gw" / "venv"
+    want = hr.Runtime(
+        packages=("python3-venv",),
+        venv=str(venv),
+        requirements=("redis==8.1.0",),
+        conflicts=("gpuhost-test-absent.service",),
+    )
+    srv = provider_server_for()
+    r = srv.resource(HostRuntimeProvider(), "gpuhost:host:HostRuntime", "gw-runtime")
+    inputs = {
+        "host": host_input(local_sshd.host_spec()),
+        "runtime": want.model_dump(mode="json"),
+        "prior": None,
+        "applied": None,
+        "state": None,
+        "version": HostRuntimeProvider.VERSION,
+    }
+    op, outs = r.up(inputs)
+    assert op == "create" and outs["applied"] == ["venv"], outs
+    assert outs["prior"]["packages"] == {"python3-venv": True} and outs["prior"]["venv_sha256"] == ""
+    check = subprocess.run(
+        [str(venv / "bin" / "python"), "-c", "import redis; print(redis.__version__)"], capture_output=True, text=True
+    )
+    assert check.stdout.strip() == "8.1.0", check.stderr
+    assert r.up(inputs)[0] == "same"
+    r.delete()
+    assert not venv.exists()
