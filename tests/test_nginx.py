@@ -22,6 +22,12 @@ def test_production_config_passes_real_nginx_t(tmp_path):
         "grpc_pass grpc://triton_grpc;",
         "keepalive_requests 100000;",
         "proxy_pass http://triton_http/v2/models/yolov8n/infer;",
+        # A 640x640 uint8 image (1.2 MB) in and a raw YOLOv8n output (1.4 MB) out stay in memory, never a temp file.
+        "client_body_buffer_size 2m;",
+        "proxy_buffers 32 64k;",
+        "proxy_max_temp_file_size 0;",
+        "grpc_buffer_size 2m;",
+        "http2_body_preread_size 2m;",
     ):
         assert directive in text
 
