@@ -1,9 +1,9 @@
 """InferenceGateway: seed 001's Redis Stream queue and weighted, health-aware queue workers on one host.
 
 Children (all named ``f"{name}-…"``, parented to the component):
-  * ``{name}-runtime``: HostRuntime: Debian's redis-server and python3-venv, a venv with the workers' pinned
-    requirements, and Debian's own ``redis-server.service`` stopped while the gateway's Redis holds port 6379
-    (delete puts all of it back as found);
+  * ``{name}-packages``: SystemPackages redis-server and python3-venv (delete removes what it installed);
+  * ``{name}-runtime``: HostRuntime: a venv with the workers' pinned requirements, and Debian's own
+    ``redis-server.service`` stopped while the gateway's Redis holds port 6379 (delete puts both back as found);
   * ``{name}-redis``: SystemdService ``gpuhost-gateway-redis.service`` with its redis.conf (AOF on, noeviction);
   * ``{name}-worker-<i>``: SystemdService per queue worker (one consumer of the group, its own metrics port);
     worker 0 also owns the serving package and worker.json, whose digest sits in every worker's unit file, so a
@@ -31,6 +31,7 @@ from plans import values as val
 from plans.host_runtime import Runtime
 from providers.base import host_input
 from providers.host_runtime import HostRuntime
+from providers.service_state import SystemPackages
 from providers.systemd_service import SystemdService
 
 SERVING_DIR = Path(__file__).resolve().parents[1] / "serving"
@@ -53,18 +54,23 @@ class InferenceGateway(pulumi.ComponentResource):
     def __init__(self, name: str, args: InferenceGatewayArgs, opts: Optional[pulumi.ResourceOptions] = None):
         super().__init__("gpuhost:serving:InferenceGateway", name, None, opts)
         spec, host = args.gateway, host_input(args.host)
+        self.packages = SystemPackages(
+            f"{name}-packages",
+            {"host": host, "packages": ["redis-server", "python3-venv"]},
+            opts=pulumi.ResourceOptions(parent=self),
+        )
         self.runtime = HostRuntime(
             f"{name}-runtime",
             {
                 "host": host,
                 "runtime": Runtime(
-                    packages=("redis-server", "python3-venv"),
                     venv=spec.venv,
                     requirements=gw.REQUIREMENTS,
                     conflicts=("redis-server.service",) if spec.redis_port == 6379 else (),
                 ).model_dump(mode="json"),
             },
-            opts=pulumi.ResourceOptions(parent=self),
+            # after the packages: Debian starts its redis-server when the package is installed
+            opts=pulumi.ResourceOptions(parent=self, depends_on=[self.packages]),
         )
         self.redis = SystemdService(
             f"{name}-redis",

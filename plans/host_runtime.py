@@ -1,13 +1,11 @@
-"""What a host needs before gpuhost's own services run there: Debian packages, a pinned Python venv, and no
-conflicting unit. The units themselves are SystemdService resources (providers.systemd_service).
+"""What a host needs before gpuhost's own Python services run there: a pinned venv, and no conflicting unit.
+Packages come from SystemPackages and the units themselves from SystemdService (providers/).
 
-The inference gateway (seed 001's Redis + queue workers) runs this way. Facts in, steps out, each step only when
-its check says so:
+Facts in, steps out, each step only when its check says so:
 
-1. ``packages``: Debian packages missing from the host (``apt-get install --no-install-recommends``).
-2. ``venv``: a virtual environment with pinned requirements; rebuilt when the pinned list changes (its sha256 is
+1. ``venv``: a virtual environment with pinned requirements; rebuilt when the pinned list changes (its sha256 is
    kept in ``<venv>/gpuhost-requirements.sha256``).
-3. ``conflicts``: units that must not run beside ours (Debian's own ``redis-server.service`` holds port 6379
+2. ``conflicts``: units that must not run beside ours (Debian's own ``redis-server.service`` holds port 6379
    and starts on install), stopped and disabled; delete puts back what they were.
 
 ``read_script`` is the one round trip; ``parse_facts`` its pure parser; ``plan`` is pure; ``restore_steps``
@@ -15,9 +13,8 @@ undoes what the recorded ``prior`` facts say gpuhost changed.
 
 Example::
 
-    want = Runtime(packages=("redis-server",),
-                    venv="/opt/gpuhost/gateway/venv", requirements=("redis==8.1.0",),
-                    conflicts=("redis-server.service",))
+    want = Runtime(venv="/opt/gpuhost/gateway/venv", requirements=("redis==8.1.0",),
+                   conflicts=("redis-server.service",))
     p = plan(parse_facts(conn.run(read_script(want)).stdout), want)
     for step in p.steps: conn.run(step.script)
 """
@@ -27,10 +24,11 @@ from __future__ import annotations
 import hashlib
 import re
 from dataclasses import dataclass
+from typing import Optional
 
 from pydantic import BaseModel, ConfigDict, field_validator
 
-from access.shell import Script, quote, sh
+from access.shell import Script, quote
 
 _UNIT = re.compile(r"^[A-Za-z0-9@_.:-]+\.service$")
 _PKG = re.compile(r"^[a-z0-9][a-z0-9.+-]*$")
@@ -39,7 +37,6 @@ _REQ = re.compile(r"^[A-Za-z0-9_.\-\[\],]+==[A-Za-z0-9_.!+-]+$")
 
 class Runtime(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
-    packages: tuple[str, ...] = ()
     venv: str = ""
     requirements: tuple[str, ...] = ()
     conflicts: tuple[str, ...] = ()
@@ -50,14 +47,6 @@ class Runtime(BaseModel):
         for u in v:
             if not _UNIT.match(u):
                 raise ValueError(f"not a systemd service unit name: {u!r}")
-        return v
-
-    @field_validator("packages")
-    @classmethod
-    def _pkgs(cls, v: tuple[str, ...]) -> tuple[str, ...]:
-        for p in v:
-            if not _PKG.match(p):
-                raise ValueError(f"not a Debian package name: {p!r}")
         return v
 
     @field_validator("requirements")
@@ -88,7 +77,6 @@ class UnitState:
 
 @dataclass(frozen=True)
 class Facts:
-    packages: dict[str, bool]
     units: dict[str, UnitState]
     venv_sha256: str  # "" when there is no venv gpuhost built
 
@@ -108,11 +96,6 @@ class Plan:
 
 def read_script(want: Runtime) -> str:
     s = Script()
-    for p in want.packages:
-        s.raw(
-            f"if dpkg-query -W -f='${{Status}}' {quote(p)} 2>/dev/null | grep -q 'install ok installed'; "
-            f"then echo {quote('pkg ' + p + ' yes')}; else echo {quote('pkg ' + p + ' no')}; fi"
-        )
     for u in want.conflicts:
         s.raw(
             f"e=$(systemctl is-enabled {quote(u)} 2>/dev/null); a=$(systemctl is-active {quote(u)} 2>/dev/null); "
@@ -125,22 +108,19 @@ def read_script(want: Runtime) -> str:
 
 
 def parse_facts(text: str) -> Facts:
-    packages: dict[str, bool] = {}
     units: dict[str, UnitState] = {}
     venv = ""
     for line in text.splitlines():
         parts = line.split()
         if not parts:
             continue
-        if parts[0] == "pkg" and len(parts) == 3:
-            packages[parts[1]] = parts[2] == "yes"
-        elif parts[0] == "unit" and len(parts) >= 2:
+        if parts[0] == "unit" and len(parts) >= 2:
             enabled = parts[2] if len(parts) > 2 else "not-found"
             active = parts[3] if len(parts) > 3 else "unknown"
             units[parts[1]] = UnitState(enabled=enabled or "not-found", active=active)
         elif parts[0] == "venv":
             venv = parts[1] if len(parts) > 1 else ""
-    return Facts(packages=packages, units=units, venv_sha256=venv)
+    return Facts(units=units, venv_sha256=venv)
 
 
 def _venv_script(want: Runtime) -> str:
@@ -154,16 +134,6 @@ def _venv_script(want: Runtime) -> str:
 
 def plan(facts: Facts, want: Runtime) -> Plan:
     steps: list[Step] = []
-    missing = [p for p in want.packages if not facts.packages.get(p, False)]
-    if missing:
-        steps.append(
-            Step(
-                "packages",
-                f"install {', '.join(missing)}",
-                "DEBIAN_FRONTEND=noninteractive "
-                + sh("apt-get", "install", "-y", "-q", "--no-install-recommends", *missing),
-            )
-        )
     if want.venv and facts.venv_sha256 != want.requirements_sha256:
         why = "create" if not facts.venv_sha256 else "rebuild (pinned requirements changed)"
         steps.append(Step("venv", f"{why} {want.venv}", _venv_script(want)))
@@ -179,12 +149,15 @@ def plan(facts: Facts, want: Runtime) -> Plan:
             s.add("systemctl", "disable", "--now", "--quiet", c)
         steps.append(Step("conflicts", f"stop and disable {', '.join(running)}", s.render()))
     if not steps:
-        return Plan((), "packages installed, venv current, no conflicting unit running")
+        return Plan((), "venv current, no conflicting unit running")
     return Plan(tuple(steps))
 
 
-def restore_steps(prior: Facts, want: Runtime) -> list[Step]:
-    """Undo what gpuhost changed, from the facts recorded before its first apply."""
+def restore_steps(prior: Optional[Facts], want: Runtime) -> list[Step]:
+    """Undo what gpuhost changed, from the facts recorded before its first apply (None: nothing was recorded,
+    a create that failed before its first read; then nothing is undone)."""
+    if prior is None:
+        return []
     s = Script()
     for c in want.conflicts:
         was = prior.units.get(c, UnitState("not-found", "inactive"))
@@ -192,23 +165,13 @@ def restore_steps(prior: Facts, want: Runtime) -> list[Step]:
             s.add("systemctl", "enable", "--quiet", c)
         if was.active == "active":
             s.add("systemctl", "start", c)
-    # Without a record of the host before (a create that failed before its first read) nothing else is undone.
-    known = bool(prior.units or prior.packages or not want.packages and not want.conflicts)
-    if known and want.venv and not prior.venv_sha256:
+    if want.venv and not prior.venv_sha256:
         s.add("rm", "-rf", "--", want.venv)
-    installed = [p for p in want.packages if prior.packages.get(p) is False]
-    if installed:
-        s.raw(
-            "DEBIAN_FRONTEND=noninteractive "
-            + sh("apt-get", "remove", "-y", "-q", *installed)
-            + " >/dev/null 2>&1 || true"
-        )
-    return [Step("restore", "put conflicting units, venv and packages back as found", s.render())] if s.lines else []
+    return [Step("restore", "put conflicting units and the venv back as found", s.render())] if s.lines else []
 
 
 def facts_to_dict(f: Facts) -> dict:
     return {
-        "packages": dict(f.packages),
         "units": {u: {"enabled": s.enabled, "active": s.active} for u, s in f.units.items()},
         "venv_sha256": f.venv_sha256,
     }
@@ -216,7 +179,6 @@ def facts_to_dict(f: Facts) -> dict:
 
 def facts_from_dict(d: dict) -> Facts:
     return Facts(
-        packages={k: bool(v) for k, v in (d.get("packages") or {}).items()},
         units={u: UnitState(**s) for u, s in (d.get("units") or {}).items()},
         venv_sha256=d.get("venv_sha256") or "",
     )

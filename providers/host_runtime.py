@@ -1,16 +1,16 @@
-"""HostRuntime: Debian packages, a pinned venv and no conflicting unit on a host (plans.host_runtime).
+"""HostRuntime: a pinned venv and no conflicting unit on a host (plans.host_runtime).
 
 create: one round trip reads the host (kept as ``prior``), the pure plan's steps run, a second read confirms.
 update: the same against the new wants (a changed pin list rebuilds the venv).
-read: what the host has now (``state``), so `pulumi refresh` shows a removed package or a restarted conflict.
-delete: conflicting units it stopped are enabled/started again, the venv it built and the packages it installed are
-removed: the host is back as ``prior`` found it.
+read: what the host has now (``state``), so `pulumi refresh` shows a conflicting unit started again as drift.
+delete: conflicting units it stopped are enabled/started again and the venv it built is removed: the host is back
+as ``prior`` found it.
 
 Usage::
 
-    HostRuntime("gw-runtime", {"host": host_input(spec), "runtime": Runtime(packages=("redis-server",),
-                venv="/opt/gpuhost/gateway/venv", requirements=("redis==8.1.0",),
-                conflicts=("redis-server.service",)).model_dump()})
+    HostRuntime("gw-runtime", {"host": host_input(spec), "runtime": Runtime(venv="/opt/gpuhost/gateway/venv",
+                requirements=("redis==8.1.0",), conflicts=("redis-server.service",)).model_dump()},
+                opts=ResourceOptions(depends_on=[packages]))     # SystemPackages: python3-venv, redis-server
 """
 
 from __future__ import annotations
@@ -39,7 +39,7 @@ def _state(facts) -> dict:
 
 
 class HostRuntimeProvider(HostProvider):
-    VERSION = "1"
+    VERSION = "2"
     REPLACE_ON = ("host",)
     OUTPUT_ONLY = ("prior", "applied", "state")
 
@@ -56,14 +56,10 @@ class HostRuntimeProvider(HostProvider):
         conn = self.conn(props)
         before = parse_facts(conn.run(read_script(want)).stdout)
         applied = []
-        facts = before
-        # Two rounds: installing a package can start a unit that conflicts (Debian starts redis-server on install).
-        for _ in range(2):
-            for step in plan(facts, want).steps:
-                conn.run(step.script)
-                applied.append(step.name)
-            facts = parse_facts(conn.run(read_script(want)).stdout)
-        after = facts
+        for step in plan(before, want).steps:
+            conn.run(step.script)
+            applied.append(step.name)
+        after = parse_facts(conn.run(read_script(want)).stdout)
         left = plan(after, want).steps
         if left:
             raise RuntimeError(
@@ -86,7 +82,8 @@ class HostRuntimeProvider(HostProvider):
     def delete(self, _id: str, props: dict) -> None:
         want = Runtime.model_validate(props["runtime"])
         conn = self.conn(props)
-        for step in restore_steps(facts_from_dict(props.get("prior") or {}), want):
+        prior = props.get("prior")
+        for step in restore_steps(facts_from_dict(prior) if prior else None, want):
             conn.run(step.script)
 
 

@@ -56,6 +56,7 @@ def test_hk_prod_gateway_in_front_of_seed_001_routes(hk):
     children = [r for r in hk.registrations if r.parent == gw_reg.urn]
     assert sorted(r.name for r in children) == [
         "sdxl-gen-front",
+        "sdxl-gen-packages",
         "sdxl-gen-redis",
         "sdxl-gen-runtime",
         "sdxl-gen-worker-0",
@@ -81,7 +82,10 @@ def test_hk_prod_gateway_in_front_of_seed_001_routes(hk):
     assert [b.weight for b in wc.backends] == [3, 2] and wc.models == ("sdxl",)
 
     runtime = hk.by_name("sdxl-gen-runtime").inputs["runtime"]
-    assert runtime["conflicts"] == ["redis-server.service"] and "redis-server" in runtime["packages"]
+    assert runtime["conflicts"] == ["redis-server.service"]
+    assert hk.by_name("sdxl-gen-packages").inputs["packages"] == ["redis-server", "python3-venv"]
+    rt_deps = {hk.by_urn(u).name for u in hk.by_name("sdxl-gen-runtime").dependencies}
+    assert rt_deps == {"sdxl-gen-packages"}  # Debian starts its own redis-server on install: stop it after
     assert runtime["requirements"] == list(gw.REQUIREMENTS)
     # Workers start after Redis; worker 1 after worker 0, which owns the code and config.
     w1 = hk.by_name("sdxl-gen-worker-1")
@@ -264,72 +268,54 @@ def test_gateway_rules_pass_promtool_and_their_tests(tmp_path):
 
 # ------------------------------------------------------------------ HostRuntime's plan on captured facts
 
-WANT = hr.Runtime(
-    packages=("redis-server", "python3-venv"),
-    venv="/opt/gpuhost/gateway/venv",
-    requirements=gw.REQUIREMENTS,
-    conflicts=("redis-server.service",),
-)
+WANT = hr.Runtime(venv="/opt/gpuhost/gateway/venv", requirements=gw.REQUIREMENTS, conflicts=("redis-server.service",))
 
 
-def test_fresh_host_installs_builds_venv_and_nothing_else():
-    facts = hr.parse_facts(
-        "pkg redis-server no\npkg python3-venv yes\nunit redis-server.service not-found unknown\nvenv \n"
-    )
+def test_fresh_host_builds_venv_and_stops_debians_redis():
+    facts = hr.parse_facts("unit redis-server.service enabled active\nvenv \n")
     p = hr.plan(facts, WANT)
-    assert [s.name for s in p.steps] == ["packages", "venv"]
-    assert "apt-get install -y -q --no-install-recommends redis-server" in p.steps[0].script
-    assert "'tritonclient[grpc]==2.73.0'" in p.steps[1].script  # quoted by the command builder
-    # Debian started its redis-server on install: the second round stops it.
-    after = hr.parse_facts(
-        "pkg redis-server yes\npkg python3-venv yes\n"
-        f"unit redis-server.service enabled active\nvenv {WANT.requirements_sha256}\n"
-    )
-    assert [s.name for s in hr.plan(after, WANT).steps] == ["conflicts"]
-    done = hr.parse_facts(
-        "pkg redis-server yes\npkg python3-venv yes\n"
-        f"unit redis-server.service disabled inactive\nvenv {WANT.requirements_sha256}\n"
-    )
+    assert [s.name for s in p.steps] == ["venv", "conflicts"]
+    assert "'tritonclient[grpc]==2.73.0'" in p.steps[0].script  # quoted by the command builder
+    assert "systemctl disable --now --quiet redis-server.service" in p.steps[1].script
+    done = hr.parse_facts(f"unit redis-server.service disabled inactive\nvenv {WANT.requirements_sha256}\n")
     p = hr.plan(done, WANT)
     assert p.steps == () and "no conflicting unit" in p.noop_reason
 
 
 def test_changed_pins_rebuild_the_venv():
-    facts = hr.parse_facts(f"pkg redis-server yes\npkg python3-venv yes\nvenv {'0' * 64}\n")
+    facts = hr.parse_facts(f"unit redis-server.service not-found unknown\nvenv {'0' * 64}\n")
     assert [s.name for s in hr.plan(facts, WANT).steps] == ["venv"]
 
 
 def test_restore_puts_back_what_was_found():
-    prior = hr.parse_facts(
-        "pkg redis-server yes\npkg python3-venv no\nunit redis-server.service enabled active\nvenv \n"
-    )
+    prior = hr.parse_facts("unit redis-server.service enabled active\nvenv \n")
     (step,) = hr.restore_steps(prior, WANT)
     assert "systemctl enable --quiet redis-server.service" in step.script
     assert "systemctl start redis-server.service" in step.script
     assert "rm -rf -- /opt/gpuhost/gateway/venv" in step.script
-    assert "apt-get remove -y -q python3-venv" in step.script and "redis-server >" not in step.script
-    # Nothing recorded (create failed before reading): nothing removed.
-    assert hr.restore_steps(hr.Facts({}, {}, ""), WANT) == []
+    # A venv that was there before stays; nothing recorded (create failed before reading): nothing undone.
+    kept = hr.parse_facts(f"unit redis-server.service disabled inactive\nvenv {'1' * 64}\n")
+    assert hr.restore_steps(kept, WANT) == []
+    assert hr.restore_steps(None, WANT) == []
 
 
 def test_runtime_refuses_unpinned_or_odd_values():
     with pytest.raises(ValueError, match="pinned"):
         hr.Runtime(requirements=("redis",))
-    with pytest.raises(ValueError, match="Debian package"):
-        hr.Runtime(packages=("redis; rm -rf /",))
+    with pytest.raises(ValueError, match="systemd service unit"):
+        hr.Runtime(conflicts=("redis; rm -rf /",))
     with pytest.raises(ValueError, match="dedicated"):
         hr.Runtime(venv="/usr")
 
 
 def test_host_runtime_provider_builds_and_removes_the_venv_over_ssh(local_sshd, provider_server_for, tmp_path):
     """HostRuntime through the SDK's provider server against the real local sshd: a pinned venv is built once,
-    a re-run changes nothing, delete removes it; an installed package stays (it was there before).
+    a re-run changes nothing, delete removes it.
     Needs pip to reach the package index (or its cache), like `./gpuhost.sh setup` does."""
     from providers.host_runtime import HostRuntimeProvider
 
     venv = tmp_path / "gw" / "venv"
     want = hr.Runtime(
-        packages=("python3-venv",),
         venv=str(venv),
         requirements=("redis==8.1.0",),
         conflicts=("gpuhost-test-absent.service",),
@@ -346,7 +332,7 @@ def test_host_runtime_provider_builds_and_removes_the_venv_over_ssh(local_sshd, 
     }
     op, outs = r.up(inputs)
     assert op == "create" and outs["applied"] == ["venv"], outs
-    assert outs["prior"]["packages"] == {"python3-venv": True} and outs["prior"]["venv_sha256"] == ""
+    assert outs["prior"]["venv_sha256"] == ""
     check = subprocess.run(
         [str(venv / "bin" / "python"), "-c", "import redis; print(redis.__version__)"], capture_output=True, text=True
     )
