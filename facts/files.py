@@ -23,6 +23,7 @@ class FileState(BaseModel):
     uid: Optional[int] = None
     gid: Optional[int] = None
     content_b64: Optional[str] = None
+    link: Optional[str] = None  # a symlink's target (pristine copies only): restored as a link, never followed
 
     @property
     def content(self) -> bytes:

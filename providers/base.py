@@ -21,24 +21,36 @@ Usage::
 
     class KernelCmdline(dynamic.Resource, module="host", name="KernelCmdline"):
         def __init__(self, name, args, opts=None):
-            super().__init__(KernelCmdlineProvider(), name, {**args, "version": KernelCmdlineProvider.VERSION},
+            super().__init__(KernelCmdlineProvider(), name, {**args, **bookkeeping(KernelCmdlineProvider, name)},
                              opts)
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from typing import Any
 
-from pulumi.dynamic import CheckFailure, CheckResult, ConfigureRequest, DiffResult, ResourceProvider
+from pulumi.dynamic import (
+    CheckFailure,
+    CheckResult,
+    ConfigureRequest,
+    CreateResult,
+    DiffResult,
+    ReadResult,
+    ResourceProvider,
+    UpdateResult,
+)
 from pulumi.runtime.rpc import UNKNOWN
 from pydantic import ValidationError
 
 from access import keys
-from access.ssh import Conn, HostSpec, connect
+from access.errors import HostError
+from access.ssh import CommandFailed, Conn, HostSpec, HostUnreachable, connect
+from facts.state import Change, Record
+from plans.plan import Plan
 
 # Inputs that are bookkeeping, never a reason to touch the host.
-_IGNORED = {"__provider", "version"}
+_IGNORED = {"__provider", "version", "owner_tag"}
 
 
 def is_unknown(value: Any) -> bool:
@@ -161,6 +173,12 @@ class HostProvider(Provider):
         keys.set_source(lambda name: req.config.get(f"gpuhost:{name}"))
 
     # -- helpers for subclasses -------------------------------------------------------------------------------
+    KIND = "resource"
+
+    def owner(self, props: dict) -> str:
+        """Who records and changes things on the host: "<stack>/<resource>" (the `owner_tag` input)."""
+        return props.get("owner_tag") or f"unnamed/{self.spec(props).name}-{type(self).__name__}"
+
     @staticmethod
     def spec(props: dict) -> HostSpec:
         return HostSpec.model_validate(props["host"])
@@ -192,3 +210,94 @@ class HostProvider(Provider):
             if not unknown_paths(host_identity(news.get("host"))):
                 out.remove("host")
         return out
+
+
+class TemplateProvider(HostProvider):
+    """The provider template: declare, observe, apply; the base does the rest the same way for every provider.
+
+    A provider declares INPUTS (what the stack wants; diffed, the host by identity), OUTPUT_ONLY and REPLACE_ON,
+    and implements:
+
+    - `observe(props)`: the host's actual state in the inputs' own terms (one round trip); `read` returns it over
+      the inputs, so `pulumi refresh` shows a hand edit as a change of that input and the next `up` repairs it.
+    - `apply(props, prior)`: make the host match (prior: the old outputs on update, None on create); returns the
+      output-only values. `record_and_read` records the pristine files and runtime values on the host (first time
+      only) in the same round trip as the facts; `run_plan` runs a plan's actions under the host lock.
+    - `restore(props)`: the Change that puts back what the records say (delete).
+
+    Every failure is a HostError naming the host, the problem, the fix and whether anything changed.
+    """
+
+    INPUTS: tuple[str, ...] = ("host",)
+
+    def observe(self, props: dict) -> dict:
+        raise NotImplementedError
+
+    def apply(self, props: dict, prior: dict | None) -> dict:
+        raise NotImplementedError
+
+    def restore(self, props: dict) -> Change:
+        raise NotImplementedError
+
+    # -- what the base supplies -------------------------------------------------------------------------------
+    def diffed_keys(self, news: dict) -> list[str]:
+        return [k for k in self.INPUTS if k in news]
+
+    def record_and_read(self, conn: Conn, props: dict, rec: Record, facts_text: str) -> tuple[str, dict, dict]:
+        """One round trip: record (first time only) and read. Returns (output, pristine files, prior values)."""
+        out = self.guarded(conn, "reading the host", lambda: conn.run(rec.script().render() + facts_text).stdout)
+        files, values = rec.parse(out, conn.spec.name)
+        return out, files, values
+
+    def run_plan(self, conn: Conn, props: dict, plan: Plan, change: Change | None = None) -> Change:
+        ch = change or Change(self.owner(props))
+        for a in plan.actions:
+            if a.write is not None:
+                ch.write(a.write.path, a.write.content, a.write.mode, a.write.owner)
+            if a.command:
+                ch.add([a.command])
+        if not ch.empty:
+            why = "; ".join(a.why for a in plan.actions) or "restoring what gpuhost found"
+            self.guarded(conn, why, lambda: ch.run(conn), changing=True)
+        return ch
+
+    @staticmethod
+    def guarded(conn: Conn, doing: str, fn: Callable[[], Any], changing: bool = False) -> Any:
+        try:
+            return fn()
+        except CommandFailed as e:
+            raise HostError(
+                conn.spec.name,
+                f"{doing}: the command failed (exit {e.result.rc})",
+                fix="read the stderr below; the change runs as one script and stops at the first failure",
+                changed=True if changing else False,
+                stderr=e.result.stderr,
+            ) from None
+        except HostUnreachable as e:
+            raise HostError(
+                conn.spec.name,
+                f"{doing}: {e}",
+                fix="check the host is up and reachable, then run `pulumi up` again",
+                changed=None if changing else False,
+            ) from None
+
+    def create(self, props: dict[str, Any]) -> CreateResult:
+        return CreateResult(f"{self.spec(props).name}:{self.KIND}", self.outputs(props, **self.apply(props, None)))
+
+    def update(self, _id: str, olds: dict[str, Any], news: dict[str, Any]) -> UpdateResult:
+        return UpdateResult(self.outputs(news, **self.apply(news, olds)))
+
+    def read(self, id_: str, props: dict[str, Any]) -> ReadResult:
+        return ReadResult(id_, {**self.outputs(props), **self.observe(props)})
+
+    def delete(self, _id: str, props: dict[str, Any]) -> None:
+        conn = self.conn(props)
+        ch = self.restore(props)
+        self.guarded(conn, "restoring what gpuhost found", lambda: ch.run(conn), changing=True)
+
+
+def bookkeeping(provider: type[Provider], name: str) -> dict:
+    """The inputs every gpuhost resource carries besides its own: provider version and owner tag (never diffed)."""
+    import pulumi
+
+    return {"version": provider.VERSION, "owner_tag": f"{pulumi.get_stack()}/{name}"}

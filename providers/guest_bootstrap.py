@@ -25,7 +25,7 @@ from pydantic import ValidationError
 
 from access.shell import Script
 from plans.guest_bootstrap import MPS_ENV_DIR, MPS_UNIT, BootstrapConfig, parse_facts, plan, read_script
-from providers.base import HostProvider, validation_failures
+from providers.base import HostProvider, bookkeeping, validation_failures
 
 
 class GuestBootstrapProvider(HostProvider):
@@ -84,5 +84,5 @@ class GuestBootstrap(dynamic.Resource, module="vm", name="GuestBootstrap"):
     def __init__(self, name: str, args: dict, opts: Optional[pulumi.ResourceOptions] = None):
         props = {k: None for k in GuestBootstrapProvider.OUTPUT_ONLY}
         props.update(args)
-        props["version"] = GuestBootstrapProvider.VERSION
+        props.update(bookkeeping(GuestBootstrapProvider, name))
         super().__init__(GuestBootstrapProvider(), name, props, opts)

@@ -2,59 +2,42 @@
 
 Seed 002 §6 option B (runtime 2M pages, "may fragment") and seed 000 §4.1; 1 GiB pages need the kernel command line
 (seed 002 §6 option A) and are added by PassthroughHost to KernelCmdline. Reservations are per node so a VM's memory
-sits beside its GPU; `vm.nr_hugepages` would spread them over all nodes.
+sits beside its GPU; `vm.nr_hugepages` would spread them over all nodes. Decisions are in plans/hugepages.py.
 
-Inputs: host, per_node ({"1": 512}), version. Outputs: allocated ({"1": 512}), prior_counts, prior (unit file).
-If the kernel hands out fewer pages than asked (fragmented memory), create puts the counts back, fails, and says
-how many it got: a VM started on half its pages fails later in a worse place.
+Inputs: host, per_node ({"1": 512}), version. Outputs: prior (unit files as first found), prior_counts (page counts
+as first found, also recorded on the host), plan. If the kernel hands out fewer pages than asked (fragmented
+memory), apply puts the counts back, fails, and says how many it got: a VM started on half its pages fails later
+in a worse place.
 """
 
 from __future__ import annotations
 
-from typing import Any, Optional
+from typing import Optional
 
 import pulumi
 from pulumi import dynamic
-from pulumi.dynamic import CheckFailure, CheckResult, CreateResult, DiffResult, ReadResult, UpdateResult
+from pulumi.dynamic import CheckFailure, CheckResult
 
-from access.shell import Script, quote, sh
+from access.errors import HostError
+from access.shell import quote, sh
 from facts.files import FileState
-from facts.host import read_host_facts
-from providers.base import HostProvider
-from providers.pristine import capture_and_read, restore_lines, write_lines
+from facts.host import facts_script, parse_host_facts, read_host_facts
+from facts.state import Change, Record
+from plans import hugepages as plan
+from providers.base import TemplateProvider, bookkeeping
 
-UNIT = "/etc/systemd/system/gpuhost-hugepages.service"
-WANTS = "/etc/systemd/system/multi-user.target.wants/gpuhost-hugepages.service"
-SIZE_KB = 2048
-
-
-def nr_path(node: int | str) -> str:
-    return f"/sys/devices/system/node/node{int(node)}/hugepages/hugepages-{SIZE_KB}kB/nr_hugepages"
+UNIT, WANTS, SIZE_KB = plan.UNIT, plan.WANTS, plan.SIZE_KB
 
 
-def render_unit(per_node: dict) -> str:
-    lines = [
-        "# gpuhost: per-NUMA-node 2 MiB hugepages (seed 002 §6), before VMs start",
-        "[Unit]",
-        "Description=gpuhost per-node hugepage reservation",
-        "DefaultDependencies=no",
-        "Before=libvirtd.service libvirt-guests.service",
-        "After=local-fs.target",
-        "",
-        "[Service]",
-        "Type=oneshot",
-        "RemainAfterExit=yes",
-    ]
-    for node, count in sorted(per_node.items(), key=lambda kv: int(kv[0])):
-        # systemd does not run a shell: sh -c with a constant text and the numbers as positional arguments.
-        lines.append(f'ExecStart=/bin/sh -c \'echo "$1" > "$2"\' sh {int(count)} {nr_path(node)}')
-    lines += ["", "[Install]", "WantedBy=multi-user.target", ""]
-    return "\n".join(lines)
+def _counts(facts, nodes) -> dict[str, int]:
+    return {str(n): facts.nodes[int(n)].hugepages.get(SIZE_KB, {}).get("nr", 0) for n in nodes if int(n) in facts.nodes}
 
 
-class Hugepages2MProvider(HostProvider):
-    VERSION = "1"
-    OUTPUT_ONLY = ("prior", "prior_counts", "allocated")
+class Hugepages2MProvider(TemplateProvider):
+    VERSION = "2"
+    KIND = "hugepages-2M"
+    INPUTS = ("host", "per_node")
+    OUTPUT_ONLY = ("prior", "prior_counts", "plan")
 
     def check_known(self, olds: dict, news: dict) -> CheckResult:
         failures = self.check_host(news)
@@ -67,99 +50,82 @@ class Hugepages2MProvider(HostProvider):
                     failures.append(CheckFailure(f"per_node.{k}", f"want node number -> page count, got {k!r}: {v!r}"))
         return CheckResult(news, failures)
 
-    def _set_counts(self, counts: dict) -> list[str]:
-        return [f"echo {int(c)} > {quote(nr_path(n))}" for n, c in sorted(counts.items())]
-
-    def _apply(self, props: dict, olds: Optional[dict]) -> dict:
-        conn = self.conn(props)
-        facts, pristine = capture_and_read(conn, [UNIT, WANTS])
-        per = {str(k): int(v) for k, v in props["per_node"].items()}
-        missing = [n for n in per if int(n) not in facts.nodes]
-        if missing:
-            raise RuntimeError(
-                f"{conn.spec.name}: no NUMA node {', '.join(missing)} on this host "
-                f"(nodes: {', '.join(str(n) for n in facts.nodes)}); nothing changed"
-            )
-        prior_counts = (olds or {}).get("prior_counts") or {
-            str(n): facts.nodes[int(n)].hugepages.get(SIZE_KB, {}).get("nr", 0) for n in per
-        }
-        unit = render_unit(per).encode()
-        s = Script().raw("set -e")
-        cur = facts.files[UNIT]
-        if not (cur.exists and cur.content == unit):
-            s.extend(write_lines(UNIT, unit, "0644", "0:0"))
-            s.raw("systemctl daemon-reload")
-        s.raw(sh("systemctl", "enable", "gpuhost-hugepages.service") + " >/dev/null 2>&1")
-        s.extend(self._set_counts(per))
-        s.raw("sync; echo 1 > /proc/sys/vm/compact_memory 2>/dev/null || true")
-        s.extend(self._set_counts(per))
-        for n in sorted(per):
-            s.raw(f"printf 'got %s %s\\n' {quote(n)} \"$(cat {quote(nr_path(n))})\"")
-        out = conn.run(s.render()).stdout
-        got = {ln.split()[1]: int(ln.split()[2]) for ln in out.splitlines() if ln.startswith("got ")}
-        short = {n: (got.get(n, 0), per[n]) for n in per if got.get(n, 0) < per[n]}
-        if short:
-            undo = Script().raw("set -e").extend(self._set_counts(prior_counts))
-            if not olds:
-                undo.raw(sh("systemctl", "disable", "gpuhost-hugepages.service") + " || true")
-                undo.extend(restore_lines(pristine))
-                undo.raw("systemctl daemon-reload")
-            conn.run(undo.render())
-            raise RuntimeError(
-                f"{conn.spec.name}: the kernel reserved fewer 2 MiB hugepages than asked — "
-                + "; ".join(f"node {n}: got {g} of {w}" for n, (g, w) in short.items())
-                + " (memory is fragmented). Reserve them at boot (hugepages= on the kernel command line, or 1G pages) "
-                "or free memory on that node; the previous counts were put back."
-            )
-        return self.outputs(
-            props,
-            prior=(olds or {}).get("prior") or {k: v.model_dump() for k, v in pristine.items()},
-            prior_counts=prior_counts,
-            allocated=got,
+    def _record(self, props: dict, nodes) -> Record:
+        return Record(
+            self.owner(props),
+            files=[UNIT, WANTS],
+            values={f"hugepages-2M/node{int(n)}": sh("cat", plan.nr_path(n)) for n in sorted(nodes, key=int)},
         )
 
-    def create(self, props: dict[str, Any]) -> CreateResult:
-        return CreateResult(f"{self.spec(props).name}:hugepages-2M", self._apply(props, None))
-
-    def update(self, _id: str, olds: dict, news: dict) -> UpdateResult:
-        return UpdateResult(self._apply(news, olds))
-
-    def diff_known(self, _id: str, olds: dict, news: dict) -> DiffResult:
-        d = super().diff_known(_id, olds, news)
-        want = {str(k): int(v) for k, v in (news.get("per_node") or {}).items()}
-        if (
-            not d.changes
-            and olds.get("allocated") is not None
-            and any(int((olds.get("allocated") or {}).get(n, 0)) != c for n, c in want.items())
-        ):
-            return DiffResult(changes=True, replaces=[], delete_before_replace=None)
-        return d
-
-    def read(self, id_: str, props: dict) -> ReadResult:
-        facts = read_host_facts(self.conn(props))
-        got = {
-            str(n): facts.nodes[int(n)].hugepages.get(SIZE_KB, {}).get("nr", 0)
-            for n in (props.get("per_node") or {})
-            if int(n) in facts.nodes
+    def apply(self, props: dict, prior: Optional[dict]) -> dict:
+        conn = self.conn(props)
+        per = {str(k): int(v) for k, v in props["per_node"].items()}
+        dropped = sorted(set((prior or {}).get("prior_counts") or {}) - set(per))
+        rec = self._record(props, [*per, *dropped])
+        out, files, values = self.record_and_read(conn, props, rec, facts_script(files=[UNIT, WANTS]))
+        facts = parse_host_facts(out)
+        firsts = {k.removeprefix("hugepages-2M/node"): int(v or 0) for k, v in values.items()}
+        unit = facts.files[UNIT]
+        try:
+            p = plan.plan_hugepages(
+                per,
+                list(facts.nodes),
+                _counts(facts, per),
+                unit.text if unit.exists else None,
+                facts.files[WANTS].exists,
+            )
+        except plan.NoSuchNode as e:
+            raise HostError(conn.spec.name, str(e), fix="use a node the host has (`numactl -H`)") from None
+        ch = Change(self.owner(props)).add(plan.set_counts({n: firsts[n] for n in dropped}))
+        ch.forget(Record(rec.owner, values={f"hugepages-2M/node{n}": "" for n in dropped}))
+        got = _counts(facts, per)
+        if not p.noop or dropped:
+            for n in sorted(per, key=int):
+                ch.add([f"printf 'got %s %s\\n' {quote(n)} \"$(cat {quote(plan.nr_path(n))})\""])
+            ran = self.run_plan(conn, props, p, ch)
+            got = {ln.split()[1]: int(ln.split()[2]) for ln in ran.last_stdout.splitlines() if ln.startswith("got ")}
+        short = {n: (got.get(n, 0), per[n]) for n in per if got.get(n, 0) < per[n]}
+        if short:
+            undo = Change(self.owner(props)).add(plan.set_counts({n: firsts[n] for n in per}))
+            if prior is None:  # a failed create leaves nothing behind: the unit and its records go too
+                undo.add([sh("systemctl", "disable", "gpuhost-hugepages.service") + " >/dev/null 2>&1 || true"])
+                undo.restore(files).add(["systemctl daemon-reload"]).forget(rec)
+            self.guarded(conn, "putting the page counts back", lambda: undo.run(conn), changing=True)
+            raise HostError(
+                conn.spec.name,
+                "the kernel reserved fewer 2 MiB hugepages than asked: "
+                + "; ".join(f"node {n}: got {g} of {w}" for n, (g, w) in short.items())
+                + " (memory is fragmented); the page counts were put back",
+                fix="reserve them at boot (hugepages= on the kernel command line, or 1G pages) or free memory on "
+                "that node",
+                changed=True,
+            )
+        return {
+            "prior": {k: v.model_dump() for k, v in files.items()},
+            "prior_counts": {n: firsts[n] for n in per},
+            "plan": p.sentences,
         }
-        return ReadResult(id_, {**props, "allocated": got})
 
-    def delete(self, _id: str, props: dict) -> None:
+    def observe(self, props: dict) -> dict:
+        facts = read_host_facts(self.conn(props), files=[UNIT])
+        return {"per_node": _counts(facts, props.get("per_node") or {})}
+
+    def restore(self, props: dict) -> Change:
         prior = {k: FileState.model_validate(v) for k, v in (props.get("prior") or {}).items()}
-        s = Script().raw("set -e")
-        s.raw(sh("systemctl", "disable", "gpuhost-hugepages.service") + " >/dev/null 2>&1 || true")
-        s.extend(restore_lines(prior)).raw("systemctl daemon-reload")
-        s.extend(self._set_counts(props.get("prior_counts") or {}))
-        self.conn(props).run(s.render())
+        ch = Change(self.owner(props))
+        ch.add([sh("systemctl", "disable", "gpuhost-hugepages.service") + " >/dev/null 2>&1 || true"])
+        ch.restore(prior).add(["systemctl daemon-reload"])
+        ch.add(plan.set_counts(props.get("prior_counts") or {}))
+        return ch.forget(self._record(props, props.get("prior_counts") or {}))
 
 
 class Hugepages2M(dynamic.Resource, module="host", name="Hugepages2M"):
-    allocated: pulumi.Output[dict]
+    per_node: pulumi.Output[dict]
 
     def __init__(self, name: str, args: dict, opts: Optional[pulumi.ResourceOptions] = None):
         super().__init__(
             Hugepages2MProvider(),
             name,
-            {**{k: None for k in Hugepages2MProvider.OUTPUT_ONLY}, **args, "version": Hugepages2MProvider.VERSION},
+            {**{k: None for k in Hugepages2MProvider.OUTPUT_ONLY}, **args, **bookkeeping(Hugepages2MProvider, name)},
             opts,
         )

@@ -20,7 +20,7 @@ from facts.cpulist import format_cpulist
 from facts.files import FileState
 from facts.host import read_host_facts
 from plans import irq as plan
-from providers.base import HostProvider
+from providers.base import HostProvider, bookkeeping
 from providers.pristine import capture_and_read, restore_lines, write_lines
 
 PATHS = ["/etc/default/irqbalance", "/etc/sysconfig/irqbalance"]
@@ -141,7 +141,7 @@ class IrqIsolation(dynamic.Resource, module="host", name="IrqIsolation"):
                 **{k: None for k in IrqIsolationProvider.OUTPUT_ONLY},
                 "pin": [],
                 **args,
-                "version": IrqIsolationProvider.VERSION,
+                **bookkeeping(IrqIsolationProvider, name),
             },
             opts,
         )

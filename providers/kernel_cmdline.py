@@ -19,7 +19,7 @@ from facts.files import FileState
 from facts.host import read_host_facts
 from plans import cmdline as plan
 from plans.values import kernel_arg
-from providers.base import HostProvider
+from providers.base import HostProvider, bookkeeping
 from providers.pristine import capture_and_read, restore_lines, write_lines
 
 GRUB = "/etc/default/grub"
@@ -135,7 +135,7 @@ class KernelCmdline(dynamic.Resource, module="host", name="KernelCmdline"):
                 **{k: None for k in KernelCmdlineProvider.OUTPUT_ONLY},
                 "acknowledged": [],
                 **args,
-                "version": KernelCmdlineProvider.VERSION,
+                **bookkeeping(KernelCmdlineProvider, name),
             },
             opts,
         )

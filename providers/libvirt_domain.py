@@ -42,7 +42,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from access.shell import sh
 from access.ssh import HostSpec, connect
 from plans.domain_xml import CloudInit, DomainSpec, cpuset_str, parse, render, seed_iso
-from providers.base import HostProvider, validation_failures
+from providers.base import HostProvider, bookkeeping, validation_failures
 
 # Changes libvirt applies to a running domain without a restart.
 LIVE_FIELDS = {"vcpupin", "emulatorpin", "iothreadpin"}
@@ -509,7 +509,7 @@ class LibvirtDomain(dynamic.Resource, module="vm", name="LibvirtDomain"):
     def __init__(self, name: str, args: dict, opts: Optional[pulumi.ResourceOptions] = None):
         props = {k: None for k in LibvirtDomainProvider.OUTPUT_ONLY}
         props.update(args)
-        props["version"] = LibvirtDomainProvider.VERSION
+        props.update(bookkeeping(LibvirtDomainProvider, name))
         super().__init__(LibvirtDomainProvider(), name, props, opts)
 
 

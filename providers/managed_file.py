@@ -22,7 +22,8 @@ from pulumi.dynamic import CheckFailure, CheckResult, CreateResult, ReadResult, 
 from access.shell import sh
 from access.ssh import put_script
 from facts.files import FileState, files_script, parse_files
-from providers.base import HostProvider
+from facts.state import Change, Record
+from providers.base import HostProvider, bookkeeping
 
 
 def restore_script(prior: FileState) -> tuple[str, Optional[bytes]]:
@@ -56,24 +57,30 @@ class ManagedFileProvider(HostProvider):
     def _state(self, conn, path: str) -> FileState:
         return parse_files(conn.run(files_script([path]).render()).stdout)[path]
 
-    def create(self, props: dict[str, Any]) -> CreateResult:
+    def _record(self, props: dict) -> Record:
+        return Record(self.owner(props), files=[props["path"]])
+
+    def _write(self, props: dict) -> dict:
+        """Record the file as first found (on the host, first time only), then write it under the host lock."""
         conn = self.conn(props)
-        prior = self._state(conn, props["path"])
-        conn.put(props["path"], props["content"].encode(), mode=props.get("mode"), owner=props.get("owner"))
-        return CreateResult(
-            f"{self.spec(props).name}:{props['path']}",
-            self.outputs(props, prior=prior.model_dump(), sha256=sha256(props["content"])),
-        )
+        rec = self._record(props)
+        pristine, _ = rec.parse(conn.run(rec.script().render()).stdout, conn.spec.name)
+        prior = pristine[props["path"]]
+        # Mode and owner not given: keep what the file had (a new file gets 0644 root:root).
+        mode = props.get("mode") or (prior.mode.zfill(4) if prior.exists and prior.mode else "0644")
+        owner = props.get("owner") or (f"{prior.uid}:{prior.gid}" if prior.exists and prior.uid is not None else "0:0")
+        Change(self.owner(props)).write(props["path"], props["content"].encode(), mode, owner).run(conn)
+        return self.outputs(props, prior=prior.model_dump(), sha256=sha256(props["content"]))
+
+    def create(self, props: dict[str, Any]) -> CreateResult:
+        return CreateResult(f"{self.spec(props).name}:{props['path']}", self._write(props))
 
     def update(self, _id: str, olds: dict, news: dict) -> UpdateResult:
-        conn = self.conn(news)
-        conn.put(news["path"], news["content"].encode(), mode=news.get("mode"), owner=news.get("owner"))
-        return UpdateResult(self.outputs(news, prior=olds.get("prior"), sha256=sha256(news["content"])))
+        return UpdateResult(self._write(news))
 
     def delete(self, _id: str, props: dict) -> None:
         prior = FileState.model_validate(props["prior"])
-        cmd, data = restore_script(prior)
-        self.conn(props).run(cmd, input=data)
+        Change(self.owner(props)).restore({props["path"]: prior}).forget(self._record(props)).run(self.conn(props))
 
     def read(self, id_: str, props: dict) -> ReadResult:
         now = self._state(self.conn(props), props["path"])
@@ -92,6 +99,6 @@ class ManagedFile(dynamic.Resource, module="host", name="ManagedFile"):
         super().__init__(
             ManagedFileProvider(),
             name,
-            {"prior": None, "sha256": None, **args, "version": ManagedFileProvider.VERSION},
+            {"prior": None, "sha256": None, **args, **bookkeeping(ManagedFileProvider, name)},
             opts,
         )

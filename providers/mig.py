@@ -16,7 +16,7 @@ from pulumi.dynamic import CheckFailure, CheckResult, CreateResult, ReadResult, 
 
 from access.shell import Script
 from plans import triton_mig as mig
-from providers.base import HostProvider
+from providers.base import HostProvider, bookkeeping
 
 
 def _layout(props: dict) -> dict[int, list[str]]:
@@ -89,6 +89,6 @@ class MigLayout(dynamic.Resource, module="gpu", name="MigLayout"):
         super().__init__(
             MigLayoutProvider(),
             name,
-            {**{k: None for k in MigLayoutProvider.OUTPUT_ONLY}, **args, "version": MigLayoutProvider.VERSION},
+            {**{k: None for k in MigLayoutProvider.OUTPUT_ONLY}, **args, **bookkeeping(MigLayoutProvider, name)},
             opts,
         )

@@ -29,8 +29,8 @@ from pulumi.dynamic import CheckFailure, CheckResult, CreateResult, ReadResult, 
 
 from access.shell import Script, sh
 from facts.files import FileState, files_script, parse_files
-from providers.base import HostProvider
-from providers.managed_file import restore_script
+from facts.state import Change, Record
+from providers.base import HostProvider, bookkeeping
 
 STAGED = ".gpuhost-staged"
 
@@ -114,9 +114,18 @@ class MonitoringFilesProvider(HostProvider):
             conn.put(p + STAGED, content.encode())
         conn.run(apply_script(props, changed))
 
+    def _record(self, props: dict, paths: list[str]) -> Record:
+        return Record(self.owner(props), files=sorted(paths))
+
+    def _first_found(self, conn, props: dict, paths: list[str]) -> dict[str, FileState]:
+        """The files as gpuhost first found them, recorded on the host (first time only) so a re-run after a
+        dropped connection does not take its own files for the originals."""
+        rec = self._record(props, paths)
+        return rec.parse(conn.run(rec.script().render()).stdout, conn.spec.name)[0]
+
     def create(self, props: dict[str, Any]) -> CreateResult:
         conn = self.conn(props)
-        prior = self._states(conn, list(props["files"]))
+        prior = self._first_found(conn, props, list(props["files"]))
         self._place(conn, props, list(props["files"]))
         return CreateResult(
             f"{self.spec(props).name}:monitoring-files",
@@ -128,23 +137,22 @@ class MonitoringFilesProvider(HostProvider):
         prior = dict(olds.get("prior") or {})
         added = [p for p in news["files"] if p not in prior]
         if added:
-            prior.update({p: s.model_dump() for p, s in self._states(conn, added).items()})
+            prior.update({p: s.model_dump() for p, s in self._first_found(conn, news, added).items()})
         changed = [p for p, c in news["files"].items() if (olds.get("files") or {}).get(p) != c]
         self._place(conn, news, changed)
         dropped = [p for p in (olds.get("files") or {}) if p not in news["files"]]
-        self._restore(conn, [FileState.model_validate(prior.pop(p)) for p in dropped])
+        self._restore(conn, news, [FileState.model_validate(prior.pop(p)) for p in dropped])
         return UpdateResult(self.outputs(news, prior=prior, sha256=_sha(news["files"])))
 
-    @staticmethod
-    def _restore(conn, states: list[FileState]) -> None:
-        for st in states:
-            cmd, data = restore_script(st)
-            conn.run(cmd, input=data)
+    def _restore(self, conn, props: dict, states: list[FileState]) -> None:
+        if states:
+            ch = Change(self.owner(props)).restore({st.path: st for st in states})
+            ch.forget(self._record(props, [st.path for st in states])).run(conn)
 
     def delete(self, _id: str, props: dict) -> None:
         conn = self.conn(props)
         priors = {p: FileState.model_validate(s) for p, s in (props.get("prior") or {}).items()}
-        self._restore(conn, list(priors.values()))
+        self._restore(conn, props, list(priors.values()))
         cfg = props.get("config_path")
         # With no config before us there is nothing for Prometheus to go back to: it keeps what it runs.
         if cfg and priors.get(cfg) and priors[cfg].exists:
@@ -172,6 +180,6 @@ class MonitoringFiles(dynamic.Resource, module="monitoring", name="MonitoringFil
         super().__init__(
             MonitoringFilesProvider(),
             name,
-            {**defaults, "prior": None, "sha256": None, **args, "version": MonitoringFilesProvider.VERSION},
+            {**defaults, "prior": None, "sha256": None, **args, **bookkeeping(MonitoringFilesProvider, name)},
             opts,
         )

@@ -14,7 +14,7 @@ from pulumi.dynamic import CheckFailure, CheckResult, CreateResult, ReadResult, 
 
 from facts.host import read_host_facts
 from plans.preflight import PreflightWant, failures, preflight, report
-from providers.base import HostProvider
+from providers.base import HostProvider, bookkeeping
 
 WANT_KEYS = (
     "gpus",
@@ -70,6 +70,10 @@ class HostPreflight(dynamic.Resource, module="host", name="HostPreflight"):
         super().__init__(
             HostPreflightProvider(),
             name,
-            {**{k: None for k in HostPreflightProvider.OUTPUT_ONLY}, **args, "version": HostPreflightProvider.VERSION},
+            {
+                **{k: None for k in HostPreflightProvider.OUTPUT_ONLY},
+                **args,
+                **bookkeeping(HostPreflightProvider, name),
+            },
             opts,
         )

@@ -31,7 +31,7 @@ from access.shell import sh
 from facts.host import facts_script, parse_host_facts, read_host_facts
 from facts.model import HostFacts
 from plans.cmdline import key
-from providers.base import HostProvider
+from providers.base import HostProvider, bookkeeping
 
 # Counted per process, for benchmarks (reboots per `up`).
 REBOOTS: dict[str, int] = {}
@@ -188,7 +188,7 @@ class HostReboot(dynamic.Resource, module="host", name="HostReboot"):
                 **{k: None for k in HostRebootProvider.OUTPUT_ONLY},
                 "policy": "auto",
                 **args,
-                "version": HostRebootProvider.VERSION,
+                **bookkeeping(HostRebootProvider, name),
             },
             opts,
         )

@@ -35,7 +35,7 @@ from facts.files import FileState, parse_files
 from facts.host import facts_script, parse_host_facts, read_host_facts, split_sections
 from facts.model import HostFacts, normalize_pci
 from plans import sriov as plan
-from providers.base import HostProvider, validation_failures
+from providers.base import HostProvider, bookkeeping, validation_failures
 from providers.pristine import capture_script, restore_lines, write_lines
 
 UNKNOWN = "04da6b54-80e4-46f7-96ec-b56ff0331ba9"  # the SDK's placeholder for a value not known during preview
@@ -394,7 +394,7 @@ class SriovVfs(dynamic.Resource, module="host", name="SriovVfs"):
                 "irq_cpus": [],
                 "persist": True,
                 **args,
-                "version": SriovVfsProvider.VERSION,
+                **bookkeeping(SriovVfsProvider, name),
             },
             opts,
         )

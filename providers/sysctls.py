@@ -1,111 +1,104 @@
 """Sysctls: the seeds' kernel/network tuning in /etc/sysctl.d, applied now, restorable to the old runtime values.
 
 Seed 000 §8.3 and seed 001 §3 (somaxconn, netdev_max_backlog, tcp_tw_reuse, ...). Inputs: host, values
-({"net.core.somaxconn": "4096"}), file (default /etc/sysctl.d/99-gpuhost.conf), version.
-Outputs: current (runtime values now), prior_values, prior (pristine file).
+({"net.core.somaxconn": "4096"}), version. Outputs: prior (the pristine file), prior_values (runtime values as
+first found, also recorded on the host), plan (what the last apply did, or why nothing).
+Decisions are in plans/sysctls.py; the file and the old values are recorded on the host before the first change.
 """
 
 from __future__ import annotations
 
-import re
-from typing import Any, Optional
+from typing import Optional
 
 import pulumi
 from pulumi import dynamic
-from pulumi.dynamic import CheckFailure, CheckResult, CreateResult, DiffResult, ReadResult, UpdateResult
+from pulumi.dynamic import CheckFailure, CheckResult
 
-from access.shell import Script, quote
+from access.errors import HostError
+from access.shell import sh
 from facts.files import FileState
-from facts.host import read_host_facts
-from providers.base import HostProvider
-from providers.pristine import capture_and_read, restore_lines, write_lines
+from facts.host import facts_script, parse_host_facts, read_host_facts
+from facts.state import Change, Record
+from plans import sysctls as plan
+from providers.base import TemplateProvider, bookkeeping
 
-FILE = "/etc/sysctl.d/99-gpuhost.conf"
-_NAME = re.compile(r"^[a-z0-9_]+(\.[a-zA-Z0-9_-]+)+$")
-
-
-def render(values: dict) -> str:
-    return "# gpuhost: seed tuning (000 §8.3, 001 §3)\n" + "".join(f"{k} = {v}\n" for k, v in sorted(values.items()))
+FILE = plan.FILE
 
 
-def norm(v: Any) -> str:
-    return " ".join(str(v).split())
-
-
-def set_lines(values: dict) -> list[str]:
-    return [f"sysctl -q -w {quote(f'{k}={v}')}" for k, v in sorted(values.items())]
-
-
-class SysctlsProvider(HostProvider):
-    VERSION = "1"
-    OUTPUT_ONLY = ("prior", "prior_values", "current")
+class SysctlsProvider(TemplateProvider):
+    VERSION = "2"
+    KIND = "sysctls"
+    INPUTS = ("host", "values")
+    OUTPUT_ONLY = ("prior", "prior_values", "plan")
 
     def check_known(self, olds: dict, news: dict) -> CheckResult:
         failures = self.check_host(news)
-        for k, v in (news.get("values") or {}).items():
-            if not _NAME.match(k):
+        values = news.get("values")
+        if not isinstance(values, dict) or not values:
+            return CheckResult(news, failures + [CheckFailure("values", "a map of sysctl name -> value")])
+        for k, v in values.items():
+            if not plan.NAME.match(k):
                 failures.append(CheckFailure(f"values.{k}", "not a sysctl name like net.core.somaxconn"))
             if "\n" in str(v):
                 failures.append(CheckFailure(f"values.{k}", "value must be one line"))
         return CheckResult(news, failures)
 
-    def _apply(self, props: dict, olds: Optional[dict]) -> dict:
-        conn = self.conn(props)
-        values = {k: norm(v) for k, v in props["values"].items()}
-        names = sorted(set(values) | set((olds or {}).get("prior_values") or {}))
-        facts, pristine = capture_and_read(conn, [FILE], sysctls=names)
-        missing = [k for k in values if facts.sysctls.get(k, "") == ""]
-        if missing:
-            raise RuntimeError(
-                f"{conn.spec.name}: unknown sysctl(s) {', '.join(missing)} on this kernel; nothing changed"
-            )
-        prior_values = (olds or {}).get("prior_values") or {}
-        prior_values = {**{k: facts.sysctls[k] for k in values if k not in prior_values}, **prior_values}
-        s = Script().raw("set -e").extend(write_lines(FILE, render(values).encode(), "0644", "0:0"))
-        dropped = {k: v for k, v in prior_values.items() if k not in values}
-        s.extend(set_lines(values)).extend(set_lines(dropped))
-        conn.run(s.render())
-        return self.outputs(
-            props,
-            prior=(olds or {}).get("prior") or pristine[FILE].model_dump(),
-            prior_values={k: v for k, v in prior_values.items() if k in values},
-            current=values,
+    def _record(self, props: dict, names) -> Record:
+        return Record(
+            self.owner(props), files=[FILE], values={f"sysctl/{k}": sh("sysctl", "-n", k) for k in sorted(names)}
         )
 
-    def create(self, props: dict[str, Any]) -> CreateResult:
-        return CreateResult(f"{self.spec(props).name}:sysctls", self._apply(props, None))
+    def apply(self, props: dict, prior: Optional[dict]) -> dict:
+        conn = self.conn(props)
+        dropped = sorted(set((prior or {}).get("prior_values") or {}) - set(props["values"]))
+        rec = self._record(props, [*props["values"], *dropped])
+        out, files, values = self.record_and_read(conn, props, rec, facts_script(sorted(rec_names(rec)), [FILE]))
+        facts = parse_host_facts(out)
+        priors = {k.removeprefix("sysctl/"): v for k, v in values.items()}
+        try:
+            p = plan.plan_sysctls(
+                props["values"],
+                facts.sysctls,
+                facts.files[FILE].text if facts.files[FILE].exists else None,
+                restore={k: priors[k] for k in dropped},
+            )
+        except plan.UnknownSysctl as e:
+            raise HostError(
+                conn.spec.name, str(e), fix="check the name (`sysctl -a`) or drop it", changed=False
+            ) from None
+        ch = Change(self.owner(props)).forget(Record(rec.owner, values={f"sysctl/{k}": "" for k in dropped}))
+        self.run_plan(conn, props, p, ch)
+        return {
+            "prior": files[FILE].model_dump(),
+            "prior_values": {k: priors[k] for k in props["values"]},
+            "plan": p.sentences,
+        }
 
-    def update(self, _id: str, olds: dict, news: dict) -> UpdateResult:
-        return UpdateResult(self._apply(news, olds))
-
-    def diff_known(self, _id: str, olds: dict, news: dict) -> DiffResult:
-        d = super().diff_known(_id, olds, news)
-        want = {k: norm(v) for k, v in (news.get("values") or {}).items()}
-        if not d.changes and olds.get("current") is not None and olds["current"] != want:
-            return DiffResult(changes=True, replaces=[], delete_before_replace=None)
-        return d
-
-    def read(self, id_: str, props: dict) -> ReadResult:
+    def observe(self, props: dict) -> dict:
         facts = read_host_facts(self.conn(props), sysctls=sorted(props.get("values") or {}), files=[FILE])
-        current = {k: facts.sysctls.get(k, "") for k in props.get("values") or {}}
-        if facts.files[FILE].text != render({k: norm(v) for k, v in props["values"].items()}):
-            current["<file>"] = "drifted: " + FILE
-        return ReadResult(id_, {**props, "current": current})
+        text = facts.files[FILE].text if facts.files[FILE].exists else None
+        return {"values": plan.observed(props.get("values") or {}, facts.sysctls, text)}
 
-    def delete(self, _id: str, props: dict) -> None:
-        prior = FileState.model_validate(props["prior"])
-        s = Script().raw("set -e").extend(restore_lines({FILE: prior}))
-        s.extend(set_lines(props.get("prior_values") or {}))
-        self.conn(props).run(s.render())
+    def restore(self, props: dict) -> Change:
+        prior = props.get("prior_values") or {}
+        ch = Change(self.owner(props))
+        if props.get("prior"):
+            ch.restore({FILE: FileState.model_validate(props["prior"])})
+        ch.add(plan.set_command(k, v) for k, v in sorted(prior.items()) if v != "")
+        return ch.forget(self._record(props, prior))
+
+
+def rec_names(rec: Record) -> list[str]:
+    return [k.removeprefix("sysctl/") for k in rec.values]
 
 
 class Sysctls(dynamic.Resource, module="host", name="Sysctls"):
-    current: pulumi.Output[dict]
+    values: pulumi.Output[dict]
 
     def __init__(self, name: str, args: dict, opts: Optional[pulumi.ResourceOptions] = None):
         super().__init__(
             SysctlsProvider(),
             name,
-            {**{k: None for k in SysctlsProvider.OUTPUT_ONLY}, **args, "version": SysctlsProvider.VERSION},
+            {**{k: None for k in SysctlsProvider.OUTPUT_ONLY}, **args, **bookkeeping(SysctlsProvider, name)},
             opts,
         )

@@ -24,7 +24,7 @@ from pulumi.dynamic import CheckFailure, CheckResult, CreateResult, ReadResult, 
 
 from access.shell import Script, sh
 from facts.files import FileState, files_script, parse_files
-from providers.base import HostProvider
+from providers.base import HostProvider, bookkeeping
 from providers.managed_file import restore_script
 
 UNIT_RE = re.compile(r"^[A-Za-z0-9@._\-]+\.service$")
@@ -139,4 +139,4 @@ class SystemdService(dynamic.Resource, module="host", name="SystemdService"):
 
     def __init__(self, name: str, args: dict, opts: Optional[pulumi.ResourceOptions] = None):
         inputs = {"priors": None, "sha256": None, "enabled": True, "active": True, **args}
-        super().__init__(SystemdServiceProvider(), name, {**inputs, "version": SystemdServiceProvider.VERSION}, opts)
+        super().__init__(SystemdServiceProvider(), name, {**inputs, **bookkeeping(SystemdServiceProvider, name)}, opts)

@@ -17,7 +17,7 @@ from pydantic import ValidationError
 
 from access.shell import Script, quote, sh
 from plans.triton_engine import EngineBuild, build_command, key_inputs, plan_rebuild
-from providers.base import HostProvider, validation_failures
+from providers.base import HostProvider, bookkeeping, validation_failures
 
 KEYS = ("onnxSha256", "shapes", "precision", "calibSha256", "gpuModel", "tensorrtVersion")
 
@@ -84,5 +84,8 @@ class TensorRTEngine(dynamic.Resource, module="serving", name="TensorRTEngine"):
 
     def __init__(self, name: str, args: dict, opts: Optional[pulumi.ResourceOptions] = None):
         super().__init__(
-            TensorRTEngineProvider(), name, {"decision": None, **args, "version": TensorRTEngineProvider.VERSION}, opts
+            TensorRTEngineProvider(),
+            name,
+            {"decision": None, **args, **bookkeeping(TensorRTEngineProvider, name)},
+            opts,
         )

@@ -39,7 +39,7 @@ import pulumi
 from pulumi import dynamic
 from pulumi.dynamic import CheckFailure, CheckResult, CreateResult, DiffResult
 
-from providers.base import HostProvider, Provider
+from providers.base import HostProvider, Provider, bookkeeping
 from serving import kserve, loadgate
 from serving.health import NotReady, wait_ready
 
@@ -247,7 +247,7 @@ class AcceptanceGate(dynamic.Resource, module="serving", name="AcceptanceGate"):
                 "rollback": None,
                 "expectDigest": None,
                 **args,
-                "version": AcceptanceGateProvider.VERSION,
+                **bookkeeping(AcceptanceGateProvider, name),
             },
             opts,
         )

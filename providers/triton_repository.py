@@ -26,7 +26,7 @@ from pulumi.dynamic import CheckFailure, CheckResult, CreateResult, ReadResult, 
 from access.shell import Script, quote, sh
 from access.ssh import put_script
 from plans.triton_repo import repository_digest
-from providers.base import HostProvider
+from providers.base import HostProvider, bookkeeping
 
 
 def repository_inputs(files: dict[str, bytes]) -> dict:
@@ -151,6 +151,6 @@ class TritonModelRepository(dynamic.Resource, module="serving", name="TritonMode
         super().__init__(
             TritonModelRepositoryProvider(),
             name,
-            {"prior": None, "priorRootExists": None, **args, "version": TritonModelRepositoryProvider.VERSION},
+            {"prior": None, "priorRootExists": None, **args, **bookkeeping(TritonModelRepositoryProvider, name)},
             opts,
         )

@@ -14,7 +14,7 @@ from pulumi.dynamic import CreateResult, DiffResult, ReadResult, UpdateResult
 
 from access.shell import Script, quote, sh
 from facts.host import read_host_facts
-from providers.base import HostProvider
+from providers.base import HostProvider, bookkeeping
 
 
 def _governor_lines(govs: dict) -> list[str]:
@@ -103,7 +103,7 @@ class HostTuning(dynamic.Resource, module="host", name="HostTuning"):
                 "tuned_profile": None,
                 "governor": None,
                 **args,
-                "version": HostTuningProvider.VERSION,
+                **bookkeeping(HostTuningProvider, name),
             },
             opts,
         )

@@ -15,13 +15,13 @@ import pulumi
 from pulumi import dynamic
 from pulumi.dynamic import CheckFailure, CheckResult, CreateResult, DiffResult, ReadResult, UpdateResult
 
-from access.shell import Script, quote, sh
+from access.shell import quote, sh
 from facts.files import FileState
-from facts.host import read_host_facts
+from facts.host import facts_script, parse_host_facts, read_host_facts
 from facts.model import HostFacts, normalize_pci
+from facts.state import Change, Record
 from plans.preflight import binding_refusals, report
-from providers.base import HostProvider
-from providers.pristine import capture_and_read, restore_lines, write_lines
+from providers.base import HostProvider, bookkeeping
 
 MODULES_LOAD = "/etc/modules-load.d/gpuhost-vfio.conf"
 MODPROBE_VFIO = "/etc/modprobe.d/gpuhost-vfio.conf"
@@ -91,6 +91,29 @@ def initramfs_cmd(family: str) -> str:
     return sh("update-initramfs", "-u", "-k", "all") + " >/dev/null 2>&1"
 
 
+def _slots(addresses: list[str]) -> set[str]:
+    return {normalize_pci(a).rsplit(".", 1)[0] for a in addresses}
+
+
+def _slot_drivers_cmd(slot: str) -> str:
+    """Prints "address driver override" for every function of a slot (driver/override "-" when none)."""
+    return (
+        f"for d in {quote('/sys/bus/pci/devices/' + slot)}.*; do a=${{d##*/}}; "
+        'drv=-; [ -e "$d/driver" ] && drv=$(basename "$(readlink "$d/driver")"); '
+        "ov=$(driverctl list-overrides 2>/dev/null | awk -v a=\"$a\" '$1 == a {print $2}'); "
+        'printf \'%s %s %s\\n\' "$a" "$drv" "${ov:--}"; done'
+    )
+
+
+def _parse_slot_drivers(text: str) -> dict[str, tuple[Optional[str], Optional[str]]]:
+    out = {}
+    for line in text.splitlines():
+        parts = line.split()
+        if len(parts) == 3:
+            out[parts[0]] = (None if parts[1] == "-" else parts[1], None if parts[2] == "-" else parts[2])
+    return out
+
+
 def expand_functions(facts: HostFacts, addresses: list[str]) -> list[str]:
     """Every function of each device's slot: a GPU and its audio function pass through together (seed 000 §4.2)."""
     out: list[str] = []
@@ -104,7 +127,7 @@ def expand_functions(facts: HostFacts, addresses: list[str]) -> list[str]:
 
 
 class VfioBindingProvider(HostProvider):
-    VERSION = "2"  # 2: repeats the device-safety checks (SSH NIC, boot display) right before binding
+    VERSION = "3"  # 2: device-safety checks right before binding; 3: drivers/overrides recorded on the host
     OUTPUT_ONLY = ("prior", "prior_drivers", "prior_overrides", "drivers", "pending_reboot")
 
     def check_known(self, olds: dict, news: dict) -> CheckResult:
@@ -124,9 +147,21 @@ class VfioBindingProvider(HostProvider):
         # by prior_overrides instead.
         return [MODULES_LOAD, MODPROBE_VFIO, BLACKLIST] + [driverctl_file(normalize_pci(a)) for a in props["devices"]]
 
+    def _record(self, props: dict) -> Record:
+        # Drivers and driverctl overrides of every function in each device's slot, as first found: a re-create
+        # after a dropped connection must not take vfio-pci for the original driver.
+        return Record(
+            self.owner(props),
+            files=self._paths(props),
+            values={f"pci/{slot}/drivers": _slot_drivers_cmd(slot) for slot in sorted(_slots(props["devices"]))},
+        )
+
     def _apply(self, props: dict, olds: Optional[dict]) -> dict:
         conn = self.conn(props)
-        facts, pristine = capture_and_read(conn, self._paths(props))
+        rec = self._record(props)
+        out = conn.run(rec.script().render() + facts_script()).stdout
+        pristine, values = rec.parse(out, conn.spec.name)
+        facts = parse_host_facts(out)
         unknown = [normalize_pci(a) for a in props["devices"] if normalize_pci(a) not in facts.pci]
         devices = expand_functions(facts, props["devices"])
         if unknown:
@@ -139,18 +174,18 @@ class VfioBindingProvider(HostProvider):
                 f"{conn.spec.name}: binding by address needs driverctl (seed 002 §4): "
                 "install it, or use mode 'ids'; nothing changed"
             )
-        prior_drivers = (olds or {}).get("prior_drivers") or {a: facts.pci[a].driver for a in devices}
-        prior_overrides = (olds or {}).get("prior_overrides")
-        if prior_overrides is None:
-            prior_overrides = {a: facts.driverctl_overrides.get(a) for a in devices}
+        first = {a: v for text in values.values() for a, v in _parse_slot_drivers(text).items()}
+        prior_drivers = {a: (first[a][0] if a in first else facts.pci[a].driver) for a in devices}
+        prior_overrides = {a: (first[a][1] if a in first else facts.driverctl_overrides.get(a)) for a in devices}
         wanted = render_files(props, facts)
-        s = Script().raw("set -e")
+        ch = Change(self.owner(props))
+        s = ch.script
         changed_files = False
         for path in (MODULES_LOAD, MODPROBE_VFIO, BLACKLIST):
             cur = facts.files.get(path)
             if path in wanted:
                 if not (cur and cur.exists and cur.content == wanted[path]):
-                    s.extend(write_lines(path, wanted[path], "0644", "0:0"))
+                    ch.write(path, wanted[path], "0644", "0:0")
                     changed_files = True
             elif cur and cur.exists and not pristine[path].exists:
                 s.raw(sh("rm", "-f", path))
@@ -166,8 +201,8 @@ class VfioBindingProvider(HostProvider):
                 s.extend(_sysfs_rebind(a, "vfio-pci"))
         if changed_files:
             s.raw(initramfs_cmd(facts.os.family))
-        if len(s.lines) > 1:
-            conn.run(s.render())
+        if not ch.empty:
+            ch.run(conn)
         after = read_host_facts(conn)
         drivers = {a: after.pci[a].driver for a in devices if a in after.pci}
         pending = not live or any(d != "vfio-pci" for d in drivers.values())
@@ -179,7 +214,7 @@ class VfioBindingProvider(HostProvider):
             )
         return self.outputs(
             props,
-            prior=(olds or {}).get("prior") or {k: v.model_dump() for k, v in pristine.items()},
+            prior={k: v.model_dump() for k, v in pristine.items()},
             prior_drivers=prior_drivers,
             prior_overrides=prior_overrides,
             drivers=drivers,
@@ -220,7 +255,8 @@ class VfioBindingProvider(HostProvider):
         conn = self.conn(props)
         facts = read_host_facts(conn)
         prior = {k: FileState.model_validate(v) for k, v in (props.get("prior") or {}).items()}
-        s = Script().raw("set -e")
+        ch = Change(self.owner(props))
+        s = ch.script
         for a in sorted(props.get("prior_drivers") or expand_functions(facts, props["devices"])):
             before = (props.get("prior_overrides") or {}).get(a)
             if props.get("mode", "address") == "address":
@@ -230,9 +266,9 @@ class VfioBindingProvider(HostProvider):
                     s.raw(sh("driverctl", "unset-override", a) + " || true")
             else:
                 s.extend(_sysfs_rebind(a, ""))
-        s.extend(restore_lines(prior))
+        ch.restore(prior)
         s.raw(initramfs_cmd(facts.os.family))
-        conn.run(s.render())
+        ch.forget(self._record(props)).run(conn)
 
 
 class VfioBinding(dynamic.Resource, module="host", name="VfioBinding"):
@@ -249,7 +285,7 @@ class VfioBinding(dynamic.Resource, module="host", name="VfioBinding"):
                 "blacklist_nouveau": True,
                 "disable_vga": True,
                 **args,
-                "version": VfioBindingProvider.VERSION,
+                **bookkeeping(VfioBindingProvider, name),
             },
             opts,
         )

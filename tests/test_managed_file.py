@@ -78,3 +78,30 @@ def test_absent_file_is_removed_again_and_bad_input_fails_in_check(local_sshd, p
     assert os.path.exists(path)
     r.destroy()
     assert not os.path.exists(path)
+
+
+def test_recreate_after_lost_state_keeps_the_real_original(local_sshd, provider_server_for, target):
+    """A create whose result never reached the engine (connection dropped after the write) runs again from
+    scratch on a changed host: the record on the host, not the changed file, is what destroy puts back."""
+    path = str(target / "limits.conf")
+    with open(path, "wb") as f:
+        f.write(b"# operator's original\n")
+    os.chmod(path, 0o600)
+    before = _snap(path)
+    srv = provider_server_for()
+    inputs = {
+        "host": host_input(local_sshd.host_spec()),
+        "path": path,
+        "content": "gpuhost's content\n",
+        "mode": "0644",
+        "owner_tag": "test/limits",
+        "version": "1",
+    }
+    lost = srv.resource(ManagedFileProvider(), "gpuhost:host:ManagedFile", "limits")
+    lost.up(inputs)  # the engine never learns of this one
+    assert _snap(path) != before
+    again = srv.resource(ManagedFileProvider(), "gpuhost:host:ManagedFile", "limits")
+    _, outs = again.up(inputs)
+    assert outs["prior"]["content_b64"] == "IyBvcGVyYXRvcidzIG9yaWdpbmFsCg==" and outs["prior"]["mode"] == "600"
+    again.destroy()
+    assert _snap(path) == before

@@ -1,0 +1,230 @@
+"""What a host had before gpuhost touched it, kept on the host; atomic writes over stdin; the host lock.
+
+Everything a provider changes is recorded on the host the first time, before the change, in the same round trip
+that reads the facts, and tagged with the resource that recorded it. A later attempt (a re-run after the host
+dropped the connection between the write and the result) finds the record and keeps it, so "before" is never a
+half-applied state and `delete` restores the real original. Layout under ROOT (/var/lib/gpuhost/pristine):
+
+    files<path>            the file as first found (`cp -a`: content, mode, owner; a symlink stays a symlink)
+    files<path>.absent     the path did not exist
+    runtime/<kind>/<key>   a runtime value as first found (a sysctl, a driver, a page count, an affinity, ...)
+    <entry>.owner          "<stack>/<resource>" TAB "<UTC time>" of the resource that recorded it
+
+A record owned by another stack or resource is never taken as the original: the read fails with the owner named.
+Symlinks: a write replaces the link itself (its target is never touched) and restore puts the link back.
+
+Every mutating script runs under the host lock (`flock` on LOCK), so two runs, or two resources of one run, never
+edit one host at the same time; who holds it is in LOCK.holder, and each hold is logged in LOCK.log.
+
+Usage::
+
+    rec = Record(owner="prod/gpu-a-sysctls", files=[FILE], values={"sysctl/net.core.somaxconn": sh("sysctl", "-n", ...)})
+    out = conn.run(rec.script().render() + facts_script(...)).stdout     # one round trip: record + read
+    pristine, priors = rec.parse(out)                                      # {path: FileState}, {key: value}
+    ch = Change("prod/gpu-a-sysctls"); ch.write(FILE, b"...", "0644", "0:0"); ch.run(conn)
+    ch = Change(owner); ch.restore(pristine); ch.forget(rec); ch.run(conn)                   # on delete
+"""
+
+from __future__ import annotations
+
+import base64
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+
+from access.errors import HostError
+from access.shell import Script, quote
+from facts.files import FileState
+
+ROOT = "/var/lib/gpuhost/pristine"
+LOCK = "/run/gpuhost.lock"
+LOCK_WAIT_S = 900
+
+# Shell functions (constant text): every value reaches them as a quoted argument.
+_FUNCTIONS = r"""gp_new() {
+  if [ -e "$1" ] || [ -L "$1" ] || [ -e "$1.absent" ]; then
+    if [ -f "$1.owner" ] && [ "$(cut -f1 "$1.owner")" != "$2" ]; then
+      printf '@@refused %s\t%s\n' "$3" "$(cat "$1.owner")"
+    fi
+    return 1
+  fi
+  mkdir -p "$(dirname "$1")"
+  printf '%s\t%s\n' "$2" "$(date -u +%Y-%m-%dT%H:%M:%SZ)" > "$1.owner"
+  return 0
+}
+gp_show() {
+  echo "@@pristine $2"
+  if [ -L "$1" ]; then echo "LINK $(printf %s "$(readlink "$1")" | base64 -w0)";
+  elif [ -f "$1" ]; then stat -c '%a %u %g' "$1"; base64 -w0 "$1"; echo;
+  else echo ABSENT; fi
+}
+gp_record_file() {
+  if gp_new "$ROOT/files$1" "$2" "$1"; then
+    if [ -L "$1" ] || [ -f "$1" ]; then cp -a "$1" "$ROOT/files$1"; else : > "$ROOT/files$1.absent"; fi
+  fi
+  gp_show "$ROOT/files$1" "$1"
+}"""
+
+
+def _entry(key: str) -> str:
+    return f"{ROOT}/runtime/{key}"
+
+
+def owner_of(stack: str, resource: str) -> str:
+    return f"{stack}/{resource}"
+
+
+@dataclass
+class Record:
+    """The files and runtime values one resource is about to change, recorded on the host the first time.
+
+    `values` maps a key ("sysctl/net.core.somaxconn", "pci/0000:65:00.0/driver") to the command (built with
+    access.shell) that prints the value now; its output is what gets recorded.
+    """
+
+    owner: str
+    files: list[str] = field(default_factory=list)
+    values: dict[str, str] = field(default_factory=dict)
+
+    def script(self, script: Script | None = None) -> Script:
+        s = script or Script()
+        s.assign("ROOT", ROOT).raw(_FUNCTIONS)
+        for p in self.files:
+            s.raw(f"gp_record_file {quote(p)} {quote(self.owner)}")
+        for key, cmd in sorted(self.values.items()):
+            e = quote(_entry(key))
+            s.raw(f"if gp_new {e} {quote(self.owner)} {quote(key)}; then ( {cmd} ) > {e} 2>/dev/null || : > {e}; fi")
+            s.raw(f"echo '@@prior' {quote(key)}; base64 -w0 {e}; echo")
+        return s
+
+    def parse(self, out: str, host: str = "") -> tuple[dict[str, FileState], dict[str, str]]:
+        """({path: FileState as first found}, {key: value as first found}); refuses records of another owner."""
+        refused = [ln.split(" ", 1)[1] for ln in out.splitlines() if ln.startswith("@@refused ")]
+        if refused:
+            what = "; ".join(
+                f"{r.split(chr(9))[0]} was recorded by {r.split(chr(9))[1]} at {r.split(chr(9))[2]}"
+                if r.count("\t") >= 2
+                else r
+                for r in refused
+            )
+            raise HostError(
+                host,
+                f"the pristine record of another owner is in the way: {what} (this is {self.owner})",
+                fix="destroy that stack's resource first, or remove its record under "
+                f"{ROOT} if it is stale and the file is as the distribution shipped it",
+                changed=False,
+            )
+        return parse_pristine(out), parse_priors(out)
+
+    def forget_lines(self) -> list[str]:
+        lines = []
+        for p in self.files:
+            c = ROOT + "/files" + p
+            lines.append(f"rm -f -- {quote(c)} {quote(c + '.absent')} {quote(c + '.owner')}")
+        for key in sorted(self.values):
+            lines.append(f"rm -f -- {quote(_entry(key))} {quote(_entry(key) + '.owner')}")
+        return lines
+
+
+def parse_pristine(out: str) -> dict[str, FileState]:
+    res: dict[str, FileState] = {}
+    lines = out.splitlines()
+    for i, line in enumerate(lines):
+        if not line.startswith("@@pristine "):
+            continue
+        path = line[len("@@pristine ") :]
+        nxt = lines[i + 1] if i + 1 < len(lines) else "ABSENT"
+        if nxt == "ABSENT":
+            res[path] = FileState(path=path, exists=False)
+        elif nxt.startswith("LINK "):
+            res[path] = FileState(path=path, exists=True, link=base64.b64decode(nxt[5:]).decode())
+        else:
+            mode, uid, gid = nxt.split()
+            content = lines[i + 2] if i + 2 < len(lines) else ""
+            res[path] = FileState(path=path, exists=True, mode=mode, uid=int(uid), gid=int(gid), content_b64=content)
+    return res
+
+
+def parse_priors(out: str) -> dict[str, str]:
+    res: dict[str, str] = {}
+    lines = out.splitlines()
+    for i, line in enumerate(lines):
+        if line.startswith("@@prior "):
+            raw = lines[i + 1] if i + 1 < len(lines) else ""
+            res[line[len("@@prior ") :]] = base64.b64decode(raw).decode(errors="replace").strip()
+    return res
+
+
+def locked(script: str, holder: str) -> str:
+    """`script` run under the host lock; a second run waits (and says for whom) instead of interleaving."""
+    q, h = quote(LOCK), quote(holder)
+    return (
+        f"exec 9>>{q}\n"
+        f'if ! flock -n 9; then echo "gpuhost: waiting for the host lock held by $(cat {q}.holder 2>/dev/null)" >&2; '
+        f"flock -w {LOCK_WAIT_S} 9 || {{ echo 'gpuhost: the host lock was not released in {LOCK_WAIT_S} s' >&2; exit 75; }}; fi\n"
+        f"printf '%s\\n' {h} > {q}.holder\n"
+        f"printf '%s acquired %s\\n' \"$(date +%s.%N)\" {h} >> {q}.log\n"
+        f"( {script}\n) 9>&-\nrc=$?\n"
+        f"printf '%s released %s\\n' \"$(date +%s.%N)\" {h} >> {q}.log\n"
+        "exit $rc\n"
+    )
+
+
+@dataclass
+class Change:
+    """One mutating script with its stdin: file contents travel over stdin (never in argv), run under the lock."""
+
+    owner: str
+    script: Script = field(default_factory=lambda: Script().raw("set -e"))
+    stdin: bytearray = field(default_factory=bytearray)
+    last_stdout: str = ""
+
+    def write(self, path: str, content: bytes, mode: str = "0644", owner: str = "0:0") -> Change:
+        """Atomic: a temp file in the same directory, fsync, rename over the path (a symlink is replaced, not
+        followed)."""
+        self.stdin += content
+        self.script.extend(
+            [
+                f"tmp=$(mktemp {quote(path + '.gpuhost.XXXXXX')})",
+                f'head -c {len(content)} > "$tmp"',
+                f'chmod {quote(mode)} "$tmp"',
+                f'chown {quote(owner)} "$tmp"',
+                'sync "$tmp"',
+                f'mv -f -T "$tmp" {quote(path)}',
+            ]
+        )
+        return self
+
+    def remove(self, path: str) -> Change:
+        self.script.raw(f"rm -f -- {quote(path)}")
+        return self
+
+    def restore(self, prior: dict[str, FileState]) -> Change:
+        """Put every recorded file back exactly: content, mode and owner, a symlink as a symlink, or absence."""
+        for path, st in sorted(prior.items()):
+            if not st.exists:
+                self.remove(path)
+            elif st.link is not None:
+                self.script.raw(f"ln -sfn -T {quote(st.link)} {quote(path)}")
+            else:
+                self.write(path, st.content, (st.mode or "644").zfill(4), f"{st.uid}:{st.gid}")
+        return self
+
+    def forget(self, record: Record) -> Change:
+        self.script.extend(record.forget_lines())
+        return self
+
+    def add(self, lines: Iterable[str]) -> Change:
+        self.script.extend(lines)
+        return self
+
+    @property
+    def empty(self) -> bool:
+        return len(self.script.lines) <= 1 and not self.stdin
+
+    def render(self) -> str:
+        return locked(self.script.render(), self.owner)
+
+    def run(self, conn):
+        res = conn.run(self.render(), input=bytes(self.stdin))
+        self.last_stdout = res.stdout
+        return res

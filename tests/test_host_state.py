@@ -1,0 +1,127 @@
+"""facts.state against a real local sshd: first-time records, owners, symlinks, stdin writes, the host lock.
+
+The local sshd runs commands on this machine, so the records land under the real /var/lib/gpuhost/pristine (at the
+test's own tmp paths) and the lock is the real /run/gpuhost.lock.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+import time
+import uuid
+
+import pytest
+
+from access import keys, ssh
+from access.errors import HostError
+from access.shell import sh
+from facts.state import LOCK, Change, Record, locked
+
+
+@pytest.fixture
+def conn(local_sshd):
+    keys.set_private_key("sshPrivateKey", local_sshd.client_key_pem)
+    return ssh.connect(local_sshd.host_spec())
+
+
+def _snap(path: str):
+    if os.path.islink(path):
+        return ("link", os.readlink(path))
+    if not os.path.exists(path):
+        return None
+    st = os.lstat(path)
+    return (open(path, "rb").read(), st.st_mode, st.st_uid, st.st_gid)
+
+
+def test_first_record_wins_and_restore_is_exact(conn, tmp_path):
+    plain, link, absent, value = tmp_path / "plain.conf", tmp_path / "link.conf", tmp_path / "new.conf", tmp_path / "v"
+    plain.write_bytes(b"original\x00\xffbytes\n")
+    os.chmod(plain, 0o640)
+    os.chown(plain, 0, 4)
+    (tmp_path / "target").write_text("the link's target\n")
+    os.symlink("target", link)
+    value.write_text("42\n")
+    before = {p: _snap(str(p)) for p in (plain, link, absent, tmp_path / "target")}
+
+    rec = Record(
+        owner=f"test/{tmp_path.name}",
+        files=[str(plain), str(link), str(absent)],
+        values={f"test{tmp_path}/v": sh("cat", str(value))},
+    )
+    pristine, priors = rec.parse(conn.run(rec.script().render()).stdout)
+    assert pristine[str(link)].link == "target" and not pristine[str(absent)].exists
+    assert priors == {f"test{tmp_path}/v": "42"}
+
+    # The change, then a "re-run" that records again from the changed host: the first record stays.
+    ch = Change(rec.owner)
+    for p in (plain, link, absent):
+        ch.write(str(p), b"gpuhost's content\n", "0644", "0:0")
+    ch.run(conn)
+    assert not os.path.islink(link) and (tmp_path / "target").read_text() == "the link's target\n"
+    value.write_text("7\n")
+    again, priors2 = rec.parse(conn.run(rec.script().render()).stdout)
+    assert again == pristine and priors2 == priors
+
+    Change(rec.owner).restore(again).forget(rec).run(conn)
+    assert {p: _snap(str(p)) for p in before} == before
+    fresh, _ = rec.parse(conn.run(rec.script().render()).stdout)  # forgotten: a new record is taken from now
+    Change(rec.owner).forget(rec).run(conn)
+    assert fresh[str(plain)].exists
+
+
+def test_record_of_another_owner_is_refused_with_the_owner_named(conn, tmp_path):
+    p = tmp_path / "shared.conf"
+    p.write_text("x\n")
+    mine = Record(owner="dev/gpu-a-sysctls", files=[str(p)])
+    mine.parse(conn.run(mine.script().render()).stdout)
+    other = Record(owner="prod/gpu-a-sysctls", files=[str(p)])
+    with pytest.raises(HostError) as e:
+        other.parse(conn.run(other.script().render()).stdout, host="local")
+    msg = str(e.value)
+    assert "dev/gpu-a-sysctls" in msg and "prod/gpu-a-sysctls" in msg and "nothing was changed" in msg
+    Change(mine.owner).forget(mine).run(conn)
+
+
+def test_content_travels_over_stdin_not_argv(conn, tmp_path):
+    secret = "never-in-argv-" + tmp_path.name
+    ch = Change("test/stdin").write(str(tmp_path / "f"), secret.encode() * 3)
+    assert secret not in ch.render()
+    ch.run(conn)
+    assert (tmp_path / "f").read_text() == secret * 3
+
+
+def test_two_concurrent_applies_on_one_host_serialize(conn, local_sshd, tmp_path):
+    """The test holds the host lock; two applies started meanwhile wait, say for whom, then run one at a time."""
+    tag = uuid.uuid4().hex  # the lock log is the machine's: earlier runs' lines stay in it
+    holder = threading.Thread(target=lambda: conn.run(locked("sleep 2", f"test-{tag}")))
+    holder.start()
+    time.sleep(0.7)
+    assert open(LOCK + ".holder").read().strip() == f"test-{tag}"  # visible while held
+
+    results = {}
+
+    def apply(name):
+        c = ssh.connect(local_sshd.host_spec())
+        t0 = time.monotonic()
+        ch = Change(f"{name}-{tag}").write(str(tmp_path / name), name.encode()).add(["sleep 1"])
+        res = c.run(ch.render(), input=bytes(ch.stdin))
+        results[name] = (time.monotonic() - t0, res.stderr)
+
+    threads = [threading.Thread(target=apply, args=(n,)) for n in ("a", "b")]
+    for t in threads:
+        t.start()
+    for t in threads + [holder]:
+        t.join()
+
+    log = [ln.split() for ln in open(LOCK + ".log").read().splitlines() if ln.endswith(tag)]
+    events = [(ev, who.rsplit("-", 1)[0]) for _, ev, who in log]
+    # Strictly one holder at a time: acquired/released pairs never interleave.
+    for i in range(0, len(events), 2):
+        assert events[i][0] == "acquired" and events[i + 1] == ("released", events[i][1]), events
+    assert [who for ev, who in events if ev == "acquired"][0] == "test"
+    assert sorted(who for ev, who in events if ev == "acquired") == ["a", "b", "test"]
+    for name, (took, stderr) in results.items():
+        assert f"waiting for the host lock held by test-{tag}" in stderr or took >= 2.0, (name, stderr)
+    # the second apply waited for the first's whole hold (1 s sleep) on top of the test's
+    assert max(t for t, _ in results.values()) >= 2.0
