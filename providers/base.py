@@ -28,8 +28,10 @@ Usage::
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable
-from typing import Any
+from typing import Any, ClassVar
 
+import pulumi
+from pulumi import dynamic
 from pulumi.dynamic import (
     CheckFailure,
     CheckResult,
@@ -69,6 +71,11 @@ def unknown_paths(value: Any, path: tuple = ()) -> list[tuple]:
     if isinstance(value, list | tuple):
         return [p for i, v in enumerate(value) for p in unknown_paths(v, (*path, i))]
     return []
+
+
+def is_safe_abs_path(path: Any) -> bool:
+    """An absolute path without '..' (what gpuhost writes or removes on a host)."""
+    return isinstance(path, str) and path.startswith("/") and ".." not in path.split("/")
 
 
 def host_identity(host: Any) -> Any:
@@ -200,6 +207,23 @@ class HostProvider(Provider):
     def check_known(self, _olds: dict[str, Any], news: dict[str, Any]) -> CheckResult:
         return CheckResult(news, self.check_host(news))
 
+    # Providers not yet on TemplateProvider implement `_converge(props, olds) -> outputs` (olds None on create).
+    def _converge(self, props: dict, olds: dict | None) -> dict:
+        raise NotImplementedError
+
+    def create(self, props: dict[str, Any]) -> CreateResult:
+        return CreateResult(f"{self.spec(props).name}:{self.KIND}", self._converge(props, None))
+
+    def update(self, _id: str, olds: dict[str, Any], news: dict[str, Any]) -> UpdateResult:
+        return UpdateResult(self._converge(news, olds))
+
+    @staticmethod
+    def also_changed(d: DiffResult, drifted: bool) -> DiffResult:
+        """`d`, or an in-place update when nothing in the inputs changed but the host drifted (seen by refresh)."""
+        if drifted and not d.changes:
+            return DiffResult(changes=True, replaces=[], delete_before_replace=None)
+        return d
+
     def check_unknown(self, olds: dict[str, Any], news: dict[str, Any]) -> list[CheckFailure]:
         return self.check_host(news)
 
@@ -265,20 +289,18 @@ class TemplateProvider(HostProvider):
     def guarded(conn: Conn, doing: str, fn: Callable[[], Any], changing: bool = False) -> Any:
         try:
             return fn()
-        except CommandFailed as e:
+        except (CommandFailed, HostUnreachable) as e:
+            failed = e.result if isinstance(e, CommandFailed) else None
+            # A failed command stopped a `set -e` script part-way; a lost connection leaves it unknown.
+            changed = (True if failed else None) if changing else False
             raise HostError(
                 conn.spec.name,
-                f"{doing}: the command failed (exit {e.result.rc})",
-                fix="read the stderr below; the change runs as one script and stops at the first failure",
-                changed=True if changing else False,
-                stderr=e.result.stderr,
-            ) from None
-        except HostUnreachable as e:
-            raise HostError(
-                conn.spec.name,
-                f"{doing}: {e}",
-                fix="check the host is up and reachable, then run `pulumi up` again",
-                changed=None if changing else False,
+                f"{doing}: the command failed (exit {failed.rc})" if failed else f"{doing}: {e}",
+                fix="read the stderr below; the change runs as one script and stops at the first failure"
+                if failed
+                else "check the host is up and reachable, then run `pulumi up` again",
+                changed=changed,
+                stderr=failed.stderr if failed else "",
             ) from None
 
     def create(self, props: dict[str, Any]) -> CreateResult:
@@ -298,6 +320,24 @@ class TemplateProvider(HostProvider):
 
 def bookkeeping(provider: type[Provider], name: str) -> dict:
     """The inputs every gpuhost resource carries besides its own: provider version and owner tag (never diffed)."""
-    import pulumi
-
     return {"version": provider.VERSION, "owner_tag": f"{pulumi.get_stack()}/{name}"}
+
+
+class HostResource(dynamic.Resource):
+    """What every gpuhost dynamic resource declares the same way: the provider, output-only properties as None
+    inputs (so Pulumi exposes them), input defaults, the version and the owner tag.
+
+    Usage::
+
+        class Sysctls(HostResource, module="host", name="Sysctls"):
+            PROVIDER = SysctlsProvider
+            DEFAULTS = {"file": None}
+    """
+
+    PROVIDER: ClassVar[type[Provider]]
+    DEFAULTS: ClassVar[dict[str, Any]] = {}
+
+    def __init__(self, name: str, args: dict, opts: pulumi.ResourceOptions | None = None):
+        p = self.PROVIDER
+        props = {**{k: None for k in p.OUTPUT_ONLY}, **self.DEFAULTS, **args, **bookkeeping(p, name)}
+        super().__init__(p(), name, props, opts)

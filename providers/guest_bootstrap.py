@@ -16,16 +16,13 @@ Usage::
 
 from __future__ import annotations
 
-from typing import Optional
-
 import pulumi
-from pulumi import dynamic
 from pulumi.dynamic import CheckResult, CreateResult, ReadResult, UpdateResult
 from pydantic import ValidationError
 
 from access.shell import Script
 from plans.guest_bootstrap import MPS_ENV_DIR, MPS_UNIT, BootstrapConfig, parse_facts, plan, read_script
-from providers.base import HostProvider, bookkeeping, validation_failures
+from providers.base import HostProvider, HostResource, validation_failures
 
 
 class GuestBootstrapProvider(HostProvider):
@@ -76,13 +73,9 @@ class GuestBootstrapProvider(HostProvider):
         self.conn(props).run(s.render())
 
 
-class GuestBootstrap(dynamic.Resource, module="vm", name="GuestBootstrap"):
+class GuestBootstrap(HostResource, module="vm", name="GuestBootstrap"):
     checks: pulumi.Output[dict]
     applied: pulumi.Output[list]
     done: pulumi.Output[bool]
 
-    def __init__(self, name: str, args: dict, opts: Optional[pulumi.ResourceOptions] = None):
-        props = {k: None for k in GuestBootstrapProvider.OUTPUT_ONLY}
-        props.update(args)
-        props.update(bookkeeping(GuestBootstrapProvider, name))
-        super().__init__(GuestBootstrapProvider(), name, props, opts)
+    PROVIDER = GuestBootstrapProvider

@@ -15,7 +15,6 @@ from __future__ import annotations
 from typing import Optional
 
 import pulumi
-from pulumi import dynamic
 from pulumi.dynamic import CheckFailure, CheckResult
 
 from access.errors import HostError
@@ -24,7 +23,7 @@ from facts.files import FileState
 from facts.host import facts_script, parse_host_facts, read_host_facts
 from facts.state import Change, Record
 from plans import hugepages as plan
-from providers.base import TemplateProvider, bookkeeping
+from providers.base import HostResource, TemplateProvider
 
 UNIT, WANTS, SIZE_KB = plan.UNIT, plan.WANTS, plan.SIZE_KB
 
@@ -119,13 +118,7 @@ class Hugepages2MProvider(TemplateProvider):
         return ch.forget(self._record(props, props.get("prior_counts") or {}))
 
 
-class Hugepages2M(dynamic.Resource, module="host", name="Hugepages2M"):
+class Hugepages2M(HostResource, module="host", name="Hugepages2M"):
     per_node: pulumi.Output[dict]
 
-    def __init__(self, name: str, args: dict, opts: Optional[pulumi.ResourceOptions] = None):
-        super().__init__(
-            Hugepages2MProvider(),
-            name,
-            {**{k: None for k in Hugepages2MProvider.OUTPUT_ONLY}, **args, **bookkeeping(Hugepages2MProvider, name)},
-            opts,
-        )
+    PROVIDER = Hugepages2MProvider

@@ -9,18 +9,17 @@ Runtime affinities are not persistent across reboots: read reports them as drift
 
 from __future__ import annotations
 
-from typing import Any, Optional
+from typing import Optional
 
 import pulumi
-from pulumi import dynamic
-from pulumi.dynamic import CheckFailure, CheckResult, CreateResult, DiffResult, ReadResult, UpdateResult
+from pulumi.dynamic import CheckFailure, CheckResult, DiffResult, ReadResult
 
 from access.shell import Script, quote
 from facts.cpulist import format_cpulist
 from facts.files import FileState
 from facts.host import read_host_facts
 from plans import irq as plan
-from providers.base import HostProvider, bookkeeping
+from providers.base import HostProvider, HostResource
 from providers.pristine import capture_and_read, restore_lines, write_lines
 
 PATHS = ["/etc/default/irqbalance", "/etc/sysconfig/irqbalance"]
@@ -36,6 +35,7 @@ def _affinity_lines(target: dict[str, list[int]]) -> list[str]:
 
 class IrqIsolationProvider(HostProvider):
     VERSION = "2"
+    KIND = "irq-isolation"
     OUTPUT_ONLY = ("prior", "prior_affinity", "config_path", "banned", "pinned", "unmovable")
 
     def check_known(self, olds: dict, news: dict) -> CheckResult:
@@ -57,7 +57,7 @@ class IrqIsolationProvider(HostProvider):
                 out[irq.irq] = sorted(int(c) for c in p["cpus"])
         return out
 
-    def _apply(self, props: dict, olds: Optional[dict]) -> dict:
+    def _converge(self, props: dict, olds: Optional[dict]) -> dict:
         conn = self.conn(props)
         facts, pristine = capture_and_read(conn, PATHS)
         path = plan.irqbalance_path(facts.os.family)
@@ -92,21 +92,11 @@ class IrqIsolationProvider(HostProvider):
             unmovable=unmovable,
         )
 
-    def create(self, props: dict[str, Any]) -> CreateResult:
-        return CreateResult(f"{self.spec(props).name}:irq-isolation", self._apply(props, None))
-
-    def update(self, _id: str, olds: dict, news: dict) -> UpdateResult:
-        return UpdateResult(self._apply(news, olds))
-
     def diff_known(self, _id: str, olds: dict, news: dict) -> DiffResult:
-        d = super().diff_known(_id, olds, news)
-        if (
-            not d.changes
-            and olds.get("banned") is not None
-            and (olds["banned"] != format_cpulist(int(c) for c in news.get("banned_cpus") or []) or olds.get("drift"))
-        ):
-            return DiffResult(changes=True, replaces=[], delete_before_replace=None)
-        return d
+        banned = olds.get("banned")
+        want = format_cpulist(int(c) for c in news.get("banned_cpus") or [])
+        drifted = banned is not None and (banned != want or bool(olds.get("drift")))
+        return self.also_changed(super().diff_known(_id, olds, news), drifted)
 
     def read(self, id_: str, props: dict) -> ReadResult:
         facts = read_host_facts(self.conn(props), files=PATHS)
@@ -129,19 +119,9 @@ class IrqIsolationProvider(HostProvider):
         self.conn(props).run(s.render())
 
 
-class IrqIsolation(dynamic.Resource, module="host", name="IrqIsolation"):
+class IrqIsolation(HostResource, module="host", name="IrqIsolation"):
     banned: pulumi.Output[str]
     pinned: pulumi.Output[dict]
 
-    def __init__(self, name: str, args: dict, opts: Optional[pulumi.ResourceOptions] = None):
-        super().__init__(
-            IrqIsolationProvider(),
-            name,
-            {
-                **{k: None for k in IrqIsolationProvider.OUTPUT_ONLY},
-                "pin": [],
-                **args,
-                **bookkeeping(IrqIsolationProvider, name),
-            },
-            opts,
-        )
+    PROVIDER = IrqIsolationProvider
+    DEFAULTS = {"pin": []}

@@ -11,7 +11,6 @@ from __future__ import annotations
 from typing import Any, Optional
 
 import pulumi
-from pulumi import dynamic
 from pulumi.dynamic import CheckFailure, CheckResult, CreateResult, DiffResult, ReadResult, UpdateResult
 
 from access.shell import Script, sh
@@ -19,7 +18,7 @@ from facts.files import FileState
 from facts.host import read_host_facts
 from plans import cmdline as plan
 from plans.values import kernel_arg
-from providers.base import HostProvider, bookkeeping
+from providers.base import HostProvider, HostResource
 from providers.pristine import capture_and_read, restore_lines, write_lines
 
 GRUB = "/etc/default/grub"
@@ -87,15 +86,12 @@ class KernelCmdlineProvider(HostProvider):
         return UpdateResult(self._apply(news, olds.get("prior")))
 
     def diff_known(self, _id: str, olds: dict, news: dict) -> DiffResult:
-        d = super().diff_known(_id, olds, news)
         configured = olds.get("configured")
         drifted = (
             configured is not None
             and plan.apply_args(configured, news.get("add") or [], news.get("remove") or []) != configured
         )
-        if drifted and not d.changes:
-            return DiffResult(changes=True, replaces=[], delete_before_replace=None)
-        return d
+        return self.also_changed(super().diff_known(_id, olds, news), drifted)
 
     def read(self, id_: str, props: dict) -> ReadResult:
         facts = read_host_facts(self.conn(props), files=[GRUB])
@@ -122,20 +118,10 @@ class KernelCmdlineProvider(HostProvider):
         conn.run(s.render())
 
 
-class KernelCmdline(dynamic.Resource, module="host", name="KernelCmdline"):
+class KernelCmdline(HostResource, module="host", name="KernelCmdline"):
     configured: pulumi.Output[list]
     running: pulumi.Output[list]
     pending_reboot: pulumi.Output[bool]
 
-    def __init__(self, name: str, args: dict, opts: Optional[pulumi.ResourceOptions] = None):
-        super().__init__(
-            KernelCmdlineProvider(),
-            name,
-            {
-                **{k: None for k in KernelCmdlineProvider.OUTPUT_ONLY},
-                "acknowledged": [],
-                **args,
-                **bookkeeping(KernelCmdlineProvider, name),
-            },
-            opts,
-        )
+    PROVIDER = KernelCmdlineProvider
+    DEFAULTS = {"acknowledged": []}

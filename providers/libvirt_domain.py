@@ -35,14 +35,13 @@ from xml.sax.saxutils import escape
 
 import libvirt
 import pulumi
-from pulumi import dynamic
 from pulumi.dynamic import CheckFailure, CheckResult, CreateResult, ReadResult, UpdateResult
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from access.shell import sh
 from access.ssh import HostSpec, connect
 from plans.domain_xml import CloudInit, DomainSpec, cpuset_str, parse, render, seed_iso
-from providers.base import HostProvider, bookkeeping, validation_failures
+from providers.base import HostProvider, HostResource, validation_failures
 
 # Changes libvirt applies to a running domain without a restart.
 LIVE_FIELDS = {"vcpupin", "emulatorpin", "iothreadpin"}
@@ -502,15 +501,11 @@ def _same_shape(a: DomainSpec, b: DomainSpec) -> bool:
     return len(a.vcpupin) == len(b.vcpupin) and len(a.iothreadpin) == len(b.iothreadpin)
 
 
-class LibvirtDomain(dynamic.Resource, module="vm", name="LibvirtDomain"):
+class LibvirtDomain(HostResource, module="vm", name="LibvirtDomain"):
     uuid: pulumi.Output[str]
     state: pulumi.Output[str]
 
-    def __init__(self, name: str, args: dict, opts: Optional[pulumi.ResourceOptions] = None):
-        props = {k: None for k in LibvirtDomainProvider.OUTPUT_ONLY}
-        props.update(args)
-        props.update(bookkeeping(LibvirtDomainProvider, name))
-        super().__init__(LibvirtDomainProvider(), name, props, opts)
+    PROVIDER = LibvirtDomainProvider
 
 
 __all__ = ["LibvirtDomain", "LibvirtDomainProvider", "DomainInputs", "Storage", "UpdateFailed", "cpuset_str"]

@@ -16,14 +16,13 @@ import hashlib
 from typing import Any, Optional
 
 import pulumi
-from pulumi import dynamic
 from pulumi.dynamic import CheckFailure, CheckResult, CreateResult, ReadResult, UpdateResult
 
 from access.shell import sh
 from access.ssh import put_script
 from facts.files import FileState, files_script, parse_files
 from facts.state import Change, Record
-from providers.base import HostProvider, bookkeeping
+from providers.base import HostProvider, HostResource, is_safe_abs_path
 
 
 def restore_script(prior: FileState) -> tuple[str, Optional[bytes]]:
@@ -45,7 +44,7 @@ class ManagedFileProvider(HostProvider):
     def check_known(self, olds: dict, news: dict) -> CheckResult:
         failures = self.check_host(news)
         path = news.get("path", "")
-        if not isinstance(path, str) or not path.startswith("/") or ".." in path.split("/"):
+        if not is_safe_abs_path(path):
             failures.append(CheckFailure("path", f"must be an absolute path without '..': {path!r}"))
         if not isinstance(news.get("content"), str):
             failures.append(CheckFailure("content", "must be a string"))
@@ -91,14 +90,8 @@ class ManagedFileProvider(HostProvider):
         return ReadResult(id_, outs)
 
 
-class ManagedFile(dynamic.Resource, module="host", name="ManagedFile"):
+class ManagedFile(HostResource, module="host", name="ManagedFile"):
     path: pulumi.Output[str]
     sha256: pulumi.Output[str]
 
-    def __init__(self, name: str, args: dict, opts: Optional[pulumi.ResourceOptions] = None):
-        super().__init__(
-            ManagedFileProvider(),
-            name,
-            {"prior": None, "sha256": None, **args, **bookkeeping(ManagedFileProvider, name)},
-            opts,
-        )
+    PROVIDER = ManagedFileProvider

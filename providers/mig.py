@@ -8,15 +8,14 @@ in `pending_reset`. Outputs: mig_uuids per GPU (for Triton instances), prior lay
 
 from __future__ import annotations
 
-from typing import Any, Optional
+from typing import Optional
 
 import pulumi
-from pulumi import dynamic
-from pulumi.dynamic import CheckFailure, CheckResult, CreateResult, ReadResult, UpdateResult
+from pulumi.dynamic import CheckFailure, CheckResult, ReadResult, UpdateResult
 
 from access.shell import Script
 from plans import triton_mig as mig
-from providers.base import HostProvider, bookkeeping
+from providers.base import HostProvider, HostResource
 
 
 def _layout(props: dict) -> dict[int, list[str]]:
@@ -25,6 +24,7 @@ def _layout(props: dict) -> dict[int, list[str]]:
 
 class MigLayoutProvider(HostProvider):
     VERSION = "1"
+    KIND = "mig"
     OUTPUT_ONLY = ("mig_uuids", "pending_reset", "prior_layout")
 
     def _state(self, props: dict) -> list[mig.Gpu]:
@@ -40,7 +40,7 @@ class MigLayoutProvider(HostProvider):
             failures.append(CheckFailure("layout", str(e)))
         return CheckResult(news, failures)
 
-    def _apply(self, props: dict, prior: Optional[dict]) -> dict:
+    def _converge(self, props: dict, prior: Optional[dict]) -> dict:
         gpus = self._state(props)
         if prior is None:
             prior = {
@@ -57,11 +57,8 @@ class MigLayoutProvider(HostProvider):
             mig_uuids={str(i): mig.mig_uuids(gpus, i) for i in _layout(props)},
         )
 
-    def create(self, props: dict[str, Any]) -> CreateResult:
-        return CreateResult(f"{self.spec(props).name}:mig", self._apply(props, None))
-
     def update(self, _id: str, olds: dict, news: dict) -> UpdateResult:
-        return UpdateResult(self._apply(news, olds.get("prior_layout")))
+        return UpdateResult(self._converge(news, olds.get("prior_layout")))
 
     def read(self, id_: str, props: dict) -> ReadResult:
         gpus = self._state(props)
@@ -82,13 +79,7 @@ class MigLayoutProvider(HostProvider):
             self.conn(props).run(Script().raw("set -e").extend(a.command for a in actions).render())
 
 
-class MigLayout(dynamic.Resource, module="gpu", name="MigLayout"):
+class MigLayout(HostResource, module="gpu", name="MigLayout"):
     mig_uuids: pulumi.Output[dict]
 
-    def __init__(self, name: str, args: dict, opts: Optional[pulumi.ResourceOptions] = None):
-        super().__init__(
-            MigLayoutProvider(),
-            name,
-            {**{k: None for k in MigLayoutProvider.OUTPUT_ONLY}, **args, **bookkeeping(MigLayoutProvider, name)},
-            opts,
-        )
+    PROVIDER = MigLayoutProvider

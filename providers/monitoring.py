@@ -21,16 +21,15 @@ Usage::
 from __future__ import annotations
 
 import hashlib
-from typing import Any, Optional
+from typing import Any
 
 import pulumi
-from pulumi import dynamic
 from pulumi.dynamic import CheckFailure, CheckResult, CreateResult, ReadResult, UpdateResult
 
 from access.shell import Script, sh
 from facts.files import FileState, files_script, parse_files
 from facts.state import Change, Record
-from providers.base import HostProvider, bookkeeping
+from providers.base import HostProvider, HostResource
 
 STAGED = ".gpuhost-staged"
 
@@ -165,21 +164,15 @@ class MonitoringFilesProvider(HostProvider):
         return ReadResult(id_, {**props, "files": files, "sha256": _sha(present)})
 
 
-class MonitoringFiles(dynamic.Resource, module="monitoring", name="MonitoringFiles"):
+class MonitoringFiles(HostResource, module="monitoring", name="MonitoringFiles"):
     sha256: pulumi.Output[dict]
 
-    def __init__(self, name: str, args: dict, opts: Optional[pulumi.ResourceOptions] = None):
-        defaults = {
-            "config_path": None,
-            "rules_paths": [],
-            "reload": None,
-            "grafana_unit": None,
-            "grafana_restart_on": [],
-            "promtool": "promtool",
-        }
-        super().__init__(
-            MonitoringFilesProvider(),
-            name,
-            {**defaults, "prior": None, "sha256": None, **args, **bookkeeping(MonitoringFilesProvider, name)},
-            opts,
-        )
+    PROVIDER = MonitoringFilesProvider
+    DEFAULTS = {
+        "config_path": None,
+        "rules_paths": [],
+        "reload": None,
+        "grafana_unit": None,
+        "grafana_restart_on": [],
+        "promtool": "promtool",
+    }

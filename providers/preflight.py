@@ -6,15 +6,14 @@ bind_by_ids, version. Outputs: report (one line per check), failed (bool).
 
 from __future__ import annotations
 
-from typing import Any, Optional
+from typing import Any
 
 import pulumi
-from pulumi import dynamic
 from pulumi.dynamic import CheckFailure, CheckResult, CreateResult, ReadResult, UpdateResult
 
 from facts.host import read_host_facts
 from plans.preflight import PreflightWant, failures, preflight, report
-from providers.base import HostProvider, bookkeeping
+from providers.base import HostProvider, HostResource
 
 WANT_KEYS = (
     "gpus",
@@ -63,17 +62,7 @@ class HostPreflightProvider(HostProvider):
         return None
 
 
-class HostPreflight(dynamic.Resource, module="host", name="HostPreflight"):
+class HostPreflight(HostResource, module="host", name="HostPreflight"):
     report: pulumi.Output[list]
 
-    def __init__(self, name: str, args: dict, opts: Optional[pulumi.ResourceOptions] = None):
-        super().__init__(
-            HostPreflightProvider(),
-            name,
-            {
-                **{k: None for k in HostPreflightProvider.OUTPUT_ONLY},
-                **args,
-                **bookkeeping(HostPreflightProvider, name),
-            },
-            opts,
-        )
+    PROVIDER = HostPreflightProvider

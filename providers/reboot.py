@@ -20,10 +20,9 @@ from __future__ import annotations
 
 import logging
 import time
-from typing import Any, Optional
+from typing import Any
 
 import pulumi
-from pulumi import dynamic
 from pulumi.dynamic import CheckFailure, CheckResult, CreateResult, ReadResult, UpdateResult
 
 from access import ssh
@@ -31,7 +30,7 @@ from access.shell import sh
 from facts.host import facts_script, parse_host_facts, read_host_facts
 from facts.model import HostFacts
 from plans.cmdline import key
-from providers.base import HostProvider, bookkeeping
+from providers.base import HostProvider, HostResource
 
 # Counted per process, for benchmarks (reboots per `up`).
 REBOOTS: dict[str, int] = {}
@@ -157,38 +156,23 @@ class HostRebootProvider(HostProvider):
         return UpdateResult(self._apply(news))
 
     def diff_known(self, _id: str, olds: dict, news: dict):
-        d = super().diff_known(_id, olds, news)
         # After a refresh, `pending` says the running host no longer matches (a boot-time resource was re-applied
         # or someone rebooted into another entry): the next `up` must reboot/verify again.
-        if not d.changes and olds.get("pending") and news.get("policy", "auto") == "auto":
-            from pulumi.dynamic import DiffResult
-
-            return DiffResult(changes=True, replaces=[], delete_before_replace=None)
-        return d
+        drifted = bool(olds.get("pending")) and news.get("policy", "auto") == "auto"
+        return self.also_changed(super().diff_known(_id, olds, news), drifted)
 
     def read(self, id_: str, props: dict) -> ReadResult:
         f = read_host_facts(self.conn(props))
         return ReadResult(id_, {**props, "pending": unmet(f, props), "boot_id": f.boot_id})
 
-    def delete(self, _id: str, props: dict) -> None:
-        # Restoring resources are deleted first; their effect on the running kernel waits for the next reboot,
-        # which the operator schedules (read of KernelCmdline/VfioBinding reports pending_reboot meanwhile).
-        return None
+    # delete changes nothing (the base's): restoring resources are deleted first; their effect on the running
+    # kernel waits for the next reboot, which the operator schedules (KernelCmdline/VfioBinding report
+    # pending_reboot meanwhile).
 
 
-class HostReboot(dynamic.Resource, module="host", name="HostReboot"):
+class HostReboot(HostResource, module="host", name="HostReboot"):
     pending: pulumi.Output[list]
     rebooted: pulumi.Output[bool]
 
-    def __init__(self, name: str, args: dict, opts: Optional[pulumi.ResourceOptions] = None):
-        super().__init__(
-            HostRebootProvider(),
-            name,
-            {
-                **{k: None for k in HostRebootProvider.OUTPUT_ONLY},
-                "policy": "auto",
-                **args,
-                **bookkeeping(HostRebootProvider, name),
-            },
-            opts,
-        )
+    PROVIDER = HostRebootProvider
+    DEFAULTS = {"policy": "auto"}

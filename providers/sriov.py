@@ -25,7 +25,6 @@ from __future__ import annotations
 from typing import Any, Optional
 
 import pulumi
-from pulumi import dynamic
 from pulumi.dynamic import CheckFailure, CheckResult, CreateResult, ReadResult, UpdateResult
 from pydantic import ValidationError
 
@@ -35,7 +34,7 @@ from facts.files import FileState, parse_files
 from facts.host import facts_script, parse_host_facts, read_host_facts, split_sections
 from facts.model import HostFacts, normalize_pci
 from plans import sriov as plan
-from providers.base import HostProvider, bookkeeping, validation_failures
+from providers.base import HostProvider, HostResource, validation_failures
 from providers.pristine import capture_script, restore_lines, write_lines
 
 UNKNOWN = "04da6b54-80e4-46f7-96ec-b56ff0331ba9"  # the SDK's placeholder for a value not known during preview
@@ -374,27 +373,19 @@ def _unknown(props: dict) -> bool:
     )
 
 
-class SriovVfs(dynamic.Resource, module="host", name="SriovVfs"):
+class SriovVfs(HostResource, module="host", name="SriovVfs"):
     pf_address: pulumi.Output[str]
     vf_addresses: pulumi.Output[list]
     numvfs: pulumi.Output[int]
     drivers: pulumi.Output[dict]
     plan: pulumi.Output[str]
 
-    def __init__(self, name: str, args: dict, opts: Optional[pulumi.ResourceOptions] = None):
-        super().__init__(
-            SriovVfsProvider(),
-            name,
-            {
-                **{k: None for k in SriovVfsProvider.OUTPUT_ONLY},
-                "numa_node": None,
-                "numa_policy": "require",
-                "vfio": True,
-                "vfs": [],
-                "irq_cpus": [],
-                "persist": True,
-                **args,
-                **bookkeeping(SriovVfsProvider, name),
-            },
-            opts,
-        )
+    PROVIDER = SriovVfsProvider
+    DEFAULTS = {
+        "numa_node": None,
+        "numa_policy": "require",
+        "vfio": True,
+        "vfs": [],
+        "irq_cpus": [],
+        "persist": True,
+    }

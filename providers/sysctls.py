@@ -11,7 +11,6 @@ from __future__ import annotations
 from typing import Optional
 
 import pulumi
-from pulumi import dynamic
 from pulumi.dynamic import CheckFailure, CheckResult
 
 from access.errors import HostError
@@ -20,7 +19,7 @@ from facts.files import FileState
 from facts.host import facts_script, parse_host_facts, read_host_facts
 from facts.state import Change, Record
 from plans import sysctls as plan
-from providers.base import TemplateProvider, bookkeeping
+from providers.base import HostResource, TemplateProvider
 
 FILE = plan.FILE
 
@@ -92,13 +91,7 @@ def rec_names(rec: Record) -> list[str]:
     return [k.removeprefix("sysctl/") for k in rec.values]
 
 
-class Sysctls(dynamic.Resource, module="host", name="Sysctls"):
+class Sysctls(HostResource, module="host", name="Sysctls"):
     values: pulumi.Output[dict]
 
-    def __init__(self, name: str, args: dict, opts: Optional[pulumi.ResourceOptions] = None):
-        super().__init__(
-            SysctlsProvider(),
-            name,
-            {**{k: None for k in SysctlsProvider.OUTPUT_ONLY}, **args, **bookkeeping(SysctlsProvider, name)},
-            opts,
-        )
+    PROVIDER = SysctlsProvider

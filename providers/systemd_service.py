@@ -16,15 +16,14 @@ from __future__ import annotations
 
 import hashlib
 import re
-from typing import Any, Optional
+from typing import Any
 
 import pulumi
-from pulumi import dynamic
 from pulumi.dynamic import CheckFailure, CheckResult, CreateResult, ReadResult, UpdateResult
 
 from access.shell import Script, sh
 from facts.files import FileState, files_script, parse_files
-from providers.base import HostProvider, bookkeeping
+from providers.base import HostProvider, HostResource
 from providers.managed_file import restore_script
 
 UNIT_RE = re.compile(r"^[A-Za-z0-9@._\-]+\.service$")
@@ -133,10 +132,9 @@ class SystemdServiceProvider(HostProvider):
         return ReadResult(id_, {**props, "files": now, "sha256": _sha(now), "enabled": enabled, "active": active})
 
 
-class SystemdService(dynamic.Resource, module="host", name="SystemdService"):
+class SystemdService(HostResource, module="host", name="SystemdService"):
     unit: pulumi.Output[str]
     active: pulumi.Output[bool]
 
-    def __init__(self, name: str, args: dict, opts: Optional[pulumi.ResourceOptions] = None):
-        inputs = {"priors": None, "sha256": None, "enabled": True, "active": True, **args}
-        super().__init__(SystemdServiceProvider(), name, {**inputs, **bookkeeping(SystemdServiceProvider, name)}, opts)
+    PROVIDER = SystemdServiceProvider
+    DEFAULTS = {"enabled": True, "active": True}

@@ -11,13 +11,12 @@ from __future__ import annotations
 from typing import Any, Optional
 
 import pulumi
-from pulumi import dynamic
 from pulumi.dynamic import CheckFailure, CheckResult, CreateResult, ReadResult, UpdateResult
 from pydantic import ValidationError
 
 from access.shell import Script, quote, sh
 from plans.triton_engine import EngineBuild, build_command, key_inputs, plan_rebuild
-from providers.base import HostProvider, bookkeeping, validation_failures
+from providers.base import HostProvider, HostResource, validation_failures
 
 KEYS = ("onnxSha256", "shapes", "precision", "calibSha256", "gpuModel", "tensorrtVersion")
 
@@ -79,13 +78,7 @@ class TensorRTEngineProvider(HostProvider):
         self.conn(props).run(sh("rm", "-f", b.plan_path, b.plan_path + ".key", b.plan_path + ".tmp"))
 
 
-class TensorRTEngine(dynamic.Resource, module="serving", name="TensorRTEngine"):
+class TensorRTEngine(HostResource, module="serving", name="TensorRTEngine"):
     decision: pulumi.Output[str]
 
-    def __init__(self, name: str, args: dict, opts: Optional[pulumi.ResourceOptions] = None):
-        super().__init__(
-            TensorRTEngineProvider(),
-            name,
-            {"decision": None, **args, **bookkeeping(TensorRTEngineProvider, name)},
-            opts,
-        )
+    PROVIDER = TensorRTEngineProvider

@@ -36,10 +36,9 @@ import urllib.request
 from typing import Optional
 
 import pulumi
-from pulumi import dynamic
 from pulumi.dynamic import CheckFailure, CheckResult, CreateResult, DiffResult
 
-from providers.base import HostProvider, Provider, bookkeeping
+from providers.base import HostProvider, HostResource, Provider
 from serving import kserve, loadgate
 from serving.health import NotReady, wait_ready
 
@@ -110,7 +109,8 @@ class AcceptanceGateProvider(Provider):
     # Keys from secret config as every host provider gets them: the rollback reaches the guest over SSH.
     configure = HostProvider.configure
     VERSION = "4"
-    _BOOKKEEPING = {"__provider", "version", "result", "overhead"}
+    OUTPUT_ONLY = ("result", "overhead")
+    _BOOKKEEPING = {"__provider", "version", "owner_tag", "result", "overhead"}
 
     def check_known(self, olds: dict, news: dict) -> CheckResult:
         failures = []
@@ -229,28 +229,15 @@ class AcceptanceGateProvider(Provider):
             f"(checked by a request)"
         )
 
-    def delete(self, _id: str, _props: dict) -> None:
-        return None
+    # delete changes nothing (the base's): a gate measured, it made nothing to take back.
 
 
-class AcceptanceGate(dynamic.Resource, module="serving", name="AcceptanceGate"):
+class AcceptanceGate(HostResource, module="serving", name="AcceptanceGate"):
     result: pulumi.Output[dict]
     overhead: pulumi.Output[dict]
 
-    def __init__(self, name: str, args: dict, opts: Optional[pulumi.ResourceOptions] = None):
-        super().__init__(
-            AcceptanceGateProvider(),
-            name,
-            {
-                "result": None,
-                "overhead": None,
-                "rollback": None,
-                "expectDigest": None,
-                **args,
-                **bookkeeping(AcceptanceGateProvider, name),
-            },
-            opts,
-        )
+    PROVIDER = AcceptanceGateProvider
+    DEFAULTS = {"rollback": None, "expectDigest": None}
 
 
 def summary(result: dict) -> str:

@@ -19,14 +19,12 @@ import hashlib
 import posixpath
 from typing import Any
 
-import pulumi
-from pulumi import dynamic
 from pulumi.dynamic import CheckFailure, CheckResult, CreateResult, ReadResult, UpdateResult
 
 from access.shell import Script, quote, sh
 from access.ssh import put_script
 from plans.triton_repo import repository_digest
-from providers.base import HostProvider, bookkeeping
+from providers.base import HostProvider, HostResource, is_safe_abs_path
 
 
 def repository_inputs(files: dict[str, bytes]) -> dict:
@@ -77,7 +75,7 @@ class TritonModelRepositoryProvider(HostProvider):
     def check_known(self, olds: dict, news: dict) -> CheckResult:
         failures = self.check_host(news)
         root = news.get("root", "")
-        if not isinstance(root, str) or not root.startswith("/") or ".." in root.split("/") or root == "/":
+        if not is_safe_abs_path(root) or root == "/":
             failures.append(CheckFailure("root", f"must be an absolute directory other than /: {root!r}"))
         for p, f in (news.get("files") or {}).items():
             if p.startswith("/") or ".." in p.split("/") or not p:
@@ -146,11 +144,5 @@ class TritonModelRepositoryProvider(HostProvider):
         return ReadResult(id_, {**props, "files": files})
 
 
-class TritonModelRepository(dynamic.Resource, module="serving", name="TritonModelRepository"):
-    def __init__(self, name: str, args: dict, opts: pulumi.ResourceOptions | None = None):
-        super().__init__(
-            TritonModelRepositoryProvider(),
-            name,
-            {"prior": None, "priorRootExists": None, **args, **bookkeeping(TritonModelRepositoryProvider, name)},
-            opts,
-        )
+class TritonModelRepository(HostResource, module="serving", name="TritonModelRepository"):
+    PROVIDER = TritonModelRepositoryProvider

@@ -6,15 +6,14 @@ Outputs: applied (what was really set), skipped (what the host cannot do, and wh
 
 from __future__ import annotations
 
-from typing import Any, Optional
+from typing import Optional
 
 import pulumi
-from pulumi import dynamic
-from pulumi.dynamic import CreateResult, DiffResult, ReadResult, UpdateResult
+from pulumi.dynamic import DiffResult, ReadResult
 
 from access.shell import Script, quote, sh
 from facts.host import read_host_facts
-from providers.base import HostProvider, bookkeeping
+from providers.base import HostProvider, HostResource
 
 
 def _governor_lines(govs: dict) -> list[str]:
@@ -26,9 +25,10 @@ def _governor_lines(govs: dict) -> list[str]:
 
 class HostTuningProvider(HostProvider):
     VERSION = "1"
+    KIND = "tuning"
     OUTPUT_ONLY = ("applied", "skipped", "prior_profile", "prior_governors")
 
-    def _apply(self, props: dict, olds: Optional[dict]) -> dict:
+    def _converge(self, props: dict, olds: Optional[dict]) -> dict:
         conn = self.conn(props)
         facts = read_host_facts(conn)
         applied, skipped = {}, {}
@@ -56,17 +56,8 @@ class HostTuningProvider(HostProvider):
             props, applied=applied, skipped=skipped, prior_profile=prior_profile, prior_governors=prior_govs
         )
 
-    def create(self, props: dict[str, Any]) -> CreateResult:
-        return CreateResult(f"{self.spec(props).name}:tuning", self._apply(props, None))
-
-    def update(self, _id: str, olds: dict, news: dict) -> UpdateResult:
-        return UpdateResult(self._apply(news, olds))
-
     def diff_known(self, _id: str, olds: dict, news: dict) -> DiffResult:
-        d = super().diff_known(_id, olds, news)
-        if not d.changes and olds.get("drift"):
-            return DiffResult(changes=True, replaces=[], delete_before_replace=None)
-        return d
+        return self.also_changed(super().diff_known(_id, olds, news), bool(olds.get("drift")))
 
     def read(self, id_: str, props: dict) -> ReadResult:
         facts = read_host_facts(self.conn(props))
@@ -90,20 +81,9 @@ class HostTuningProvider(HostProvider):
             self.conn(props).run(s.render())
 
 
-class HostTuning(dynamic.Resource, module="host", name="HostTuning"):
+class HostTuning(HostResource, module="host", name="HostTuning"):
     applied: pulumi.Output[dict]
     skipped: pulumi.Output[dict]
 
-    def __init__(self, name: str, args: dict, opts: Optional[pulumi.ResourceOptions] = None):
-        super().__init__(
-            HostTuningProvider(),
-            name,
-            {
-                **{k: None for k in HostTuningProvider.OUTPUT_ONLY},
-                "tuned_profile": None,
-                "governor": None,
-                **args,
-                **bookkeeping(HostTuningProvider, name),
-            },
-            opts,
-        )
+    PROVIDER = HostTuningProvider
+    DEFAULTS = {"tuned_profile": None, "governor": None}

@@ -9,11 +9,10 @@ Outputs: drivers (address -> driver in use now), prior_drivers, prior (pristine 
 from __future__ import annotations
 
 import re
-from typing import Any, Optional
+from typing import Optional
 
 import pulumi
-from pulumi import dynamic
-from pulumi.dynamic import CheckFailure, CheckResult, CreateResult, DiffResult, ReadResult, UpdateResult
+from pulumi.dynamic import CheckFailure, CheckResult, DiffResult, ReadResult
 
 from access.shell import quote, sh
 from facts.files import FileState
@@ -21,7 +20,7 @@ from facts.host import facts_script, parse_host_facts, read_host_facts
 from facts.model import HostFacts, normalize_pci
 from facts.state import Change, Record
 from plans.preflight import binding_refusals, report
-from providers.base import HostProvider, bookkeeping
+from providers.base import HostProvider, HostResource
 
 MODULES_LOAD = "/etc/modules-load.d/gpuhost-vfio.conf"
 MODPROBE_VFIO = "/etc/modprobe.d/gpuhost-vfio.conf"
@@ -128,6 +127,7 @@ def expand_functions(facts: HostFacts, addresses: list[str]) -> list[str]:
 
 class VfioBindingProvider(HostProvider):
     VERSION = "3"  # 2: device-safety checks right before binding; 3: drivers/overrides recorded on the host
+    KIND = "vfio"
     OUTPUT_ONLY = ("prior", "prior_drivers", "prior_overrides", "drivers", "pending_reboot")
 
     def check_known(self, olds: dict, news: dict) -> CheckResult:
@@ -156,7 +156,7 @@ class VfioBindingProvider(HostProvider):
             values={f"pci/{slot}/drivers": _slot_drivers_cmd(slot) for slot in sorted(_slots(props["devices"]))},
         )
 
-    def _apply(self, props: dict, olds: Optional[dict]) -> dict:
+    def _converge(self, props: dict, olds: Optional[dict]) -> dict:
         conn = self.conn(props)
         rec = self._record(props)
         out = conn.run(rec.script().render() + facts_script()).stdout
@@ -221,18 +221,10 @@ class VfioBindingProvider(HostProvider):
             pending_reboot=pending,
         )
 
-    def create(self, props: dict[str, Any]) -> CreateResult:
-        return CreateResult(f"{self.spec(props).name}:vfio", self._apply(props, None))
-
-    def update(self, _id: str, olds: dict, news: dict) -> UpdateResult:
-        return UpdateResult(self._apply(news, olds))
-
     def diff_known(self, _id: str, olds: dict, news: dict) -> DiffResult:
-        d = super().diff_known(_id, olds, news)
         drivers = olds.get("drivers") or {}
-        if not d.changes and not olds.get("pending_reboot") and any(v != "vfio-pci" for v in drivers.values()):
-            return DiffResult(changes=True, replaces=[], delete_before_replace=None)
-        return d
+        drifted = not olds.get("pending_reboot") and any(v != "vfio-pci" for v in drivers.values())
+        return self.also_changed(super().diff_known(_id, olds, news), drifted)
 
     def read(self, id_: str, props: dict) -> ReadResult:
         facts = read_host_facts(self.conn(props), files=[MODULES_LOAD, MODPROBE_VFIO, BLACKLIST])
@@ -271,21 +263,9 @@ class VfioBindingProvider(HostProvider):
         ch.forget(self._record(props)).run(conn)
 
 
-class VfioBinding(dynamic.Resource, module="host", name="VfioBinding"):
+class VfioBinding(HostResource, module="host", name="VfioBinding"):
     drivers: pulumi.Output[dict]
     pending_reboot: pulumi.Output[bool]
 
-    def __init__(self, name: str, args: dict, opts: Optional[pulumi.ResourceOptions] = None):
-        super().__init__(
-            VfioBindingProvider(),
-            name,
-            {
-                **{k: None for k in VfioBindingProvider.OUTPUT_ONLY},
-                "mode": "address",
-                "blacklist_nouveau": True,
-                "disable_vga": True,
-                **args,
-                **bookkeeping(VfioBindingProvider, name),
-            },
-            opts,
-        )
+    PROVIDER = VfioBindingProvider
+    DEFAULTS = {"mode": "address", "blacklist_nouveau": True, "disable_vga": True}
