@@ -273,13 +273,18 @@ class TemplateProvider(HostProvider):
         files, values = rec.parse(out, conn.spec.name)
         return out, files, values
 
-    def run_plan(self, conn: Conn, props: dict, plan: Plan, change: Change | None = None) -> Change:
+    def run_plan(
+        self, conn: Conn, props: dict, plan: Plan, change: Change | None = None, then: Iterable[str] = ()
+    ) -> Change:
+        """Run `change` (if given), the plan's actions, then the lines `then` (a check of the result): one script,
+        one round trip, under the host lock."""
         ch = change or Change(self.owner(props))
         for a in plan.actions:
             if a.write is not None:
                 ch.write(a.write.path, a.write.content, a.write.mode, a.write.owner)
             if a.command:
                 ch.add([a.command])
+        ch.add(then)
         if not ch.empty:
             why = "; ".join(a.why for a in plan.actions) or "restoring what gpuhost found"
             self.guarded(conn, why, lambda: ch.run(conn), changing=True)

@@ -79,9 +79,10 @@ class Hugepages2MProvider(TemplateProvider):
         ch.forget(Record(rec.owner, values={f"hugepages-2M/node{n}": "" for n in dropped}))
         got = _counts(facts, per)
         if not p.noop or dropped:
-            for n in sorted(per, key=int):
-                ch.add([f"printf 'got %s %s\\n' {quote(n)} \"$(cat {quote(plan.nr_path(n))})\""])
-            ran = self.run_plan(conn, props, p, ch)
+            then = [
+                f"printf 'got %s %s\\n' {quote(n)} \"$(cat {quote(plan.nr_path(n))})\"" for n in sorted(per, key=int)
+            ]
+            ran = self.run_plan(conn, props, p, ch, then)
             got = {ln.split()[1]: int(ln.split()[2]) for ln in ran.last_stdout.splitlines() if ln.startswith("got ")}
         short = {n: (got.get(n, 0), per[n]) for n in per if got.get(n, 0) < per[n]}
         if short:
