@@ -59,7 +59,9 @@ gp_show() {
 }
 gp_record_file() {
   if gp_new "$ROOT/files$1" "$2" "$1"; then
-    if [ -L "$1" ] || [ -f "$1" ]; then cp -a "$1" "$ROOT/files$1"; else : > "$ROOT/files$1.absent"; fi
+    # copy to a temporary name first: a record cut short by a dropped connection is never taken as the original
+    if [ -L "$1" ] || [ -f "$1" ]; then cp -a "$1" "$ROOT/files$1.tmp" && mv -f -T "$ROOT/files$1.tmp" "$ROOT/files$1";
+    else : > "$ROOT/files$1.absent"; fi
   fi
   gp_show "$ROOT/files$1" "$1"
 }"""
@@ -92,7 +94,10 @@ class Record:
             s.raw(f"gp_record_file {quote(p)} {quote(self.owner)}")
         for key, cmd in sorted(self.values.items()):
             e = quote(_entry(key))
-            s.raw(f"if gp_new {e} {quote(self.owner)} {quote(key)}; then ( {cmd} ) > {e} 2>/dev/null || : > {e}; fi")
+            t = quote(_entry(key) + ".tmp")
+            s.raw(
+                f"if gp_new {e} {quote(self.owner)} {quote(key)}; then ( {cmd} ) > {t} 2>/dev/null; mv -f {t} {e}; fi"
+            )
             s.raw(f"echo '@@prior' {quote(key)}; base64 -w0 {e}; echo")
         return s
 
