@@ -11,8 +11,9 @@ from typing import Optional
 import pulumi
 from pulumi.dynamic import DiffResult, ReadResult
 
-from access.shell import Script, quote, sh
-from facts.host import read_host_facts
+from access.shell import quote, sh
+from facts.host import facts_script, parse_governors, parse_host_facts, read_host_facts
+from facts.state import Change, Record
 from providers.base import HostProvider, HostResource
 
 
@@ -24,17 +25,32 @@ def _governor_lines(govs: dict) -> list[str]:
 
 
 class HostTuningProvider(HostProvider):
-    VERSION = "1"
+    VERSION = "2"
     KIND = "tuning"
     OUTPUT_ONLY = ("applied", "skipped", "prior_profile", "prior_governors")
 
+    def _record(self, props: dict) -> Record:
+        # The tuned profile and governors as first found, on the host: a re-create after a dropped connection
+        # must not take the profile it just set for the original.
+        return Record(
+            self.owner(props),
+            values={
+                "tuned/profile": "cat /etc/tuned/active_profile",
+                "cpufreq/governors": "cd /sys/devices/system/cpu && grep -H . cpu[0-9]*/cpufreq/scaling_governor",
+            },
+        )
+
     def _converge(self, props: dict, olds: Optional[dict]) -> dict:
         conn = self.conn(props)
-        facts = read_host_facts(conn)
+        rec = self._record(props)
+        out = conn.run(rec.script().render() + facts_script()).stdout
+        _, first = rec.parse(out, conn.spec.name)
+        facts = parse_host_facts(out)
         applied, skipped = {}, {}
-        s = Script().raw("set -e")
-        prior_profile = (olds or {}).get("prior_profile", facts.tuned_profile or "")
-        prior_govs = (olds or {}).get("prior_governors") or {str(c): g for c, g in facts.governors.items()}
+        ch = Change(self.owner(props))
+        s = ch.script
+        prior_profile = first.get("tuned/profile", "").strip()
+        prior_govs = {str(c): g for c, g in parse_governors(first.get("cpufreq/governors", "")).items()}
         want_profile = props.get("tuned_profile")
         if want_profile:
             if "tuned-adm" in facts.tools:
@@ -50,8 +66,8 @@ class HostTuningProvider(HostProvider):
                 applied["governor"] = want_gov
             else:
                 skipped["governor"] = "no cpufreq driver on this host (frequency is firmware/hypervisor managed)"
-        if len(s.lines) > 1:
-            conn.run(s.render())
+        if not ch.empty:
+            ch.run(conn)
         return self.outputs(
             props, applied=applied, skipped=skipped, prior_profile=prior_profile, prior_governors=prior_govs
         )
@@ -70,15 +86,15 @@ class HostTuningProvider(HostProvider):
         return ReadResult(id_, {**props, "drift": drift})
 
     def delete(self, _id: str, props: dict) -> None:
-        s = Script().raw("set -e")
+        ch = Change(self.owner(props))
+        s = ch.script
         applied = props.get("applied") or {}
         if "tuned_profile" in applied:
             prior = props.get("prior_profile")
             s.raw(sh("tuned-adm", "profile", prior) if prior else sh("tuned-adm", "off"))
         if "governor" in applied:
             s.extend(_governor_lines(props.get("prior_governors") or {}))
-        if len(s.lines) > 1:
-            self.conn(props).run(s.render())
+        ch.forget(self._record(props)).run(self.conn(props))
 
 
 class HostTuning(HostResource, module="host", name="HostTuning"):

@@ -16,6 +16,7 @@ import pytest
 
 from providers.hugepages import Hugepages2MProvider
 from providers.sysctls import SysctlsProvider
+from providers.tuning import HostTuningProvider
 from providers.vfio import VfioBindingProvider
 from tests.engine import ProviderError, ProviderServer
 
@@ -51,6 +52,12 @@ CASES = {
         ["/etc/sysctl.d/99-gpuhost.conf"],
         "sysctl -n net.core.somaxconn vm.swappiness",
     ),
+    "tuning": (
+        HostTuningProvider,
+        {"tuned_profile": "throughput-performance"},
+        ["/etc/tuned/active_profile"],
+        "cat /etc/tuned/active_profile",
+    ),
     "hugepages": (
         Hugepages2MProvider,
         {"per_node": {"1": 32}},
@@ -64,6 +71,7 @@ CASES = {
 }
 
 PRIORS = {
+    "tuning": lambda o: [o["prior_profile"]],
     "vfio": lambda o: [o["prior_drivers"][GPU] or "none", o["prior_drivers"][AUDIO] or "none"],
     "sysctls": lambda o: [o["prior_values"]["net.core.somaxconn"], o["prior_values"]["vm.swappiness"]],
     "hugepages": lambda o: [str(o["prior_counts"]["1"])],
