@@ -42,7 +42,7 @@ COST_A_MS, COST_B_MS, START_WINDOW_US = 4.0, 0.3, 600
 def schedule(duration_s: float, seed: int, mean_gap_ms: float, burst_max: int) -> list[float]:
     """Arrival times (s from start): bursts of 1..burst_max requests at exponential gaps (open loop)."""
     rng = random.Random(seed)
-    t, out = 0.0, []
+    t, out = 0.0, list[float]()
     while True:
         t += rng.expovariate(1000.0 / mean_gap_ms)
         if t >= duration_s:
