@@ -217,6 +217,47 @@ class HostProvider(Provider):
     def update(self, _id: str, olds: dict[str, Any], news: dict[str, Any]) -> UpdateResult:
         return UpdateResult(self._converge(news, olds))
 
+    def record_and_read(self, conn: Conn, props: dict, rec: Record, facts_text: str) -> tuple[str, dict, dict]:
+        """One round trip: record (first time only) and read. Returns (output, pristine files, prior values)."""
+        out = self.guarded(conn, "reading the host", lambda: conn.run(rec.script().render() + facts_text).stdout)
+        files, values = rec.parse(out, conn.spec.name)
+        return out, files, values
+
+    def run_plan(
+        self, conn: Conn, props: dict, plan: Plan, change: Change | None = None, then: Iterable[str] = ()
+    ) -> Change:
+        """Run `change` (if given), the plan's actions, then the lines `then` (a check of the result): one script,
+        one round trip, under the host lock."""
+        ch = change or Change(self.owner(props))
+        for a in plan.actions:
+            if a.write is not None:
+                ch.write(a.write.path, a.write.content, a.write.mode, a.write.owner)
+            if a.command:
+                ch.add([a.command])
+        ch.add(then)
+        if not ch.empty:
+            why = "; ".join(a.why for a in plan.actions) or "restoring what gpuhost found"
+            self.guarded(conn, why, lambda: ch.run(conn), changing=True)
+        return ch
+
+    @staticmethod
+    def guarded(conn: Conn, doing: str, fn: Callable[[], Any], changing: bool = False) -> Any:
+        try:
+            return fn()
+        except (CommandFailed, HostUnreachable) as e:
+            failed = e.result if isinstance(e, CommandFailed) else None
+            # A failed command stopped a `set -e` script part-way; a lost connection leaves it unknown.
+            changed = (True if failed else None) if changing else False
+            raise HostError(
+                conn.spec.name,
+                f"{doing}: the command failed (exit {failed.rc})" if failed else f"{doing}: {e}",
+                fix="read the stderr below; the change runs as one script and stops at the first failure"
+                if failed
+                else "check the host is up and reachable, then run `pulumi up` again",
+                changed=changed,
+                stderr=failed.stderr if failed else "",
+            ) from None
+
     @staticmethod
     def also_changed(d: DiffResult, drifted: bool) -> DiffResult:
         """`d`, or an in-place update when nothing in the inputs changed but the host drifted (seen by refresh)."""
@@ -266,47 +307,6 @@ class TemplateProvider(HostProvider):
     # -- what the base supplies -------------------------------------------------------------------------------
     def diffed_keys(self, news: dict) -> list[str]:
         return [k for k in self.INPUTS if k in news]
-
-    def record_and_read(self, conn: Conn, props: dict, rec: Record, facts_text: str) -> tuple[str, dict, dict]:
-        """One round trip: record (first time only) and read. Returns (output, pristine files, prior values)."""
-        out = self.guarded(conn, "reading the host", lambda: conn.run(rec.script().render() + facts_text).stdout)
-        files, values = rec.parse(out, conn.spec.name)
-        return out, files, values
-
-    def run_plan(
-        self, conn: Conn, props: dict, plan: Plan, change: Change | None = None, then: Iterable[str] = ()
-    ) -> Change:
-        """Run `change` (if given), the plan's actions, then the lines `then` (a check of the result): one script,
-        one round trip, under the host lock."""
-        ch = change or Change(self.owner(props))
-        for a in plan.actions:
-            if a.write is not None:
-                ch.write(a.write.path, a.write.content, a.write.mode, a.write.owner)
-            if a.command:
-                ch.add([a.command])
-        ch.add(then)
-        if not ch.empty:
-            why = "; ".join(a.why for a in plan.actions) or "restoring what gpuhost found"
-            self.guarded(conn, why, lambda: ch.run(conn), changing=True)
-        return ch
-
-    @staticmethod
-    def guarded(conn: Conn, doing: str, fn: Callable[[], Any], changing: bool = False) -> Any:
-        try:
-            return fn()
-        except (CommandFailed, HostUnreachable) as e:
-            failed = e.result if isinstance(e, CommandFailed) else None
-            # A failed command stopped a `set -e` script part-way; a lost connection leaves it unknown.
-            changed = (True if failed else None) if changing else False
-            raise HostError(
-                conn.spec.name,
-                f"{doing}: the command failed (exit {failed.rc})" if failed else f"{doing}: {e}",
-                fix="read the stderr below; the change runs as one script and stops at the first failure"
-                if failed
-                else "check the host is up and reachable, then run `pulumi up` again",
-                changed=changed,
-                stderr=failed.stderr if failed else "",
-            ) from None
 
     def create(self, props: dict[str, Any]) -> CreateResult:
         return CreateResult(f"{self.spec(props).name}:{self.KIND}", self.outputs(props, **self.apply(props, None)))

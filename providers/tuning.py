@@ -43,8 +43,7 @@ class HostTuningProvider(HostProvider):
     def _converge(self, props: dict, olds: Optional[dict]) -> dict:
         conn = self.conn(props)
         rec = self._record(props)
-        out = conn.run(rec.script().render() + facts_script()).stdout
-        _, first = rec.parse(out, conn.spec.name)
+        out, _, first = self.record_and_read(conn, props, rec, facts_script())
         facts = parse_host_facts(out)
         applied, skipped = {}, {}
         ch = Change(self.owner(props))

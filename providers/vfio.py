@@ -159,8 +159,7 @@ class VfioBindingProvider(HostProvider):
     def _converge(self, props: dict, olds: Optional[dict]) -> dict:
         conn = self.conn(props)
         rec = self._record(props)
-        out = conn.run(rec.script().render() + facts_script()).stdout
-        pristine, values = rec.parse(out, conn.spec.name)
+        out, pristine, values = self.record_and_read(conn, props, rec, facts_script())
         facts = parse_host_facts(out)
         unknown = [normalize_pci(a) for a in props["devices"] if normalize_pci(a) not in facts.pci]
         devices = expand_functions(facts, props["devices"])
