@@ -24,10 +24,10 @@ import pulumi
 import pulumi_docker as docker
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
+from access import docker_ssh
 from access.ssh import HostSpec
 from plans.monitoring import dcgm, grafana, prometheus, rules
 from plans.monitoring.model import MonitoringGraph
-from plans.values import url_host
 from providers.base import host_input
 from providers.managed_file import ManagedFile
 from providers.monitoring import MonitoringFiles
@@ -66,10 +66,6 @@ class MonitoringStackArgs(BaseModel):
         return self
 
 
-def _docker_host(spec: HostSpec) -> str:
-    return f"ssh://{spec.user}@{url_host(spec.address)}:{spec.port}"
-
-
 def _sha(text: str) -> str:
     return hashlib.sha256(text.encode()).hexdigest()[:16]
 
@@ -94,7 +90,7 @@ class MonitoringStack(pulumi.ComponentResource):
         self.exporters: dict[str, list[pulumi.Resource]] = {}
         for m in graph.machines:
             spec = args.machines[m.name]
-            engine = docker.Provider(f"{name}-{m.name}-docker", host=_docker_host(spec), opts=child)
+            engine = docker.Provider(f"{name}-{m.name}-docker", **docker_ssh.provider_args(spec), opts=child)
             on_engine = pulumi.ResourceOptions(parent=self, provider=engine)
             node_image = docker.RemoteImage(
                 f"{name}-{m.name}-node-exporter-image", name=args.node_exporter_image, keep_locally=True, opts=on_engine
@@ -174,7 +170,7 @@ class MonitoringStack(pulumi.ComponentResource):
             opts=child,
         )
 
-        engine = docker.Provider(f"{name}-monitoring-docker", host=_docker_host(mon), opts=child)
+        engine = docker.Provider(f"{name}-monitoring-docker", **docker_ssh.provider_args(mon), opts=child)
         after_files = pulumi.ResourceOptions(parent=self, provider=engine, depends_on=[self.files])
         prom_image = docker.RemoteImage(
             f"{name}-prometheus-image",

@@ -6,7 +6,7 @@ Children (all named ``f"{name}-…"``, parented to the component):
   * ``{name}-{model}-artifact``: ModelArtifact per artifact (ONNX or model.py from a URL or path, sha256-checked);
   * ``{name}-{model}-engine``: TensorRTEngine per TensorRT model (after its ONNX arrived);
   * ``{name}-models``: TritonModelRepository (config.pbtxt per model, validated; ``.gpuhost-digest`` marker);
-  * Docker runtime: ``{name}-docker`` provider at ``ssh://user@guest``, ``{name}-triton-image`` (pinned image),
+  * Docker runtime: ``{name}-docker`` provider at ``ssh://user@guest`` (gpuhost's pins and key), ``{name}-triton-image`` (pinned image),
     ``{name}-triton`` container (ports 8000/8001/8002, GPUs or MIG UUIDs, shm, restart, MPS env); or process
     runtime: ``{name}-triton-unit`` (systemd unit, numactl-bound to the GPU's node) and ``{name}-triton-service``
     (enabled, restarted on every repository or unit change);
@@ -32,6 +32,7 @@ import pulumi
 import pulumi_docker as docker
 from pydantic import BaseModel, ConfigDict, Field
 
+from access import docker_ssh
 from access.ssh import HostSpec
 from plans.adaptive_window import SCRIPT_PATH as WINDOW_SCRIPT_PATH
 from plans.adaptive_window import UNIT_NAME as WINDOW_UNIT_NAME
@@ -49,7 +50,6 @@ from plans.triton_runtime import (
     ProcessRuntime,
     ServerOptions,
     container_spec,
-    docker_host,
     server_args,
     systemd_unit,
 )
@@ -270,9 +270,8 @@ class TritonService(pulumi.ComponentResource):
 
         # -- Triton -----------------------------------------------------------------------------------------------
         if args.runtime == "docker":
-            engine = docker.Provider(
-                f"{name}-docker", host=docker_host(args.host.user, args.host.address, args.host.port), opts=child
-            )
+            # gpuhost's own pins, key and jump host, not the runner's ~/.ssh (access/docker_ssh.py).
+            engine = docker.Provider(f"{name}-docker", **docker_ssh.provider_args(args.host), opts=child)
             on_engine = pulumi.ResourceOptions(parent=self, provider=engine)
             image = docker.RemoteImage(f"{name}-triton-image", name=rt.image, keep_locally=True, opts=on_engine)
             devices = (

@@ -24,7 +24,6 @@ from typing import Literal, Optional
 from pydantic import BaseModel, ConfigDict, Field
 
 from plans.triton_model import ModelSpec, needs_rate_limit, needs_response_cache
-from plans.values import url_host
 
 _IMAGE = r"^[a-z0-9.\-/:_@]+$"
 
@@ -102,13 +101,6 @@ def container_spec(rt: DockerRuntime, args: list[str]) -> dict:
         "volumes": [{"host_path": rt.host_repository, "container_path": "/models", "read_only": True}],
         "must_run": True,
     }
-
-
-def docker_host(user: str, address: str, port: int = 22) -> str:
-    """The ``ssh://`` DOCKER_HOST for pulumi-docker's provider pointed at the guest."""
-    if not re.fullmatch(r"[A-Za-z0-9._\-]+", user) or not re.fullmatch(r"[A-Za-z0-9.\-:\[\]]+", address):
-        raise ValueError(f"bad docker ssh target {user!r}@{address!r}")
-    return f"ssh://{user}@{url_host(address)}:{port}"
 
 
 # ---------------------------------------------------------------- systemd + numactl

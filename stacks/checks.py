@@ -226,6 +226,7 @@ def fleet_problems(fleet: Fleet, unknown: frozenset[str] = frozenset()) -> list[
                 "serve both models from one service"
             )
         services_on.setdefault(machine, i)
+    out += _pin_problems(fleet)
     m = fleet.monitoring
     if m:
         if m.host not in hosts:
@@ -271,6 +272,55 @@ def gateway_problems(fleet: Fleet) -> list[str]:
             out.append(f"{at}.front_port: {g.front_port} collides with redis_port or a worker metrics port")
         if g.metrics_port + g.workers - 1 > 65535:
             out.append(f"{at}.metrics_port: {g.workers} workers count up past port 65535")
+    return out
+
+
+def _pin_problems(fleet: Fleet) -> list[str]:
+    """Every machine gpuhost reaches over SSH needs a pin (or the host's explicit insecure flag); one that Docker
+    reaches (its own OpenSSH client, access/docker_ssh.py) needs the key line itself: a fingerprint cannot be
+    written into known_hosts."""
+    out: list[str] = []
+    docker_hosts: dict[str, str] = {}
+    docker_guests: dict[tuple[str, str], str] = {}
+    for i, s in enumerate(fleet.services):
+        if s.runtime == "docker":
+            if s.vm:
+                docker_guests.setdefault((s.host, s.vm), f"services[{i}] ({s.name})")
+            else:
+                docker_hosts.setdefault(s.host, f"services[{i}] ({s.name})")
+    if fleet.monitoring:
+        for h in fleet.hosts:
+            docker_hosts.setdefault(h.name, "monitoring")
+            for vm in h.vms:
+                if vm.address:
+                    docker_guests.setdefault((h.name, vm.name), "monitoring")
+    for i, h in enumerate(fleet.hosts):
+        at = f"fleet.hosts[{i}]"
+        guests_by_docker = [why for (hn, _), why in docker_guests.items() if hn == h.name]
+        if (h.name in docker_hosts or guests_by_docker) and (h.ssh.host_key or "").startswith("SHA256:"):
+            why = docker_hosts.get(h.name) or f"{guests_by_docker[0]}, through this host as jump"
+            out.append(
+                f"{at}.ssh.host_key: Docker reaches this host over SSH ({why}) and needs the key line "
+                "('ssh-ed25519 AAAA...'), not its SHA256 fingerprint, to write known_hosts"
+            )
+        j = h.ssh.jump
+        if j is not None and j.host_key is None and not h.ssh.insecure_accept_unknown_host_key:
+            out.append(f"{at}.ssh.jump.host_key: missing; pin the jump host's key (strict host keys)")
+        for k, vm in enumerate(h.vms):
+            if not vm.address:
+                continue
+            if vm.host_key is None and not h.ssh.insecure_accept_unknown_host_key:
+                out.append(
+                    f"{at}.vms[{k}].host_key: missing; gpuhost reaches VM {vm.name!r} over SSH at "
+                    f"{vm.address}: set its host key line (strict host keys), or "
+                    "insecure_accept_unknown_host_key on a throwaway dev host"
+                )
+            elif (vm.host_key or "").startswith("SHA256:") and (h.name, vm.name) in docker_guests:
+                out.append(
+                    f"{at}.vms[{k}].host_key: Docker reaches this guest over SSH "
+                    f"({docker_guests[(h.name, vm.name)]}) and needs the key line, not its SHA256 "
+                    "fingerprint, to write known_hosts"
+                )
     return out
 
 

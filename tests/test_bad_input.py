@@ -212,6 +212,22 @@ BAD = [
         ],
     ),
     (
+        "guest reached over SSH without a pin",
+        lambda f: H(f)["vms"][0].pop("host_key"),
+        [
+            "fleet.hosts[0].vms[0].host_key: missing; gpuhost reaches VM 'tenant-rt-a' over SSH at 10.20.1.11: set its "
+            "host key line (strict host keys), or insecure_accept_unknown_host_key on a throwaway dev host"
+        ],
+    ),
+    (
+        "fingerprint pin on a host Docker reaches",
+        _set(lambda f: H(f, 5)["ssh"], "host_key", "SHA256:" + "A" * 43),
+        [
+            "fleet.hosts[5].ssh.host_key: Docker reaches this host over SSH (monitoring) and needs the key line "
+            "('ssh-ed25519 AAAA...'), not its SHA256 fingerprint, to write known_hosts"
+        ],
+    ),
+    (
         "NUL in a jump user",
         _set(lambda f: H(f)["ssh"]["jump"], "user", "ops\x00"),
         ["fleet.hosts[0].ssh.jump.user: user name 'ops\\x00' holds a NUL or line break"],

@@ -1,11 +1,14 @@
 """TritonService under Pulumi mocks (no Docker engine, no GPU here: declared resources only)."""
 
+import json
+
 import pulumi
 import pytest
 
 from access.ssh import HostSpec
 from plans.triton_repo import sdxl, yolov8n
 from plans.triton_runtime import DockerRuntime
+from tests.stackfiles import test_key
 
 
 class Recorder(pulumi.runtime.Mocks):
@@ -49,6 +52,8 @@ def _run(**over):
     )
     mocks = Recorder()
     pulumi.runtime.set_mocks(mocks, project="gpuhost", stack="test", preview=False)
+    # The Docker engines reach machines with the stack's key (access/docker_ssh.py), as the program would.
+    pulumi.runtime.set_all_config({"gpuhost:sshPrivateKey": test_key()}, ["gpuhost:sshPrivateKey"])
 
     @pulumi.runtime.test
     def program():
@@ -73,6 +78,11 @@ def test_docker_runtime_mocked_declares_pinned_image_ports_gpus_and_ssh_engine()
     assert all(n.startswith("serving-") for t, n in names if t != "gpuhost:serving:TritonService")
     provider = _one(res, "pulumi:providers:docker")
     assert provider.inputs["host"] == "ssh://ops@10.0.0.5:22"
+    # Docker's ssh trusts only gpuhost's pin and key: no ssh_config, a generated known_hosts, the secret key file.
+    opts = json.loads(provider.inputs["sshOpts"])  # provider config arrives JSON-encoded
+    assert opts[:2] == ["-F", "/dev/null"] and "StrictHostKeyChecking=yes" in opts and "IdentityAgent=none" in opts
+    known_hosts = next(o.split("=", 1)[1] for o in opts if o.startswith("UserKnownHostsFile="))
+    assert open(known_hosts).read() == f"10.0.0.5 {HOST.host_key}\n"
     assert _one(res, "docker:index/remoteImage:RemoteImage").inputs["name"] == "nvcr.io/nvidia/tritonserver:24.05-py3"
     c = _one(res, "docker:index/container:Container").inputs
     assert [(p["internal"], p["external"]) for p in c["ports"]] == [(8000, 8000), (8001, 8001), (8002, 8002)]
