@@ -19,6 +19,7 @@ from facts.files import FileState
 from facts.host import facts_script, parse_host_facts, read_host_facts
 from facts.state import Change, Record
 from plans import sysctls as plan
+from plans import values as allowed
 from providers.base import HostResource, TemplateProvider
 
 FILE = plan.FILE
@@ -36,10 +37,12 @@ class SysctlsProvider(TemplateProvider):
         if not isinstance(values, dict) or not values:
             return CheckResult(news, failures + [CheckFailure("values", "a map of sysctl name -> value")])
         for k, v in values.items():
-            if not plan.NAME.match(k):
-                failures.append(CheckFailure(f"values.{k}", "not a sysctl name like net.core.somaxconn"))
-            if "\n" in str(v):
-                failures.append(CheckFailure(f"values.{k}", "value must be one line"))
+            # The loader's allow-lists (plans/values.py), again: the file is parsed by systemd-sysctl.
+            for check, x in ((allowed.sysctl_name, k), (allowed.sysctl_value, v)):
+                try:
+                    check(x)
+                except ValueError as e:
+                    failures.append(CheckFailure(f"values.{k}", str(e)))
         return CheckResult(news, failures)
 
     def _record(self, props: dict, names) -> Record:

@@ -9,11 +9,12 @@ from __future__ import annotations
 from typing import Optional
 
 import pulumi
-from pulumi.dynamic import DiffResult, ReadResult
+from pulumi.dynamic import CheckFailure, CheckResult, DiffResult, ReadResult
 
 from access.shell import quote, sh
 from facts.host import facts_script, parse_governors, parse_host_facts, read_host_facts
 from facts.state import Change, Record
+from plans import values as allowed
 from providers.base import HostProvider, HostResource
 
 
@@ -28,6 +29,18 @@ class HostTuningProvider(HostProvider):
     VERSION = "2"
     KIND = "tuning"
     OUTPUT_ONLY = ("applied", "skipped", "prior_profile", "prior_governors")
+
+    def check_known(self, olds: dict, news: dict) -> CheckResult:
+        # The stack loader refuses these first; a provider used on its own refuses them too (tuned writes the
+        # profile name into its own config, the governor goes to sysfs).
+        failures = self.check_host(news)
+        for field, check in (("tuned_profile", allowed.tuned_profile), ("governor", allowed.governor)):
+            if news.get(field) is not None:
+                try:
+                    check(news[field])
+                except ValueError as e:
+                    failures.append(CheckFailure(field, str(e)))
+        return CheckResult(news, failures)
 
     def _record(self, props: dict) -> Record:
         # The tuned profile and governors as first found, on the host: a re-create after a dropped connection
