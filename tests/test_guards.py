@@ -128,3 +128,17 @@ def test_bare_metal_is_not_a_guest():
     v = parse_virt("detect=none\nsys_vendor=Supermicro\nproduct_name=SYS-420GP-TNR")
     assert not v.guest
     assert not parse_virt("detect=docker").guest  # a container on bare metal is not a VM
+
+
+@pytest.mark.parametrize("capture, upper", [("testhost_bridge.txt", "br0")])
+def test_real_captures_of_the_emulated_server(capture, upper):
+    """Captured from the emulated server with its management address moved (tests/test_ssh_nic_guard_testhost.py,
+    GPUHOST_CAPTURE_DIR): the session's interface, followed down to the e1000e."""
+    f = parse_host_facts((FIX / capture).read_text())
+    assert f.network.session.split()[2] == "10.0.2.15" and f.network.ssh_ifaces == [upper]
+    assert f.network.protected_pci == {NIC} and f.network.carrier_of(NIC) == [upper]
+    assert f.virt.guest and f.virt.detect == "qemu"
+    refused = failures(preflight(f, PreflightWant(devices=[NIC])))
+    assert any(f"(through {upper})" in x.message for x in refused)
+    # A QEMU guest is told so (a WARN), and its vIOMMU passes: no BIOS advice.
+    assert next(x for x in preflight(f, PreflightWant()) if x.check == "machine").status == "WARN"
