@@ -142,3 +142,14 @@ def test_real_captures_of_the_emulated_server(capture, upper):
     assert any(f"(through {upper})" in x.message for x in refused)
     # A QEMU guest is told so (a WARN), and its vIOMMU passes: no BIOS advice.
     assert next(x for x in preflight(f, PreflightWant()) if x.check == "machine").status == "WARN"
+
+
+def test_real_capture_sshd_on_another_port():
+    """Captured over a second sshd on port 2022 with no session on 22: `ss sport = :22` (the old guard) saw nothing."""
+    raw = (FIX / "testhost_sshd_2022.txt").read_text()
+    from facts.host import split_sections
+
+    assert split_sections(raw)["net-ssh"].strip() == ""
+    f = parse_host_facts(raw)
+    assert f.network.session.endswith(" 10.0.2.15 2022") and f.network.protected_pci == {NIC}
+    assert binding_refusals(f, [NIC]) and "(through ens1)" in binding_refusals(f, [NIC])[0].message

@@ -51,7 +51,7 @@ set -x
 __MAKE__
 ip link set __UPPER__ address $MAC
 ip link set __UPPER__ up
-ip addr del $A dev $IF
+ip -4 addr flush dev $IF
 ip addr add $A dev __UPPER__
 [ -n "$R" ] && ip route replace $R dev __UPPER__
 sleep 240; [ -e /sys/class/net/__UPPER__ ] && sh /run/gpuhost-restore.sh
@@ -170,7 +170,8 @@ def test_nic_under_a_bridge_or_bond_is_refused(testhost, server, kind):
         _capture(kind, raw)
         facts = parse_host_facts(raw)
         assert iface in facts.network.lower[upper] and upper in facts.network.ssh_ifaces
-        assert f"{iface}" not in facts.network.ssh_ifaces  # the NIC has no address: the old guard saw nothing here
+        log = th.ssh("cat /run/gpuhost-move.log").stdout
+        assert iface not in facts.network.ssh_ifaces, log  # the NIC has no address: the old guard saw nothing here
         assert NIC in facts.network.protected_pci
         preview = _preview_refuses(server, spec, f"guard-{kind}")
         assert f"{NIC} carries the SSH session or the default route (through {upper})" in preview
