@@ -130,7 +130,7 @@ def test_bare_metal_is_not_a_guest():
     assert not parse_virt("detect=docker").guest  # a container on bare metal is not a VM
 
 
-@pytest.mark.parametrize("capture, upper", [("testhost_bridge.txt", "br0")])
+@pytest.mark.parametrize("capture, upper", [("testhost_bridge.txt", "br0"), ("testhost_bond.txt", "bond0")])
 def test_real_captures_of_the_emulated_server(capture, upper):
     """Captured from the emulated server with its management address moved (tests/test_ssh_nic_guard_testhost.py,
     GPUHOST_CAPTURE_DIR): the session's interface, followed down to the e1000e."""

@@ -209,7 +209,13 @@ def test_sshd_on_another_port_is_refused(testhost, server):
     try:
         spec = th.host_spec(key_name=KEY, port=port)
         access_ssh.close_all()  # no session of ours on port 22 while the host is read
-        raw = read_raw(access_ssh.connect(spec))
+        conn = access_ssh.connect(spec)
+        # Closed sessions linger a moment in a TCG guest: wait until none is established on port 22.
+        conn.run(
+            "for i in $(seq 90); do [ -z \"$(ss -Htn state established '( sport = :22 )')\" ] && exit 0; "
+            "sleep 1; done; exit 1"
+        )
+        raw = read_raw(conn)
         _capture("sshd_2022", raw)
         facts = parse_host_facts(raw)
         assert facts.network.session.endswith(" 2022")
