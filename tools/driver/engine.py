@@ -401,7 +401,8 @@ class Plan:
     def counts(self) -> dict[str, int]:
         out: dict[str, int] = {}
         for s in self.steps:
-            out[s.op] = out.get(s.op, 0) + 1
+            op = "failed" if s.error else s.op
+            out[op] = out.get(op, 0) + 1
         return out
 
     def changes(self) -> int:
@@ -435,6 +436,8 @@ class Plan:
             "delete": "deleted",
             "refresh": "drifted",
         }
+        if c.get("failed"):
+            lines.append(f"    ✗ {c['failed']} failed")
         for op in ("create", "update", "replace", "delete", "refresh"):
             if c.get(op):
                 lines.append(
