@@ -50,6 +50,8 @@ class PinnedVMArgs(BaseModel):
     # VF addresses known only once SriovNic has carved them (its `vf_addresses` output, sliced per VM).
     vfs_output: Optional[Any] = None
     base_image: Optional[str] = None
+    # False: no disk device at all (a firmware-only guest; the emulated dev server has no storage pool for one).
+    with_disk: bool = True
     disk_dir: str = "/var/lib/libvirt/images"
     capacity_gib: int = Field(40, gt=0)
     cloud_init: Optional[CloudInit] = None
@@ -75,7 +77,7 @@ class PinnedVMArgs(BaseModel):
             cpu_mode=self.cpu_mode,
             loader=self.loader,
             nvram_template=self.nvram_template,
-            disk=f"{self.disk_dir.rstrip('/')}/{name}.qcow2",
+            disk=f"{self.disk_dir.rstrip('/')}/{name}.qcow2" if self.with_disk else None,
             seed_iso=f"{self.disk_dir.rstrip('/')}/{name}-seed.iso" if self.cloud_init else None,
             network=None if self.bridge else self.network,
             bridge=self.bridge,

@@ -330,6 +330,8 @@ def build(fleet: Fleet) -> dict:
                             "loader": None,
                             "nvram_template": None,
                             "network": None,
+                            # and no disk without an image: no storage pool there to make an empty one in
+                            "with_disk": vm.image is not None,
                         }
                         if vm.emulated
                         else {}

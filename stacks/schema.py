@@ -230,7 +230,7 @@ class Vm(Strict):
     )
     emulated: bool = Field(
         False,
-        description="hypervisor without KVM (the emulated dev server): TCG domain, SeaBIOS, CPU model 'maximum', no libvirt NIC",
+        description="hypervisor without KVM (the emulated dev server): TCG domain, SeaBIOS, CPU model 'maximum', no libvirt NIC, no disk without `image`",
     )
     guest_user: str = "ubuntu"
     mps: bool = Field(False, description="CUDA MPS in the guest (seed 001 route B)")

@@ -144,6 +144,7 @@ def test_dev_stack_targets_the_emulated_host(dev):
     assert set(dom["vcpupin"]) <= {4, 5, 6, 7} and len(set(dom["vcpupin"])) == 2
     # the emulated server runs no libvirt `default` network: its VM gets no NIC (the driver's first up failed on it)
     assert dom.get("network") is None
+    assert dom.get("disk") is None  # image: null, and the emulated server has no storage pool for an empty disk
     assert dev.duplicate_urns() == []
 
 
