@@ -74,7 +74,7 @@ PRIORS = {
     "tuning": lambda o: [o["prior_profile"]],
     "vfio": lambda o: [o["prior_drivers"][GPU] or "none", o["prior_drivers"][AUDIO] or "none"],
     "sysctls": lambda o: [o["prior_values"]["net.core.somaxconn"], o["prior_values"]["vm.swappiness"]],
-    "hugepages": lambda o: [str(o["prior_counts"]["1"])],
+    "hugepages": lambda o: [str(int(o["prior_counts"]["1"]))],  # numbers come back from the engine as floats
 }
 
 
@@ -101,8 +101,8 @@ def test_drop_after_the_write_then_rerun_then_destroy_restores_the_pristine_host
         "version": cls.VERSION,
     }
     srv = ProviderServer({f"gpuhost:{key}": testhost.private_key_pem}).__enter__()
+    r = srv.resource(cls(), f"gpuhost:host:{cls.__name__}", f"drop-{case}")
     try:
-        r = srv.resource(cls(), f"gpuhost:host:{cls.__name__}", f"drop-{case}")
         testhost.ssh("cat > /usr/local/sbin/date && chmod +x /usr/local/sbin/date", input=SLOW_DATE)
         testhost.ssh("rm -f /run/gpuhost-drop-now; touch /run/gpuhost-drop-armed")
         errors: list[BaseException] = []
@@ -136,8 +136,11 @@ def test_drop_after_the_write_then_rerun_then_destroy_restores_the_pristine_host
         assert snapshot(testhost, paths, runtime_cmd)["runtime"] == changed["runtime"]
         r.destroy()
         assert snapshot(testhost, paths, runtime_cmd) == pristine
-        left = testhost.ssh("ls -A /var/lib/gpuhost/pristine/runtime/* 2>/dev/null | grep -c owner || true").stdout
-        assert left.strip() in ("", "0"), left
+        # this resource's records are gone with it
+        left = testhost.ssh(f"grep -rl 'test/{case}' /var/lib/gpuhost/pristine 2>/dev/null || true").stdout
+        assert left.strip() == "", left
     finally:
+        if r.id is not None:  # a failed assertion must not leave the shared host changed for the next tests
+            r.destroy()
         testhost.ssh("rm -f /usr/local/sbin/date /run/gpuhost-drop-armed /run/gpuhost-drop-now", check=False)
         srv.__exit__(None, None, None)
