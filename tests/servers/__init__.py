@@ -1,10 +1,16 @@
 """Launchers for the real local servers tests use (sshd, Triton, nginx, Prometheus, node exporter)."""
 
+import os
+import signal
 import subprocess
 
 
 def stop_process(proc: subprocess.Popen, timeout: float = 10) -> None:
-    """Terminate a launched server, kill it if it does not exit in time; idempotent."""
+    """Terminate a launched server, kill it if it does not exit in time; idempotent.
+
+    Servers are launched with ``start_new_session=True``; whatever is left of the session's process group
+    afterwards (Triton's python-backend stubs outlive a SIGKILLed server) is killed too.
+    """
     if proc.poll() is None:
         proc.terminate()
         try:
@@ -12,3 +18,12 @@ def stop_process(proc: subprocess.Popen, timeout: float = 10) -> None:
         except subprocess.TimeoutExpired:
             proc.kill()
             proc.wait(timeout=5)
+    kill_group(proc.pid)
+
+
+def kill_group(pgid: int) -> None:
+    """SIGKILL every process left in the group ``pgid`` (a launched server's session); no-op when none is."""
+    try:
+        os.killpg(pgid, signal.SIGKILL)
+    except (ProcessLookupError, PermissionError):
+        pass

@@ -38,6 +38,8 @@ import urllib.request
 from pathlib import Path
 from typing import Callable, Iterable, Sequence
 
+from tests.servers import stop_process
+
 REPO_ROOT = Path(__file__).resolve().parents[2]
 STANDIN_MODEL = REPO_ROOT / "serving" / "standin_model.py"
 
@@ -111,13 +113,7 @@ class TritonHandle:
             return ""
 
     def stop(self, timeout: float = 15.0) -> None:
-        if self.process.poll() is None:
-            self.process.terminate()
-            try:
-                self.process.wait(timeout=timeout)
-            except subprocess.TimeoutExpired:
-                self.process.kill()
-                self.process.wait(timeout=5)
+        stop_process(self.process, timeout=timeout)
         if self._owns_workdir:
             shutil.rmtree(self.workdir, ignore_errors=True)
 
