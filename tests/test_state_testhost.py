@@ -23,10 +23,10 @@ from tests.engine import ProviderError, ProviderServer
 pytestmark = pytest.mark.testhost
 
 # Test hook (installed for the test only): the epilogue of a locked change, i.e. after the write and before the
-# result, waits so the drop lands exactly there.
+# result, waits (long: the test's own SSH calls are slow under TCG) so the drop lands exactly there.
 SLOW_DATE = r"""#!/bin/sh
 if [ "$1" = "+%s.%N" ] && [ -e /run/gpuhost-drop-armed ] && tail -n1 /run/gpuhost.lock.log 2>/dev/null | grep -q ' acquired '; then
-  rm -f /run/gpuhost-drop-armed; touch /run/gpuhost-drop-now; sleep 8
+  rm -f /run/gpuhost-drop-armed; touch /run/gpuhost-drop-now; sleep 90
 fi
 exec /usr/bin/date "$@"
 """
@@ -71,7 +71,7 @@ CASES = {
 }
 
 PRIORS = {
-    "tuning": lambda o: [o["prior_profile"]],
+    "tuning": lambda o: [o["prior_profile"]] if o["prior_profile"] else [],  # no active profile: nothing
     "vfio": lambda o: [o["prior_drivers"][GPU] or "none", o["prior_drivers"][AUDIO] or "none"],
     "sysctls": lambda o: [o["prior_values"]["net.core.somaxconn"], o["prior_values"]["vm.swappiness"]],
     "hugepages": lambda o: [str(int(o["prior_counts"]["1"]))],  # numbers come back from the engine as floats
@@ -121,7 +121,7 @@ def test_drop_after_the_write_then_rerun_then_destroy_restores_the_pristine_host
             time.sleep(0.3)
         changed = snapshot(testhost, paths, runtime_cmd)
         testhost.ssh("nohup sh -c 'sleep 0.2; pkill -KILL -f \"sshd: gpuadmin\"' >/dev/null 2>&1 &", check=False)
-        t.join(120)
+        t.join()
         testhost.wait_ssh(120)
         testhost.ssh("rm -f /usr/local/sbin/date /run/gpuhost-drop-armed /run/gpuhost-drop-now")
 
