@@ -183,7 +183,7 @@ def service_args(spec, model_py: bytes, nginx_port: int, url: str):
     from components.triton_service import TritonServiceArgs
 
     return TritonServiceArgs(
-        host=HOST[0].host_spec(),
+        host=HOST[0].host_spec(key_name="sshPrivateKey"),
         gpu_model="generic",
         gpu_count=0,
         models=[spec],
@@ -267,9 +267,15 @@ def test_process_runtime_serves_through_nginx_then_a_broken_version_rolls_back(s
         TIMES.update({"v1_p50_ms": gate["p50_ms"], "v1_p95_ms": gate["p95_ms"], "v1_rps": gate["throughput_rps"]})
         status = host.ssh("systemctl is-enabled gpuhost-triton nginx; systemctl is-active gpuhost-triton nginx").stdout
         assert status.split() == ["enabled", "enabled", "active", "active"], status
-        cmd = host.ssh("cat /proc/$(systemctl show -p MainPID --value gpuhost-triton)/cmdline | tr '\\0' ' '").stdout
-        assert cmd.startswith("/usr/bin/numactl --cpunodebind=0 --membind=0 /opt/tritonserver/bin/tritonserver")
-        assert "--metrics-config=summary_latencies=true" in cmd
+        # numactl execs tritonserver: the running server carries node 0's CPUs (0-3) and memory only.
+        pid = host.ssh("systemctl show -p MainPID --value gpuhost-triton").stdout.strip()
+        cmd = host.ssh(f"tr '\\0' ' ' < /proc/{pid}/cmdline").stdout
+        assert (
+            cmd.startswith("/opt/tritonserver/bin/tritonserver ") and "--metrics-config=summary_latencies=true" in cmd
+        )
+        status = host.ssh(f"grep -E '^(Cpus|Mems)_allowed_list' /proc/{pid}/status").stdout.split()
+        assert status == ["Cpus_allowed_list:", "0-3", "Mems_allowed_list:", "0"], status
+        assert "numactl --cpunodebind=0 --membind=0" in host.ssh("systemctl cat gpuhost-triton").stdout.replace('"', "")
         assert "syntax is ok" in host.ssh("nginx -t -c /etc/nginx/nginx.conf 2>&1").stdout
 
         # 2. version 2 is broken: its gate fails, version 1 is put back and answers again
