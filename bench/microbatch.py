@@ -1,11 +1,12 @@
 """Seed 004's client micro-batching and adaptive window, measured against a real Triton (CPU, pytriton wheel).
 
-Four runs under the same open-loop bursty load (bursts of 1–12 single requests at exponential gaps, issued on
-schedule whatever the server does): {direct gRPC requests, client micro-batching (600 µs, ≤ 8)} × {Triton's window
-fixed at 600 µs, adaptive window (±50 µs per period toward the p95 target, clamp [200, 1500] µs)}. The model costs
-a + b·batch (python backend stand-in) and batches dynamically on the server as well.
+Six runs per round under the same open-loop bursty load (bursts of 1–12 single requests at exponential gaps, issued
+on schedule whatever the server does): {direct gRPC requests, client micro-batching (600 µs, ≤ 8)} × {Triton's
+window fixed at 600 µs; fixed but the model reloaded every period (what moving the window costs by itself: each
+move is a model load); adaptive window (±50 µs per period toward the p95 target, clamp [200, 1500] µs)}. The model
+costs a + b·batch (python backend stand-in) and batches dynamically on the server as well.
 
-    .venv/bin/python -m bench.microbatch [--duration 30] [--period 3] [--target-ms 30] [--repeat 2]
+    .venv/bin/python -m bench.microbatch [--duration 30] [--period 3] [--target-ms 30] [--repeat 3]
 
 Writes bench/results/microbatch.json and .md and puts the table in docs/benchmarks.md (its own section).
 """
@@ -59,7 +60,21 @@ def counters(metrics_url: str) -> dict[str, float]:
     return out
 
 
-async def one_run(triton, arrivals, *, client_batching: bool, adaptive: bool, policy: WindowPolicy) -> dict:
+def reload_every_period(api: Triton, period_s: float, stop: threading.Event, count: list[int]) -> None:
+    """The control for the adaptive runs: as many real reloads (one per period), the window unchanged.
+
+    Each reload carries a new value of an unused parameter: a load with the served config unchanged came out as
+    cheap as no reload at all in a first run (Triton does not reload an unmodified model).
+    """
+    while not stop.wait(period_s):
+        config = api.config("standin")
+        config.setdefault("parameters", {})["reload_nonce"] = {"string_value": str(count[0] + 1)}
+        api.load("standin", config)
+        count[0] += 1
+
+
+async def one_run(triton, arrivals, *, client_batching: bool, window: str, policy: WindowPolicy) -> dict:
+    adaptive = window == "adaptive"
     api = Triton(triton.http_url, triton.metrics_url)
     config = api.config("standin")
     if served_window(config) != START_WINDOW_US:
@@ -97,8 +112,12 @@ async def one_run(triton, arrivals, *, client_batching: bool, adaptive: bool, po
 
     controller: Controller = Controller(policy, ["standin"], client_p95, api)
     stop = threading.Event()
-    runner = threading.Thread(target=controller.run, args=(stop,), daemon=True)
-    if adaptive:
+    reloads = [0]
+    if window == "reloaded":
+        runner = threading.Thread(target=reload_every_period, args=(api, policy.period_s, stop, reloads), daemon=True)
+    else:
+        runner = threading.Thread(target=controller.run, args=(stop,), daemon=True)
+    if window != "fixed":
         runner.start()
     start = time.perf_counter()
     tasks = []
@@ -111,7 +130,7 @@ async def one_run(triton, arrivals, *, client_batching: bool, adaptive: bool, po
         await asyncio.gather(*tasks)
     elapsed = time.perf_counter() - start
     stop.set()
-    if adaptive:
+    if window != "fixed":
         runner.join(timeout=30)
     await client.close()
     time.sleep(0.5)
@@ -120,7 +139,8 @@ async def one_run(triton, arrivals, *, client_batching: bool, adaptive: bool, po
     windows = [START_WINDOW_US] + [d.window_us for d in controller.decisions]
     return {
         "client_batching": client_batching,
-        "window": "adaptive" if adaptive else "fixed",
+        "window": window,
+        "reloads": sum(d.changed for d in controller.decisions) if adaptive else reloads[0],
         "requests": len(arrivals),
         "ok": len(values),
         "errors": errors,
@@ -142,14 +162,15 @@ async def one_run(triton, arrivals, *, client_batching: bool, adaptive: bool, po
 def table(rows: list[dict]) -> str:
     lines = [
         "| round | client micro-batching | Triton window | p50 ms | p95 ms | p99 ms | throughput req/s | gRPC requests | "
-        "executions | errors | window path (µs) |",
-        "|---|---|---|---|---|---|---|---|---|---|---|",
+        "executions | reloads | errors | window path (µs) |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for r in rows:
         path = " → ".join(str(w) for w in r["windows_us"]) if r["window"] == "adaptive" else str(START_WINDOW_US)
         lines.append(
             f"| {r.get('repeat', 1)} | {'600 µs, ≤ 8' if r['client_batching'] else 'off'} | {r['window']} | {r['p50_ms']} | {r['p95_ms']} | "
-            f"{r['p99_ms']} | {r['throughput_rps']} | {r['grpc_requests']} | {r['executions']} | {r['errors']} | "
+            f"{r['p99_ms']} | {r['throughput_rps']} | {r['grpc_requests']} | {r['executions']} | {r['reloads']} | "
+            f"{r['errors']} | "
             f"{path} |"
         )
     return "\n".join(lines) + "\n"
@@ -159,11 +180,11 @@ def summary(rows: list[dict]) -> str:
     """Median over the rounds of each configuration (the machine is shared: single runs are noisy)."""
     lines = [
         "| client micro-batching | Triton window | median p50 ms | median p95 ms | p95 range ms | median p99 ms | "
-        "median throughput req/s | gRPC requests per run | executions per run | errors |",
-        "|---|---|---|---|---|---|---|---|---|---|",
+        "median throughput req/s | gRPC requests per run | executions per run | reloads per run | errors |",
+        "|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for cb in (False, True):
-        for w in ("fixed", "adaptive"):
+        for w in ("fixed", "reloaded", "adaptive"):
             rs = [r for r in rows if r["client_batching"] == cb and r["window"] == w]
             if not rs:
                 continue
@@ -175,7 +196,7 @@ def summary(rows: list[dict]) -> str:
             lines.append(
                 f"| {'600 µs, ≤ 8' if cb else 'off'} | {w} | {med('p50_ms')} | {med('p95_ms')} | "
                 f"{min(p95s)}–{max(p95s)} | {med('p99_ms')} | {med('throughput_rps')} | {int(med('grpc_requests'))} | "
-                f"{int(med('executions'))} | {sum(r['errors'] for r in rs)} |"
+                f"{int(med('executions'))} | {int(med('reloads'))} | {sum(r['errors'] for r in rs)} |"
             )
     return "\n".join(lines) + "\n"
 
@@ -210,6 +231,12 @@ def main() -> int:
     p.add_argument("--mean-gap-ms", type=float, default=40.0)
     p.add_argument("--burst-max", type=int, default=12)
     p.add_argument("--seed", type=int, default=4)
+    p.add_argument(
+        "--windows",
+        default="fixed,reloaded,adaptive",
+        help="Triton window modes: fixed; reloaded (the model reloaded every period, window unchanged: what a move "
+        "costs by itself); adaptive",
+    )
     p.add_argument("--repeat", type=int, default=3, help="rounds of the four runs (interleaved against drift)")
     a = p.parse_args()
     arrivals = schedule(a.duration, a.seed, a.mean_gap_ms, a.burst_max)
@@ -237,15 +264,15 @@ def main() -> int:
                     triton,
                     schedule(3.0, a.seed + 1, a.mean_gap_ms, a.burst_max),
                     client_batching=True,
-                    adaptive=False,
+                    window="fixed",
                     policy=policy,
                 )
             )
             for rep in range(a.repeat):
                 for client_batching in (False, True):
-                    for adaptive in (False, True):
+                    for window in a.windows.split(","):
                         r = asyncio.run(
-                            one_run(triton, arrivals, client_batching=client_batching, adaptive=adaptive, policy=policy)
+                            one_run(triton, arrivals, client_batching=client_batching, window=window, policy=policy)
                         )
                         r["repeat"] = rep + 1
                         print(json.dumps(r), flush=True)
