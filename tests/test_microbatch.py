@@ -20,6 +20,13 @@ from serving.microbatch import (
 )
 
 
+@pytest.fixture(autouse=True)
+def _leave_an_event_loop():
+    """asyncio.run() leaves the main thread without a current loop; Pulumi's mocks in later modules need one."""
+    yield
+    asyncio.set_event_loop(asyncio.new_event_loop())
+
+
 def test_policy_keeps_seed_bounds():
     assert BatchPolicy() == BatchPolicy(window_us=600, max_batch=8)
     with pytest.raises(ValueError, match="window_us: 1500 µs is outside 0..1000"):

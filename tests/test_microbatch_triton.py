@@ -12,6 +12,7 @@ import time
 import urllib.request
 
 import numpy as np
+import pytest
 import tritonclient.grpc.aio as grpcaio
 from tritonclient.utils import InferenceServerException
 
@@ -19,6 +20,13 @@ from serving.microbatch import BatchPolicy, MicroBatcher, TritonBatchInfer
 from tests.servers.triton import triton_fixture, write_sleep_model
 
 COST_A_MS, COST_B_MS = 2.0, 0.25
+
+
+@pytest.fixture(autouse=True)
+def _leave_an_event_loop():
+    """asyncio.run() leaves the main thread without a current loop; Pulumi's mocks in later modules need one."""
+    yield
+    asyncio.set_event_loop(asyncio.new_event_loop())
 
 
 def standin_model(repo):
