@@ -44,10 +44,15 @@ ip link del __UPPER__ 2>/dev/null
 ip link set $IF up
 ip addr add $A dev $IF 2>/dev/null
 [ -n "$R" ] && ip route replace $R dev $IF
+rm -f /run/systemd/network/00-gpuhost-test.network
+networkctl reload
 true
 EOF
 cat > /run/gpuhost-move.sh <<EOF
 set -x
+mkdir -p /run/systemd/network
+printf '[Match]\\nName=%s\\n\\n[Link]\\nUnmanaged=yes\\n' $IF > /run/systemd/network/00-gpuhost-test.network
+networkctl reload
 __MAKE__
 ip link set __UPPER__ address $MAC
 ip link set __UPPER__ up
@@ -102,7 +107,12 @@ def address_on(th, kind: str):
         yield iface, upper
     finally:
         _run(th, "setsid sh /run/gpuhost-restore.sh >/run/gpuhost-restore.log 2>&1 </dev/null &")
-        _run(th, f"for i in $(seq 60); do [ -e /sys/class/net/{upper} ] || exit 0; sleep 1; done; exit 1")
+        # networkd manages the NIC again and its DHCP lease puts the address back: wait for both.
+        _run(
+            th,
+            f"for i in $(seq 120); do [ ! -e /sys/class/net/{upper} ] && ip -o -4 addr show dev {quote(iface)} "
+            "| grep -q inet && exit 0; sleep 1; done; exit 1",
+        )
         out = _run(th, f"ip -o -4 addr show dev {quote(iface)}; readlink /sys/bus/pci/devices/{NIC}/driver").stdout
         assert "inet " in out and out.strip().endswith("/e1000e"), out
 
