@@ -108,7 +108,12 @@ def yolov8n(max_batch_size: int = 8) -> ModelSpec:
 
 
 def resnet50_fp16(max_batch_size: int = 8) -> ModelSpec:
-    """ResNet50 FP16 TensorRT plan (seed 004): ``input`` FP16 [3,224,224] → ``logits`` FP16 [1000], response cache."""
+    """ResNet50 FP16 TensorRT plan (seed 004): ``input`` FP16 [3,224,224] → ``logits`` FP16 [1000].
+
+    No response cache: with it on, Triton 2.51 exports no ``nv_inference_request_summary_us`` for the model, so the
+    p95 alert and the latency panels would read nothing, and the gate's identical requests would time cache hits
+    (tests/test_serving_metrics_live.py shows both).
+    """
     return ModelSpec(
         name="resnet50_fp16",
         platform="tensorrt_plan",
@@ -119,7 +124,6 @@ def resnet50_fp16(max_batch_size: int = 8) -> ModelSpec:
         dynamic_batching=DynamicBatching(
             preferred_batch_size=[b for b in (1, 2, 4, 8) if b <= max_batch_size], max_queue_delay_microseconds=800
         ),
-        response_cache=True,
     )
 
 

@@ -39,7 +39,16 @@ def generated_args(specs) -> list[str]:
 
 def _specs():
     # No response cache: identical load requests would all be cache hits, measuring the cache, not the model.
-    return [standin(resnet50_fp16().model_copy(update={"name": MODEL, "response_cache": False}), sleep_ms=3)]
+    return [
+        standin(
+            resnet50_fp16().model_copy(
+                update={
+                    "name": MODEL,
+                }
+            ),
+            sleep_ms=3,
+        )
+    ]
 
 
 def _populate(repo):
@@ -185,13 +194,13 @@ def test_without_the_flag_the_summaries_do_not_exist(tmp_path):
 
 
 def test_with_the_response_cache_triton_exports_no_request_summary(tmp_path):
-    """A finding pinned: resnet50's seed config enables the response cache; with it on, this Triton exports no
+    """Why no shipped preset enables the response cache: with it on, this Triton exports no
     nv_inference_request_summary_us for the model at all (only queue/compute summaries), so the p95 alert and the
     p50/p95/p99 panel read nothing for it, and identical gate requests would measure cache hits."""
     import urllib.request
 
     (tmp_path / "models").mkdir()
-    cached = [standin(resnet50_fp16().model_copy(update={"name": MODEL}), sleep_ms=3)]
+    cached = [standin(resnet50_fp16().model_copy(update={"name": MODEL, "response_cache": True}), sleep_ms=3)]
     for path, content in repository_files(cached, gpu_count=0, model_py=STANDIN_MODEL.read_bytes()).items():
         (tmp_path / "models" / path).parent.mkdir(parents=True, exist_ok=True)
         (tmp_path / "models" / path).write_bytes(content)

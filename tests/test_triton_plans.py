@@ -101,7 +101,7 @@ def test_server_args_turn_on_rate_limit_and_cache_when_models_need_them():
             ],
         }
     )
-    args = server_args(ServerOptions(), [limited, resnet50_fp16()])
+    args = server_args(ServerOptions(), [limited, resnet50_fp16().model_copy(update={"response_cache": True})])
     assert "--rate-limit=execution_count" in args
     assert any(a.startswith("--cache-config=local,size=") for a in args)
 
