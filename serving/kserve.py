@@ -21,24 +21,12 @@ import math
 import struct
 from typing import Mapping, Optional
 
+from serving.loadgate import DTYPE_BYTES
+
 HEADER = "Inference-Header-Content-Length"
 
 # Bytes per element of each KServe datatype (BYTES, a config's TYPE_STRING: 4-byte length + bytes per element).
-ELEMENT_BYTES = {
-    "BOOL": 1,
-    "UINT8": 1,
-    "INT8": 1,
-    "UINT16": 2,
-    "INT16": 2,
-    "FP16": 2,
-    "BF16": 2,
-    "UINT32": 4,
-    "INT32": 4,
-    "FP32": 4,
-    "UINT64": 8,
-    "INT64": 8,
-    "FP64": 8,
-}
+ELEMENT_BYTES = DTYPE_BYTES
 
 # What a STRING input carries in the gate's requests (a short prompt: the SDXL pipeline's `prompt`).
 DEFAULT_TEXT = "a lighthouse on a rocky coast at dawn"
