@@ -124,6 +124,17 @@ def test_vm_guest_is_told_it_is_a_guest_not_to_fix_its_bios(fresh):
     assert next(x for x in findings if x.check == "machine").status == "WARN"
 
 
+def test_bare_metal_without_the_table_is_told_to_enable_vt_d(fresh):
+    f = fresh.model_copy(deep=True)
+    f.virt = parse_virt("detect=none\nsys_vendor=Supermicro\nproduct_name=SYS-420GP-TNR")
+    f.iommu.dmar_table = False
+    f.iommu.ivrs_table = False
+    findings = preflight(f, PreflightWant(gpus=["0000:81:00.0"]))
+    fw = next(x for x in findings if x.check == "iommu-firmware")
+    assert fw.status == "FAIL" and "off in firmware" in fw.message and "enable VT-d" in fw.fix
+    assert not any(x.check == "machine" for x in findings)
+
+
 def test_bare_metal_is_not_a_guest():
     v = parse_virt("detect=none\nsys_vendor=Supermicro\nproduct_name=SYS-420GP-TNR")
     assert not v.guest
