@@ -190,6 +190,32 @@ def redis_unit(spec: GatewaySpec) -> str:
     )
 
 
+def _python_unit(spec: GatewaySpec, role: str, argv: list[str], shared_sha256: str, extra: list[str]) -> str:
+    """A gateway process's unit; the digest line makes new code or config a new unit file (SystemdService restarts)."""
+    return "\n".join(
+        [
+            f"# gpuhost: serving code and worker.json sha256 {shared_sha256 or '-'}",
+            "[Unit]",
+            f"Description=gpuhost inference gateway {spec.name}: {role}",
+            f"After={REDIS_UNIT} network-online.target",
+            f"Requires={REDIS_UNIT}",
+            "",
+            "[Service]",
+            "Type=simple",
+            "DynamicUser=yes",
+            "WorkingDirectory=" + systemd_quote(spec.install_dir),
+            "ExecStart=" + " ".join(systemd_quote(a) for a in argv),
+            "Restart=always",
+            "RestartSec=1",
+            *extra,
+            "",
+            "[Install]",
+            "WantedBy=multi-user.target",
+            "",
+        ]
+    )
+
+
 def worker_unit(spec: GatewaySpec, i: int, shared_sha256: str = "") -> str:
     argv = [
         f"{spec.venv}/bin/python",
@@ -202,30 +228,9 @@ def worker_unit(spec: GatewaySpec, i: int, shared_sha256: str = "") -> str:
         "--metrics-port",
         str(spec.metrics_ports[i]),
     ]
-    return "\n".join(
-        [
-            # A new digest is a new unit file, so SystemdService restarts every worker when code or config change.
-            f"# gpuhost: serving code and worker.json sha256 {shared_sha256 or '-'}",
-            "[Unit]",
-            f"Description=gpuhost inference gateway {spec.name}: queue worker {i}",
-            f"After={REDIS_UNIT} network-online.target",
-            f"Requires={REDIS_UNIT}",
-            "",
-            "[Service]",
-            "Type=simple",
-            "DynamicUser=yes",
-            "WorkingDirectory=" + systemd_quote(spec.install_dir),
-            "ExecStart=" + " ".join(systemd_quote(a) for a in argv),
-            "Restart=always",
-            "RestartSec=1",
-            # SIGTERM: the worker stops reading and lets its running jobs finish (unfinished ones are reclaimed).
-            "KillSignal=SIGTERM",
-            "TimeoutStopSec=70",
-            "",
-            "[Install]",
-            "WantedBy=multi-user.target",
-            "",
-        ]
+    # SIGTERM: the worker stops reading and lets its running jobs finish (unfinished ones are reclaimed).
+    return _python_unit(
+        spec, f"queue worker {i}", argv, shared_sha256, extra=["KillSignal=SIGTERM", "TimeoutStopSec=70"]
     )
 
 
@@ -272,27 +277,7 @@ def front_unit(spec: GatewaySpec, shared_sha256: str = "") -> str:
         "--timeout",
         f"{spec.front_timeout_s:g}",
     ]
-    return "\n".join(
-        [
-            f"# gpuhost: serving code and worker.json sha256 {shared_sha256 or '-'}",
-            "[Unit]",
-            f"Description=gpuhost inference gateway {spec.name}: HTTP entry (KServe v2 JSON, 429 when the queue is full)",
-            f"After={REDIS_UNIT} network-online.target",
-            f"Requires={REDIS_UNIT}",
-            "",
-            "[Service]",
-            "Type=simple",
-            "DynamicUser=yes",
-            "WorkingDirectory=" + systemd_quote(spec.install_dir),
-            "ExecStart=" + " ".join(systemd_quote(a) for a in argv),
-            "Restart=always",
-            "RestartSec=1",
-            "",
-            "[Install]",
-            "WantedBy=multi-user.target",
-            "",
-        ]
-    )
+    return _python_unit(spec, "HTTP entry (KServe v2 JSON, 429 when the queue is full)", argv, shared_sha256, extra=[])
 
 
 def front_files(spec: GatewaySpec, shared: dict[str, str]) -> dict[str, str]:

@@ -42,6 +42,16 @@ def _table(gpu: str, rows: dict[str, tuple[int, int, int]], compute: int = 7, me
 
 
 # From `nvidia-smi mig -lgip` on empty GPUs (NVIDIA MIG user guide, "Supported MIG profiles").
+_80GB = {
+    "1g.10gb": (1, 1, 7),
+    "1g.10gb+me": (1, 1, 1),
+    "1g.20gb": (1, 2, 4),
+    "2g.20gb": (2, 2, 3),
+    "3g.40gb": (3, 4, 2),
+    "4g.40gb": (4, 4, 1),
+    "7g.80gb": (7, 8, 1),
+}
+
 TABLES: tuple[Capacity, ...] = (
     _table(
         "A100-40GB",
@@ -55,30 +65,9 @@ TABLES: tuple[Capacity, ...] = (
             "7g.40gb": (7, 8, 1),
         },
     ),
-    _table(
-        "A100-80GB",
-        {
-            "1g.10gb": (1, 1, 7),
-            "1g.10gb+me": (1, 1, 1),
-            "1g.20gb": (1, 2, 4),
-            "2g.20gb": (2, 2, 3),
-            "3g.40gb": (3, 4, 2),
-            "4g.40gb": (4, 4, 1),
-            "7g.80gb": (7, 8, 1),
-        },
-    ),
-    _table(
-        "H100-80GB",
-        {
-            "1g.10gb": (1, 1, 7),
-            "1g.10gb+me": (1, 1, 1),
-            "1g.20gb": (1, 2, 4),
-            "2g.20gb": (2, 2, 3),
-            "3g.40gb": (3, 4, 2),
-            "4g.40gb": (4, 4, 1),
-            "7g.80gb": (7, 8, 1),
-        },
-    ),
+    _table("A100-80GB", _80GB),
+    # H100 80GB has the A100 80GB profiles (same names and slice counts).
+    _table("H100-80GB", _80GB),
     _table(
         "H200",
         {
