@@ -52,6 +52,8 @@ from pulumi.runtime.proto import (
     resource_pb2_grpc,
 )
 
+from tools.driver import display
+
 ROOT = Path(__file__).resolve().parents[2]
 UNKNOWN = "04da6b54-80e4-46f7-96ec-b56ff0331ba9"  # sdk/go/common/resource/plugin/rpc.go UnknownStringValue
 SIG = "4dabf18193072939515e22adb298388d"
@@ -367,29 +369,6 @@ class Step:
         return self.urn.rsplit("::", 1)[-1]
 
 
-def show(v: Any, unknown: str = "[unknown]") -> str:
-    v = norm(v)
-    if v == UNKNOWN:
-        return unknown
-    if is_secret(v):
-        return "[secret]"
-    if isinstance(v, (dict, list)):
-        s = json.dumps(_mask(v), sort_keys=True, separators=(", ", ": "))
-        s = s.replace(json.dumps(UNKNOWN), unknown)
-        return s if len(s) <= 160 else s[:157] + "..."
-    return json.dumps(v)
-
-
-def _mask(v: Any) -> Any:
-    if is_secret(v):
-        return "[secret]"
-    if isinstance(v, dict):
-        return {k: _mask(x) for k, x in v.items()}
-    if isinstance(v, list):
-        return [_mask(x) for x in v]
-    return v
-
-
 @dataclass
 class Plan:
     kind: str
@@ -420,8 +399,12 @@ class Plan:
             # up and destroy print each step as it finishes; their summary lists only failures
             if s.op in ("same", "read") or (self.kind in ("update", "destroy") and not s.error):
                 continue
+            diff = ""
+            if s.keys and s.op in ("update", "replace", "refresh"):
+                # the CLI's progress line: `[diff: ~key]`, replacing keys listed the same way
+                diff = "  [diff: " + ", ".join(f"~{k}" for k in s.keys) + "]"
             lines.append(
-                f"  {SYMBOLS[s.op]:<2} {s.type}  {s.name}  ({s.op})"
+                f"  {SYMBOLS[s.op]:<2} {s.type}  {s.name}  ({s.op}){diff}"
                 + (f"  [{s.seconds:.1f}s]" if s.seconds >= 0.05 and self.kind != "preview" else "")
             )
             lines += self._details(s)
@@ -447,28 +430,23 @@ class Plan:
         lines.append(f"    {c.get('same', 0) + c.get('read', 0)} unchanged")
         if self.outputs:
             lines.append("Outputs:")
-            for k, v in sorted(self.outputs.items()):
-                lines.append(f"    {k}: {show(v)}")
+            lines += display.print_object(self.outputs, indent=1)
         for e in self.errors:
             lines.append(f"error: {e}")
         lines.append(f"Duration: {self.seconds:.0f}s")
         return "\n".join(lines)
 
     def _details(self, s: Step) -> list[str]:
-        out = []
-        old, new = user_props(s.old or {}), user_props(s.new or {})
+        """The step's properties as `pulumi preview --diff` prints them (pkg/backend/display/object_diff.go
+        getResourcePropertiesDetails): a create's new inputs, a delete's old ones, otherwise the old/new diff."""
+        old, new = s.old or {}, s.new or {}
         if s.op == "create":
-            for k in sorted(new):
-                if k == "version":
-                    continue
-                out.append(f"      {k}: {show(new[k])}")
-        elif s.op in ("update", "replace", "refresh"):
-            for k in s.keys or sorted(set(old) | set(new)):
-                if norm(old.get(k)) == norm(new.get(k)):
-                    continue
-                mark = " (forces replacement)" if k in s.replace_keys else ""
-                out.append(f"    ~ {k}: {show(old.get(k), '[unknown]')} => {show(new.get(k))}{mark}")
-        return out
+            return display.print_object(new, indent=2)
+        if s.op == "delete":
+            return display.print_object(old, indent=2)
+        if s.op in ("update", "replace", "refresh"):
+            return display.print_object_diff(old, new, indent=2)
+        return []
 
 
 # ---- the driver -------------------------------------------------------------------------------------------------
