@@ -16,11 +16,11 @@ Usage::
 
 from __future__ import annotations
 
-import json
 import math
 import struct
-from typing import Mapping, Optional
+from typing import Mapping
 
+from serving import loadgate
 from serving.loadgate import DTYPE_BYTES
 
 HEADER = "Inference-Header-Content-Length"
@@ -50,80 +50,21 @@ def _tensor_bytes(datatype: str, shape: list[int], text: str) -> bytes:
 
 def binary_request(sig: dict, *, text: str = DEFAULT_TEXT) -> tuple[bytes, dict[str, str]]:
     """(body, headers) of an infer request for every input of ``sig`` with binary data, asking for every output
-    in binary too."""
-    header_inputs, blobs = [], []
-    for t in sig["inputs"]:
-        data = _tensor_bytes(t["datatype"], list(t["shape"]), text)
-        header_inputs.append(
-            {
-                "name": t["name"],
-                "shape": [int(d) for d in t["shape"]],
-                "datatype": t["datatype"],
-                "parameters": {"binary_data_size": len(data)},
-            }
-        )
-        blobs.append(data)
-    header = json.dumps(
-        {
-            "inputs": header_inputs,
-            "outputs": [{"name": o["name"], "parameters": {"binary_data": True}} for o in sig.get("outputs", [])],
-        },
-        separators=(",", ":"),
-    ).encode()
-    return header + b"".join(blobs), {"Content-Type": "application/octet-stream", HEADER: str(len(header))}
-
-
-def _shape_ok(want: list[int], got: list[int]) -> bool:
-    return len(want) == len(got) and all(w < 0 or w == g for w, g in zip(want, got))
+    in binary too (the encoding is ``serving.loadgate.binary_request``'s)."""
+    tensors = [
+        (t["name"], t["datatype"], [int(d) for d in t["shape"]], _tensor_bytes(t["datatype"], list(t["shape"]), text))
+        for t in sig["inputs"]
+    ]
+    body, headers = loadgate.binary_request(tensors, [o["name"] for o in sig.get("outputs", [])])
+    return body, dict(headers)
 
 
 def check_response(sig: dict, headers: Mapping[str, str], data: bytes) -> list[str]:
-    """Problems with an answer: missing/extra-empty outputs, wrong datatype or shape (-1 matches any size), a
-    binary size that does not fit the shape. An empty list means the answer carries the model's outputs."""
+    """Why an answer does not carry the outputs of ``sig`` (names, datatypes, shapes, sizes, not empty), as
+    ``serving.loadgate.check_response`` judges every answer of a load run; [] when it does."""
     lower = {k.lower(): v for k, v in headers.items()}
-    hlen: Optional[str] = lower.get(HEADER.lower())
-    try:
-        head = json.loads(data[: int(hlen)] if hlen is not None else data)
-    except (ValueError, UnicodeDecodeError) as e:
-        return [f"answer is not a KServe v2 response: {e}"]
-    if not isinstance(head, dict):
-        return ["answer is not a JSON object"]
-    if "error" in head:
-        return [f"server error: {head['error']}"]
-    outs = {o.get("name"): o for o in head.get("outputs") or [] if isinstance(o, dict)}
-    problems = []
-    binary_total = 0
-    for want in sig.get("outputs", []):
-        name = want["name"]
-        got = outs.get(name)
-        if got is None:
-            problems.append(f"output {name!r} missing (got {sorted(n for n in outs if n)})")
-            continue
-        if got.get("datatype") != want["datatype"]:
-            problems.append(f"output {name!r}: datatype {got.get('datatype')} != {want['datatype']}")
-        shape = [int(x) for x in got.get("shape") or []]
-        want_shape = [int(x) for x in want["shape"]]
-        if not _shape_ok(want_shape, shape):
-            problems.append(f"output {name!r}: shape {shape} != {want_shape}")
-        n = math.prod(shape) if shape else 0
-        if n == 0:
-            problems.append(f"output {name!r}: empty")
-        size = (got.get("parameters") or {}).get("binary_data_size")
-        if size is not None:
-            binary_total += int(size)
-            per = ELEMENT_BYTES.get(want["datatype"])
-            if per is not None and int(size) != n * per:
-                problems.append(
-                    f"output {name!r}: {size} bytes for shape {shape} of {want['datatype']} (want {n * per})"
-                )
-        elif "data" in got:
-            if len(got["data"]) != n:
-                problems.append(f"output {name!r}: {len(got['data'])} values for shape {shape}")
-        else:
-            problems.append(f"output {name!r}: carries no data")
-    if hlen is not None and len(data) - int(hlen) != binary_total:
-        problems.append(f"binary part is {len(data) - int(hlen)} bytes, header announces {binary_total}")
-    return problems
+    problem = loadgate.check_response(data, lower.get(HEADER.lower()), loadgate.ResponseCheck.from_signature(sig))
+    return [problem] if problem else []
 
 
 def signature(inputs: list[dict], outputs: list[dict], max_batch_size: int, batch: int = 1) -> dict:

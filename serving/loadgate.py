@@ -190,6 +190,13 @@ class ResponseCheck:
             outs.append(ExpectedOutput(o["name"], str(o["data_type"]).removeprefix("TYPE_"), lead + dims))
         return cls(tuple(outs))
 
+    @classmethod
+    def from_signature(cls, sig: dict) -> "ResponseCheck":
+        """From a request signature (``serving.kserve.signature``): its outputs, datatypes and shapes."""
+        return cls(
+            tuple(ExpectedOutput(o["name"], o["datatype"], tuple(int(d) for d in o["shape"])) for o in sig["outputs"])
+        )
+
 
 def check_response(body: bytes, header_length: Optional[str], check: ResponseCheck) -> Optional[str]:
     """None when ``body`` (a v2 infer response, JSON or binary) holds exactly ``check``'s outputs, else why not."""
@@ -210,6 +217,8 @@ def check_response(body: bytes, header_length: Optional[str], check: ResponseChe
         shape = tuple(int(d) for d in o.get("shape", ()))
         if not exp.fits(shape):
             return f"output {name}: shape {list(shape)} but the config says {list(exp.shape)}"
+        if math.prod(shape) == 0:
+            return f"output {name}: empty (shape {list(shape)})"
         answered = ExpectedOutput(name, exp.datatype, shape)
         size = (o.get("parameters") or {}).get("binary_data_size")
         if size is not None:

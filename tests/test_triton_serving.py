@@ -317,7 +317,7 @@ def test_gate_fails_a_200_with_wrong_or_missing_outputs(nginx):
         "version": "1",
     }
     with ProviderServer({}) as srv:
-        for i, (sig, words) in enumerate(((wrong, "shape [1, 4] != [1, 8]"), (missing, "output0"))):
+        for i, (sig, words) in enumerate(((wrong, "shape [1, 4] but the config says [1, 8]"), (missing, "output0"))):
             gate = srv.resource(AcceptanceGateProvider(), "gpuhost:serving:AcceptanceGate", f"gate-wrong-{i}")
             with pytest.raises(ProviderError) as e:
                 gate.up({**base, "request": sig})
@@ -436,14 +436,16 @@ def test_check_response_flags_a_200_without_the_models_outputs():
     )
     assert check_response(sig, *ok) == []
     empty = answer([], b"")
-    assert check_response(sig, *empty) == ["output 'logits' missing (got [])"]
+    assert check_response(sig, *empty) == ["outputs [] but the model config names ['logits']"]
     short = answer(
         [{"name": "logits", "datatype": "FP16", "shape": [1, 0], "parameters": {"binary_data_size": 0}}], b""
     )
-    assert any("empty" in p for p in check_response(sig, *short))
+    assert check_response(sig, *short) == ["output logits: shape [1, 0] but the config says [1, 1000]"]
+    variable = {"inputs": [], "outputs": [{"name": "logits", "datatype": "FP16", "shape": [1, -1]}]}
+    assert check_response(variable, *short) == ["output logits: empty (shape [1, 0])"]
     wrong_size = answer(
         [{"name": "logits", "datatype": "FP16", "shape": [1, 1000], "parameters": {"binary_data_size": 4000}}],
         b"\0" * 4000,
     )
     assert any("4000 bytes" in p for p in check_response(sig, *wrong_size))
-    assert check_response(sig, {}, b"<html>502</html>")[0].startswith("answer is not a KServe v2 response")
+    assert check_response(sig, {}, b"<html>502</html>")[0].startswith("response is not a v2 infer response")
