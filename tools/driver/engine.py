@@ -59,7 +59,9 @@ UNKNOWN = "04da6b54-80e4-46f7-96ec-b56ff0331ba9"  # sdk/go/common/resource/plugi
 SIG = "4dabf18193072939515e22adb298388d"
 SECRET_SIG = "1b47061264138c4ac30d75fd1eb44270"
 PROVIDER_KEY = "__provider"
+RESOURCE_SIG = "5cf8f73096256a8f31e491e813e4eb8e"
 STACK_TYPE = "pulumi:pulumi:Stack"
+STACK_REFERENCE = "pulumi:pulumi:StackReference"
 DYNAMIC_PROVIDER = "pulumi:providers:pulumi-python"
 
 
@@ -82,14 +84,28 @@ def is_secret(v: Any) -> bool:
 
 def plain(v: Any) -> Any:
     """Secrets unwrapped: the dynamic provider answers Configure with acceptSecrets=False, so the engine strips them
-    before every provider call (provider_plugin.go: MarshalOptions{KeepSecrets: protocol.acceptSecrets})."""
+    before every provider call (provider_plugin.go: MarshalOptions{KeepSecrets: protocol.acceptSecrets}). It does
+    not accept resources either, so a resource reference goes as its id (unknown while a preview has none), a
+    component's as its URN (sdk/go/common/resource/plugin/rpc.go MarshalPropertyValue, KeepResources false)."""
     if is_secret(v):
         return plain(v.get("value"))
+    if isinstance(v, dict) and v.get(SIG) == RESOURCE_SIG:
+        return (v["id"] or UNKNOWN) if "id" in v else v.get("urn", "")
     if isinstance(v, dict):
         return {k: plain(x) for k, x in v.items()}
     if isinstance(v, list):
         return [plain(x) for x in v]
     return v
+
+
+def has_secret(v: Any) -> bool:
+    if is_secret(v):
+        return True
+    if isinstance(v, dict):
+        return any(has_secret(x) for x in v.values())
+    if isinstance(v, list):
+        return any(has_secret(x) for x in v)
+    return False
 
 
 def has_unknown(v: Any) -> bool:
@@ -333,6 +349,8 @@ class Resource:
     dependencies: list[str] = field(default_factory=list)
     property_dependencies: dict[str, list[str]] = field(default_factory=dict)
     delete_before_replace: bool = False
+    # Read with ReadResource (`get`, a StackReference): the engine's External, never deleted through the provider
+    external: bool = False
 
     @property
     def name(self) -> str:
@@ -521,6 +539,38 @@ class Driver:
             raise SystemExit("the state's config has secrets: set PULUMI_CONFIG_PASSPHRASE")
         return StackConfig.unseal(doc, self.passphrase)
 
+    # -- the builtin provider's backend (pkg/resource/deploy/builtins.go, pkg/backend/backend.go backendClient) --
+    def _other_stack(self, name: str) -> list[Resource]:
+        # A stack reference names `org/project/stack` or `stack`; the driver's stacks are state files side by side.
+        stack = str(name).rsplit("/", 1)[-1]
+        path = self.state_path.with_name(f"{stack}.json")
+        if not path.exists():
+            raise BuiltinError(f'unknown stack "{name}"')
+        return [Resource.from_json(r) for r in json.loads(path.read_text())["resources"]]
+
+    def read_stack_reference(self, inputs: dict) -> dict:
+        """builtins.go readStackReference: the stack's outputs, and the names of those that are secret."""
+        name = inputs.get("name")
+        if not isinstance(name, str):
+            raise BuiltinError('property "name" must be a string')
+        root = next((r for r in self._other_stack(name) if r.type == STACK_TYPE), None)
+        outputs = dict(root.outputs) if root else {}
+        return {
+            "name": name,
+            "outputs": outputs,
+            "secretOutputNames": sorted(k for k, v in outputs.items() if has_secret(v)),
+        }
+
+    def read_stack_resource_outputs(self, args: dict) -> dict:
+        """builtins.go readStackResourceOutputs: every resource of the stack, by URN, with its type and outputs."""
+        name = args.get("stackName")
+        if not isinstance(name, str):
+            raise BuiltinError("expected 'stackName' to be a string")
+        return {
+            "name": name,
+            "outputs": {r.urn: {"type": r.type, "outputs": r.outputs} for r in self._other_stack(name)},
+        }
+
     def emit(self, line: str) -> None:
         if self.out is not None:
             with self._lock:
@@ -550,7 +600,11 @@ class Driver:
                 if not r.custom:
                     return
                 t = time.monotonic()
-                id_, outs, ins = prov.read(r.urn, r.id, r.outputs, r.inputs)
+                ins: dict | None
+                if r.type == STACK_REFERENCE:  # the engine's builtin provider, not the dynamic one
+                    id_, outs, ins = r.id, self.read_stack_reference(r.inputs), r.inputs
+                else:
+                    id_, outs, ins = prov.read(r.urn, r.id, r.outputs, r.inputs)
                 with self._lock:
                     if not id_:
                         by_urn.pop(r.urn, None)
@@ -562,7 +616,10 @@ class Driver:
                     r.inputs = ins
                 # step.go RefreshStep.Apply: Diff with the refreshed inputs/outputs as the olds and the old inputs as
                 # the news, then inverted for display: what the host changed, relative to what the stack wants.
-                d = prov.diff(r.urn, r.id, r.outputs, r.inputs, old_inputs)
+                if r.type == STACK_REFERENCE:  # builtins.go Diff: only `name`, which a refresh does not change
+                    d = DiffResult(provider_pb2.DiffResponse.DIFF_NONE, [], False)
+                else:
+                    d = prov.diff(r.urn, r.id, r.outputs, r.inputs, old_inputs)
                 drift = d.changes == provider_pb2.DiffResponse.DIFF_SOME
                 keys = sorted(
                     k
@@ -643,7 +700,8 @@ class Driver:
             t = time.monotonic()
             err = None
             try:
-                if r.custom and r.id:
+                # step.go DeleteStep.Apply: an external resource (read, not managed) only leaves the state.
+                if r.custom and r.id and not r.external and not r.type.startswith("pulumi:"):
                     prov.delete(r.urn, r.id, r.outputs, r.inputs)
             except ProviderError as e:
                 err = str(e)
@@ -679,7 +737,7 @@ class Driver:
             for f in [pool.submit(fn, x) for x in items]:
                 try:
                     f.result()
-                except ProviderError as e:
+                except (ProviderError, BuiltinError) as e:
                     plan.errors.append(str(e))
 
     # -- preview / up: run the program against our resource monitor -------------------------------------------
@@ -914,6 +972,97 @@ class Deployment:
                 out.append(r)
         return list(reversed(out))
 
+    # -- reads and invokes (pkg/resource/deploy/source_eval.go resmon.ReadResource / Invoke) ----------------------
+    def read_resource(self, req) -> resource_pb2.ReadResourceResponse:
+        """A `get` (ResourceOptions(id=...)) or a StackReference: step_generator.go GenerateReadSteps and
+        step.go ReadStep.Apply. Reads run in previews too; an unknown id reads nothing; the provider gets the
+        program's properties as both state and inputs; the result is recorded External (never deleted through the
+        provider). A managed resource of the same URN with another id is relinquished: deleted at the end of the
+        run (the read-replacement step)."""
+        urn = self.urn(req.parent, req.type, req.name)
+        if self.failed:
+            raise StepFailed(f"{req.name}: not started, an earlier step failed")
+        if not req.id:
+            raise BuiltinError(f"Expected an ID for {urn}")
+        props = to_py(req.properties)
+        res = Resource(urn, req.type, True, req.parent, req.id, props, {}, list(req.dependencies), external=True)
+        t0 = time.monotonic()
+        package = req.type.split(":", 1)[0]
+        if req.id == UNKNOWN:
+            pass
+        elif req.type == STACK_REFERENCE:
+            unknown = sorted(k for k in props if k != "name")
+            if unknown:
+                raise BuiltinError(f'unknown property "{unknown[0]}"')
+            res.outputs = self.d.read_stack_reference(props)
+        elif package == "pulumi":
+            raise BuiltinError(f"unrecognized resource type '{req.type}'")
+        elif package != "pulumi-python":
+            raise BuiltinError(f"the driver runs dynamic providers only, not package '{package}'")
+        else:
+            # The dynamic provider always answers with properties (at least `__provider`), so the engine's
+            # "resource does not exist" (no outputs at all) never fires for it; an empty id keeps the asked one.
+            rid, res.outputs, _ = self.prov.read(urn, req.id, props, props)
+            res.id = rid or req.id
+        with self.lock:
+            old = self.old.get(urn)
+            step = Step("read", urn, req.type, old=old.inputs if old else None, new=props)
+            step.seconds, step.started = time.monotonic() - t0, t0
+            self.new[urn] = res
+            self.order.append(urn)
+            self.plan.steps.append(step)
+            if old is not None and not old.external and old.id != res.id:
+                self.pending_deletes.append(old)
+                self.plan.steps.append(Step("delete", urn, old.type, old=old.inputs))
+            if not self.dry_run:
+                self.save()
+        outs = res.outputs if req.acceptSecrets else plain(res.outputs)
+        return resource_pb2.ReadResourceResponse(urn=urn, id=res.id, properties=to_struct(outs))
+
+    def _unresolved(self, roots: list[str]) -> bool:
+        """resourcetracker.Tracker.HasUnresolved: a custom resource without an id yet (a create in a preview), or
+        one beneath a component, makes an invoke that depends on it unknown. URNs not registered in this run are
+        skipped. (The tracker also waits for registrations in flight beneath a component; the driver does not.)"""
+        with self.lock:
+            frontier, seen = list(roots), set()
+            while frontier:
+                u = frontier.pop()
+                r = self.new.get(u)
+                if r is None or u in seen:
+                    continue
+                seen.add(u)
+                if r.custom:
+                    if not r.id:
+                        return True
+                    continue
+                frontier += [x.urn for x in self.new.values() if x.parent == u]
+        return False
+
+    def invoke(self, req) -> resource_pb2.ResourceInvokeResponse:
+        """The functions of the engine's builtin provider (pkg/resource/deploy/builtins.go Invoke); dynamic
+        providers have none. With dependsOn, an invoke whose dependencies are not all created answers unknown."""
+        tok = req.tok
+        if req.dependsOn and self._unresolved(list(req.dependsOn)):
+            return resource_pb2.ResourceInvokeResponse(unknown=True)
+        args = to_py(req.args)
+        package = tok.split(":", 1)[0]
+        if package != "pulumi":
+            raise BuiltinError(f"the driver runs dynamic providers only, which have no functions (package '{package}')")
+        if tok == "pulumi:pulumi:getResource":
+            urn = args.get("urn")
+            with self.lock:
+                r = self.new.get(urn) if isinstance(urn, str) else None
+            if r is None:
+                raise BuiltinError(f"unknown resource {urn}")
+            out = {"urn": urn, "id": r.id, "provider": "", "state": r.outputs}
+        elif tok == "pulumi:pulumi:readStackOutputs":
+            out = self.d.read_stack_reference(args)
+        elif tok == "pulumi:pulumi:readStackResourceOutputs":
+            out = self.d.read_stack_resource_outputs(args)
+        else:
+            raise BuiltinError(f"unrecognized function name: '{tok}'")
+        return resource_pb2.ResourceInvokeResponse(**{"return": to_struct(out)})
+
     def outputs(self, req) -> None:
         outs = to_py(req.outputs)
         with self.lock:
@@ -966,17 +1115,43 @@ class StepFailed(Exception):
     pass
 
 
+class BuiltinError(Exception):
+    """An error of the engine's builtin provider (the `pulumi` package: stack references, getResource)."""
+
+
 class Monitor(resource_pb2_grpc.ResourceMonitorServicer):
     """The engine's resource monitor as the Python SDK uses it (sdk/proto/resource.proto)."""
 
     def __init__(self, dep: Deployment):
         self.dep = dep
 
+    # source_eval.go supportsFeatureID answers yes to more; the driver says yes only to what it implements, so the
+    # SDK refuses the rest clearly (e.g. "does not support the DeletedWith option") instead of it being ignored.
+    FEATURES = {
+        "secrets": resource_pb2.RESOURCE_MONITOR_FEATURE_SECRETS,
+        "resourceReferences": resource_pb2.RESOURCE_MONITOR_FEATURE_RESOURCE_REFERENCES,
+    }
+
     def SupportsFeature(self, request, context):
-        return resource_pb2.SupportsFeatureResponse(hasSupport=request.id == "secrets")
+        return resource_pb2.SupportsFeatureResponse(hasSupport=request.id in self.FEATURES)
 
     def GetDeploymentInfo(self, request, context):
-        return resource_pb2.DeploymentInfo(supportedFeatures=[resource_pb2.RESOURCE_MONITOR_FEATURE_SECRETS])
+        d = self.dep.d
+        cfg = d.config()
+        return resource_pb2.DeploymentInfo(
+            project=d.project,
+            stack=d.stack,
+            organization="organization",
+            config=cfg.values,
+            configSecretKeys=cfg.secret_keys,
+            dryRun=self.dep.dry_run,
+            parallel=d.parallel,
+            supportedFeatures=[
+                *self.FEATURES.values(),
+                resource_pb2.RESOURCE_MONITOR_FEATURE_INVOKE_DEPENDS_ON,
+                resource_pb2.RESOURCE_MONITOR_FEATURE_INVOKE_PARENT,
+            ],
+        )
 
     def RegisterResource(self, request, context):
         try:
@@ -995,10 +1170,21 @@ class Monitor(resource_pb2_grpc.ResourceMonitorServicer):
         return empty_pb2.Empty()
 
     def Invoke(self, request, context):
-        context.abort(grpc.StatusCode.UNIMPLEMENTED, f"invoke {request.tok} is not supported by the driver")
+        try:
+            return self.dep.invoke(request)
+        except BuiltinError as e:
+            context.abort(grpc.StatusCode.UNKNOWN, f"invocation of {request.tok} returned an error: {e}")
 
     def ReadResource(self, request, context):
-        context.abort(grpc.StatusCode.UNIMPLEMENTED, "reading external resources is not supported by the driver")
+        try:
+            return self.dep.read_resource(request)
+        except StepFailed as e:
+            context.abort(grpc.StatusCode.UNKNOWN, str(e))
+        except (BuiltinError, ProviderError) as e:
+            with self.dep.lock:  # a failed read fails the run like any step (step_executor.go cancelDueToError)
+                self.dep.failed = True
+                self.dep.plan.errors.append(f"{request.name}: read failed: {e}")
+            context.abort(grpc.StatusCode.UNKNOWN, str(e))
 
     def SignalAndWaitForShutdown(self, request, context):
         return empty_pb2.Empty()
