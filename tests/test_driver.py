@@ -192,3 +192,80 @@ def test_an_unknown_function_and_a_missing_stack_fail_the_run_clearly(tmp_path):
     assert any("unrecognized function name: 'pulumi:pulumi:nope'" in e for e in plan.errors), plan.errors
     plan = driver(tmp_path, [], stackref="nosuch").preview()
     assert any('unknown stack "nosuch"' in e for e in plan.errors), plan.errors
+
+
+def test_an_unknown_diff_is_the_engine_s_own_comparison_of_the_inputs(tmp_path):
+    files = [{"name": "u", "content": "U", "unknown_diff": True}]
+    d = driver(tmp_path, files)
+    assert not d.up().errors
+    assert d.preview().changes() == 0  # DIFF_UNKNOWN with equal inputs: no update (step_generator.go diff)
+    files[0]["content"] = "U2"
+    d2 = driver(tmp_path, files)
+    pv = d2.preview()
+    assert pv.step("u").op == "update" and pv.step("u").keys == ["content"]
+    (tmp_path / "calls.log").unlink()
+    assert not d2.up().errors
+    assert [(m, n) for m, n, _, _ in calls(tmp_path)] == [("update", "u")]
+    assert (tmp_path / "u").read_text().startswith("U2|")
+
+
+def test_create_before_delete_replacement_deletes_the_old_one_at_the_end_of_the_run(tmp_path):
+    files = [{"name": "a", "content": "A"}, {"name": "d", "content": "D", "after": ["a"]}]
+    driver(tmp_path, files).up()
+    (tmp_path / "calls.log").unlink()
+    files[0]["file"], files[1]["content"] = "a2", "D2"
+    d = driver(tmp_path, files)
+    plan = d.up()
+    assert not plan.errors, plan.errors
+    # the new a first, then what depends on it, the old a last (step_generator.go: pending delete at the end)
+    assert [(m, n) for m, n, _, _ in calls(tmp_path)] == [("create", "a2"), ("update", "d"), ("delete", "a")]
+    stored = [r for r in d.resources() if r.name == "a"]
+    assert len(stored) == 1 and stored[0].inputs["name"] == "a2" and not (tmp_path / "a").exists()
+
+
+def test_the_old_half_of_a_replacement_outlives_a_failed_run_and_goes_at_the_next_up(tmp_path):
+    files = [{"name": "a", "content": "A"}, {"name": "d", "content": "D", "after": ["a"]}]
+    driver(tmp_path, files).up()
+    (tmp_path / "calls.log").unlink()
+    files[0]["file"], files[1]["content"] = "a2", "please fail"
+    d = driver(tmp_path, files)
+    plan = d.up()
+    assert any("refusing to write d" in e for e in plan.errors), plan.errors
+    assert [(m, n) for m, n, _, _ in calls(tmp_path)] == [("create", "a2")]  # no delete after a failed step
+    halves = sorted((r.inputs["name"], r.pending_delete) for r in d.resources() if r.name == "a")
+    assert halves == [("a", True), ("a2", False)] and (tmp_path / "a").exists()
+    files[1]["content"] = "D2"
+    d = driver(tmp_path, files)
+    assert [(s.op, s.old["name"]) for s in d.preview().of("delete")] == [("delete", "a")]
+    assert not d.up().errors
+    assert [(m, n) for m, n, _, _ in calls(tmp_path)][1:] == [("update", "d"), ("delete", "a")]
+    assert [r.inputs["name"] for r in d.resources() if r.name == "a"] == ["a2"] and not (tmp_path / "a").exists()
+
+
+FAILING = [
+    {"name": "a", "content": "A", "sleep": 2},  # in flight when f fails
+    {"name": "b", "content": "B", "sleep": 1.5},
+    {"name": "f", "content": "please fail", "sleep": 0.5},  # its create raises after 0.5 s
+    {"name": "c", "content": "C", "after": ["f"]},  # depends on f
+    {"name": "e", "content": "E", "after": ["b"]},  # independent of f, registered after f failed
+]
+
+
+@pytest.mark.parametrize("continue_on_error", [False, True])
+def test_a_failed_step(tmp_path, continue_on_error):
+    d = driver(tmp_path, FAILING)
+    d.continue_on_error = continue_on_error
+    plan = d.up()
+    assert any("refusing to write f" in e for e in plan.errors), plan.errors
+    created = sorted(n for m, n, _, _ in calls(tmp_path) if m == "create")
+    stored = sorted(r.name for r in d.resources() if r.custom)
+    if continue_on_error:
+        # `up --continue-on-error`: only f's dependents are skipped; independent steps go on, even later ones
+        assert created == stored == ["a", "b", "e"]
+        assert [s.name for s in plan.of("skip")] == ["c"]
+    else:
+        # step_executor.go cancelDueToError: steps in flight finish and are saved, no step starts after
+        assert created == stored == ["a", "b"]
+    again = driver(tmp_path, [{**f, "content": "F"} if f["name"] == "f" else f for f in FAILING]).up()
+    assert not again.errors, again.errors
+    assert sorted(r.name for r in d.resources() if r.custom) == ["a", "b", "c", "e", "f"]

@@ -13,8 +13,9 @@ def main() -> int:
     ap.add_argument("operation", choices=["preview", "up", "refresh", "destroy"])
     ap.add_argument("--stack", default="dev")
     ap.add_argument("--parallel", type=int, default=16)
+    ap.add_argument("--continue-on-error", action="store_true", help="a failed step skips only its dependents")
     a = ap.parse_args()
-    d = Driver(stack=a.stack, parallel=a.parallel)
+    d = Driver(stack=a.stack, parallel=a.parallel, continue_on_error=a.continue_on_error)
     plan = getattr(d, a.operation)()
     return 1 if plan.errors else 0
 

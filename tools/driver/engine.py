@@ -351,6 +351,9 @@ class Resource:
     delete_before_replace: bool = False
     # Read with ReadResource (`get`, a StackReference): the engine's External, never deleted through the provider
     external: bool = False
+    # The old half of a create-before-delete replacement whose run ended before deleting it: the engine's
+    # `Delete: true`, deleted at the end of the next up (step_generator.go GenerateDeletes) or by destroy
+    pending_delete: bool = False
 
     @property
     def name(self) -> str:
@@ -366,7 +369,16 @@ class Resource:
 
 # ---- steps and the plan -----------------------------------------------------------------------------------------
 
-SYMBOLS = {"create": "+", "update": "~", "replace": "+-", "delete": "-", "same": " ", "refresh": "~", "read": " "}
+SYMBOLS = {
+    "create": "+",
+    "update": "~",
+    "replace": "+-",
+    "delete": "-",
+    "same": " ",
+    "refresh": "~",
+    "read": " ",
+    "skip": "⊘",
+}
 
 
 @dataclass
@@ -415,12 +427,14 @@ class Plan:
         lines = []
         for s in self.steps:
             # up and destroy print each step as it finishes; their summary lists only failures
-            if s.op in ("same", "read") or (self.kind in ("update", "destroy") and not s.error):
+            if s.op in ("same", "read") or (self.kind in ("update", "destroy") and not s.error and s.op != "skip"):
                 continue
             diff = ""
             if s.keys and s.op in ("update", "replace", "refresh"):
                 # the CLI's progress line: `[diff: ~key]`, replacing keys listed the same way
                 diff = "  [diff: " + ", ".join(f"~{k}" for k in s.keys) + "]"
+            elif s.op == "skip":
+                diff = "  (depends on " + ", ".join(s.keys) + ")"
             lines.append(
                 f"  {SYMBOLS[s.op]:<2} {s.type}  {s.name}  ({s.op}){diff}"
                 + (f"  [{s.seconds:.1f}s]" if s.seconds >= 0.05 and self.kind != "preview" else "")
@@ -436,10 +450,11 @@ class Plan:
             "replace": "replaced",
             "delete": "deleted",
             "refresh": "drifted",
+            "skip": "skipped",
         }
         if c.get("failed"):
             lines.append(f"    ✗ {c['failed']} failed")
-        for op in ("create", "update", "replace", "delete", "refresh"):
+        for op in ("create", "update", "replace", "delete", "refresh", "skip"):
             if c.get(op):
                 lines.append(
                     f"    {SYMBOLS[op]} {c[op]} "
@@ -480,6 +495,7 @@ class Driver:
         state: state file (default <root>/.pulumi-state/driver/<stack>.json).
         out: where the plan and progress go (None: silent).
         parallel: the program's parallelism (the CLI's --parallel).
+        continue_on_error: the CLI's `up --continue-on-error`: a failed step skips only its dependents.
     """
 
     def __init__(
@@ -493,6 +509,7 @@ class Driver:
         out: TextIO | None = sys.stdout,
         parallel: int = 16,
         project: str = "gpuhost",
+        continue_on_error: bool = False,
     ):
         self.root = Path(root)
         self.stack = stack
@@ -502,6 +519,7 @@ class Driver:
         self.state_path = Path(state) if state else self.root / ".pulumi-state" / "driver" / f"{stack}.json"
         self.out = out
         self.parallel = parallel
+        self.continue_on_error = continue_on_error
         self.logs: list[str] = []
         self._lock = threading.RLock()
 
@@ -665,12 +683,12 @@ class Driver:
         state_cfg = self.load_state().get("config")
         prov = DynamicProvider(self.root, self.project, self._stored_config()).start()
         try:
-            remaining = {r.urn: r for r in resources}
+            remaining = {id(r) for r in resources}
 
             def done(r: Resource) -> None:
                 with self._lock:
-                    remaining.pop(r.urn, None)
-                    self._save([x for x in resources if x.urn in remaining], state_cfg)
+                    remaining.discard(id(r))
+                    self._save([x for x in resources if id(x) in remaining], state_cfg)
 
             self._delete_all(resources, prov, plan, done)
         finally:
@@ -683,20 +701,24 @@ class Driver:
     def _delete_all(
         self, resources: list[Resource], prov: DynamicProvider, plan: Plan, done: Callable[[Resource], None]
     ) -> None:
-        urns = {r.urn for r in resources}
-        # r may go once nothing left depends on it (dependencies, property dependencies or parent).
-        dependents: dict[str, set[str]] = {u: set() for u in urns}
-        for r in resources:
+        # Keyed by position: a resource pending deletion (the old half of a replacement) shares its URN with the
+        # live one. r may go once nothing left depends on it (dependencies, property dependencies or parent).
+        at: dict[str, list[int]] = {}
+        for i, r in enumerate(resources):
+            at.setdefault(r.urn, []).append(i)
+        dependents: dict[int, set[int]] = {i: set() for i in range(len(resources))}
+        for i, r in enumerate(resources):
             for d in set(r.dependencies) | {r.parent} | {x for v in r.property_dependencies.values() for x in v}:
-                if d in dependents and d != r.urn:
-                    dependents[d].add(r.urn)
-        by_urn = {r.urn: r for r in resources}
+                for j in at.get(d, []):
+                    if d != r.urn:
+                        dependents[j].add(i)
         cond = threading.Condition()
         failed: list[str] = []
-        pending = set(urns)
-        running: set[str] = set()
+        pending = set(range(len(resources)))
+        running: set[int] = set()
 
-        def work(r: Resource) -> None:
+        def work(i: int) -> None:
+            r = resources[i]
             t = time.monotonic()
             err = None
             try:
@@ -708,12 +730,12 @@ class Driver:
             st = Step("delete", r.urn, r.type, old=r.inputs, seconds=time.monotonic() - t, error=err)
             with cond:
                 plan.steps.append(st)
-                running.discard(r.urn)
+                running.discard(i)
                 if err:
                     failed.append(err)
                     plan.errors.append(err)
                 else:
-                    pending.discard(r.urn)
+                    pending.discard(i)
                     done(r)
                 cond.notify_all()
             if r.custom:
@@ -725,7 +747,7 @@ class Driver:
                     ready = [u for u in pending if u not in running and not (dependents[u] & pending)]
                     for u in ready:
                         running.add(u)
-                        pool.submit(work, by_urn[u])
+                        pool.submit(work, u)
                     if not running:
                         break
                     cond.wait()
@@ -746,9 +768,12 @@ class Driver:
         plan = Plan("preview" if dry_run else "update")
         self.emit(f"{'Previewing update' if dry_run else 'Updating'} ({self.stack}):")
         cfg = self.config()
-        old = {r.urn: r for r in self.resources()}
+        stored = self.resources()
+        old = {r.urn: r for r in stored if not r.pending_delete}
         prov = DynamicProvider(self.root, self.project, cfg).start()
         dep = Deployment(self, plan, old, prov, dry_run)
+        dep.pending_deletes = [r for r in stored if r.pending_delete]
+        dep.prior_pending = {id(r) for r in dep.pending_deletes}
         server = grpc.server(futures.ThreadPoolExecutor(max_workers=256))
         resource_pb2_grpc.add_ResourceMonitorServicer_to_server(Monitor(dep), server)
         engine_pb2_grpc.add_EngineServicer_to_server(Engine(dep), server)
@@ -790,8 +815,10 @@ class Driver:
             elif p.returncode != 0 and self.out is not None:
                 tail = "\n".join(ln for ln in (p.stderr or "").splitlines()[-8:])
                 self.emit(f"  program: {tail}")
-            if not plan.errors:
-                dep.finish()  # deletes of what the program no longer declares, and replaced resources' old halves
+            # deletes of what the program no longer declares, and replaced resources' old halves; with
+            # continue-on-error they run after failed steps too (deployment_executor.go performPostSteps)
+            if not plan.errors or (self.continue_on_error and p.returncode == 0 and not dep.failed):
+                dep.finish()
         finally:
             server.stop(0)
             prov.stop()
@@ -822,6 +849,8 @@ class Deployment:
         self.root_urn = ""
         self.lock = threading.RLock()
         self.failed = False
+        self.skipped: set[str] = set()  # continue-on-error: URNs whose step failed or was skipped
+        self.prior_pending: set[int] = set()  # pending deletes left by an earlier run (by identity)
         self._sealed: dict | None = None
 
     # -- urns --------------------------------------------------------------------------------------------------
@@ -840,6 +869,23 @@ class Deployment:
         goal = to_py(req.object)
         deps = list(req.dependencies)
         pdeps = {k: list(v.urns) for k, v in req.propertyDependencies.items()}
+        if self.d.continue_on_error:
+            # deployment_executor.go handleSingleEvent: a step that depends (dependencies, property dependencies,
+            # parent) on an errored or skipped one is skipped; the SDK resolves its outputs as unknown.
+            with self.lock:
+                blocked = sorted(({*deps, req.parent, *(u for v in pdeps.values() for u in v)} - {""}) & self.skipped)
+                if blocked:
+                    self.skipped.add(urn)
+                    self.plan.steps.append(
+                        Step("skip", urn, req.type, new=goal, keys=[b.rsplit("::", 1)[-1] for b in blocked])
+                    )
+            if blocked:
+                self.d.emit(
+                    f"  ⊘  {req.type}  {req.name}  skipped (depends on {', '.join(b.rsplit('::', 1)[-1] for b in blocked)})"
+                )
+                # The engine answers SKIP; this SDK's proto knows only SUCCESS and FAIL and treats any non-success
+                # alike (outputs unknown), so FAIL it is.
+                return resource_pb2.RegisterResourceResponse(urn=urn, result=resource_pb2.Result.FAIL)
         if not req.custom:
             res = Resource(urn, req.type, False, req.parent, "", goal, {}, deps, pdeps)
             with self.lock:
@@ -854,13 +900,22 @@ class Deployment:
         try:
             step, res = self._custom(urn, req, goal, deps, pdeps)
         except ProviderError as e:
+            # step_executor.go cancelDueToError: by default the first failed step cancels the run (steps in flight
+            # finish, none starts); with continue-on-error only its dependents are skipped. A Check or Diff failure
+            # is the step generator's and always ends the run (deployment_executor.go Execute).
+            carry_on = self.d.continue_on_error and e.method in ("Create", "Update", "Delete")
             with self.lock:
-                self.failed = True
+                if carry_on:
+                    self.skipped.add(urn)
+                else:
+                    self.failed = True
                 self.plan.errors.append(str(e) + ("\n" + e.details if e.method != "Check" else ""))
                 self.plan.steps.append(
                     Step("create" if urn not in self.old else "update", urn, req.type, new=goal, error=str(e))
                 )
             self.d.emit(f"  ✗  {req.type}  {req.name}: {e}")
+            if carry_on:
+                return resource_pb2.RegisterResourceResponse(urn=urn, result=resource_pb2.Result.FAIL)
             raise StepFailed(str(e)) from None
         step.seconds = time.monotonic() - t0
         step.started = t0
@@ -1075,27 +1130,28 @@ class Deployment:
     def finish(self) -> None:
         """Resources in the old state the program did not register are deleted (reverse dependency order); so are
         the old halves of create-before-delete replacements. Preview only lists them."""
-        gone = [r for u, r in self.old.items() if u not in self.new]
+        # A resource whose step failed or was skipped (continue-on-error) is still declared: it stays.
+        gone = [r for u, r in self.old.items() if u not in self.new and u not in self.skipped]
         doomed = gone + self.pending_deletes
         if not doomed:
             return
         if self.dry_run:
-            for r in gone:
+            for r in gone + [r for r in self.pending_deletes if id(r) in self.prior_pending]:
                 self.plan.steps.append(Step("delete", r.urn, r.type, old=r.inputs))
             return
 
         def done(r: Resource) -> None:
             with self.lock:
-                self.old.pop(r.urn, None)
-                if r in self.pending_deletes:
-                    self.pending_deletes.remove(r)
+                if self.old.get(r.urn) is r:
+                    self.old.pop(r.urn)
+                self.pending_deletes = [x for x in self.pending_deletes if x is not r]
                 self.save()
 
-        gone_urns = {r.urn for r in gone}
+        shown = {r.urn for r in gone} | {r.urn for r in self.pending_deletes if id(r) in self.prior_pending}
         plan = Plan("delete")
         self.d._delete_all(doomed, self.prov, plan, done)
-        # Deletes of replaced resources' old halves are part of their replace step, not steps of their own.
-        self.plan.steps += [s for s in plan.steps if s.urn in gone_urns]
+        # Deletes of this run's replaced resources' old halves are part of their replace step, not steps of their own.
+        self.plan.steps += [s for s in plan.steps if s.urn in shown]
         self.plan.errors += plan.errors
 
     def save(self) -> None:
@@ -1103,9 +1159,9 @@ class Deployment:
             # Keep what the run did not touch (a failed run keeps the rest of the old state), in dependency order.
             merged: list[Resource] = [self.new[u] for u in self.order]
             seen = set(self.order)
-            kept = [r for u, r in self.old.items() if u not in seen] + [
-                r for r in self.pending_deletes if r.urn in seen
-            ]
+            kept = [r for u, r in self.old.items() if u not in seen] + self.pending_deletes
+            for r in self.pending_deletes:
+                r.pending_delete = True
             if self._sealed is None and self.d.passphrase:
                 self._sealed = self.d.config().sealed(self.d.passphrase)  # PBKDF2: once per run, not per save
             self.d._save(kept + merged if kept else merged, self._sealed)
