@@ -269,3 +269,20 @@ def test_a_failed_step(tmp_path, continue_on_error):
     again = driver(tmp_path, [{**f, "content": "F"} if f["name"] == "f" else f for f in FAILING]).up()
     assert not again.errors, again.errors
     assert sorted(r.name for r in d.resources() if r.custom) == ["a", "b", "c", "e", "f"]
+
+
+def test_program_and_provider_are_launched_and_configured_as_the_engine_does(tmp_path, monkeypatch):
+    monkeypatch.setenv("PYTHONPATH", str(tmp_path / "not-the-project"))
+    plan = driver(tmp_path, [{"name": f"p{i}", "content": "P", "sleep": 2} for i in range(6)]).up()
+    assert not plan.errors, plan.errors
+    prov = json.loads((tmp_path / "provider.json").read_text())
+    prog = json.loads((tmp_path / "program.json").read_text())
+    # cwd is the project root and imports work through it (fileprov), not through PYTHONPATH, which is dropped
+    assert prov["cwd"] == prog["cwd"] == str(PROJECT) and prov["pythonpath"] is None is prog["pythonpath"]
+    assert prov["argv0"].endswith("pulumi/dynamic/__main__.py") and prov["project"] == "drivertest"
+    # every stack config key reaches Configure as a string (objects JSON-encoded), the secret decrypted
+    assert prov["config_types"] == {f"drivertest:{k}": "str" for k in ("dir", "shape", "greeting")}
+    assert (tmp_path / "p0").read_text() == "P|hello-secret"
+    # the SDK's provider server has 4 worker threads: six independent 2 s creates, at most four at once
+    spans = [(a, b) for m, _, a, b in calls(tmp_path) if m == "create"]
+    assert len(spans) == 6 and max(sum(1 for a, b in spans if a <= t < b) for t, _ in spans) == 4
