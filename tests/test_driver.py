@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 from tools.driver import Driver, StackConfig
-from tools.driver.engine import UNKNOWN
+from tools.driver.engine import UNKNOWN, is_secret
 
 PROJECT = Path(__file__).resolve().parent / "fixtures" / "driver_project"
 
@@ -286,3 +286,24 @@ def test_program_and_provider_are_launched_and_configured_as_the_engine_does(tmp
     # the SDK's provider server has 4 worker threads: six independent 2 s creates, at most four at once
     spans = [(a, b) for m, _, a, b in calls(tmp_path) if m == "create"]
     assert len(spans) == 6 and max(sum(1 for a, b in spans if a <= t < b) for t, _ in spans) == 4
+
+
+def test_secrets_stay_secret_through_the_provider_and_are_encrypted_in_the_state(tmp_path):
+    files = [{"name": "s", "secret": True}, {"name": "h", "content": "H", "secret_digest": True}]
+    d = driver(tmp_path, files)
+    pv = d.preview()
+    assert not pv.errors and "hello-secret" not in pv.render() and "[secret]" in pv.render()
+    plan = d.up()
+    assert not plan.errors, plan.errors
+    assert (tmp_path / "s").read_text() == "hello-secret|hello-secret"  # the provider got the plain value
+    stored = {r.name: r for r in d.resources()}
+    # provider_plugin.go annotateSecrets: an output named like a secret input is secret again
+    assert is_secret(stored["s"].inputs["content"]) and is_secret(stored["s"].outputs["content"])
+    assert stored["s"].inputs["content"]["value"] == "hello-secret"
+    # additionalSecretOutputs: h's digest is secret, so is the stack output made from it
+    digest = stored["h"].outputs["digest"]
+    assert is_secret(digest) and is_secret(plan.outputs["h"]) and not is_secret(plan.outputs["s"])
+    text = (tmp_path / "state.json").read_text()
+    assert "hello-secret" not in text and digest["value"] not in text and '"ciphertext"' in text
+    assert d.preview().changes() == 0
+    assert not d.destroy().errors and not (tmp_path / "s").exists()

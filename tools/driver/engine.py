@@ -108,6 +108,50 @@ def has_secret(v: Any) -> bool:
     return False
 
 
+def annotate_secrets(outs: dict, ins: dict) -> dict:
+    """The provider was given plain values (it does not accept secrets), so what comes back under the name of a
+    secret input is marked secret again (pkg/resource/plugin/provider_plugin.go annotateSecrets, after Check,
+    Create, Read and Update)."""
+    for k, i in ins.items():
+        if k not in outs:
+            continue
+        o = outs[k]
+        if isinstance(o, dict) and isinstance(i, dict) and not is_secret(o) and not is_secret(i):
+            annotate_secrets(o, i)
+        elif not is_secret(o) and has_secret(i):
+            outs[k] = {SIG: SECRET_SIG, "value": o}
+    return outs
+
+
+def mark_secret(outputs: dict, keys: list[str]) -> None:
+    """additionalSecretOutputs: those outputs are made secret once the step is done (step_executor.go; `id` cannot
+    be, pulumi/pulumi#2717)."""
+    for k in keys:
+        if k != "id" and k in outputs and not is_secret(outputs[k]):
+            outputs[k] = {SIG: SECRET_SIG, "value": outputs[k]}
+
+
+def seal_secrets(v: Any, encrypt: Callable[[str], str]) -> Any:
+    """State form of a value: a secret's value encrypted, as the engine's checkpoint keeps it (`ciphertext`)."""
+    if is_secret(v):
+        return {SIG: SECRET_SIG, "ciphertext": encrypt(json.dumps(v.get("value")))}
+    if isinstance(v, dict):
+        return {k: seal_secrets(x, encrypt) for k, x in v.items()}
+    if isinstance(v, list):
+        return [seal_secrets(x, encrypt) for x in v]
+    return v
+
+
+def unseal_secrets(v: Any, decrypt: Callable[[str], str]) -> Any:
+    if isinstance(v, dict) and v.get(SIG) == SECRET_SIG and "ciphertext" in v:
+        return {SIG: SECRET_SIG, "value": json.loads(decrypt(v["ciphertext"]))}
+    if isinstance(v, dict):
+        return {k: unseal_secrets(x, decrypt) for k, x in v.items()}
+    if isinstance(v, list):
+        return [unseal_secrets(x, decrypt) for x in v]
+    return v
+
+
 def has_unknown(v: Any) -> bool:
     if v == UNKNOWN:
         return True
@@ -127,6 +171,12 @@ def norm(v: Any) -> Any:
     if isinstance(v, list):
         return [norm(x) for x in v]
     return v
+
+
+def differs(a: Any, b: Any) -> bool:
+    """Values compared as the engine's diff does: secrets unwrapped, 64.0 == 64 (step_generator.go
+    unwrapResourceSecretsAndOutputs)."""
+    return norm(plain(a)) != norm(plain(b))
 
 
 def user_props(d: dict) -> dict:
@@ -175,11 +225,11 @@ class StackConfig:
         # Secrets go out marked secret; the dynamic provider's Configure unwraps them (dynamic/__main__.py).
         return {k: ({SIG: SECRET_SIG, "value": v} if k in self.secret_keys else v) for k, v in self.values.items()}
 
-    def sealed(self, passphrase: str) -> dict:
+    def sealed(self, passphrase: str, cipher: Any = None) -> dict:
         """For the state file: secrets encrypted with the stack passphrase, never in plaintext."""
         from pulumi_crypto import PassphraseCipher
 
-        c = PassphraseCipher(passphrase)
+        c = cipher or PassphraseCipher(passphrase)
         return {
             "encryptionsalt": c.salt_state,
             "values": {k: ({"secure": c.encrypt(v)} if k in self.secret_keys else v) for k, v in self.values.items()},
@@ -273,7 +323,7 @@ class DynamicProvider:
         )
         if r.failures:
             raise ProviderError("Check", urn, "\n".join(f"{f.property}: {f.reason}" for f in r.failures))
-        return to_py(r.inputs)
+        return annotate_secrets(to_py(r.inputs), news)
 
     def diff(self, urn: str, id_: str, old_outputs: dict, old_inputs: dict, news: dict) -> DiffResult:
         r = self._call(
@@ -291,7 +341,7 @@ class DynamicProvider:
 
     def create(self, urn: str, news: dict) -> tuple[str, dict]:
         r = self._call("Create", urn, provider_pb2.CreateRequest(urn=urn, properties=to_struct(plain(news))))
-        return r.id, to_py(r.properties)
+        return r.id, annotate_secrets(to_py(r.properties), news)
 
     def update(self, urn: str, id_: str, old_outputs: dict, old_inputs: dict, news: dict) -> dict:
         r = self._call(
@@ -305,7 +355,7 @@ class DynamicProvider:
                 old_inputs=to_struct(plain(old_inputs)),
             ),
         )
-        return to_py(r.properties)
+        return annotate_secrets(to_py(r.properties), news)
 
     def delete(self, urn: str, id_: str, outputs: dict, inputs: dict) -> None:
         self._call(
@@ -324,7 +374,8 @@ class DynamicProvider:
                 id=id_, urn=urn, properties=to_struct(plain(outputs)), inputs=to_struct(plain(inputs))
             ),
         )
-        return r.id, to_py(r.properties), (to_py(r.inputs) if r.HasField("inputs") else None)
+        ins = annotate_secrets(to_py(r.inputs), inputs) if r.HasField("inputs") else None
+        return r.id, annotate_secrets(to_py(r.properties), outputs), ins
 
 
 @dataclass
@@ -522,6 +573,7 @@ class Driver:
         self.continue_on_error = continue_on_error
         self.logs: list[str] = []
         self._lock = threading.RLock()
+        self._ciphers: dict[str, Any] = {}
 
     # -- state file --------------------------------------------------------------------------------------------
     def config(self) -> StackConfig:
@@ -535,16 +587,54 @@ class Driver:
         return {"version": 1, "stack": self.stack, "config": None, "resources": []}
 
     def resources(self) -> list[Resource]:
-        return [Resource.from_json(r) for r in self.load_state()["resources"]]
+        return self._decode(self.load_state())
+
+    def _cipher(self, salt: str | None = None) -> Any:
+        """The stack's secrets cipher (PBKDF2 from the passphrase: made once per salt). Without a salt: the one of
+        the state's stored config, or a new one that the next save stores."""
+        from pulumi_crypto import PassphraseCipher
+
+        if not self.passphrase:
+            raise SystemExit("the state has secrets: set PULUMI_CONFIG_PASSPHRASE")
+        if salt is None and self.state_path.exists():
+            salt = (self.load_state().get("config") or {}).get("encryptionsalt")
+        key = salt or ""
+        with self._lock:
+            if key not in self._ciphers:
+                c = PassphraseCipher(self.passphrase, salt_state=salt) if salt else PassphraseCipher(self.passphrase)
+                self._ciphers[key] = self._ciphers[c.salt_state] = c
+            return self._ciphers[key]
+
+    def _decode(self, doc: dict) -> list[Resource]:
+        salt = (doc.get("config") or {}).get("encryptionsalt")
+
+        def decrypt(text: str) -> str:
+            return self._cipher(salt).decrypt(text)
+
+        out = []
+        for r in doc["resources"]:
+            res = Resource.from_json(r)
+            res.inputs, res.outputs = unseal_secrets(res.inputs, decrypt), unseal_secrets(res.outputs, decrypt)
+            out.append(res)
+        return out
 
     def _save(self, resources: list[Resource], config: dict | None) -> None:
+        # Secret values are kept encrypted with the stack's key, as in the engine's checkpoint; never in plaintext.
+        salt = (config or {}).get("encryptionsalt")
+
+        def encrypt(text: str) -> str:
+            return self._cipher(salt).encrypt(text)
+
+        docs = []
+        for r in resources:
+            d = r.to_json()
+            d["inputs"], d["outputs"] = seal_secrets(r.inputs, encrypt), seal_secrets(r.outputs, encrypt)
+            docs.append(d)
         self.state_path.parent.mkdir(parents=True, exist_ok=True)
         tmp = self.state_path.with_suffix(".tmp")
         tmp.write_text(
             json.dumps(
-                {"version": 1, "stack": self.stack, "config": config, "resources": [r.to_json() for r in resources]},
-                indent=1,
-                sort_keys=True,
+                {"version": 1, "stack": self.stack, "config": config, "resources": docs}, indent=1, sort_keys=True
             )
         )
         tmp.replace(self.state_path)
@@ -564,7 +654,7 @@ class Driver:
         path = self.state_path.with_name(f"{stack}.json")
         if not path.exists():
             raise BuiltinError(f'unknown stack "{name}"')
-        return [Resource.from_json(r) for r in json.loads(path.read_text())["resources"]]
+        return self._decode(json.loads(path.read_text()))
 
     def read_stack_reference(self, inputs: dict) -> dict:
         """builtins.go readStackReference: the stack's outputs, and the names of those that are secret."""
@@ -642,7 +732,7 @@ class Driver:
                 keys = sorted(
                     k
                     for k in set(user_props(r.inputs)) | set(user_props(old_inputs))
-                    if norm(r.inputs.get(k)) != norm(old_inputs.get(k))
+                    if differs(r.inputs.get(k), old_inputs.get(k))
                 )
                 if d.changes == provider_pb2.DiffResponse.DIFF_UNKNOWN:
                     drift = bool(keys)
@@ -650,7 +740,7 @@ class Driver:
                     keys = sorted(
                         k
                         for k in set(user_props(outs)) | set(user_props(old_outputs))
-                        if norm(outs.get(k)) != norm(old_outputs.get(k))
+                        if differs(outs.get(k), old_outputs.get(k))
                     )
                 st = Step(
                     "refresh" if drift else "read",
@@ -919,6 +1009,7 @@ class Deployment:
             raise StepFailed(str(e)) from None
         step.seconds = time.monotonic() - t0
         step.started = t0
+        mark_secret(res.outputs, list(req.additionalSecretOutputs))
         with self.lock:
             self.new[urn] = res
             self.order.append(urn)
@@ -934,7 +1025,7 @@ class Deployment:
         # Preview: the outputs of a create/update are the checked inputs; properties the provider alone fills in
         # are absent, which the SDK resolves as unknown in a dry run (provider_plugin.go Create/Update with
         # req.Preview when the provider does not support previews; sdk/python/lib/pulumi/runtime/resource.py).
-        outs = res.outputs
+        outs = res.outputs if req.acceptSecrets else plain(res.outputs)
         return resource_pb2.RegisterResourceResponse(urn=urn, id=res.id or "", object=to_struct(outs))
 
     def _custom(self, urn: str, req, goal: dict, deps: list[str], pdeps: dict) -> tuple[Step, Resource]:
@@ -958,13 +1049,13 @@ class Deployment:
         keys: list[str] = []
         if changes == provider_pb2.DiffResponse.DIFF_UNKNOWN:
             # step_generator.go diffResource: an unknown diff is the engine's own comparison of old and new inputs.
-            keys = sorted(k for k in set(old.inputs) | set(checked) if norm(old.inputs.get(k)) != norm(checked.get(k)))
+            keys = sorted(k for k in set(old.inputs) | set(checked) if differs(old.inputs.get(k), checked.get(k)))
             changes = provider_pb2.DiffResponse.DIFF_SOME if keys else provider_pb2.DiffResponse.DIFF_NONE
         else:
             keys = sorted(
                 k
                 for k in set(user_props(old.inputs)) | set(user_props(checked))
-                if norm(old.inputs.get(k)) != norm(checked.get(k))
+                if differs(old.inputs.get(k), checked.get(k))
             )
         if changes == provider_pb2.DiffResponse.DIFF_NONE:
             res.id, res.inputs, res.outputs = old.id, old.inputs, old.outputs
@@ -1059,6 +1150,7 @@ class Deployment:
             # "resource does not exist" (no outputs at all) never fires for it; an empty id keeps the asked one.
             rid, res.outputs, _ = self.prov.read(urn, req.id, props, props)
             res.id = rid or req.id
+        mark_secret(res.outputs, list(req.additionalSecretOutputs))
         with self.lock:
             old = self.old.get(urn)
             step = Step("read", urn, req.type, old=old.inputs if old else None, new=props)
@@ -1163,7 +1255,8 @@ class Deployment:
             for r in self.pending_deletes:
                 r.pending_delete = True
             if self._sealed is None and self.d.passphrase:
-                self._sealed = self.d.config().sealed(self.d.passphrase)  # PBKDF2: once per run, not per save
+                # the state's key (PBKDF2: once per run, not per save), shared by the config and the resources
+                self._sealed = self.d.config().sealed(self.d.passphrase, self.d._cipher())
             self.d._save(kept + merged if kept else merged, self._sealed)
 
 
