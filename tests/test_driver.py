@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from tools.driver import Driver, StackConfig
+from tools.driver import Driver, Plan, StackConfig
 from tools.driver.engine import UNKNOWN, is_secret
 
 PROJECT = Path(__file__).resolve().parent / "fixtures" / "driver_project"
@@ -154,17 +154,22 @@ def test_refresh_and_destroy_configure_the_provider_from_the_config_of_the_last_
         assert not plan.errors and later.resources() == []
 
 
-def test_reads_stack_references_and_invokes_follow_the_engine(tmp_path):
-    other = driver(tmp_path, [{"name": "a", "content": "A"}], stack="other").up()
+def reading(tmp: Path) -> tuple[Plan, Driver]:
+    other = driver(tmp, [{"name": "a", "content": "A"}], stack="other").up()
     assert not other.errors, other.errors
     d = driver(
-        tmp_path,
+        tmp,
         [{"name": "b", "content": "B"}],
         gets=[{"name": "g", "id": "a"}],  # the other stack's file, read as an external resource
         stackref="organization/drivertest/other",
         lookups=[{"name": "lb", "of": "b"}],  # getResource of b, hydrated by URN
         invokes=[{"name": "inv", "stack": "other", "after": ["b"]}],
     )
+    return other, d
+
+
+def test_reads_stack_references_and_invokes_follow_the_engine(tmp_path):
+    other, d = reading(tmp_path)
     pv = d.preview()
     assert not pv.errors, pv.errors
     # ReadStep runs in previews: the read happened, the stack reference resolved; the invoke that depends on a
@@ -180,9 +185,14 @@ def test_reads_stack_references_and_invokes_follow_the_engine(tmp_path):
     stored = {r.name: r for r in d.resources()}
     assert stored["g"].external and stored["ref"].external and not stored["b"].external
     assert d.preview().changes() == 0
+
+
+def test_read_resources_are_refreshed_and_leave_the_state_on_destroy_without_a_delete(tmp_path):
+    _, d = reading(tmp_path)
+    assert not d.up().errors
     assert not d.refresh().errors  # the stack reference is refreshed by the builtin provider, g by its own
     (tmp_path / "calls.log").unlink()
-    assert not d.destroy().errors
+    assert not d.destroy().errors and d.resources() == []
     # external resources leave the state without a Delete: the other stack's file is still there
     assert [(m, n) for m, n, _, _ in calls(tmp_path)] == [("delete", "b")] and (tmp_path / "a").exists()
 
