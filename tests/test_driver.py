@@ -190,7 +190,12 @@ def test_reads_stack_references_and_invokes_follow_the_engine(tmp_path):
 def test_read_resources_are_refreshed_and_leave_the_state_on_destroy_without_a_delete(tmp_path):
     _, d = reading(tmp_path)
     assert not d.up().errors
-    assert not d.refresh().errors  # the stack reference is refreshed by the builtin provider, g by its own
+    (tmp_path / "a").write_text("A2|by hand")
+    ref = d.refresh()  # the stack reference is refreshed by the builtin provider, g by its own
+    assert not ref.errors, ref.errors
+    # an external resource is not diffed against a desired state: what it reads now is its drift
+    assert [s.name for s in ref.of("refresh")] == ["g"] and ref.step("ref").op == "read"
+    assert {r.name: r for r in d.resources()}["g"].outputs["content"] == "A2"
     (tmp_path / "calls.log").unlink()
     assert not d.destroy().errors and d.resources() == []
     # external resources leave the state without a Delete: the other stack's file is still there

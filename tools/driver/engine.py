@@ -724,8 +724,10 @@ class Driver:
                     r.inputs = ins
                 # step.go RefreshStep.Apply: Diff with the refreshed inputs/outputs as the olds and the old inputs as
                 # the news, then inverted for display: what the host changed, relative to what the stack wants.
-                if r.type == STACK_REFERENCE:  # builtins.go Diff: only `name`, which a refresh does not change
-                    d = DiffResult(provider_pb2.DiffResponse.DIFF_NONE, [], False)
+                if r.external:
+                    # step.go RefreshStep.Apply: an external resource (a read, a stack reference) is not diffed
+                    # against a desired state; what changed is its outputs (and inputs), compared as they are.
+                    d = DiffResult(provider_pb2.DiffResponse.DIFF_UNKNOWN, [], False)
                 else:
                     d = prov.diff(r.urn, r.id, r.outputs, r.inputs, old_inputs)
                 drift = d.changes == provider_pb2.DiffResponse.DIFF_SOME
@@ -742,6 +744,7 @@ class Driver:
                         for k in set(user_props(outs)) | set(user_props(old_outputs))
                         if differs(outs.get(k), old_outputs.get(k))
                     )
+                    drift = drift or (r.external and bool(keys))
                 st = Step(
                     "refresh" if drift else "read",
                     r.urn,
