@@ -322,3 +322,26 @@ def test_secrets_stay_secret_through_the_provider_and_are_encrypted_in_the_state
     assert "hello-secret" not in text and digest["value"] not in text and '"ciphertext"' in text
     assert d.preview().changes() == 0
     assert not d.destroy().errors and not (tmp_path / "s").exists()
+
+
+def test_what_the_program_no_longer_declares_is_deleted_at_the_end_dependents_first(tmp_path):
+    files = [
+        {"name": "a", "content": "A"},
+        {"name": "b", "content": "B"},
+        {"name": "c", "content": "C", "after": ["b"]},
+    ]
+    driver(tmp_path, files).up()
+    (tmp_path / "calls.log").unlink()
+    d = driver(tmp_path, [{"name": "a", "content": "A2"}])
+    pv = d.preview()
+    assert sorted((s.op, s.name) for s in pv.steps if s.op != "same") == [
+        ("delete", "b"),
+        ("delete", "c"),
+        ("update", "a"),
+    ]
+    assert not (tmp_path / "calls.log").exists() and (tmp_path / "b").exists()  # a preview deletes nothing
+    plan = d.up()
+    assert not plan.errors, plan.errors
+    # step_generator.go GenerateDeletes after the program is done; c depends on b, so c goes first
+    assert [(m, n) for m, n, _, _ in calls(tmp_path)] == [("update", "a"), ("delete", "c"), ("delete", "b")]
+    assert sorted(r.name for r in d.resources() if r.custom) == ["a"]
