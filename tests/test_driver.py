@@ -345,3 +345,15 @@ def test_what_the_program_no_longer_declares_is_deleted_at_the_end_dependents_fi
     # step_generator.go GenerateDeletes after the program is done; c depends on b, so c goes first
     assert [(m, n) for m, n, _, _ in calls(tmp_path)] == [("update", "a"), ("delete", "c"), ("delete", "b")]
     assert sorted(r.name for r in d.resources() if r.custom) == ["a"]
+
+
+def test_resource_references_reach_the_provider_as_ids_and_unimplemented_options_are_refused(tmp_path):
+    d = driver(tmp_path, [{"name": "a", "content": "A"}, {"name": "r", "content": "R", "ref_resource": "a"}])
+    pv = d.preview()
+    assert not pv.errors, pv.errors
+    assert pv.step("r").new["ref"] == UNKNOWN  # a's id is not known before it is created (rpc.go, KeepResources off)
+    assert not d.up().errors
+    assert {r.name: r for r in d.resources()}["r"].inputs["ref"] == "a"  # the provider got a's id
+    # source_eval.go says yes to deletedWith; the driver does not implement it, so it says no and the SDK refuses
+    plan = driver(tmp_path, [{"name": "a", "content": "A"}, {"name": "w", "content": "W", "deleted_with": "a"}]).up()
+    assert any("does not support the DeletedWith option" in e for e in plan.errors), plan.errors
