@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 from tools.driver import Driver, Plan, StackConfig
-from tools.driver.engine import UNKNOWN, is_secret
+from tools.driver.engine import SECRET_SIG, UNKNOWN, is_secret
 
 PROJECT = Path(__file__).resolve().parent / "fixtures" / "driver_project"
 
@@ -357,3 +357,26 @@ def test_resource_references_reach_the_provider_as_ids_and_unimplemented_options
     # source_eval.go says yes to deletedWith; the driver does not implement it, so it says no and the SDK refuses
     plan = driver(tmp_path, [{"name": "a", "content": "A"}, {"name": "w", "content": "W", "deleted_with": "a"}]).up()
     assert any("does not support the DeletedWith option" in e for e in plan.errors), plan.errors
+
+
+def test_stack_config_is_namespaced_objects_as_json_strings_secrets_decrypted(tmp_path):
+    from pulumi_crypto import PassphraseCipher
+
+    c = PassphraseCipher("pw")
+    (tmp_path / "Pulumi.s.yaml").write_text(
+        f"encryptionsalt: {c.salt_state}\n"
+        "config:\n"
+        "  drivertest:fleet: {hosts: [{name: a, port: 22}]}\n"
+        "  plain: text\n"
+        "  other:flag: true\n"
+        f"  drivertest:key:\n    secure: {c.encrypt('k3y')}\n"
+    )
+    cfg = StackConfig.load(tmp_path, "s", "pw", project="drivertest")
+    assert cfg.values == {
+        "drivertest:fleet": '{"hosts": [{"name": "a", "port": 22}]}',
+        "drivertest:plain": "text",
+        "other:flag": "true",
+        "drivertest:key": "k3y",
+    }
+    assert cfg.secret_keys == ["drivertest:key"]
+    assert cfg.configure_args()["drivertest:key"] == {"4dabf18193072939515e22adb298388d": SECRET_SIG, "value": "k3y"}
