@@ -9,7 +9,7 @@ into docs/benchmarks.md between its BEGIN/END markers. Not part of the test suit
 
 Phases (each host phase boots a fresh copy-on-write overlay of the same cached base image):
   gpuhost  host A: facts (gpuhost and `ansible -m setup` interleaved on the fresh host), first apply of
-           PassthroughHost's resources through the SDK's provider server (tests.flows.PassthroughFlow), no-op runs,
+           PassthroughHost's own children (components.passthrough_host.children) through the SDK's provider server, no-op runs,
            drift after a hand edit of /etc/default/grub.
   ansible  host B: first apply of bench/ansible/host_prep.yml, no-op runs, drift (`--check --diff`); then the files
            both tools wrote are compared.
@@ -203,8 +203,7 @@ def facts_phase(th, work: Path, n_gpuhost: int, n_ansible: int) -> dict:
 
 
 def gpuhost_phase(out: dict, work: Path, n: int, n_facts_ansible: int) -> dict:
-    from tests.flows import PassthroughFlow
-    from tests.test_passthrough_host import host_config, runtime
+    from tests.test_passthrough_host import host_config, host_flow, runtime
 
     th = boot(work, "gpuhost-a")
     try:
@@ -219,11 +218,11 @@ def gpuhost_phase(out: dict, work: Path, n: int, n_facts_ansible: int) -> dict:
         rtlog.reset()
         t0 = time.monotonic()
         srv = provider_server(th, rtlog)
-        flow = PassthroughFlow(srv, h)
+        flow = host_flow(srv, h)
         per, ops = {}, {}
-        for s, _, inp in flow.items:
+        for s in flow.suffixes:
             ts = time.monotonic()
-            ops[s] = flow.res[s].up(flow.inputs(s, inp))[0]
+            ops[s] = flow.res[s].up(flow.inputs(s))[0]
             per[s] = time.monotonic() - ts
         total = time.monotonic() - t0
         out["apply"] = {
@@ -236,7 +235,7 @@ def gpuhost_phase(out: dict, work: Path, n: int, n_facts_ansible: int) -> dict:
             "rebooted_output": flow.res["reboot"].outputs.get("rebooted"),
             "pending_after": flow.res["reboot"].outputs.get("pending"),
             "reboots_serial": boots_seen(th) - 1,
-            "resources": len(flow.items),
+            "resources": len(flow.suffixes),
         }
         srv.__exit__(None, None, None)
         log(f"gpuhost: apply {total:.0f} s, ops {ops}")
@@ -261,7 +260,7 @@ def gpuhost_phase(out: dict, work: Path, n: int, n_facts_ansible: int) -> dict:
             **noop,
             "wall": stats(noop["wall_s"]),
             "rt": stats(noop["roundtrips"]),
-            "resources": len(flow.items),
+            "resources": len(flow.suffixes),
         }
         log(f"gpuhost: no-op {out['noop']['wall']}")
 
@@ -309,7 +308,7 @@ def gpuhost_phase(out: dict, work: Path, n: int, n_facts_ansible: int) -> dict:
             rtlog.reset()
             t0 = time.monotonic()
             flow.res["cmdline"].refresh()
-            flow.res["cmdline"].preview(flow.items[1][2])
+            flow.res["cmdline"].preview(flow.inputs("cmdline"))
             drift["target_wall_s"].append(time.monotonic() - t0)
             drift["target_roundtrips"].append(rtlog.count())
             srv.__exit__(None, None, None)

@@ -17,7 +17,7 @@ from pulumi import ResourceOptions
 from access.ssh import HostSpec, JumpHost
 from components.inference_gateway import InferenceGateway, InferenceGatewayArgs
 from components.monitoring_stack import MonitoringStack, MonitoringStackArgs
-from components.passthrough_host import PassthroughHost, PassthroughHostArgs, host_spec
+from components.passthrough_host import PassthroughHost
 from components.pinned_vm import PinnedVM, PinnedVMArgs
 from components.sriov_nic import SriovNic, SriovNicArgs
 from components.triton_service import ArtifactSpec, TritonService, TritonServiceArgs
@@ -34,6 +34,7 @@ from plans.triton_runtime import DockerRuntime, ProcessRuntime
 from plans.values import host_port
 from providers.base import host_input
 from providers.mig import MigLayout
+from stacks.args import host_spec, passthrough_args
 from stacks.load import ConfigError
 from stacks.schema import Fleet, Gateway, Host, Service, ServiceModel, Vm
 
@@ -258,7 +259,7 @@ def build(fleet: Fleet) -> dict:
         k = fleet.rollout.max_parallel_reboots
         earlier = list(hosts.values())
         after = [earlier[-k].reboot] if len(earlier) >= k else []
-        ph = PassthroughHost(h.name, PassthroughHostArgs(host=h, reboot_after=after, drain_timeout_s=h.drain_timeout_s))
+        ph = PassthroughHost(h.name, passthrough_args(h, reboot_after=tuple(after)))
         hosts[h.name] = ph
         exports["pending_reboot"][h.name] = ph.pending_reboot
         nics = []

@@ -254,3 +254,65 @@ class DrivenResource:
     def destroy(self) -> None:
         if self.id is not None:
             self.delete()
+
+
+class ChildFlow:
+    """A component's children (its pure `children(name, args)` list) driven through one provider server in
+    declaration order, outputs of earlier children wired in as the component wires them.
+
+    Usage::
+
+        with ProviderServer({"gpuhost:sshPrivateKey": pem}) as srv:
+            flow = ChildFlow(srv, name, passthrough_host.children(name, args))
+            flow.up()            # {"preflight": "create", ..., "reboot": "create"}
+            flow.preview()       # {"preflight": DiffOutcome(changes=False), ...}
+            flow.inputs("cmdline")
+            flow.destroy()
+    """
+
+    def __init__(self, srv: ProviderServer, name: str, children: list):
+        from components.wiring import check_order
+
+        check_order(children)
+        self.name = name
+        self.children = [c for c in children if c.dynamic]
+        self.res = {
+            c.suffix: srv.resource(
+                c.kind.PROVIDER(), f"pulumi-python:{c.kind._resource_type_name}", f"{name}-{c.suffix}"
+            )
+            for c in self.children
+        }
+
+    @property
+    def suffixes(self) -> list[str]:
+        return [c.suffix for c in self.children]
+
+    def inputs(self, suffix: str) -> dict:
+        """The child's props as its resource class sends them, earlier children's outputs resolved from state."""
+        from components.wiring import resolve
+
+        c = next(x for x in self.children if x.suffix == suffix)
+        p = c.kind.PROVIDER
+
+        def output_of(r):
+            v = self.res[r.child].outputs.get(r.output)
+            return r.then(v) if r.then else v
+
+        def later(v):
+            return v.then(v.value)
+
+        given = resolve(dict(c.inputs), output_of, later)
+        return {**{k: None for k in p.OUTPUT_ONLY}, **c.kind.DEFAULTS, **given, "version": p.VERSION}
+
+    def up(self) -> dict[str, str]:
+        return {s: self.res[s].up(self.inputs(s))[0] for s in self.suffixes}
+
+    def preview(self) -> dict[str, DiffOutcome]:
+        return {s: self.res[s].preview(self.inputs(s)) for s in self.suffixes}
+
+    def refresh(self) -> dict[str, dict]:
+        return {s: self.res[s].refresh() for s in self.suffixes}
+
+    def destroy(self) -> None:
+        for s in reversed(self.suffixes):
+            self.res[s].destroy()

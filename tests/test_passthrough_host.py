@@ -12,9 +12,10 @@ import time
 
 import pytest
 
+from components import passthrough_host
+from stacks.args import passthrough_args
 from stacks.schema import Host
-from tests.engine import ProviderError, ProviderServer
-from tests.flows import PassthroughFlow
+from tests.engine import ChildFlow, ProviderError, ProviderServer
 from tests.testhost.fixtures import kernel_starts
 
 pytestmark = pytest.mark.testhost
@@ -71,6 +72,11 @@ def host_config(th, **over) -> Host:
     return Host.model_validate(cfg)
 
 
+def host_flow(srv: ProviderServer, h: Host) -> ChildFlow:
+    """PassthroughHost's own children (components.passthrough_host.children) driven through the provider server."""
+    return ChildFlow(srv, h.name, passthrough_host.children(h.name, passthrough_args(h)))
+
+
 def snapshot(th) -> dict:
     """sha256, mode and owner of every watched file (or absence), in one round trip."""
     out = th.ssh(
@@ -121,7 +127,7 @@ def pristine(testhost):
 
 @pytest.fixture(scope="module")
 def applied(testhost, server, pristine):
-    flow = PassthroughFlow(server, host_config(testhost))
+    flow = host_flow(server, host_config(testhost))
     t0 = time.monotonic()
     ops = flow.up()
     took = time.monotonic() - t0
@@ -147,7 +153,7 @@ def test_preflight_failures_change_nothing(testhost, server, pristine):
         ("0000:00:02.0", "boot display"),
     ]:
         h = host_config(testhost, gpus=[{"address": gpu}])
-        flow = PassthroughFlow(server, h)
+        flow = host_flow(server, h)
         with pytest.raises(ProviderError) as e:
             flow.up()
         assert words in e.value.details, e.value.details
@@ -182,7 +188,7 @@ def test_second_run_plans_no_change_and_no_reboot(testhost, applied, roundtrip_l
     # before the test's own SSH check below, which the same log records under the same host name)
     lines = [x for x in roundtrip_log.read_text().splitlines() if x == hostname(testhost)]
     assert runtime(testhost)["boot_id"] == boot
-    assert len(lines) == 2 and len(lines) <= len(flow.items)
+    assert len(lines) == 2 and len(lines) <= len(flow.suffixes)
 
 
 def test_hand_edit_of_grub_is_drift(testhost, applied):
@@ -190,8 +196,8 @@ def test_hand_edit_of_grub_is_drift(testhost, applied):
     testhost.ssh("sed -i 's/^GRUB_CMDLINE_LINUX=.*/GRUB_CMDLINE_LINUX=\"quiet\"/' /etc/default/grub")
     refreshed = flow.res["cmdline"].refresh()
     assert refreshed["configured"] == ["quiet"]
-    assert flow.res["cmdline"].preview(flow.items[1][2]).changes is True
-    assert flow.res["cmdline"].up(flow.items[1][2])[0] == "update"
+    assert flow.res["cmdline"].preview(flow.inputs("cmdline")).changes is True
+    assert flow.res["cmdline"].up(flow.inputs("cmdline"))[0] == "update"
     assert 'GRUB_CMDLINE_LINUX="quiet intel_iommu=on iommu=pt"' in testhost.ssh("cat /etc/default/grub").stdout
 
 
@@ -199,7 +205,7 @@ def test_dropped_connection_mid_apply_is_clear_and_rerun_converges(testhost, ser
     """The host drops every SSH session while a provider is writing; the error names the host, a re-run converges."""
     flow, _, _ = applied
     sysctl = flow.res["sysctls"]
-    inputs = dict(flow.items[[s for s, _, _ in flow.items].index("sysctls")][2])
+    inputs = flow.inputs("sysctls")
     inputs["values"] = {**inputs["values"], "net.core.netdev_max_backlog": "250000"}
 
     def drop():
@@ -247,7 +253,7 @@ def test_preflight_without_iommu_names_the_fix(testhost_noiommu):
     th = testhost_noiommu
     before = snapshot(th)
     with ProviderServer({"gpuhost:sshPrivateKey": th.private_key_pem}) as srv:
-        flow = PassthroughFlow(srv, host_config(th))
+        flow = host_flow(srv, host_config(th))
         with pytest.raises(ProviderError) as e:
             flow.up()
     assert "no DMAR/IVRS ACPI table" in e.value.details and "VM guest" in e.value.details

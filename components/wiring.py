@@ -1,0 +1,191 @@
+"""Wiring as data: a component's children as a list of `Child` specs, built by one pure function per component.
+
+Each component module has a `children(name, args) -> list[Child]` function (no Pulumi call, no I/O); the component
+declares exactly that list (`declare`), tests and the bench drive the same list through the SDK's provider server
+(`tests.engine.ChildFlow`), and the stack loader reads from it which host paths every resource writes (`writes`),
+to refuse two resources that would write the same file before the first one is registered.
+
+Outputs of an earlier child are referenced symbolically (`Ref`); a value that arrives from outside the component
+later (another component's Output) is wrapped in `Later` when the component transforms it.
+
+Usage::
+
+    def children(name: str, args: MyArgs) -> list[Child]:
+        return [
+            Child("vfio", VfioBinding, {"host": conn, "devices": args.gpus}),
+            Child("reboot", HostReboot, {"host": conn, "expect_drivers": Ref("vfio", "drivers", to_vfio_pci)},
+                  after=("vfio",)),
+        ]
+
+    class MyComponent(pulumi.ComponentResource):
+        def __init__(self, name, args, opts=None):
+            super().__init__("gpuhost:host:MyComponent", name, None, opts)
+            made = declare(self, name, children(name, args))
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator, Mapping
+from dataclasses import dataclass, field
+from typing import Any, Optional
+
+import pulumi
+from pulumi import dynamic
+
+
+@dataclass(frozen=True)
+class Ref:
+    """The output `output` of the earlier child `child` (by suffix), passed through `then` when given."""
+
+    child: str
+    output: str
+    then: Optional[Callable[[Any], Any]] = None
+
+
+@dataclass(frozen=True)
+class Later:
+    """A value from outside the component (an Output of another component, or a plain value), through `then`."""
+
+    value: Any
+    then: Callable[[Any], Any]
+
+
+@dataclass(frozen=True)
+class Child:
+    """One child resource: named `f"{component}-{suffix}"`, of class `kind`, with these inputs.
+
+    after: earlier children (suffixes) it waits for; after_outside: resources outside the component it waits for;
+    provider: the suffix of an explicit provider child (pulumi-docker's Provider at a host's Docker engine).
+    Dynamic resources (gpuhost's providers) take `inputs` as their props; other kinds take them as keyword
+    arguments.
+    """
+
+    suffix: str
+    kind: type
+    inputs: Mapping[str, Any]
+    after: tuple[str, ...] = ()
+    after_outside: tuple[Any, ...] = field(default=(), compare=False)
+    provider: Optional[str] = None
+
+    @property
+    def dynamic(self) -> bool:
+        return issubclass(self.kind, dynamic.Resource)
+
+
+def refs(value: Any) -> Iterator[Ref]:
+    """Every Ref inside an input value (dicts, lists and tuples at any depth)."""
+    if isinstance(value, Ref):
+        yield value
+    elif isinstance(value, Mapping):
+        for v in value.values():
+            yield from refs(v)
+    elif isinstance(value, list | tuple):
+        for v in value:
+            yield from refs(v)
+
+
+def resolve(value: Any, output_of: Callable[[Ref], Any], later: Callable[[Later], Any]) -> Any:
+    """`value` with every Ref and Later replaced (by `output_of` and `later`), at any depth."""
+    if isinstance(value, Ref):
+        return output_of(value)
+    if isinstance(value, Later):
+        return later(value)
+    if isinstance(value, Mapping):
+        return {k: resolve(v, output_of, later) for k, v in value.items()}
+    if isinstance(value, list):
+        return [resolve(v, output_of, later) for v in value]
+    if isinstance(value, tuple):
+        return tuple(resolve(v, output_of, later) for v in value)
+    return value
+
+
+def check_order(children: list[Child]) -> None:
+    """Names unique; `after`, `provider` and every Ref point at an earlier child (a bug in a children function)."""
+    seen: set[str] = set()
+    for c in children:
+        if c.suffix in seen:
+            raise ValueError(f"child {c.suffix!r} declared twice")
+        for dep in (*c.after, *([c.provider] if c.provider else []), *(r.child for r in refs(c.inputs))):
+            if dep not in seen:
+                raise ValueError(f"child {c.suffix!r} refers to {dep!r}, which is not an earlier child")
+        seen.add(c.suffix)
+
+
+def declare(parent: pulumi.Resource, name: str, children: list[Child]) -> dict[str, pulumi.Resource]:
+    """Register `children` under `parent`, in order; returns the resources by suffix."""
+    check_order(children)
+    made: dict[str, pulumi.Resource] = {}
+
+    def output_of(r: Ref) -> Any:
+        out = getattr(made[r.child], r.output)
+        return out.apply(r.then) if r.then else out
+
+    def later(v: Later) -> Any:
+        return pulumi.Output.from_input(v.value).apply(v.then)
+
+    for c in children:
+        inputs = resolve(dict(c.inputs), output_of, later)
+        depends = [made[s] for s in c.after] + list(c.after_outside)
+        opts = pulumi.ResourceOptions(
+            parent=parent,
+            depends_on=depends or None,
+            provider=made[c.provider] if c.provider else None,  # type: ignore[arg-type]
+        )
+        full = f"{name}-{c.suffix}"
+        made[c.suffix] = c.kind(full, inputs, opts) if c.dynamic else c.kind(full, **inputs, opts=opts)
+    return made
+
+
+# -- what a child writes on its host ---------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Write:
+    """One host path a child writes: `machine` is the host input's identity (its fleet name)."""
+
+    machine: str
+    path: str
+    child: str
+
+
+def _fixed_paths(kind: str, inputs: Mapping[str, Any]) -> list[str]:
+    """Files a host-prep provider writes that are not among its inputs (its own fixed paths)."""
+    from plans import hugepages, sysctls
+    from providers import irq, kernel_cmdline, vfio
+
+    if kind == "KernelCmdline":
+        return [kernel_cmdline.GRUB]
+    if kind == "VfioBinding":
+        devices = [d for d in inputs.get("devices") or [] if isinstance(d, str)]
+        return [vfio.MODULES_LOAD, vfio.MODPROBE_VFIO, vfio.BLACKLIST, *(vfio.driverctl_file(d) for d in devices)]
+    if kind == "Hugepages2M":
+        return [hugepages.UNIT, hugepages.WANTS]
+    if kind == "Sysctls":
+        return [sysctls.FILE]
+    if kind == "IrqIsolation":
+        return list(irq.PATHS)  # which one depends on the host's OS family
+    return []
+
+
+def writes(name: str, children: list[Child]) -> list[Write]:
+    """The host paths `children` write (files, and the files of a model repository), per machine."""
+    out: list[Write] = []
+    for c in children:
+        if not c.dynamic or not isinstance(c.inputs.get("host"), Mapping):
+            continue
+        machine = str(c.inputs["host"].get("name"))
+        kind = c.kind.__name__
+        paths: list[Any] = list(_fixed_paths(kind, c.inputs))
+        if kind == "ManagedFile":
+            paths.append(c.inputs["path"])
+        elif kind in ("SystemdService", "MonitoringFiles"):
+            paths += list(c.inputs.get("files") or {})
+        elif kind == "ModelArtifact":
+            paths.append(c.inputs["dest"])
+        elif kind == "TensorRTEngine":
+            paths.append((c.inputs.get("build") or {}).get("plan_path"))
+        elif kind == "TritonModelRepository":
+            root = str(c.inputs["root"]).rstrip("/")
+            paths += [f"{root}/{rel}" for rel in c.inputs.get("files") or {}]
+        out += [Write(machine, p, f"{name}-{c.suffix}") for p in paths if isinstance(p, str)]
+    return out
