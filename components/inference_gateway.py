@@ -20,12 +20,13 @@ Usage::
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Optional
+from typing import Any, Optional
 
 import pulumi
 from pydantic import BaseModel, ConfigDict
 
 from access.ssh import HostSpec
+from components.wiring import Child, declare
 from plans import gateway as gw
 from plans import values as val
 from plans.host_runtime import Runtime
@@ -47,20 +48,14 @@ class InferenceGatewayArgs(BaseModel):
     gateway: gw.GatewaySpec
 
 
-class InferenceGateway(pulumi.ComponentResource):
-    redis_url: pulumi.Output[str]
-    metrics_targets: pulumi.Output[list]
-
-    def __init__(self, name: str, args: InferenceGatewayArgs, opts: Optional[pulumi.ResourceOptions] = None):
-        super().__init__("gpuhost:serving:InferenceGateway", name, None, opts)
-        spec, host = args.gateway, host_input(args.host)
-        self.packages = SystemPackages(
-            f"{name}-packages",
-            {"host": host, "packages": ["redis-server", "python3-venv"]},
-            opts=pulumi.ResourceOptions(parent=self),
-        )
-        self.runtime = HostRuntime(
-            f"{name}-runtime",
+def children(name: str, args: InferenceGatewayArgs) -> list[Child]:
+    """Packages → runtime (venv, Debian's redis stopped) → Redis → workers (worker 0 first) → the HTTP front."""
+    spec, host = args.gateway, host_input(args.host)
+    out = [
+        Child("packages", SystemPackages, {"host": host, "packages": ["redis-server", "python3-venv"]}),
+        Child(
+            "runtime",
+            HostRuntime,
             {
                 "host": host,
                 "runtime": Runtime(
@@ -70,29 +65,48 @@ class InferenceGateway(pulumi.ComponentResource):
                 ).model_dump(mode="json"),
             },
             # after the packages: Debian starts its redis-server when the package is installed
-            opts=pulumi.ResourceOptions(parent=self, depends_on=[self.packages]),
-        )
-        self.redis = SystemdService(
-            f"{name}-redis",
-            {"host": host, "unit": gw.REDIS_UNIT, "files": gw.redis_files(spec)},
-            opts=pulumi.ResourceOptions(parent=self, depends_on=[self.runtime]),
-        )
-        shared = gw.shared_files(spec, serving_code())
-        self.workers: list[SystemdService] = []
-        for i in range(spec.workers):
-            after: list[pulumi.Resource] = [self.redis, *self.workers[:1]]
-            self.workers.append(
-                SystemdService(
-                    f"{name}-worker-{i}",
-                    {"host": host, "unit": gw.worker_unit_name(i), "files": gw.worker_files(spec, i, shared)},
-                    opts=pulumi.ResourceOptions(parent=self, depends_on=after),
-                )
+            after=("packages",),
+        ),
+        Child(
+            "redis", SystemdService, {"host": host, "unit": gw.REDIS_UNIT, "files": gw.redis_files(spec)}, ("runtime",)
+        ),
+    ]
+    shared = gw.shared_files(spec, serving_code())
+    for i in range(spec.workers):
+        out.append(
+            Child(
+                f"worker-{i}",
+                SystemdService,
+                {"host": host, "unit": gw.worker_unit_name(i), "files": gw.worker_files(spec, i, shared)},
+                after=("redis", *(("worker-0",) if i else ())),
             )
-        self.front = SystemdService(
-            f"{name}-front",
-            {"host": host, "unit": gw.FRONT_UNIT, "files": gw.front_files(spec, shared)},
-            opts=pulumi.ResourceOptions(parent=self, depends_on=[self.redis, self.workers[0]]),
         )
+    out.append(
+        Child(
+            "front",
+            SystemdService,
+            {"host": host, "unit": gw.FRONT_UNIT, "files": gw.front_files(spec, shared)},
+            after=("redis", "worker-0"),
+        )
+    )
+    return out
+
+
+class InferenceGateway(pulumi.ComponentResource):
+    redis_url: pulumi.Output[str]
+    metrics_targets: pulumi.Output[list]
+
+    def __init__(self, name: str, args: InferenceGatewayArgs, opts: Optional[pulumi.ResourceOptions] = None):
+        super().__init__("gpuhost:serving:InferenceGateway", name, None, opts)
+        spec = args.gateway
+        made: dict[str, Any] = declare(self, name, children(name, args))
+        self.packages, self.runtime, self.redis, self.front = (
+            made["packages"],
+            made["runtime"],
+            made["redis"],
+            made["front"],
+        )
+        self.workers = [made[f"worker-{i}"] for i in range(spec.workers)]
         where = args.host.address if spec.redis_bind in ("0.0.0.0", "::") else spec.redis_bind
         self.redis_url = pulumi.Output.from_input(f"redis://{where}:{spec.redis_port}/0")
         self.metrics_targets = pulumi.Output.from_input([f"{args.host.address}:{p}" for p in spec.metrics_ports])

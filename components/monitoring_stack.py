@@ -18,14 +18,14 @@ over SSH to each host's Docker engine.
 from __future__ import annotations
 
 import hashlib
-from typing import Optional
+from typing import Any, Optional
 
 import pulumi
 import pulumi_docker as docker
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-from access import docker_ssh
 from access.ssh import HostSpec
+from components.wiring import Child, DockerEngine, Ref, declare
 from plans.monitoring import dcgm, grafana, prometheus, rules
 from plans.monitoring.model import MonitoringGraph
 from providers.base import host_input
@@ -70,46 +70,52 @@ def _sha(text: str) -> str:
     return hashlib.sha256(text.encode()).hexdigest()[:16]
 
 
-class MonitoringStack(pulumi.ComponentResource):
-    prometheus_url: pulumi.Output[str]
-    grafana_url: pulumi.Output[str]
+def children(name: str, args: MonitoringStackArgs) -> list[Child]:
+    """Exporters per machine, then the monitoring host's files, Prometheus and Grafana; pure."""
+    # Prometheus reads its files at /etc/prometheus inside the container.
+    graph = args.graph.model_copy(
+        update={
+            "rules_path": "/etc/prometheus/rules/gpuhost.rules.yml",
+            "self_address": f"{args.listen_address}:{args.prometheus_port}",
+        }
+    )
+    out: list[Child] = []
 
-    def __init__(self, name: str, args: MonitoringStackArgs, opts: Optional[pulumi.ResourceOptions] = None):
-        super().__init__("gpuhost:monitoring:MonitoringStack", name, None, opts)
-        child = pulumi.ResourceOptions(parent=self)
-        # Prometheus reads its files at /etc/prometheus inside the container.
-        graph = args.graph.model_copy(
-            update={
-                "rules_path": "/etc/prometheus/rules/gpuhost.rules.yml",
-                "self_address": f"{args.listen_address}:{args.prometheus_port}",
-            }
+    # -- exporters on every machine ----------------------------------------------------------------------------
+    counters = dcgm.counters_csv()
+    for m in graph.machines:
+        spec = args.machines[m.name]
+        engine = f"{m.name}-docker"
+        out.append(Child(engine, DockerEngine, {"spec": spec}))
+        out.append(
+            Child(
+                f"{m.name}-node-exporter-image",
+                docker.RemoteImage,
+                {"name": args.node_exporter_image, "keep_locally": True},
+                provider=engine,
+            )
         )
-
-        # -- exporters on every machine ------------------------------------------------------------------------
-        counters = dcgm.counters_csv()
-        self.exporters: dict[str, list[pulumi.Resource]] = {}
-        for m in graph.machines:
-            spec = args.machines[m.name]
-            engine = docker.Provider(f"{name}-{m.name}-docker", **docker_ssh.provider_args(spec), opts=child)
-            on_engine = pulumi.ResourceOptions(parent=self, provider=engine)
-            node_image = docker.RemoteImage(
-                f"{name}-{m.name}-node-exporter-image", name=args.node_exporter_image, keep_locally=True, opts=on_engine
+        out.append(
+            Child(
+                f"{m.name}-node-exporter",
+                docker.Container,
+                {
+                    "image": Ref(f"{m.name}-node-exporter-image", "image_id"),
+                    "name": "gpuhost-node-exporter",
+                    "network_mode": "host",
+                    "pid_mode": "host",
+                    "restart": "unless-stopped",
+                    "command": ["--path.rootfs=/host", f"--web.listen-address=:{m.node_exporter_port}"],
+                    "volumes": [docker.ContainerVolumeArgs(host_path="/", container_path="/host", read_only=True)],
+                },
+                provider=engine,
             )
-            node = docker.Container(
-                f"{name}-{m.name}-node-exporter",
-                image=node_image.image_id,
-                name="gpuhost-node-exporter",
-                network_mode="host",
-                pid_mode="host",
-                restart="unless-stopped",
-                command=["--path.rootfs=/host", f"--web.listen-address=:{m.node_exporter_port}"],
-                volumes=[docker.ContainerVolumeArgs(host_path="/", container_path="/host", read_only=True)],
-                opts=on_engine,
-            )
-            made: list[pulumi.Resource] = [node]
-            if m.gpu_driver:
-                csv = ManagedFile(
-                    f"{name}-{m.name}-dcgm-counters",
+        )
+        if m.gpu_driver:
+            out.append(
+                Child(
+                    f"{m.name}-dcgm-counters",
+                    ManagedFile,
                     {
                         "host": host_input(spec),
                         "path": dcgm.COUNTERS_PATH,
@@ -117,48 +123,58 @@ class MonitoringStack(pulumi.ComponentResource):
                         "mode": "0644",
                         "owner": "root:root",
                     },
-                    opts=child,
                 )
-                cs = dcgm.container_spec(m.dcgm_exporter_port, image=args.dcgm_exporter_image)
-                dcgm_image = docker.RemoteImage(
-                    f"{name}-{m.name}-dcgm-exporter-image", name=cs.image, keep_locally=True, opts=on_engine
+            )
+            cs = dcgm.container_spec(m.dcgm_exporter_port, image=args.dcgm_exporter_image)
+            out.append(
+                Child(
+                    f"{m.name}-dcgm-exporter-image",
+                    docker.RemoteImage,
+                    {"name": cs.image, "keep_locally": True},
+                    provider=engine,
                 )
-                made.append(
-                    docker.Container(
-                        f"{name}-{m.name}-dcgm-exporter",
-                        image=dcgm_image.image_id,
-                        name="gpuhost-dcgm-exporter",
-                        gpus=cs.gpus,
-                        restart=cs.restart,
-                        command=list(cs.command),
-                        capabilities=docker.ContainerCapabilitiesArgs(adds=list(cs.capabilities)),
-                        ports=[docker.ContainerPortArgs(internal=c, external=h) for h, c in cs.ports.items()],
-                        volumes=[
+            )
+            out.append(
+                Child(
+                    f"{m.name}-dcgm-exporter",
+                    docker.Container,
+                    {
+                        "image": Ref(f"{m.name}-dcgm-exporter-image", "image_id"),
+                        "name": "gpuhost-dcgm-exporter",
+                        "gpus": cs.gpus,
+                        "restart": cs.restart,
+                        "command": list(cs.command),
+                        "capabilities": docker.ContainerCapabilitiesArgs(adds=list(cs.capabilities)),
+                        "ports": [docker.ContainerPortArgs(internal=c, external=h) for h, c in cs.ports.items()],
+                        "volumes": [
                             docker.ContainerVolumeArgs(host_path=h, container_path=c, read_only=True)
                             for h, c in cs.volumes.items()
                         ],
                         # A new counters file means a new container: dcgm-exporter reads it only at start.
-                        labels=[docker.ContainerLabelArgs(label="gpuhost.counters-sha256", value=_sha(counters))],
-                        opts=pulumi.ResourceOptions(parent=self, provider=engine, depends_on=[csv]),
-                    )
+                        "labels": [docker.ContainerLabelArgs(label="gpuhost.counters-sha256", value=_sha(counters))],
+                    },
+                    after=(f"{m.name}-dcgm-counters",),
+                    provider=engine,
                 )
-            self.exporters[m.name] = made
+            )
 
-        # -- configuration on the monitoring host -------------------------------------------------------------
-        mon = args.monitoring_host
-        cfg_path = f"{args.config_dir}/prometheus.yml"
-        rules_host_path = f"{args.config_dir}/rules/gpuhost.rules.yml"
-        dashboards_dir = "/var/lib/grafana/dashboards/gpuhost"  # container view of grafana_dir/dashboards
-        prom_url = f"http://{args.listen_address}:{args.prometheus_port}"
-        prov = grafana.provisioning_files(graph, prometheus_url=prom_url, dashboards_dir=dashboards_dir)
-        files = {cfg_path: prometheus.render_config(graph), rules_host_path: rules.render_rules(graph)}
-        for rel, text in prov.items():
-            if rel.startswith("json/"):
-                files[f"{args.grafana_dir}/dashboards/{rel[len('json/') :]}"] = text
-            else:
-                files[f"{args.grafana_dir}/provisioning/{rel}"] = text
-        self.files = MonitoringFiles(
-            f"{name}-files",
+    # -- configuration on the monitoring host -------------------------------------------------------------------
+    mon = args.monitoring_host
+    cfg_path = f"{args.config_dir}/prometheus.yml"
+    rules_host_path = f"{args.config_dir}/rules/gpuhost.rules.yml"
+    dashboards_dir = "/var/lib/grafana/dashboards/gpuhost"  # container view of grafana_dir/dashboards
+    prom_url = f"http://{args.listen_address}:{args.prometheus_port}"
+    prov = grafana.provisioning_files(graph, prometheus_url=prom_url, dashboards_dir=dashboards_dir)
+    files = {cfg_path: prometheus.render_config(graph), rules_host_path: rules.render_rules(graph)}
+    for rel, text in prov.items():
+        if rel.startswith("json/"):
+            files[f"{args.grafana_dir}/dashboards/{rel[len('json/') :]}"] = text
+        else:
+            files[f"{args.grafana_dir}/provisioning/{rel}"] = text
+    out.append(
+        Child(
+            "files",
+            MonitoringFiles,
             {
                 "host": host_input(mon),
                 "files": files,
@@ -167,69 +183,104 @@ class MonitoringStack(pulumi.ComponentResource):
                 "reload": {"kind": "http", "url": prom_url, "when_running": True},
                 "promtool": args.promtool,
             },
-            opts=child,
         )
+    )
+    out.append(Child("monitoring-docker", DockerEngine, {"spec": mon}))
+    out.append(
+        Child(
+            "prometheus-image",
+            docker.RemoteImage,
+            {"name": args.prometheus_image, "keep_locally": True},
+            provider="monitoring-docker",
+        )
+    )
+    out.append(
+        Child(
+            "prometheus",
+            docker.Container,
+            {
+                "image": Ref("prometheus-image", "image_id"),
+                "name": "gpuhost-prometheus",
+                "network_mode": "host",
+                "restart": "unless-stopped",
+                "command": [
+                    "--config.file=/etc/prometheus/prometheus.yml",
+                    "--storage.tsdb.path=/prometheus",
+                    f"--web.listen-address={args.listen_address}:{args.prometheus_port}",
+                    "--web.enable-lifecycle",
+                ],
+                "volumes": [
+                    docker.ContainerVolumeArgs(
+                        host_path=args.config_dir, container_path="/etc/prometheus", read_only=True
+                    ),
+                    docker.ContainerVolumeArgs(volume_name="gpuhost-prometheus-data", container_path="/prometheus"),
+                ],
+            },
+            after=("files",),
+            provider="monitoring-docker",
+        )
+    )
+    out.append(
+        Child(
+            "grafana-image",
+            docker.RemoteImage,
+            {"name": args.grafana_image, "keep_locally": True},
+            provider="monitoring-docker",
+        )
+    )
+    out.append(
+        Child(
+            "grafana",
+            docker.Container,
+            {
+                "image": Ref("grafana-image", "image_id"),
+                "name": "gpuhost-grafana",
+                "network_mode": "host",
+                "restart": "unless-stopped",
+                "envs": [
+                    f"GF_SERVER_HTTP_ADDR={args.listen_address}",
+                    f"GF_SERVER_HTTP_PORT={args.grafana_port}",
+                    "GF_PATHS_PROVISIONING=/etc/grafana/provisioning",
+                ],
+                "volumes": [
+                    docker.ContainerVolumeArgs(
+                        host_path=f"{args.grafana_dir}/provisioning",
+                        container_path="/etc/grafana/provisioning",
+                        read_only=True,
+                    ),
+                    docker.ContainerVolumeArgs(
+                        host_path=f"{args.grafana_dir}/dashboards", container_path=dashboards_dir, read_only=True
+                    ),
+                ],
+                # Dashboards reload by polling; a datasource change needs a fresh Grafana, hence this label.
+                "labels": [
+                    docker.ContainerLabelArgs(
+                        label="gpuhost.datasource-sha256", value=_sha(prov["datasources/gpuhost.yaml"])
+                    )
+                ],
+            },
+            after=("files",),
+            provider="monitoring-docker",
+        )
+    )
+    return out
 
-        engine = docker.Provider(f"{name}-monitoring-docker", **docker_ssh.provider_args(mon), opts=child)
-        after_files = pulumi.ResourceOptions(parent=self, provider=engine, depends_on=[self.files])
-        prom_image = docker.RemoteImage(
-            f"{name}-prometheus-image",
-            name=args.prometheus_image,
-            keep_locally=True,
-            opts=pulumi.ResourceOptions(parent=self, provider=engine),
-        )
-        self.prometheus = docker.Container(
-            f"{name}-prometheus",
-            image=prom_image.image_id,
-            name="gpuhost-prometheus",
-            network_mode="host",
-            restart="unless-stopped",
-            command=[
-                "--config.file=/etc/prometheus/prometheus.yml",
-                "--storage.tsdb.path=/prometheus",
-                f"--web.listen-address={args.listen_address}:{args.prometheus_port}",
-                "--web.enable-lifecycle",
-            ],
-            volumes=[
-                docker.ContainerVolumeArgs(host_path=args.config_dir, container_path="/etc/prometheus", read_only=True),
-                docker.ContainerVolumeArgs(volume_name="gpuhost-prometheus-data", container_path="/prometheus"),
-            ],
-            opts=after_files,
-        )
-        graf_image = docker.RemoteImage(
-            f"{name}-grafana-image",
-            name=args.grafana_image,
-            keep_locally=True,
-            opts=pulumi.ResourceOptions(parent=self, provider=engine),
-        )
-        datasource_sha = _sha(prov["datasources/gpuhost.yaml"])
-        self.grafana = docker.Container(
-            f"{name}-grafana",
-            image=graf_image.image_id,
-            name="gpuhost-grafana",
-            network_mode="host",
-            restart="unless-stopped",
-            envs=[
-                f"GF_SERVER_HTTP_ADDR={args.listen_address}",
-                f"GF_SERVER_HTTP_PORT={args.grafana_port}",
-                "GF_PATHS_PROVISIONING=/etc/grafana/provisioning",
-            ],
-            volumes=[
-                docker.ContainerVolumeArgs(
-                    host_path=f"{args.grafana_dir}/provisioning",
-                    container_path="/etc/grafana/provisioning",
-                    read_only=True,
-                ),
-                docker.ContainerVolumeArgs(
-                    host_path=f"{args.grafana_dir}/dashboards", container_path=dashboards_dir, read_only=True
-                ),
-            ],
-            # Dashboards reload by polling; a datasource change needs a fresh Grafana, hence this label.
-            labels=[docker.ContainerLabelArgs(label="gpuhost.datasource-sha256", value=datasource_sha)],
-            opts=after_files,
-        )
 
-        self.prometheus_url = pulumi.Output.from_input(prom_url)
+class MonitoringStack(pulumi.ComponentResource):
+    prometheus_url: pulumi.Output[str]
+    grafana_url: pulumi.Output[str]
+
+    def __init__(self, name: str, args: MonitoringStackArgs, opts: Optional[pulumi.ResourceOptions] = None):
+        super().__init__("gpuhost:monitoring:MonitoringStack", name, None, opts)
+        made: dict[str, Any] = declare(self, name, children(name, args))
+        self.exporters: dict[str, list[pulumi.Resource]] = {
+            m.name: [made[s] for s in (f"{m.name}-node-exporter", f"{m.name}-dcgm-exporter") if s in made]
+            for m in args.graph.machines
+        }
+        self.files = made["files"]
+        self.prometheus = made["prometheus"]
+        self.grafana = made["grafana"]
+        self.prometheus_url = pulumi.Output.from_input(f"http://{args.listen_address}:{args.prometheus_port}")
         self.grafana_url = pulumi.Output.from_input(f"http://{args.listen_address}:{args.grafana_port}")
         self.register_outputs(
             {

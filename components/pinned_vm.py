@@ -22,6 +22,7 @@ import pulumi
 from pydantic import BaseModel, ConfigDict, Field
 
 from access.ssh import HostSpec
+from components.wiring import Child, Later, declare
 from plans.domain_xml import DEFAULT_LOADER, DEFAULT_VARS, CloudInit, DomainSpec
 from plans.guest_bootstrap import BootstrapConfig
 from plans.placement import VmPlacement, cpuset_str
@@ -89,49 +90,61 @@ class PinnedVMArgs(BaseModel):
         )
 
 
+def children(name: str, args: PinnedVMArgs) -> list[Child]:
+    """The libvirt domain, then (with a guest address and a bootstrap config) the guest's GPU stack."""
+    if not args.host and not args.uri:
+        raise ValueError("PinnedVM needs `host` or `uri`")
+    domain: Any = args.domain_spec(args.placement.name).model_dump(mode="json")
+    if args.vfs_output is not None:
+        domain = Later(
+            args.vfs_output,
+            lambda vfs: (
+                args.model_copy(update={"vfs": tuple(vfs or ()), "vfs_output": None})
+                .domain_spec(args.placement.name)
+                .model_dump(mode="json")
+            ),
+        )
+    dom_inputs: dict[str, Any] = {
+        "domain": domain,
+        "storage": {"base_image": args.base_image, "capacity_gib": args.capacity_gib},
+        "cloud_init": args.cloud_init.model_dump(mode="json") if args.cloud_init else None,
+        "keep_disk": args.keep_disk,
+        "shutdown_timeout": args.shutdown_timeout,
+    }
+    if args.uri:
+        dom_inputs["uri"] = args.uri
+    else:
+        assert args.host is not None
+        dom_inputs["host"] = host_input(args.host)
+    out = [Child("domain", LibvirtDomain, dom_inputs)]
+    if args.guest and args.bootstrap:
+        out.append(
+            Child(
+                "bootstrap",
+                GuestBootstrap,
+                {"host": host_input(args.guest), "config": args.bootstrap.model_dump(mode="json")},
+                after=("domain",),
+            )
+        )
+    return out
+
+
 class PinnedVM(pulumi.ComponentResource):
     uuid: pulumi.Output[str]
     state: pulumi.Output[str]
 
     def __init__(self, name: str, args: PinnedVMArgs, opts: Optional[pulumi.ResourceOptions] = None):
         super().__init__("gpuhost:vm:PinnedVM", name, None, opts)
-        if not args.host and not args.uri:
-            raise ValueError("PinnedVM needs `host` or `uri`")
-        spec = args.domain_spec(args.placement.name)
-        domain = spec.model_dump(mode="json")
-        if args.vfs_output is not None:
-            domain = pulumi.Output.from_input(args.vfs_output).apply(
-                lambda vfs: (
-                    args.model_copy(update={"vfs": tuple(vfs or ()), "vfs_output": None})
-                    .domain_spec(args.placement.name)
-                    .model_dump(mode="json")
-                )
-            )
-        dom_inputs = {
-            "domain": domain,
-            "storage": {"base_image": args.base_image, "capacity_gib": args.capacity_gib},
-            "cloud_init": args.cloud_init.model_dump(mode="json") if args.cloud_init else None,
-            "keep_disk": args.keep_disk,
-            "shutdown_timeout": args.shutdown_timeout,
-        }
-        if args.uri:
-            dom_inputs["uri"] = args.uri
-        else:
-            dom_inputs["host"] = host_input(args.host)
-        self.domain = LibvirtDomain(f"{name}-domain", dom_inputs, pulumi.ResourceOptions(parent=self))
+        made: dict[str, Any] = declare(self, name, children(name, args))
+        self.domain = made["domain"]
         outputs = {
             "uuid": self.domain.uuid,
             "state": self.domain.state,
             "vcpus": cpuset_str(args.placement.vcpupin),
             "node": args.placement.node,
         }
-        self.bootstrap = None
-        if args.guest and args.bootstrap:
-            self.bootstrap = GuestBootstrap(
-                f"{name}-bootstrap",
-                {"host": host_input(args.guest), "config": args.bootstrap.model_dump(mode="json")},
-                pulumi.ResourceOptions(parent=self, depends_on=[self.domain]),
-            )
+        self.bootstrap = made.get("bootstrap")
+        if self.bootstrap is not None:
             outputs["bootstrap_done"] = self.bootstrap.done
         self.uuid = self.domain.uuid
         self.state = self.domain.state

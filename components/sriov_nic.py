@@ -12,12 +12,13 @@ Usage::
 
 from __future__ import annotations
 
-from typing import Literal, Optional
+from typing import Any, Literal, Optional
 
 import pulumi
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from access.ssh import HostSpec
+from components.wiring import Child, declare
 from plans.sriov import SriovWant, VfSettings
 from providers.base import host_input
 from providers.sriov import SriovVfs
@@ -53,15 +54,13 @@ class SriovNicArgs(BaseModel):
         return SriovWant(**self.model_dump(exclude={"host"}))
 
 
-class SriovNic(pulumi.ComponentResource):
-    vf_addresses: pulumi.Output[list]
-    pf_address: pulumi.Output[str]
-
-    def __init__(self, name: str, args: SriovNicArgs, opts: Optional[pulumi.ResourceOptions] = None):
-        super().__init__("gpuhost:net:SriovNic", name, None, opts)
-        want = args.want()
-        vfs = SriovVfs(
-            f"{name}-vfs",
+def children(name: str, args: SriovNicArgs) -> list[Child]:
+    """One SriovVfs: the VFs, their vfio binding and the PF's IRQ pinning."""
+    want = args.want()
+    return [
+        Child(
+            "vfs",
+            SriovVfs,
             {
                 "host": host_input(args.host),
                 "pf": want.pf,
@@ -72,8 +71,17 @@ class SriovNic(pulumi.ComponentResource):
                 "vfs": [v.model_dump() for v in want.vfs],
                 "irq_cpus": want.irq_cpus,
             },
-            pulumi.ResourceOptions(parent=self),
         )
+    ]
+
+
+class SriovNic(pulumi.ComponentResource):
+    vf_addresses: pulumi.Output[list]
+    pf_address: pulumi.Output[str]
+
+    def __init__(self, name: str, args: SriovNicArgs, opts: Optional[pulumi.ResourceOptions] = None):
+        super().__init__("gpuhost:net:SriovNic", name, None, opts)
+        vfs: Any = declare(self, name, children(name, args))["vfs"]
         self.vfs = vfs
         self.vf_addresses = vfs.vf_addresses
         self.pf_address = vfs.pf_address

@@ -32,8 +32,8 @@ import pulumi
 import pulumi_docker as docker
 from pydantic import BaseModel, ConfigDict, Field
 
-from access import docker_ssh
 from access.ssh import HostSpec
+from components.wiring import Child, DockerEngine, Later, Ref, declare
 from plans.adaptive_window import SCRIPT_PATH as WINDOW_SCRIPT_PATH
 from plans.adaptive_window import UNIT_NAME as WINDOW_UNIT_NAME
 from plans.adaptive_window import UNIT_PATH as WINDOW_UNIT_PATH
@@ -158,161 +158,172 @@ def _mps_env(pct: Optional[int]) -> dict[str, str]:
     }
 
 
-class TritonService(pulumi.ComponentResource):
-    def __init__(self, name: str, args: TritonServiceArgs, opts: Optional[pulumi.ResourceOptions] = None):
-        super().__init__("gpuhost:serving:TritonService", name, None, opts)
-        child = pulumi.ResourceOptions(parent=self)
-        specs = _specs(args)
-        # Python models that name their code (``model_code``) ship it from this repository (yolov8n_torch).
-        code = {
-            k: v
-            for m in specs
-            if m.parameters.get("model_code") == "yolov8n"
-            for k, v in yolov8n_files(m.name, m.version).items()
-        }
-        shipped = {a.dest for a in args.artifacts} | {f"{args.repository_root}/{k}" for k in code}
-        for s in specs:
-            py = f"{args.repository_root}/{s.name}/{s.version}/model.py"
-            if s.platform == "python" and args.model_py is None and py not in shipped:
-                raise ValueError(
-                    f"{name}: python model {s.name!r} has no model.py: give it an artifact "
-                    f"(dest {py}); gpuhost ships no stand-in"
-                )
-        files = repository_files(
-            specs,
-            gpu_count=args.gpu_count,
-            model_py=args.model_py.encode() if args.model_py is not None else None,
-            model_files=code,
+def repository(name: str, args: TritonServiceArgs) -> tuple[dict[str, bytes], str]:
+    """The model repository's files (with its digest marker) and its digest; pure."""
+    specs = _specs(args)
+    # Python models that name their code (``model_code``) ship it from this repository (yolov8n_torch).
+    code = {
+        k: v
+        for m in specs
+        if m.parameters.get("model_code") == "yolov8n"
+        for k, v in yolov8n_files(m.name, m.version).items()
+    }
+    shipped = {a.dest for a in args.artifacts} | {f"{args.repository_root}/{k}" for k in code}
+    for s in specs:
+        py = f"{args.repository_root}/{s.name}/{s.version}/model.py"
+        if s.platform == "python" and args.model_py is None and py not in shipped:
+            raise ValueError(
+                f"{name}: python model {s.name!r} has no model.py: give it an artifact "
+                f"(dest {py}); gpuhost ships no stand-in"
+            )
+    files = repository_files(
+        specs,
+        gpu_count=args.gpu_count,
+        model_py=args.model_py.encode() if args.model_py is not None else None,
+        model_files=code,
+    )
+    digest = repository_digest(files)
+    files[MARKER] = digest.encode()
+    return files, digest
+
+
+def children(name: str, args: TritonServiceArgs) -> list[Child]:
+    """TritonService's resources in declaration order (see the module docstring); pure."""
+    specs = _specs(args)
+    files, digest = repository(name, args)
+    repo_inputs = repository_inputs(files)
+    host = host_input(args.host)
+
+    # -- server definition (pure) ---------------------------------------------------------------------------------
+    env = _mps_env(args.mps_percentage)
+    window_flags = adaptive_window_flags(args, specs)
+    if args.runtime == "docker":
+        srv_args = with_flags(
+            server_args(args.server.model_copy(update={"model_repository": "/models"}), specs), window_flags
         )
-        digest = repository_digest(files)
-        files[MARKER] = digest.encode()
-        repo_inputs = repository_inputs(files)
-        host = host_input(args.host)
+        rt = args.docker.model_copy(update={"host_repository": args.repository_root, "env": {**env, **args.docker.env}})
+        c = container_spec(rt, srv_args)
+        runtime_id = hashlib.sha256(json.dumps(c, sort_keys=True).encode()).hexdigest()
+        server_files: list[str] = []
+        restart = [["docker", "restart", c["name"]]]
+    else:
+        srv_args = with_flags(
+            server_args(args.server.model_copy(update={"model_repository": args.repository_root}), specs),
+            window_flags,
+        )
+        rt_p = args.process.model_copy(update={"env": {**env, **args.process.env}})
+        unit = systemd_unit(rt_p, srv_args)
+        runtime_id = hashlib.sha256(unit.encode()).hexdigest()
+        server_files = [UNIT_PATH]
+        restart = [["systemctl", "daemon-reload"], ["systemctl", "restart", "gpuhost-triton"]]
+    nginx_text = render_nginx(NginxSpec(default_model=specs[0].name, listen_http=args.nginx_listen))
+    if args.manage_nginx:
+        server_files.append(args.nginx_conf_path)
+        restart.append(["systemctl", "reload-or-restart", "nginx"])
 
-        # -- server definition (pure) -----------------------------------------------------------------------------
-        env = _mps_env(args.mps_percentage)
-        window_flags = adaptive_window_flags(args, specs)
-        if args.runtime == "docker":
-            srv_args = with_flags(
-                server_args(args.server.model_copy(update={"model_repository": "/models"}), specs), window_flags
-            )
-            rt = args.docker.model_copy(
-                update={"host_repository": args.repository_root, "env": {**env, **args.docker.env}}
-            )
-            c = container_spec(rt, srv_args)
-            runtime_id = hashlib.sha256(json.dumps(c, sort_keys=True).encode()).hexdigest()
-            server_files: list[str] = []
-            restart = [["docker", "restart", c["name"]]]
-        else:
-            srv_args = with_flags(
-                server_args(args.server.model_copy(update={"model_repository": args.repository_root}), specs),
-                window_flags,
-            )
-            rt_p = args.process.model_copy(update={"env": {**env, **args.process.env}})
-            unit = systemd_unit(rt_p, srv_args)
-            runtime_id = hashlib.sha256(unit.encode()).hexdigest()
-            server_files = [UNIT_PATH]
-            restart = [["systemctl", "daemon-reload"], ["systemctl", "restart", "gpuhost-triton"]]
-        nginx_text = render_nginx(NginxSpec(default_model=specs[0].name, listen_http=args.nginx_listen))
-        if args.manage_nginx:
-            server_files.append(args.nginx_conf_path)
-            restart.append(["systemctl", "reload-or-restart", "nginx"])
+    # -- snapshot of what serves now, before anything below changes it --------------------------------------------
+    deploy_id = hashlib.sha256(
+        json.dumps(
+            {
+                "repo": digest,
+                "runtime": runtime_id,
+                "nginx": nginx_text,
+                "artifacts": [a.model_dump() for a in args.artifacts],
+                "engines": [e.model_dump(mode="json") for e in args.engines],
+            },
+            sort_keys=True,
+        ).encode()
+    ).hexdigest()
+    rollback = {
+        "host": host,
+        "root": args.repository_root,
+        "snapshot": f"{args.snapshot_dir}/{name}",
+        "files": server_files,
+        "restart": restart,
+    }
+    out = [Child("snapshot", ServingSnapshot, {**rollback, "trigger": deploy_id})]
 
-        # -- snapshot of what serves now, before anything below changes it ----------------------------------------
-        deploy_id = hashlib.sha256(
-            json.dumps(
-                {
-                    "repo": digest,
-                    "runtime": runtime_id,
-                    "nginx": nginx_text,
-                    "artifacts": [a.model_dump() for a in args.artifacts],
-                    "engines": [e.model_dump(mode="json") for e in args.engines],
-                },
-                sort_keys=True,
-            ).encode()
-        ).hexdigest()
-        rollback = {
-            "host": host,
-            "root": args.repository_root,
-            "snapshot": f"{args.snapshot_dir}/{name}",
-            "files": server_files,
-            "restart": restart,
-        }
-        self.snapshot = ServingSnapshot(f"{name}-snapshot", {**rollback, "trigger": deploy_id}, opts=child)
-        after_snapshot = pulumi.ResourceOptions(parent=self, depends_on=[self.snapshot])
-
-        # -- model artifacts, engines, repository -----------------------------------------------------------------
-        self.artifacts = {
-            a.model + ":" + a.dest: ModelArtifact(
-                f"{name}-{a.model}-artifact",
+    # -- model artifacts, engines, repository ---------------------------------------------------------------------
+    artifacts: dict[str, str] = {}  # dest -> suffix
+    for a in args.artifacts:
+        artifacts[a.dest] = f"{a.model}-artifact"
+        out.append(
+            Child(
+                f"{a.model}-artifact",
+                ModelArtifact,
                 {"host": host, "dest": a.dest, "sha256": a.sha256, "url": a.url, "path": a.path},
-                opts=after_snapshot,
+                after=("snapshot",),
             )
-            for a in args.artifacts
-        }
-        self.engines = []
-        for b in args.engines:
-            mine = [r for k, r in self.artifacts.items() if k.split(":", 1)[1] == b.onnx_path]
-            self.engines.append(
-                TensorRTEngine(
-                    f"{name}-{b.model}-engine",
-                    {"host": host, **engine_inputs(b)},
-                    pulumi.ResourceOptions(parent=self, depends_on=[self.snapshot, *mine]),
-                )
-            )
-        self.repository = TritonModelRepository(
-            f"{name}-models",
-            {"host": host, "root": args.repository_root, **repo_inputs},
-            opts=pulumi.ResourceOptions(
-                parent=self, depends_on=[self.snapshot, *self.artifacts.values(), *self.engines]
-            ),
         )
+    engines = []
+    for b in args.engines:
+        mine = tuple(sfx for dest, sfx in artifacts.items() if dest == b.onnx_path)
+        engines.append(f"{b.model}-engine")
+        out.append(Child(f"{b.model}-engine", TensorRTEngine, {"host": host, **engine_inputs(b)}, ("snapshot", *mine)))
+    out.append(
+        Child(
+            "models",
+            TritonModelRepository,
+            {"host": host, "root": args.repository_root, **repo_inputs},
+            after=("snapshot", *artifacts.values(), *engines),
+        )
+    )
 
-        # -- Triton -----------------------------------------------------------------------------------------------
-        if args.runtime == "docker":
-            # gpuhost's own pins, key and jump host, not the runner's ~/.ssh (access/docker_ssh.py).
-            engine = docker.Provider(f"{name}-docker", **docker_ssh.provider_args(args.host), opts=child)
-            on_engine = pulumi.ResourceOptions(parent=self, provider=engine)
-            image = docker.RemoteImage(f"{name}-triton-image", name=rt.image, keep_locally=True, opts=on_engine)
-            devices = (
-                pulumi.Output.from_input(args.devices)
-                if args.devices is not None
-                else pulumi.Output.from_input(list(rt.gpus))
-            )
-            # docker's --gpus syntax: "all" or "device=<index|GPU-uuid|MIG-uuid>,...".
-            gpus = devices.apply(lambda ids: "all" if list(ids or ["all"]) == ["all"] else "device=" + ",".join(ids))
-            self.server = docker.Container(
-                f"{name}-triton",
-                name=c["name"],
-                image=image.image_id,
-                command=c["command"],
-                ports=[docker.ContainerPortArgs(**p) for p in c["ports"]],
-                gpus=gpus,
-                shm_size=c["shm_size"],
-                restart=c["restart"],
-                envs=c["envs"],
-                must_run=True,
-                ulimits=[docker.ContainerUlimitArgs(**u) for u in c["ulimits"]],
-                volumes=[docker.ContainerVolumeArgs(**v) for v in c["volumes"]],
-                # A repository change restarts Triton through this label.
-                labels=[
-                    docker.ContainerLabelArgs(label="gpuhost.repository-digest", value=digest),
-                    docker.ContainerLabelArgs(
-                        label="gpuhost.gpus", value=devices.apply(lambda ids: ",".join(ids or []))
+    # -- Triton ---------------------------------------------------------------------------------------------------
+    if args.runtime == "docker":
+        # gpuhost's own pins, key and jump host, not the runner's ~/.ssh (access/docker_ssh.py).
+        out.append(Child("docker", DockerEngine, {"spec": args.host}))
+        out.append(
+            Child("triton-image", docker.RemoteImage, {"name": rt.image, "keep_locally": True}, provider="docker")
+        )
+        devices = args.devices if args.devices is not None else list(rt.gpus)
+        out.append(
+            Child(
+                "triton",
+                docker.Container,
+                {
+                    "name": c["name"],
+                    "image": Ref("triton-image", "image_id"),
+                    "command": c["command"],
+                    "ports": [docker.ContainerPortArgs(**p) for p in c["ports"]],
+                    # docker's --gpus syntax: "all" or "device=<index|GPU-uuid|MIG-uuid>,...".
+                    "gpus": Later(
+                        devices, lambda ids: "all" if list(ids or ["all"]) == ["all"] else "device=" + ",".join(ids)
                     ),
-                ],
-                opts=pulumi.ResourceOptions(parent=self, provider=engine, depends_on=[self.repository]),
+                    "shm_size": c["shm_size"],
+                    "restart": c["restart"],
+                    "envs": c["envs"],
+                    "must_run": True,
+                    "ulimits": [docker.ContainerUlimitArgs(**u) for u in c["ulimits"]],
+                    "volumes": [docker.ContainerVolumeArgs(**v) for v in c["volumes"]],
+                    # A repository change restarts Triton through this label.
+                    "labels": Later(
+                        devices,
+                        lambda ids: [
+                            docker.ContainerLabelArgs(label="gpuhost.repository-digest", value=digest),
+                            docker.ContainerLabelArgs(label="gpuhost.gpus", value=",".join(ids or [])),
+                        ],
+                    ),
+                },
+                after=("models",),
+                provider="docker",
             )
-            started: list[pulumi.Resource] = [self.server]
-            server_defs: list[pulumi.Resource] = []
-        else:
-            self.unit = ManagedFile(
-                f"{name}-triton-unit",
+        )
+        started = ["triton"]
+        server_defs: list[str] = []
+    else:
+        out.append(
+            Child(
+                "triton-unit",
+                ManagedFile,
                 {"host": host, "path": UNIT_PATH, "content": unit, "mode": "0644", "owner": "root:root"},
-                opts=after_snapshot,
+                after=("snapshot",),
             )
-            self.server = ServiceState(
-                f"{name}-triton-service",
+        )
+        out.append(
+            Child(
+                "triton-service",
+                ServiceState,
                 {
                     "host": host,
                     "unit": "gpuhost-triton",
@@ -321,21 +332,26 @@ class TritonService(pulumi.ComponentResource):
                     "check": [rt_p.numactl, "--hardware"] if rt_p.numa_node is not None else [],
                     "trigger": f"{digest}:{runtime_id}",
                 },
-                opts=pulumi.ResourceOptions(parent=self, depends_on=[self.repository, self.unit]),
+                after=("models", "triton-unit"),
             )
-            started = [self.server]
-            server_defs = [self.unit]
+        )
+        started = ["triton-service"]
+        server_defs = ["triton-unit"]
 
-        # -- nginx ------------------------------------------------------------------------------------------------
-        self.nginx_conf = None
-        if args.manage_nginx:
-            pkgs = SystemPackages(
-                f"{name}-nginx-pkg",
+    # -- nginx ----------------------------------------------------------------------------------------------------
+    if args.manage_nginx:
+        out.append(
+            Child(
+                "nginx-pkg",
+                SystemPackages,
                 {"host": host, "packages": ["nginx"], "debs_dir": args.nginx_debs_dir},
-                opts=after_snapshot,
+                after=("snapshot",),
             )
-            self.nginx_conf = ManagedFile(
-                f"{name}-nginx-conf",
+        )
+        out.append(
+            Child(
+                "nginx-conf",
+                ManagedFile,
                 {
                     "host": host,
                     "path": args.nginx_conf_path,
@@ -343,10 +359,13 @@ class TritonService(pulumi.ComponentResource):
                     "mode": "0644",
                     "owner": "root:root",
                 },
-                opts=pulumi.ResourceOptions(parent=self, depends_on=[pkgs]),
+                after=("nginx-pkg",),
             )
-            nginx = ServiceState(
-                f"{name}-nginx",
+        )
+        out.append(
+            Child(
+                "nginx",
+                ServiceState,
                 {
                     "host": host,
                     "unit": "nginx",
@@ -354,21 +373,23 @@ class TritonService(pulumi.ComponentResource):
                     "check": ["nginx", "-t", "-c", args.nginx_conf_path],
                     "trigger": hashlib.sha256(nginx_text.encode()).hexdigest(),
                 },
-                opts=pulumi.ResourceOptions(parent=self, depends_on=[self.nginx_conf]),
+                after=("nginx-conf",),
             )
-            started.append(nginx)
+        )
+        started.append("nginx")
 
-        self.adaptive_window = None
-        if args.adaptive_window:
-            opts_ = ServerOptions()
-            unit_text = controller_unit(
-                args.adaptive_window,
-                [m.name for m in specs],
-                triton_url=f"http://127.0.0.1:{opts_.http_port}",
-                metrics_url=f"http://127.0.0.1:{opts_.metrics_port}",
-            )
-            self.adaptive_window = SystemdService(
-                f"{name}-adaptive-window",
+    if args.adaptive_window:
+        opts_ = ServerOptions()
+        unit_text = controller_unit(
+            args.adaptive_window,
+            [m.name for m in specs],
+            triton_url=f"http://127.0.0.1:{opts_.http_port}",
+            metrics_url=f"http://127.0.0.1:{opts_.metrics_port}",
+        )
+        out.append(
+            Child(
+                "adaptive-window",
+                SystemdService,
                 {
                     "host": host,
                     "unit": WINDOW_UNIT_NAME,
@@ -376,42 +397,64 @@ class TritonService(pulumi.ComponentResource):
                 },
                 # After Triton is defined and started (the unit file, then the running service, in the process
                 # runtime).
-                opts=pulumi.ResourceOptions(parent=self, depends_on=[*server_defs, self.server]),
+                after=(*server_defs, started[0]),
             )
+        )
 
-        # -- one gate per model, one after the other --------------------------------------------------------------
-        self.gates: list[AcceptanceGate] = []
-        if args.endpoint:
-            names = [s.name for s in specs]
-            for s in specs:
-                if args.gate_model and s.name != args.gate_model:
-                    continue
-                self.gates.append(
-                    AcceptanceGate(
-                        f"{name}-{s.name}-gate",
-                        {
-                            "url": args.endpoint,
-                            "models": names,
-                            "model": s.name,
-                            "request": gate_signature(s),
-                            "concurrency": args.gate_concurrency,
-                            "durationS": args.gate_duration_s,
-                            "maxRequests": args.gate_max_requests,
-                            "rate": args.gate_rate,
-                            "p95Ms": args.slo_p95_ms,
-                            "p99Ms": args.slo_p99_ms,
-                            "maxErrorRate": args.slo_max_error_rate,
-                            "minRps": args.slo_min_rps,
-                            "readyTimeoutS": args.gate_ready_timeout_s,
-                            "requestTimeoutS": args.gate_request_timeout_s,
-                            "rollback": rollback,
-                            "expectDigest": digest,
-                            "trigger": f"{digest}:{runtime_id}:{deploy_id}",
-                        },
-                        opts=pulumi.ResourceOptions(parent=self, depends_on=[*started, *self.gates[-1:]]),
-                    )
+    # -- one gate per model, one after the other ------------------------------------------------------------------
+    if args.endpoint:
+        names = [s.name for s in specs]
+        gates: list[str] = []
+        for s in specs:
+            if args.gate_model and s.name != args.gate_model:
+                continue
+            out.append(
+                Child(
+                    f"{s.name}-gate",
+                    AcceptanceGate,
+                    {
+                        "url": args.endpoint,
+                        "models": names,
+                        "model": s.name,
+                        "request": gate_signature(s),
+                        "concurrency": args.gate_concurrency,
+                        "durationS": args.gate_duration_s,
+                        "maxRequests": args.gate_max_requests,
+                        "rate": args.gate_rate,
+                        "p95Ms": args.slo_p95_ms,
+                        "p99Ms": args.slo_p99_ms,
+                        "maxErrorRate": args.slo_max_error_rate,
+                        "minRps": args.slo_min_rps,
+                        "readyTimeoutS": args.gate_ready_timeout_s,
+                        "requestTimeoutS": args.gate_request_timeout_s,
+                        "rollback": rollback,
+                        "expectDigest": digest,
+                        "trigger": f"{digest}:{runtime_id}:{deploy_id}",
+                    },
+                    after=(*started, *gates[-1:]),
                 )
+            )
+            gates.append(f"{s.name}-gate")
+    return out
+
+
+class TritonService(pulumi.ComponentResource):
+    def __init__(self, name: str, args: TritonServiceArgs, opts: Optional[pulumi.ResourceOptions] = None):
+        super().__init__("gpuhost:serving:TritonService", name, None, opts)
+        specs = _specs(args)
+        wanted = children(name, args)
+        made: dict[str, Any] = declare(self, name, wanted)
+        self.snapshot = made["snapshot"]
+        self.artifacts = {a.model + ":" + a.dest: made[f"{a.model}-artifact"] for a in args.artifacts}
+        self.engines = [made[f"{b.model}-engine"] for b in args.engines]
+        self.repository = made["models"]
+        self.server = made.get("triton") or made["triton-service"]
+        self.unit = made.get("triton-unit")
+        self.nginx_conf = made.get("nginx-conf")
+        self.adaptive_window = made.get("adaptive-window")
+        self.gates = [made[c.suffix] for c in wanted if c.kind is AcceptanceGate]
         self.gate = self.gates[0] if self.gates else None
+        _, digest = repository(name, args)
 
         self.repository_digest = pulumi.Output.from_input(digest)
         self.gate_result = (

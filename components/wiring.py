@@ -30,7 +30,10 @@ from dataclasses import dataclass, field
 from typing import Any, Optional
 
 import pulumi
+import pulumi_docker as docker
 from pulumi import dynamic
+
+from access.ssh import HostSpec
 
 
 @dataclass(frozen=True)
@@ -66,6 +69,8 @@ class Child:
     after: tuple[str, ...] = ()
     after_outside: tuple[Any, ...] = field(default=(), compare=False)
     provider: Optional[str] = None
+    # Earlier identities of this child (pulumi.Alias), so a move into a component is no replacement.
+    aliases: tuple[Any, ...] = field(default=(), compare=False)
 
     @property
     def dynamic(self) -> bool:
@@ -130,10 +135,21 @@ def declare(parent: pulumi.Resource, name: str, children: list[Child]) -> dict[s
             parent=parent,
             depends_on=depends or None,
             provider=made[c.provider] if c.provider else None,  # type: ignore[arg-type]
+            aliases=list(c.aliases) or None,
         )
         full = f"{name}-{c.suffix}"
         made[c.suffix] = c.kind(full, inputs, opts) if c.dynamic else c.kind(full, **inputs, opts=opts)
     return made
+
+
+class DockerEngine(docker.Provider):
+    """pulumi-docker's provider at `spec`'s Docker engine over gpuhost's SSH trust (access/docker_ssh.py): the
+    secret key is read from config here, at declaration, so that `children` functions stay pure."""
+
+    def __init__(self, resource_name: str, spec: HostSpec, opts: Optional[pulumi.ResourceOptions] = None):
+        from access import docker_ssh
+
+        super().__init__(resource_name, opts=opts, **docker_ssh.provider_args(spec))
 
 
 # -- what a child writes on its host ---------------------------------------------------------------------------

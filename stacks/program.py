@@ -10,12 +10,14 @@ Usage (what __main__.py does)::
 
 from __future__ import annotations
 
-from typing import Optional
+from collections.abc import Callable
+from typing import Any, Optional
 
 from pulumi import ResourceOptions
 
 from access.ssh import HostSpec, JumpHost
 from components.inference_gateway import InferenceGateway, InferenceGatewayArgs
+from components.mig_gpus import MigGpus, MigGpusArgs
 from components.monitoring_stack import MonitoringStack, MonitoringStackArgs
 from components.passthrough_host import PassthroughHost
 from components.pinned_vm import PinnedVM, PinnedVMArgs
@@ -32,8 +34,6 @@ from plans.triton_model import DynamicBatching, InstanceGroup, ModelSpec
 from plans.triton_repo import resnet50_fp16, sdxl, yolov8n, yolov8n_torch
 from plans.triton_runtime import DockerRuntime, ProcessRuntime
 from plans.values import host_port
-from providers.base import host_input
-from providers.mig import MigLayout
 from stacks.args import host_spec, passthrough_args
 from stacks.load import ConfigError
 from stacks.schema import Fleet, Gateway, Host, Service, ServiceModel, Vm
@@ -68,7 +68,7 @@ def model_spec(m: ServiceModel, gpu_model: str) -> ModelSpec:
     return spec
 
 
-def mig_devices(h: Host, s: Service, layout: MigLayout):
+def mig_devices(h: Host, s: Service, layout: MigGpus):
     """The MIG UUID the service is bound to (seed 001 route A: one MIG device per Triton)."""
     order = [g.address for g in sorted(h.gpus, key=lambda g: g.address) if not g.passthrough]
     gpu = s.mig.gpu if s.mig else next(g.address for g in sorted(h.gpus, key=lambda g: g.address) if g.mig)
@@ -245,7 +245,14 @@ def gateway_spec(fleet: Fleet, g: Gateway, guests: dict[tuple[str, str], HostSpe
     return host_spec(next(x for x in fleet.hosts if x.name == g.host)), spec
 
 
-def build(fleet: Fleet) -> dict:
+def declare_component(cls: type, name: str, args: Any, after: list, where: str) -> Any:
+    """Register one component (what `build` does with each; `stacks.paths` passes a recorder instead)."""
+    return cls(name, args, ResourceOptions(depends_on=after) if after else None)
+
+
+def build(fleet: Fleet, new: Callable[[type, str, Any, list, str], Any] = declare_component) -> dict:
+    """Declare the fleet's components in the seeds' order. `new(cls, name, args, after, where)` makes each one
+    (`where`: the config path it comes from)."""
     # Plan every host before declaring anything: a VM that cannot fit fails the program with no resource
     # registered.
     placements = {h.name: plan_host(i, h) for i, h in enumerate(fleet.hosts)}
@@ -253,19 +260,20 @@ def build(fleet: Fleet) -> dict:
     vms: dict[tuple[str, str], PinnedVM] = {}
     hosts: dict[str, PassthroughHost] = {}
     guests: dict[tuple[str, str], HostSpec] = {}
-    for h in fleet.hosts:
+    for hi, h in enumerate(fleet.hosts):
         spec = host_spec(h)
         # Rollout: with max_parallel_reboots k, host i's reboot waits for host i-k's verified reboot.
         k = fleet.rollout.max_parallel_reboots
         earlier = list(hosts.values())
         after = [earlier[-k].reboot] if len(earlier) >= k else []
-        ph = PassthroughHost(h.name, passthrough_args(h, reboot_after=tuple(after)))
+        ph = new(PassthroughHost, h.name, passthrough_args(h, reboot_after=tuple(after)), [], f"fleet.hosts[{hi}]")
         hosts[h.name] = ph
         exports["pending_reboot"][h.name] = ph.pending_reboot
         nics = []
         for j, pf in enumerate(h.sriov):
             nics.append(
-                SriovNic(
+                new(
+                    SriovNic,
                     f"{h.name}-sriov-{j}",
                     SriovNicArgs(
                         host=spec,
@@ -277,7 +285,8 @@ def build(fleet: Fleet) -> dict:
                         vfs=[v.model_dump(exclude_none=True) for v in pf.vfs],
                         irq_cpus=h.reserved_cpus,
                     ),
-                    ResourceOptions(depends_on=[ph]),
+                    [ph],
+                    f"fleet.hosts[{hi}].sriov[{j}]",
                 )
             )
         plan = placements[h.name]
@@ -308,7 +317,8 @@ def build(fleet: Fleet) -> dict:
             if gs:
                 guests[(h.name, vm.name)] = gs
             ci = cloud_init(h, vm)
-            vms[(h.name, vm.name)] = PinnedVM(
+            vms[(h.name, vm.name)] = new(
+                PinnedVM,
                 f"{h.name}-{vm.name}",
                 PinnedVMArgs(
                     host=spec,
@@ -338,26 +348,26 @@ def build(fleet: Fleet) -> dict:
                         else {}
                     ),
                 ),
-                ResourceOptions(depends_on=[ph, *nics]),
+                [ph, *nics],
+                f"fleet.hosts[{hi}].vms[{h.vms.index(vm)}]",
             )
 
-    migs: dict[str, MigLayout] = {}
-    for h in fleet.hosts:
+    migs: dict[str, MigGpus] = {}
+    for hi, h in enumerate(fleet.hosts):
         mig_gpus = [g for g in sorted(h.gpus, key=lambda g: g.address) if g.mig]
         if mig_gpus:
             # nvidia-smi numbers GPUs in PCI bus order
             order = [g.address for g in sorted(h.gpus, key=lambda g: g.address) if not g.passthrough]
-            migs[h.name] = MigLayout(
-                f"{h.name}-mig",
-                {
-                    "host": host_input(host_spec(h)),
-                    "layout": {str(order.index(g.address)): list(g.mig) for g in mig_gpus},
-                },
-                ResourceOptions(depends_on=[hosts[h.name]]),
+            migs[h.name] = new(
+                MigGpus,
+                h.name,
+                MigGpusArgs(host=host_spec(h), layout={str(order.index(g.address)): list(g.mig) for g in mig_gpus}),
+                [hosts[h.name]],
+                f"fleet.hosts[{hi}].gpus",
             )
 
     services = []
-    for s in fleet.services:
+    for si, s in enumerate(fleet.services):
         h = next(x for x in fleet.hosts if x.name == s.host)
         where = guests.get((s.host, s.vm)) if s.vm else host_spec(h)
         if where is None:
@@ -409,7 +419,8 @@ def build(fleet: Fleet) -> dict:
             if s.numa_node is not None
             else (0 if svm else next((g.numa_node for g in svc_gpus if g.numa_node is not None), None))
         )
-        svc = TritonService(
+        svc = new(
+            TritonService,
             s.name,
             TritonServiceArgs(
                 host=where,
@@ -436,20 +447,23 @@ def build(fleet: Fleet) -> dict:
                 gate_concurrency=s.acceptance.concurrency,
                 gate_duration_s=s.acceptance.duration_s,
             ),
-            ResourceOptions(depends_on=deps),
+            deps,
+            f"fleet.services[{si}]",
         )
         services.append(svc)
         exports["endpoints"][s.name] = f"http://{host_port(where.address, s.nginx_port)}"
 
     gateways = []
     by_service = dict(zip((s.name for s in fleet.services), services))
-    for g in fleet.gateways:
+    for gi, g in enumerate(fleet.gateways):
         gw_host, gw_spec = gateway_spec(fleet, g, guests)
         gateways.append(
-            InferenceGateway(
+            new(
+                InferenceGateway,
                 g.name,
                 InferenceGatewayArgs(host=gw_host, gateway=gw_spec),
-                ResourceOptions(depends_on=[hosts[g.host], *(by_service[b.service] for b in g.backends)]),
+                [hosts[g.host], *(by_service[b.service] for b in g.backends)],
+                f"fleet.gateways[{gi}]",
             )
         )
         redis_at = gw_host.address if gw_spec.redis_bind in ("0.0.0.0", "::") else gw_spec.redis_bind
@@ -499,7 +513,8 @@ def build(fleet: Fleet) -> dict:
         mon_host = host_spec(next(x for x in fleet.hosts if x.name == fleet.monitoring.host))
         machines = {h.name: host_spec(h) for h in fleet.hosts}
         machines.update({f"{hn}-{vn}": g for (hn, vn), g in guests.items()})
-        mon = MonitoringStack(
+        mon = new(
+            MonitoringStack,
             "monitoring",
             MonitoringStackArgs(
                 graph=graph,
@@ -508,7 +523,8 @@ def build(fleet: Fleet) -> dict:
                 prometheus_port=fleet.monitoring.prometheus_port,
                 grafana_port=fleet.monitoring.grafana_port,
             ),
-            ResourceOptions(depends_on=services + gateways + list(vms.values())),
+            services + gateways + list(vms.values()),
+            "fleet.monitoring",
         )
         exports["grafana"] = mon.grafana_url
         exports["prometheus"] = mon.prometheus_url
