@@ -81,11 +81,24 @@ def parse_fleet(raw: Any) -> Fleet:
         cross = fleet_problems(fleet, frozenset(dropped))
         if not cross and not lines:
             cross = placement_problems(fleet)
+        if not cross and not lines:
+            cross = _declaration_problems(fleet)
         lines += [ln for ln in cross if not any(ln.startswith(d) and ln[len(d)] in ".[:" for d in dropped)]
     if lines:
         raise ConfigError(list(dict.fromkeys(lines)))
     assert fleet is not None
     return fleet
+
+
+def _declaration_problems(fleet: Fleet) -> list[str]:
+    """What only declaring the program finds (run with a recorder, nothing registered): resources that would write
+    one path (`stacks.paths`), and the program's own refusals (a VF shortage, a VM that cannot fit)."""
+    from stacks.paths import path_problems
+
+    try:
+        return path_problems(fleet)
+    except ConfigError as e:
+        return e.lines
 
 
 def _good_part(raw: Any, err: ValidationError, rounds: int = 4) -> tuple[Optional[Fleet], list[str]]:

@@ -126,6 +126,19 @@ BAD = [
         ],
     ),
     (
+        "two gateways, one host (same unit files)",
+        lambda f: f["gateways"].append(
+            dict(f["gateways"][0], name="sdxl-gen-2", redis_port=6380, front_port=8091, metrics_port=9480)
+        ),
+        [
+            "fleet.gateways[1]: would write /etc/systemd/system/gpuhost-gateway-redis.service, "
+            "/etc/gpuhost/gateway/redis.conf, /etc/systemd/system/gpuhost-gateway-worker-0.service and 9 more on "
+            "a100-mig-01, as fleet.gateways[0] (sdxl-gen) does (one file has one owner: each would undo the other's "
+            "change and restore its own original on destroy); one gateway per host (its units and "
+            "/etc/gpuhost/gateway are fixed paths): move one to another host, or serve both from one gateway"
+        ],
+    ),
+    (
         "nginx port out of range",
         _set(lambda f: f["services"][0], "nginx_port", 70000),
         ["fleet.services[0].nginx_port: 70000 is not a TCP port (use 1-65535)"],

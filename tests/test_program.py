@@ -440,3 +440,30 @@ def test_vfs_come_from_a_pf_on_the_vms_node():
     rec = run_program(cfg, secret, stack="hk-prod")
     vfs = rec.by_name("rhel-mt-01-tenant-a100-domain").inputs["domain"]["vfs"]
     assert len(vfs) == 1 and vfs[0].startswith("0000:41:")  # the GPU (and VM) sit on node 0
+
+
+@pytest.mark.parametrize("stack", ["hk-prod", "dev"])
+def test_children_functions_are_the_wiring_and_every_resource_is_under_a_component(stack, hk, dev):
+    """What each component registers is exactly its pure `children(name, args)` list (which tests, the bench and
+    the load-time path check use), and nothing is declared outside a component."""
+    from stacks.load import parse_fleet
+    from stacks.paths import planned
+
+    rec = {"hk-prod": hk, "dev": dev}[stack]
+    cfg, _ = stack_config(stack)
+    comps = planned(parse_fleet(json.loads(cfg["gpuhost:fleet"])))
+    stack_urn = next(r.parent for r in rec.registrations if r.type == "gpuhost:host:PassthroughHost")
+    assert [r.name for r in rec.registrations if r.custom and r.parent == stack_urn] == []
+    assert sorted(r.name for r in rec.registrations if not r.custom) == sorted(p.name for p in comps)
+    wanted = {(p.name, f"{p.name}-{c.suffix}") for p in comps for c in p.children}
+    got = {(rec.by_urn(r.parent).name, r.name) for r in rec.registrations if r.custom}
+    assert got == wanted and len(wanted) == sum(len(p.children) for p in comps)
+
+
+def test_components_take_args_not_stack_config():
+    """Stack config → component args happens in stacks/ only: no component imports stacks.*."""
+    from pathlib import Path
+
+    for f in sorted(Path("components").glob("*.py")):
+        imports = [ln for ln in f.read_text().splitlines() if ln.lstrip().startswith(("import ", "from "))]
+        assert not [ln for ln in imports if " stacks" in ln], f
