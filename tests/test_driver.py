@@ -357,6 +357,10 @@ def test_resource_references_reach_the_provider_as_ids_and_unimplemented_options
     # source_eval.go says yes to deletedWith; the driver does not implement it, so it says no and the SDK refuses
     plan = driver(tmp_path, [{"name": "a", "content": "A"}, {"name": "w", "content": "W", "deleted_with": "a"}]).up()
     assert any("does not support the DeletedWith option" in e for e in plan.errors), plan.errors
+    # options the SDK sends regardless are refused by the driver before any step, not ignored
+    plan = driver(tmp_path, [{"name": "a", "content": "A", "protect": True, "ignore_changes": ["content"]}]).up()
+    assert any("does not implement the resource option(s) protect, ignoreChanges" in e for e in plan.errors)
+    assert not any(m == "update" for m, _, _, _ in calls(tmp_path))
 
 
 def test_stack_config_is_namespaced_objects_as_json_strings_secrets_decrypted(tmp_path):

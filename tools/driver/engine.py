@@ -24,6 +24,15 @@ Processes, as the engine starts them:
   NewProvider), one process per provider configuration, Configure'd with every stack config key (secrets decrypted
   and marked secret, objects as JSON strings). refresh and destroy configure it from the config stored at the last
   up, as the engine does from the provider's state (pkg/resource/deploy/providers/registry.go).
+
+The resource monitor also answers what the SDK asks besides registrations (source_eval.go): ReadResource (`get`
+and StackReference, as external resources), Invoke of the builtin provider's functions (getResource,
+readStackOutputs, readStackResourceOutputs; other stacks are the driver's state files side by side),
+SupportsFeature/GetDeploymentInfo (yes only to what the driver implements: secrets, resource references). A failed
+step cancels the run as the engine's step executor does, or with `continue_on_error` skips only its dependents.
+Secret values keep their secret bit through the provider (annotateSecrets, additionalSecretOutputs) and are stored
+encrypted with the stack's key. Not reproduced: aliases, protect, ignoreChanges, replaceOnChanges, deletedWith,
+transforms, hooks, imports, targets, non-dynamic provider plugins (the SDK refuses what the monitor says it lacks).
 """
 
 from __future__ import annotations
@@ -959,6 +968,15 @@ class Deployment:
         urn = self.urn(req.parent, req.type, req.name)
         if self.failed:
             raise StepFailed(f"{req.name}: not started, an earlier step failed")
+        unsupported = unimplemented_options(req)
+        if unsupported:
+            with self.lock:
+                self.failed = True
+                self.plan.errors.append(
+                    f"{req.name}: the driver does not implement the resource option(s) {', '.join(unsupported)}; "
+                    "run this program with the pulumi CLI"
+                )
+            raise StepFailed(f"{req.name}: unsupported resource options {unsupported}")
         goal = to_py(req.object)
         deps = list(req.dependencies)
         pdeps = {k: list(v.urns) for k, v in req.propertyDependencies.items()}
@@ -1265,6 +1283,24 @@ class Deployment:
 
 class StepFailed(Exception):
     pass
+
+
+def unimplemented_options(req) -> list[str]:
+    """Resource options the SDK sends whatever the monitor supports, and the driver does not implement: refused
+    rather than silently ignored (a protected or ignore-changes resource would otherwise be updated or deleted)."""
+    t = req.customTimeouts
+    present = {
+        "protect": req.protect,
+        "ignoreChanges": list(req.ignoreChanges),
+        "replaceOnChanges": list(req.replaceOnChanges),
+        "aliases": list(req.aliasURNs) or list(req.aliases),
+        "import": req.importId,
+        "retainOnDelete": req.retainOnDelete,
+        "customTimeouts": bool(t.create or t.update or t.delete),
+        "hideDiffs": list(req.hideDiffs),
+        "remote": req.remote,
+    }
+    return [k for k, v in present.items() if v]
 
 
 class BuiltinError(Exception):
