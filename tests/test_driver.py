@@ -258,9 +258,9 @@ def test_the_old_half_of_a_replacement_outlives_a_failed_run_and_goes_at_the_nex
 
 
 FAILING = [
-    {"name": "a", "content": "A", "sleep": 2},  # in flight when f fails
-    {"name": "b", "content": "B", "sleep": 1.5},
-    {"name": "f", "content": "please fail", "sleep": 0.5},  # its create raises after 0.5 s
+    {"name": "a", "content": "A", "sleep": 2.5},  # in flight when f fails
+    {"name": "b", "content": "B", "sleep": 2},
+    {"name": "f", "content": "please fail", "sleep": 1},  # its create raises after 1 s
     {"name": "c", "content": "C", "after": ["f"]},  # depends on f
     {"name": "e", "content": "E", "after": ["b"]},  # independent of f, registered after f failed
 ]
