@@ -176,6 +176,7 @@ def test_reads_stack_references_and_invokes_follow_the_engine(tmp_path):
     # file still to be created is unknown (resourcetracker HasUnresolved), as is b's digest looked up by URN
     assert [m for m, n, _, _ in calls(tmp_path) if n == "a"] == ["create", "read"]
     assert pv.step("g").op == "read" and pv.outputs["g"] == "A"
+    assert "  >  pulumi:pulumi:StackReference  ref  (read)" in pv.render()
     assert pv.outputs["ref"] == {"a": other.outputs["a"]}
     assert pv.outputs["inv"] == UNKNOWN and pv.outputs["lb"] == UNKNOWN
     plan = d.up()

@@ -436,7 +436,7 @@ SYMBOLS = {
     "delete": "-",
     "same": " ",
     "refresh": "~",
-    "read": " ",
+    "read": ">",
     "skip": "⊘",
 }
 
@@ -487,7 +487,10 @@ class Plan:
         lines = []
         for s in self.steps:
             # up and destroy print each step as it finishes; their summary lists only failures
-            if s.op in ("same", "read") or (self.kind in ("update", "destroy") and not s.error and s.op != "skip"):
+            # a preview lists what the program reads (`>` in the CLI); a refresh's reads are its no-drift steps
+            if s.op == "same" or (s.op == "read" and self.kind != "preview"):
+                continue
+            if self.kind in ("update", "destroy") and not s.error and s.op != "skip":
                 continue
             diff = ""
             if s.keys and s.op in ("update", "replace", "refresh"):
