@@ -385,3 +385,18 @@ def test_stack_config_is_namespaced_objects_as_json_strings_secrets_decrypted(tm
     }
     assert cfg.secret_keys == ["drivertest:key"]
     assert cfg.configure_args()["drivertest:key"] == {"4dabf18193072939515e22adb298388d": SECRET_SIG, "value": "k3y"}
+
+
+def test_reading_a_managed_resource_s_urn_with_another_id_relinquishes_and_deletes_it(tmp_path):
+    assert not driver(tmp_path, [{"name": "x", "content": "X"}]).up().errors
+    (tmp_path / "y").write_text("Y|made elsewhere")
+    (tmp_path / "calls.log").unlink()
+    d = driver(tmp_path, [], gets=[{"name": "x", "id": "y"}])
+    pv = d.preview()
+    assert [(s.op, s.name) for s in pv.steps if s.op not in ("same", "create")] == [("read", "x"), ("delete", "x")]
+    plan = d.up()
+    assert not plan.errors, plan.errors
+    # step_generator.go GenerateReadSteps: read-replacement; the managed x is deleted at the end, y only read
+    assert [(m, n) for m, n, _, _ in calls(tmp_path)] == [("read", "y"), ("read", "y"), ("delete", "x")]
+    (x,) = [r for r in d.resources() if r.name == "x"]
+    assert x.external and x.id == "y" and not (tmp_path / "x").exists() and (tmp_path / "y").exists()
