@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 from tools.driver import Driver, Plan, StackConfig
-from tools.driver.engine import SECRET_SIG, UNKNOWN, is_secret
+from tools.driver.engine import SECRET_SIG, UNKNOWN, is_secret, plain
 
 PROJECT = Path(__file__).resolve().parent / "fixtures" / "driver_project"
 
@@ -306,7 +306,7 @@ def test_program_and_provider_are_launched_and_configured_as_the_engine_does(tmp
 
 def test_secrets_stay_secret_through_the_provider_and_are_encrypted_in_the_state(tmp_path):
     files = [{"name": "s", "secret": True}, {"name": "h", "content": "H", "secret_digest": True}]
-    d = driver(tmp_path, files)
+    d = driver(tmp_path, files, stack="w")
     pv = d.preview()
     assert not pv.errors and "hello-secret" not in pv.render() and "[secret]" in pv.render()
     plan = d.up()
@@ -319,9 +319,13 @@ def test_secrets_stay_secret_through_the_provider_and_are_encrypted_in_the_state
     # additionalSecretOutputs: h's digest is secret, so is the stack output made from it
     digest = stored["h"].outputs["digest"]
     assert is_secret(digest) and is_secret(plan.outputs["h"]) and not is_secret(plan.outputs["s"])
-    text = (tmp_path / "state.json").read_text()
+    text = (tmp_path / "w.json").read_text()
     assert "hello-secret" not in text and digest["value"] not in text and '"ciphertext"' in text
     assert d.preview().changes() == 0
+    # another stack reading these outputs learns which are secret (builtins.go readStackReference)
+    reader = driver(tmp_path, [], stack="reader", invokes=[{"name": "inv", "stack": "w"}]).preview()
+    assert not reader.errors, reader.errors
+    assert plain(reader.outputs["inv"])["secretOutputNames"] == ["h"] and is_secret(reader.outputs["inv"])
     assert not d.destroy().errors and not (tmp_path / "s").exists()
 
 
