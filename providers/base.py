@@ -43,7 +43,7 @@ from pulumi.dynamic import (
     UpdateResult,
 )
 from pulumi.runtime.rpc import UNKNOWN
-from pydantic import ValidationError
+from pydantic import BaseModel, ValidationError
 
 from access import keys
 from access.errors import HostError
@@ -294,6 +294,21 @@ class TemplateProvider(HostProvider):
     """
 
     INPUTS: tuple[str, ...] = ("host",)
+    # Inputs validated by a pydantic model; check hands them on normalized (the model's JSON dump).
+    MODELS: ClassVar[dict[str, type[BaseModel]]] = {}
+
+    def validate(self, news: dict) -> list[CheckFailure]:
+        """The provider's own rules on its inputs, every value known (the host and MODELS are checked already)."""
+        return []
+
+    def check_known(self, olds: dict[str, Any], news: dict[str, Any]) -> CheckResult:
+        failures = self.check_host(news)
+        for k, model in self.MODELS.items():
+            try:
+                news = {**news, k: model.model_validate(news.get(k) or {}).model_dump(mode="json")}
+            except ValidationError as e:
+                failures += validation_failures(e, f"{k}.")
+        return CheckResult(news, failures + self.validate(news))
 
     def observe(self, props: dict) -> dict:
         raise NotImplementedError

@@ -1,7 +1,8 @@
 """HostTuning: tuned profile and CPU frequency governor (seeds 000 §8.2, 002 §2/§9), restorable.
 
 Inputs: host, tuned_profile ("latency-performance"), governor ("performance"), version.
-Outputs: applied (what was really set), skipped (what the host cannot do, and why), prior_profile, prior_governors.
+Outputs: applied (what was really set), skipped (what the host cannot do, and why), prior_profile, prior_governors
+(as first found, also recorded on the host), plan. Decisions are in plans/tuning.py.
 """
 
 from __future__ import annotations
@@ -9,38 +10,41 @@ from __future__ import annotations
 from typing import Optional
 
 import pulumi
-from pulumi.dynamic import CheckFailure, CheckResult, DiffResult, ReadResult
+from pulumi.dynamic import CheckFailure
 
-from access.shell import quote, sh
 from facts.host import facts_script, parse_governors, parse_host_facts, read_host_facts
+from facts.model import HostFacts
 from facts.state import Change, Record
+from plans import tuning as plan
 from plans import values as allowed
-from providers.base import HostProvider, HostResource
+from providers.base import HostResource, TemplateProvider
 
 
-def _governor_lines(govs: dict) -> list[str]:
-    return [
-        f"printf '%s' {quote(g)} > /sys/devices/system/cpu/cpu{int(c)}/cpufreq/scaling_governor"
-        for c, g in sorted(govs.items(), key=lambda kv: int(kv[0]))
-    ]
+def _want(props: dict) -> plan.TuningWant:
+    return plan.TuningWant(profile=props.get("tuned_profile"), governor=props.get("governor"))
 
 
-class HostTuningProvider(HostProvider):
-    VERSION = "2"
+def _facts(f: HostFacts) -> plan.TuningFacts:
+    return plan.TuningFacts(has_tuned="tuned-adm" in f.tools, profile=f.tuned_profile, governors=dict(f.governors))
+
+
+class HostTuningProvider(TemplateProvider):
+    VERSION = "3"
     KIND = "tuning"
-    OUTPUT_ONLY = ("applied", "skipped", "prior_profile", "prior_governors")
+    INPUTS = ("host", "tuned_profile", "governor")
+    OUTPUT_ONLY = ("applied", "skipped", "prior_profile", "prior_governors", "plan")
 
-    def check_known(self, olds: dict, news: dict) -> CheckResult:
+    def validate(self, news: dict) -> list[CheckFailure]:
         # The stack loader refuses these first; a provider used on its own refuses them too (tuned writes the
         # profile name into its own config, the governor goes to sysfs).
-        failures = self.check_host(news)
+        failures = []
         for field, check in (("tuned_profile", allowed.tuned_profile), ("governor", allowed.governor)):
             if news.get(field) is not None:
                 try:
                     check(news[field])
                 except ValueError as e:
                     failures.append(CheckFailure(field, str(e)))
-        return CheckResult(news, failures)
+        return failures
 
     def _record(self, props: dict) -> Record:
         # The tuned profile and governors as first found, on the host: a re-create after a dropped connection
@@ -53,60 +57,33 @@ class HostTuningProvider(HostProvider):
             },
         )
 
-    def _converge(self, props: dict, olds: Optional[dict]) -> dict:
+    def apply(self, props: dict, prior: Optional[dict]) -> dict:
         conn = self.conn(props)
-        rec = self._record(props)
-        out, _, first = self.record_and_read(conn, props, rec, facts_script())
-        facts = parse_host_facts(out)
-        applied, skipped = {}, {}
-        ch = Change(self.owner(props))
-        s = ch.script
+        out, _, first = self.record_and_read(conn, props, self._record(props), facts_script())
         prior_profile = first.get("tuned/profile", "").strip()
         prior_govs = {str(c): g for c, g in parse_governors(first.get("cpufreq/governors", "")).items()}
-        want_profile = props.get("tuned_profile")
-        if want_profile:
-            if "tuned-adm" in facts.tools:
-                if facts.tuned_profile != want_profile:
-                    s.add("tuned-adm", "profile", want_profile)
-                applied["tuned_profile"] = want_profile
-            else:
-                skipped["tuned_profile"] = "tuned is not installed (install tuned, seed 002 §2)"
-        want_gov = props.get("governor")
-        if want_gov:
-            if facts.governors:
-                s.extend(_governor_lines({c: want_gov for c in facts.governors if facts.governors[c] != want_gov}))
-                applied["governor"] = want_gov
-            else:
-                skipped["governor"] = "no cpufreq driver on this host (frequency is firmware/hypervisor managed)"
-        if not ch.empty:
-            ch.run(conn)
-        return self.outputs(
-            props, applied=applied, skipped=skipped, prior_profile=prior_profile, prior_governors=prior_govs
+        t = plan.plan_tuning(_want(props), _facts(parse_host_facts(out)))
+        # What an earlier apply set and this one no longer manages goes back to what was first found.
+        dropped = {k: v for k, v in ((prior or {}).get("applied") or {}).items() if k not in t.applied}
+        undo = plan.restore_plan(dropped, prior_profile, prior_govs)
+        ch = Change(self.owner(props)).add(a.command for a in undo.actions)
+        self.run_plan(conn, props, t.plan, ch)
+        return {
+            "applied": t.applied,
+            "skipped": t.skipped,
+            "prior_profile": prior_profile,
+            "prior_governors": prior_govs,
+            "plan": [a.why for a in undo.actions] + t.plan.sentences,
+        }
+
+    def observe(self, props: dict) -> dict:
+        return plan.observed(_want(props), props.get("applied") or {}, _facts(read_host_facts(self.conn(props))))
+
+    def restore(self, props: dict) -> Change:
+        p = plan.restore_plan(
+            props.get("applied") or {}, props.get("prior_profile"), props.get("prior_governors") or {}
         )
-
-    def diff_known(self, _id: str, olds: dict, news: dict) -> DiffResult:
-        return self.also_changed(super().diff_known(_id, olds, news), bool(olds.get("drift")))
-
-    def read(self, id_: str, props: dict) -> ReadResult:
-        facts = read_host_facts(self.conn(props))
-        applied = props.get("applied") or {}
-        drift = []
-        if "tuned_profile" in applied and facts.tuned_profile != applied["tuned_profile"]:
-            drift.append(f"tuned profile is {facts.tuned_profile!r}")
-        if "governor" in applied and any(g != applied["governor"] for g in facts.governors.values()):
-            drift.append("governor changed")
-        return ReadResult(id_, {**props, "drift": drift})
-
-    def delete(self, _id: str, props: dict) -> None:
-        ch = Change(self.owner(props))
-        s = ch.script
-        applied = props.get("applied") or {}
-        if "tuned_profile" in applied:
-            prior = props.get("prior_profile")
-            s.raw(sh("tuned-adm", "profile", prior) if prior else sh("tuned-adm", "off"))
-        if "governor" in applied:
-            s.extend(_governor_lines(props.get("prior_governors") or {}))
-        ch.forget(self._record(props)).run(self.conn(props))
+        return Change(self.owner(props)).add(a.command for a in p.actions).forget(self._record(props))
 
 
 class HostTuning(HostResource, module="host", name="HostTuning"):
