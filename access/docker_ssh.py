@@ -99,7 +99,7 @@ def materialise(spec: HostSpec, private_key_pem: str, root: Path = DEFAULT_ROOT,
 
 
 def _write(path: Path, text: str, mode: int) -> None:
-    tmp = path.with_name(path.name + ".tmp")
+    tmp = path.with_name(f"{path.name}.{os.getpid()}.tmp")  # concurrent runs (tests, stacks) write the same path
     fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, mode)
     with os.fdopen(fd, "w") as f:
         f.write(text)
