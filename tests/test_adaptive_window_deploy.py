@@ -24,7 +24,7 @@ from plans.adaptive_window import (
     with_flags,
 )
 from plans.triton_runtime import parse_unit_exec
-from providers.systemd_service import SystemdServiceProvider, parse_status, start_script, stop_script
+from providers.systemd_service import SystemdServiceProvider, parse_status, start_lines, stop_lines
 from stacks.load import ConfigError, parse_fleet
 from tests.mocks import run_program
 from tests.servers.triton import free_port, triton_fixture, write_sleep_model
@@ -91,14 +91,19 @@ def test_flags_are_added_once():
 
 
 def test_service_provider_scripts_and_status():
-    assert start_script("gpuhost-adaptive-window.service", restart=False).splitlines() == [
-        "set -e",
+    assert start_lines("gpuhost-adaptive-window.service", "restart", [], None) == [
         "systemctl daemon-reload",
         "systemctl enable --quiet gpuhost-adaptive-window.service",
-        "systemctl start gpuhost-adaptive-window.service",
+        "systemctl restart gpuhost-adaptive-window.service",
+        "systemctl is-active --quiet gpuhost-adaptive-window.service",
     ]
-    assert "disable --now" in stop_script("x.service")
-    files, enabled, active = parse_status("@@file /etc/x\nABSENT\n@@unit\nenabled\nfailed\n")
+    # A unit that did not exist before is stopped and disabled; one found enabled and running is left so.
+    assert stop_lines("x.service", {"enabled": "", "active": "inactive"}) == [
+        "systemctl stop x.service 2>/dev/null || true",
+        "systemctl disable --quiet x.service 2>/dev/null || true",
+    ]
+    assert stop_lines("nginx", {"enabled": "enabled", "active": "active"}) == []
+    files, enabled, active = parse_status("@@file /etc/x\nABSENT\n@@unit\nenabled=enabled\nactive=failed\n")
     assert not files["/etc/x"].exists and enabled and not active
     host = {"name": "h", "address": "10.0.0.1", "host_key": "ssh-ed25519 " + "A" * 68}
     provider = SystemdServiceProvider()

@@ -230,13 +230,13 @@ def serving_host(testhost, tmp_path_factory):
 
 
 def apply_all(srv, children, names_done: dict) -> dict:
-    from providers import managed_file, service_state, serving_snapshot, triton_gate, triton_repository
+    from providers import managed_file, service_state, serving_snapshot, systemd_service, triton_gate, triton_repository
 
     classes = {
         "ServingSnapshot": serving_snapshot.ServingSnapshotProvider,
         "TritonModelRepository": triton_repository.TritonModelRepositoryProvider,
         "ManagedFile": managed_file.ManagedFileProvider,
-        "ServiceState": service_state.ServiceStateProvider,
+        "ServiceState": systemd_service.SystemdServiceProvider,
         "SystemPackages": service_state.SystemPackagesProvider,
         "AcceptanceGate": triton_gate.AcceptanceGateProvider,
     }

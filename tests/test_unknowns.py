@@ -19,7 +19,7 @@ from pulumi.dynamic.dynamic import serialize_provider
 from pulumi.runtime.proto import provider_pb2
 
 import providers
-from providers.base import UNKNOWN, HostProvider, Provider, unknown_paths
+from providers.base import UNKNOWN, HostProvider, HostResource, Provider, unknown_paths
 from tests.engine import ProviderServer, _de, _ser
 from tests.mocks import run_program
 from tests.stackfiles import stack_config
@@ -38,8 +38,12 @@ def provider_classes() -> dict[str, type[Provider]]:
             continue
         mod = importlib.import_module(f"providers.{m.name}")
         for name, cls in inspect.getmembers(mod, inspect.isclass):
-            if issubclass(cls, Provider) and cls.__module__ == mod.__name__ and name.endswith("Provider"):
+            if cls.__module__ != mod.__name__:
+                continue
+            if issubclass(cls, Provider) and name.endswith("Provider"):
                 out[name.removesuffix("Provider")] = cls
+            elif issubclass(cls, HostResource):  # a resource type of its own over a shared provider (ServiceState)
+                out.setdefault(cls._resource_type_name.rsplit(":", 1)[1], cls.PROVIDER)
     return out
 
 
