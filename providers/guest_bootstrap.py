@@ -16,61 +16,54 @@ Usage::
 
 from __future__ import annotations
 
+from functools import partial
+from typing import Optional
+
 import pulumi
-from pulumi.dynamic import CheckResult, CreateResult, ReadResult, UpdateResult
-from pydantic import ValidationError
 
-from access.shell import Script
+from facts.state import Change
 from plans.guest_bootstrap import MPS_ENV_DIR, MPS_UNIT, BootstrapConfig, parse_facts, plan, read_script
-from providers.base import HostProvider, HostResource, validation_failures
+from providers.base import HostResource, TemplateProvider
 
 
-class GuestBootstrapProvider(HostProvider):
-    VERSION = "1"
-    REPLACE_ON = ("host",)
+class GuestBootstrapProvider(TemplateProvider):
+    VERSION = "2"  # 2: on the template; a guest no longer bootstrapped reads as drift
+    KIND = "guest-bootstrap"
+    INPUTS = ("host", "config")
+    MODELS = {"config": BootstrapConfig}
     OUTPUT_ONLY = ("checks", "applied", "done")
 
-    def check_known(self, olds: dict, news: dict) -> CheckResult:
-        failures = self.check_host(news)
-        try:
-            cfg = BootstrapConfig.model_validate(news.get("config") or {})
-            news = {**news, "config": cfg.model_dump(mode="json")}
-        except ValidationError as e:
-            failures += validation_failures(e, "config.")
-        return CheckResult(news, failures)
+    def _plan(self, conn, cfg: BootstrapConfig):
+        return plan(
+            parse_facts(self.guarded(conn, "reading the guest", lambda: conn.run(read_script(cfg)).stdout)), cfg
+        )
 
-    def _apply(self, props: dict) -> dict:
+    def apply(self, props: dict, prior: Optional[dict]) -> dict:
         cfg = BootstrapConfig.model_validate(props.get("config") or {})
         conn = self.conn(props)
-        before = plan(parse_facts(conn.run(read_script(cfg)).stdout), cfg)
         applied = []
-        for step in before.steps:
-            conn.run(step.script, input=step.input)
+        for step in self._plan(conn, cfg).steps:
+            self.guarded(conn, step.name, partial(conn.run, step.script, input=step.input), changing=True)
             applied.append(step.name)
-        after = plan(parse_facts(conn.run(read_script(cfg)).stdout), cfg)
-        return self.outputs(props, checks=after.checks, applied=applied, done=not after.steps)
+        after = self._plan(conn, cfg)
+        return {"checks": after.checks, "applied": applied, "done": not after.steps}
 
-    def create(self, props: dict) -> CreateResult:
-        outs = self._apply(props)
-        return CreateResult(f"{self.spec(props).name}:guest-bootstrap", outs)
-
-    def update(self, _id: str, olds: dict, news: dict) -> UpdateResult:
-        return UpdateResult(self._apply(news))
-
-    def read(self, id_: str, props: dict) -> ReadResult:
+    def observe(self, props: dict) -> dict:
         cfg = BootstrapConfig.model_validate(props.get("config") or {})
-        p = plan(parse_facts(self.conn(props).run(read_script(cfg)).stdout), cfg)
-        return ReadResult(id_, {**props, "checks": p.checks, "done": not p.steps})
+        p = self._plan(self.conn(props), cfg)
+        # The guest in the input's terms: this config when every step holds, else the steps it still needs.
+        seen = props.get("config") if not p.steps else {"steps needed": [s.name for s in p.steps]}
+        return {"config": seen, "checks": p.checks, "done": not p.steps}
 
-    def delete(self, _id: str, props: dict) -> None:
+    def restore(self, props: dict) -> Change:
         cfg = BootstrapConfig.model_validate(props.get("config") or {})
-        if not cfg.mps:
-            return
-        s = Script().raw("systemctl disable --now nvidia-mps 2>/dev/null || true")
-        s.add("rm", "-f", MPS_UNIT, *[f"{MPS_ENV_DIR}/{n}.env" for n in sorted(cfg.mps.instances)])
-        s.raw("systemctl daemon-reload 2>/dev/null || true")
-        s.add("rmdir", "--ignore-fail-on-non-empty", MPS_ENV_DIR)
-        self.conn(props).run(s.render())
+        ch = Change(self.owner(props))
+        if cfg.mps:
+            ch.add(["systemctl disable --now nvidia-mps 2>/dev/null || true"])
+            ch.script.add("rm", "-f", MPS_UNIT, *[f"{MPS_ENV_DIR}/{n}.env" for n in sorted(cfg.mps.instances)])
+            ch.add(["systemctl daemon-reload 2>/dev/null || true"])
+            ch.script.add("rmdir", "--ignore-fail-on-non-empty", MPS_ENV_DIR)
+        return ch
 
 
 class GuestBootstrap(HostResource, module="vm", name="GuestBootstrap"):

@@ -15,85 +15,74 @@ Usage::
 
 from __future__ import annotations
 
-from typing import Any, Optional
+import hashlib
+from functools import partial
+from typing import Optional
 
 import pulumi
-from pulumi import dynamic
-from pulumi.dynamic import CheckResult, CreateResult, ReadResult, UpdateResult
-from pydantic import ValidationError
 
-from plans.host_runtime import (
-    Runtime,
-    facts_from_dict,
-    facts_to_dict,
-    parse_facts,
-    plan,
-    read_script,
-    restore_steps,
-)
-from providers.base import HostProvider, validation_failures
+from access.errors import HostError
+from facts.state import Change, Record
+from plans.host_runtime import Runtime, facts_from_dict, facts_to_dict, parse_facts, plan, read_script, restore_steps
+from providers.base import HostResource, TemplateProvider
 
 
 def _state(facts) -> dict:
     return {u: f"{s.enabled}/{s.active}" for u, s in facts.units.items()}
 
 
-class HostRuntimeProvider(HostProvider):
-    VERSION = "2"
-    REPLACE_ON = ("host",)
+class HostRuntimeProvider(TemplateProvider):
+    VERSION = "3"  # 3: on the template; the host as first found is recorded on the host
+    KIND = "runtime"
+    INPUTS = ("host", "runtime")
+    MODELS = {"runtime": Runtime}
     OUTPUT_ONLY = ("prior", "applied", "state")
 
-    def check_known(self, olds: dict, news: dict) -> CheckResult:
-        failures = self.check_host(news)
-        try:
-            news = {**news, "runtime": Runtime.model_validate(news.get("runtime") or {}).model_dump(mode="json")}
-        except ValidationError as e:
-            failures += validation_failures(e, "runtime.")
-        return CheckResult(news, failures)
+    def _record(self, props: dict, want: Runtime) -> Record:
+        # One record per resource (its owner tag names it): the conflicting units and the venv as first found.
+        key = hashlib.sha256(self.owner(props).encode()).hexdigest()[:16]
+        return Record(self.owner(props), values={f"host-runtime/{key}": read_script(want)})
 
-    def _apply(self, props: dict, prior: Optional[dict]) -> dict:
+    def _facts(self, conn, want: Runtime):
+        return parse_facts(self.guarded(conn, "reading the host", lambda: conn.run(read_script(want)).stdout))
+
+    def apply(self, props: dict, prior: Optional[dict]) -> dict:
         want = Runtime.model_validate(props["runtime"])
         conn = self.conn(props)
-        before = parse_facts(conn.run(read_script(want)).stdout)
+        _, _, first = self.record_and_read(conn, props, self._record(props, want), "")
+        before = self._facts(conn, want)
         applied = []
         for step in plan(before, want).steps:
-            conn.run(step.script)
+            self.guarded(conn, step.name, partial(conn.run, step.script), changing=True)
             applied.append(step.name)
-        after = parse_facts(conn.run(read_script(want)).stdout)
+        after = self._facts(conn, want)
         left = plan(after, want).steps
         if left:
-            raise RuntimeError(
-                f"{self.spec(props).name}: still not converged after apply: "
-                + "; ".join(f"{s.name}: {s.why}" for s in left)
+            raise HostError(
+                self.spec(props).name,
+                "still not converged after apply: " + "; ".join(f"{s.name}: {s.why}" for s in left),
+                fix="run the step by hand on the host to see its error",
+                changed=bool(applied),
             )
-        return self.outputs(props, prior=prior or facts_to_dict(before), applied=applied, state=_state(after))
+        found = (prior or {}).get("prior") or facts_to_dict(parse_facts(next(iter(first.values()), "")))
+        return {"prior": found, "applied": applied, "state": _state(after)}
 
-    def create(self, props: dict) -> CreateResult:
-        return CreateResult(f"{self.spec(props).name}:runtime", self._apply(props, None))
+    def observe(self, props: dict) -> dict:
+        facts = self._facts(self.conn(props), Runtime.model_validate(props["runtime"]))
+        return {"state": _state(facts)}
 
-    def update(self, _id: str, olds: dict, news: dict) -> UpdateResult:
-        return UpdateResult(self._apply(news, olds.get("prior")))
-
-    def read(self, id_: str, props: dict) -> ReadResult:
+    def restore(self, props: dict) -> Change:
         want = Runtime.model_validate(props["runtime"])
-        facts = parse_facts(self.conn(props).run(read_script(want)).stdout)
-        return ReadResult(id_, {**props, "state": _state(facts)})
-
-    def delete(self, _id: str, props: dict) -> None:
-        want = Runtime.model_validate(props["runtime"])
-        conn = self.conn(props)
         prior = props.get("prior")
-        for step in restore_steps(facts_from_dict(prior) if prior else None, want):
-            conn.run(step.script)
+        ch = Change(self.owner(props)).add(
+            s.script for s in restore_steps(facts_from_dict(prior) if prior else None, want)
+        )
+        return ch.forget(self._record(props, want))
 
 
-class HostRuntime(dynamic.Resource, module="host", name="HostRuntime"):
+class HostRuntime(HostResource, module="host", name="HostRuntime"):
     prior: pulumi.Output[dict]
     applied: pulumi.Output[list]
     state: pulumi.Output[dict]
 
-    def __init__(self, name: str, args: dict, opts: Optional[pulumi.ResourceOptions] = None):
-        props: dict[str, Any] = {k: None for k in HostRuntimeProvider.OUTPUT_ONLY}
-        props.update(args)
-        props["version"] = HostRuntimeProvider.VERSION
-        super().__init__(HostRuntimeProvider(), name, props, opts)
+    PROVIDER = HostRuntimeProvider

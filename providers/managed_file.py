@@ -13,36 +13,30 @@ Usage::
 from __future__ import annotations
 
 import hashlib
-from typing import Any, Optional
+from typing import Optional
 
 import pulumi
-from pulumi.dynamic import CheckFailure, CheckResult, CreateResult, ReadResult, UpdateResult
+from pulumi.dynamic import CheckFailure
 
-from access.shell import sh
-from access.ssh import put_script
 from facts.files import FileState, files_script, parse_files
 from facts.state import Change, Record
-from providers.base import HostProvider, HostResource, is_safe_abs_path
-
-
-def restore_script(prior: FileState) -> tuple[str, Optional[bytes]]:
-    """Shell text (and stdin) that puts a file back exactly as `prior` recorded it."""
-    if not prior.exists:
-        return sh("rm", "-f", "--", prior.path), None
-    return put_script(prior.path, mode=prior.mode, owner=f"{prior.uid}:{prior.gid}"), prior.content
+from providers.base import HostResource, TemplateProvider, is_safe_abs_path
 
 
 def sha256(text: str) -> str:
     return hashlib.sha256(text.encode()).hexdigest()
 
 
-class ManagedFileProvider(HostProvider):
-    VERSION = "1"
+class ManagedFileProvider(TemplateProvider):
+    VERSION = "2"  # 2: on the template
+    KIND = "file"
+    # Another path is another file: the old one goes back as found, the new one is recorded first.
     REPLACE_ON = ("host", "path")
+    INPUTS = ("host", "path", "content", "mode", "owner")
     OUTPUT_ONLY = ("prior", "sha256")
 
-    def check_known(self, olds: dict, news: dict) -> CheckResult:
-        failures = self.check_host(news)
+    def validate(self, news: dict) -> list[CheckFailure]:
+        failures = []
         path = news.get("path", "")
         if not is_safe_abs_path(path):
             failures.append(CheckFailure("path", f"must be an absolute path without '..': {path!r}"))
@@ -51,43 +45,34 @@ class ManagedFileProvider(HostProvider):
         mode = news.get("mode")
         if mode is not None and not (isinstance(mode, str) and mode.isdigit() and len(mode) in (3, 4)):
             failures.append(CheckFailure("mode", f"must be an octal string like '0644': {mode!r}"))
-        return CheckResult(news, failures)
-
-    def _state(self, conn, path: str) -> FileState:
-        return parse_files(conn.run(files_script([path]).render()).stdout)[path]
+        return failures
 
     def _record(self, props: dict) -> Record:
         return Record(self.owner(props), files=[props["path"]])
 
-    def _write(self, props: dict) -> dict:
+    def apply(self, props: dict, prior: Optional[dict]) -> dict:
         """Record the file as first found (on the host, first time only), then write it under the host lock."""
         conn = self.conn(props)
-        rec = self._record(props)
-        pristine, _ = rec.parse(conn.run(rec.script().render()).stdout, conn.spec.name)
-        prior = pristine[props["path"]]
+        _, pristine, _ = self.record_and_read(conn, props, self._record(props), "")
+        found = pristine[props["path"]]
         # Mode and owner not given: keep what the file had (a new file gets 0644 root:root).
-        mode = props.get("mode") or (prior.mode.zfill(4) if prior.exists and prior.mode else "0644")
-        owner = props.get("owner") or (f"{prior.uid}:{prior.gid}" if prior.exists and prior.uid is not None else "0:0")
-        Change(self.owner(props)).write(props["path"], props["content"].encode(), mode, owner).run(conn)
-        return self.outputs(props, prior=prior.model_dump(), sha256=sha256(props["content"]))
+        mode = props.get("mode") or (found.mode.zfill(4) if found.exists and found.mode else "0644")
+        owner = props.get("owner") or (f"{found.uid}:{found.gid}" if found.exists and found.uid is not None else "0:0")
+        ch = Change(self.owner(props)).write(props["path"], props["content"].encode(), mode, owner)
+        self.guarded(conn, f"writing {props['path']}", lambda: ch.run(conn), changing=True)
+        return {"prior": found.model_dump(), "sha256": sha256(props["content"])}
 
-    def create(self, props: dict[str, Any]) -> CreateResult:
-        return CreateResult(f"{self.spec(props).name}:{props['path']}", self._write(props))
-
-    def update(self, _id: str, olds: dict, news: dict) -> UpdateResult:
-        return UpdateResult(self._write(news))
-
-    def delete(self, _id: str, props: dict) -> None:
-        prior = FileState.model_validate(props["prior"])
-        Change(self.owner(props)).restore({props["path"]: prior}).forget(self._record(props)).run(self.conn(props))
-
-    def read(self, id_: str, props: dict) -> ReadResult:
-        now = self._state(self.conn(props), props["path"])
+    def observe(self, props: dict) -> dict:
+        now = parse_files(self.conn(props).run(files_script([props["path"]]).render()).stdout)[props["path"]]
         content = now.text if now.exists else None
-        outs = {**props, "content": content, "sha256": sha256(content) if content is not None else None}
-        if now.exists:
-            outs["mode"] = now.mode.zfill(4)
-        return ReadResult(id_, outs)
+        out = {"content": content, "sha256": sha256(content) if content is not None else None}
+        if now.exists and props.get("mode"):
+            out["mode"] = now.mode.zfill(4)
+        return out
+
+    def restore(self, props: dict) -> Change:
+        prior = FileState.model_validate(props["prior"])
+        return Change(self.owner(props)).restore({props["path"]: prior}).forget(self._record(props))
 
 
 class ManagedFile(HostResource, module="host", name="ManagedFile"):

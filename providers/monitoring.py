@@ -21,15 +21,15 @@ Usage::
 from __future__ import annotations
 
 import hashlib
-from typing import Any
+from typing import Optional
 
 import pulumi
-from pulumi.dynamic import CheckFailure, CheckResult, CreateResult, ReadResult, UpdateResult
+from pulumi.dynamic import CheckFailure
 
 from access.shell import Script, sh
 from facts.files import FileState, files_script, parse_files
 from facts.state import Change, Record
-from providers.base import HostProvider, HostResource
+from providers.base import HostResource, TemplateProvider, is_safe_abs_path
 
 STAGED = ".gpuhost-staged"
 
@@ -52,14 +52,15 @@ def reload_command(reload: dict) -> str:
     raise ValueError(f"unknown reload kind {reload['kind']!r}")
 
 
-def apply_script(props: dict, changed: list[str]) -> str:
-    """Validate the staged files, move them into place, reload; staged copies are removed on any failure."""
-    s = Script().raw("set -e")
+def apply_lines(props: dict, changed: list[str]) -> list[str]:
+    """After the staged copies are written: validate them, move them into place, reload; the staged copies are
+    removed on any failure."""
+    s = Script()
     staged = {p: p + STAGED for p in sorted(props["files"])}
     s.raw("cleanup() { rm -f " + " ".join(sh(x) for x in staged.values()) + "; }")
     s.raw("trap cleanup EXIT")
-    promtool = props.get("promtool", "promtool")
-    for r in props.get("rules_paths", []):
+    promtool = props.get("promtool") or "promtool"
+    for r in props.get("rules_paths") or []:
         s.add(promtool, "check", "rules", staged[r])
     if props.get("config_path"):
         # Rule files are checked above from their staged copies; the final paths may not exist yet.
@@ -70,25 +71,26 @@ def apply_script(props: dict, changed: list[str]) -> str:
     if props.get("config_path"):
         s.raw(reload_command(props["reload"]))
     unit = props.get("grafana_unit")
-    if unit and set(changed) & set(props.get("grafana_restart_on", [])):
+    if unit and set(changed) & set(props.get("grafana_restart_on") or []):
         # Grafana has no reload for datasource provisioning; it is not in the serving path, a restart is cheap.
         s.add("systemctl", "restart", unit)
-    return s.render()
+    return s.lines
 
 
-class MonitoringFilesProvider(HostProvider):
-    VERSION = "1"
-    REPLACE_ON = ("host",)
+class MonitoringFilesProvider(TemplateProvider):
+    VERSION = "2"  # 2: on the template
+    KIND = "monitoring-files"
+    INPUTS = ("host", "files", "config_path", "rules_paths", "reload", "grafana_unit", "grafana_restart_on", "promtool")
     OUTPUT_ONLY = ("prior", "sha256")
 
-    def check_known(self, olds: dict, news: dict) -> CheckResult:
-        failures = self.check_host(news)
+    def validate(self, news: dict) -> list[CheckFailure]:
+        failures = []
         files = news.get("files")
         if not isinstance(files, dict) or not files:
             failures.append(CheckFailure("files", "must map absolute paths to contents"))
             files = {}
         for p, c in files.items():
-            if not p.startswith("/") or ".." in p.split("/") or not isinstance(c, str):
+            if not is_safe_abs_path(p) or not isinstance(c, str):
                 failures.append(CheckFailure("files", f"bad entry {p!r}: absolute path to text content"))
         cfg = news.get("config_path")
         if cfg is not None and cfg not in files:
@@ -101,67 +103,45 @@ class MonitoringFilesProvider(HostProvider):
             failures.append(CheckFailure("reload", "kind must be 'http' (with url) or 'systemd' (with unit)"))
         if reload.get("kind") == "http" and not str(reload.get("url", "")).startswith("http"):
             failures.append(CheckFailure("reload.url", "must be the Prometheus base URL on the monitoring host"))
-        return CheckResult(news, failures)
+        return failures
 
-    def _states(self, conn, paths: list[str]) -> dict[str, FileState]:
-        return parse_files(conn.run(files_script(sorted(paths)).render()).stdout)
-
-    def _place(self, conn, props: dict, changed: list[str]) -> None:
-        dirs = sorted({p.rsplit("/", 1)[0] or "/" for p in props["files"]})
-        conn.run(sh("mkdir", "-p", "--", *dirs))
-        for p, content in sorted(props["files"].items()):
-            conn.put(p + STAGED, content.encode())
-        conn.run(apply_script(props, changed))
-
-    def _record(self, props: dict, paths: list[str]) -> Record:
+    def _record(self, props: dict, paths) -> Record:
         return Record(self.owner(props), files=sorted(paths))
 
-    def _first_found(self, conn, props: dict, paths: list[str]) -> dict[str, FileState]:
-        """The files as gpuhost first found them, recorded on the host (first time only) so a re-run after a
-        dropped connection does not take its own files for the originals."""
-        rec = self._record(props, paths)
-        return rec.parse(conn.run(rec.script().render()).stdout, conn.spec.name)[0]
-
-    def create(self, props: dict[str, Any]) -> CreateResult:
-        conn = self.conn(props)
-        prior = self._first_found(conn, props, list(props["files"]))
-        self._place(conn, props, list(props["files"]))
-        return CreateResult(
-            f"{self.spec(props).name}:monitoring-files",
-            self.outputs(props, prior={p: s.model_dump() for p, s in prior.items()}, sha256=_sha(props["files"])),
+    def apply(self, props: dict, prior: Optional[dict]) -> dict:
+        conn, files = self.conn(props), props["files"]
+        # The files as gpuhost first found them, recorded on the host (first time only) so a re-run after a dropped
+        # connection does not take its own files for the originals.
+        _, found, _ = self.record_and_read(conn, props, self._record(props, files), "")
+        old = prior or {}
+        priors = {p: st.model_dump() for p, st in found.items()}
+        priors.update({p: v for p, v in (old.get("prior") or {}).items() if p in files})
+        changed = [p for p, c in files.items() if (old.get("files") or {}).get(p) != c]
+        ch = Change(self.owner(props)).add(
+            [sh("mkdir", "-p", "--", *sorted({p.rsplit("/", 1)[0] or "/" for p in files}))]
         )
+        for p, content in sorted(files.items()):
+            ch.write(p + STAGED, content.encode())
+        ch.add(apply_lines(props, changed))
+        dropped = sorted(set(old.get("files") or {}) - set(files))
+        ch.restore({p: FileState.model_validate(old["prior"][p]) for p in dropped if p in (old.get("prior") or {})})
+        ch.forget(self._record(props, dropped))
+        self.guarded(conn, "placing the monitoring files", lambda: ch.run(conn), changing=True)
+        return {"prior": priors, "sha256": _sha(files)}
 
-    def update(self, _id: str, olds: dict, news: dict) -> UpdateResult:
-        conn = self.conn(news)
-        prior = dict(olds.get("prior") or {})
-        added = [p for p in news["files"] if p not in prior]
-        if added:
-            prior.update({p: s.model_dump() for p, s in self._first_found(conn, news, added).items()})
-        changed = [p for p, c in news["files"].items() if (olds.get("files") or {}).get(p) != c]
-        self._place(conn, news, changed)
-        dropped = [p for p in (olds.get("files") or {}) if p not in news["files"]]
-        self._restore(conn, news, [FileState.model_validate(prior.pop(p)) for p in dropped])
-        return UpdateResult(self.outputs(news, prior=prior, sha256=_sha(news["files"])))
+    def observe(self, props: dict) -> dict:
+        now = parse_files(self.conn(props).run(files_script(sorted(props["files"])).render()).stdout)
+        files = {p: (st.text if st.exists else None) for p, st in now.items()}
+        return {"files": files, "sha256": _sha({p: c for p, c in files.items() if c is not None})}
 
-    def _restore(self, conn, props: dict, states: list[FileState]) -> None:
-        if states:
-            ch = Change(self.owner(props)).restore({st.path: st for st in states})
-            ch.forget(self._record(props, [st.path for st in states])).run(conn)
-
-    def delete(self, _id: str, props: dict) -> None:
-        conn = self.conn(props)
-        priors = {p: FileState.model_validate(s) for p, s in (props.get("prior") or {}).items()}
-        self._restore(conn, props, list(priors.values()))
+    def restore(self, props: dict) -> Change:
+        priors = {p: FileState.model_validate(st) for p, st in (props.get("prior") or {}).items()}
+        ch = Change(self.owner(props)).restore(priors).forget(self._record(props, priors))
         cfg = props.get("config_path")
         # With no config before us there is nothing for Prometheus to go back to: it keeps what it runs.
         if cfg and priors.get(cfg) and priors[cfg].exists:
-            conn.run(reload_command(props["reload"]))
-
-    def read(self, id_: str, props: dict) -> ReadResult:
-        now = self._states(self.conn(props), list(props["files"]))
-        files = {p: (s.text if s.exists else None) for p, s in now.items()}
-        present = {p: c for p, c in files.items() if c is not None}
-        return ReadResult(id_, {**props, "files": files, "sha256": _sha(present)})
+            ch.add([reload_command(props["reload"])])
+        return ch
 
 
 class MonitoringFiles(HostResource, module="monitoring", name="MonitoringFiles"):
