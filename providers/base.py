@@ -333,9 +333,10 @@ class TemplateProvider(HostProvider):
         return ReadResult(id_, {**self.outputs(props), **self.observe(props)})
 
     def delete(self, _id: str, props: dict[str, Any]) -> None:
-        conn = self.conn(props)
         ch = self.restore(props)
-        self.guarded(conn, "restoring what gpuhost found", lambda: ch.run(conn), changing=True)
+        if not ch.empty:
+            conn = self.conn(props)
+            self.guarded(conn, "restoring what gpuhost found", lambda: ch.run(conn), changing=True)
 
 
 def bookkeeping(provider: type[Provider], name: str) -> dict:

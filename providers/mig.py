@@ -11,72 +11,73 @@ from __future__ import annotations
 from typing import Optional
 
 import pulumi
-from pulumi.dynamic import CheckFailure, CheckResult, ReadResult, UpdateResult
+from pulumi.dynamic import CheckFailure
 
-from access.shell import Script
+from facts.state import Change, Record
 from plans import triton_mig as mig
-from providers.base import HostProvider, HostResource
+from providers.base import HostResource, TemplateProvider
 
 
 def _layout(props: dict) -> dict[int, list[str]]:
     return {int(k): list(v) for k, v in (props.get("layout") or {}).items()}
 
 
-class MigLayoutProvider(HostProvider):
-    VERSION = "1"
+class MigLayoutProvider(TemplateProvider):
+    VERSION = "2"  # 2: on the template; the GPUs' MIG state as first found is recorded on the host
     KIND = "mig"
+    INPUTS = ("host", "layout")
     OUTPUT_ONLY = ("mig_uuids", "pending_reset", "prior_layout")
 
     def _state(self, props: dict) -> list[mig.Gpu]:
-        return mig.parse_state(self.conn(props).run(mig.FACT_SCRIPT).stdout)
+        conn = self.conn(props)
+        return mig.parse_state(self.guarded(conn, "reading the GPUs", lambda: conn.run(mig.FACT_SCRIPT).stdout))
 
-    def check_known(self, olds: dict, news: dict) -> CheckResult:
-        failures = self.check_host(news)
-        if failures:
-            return CheckResult(news, failures)
+    def validate(self, news: dict) -> list[CheckFailure]:
+        if self.check_host(news):
+            return []
         try:
             mig.plan(self._state(news), _layout(news))
         except ValueError as e:
-            failures.append(CheckFailure("layout", str(e)))
-        return CheckResult(news, failures)
+            return [CheckFailure("layout", str(e))]
+        return []
 
-    def _converge(self, props: dict, prior: Optional[dict]) -> dict:
-        gpus = self._state(props)
-        if prior is None:
-            prior = {
-                str(g.index): (list(g.instances) if g.mig_current else []) for g in gpus if g.index in _layout(props)
+    def _record(self, props: dict) -> Record:
+        return Record(self.owner(props), values={"mig/state": mig.FACT_SCRIPT})
+
+    def _run(self, props: dict, actions: list[mig.Action], ch: Optional[Change] = None) -> None:
+        conn = self.conn(props)
+        ch = (ch or Change(self.owner(props))).add(a.command for a in actions)
+        if not ch.empty:
+            self.guarded(conn, "; ".join(a.why for a in actions) or "MIG", lambda: ch.run(conn), changing=True)
+
+    def apply(self, props: dict, prior: Optional[dict]) -> dict:
+        conn = self.conn(props)
+        _, _, first = self.record_and_read(conn, props, self._record(props), "")
+        found = (prior or {}).get("prior_layout")
+        if found is None:
+            was = mig.parse_state(first.get("mig/state", ""))
+            found = {
+                str(g.index): (list(g.instances) if g.mig_current else []) for g in was if g.index in _layout(props)
             }
+        gpus = self._state(props)
         actions = mig.plan(gpus, _layout(props))
         if actions:
-            self.conn(props).run(Script().raw("set -e").extend(a.command for a in actions).render())
+            self._run(props, actions)
             gpus = self._state(props)
-        return self.outputs(
-            props,
-            prior_layout=prior,
-            pending_reset=[g.index for g in gpus if g.mig_pending and not g.mig_current],
-            mig_uuids={str(i): mig.mig_uuids(gpus, i) for i in _layout(props)},
-        )
+        return {
+            "prior_layout": found,
+            "pending_reset": [g.index for g in gpus if g.mig_pending and not g.mig_current],
+            "mig_uuids": {str(i): mig.mig_uuids(gpus, i) for i in _layout(props)},
+        }
 
-    def update(self, _id: str, olds: dict, news: dict) -> UpdateResult:
-        return UpdateResult(self._converge(news, olds.get("prior_layout")))
+    def observe(self, props: dict) -> dict:
+        want = props.get("layout") or {}
+        return {"layout": {str(g.index): list(g.instances) for g in self._state(props) if str(g.index) in want}}
 
-    def read(self, id_: str, props: dict) -> ReadResult:
-        gpus = self._state(props)
-        return ReadResult(
-            id_,
-            {
-                **props,
-                "layout": {
-                    str(g.index): list(g.instances) for g in gpus if str(g.index) in (props.get("layout") or {})
-                },
-            },
-        )
-
-    def delete(self, _id: str, props: dict) -> None:
+    def restore(self, props: dict) -> Change:
         prior = {int(k): v for k, v in (props.get("prior_layout") or {}).items()}
         actions = mig.plan(self._state(props), prior)
-        if actions:
-            self.conn(props).run(Script().raw("set -e").extend(a.command for a in actions).render())
+        return Change(self.owner(props)).add(a.command for a in actions).forget(self._record(props))
 
 
 class MigLayout(HostResource, module="gpu", name="MigLayout"):

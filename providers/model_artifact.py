@@ -16,14 +16,13 @@ from __future__ import annotations
 
 import hashlib
 import os
-from typing import Any, Optional
+from typing import Optional
 
-import pulumi
-from pulumi import dynamic
-from pulumi.dynamic import CheckFailure, CheckResult, CreateResult, ReadResult, UpdateResult
+from pulumi.dynamic import CheckFailure
 
 from access.shell import Script, quote, sh
-from providers.base import HostProvider
+from facts.state import Change
+from providers.base import HostResource, TemplateProvider, is_safe_abs_path
 
 PRIOR_DIR = "/var/lib/gpuhost/pristine/artifacts"
 
@@ -33,11 +32,23 @@ def prior_path(dest: str) -> str:
 
 
 def sha_script(dest: str) -> str:
-    return (
-        Script()
-        .raw(f"if [ -f {quote(dest)} ]; then sha256sum {quote(dest)} | cut -d' ' -f1; else echo absent; fi")
-        .render()
+    return f"if [ -f {quote(dest)} ]; then sha256sum {quote(dest)} | cut -d' ' -f1; else echo absent; fi"
+
+
+def record_script(dest: str) -> str:
+    """What `dest` held, kept aside the first time only (a re-run after a dropped connection keeps the real
+    original); prints `existed` or `absent` for it, then the sha256 now. The file is copied, not listed: a model is
+    too big to travel back in the output."""
+    kept = prior_path(dest)
+    s = Script().add("mkdir", "-p", PRIOR_DIR)
+    s.raw(f"if [ ! -e {quote(kept)} ] && [ ! -e {quote(kept + '.absent')} ]; then")
+    s.raw(
+        f"  if [ -f {quote(dest)} ]; then cp -a -- {quote(dest)} {quote(kept + '.tmp')} && mv -f {quote(kept + '.tmp')} {quote(kept)};"
     )
+    s.raw(f"  else : > {quote(kept + '.absent')}; fi")
+    s.raw("fi")
+    s.raw(f"if [ -e {quote(kept)} ]; then echo existed; else echo absent; fi")
+    return s.raw(sha_script(dest)).render()
 
 
 def fetch_script(dest: str, sha256: str, url: Optional[str]) -> str:
@@ -61,15 +72,18 @@ def fetch_script(dest: str, sha256: str, url: Optional[str]) -> str:
     return s.render()
 
 
-class ModelArtifactProvider(HostProvider):
-    VERSION = "1"
+class ModelArtifactProvider(TemplateProvider):
+    VERSION = "2"  # 2: on the template; what dest held is kept on the host the first time only
+    KIND = "artifact"
+    # Another dest is another file: the old one goes back as found.
     REPLACE_ON = ("host", "dest")
+    INPUTS = ("host", "dest", "sha256", "url", "path")
     OUTPUT_ONLY = ("prior_existed", "found_sha256")
 
-    def check_known(self, olds: dict, news: dict) -> CheckResult:
-        failures = self.check_host(news)
+    def validate(self, news: dict) -> list[CheckFailure]:
+        failures = []
         dest = news.get("dest", "")
-        if not isinstance(dest, str) or not dest.startswith("/") or ".." in dest.split("/"):
+        if not is_safe_abs_path(dest):
             failures.append(CheckFailure("dest", f"must be an absolute path without '..': {dest!r}"))
         if (news.get("url") is None) == (news.get("path") is None):
             failures.append(CheckFailure("url", "set exactly one of url or path"))
@@ -84,49 +98,35 @@ class ModelArtifactProvider(HostProvider):
                     failures.append(
                         CheckFailure("sha256", f"{path} has sha256 {got}, config says {news.get('sha256')}")
                     )
-        return CheckResult(news, failures)
+        return failures
 
-    def _deliver(self, conn, props: dict) -> None:
-        data = None
-        if props.get("path") is not None:
-            with open(props["path"], "rb") as f:
-                data = f.read()
-        conn.run(fetch_script(props["dest"], props["sha256"], props.get("url")), input=data)
-
-    def create(self, props: dict[str, Any]) -> CreateResult:
-        conn = self.conn(props)
-        dest = props["dest"]
-        found = conn.run(sha_script(dest)).stdout.strip()
-        if found != "absent":
-            conn.run(sh("mkdir", "-p", PRIOR_DIR) + " && " + sh("cp", "-a", "--", dest, prior_path(dest)))
+    def apply(self, props: dict, prior: Optional[dict]) -> dict:
+        conn, dest = self.conn(props), props["dest"]
+        ch = Change(self.owner(props)).add([record_script(dest)])
+        self.guarded(conn, f"keeping what {dest} held", lambda: ch.run(conn), changing=True)
+        existed, found = ch.last_stdout.split()[-2:]
         if found != props["sha256"]:
-            self._deliver(conn, props)
-        return CreateResult(
-            f"{self.spec(props).name}:{dest}", self.outputs(props, prior_existed=found != "absent", found_sha256=found)
-        )
+            get = Change(self.owner(props)).add([fetch_script(dest, props["sha256"], props.get("url"))])
+            if props.get("path") is not None:
+                with open(props["path"], "rb") as f:
+                    get.stdin += f.read()
+            self.guarded(conn, f"fetching {dest}", lambda: get.run(conn), changing=True)
+        old = prior or {}
+        return {
+            "prior_existed": old.get("prior_existed") if prior else existed == "existed",
+            "found_sha256": old.get("found_sha256") if prior else found,
+        }
 
-    def update(self, _id: str, olds: dict, news: dict) -> UpdateResult:
-        conn = self.conn(news)
-        if conn.run(sha_script(news["dest"])).stdout.strip() != news["sha256"]:
-            self._deliver(conn, news)
-        return UpdateResult(
-            self.outputs(news, prior_existed=olds.get("prior_existed"), found_sha256=olds.get("found_sha256"))
-        )
-
-    def read(self, id_: str, props: dict) -> ReadResult:
+    def observe(self, props: dict) -> dict:
         now = self.conn(props).run(sha_script(props["dest"])).stdout.strip()
-        return ReadResult(id_, {**props, "sha256": None if now == "absent" else now})
+        return {"sha256": None if now == "absent" else now}
 
-    def delete(self, _id: str, props: dict) -> None:
-        dest = props["dest"]
-        if props.get("prior_existed"):
-            self.conn(props).run(sh("mv", "-f", "--", prior_path(dest), dest))
-        else:
-            self.conn(props).run(sh("rm", "-f", "--", dest))
+    def restore(self, props: dict) -> Change:
+        dest, kept = props["dest"], prior_path(props["dest"])
+        put_back = sh("mv", "-f", "--", kept, dest) if props.get("prior_existed") else sh("rm", "-f", "--", dest)
+        return Change(self.owner(props)).add([put_back, sh("rm", "-f", "--", kept, kept + ".absent")])
 
 
-class ModelArtifact(dynamic.Resource, module="serving", name="ModelArtifact"):
-    def __init__(self, name: str, args: dict, opts: Optional[pulumi.ResourceOptions] = None):
-        props: dict = {k: None for k in ModelArtifactProvider.OUTPUT_ONLY}
-        props.update({"url": None, "path": None, **args, "version": ModelArtifactProvider.VERSION})
-        super().__init__(ModelArtifactProvider(), name, props, opts)
+class ModelArtifact(HostResource, module="serving", name="ModelArtifact"):
+    PROVIDER = ModelArtifactProvider
+    DEFAULTS = {"url": None, "path": None}

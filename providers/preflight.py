@@ -6,14 +6,16 @@ bind_by_ids, version. Outputs: report (one line per check), failed (bool).
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Optional
 
 import pulumi
-from pulumi.dynamic import CheckFailure, CheckResult, CreateResult, ReadResult, UpdateResult
+from pulumi.dynamic import CheckFailure
 
+from access.errors import HostError
 from facts.host import read_host_facts
+from facts.state import Change
 from plans.preflight import PreflightWant, failures, preflight, report
-from providers.base import HostProvider, HostResource
+from providers.base import HostResource, TemplateProvider
 
 WANT_KEYS = (
     "gpus",
@@ -29,37 +31,39 @@ def want_of(props: dict) -> PreflightWant:
     return PreflightWant(**{k: props[k] for k in WANT_KEYS if props.get(k) is not None})
 
 
-class HostPreflightProvider(HostProvider):
-    VERSION = "1"
+class HostPreflightProvider(TemplateProvider):
+    VERSION = "2"  # 2: on the template
+    KIND = "preflight"
+    INPUTS = ("host", *WANT_KEYS)
     OUTPUT_ONLY = ("report", "failed")
 
     def _run(self, props: dict):
-        return preflight(read_host_facts(self.conn(props)), want_of(props))
+        conn = self.conn(props)
+        return preflight(self.guarded(conn, "reading the host", lambda: read_host_facts(conn)), want_of(props))
 
-    def check_known(self, olds: dict, news: dict) -> CheckResult:
-        bad = self.check_host(news)
-        if bad:
-            return CheckResult(news, bad)
-        findings = self._run(news)
-        return CheckResult(news, [CheckFailure("preflight", str(f)) for f in failures(findings)])
+    def validate(self, news: dict) -> list[CheckFailure]:
+        # Run in check, so `pulumi preview` fails before any change anywhere.
+        if self.check_host(news):
+            return []
+        return [CheckFailure("preflight", str(f)) for f in failures(self._run(news))]
 
-    def create(self, props: dict[str, Any]) -> CreateResult:
+    def apply(self, props: dict, prior: Optional[dict]) -> dict:
         findings = self._run(props)
         if failures(findings):
-            raise RuntimeError("preflight failed:\n" + report(failures(findings)))
-        return CreateResult(
-            f"{self.spec(props).name}:preflight", self.outputs(props, report=[str(f) for f in findings], failed=False)
-        )
+            raise HostError(
+                self.spec(props).name,
+                "preflight failed:\n" + report(failures(findings)),
+                fix="each line above says what to change (BIOS, kernel, slot); then run `pulumi up` again",
+                changed=False,
+            )
+        return {"report": [str(f) for f in findings], "failed": False}
 
-    def update(self, _id: str, olds: dict, news: dict) -> UpdateResult:
-        return UpdateResult(self.create(news).outs)
-
-    def read(self, id_: str, props: dict) -> ReadResult:
+    def observe(self, props: dict) -> dict:
         findings = self._run(props)
-        return ReadResult(id_, {**props, "report": [str(f) for f in findings], "failed": bool(failures(findings))})
+        return {"report": [str(f) for f in findings], "failed": bool(failures(findings))}
 
-    def delete(self, _id: str, props: dict) -> None:
-        return None
+    def restore(self, props: dict) -> Change:
+        return Change(self.owner(props))  # it reads the host only
 
 
 class HostPreflight(HostResource, module="host", name="HostPreflight"):

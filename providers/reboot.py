@@ -20,17 +20,19 @@ from __future__ import annotations
 
 import logging
 import time
-from typing import Any, Optional
+from typing import Optional
 
 import pulumi
-from pulumi.dynamic import CheckFailure, CheckResult, CreateResult, ReadResult, UpdateResult
+from pulumi.dynamic import CheckFailure
 
 from access import ssh
+from access.errors import HostError
 from access.shell import sh
 from facts.host import facts_script, parse_host_facts, read_host_facts
 from facts.model import HostFacts
+from facts.state import Change
 from plans.cmdline import key
-from providers.base import HostProvider, HostResource
+from providers.base import HostResource, TemplateProvider
 
 # Counted per process, for benchmarks (reboots per `up`).
 REBOOTS: dict[str, int] = {}
@@ -115,45 +117,48 @@ def restart(conn, names: list[str], timeout: float = 120) -> None:
             raise RuntimeError(f"domains drained for the reboot did not start again: {', '.join(left)}")
 
 
-class HostRebootProvider(HostProvider):
-    VERSION = "4"  # 4: the reboot wait keeps its deadline and stops at a host-key mismatch
+class HostRebootProvider(TemplateProvider):
+    VERSION = "5"  # 5: on the template; 4: the reboot wait keeps its deadline and stops at a host-key mismatch
+    KIND = "reboot"
+    INPUTS = (
+        "host",
+        "policy",
+        "expect_args",
+        "expect_absent",
+        "expect_drivers",
+        "drain_timeout",
+        "triggers",
+        "timeout",
+    )
     OUTPUT_ONLY = ("pending", "rebooted", "boot_id", "drained", "forced")
 
-    def check_known(self, olds: dict, news: dict) -> CheckResult:
-        failures = self.check_host(news)
+    def validate(self, news: dict) -> list[CheckFailure]:
         if news.get("policy", "auto") not in ("auto", "never"):
-            failures.append(CheckFailure("policy", "reboot policy must be 'auto' or 'never'"))
-        return CheckResult(news, failures)
+            return [CheckFailure("policy", "reboot policy must be 'auto' or 'never'")]
+        return []
 
-    def _apply(self, props: dict) -> dict:
+    def apply(self, props: dict, prior: Optional[dict]) -> dict:
         spec = self.spec(props)
         conn = ssh.connect(spec)
-        f = read_host_facts(conn)
+        f = self.guarded(conn, "reading the host", lambda: read_host_facts(conn))
         reasons = unmet(f, props)
-        if not reasons:
-            return self.outputs(props, pending=[], rebooted=False, boot_id=f.boot_id, drained=[], forced=[])
-        if props.get("policy", "auto") == "never":
-            return self.outputs(props, pending=reasons, rebooted=False, boot_id=f.boot_id, drained=[], forced=[])
+        if not reasons or props.get("policy", "auto") == "never":
+            return {"pending": reasons, "rebooted": False, "boot_id": f.boot_id, "drained": [], "forced": []}
         drained, forced = drain(conn, float(props.get("drain_timeout") or 180))
         conn.run("nohup sh -c 'sleep 1; systemctl reboot' >/dev/null 2>&1 &")
         REBOOTS[spec.name] = REBOOTS.get(spec.name, 0) + 1
         f2 = wait_for_new_boot(spec, f.boot_id, float(props.get("timeout") or 900))
         still = unmet(f2, props)
         if still:
-            raise RuntimeError(
-                f"{spec.name}: rebooted, but: "
-                + "; ".join(still)
-                + " (check GRUB regeneration, initramfs and `lspci -nnk`; seed 000 §3.4 pitfalls)"
+            raise HostError(
+                spec.name,
+                "rebooted, but: " + "; ".join(still),
+                fix="check GRUB regeneration, initramfs and `lspci -nnk` (seed 000 §3.4 pitfalls)",
+                changed=True,
             )
         if drained:
             restart(ssh.connect(spec), drained)
-        return self.outputs(props, pending=[], rebooted=True, boot_id=f2.boot_id, drained=drained, forced=forced)
-
-    def create(self, props: dict[str, Any]) -> CreateResult:
-        return CreateResult(f"{self.spec(props).name}:reboot", self._apply(props))
-
-    def update(self, _id: str, olds: dict, news: dict) -> UpdateResult:
-        return UpdateResult(self._apply(news))
+        return {"pending": [], "rebooted": True, "boot_id": f2.boot_id, "drained": drained, "forced": forced}
 
     def diff_known(self, _id: str, olds: dict, news: dict):
         # After a refresh, `pending` says the running host no longer matches (a boot-time resource was re-applied
@@ -161,13 +166,14 @@ class HostRebootProvider(HostProvider):
         drifted = bool(olds.get("pending")) and news.get("policy", "auto") == "auto"
         return self.also_changed(super().diff_known(_id, olds, news), drifted)
 
-    def read(self, id_: str, props: dict) -> ReadResult:
+    def observe(self, props: dict) -> dict:
         f = read_host_facts(self.conn(props))
-        return ReadResult(id_, {**props, "pending": unmet(f, props), "boot_id": f.boot_id})
+        return {"pending": unmet(f, props), "boot_id": f.boot_id}
 
-    # delete changes nothing (the base's): restoring resources are deleted first; their effect on the running
-    # kernel waits for the next reboot, which the operator schedules (KernelCmdline/VfioBinding report
-    # pending_reboot meanwhile).
+    def restore(self, props: dict) -> Change:
+        # Nothing: restoring resources are deleted first; their effect on the running kernel waits for the next
+        # reboot, which the operator schedules (KernelCmdline/VfioBinding report pending_reboot meanwhile).
+        return Change(self.owner(props))
 
 
 class HostReboot(HostResource, module="host", name="HostReboot"):

@@ -18,15 +18,14 @@ Usage::
 
 from __future__ import annotations
 
-from typing import Any, Optional
+from typing import Optional
 
-import pulumi
-from pulumi import dynamic
-from pulumi.dynamic import CreateResult, UpdateResult
+from pulumi.dynamic import CheckFailure
 
-from access.shell import Script, quote
+from access.shell import Script, quote, sh
 from access.ssh import HostSpec, connect
-from providers.base import HostProvider
+from facts.state import Change
+from providers.base import HostResource, TemplateProvider, is_safe_abs_path
 
 MARKER = ".gpuhost-digest"
 
@@ -84,29 +83,34 @@ def served_digest(rb: dict) -> str:
     )
 
 
-class ServingSnapshotProvider(HostProvider):
-    VERSION = "1"
+class ServingSnapshotProvider(TemplateProvider):
+    VERSION = "2"  # 2: on the template
+    KIND = "snapshot"
     REPLACE_ON = ("host", "snapshot")
+    INPUTS = ("host", "root", "snapshot", "files", "restart", "trigger")
     OUTPUT_ONLY = ("taken",)
 
-    def _take(self, props: dict) -> bool:
-        out = self.conn(props).run(snapshot_script(props["root"], props["snapshot"], list(props.get("files") or [])))
-        return "taken" in out.stdout.split()
+    def validate(self, news: dict) -> list[CheckFailure]:
+        return [
+            CheckFailure(k, f"must be an absolute path without '..': {news.get(k)!r}")
+            for k in ("root", "snapshot")
+            if not is_safe_abs_path(news.get(k)) or news.get(k) == "/"
+        ]
 
-    def create(self, props: dict[str, Any]) -> CreateResult:
-        return CreateResult(
-            f"{self.spec(props).name}:{props['snapshot']}", self.outputs(props, taken=self._take(props))
+    def apply(self, props: dict, prior: Optional[dict]) -> dict:
+        conn = self.conn(props)
+        ch = Change(self.owner(props)).add(
+            [snapshot_script(props["root"], props["snapshot"], list(props.get("files") or []))]
         )
+        self.guarded(conn, "taking the serving snapshot", lambda: ch.run(conn), changing=True)
+        return {"taken": "taken" in ch.last_stdout.split()}
 
-    def update(self, _id: str, olds: dict, news: dict) -> UpdateResult:
-        return UpdateResult(self.outputs(news, taken=self._take(news)))
+    def observe(self, props: dict) -> dict:
+        return {}
 
-    def delete(self, _id: str, props: dict) -> None:
-        self.conn(props).run(Script().raw(f"rm -rf {quote(props['snapshot'])}").render())
+    def restore(self, props: dict) -> Change:
+        return Change(self.owner(props)).add([sh("rm", "-rf", "--", props["snapshot"])])
 
 
-class ServingSnapshot(dynamic.Resource, module="serving", name="ServingSnapshot"):
-    def __init__(self, name: str, args: dict, opts: Optional[pulumi.ResourceOptions] = None):
-        super().__init__(
-            ServingSnapshotProvider(), name, {"taken": None, **args, "version": ServingSnapshotProvider.VERSION}, opts
-        )
+class ServingSnapshot(HostResource, module="serving", name="ServingSnapshot"):
+    PROVIDER = ServingSnapshotProvider

@@ -19,7 +19,7 @@ from pulumi.dynamic.dynamic import serialize_provider
 from pulumi.runtime.proto import provider_pb2
 
 import providers
-from providers.base import UNKNOWN, HostProvider, HostResource, Provider, unknown_paths
+from providers.base import UNKNOWN, HostProvider, HostResource, Provider, TemplateProvider, unknown_paths
 from tests.engine import ProviderServer, _de, _ser
 from tests.mocks import run_program
 from tests.stackfiles import stack_config
@@ -216,3 +216,12 @@ def test_host_connection_details_update_identity_replaces(samples, server, chang
 
 def test_base_module_has_no_provider(samples):
     assert not [c for c in vars(providers).values() if inspect.isclass(c)]
+
+
+def test_every_input_a_template_provider_is_given_is_declared(samples):
+    """The template diffs only INPUTS: an input the program passes but the provider does not declare would never
+    count as a change."""
+    for type_, cls in sorted(provider_classes().items()):
+        if issubclass(cls, TemplateProvider):
+            extra = set(samples[type_]) - set(cls.INPUTS) - set(cls.OUTPUT_ONLY) - set(BOOKKEEPING)
+            assert not extra, f"{type_}: inputs never diffed: {sorted(extra)}"
