@@ -296,6 +296,8 @@ class TemplateProvider(HostProvider):
     INPUTS: tuple[str, ...] = ("host",)
     # Inputs validated by a pydantic model; check hands them on normalized (the model's JSON dump).
     MODELS: ClassVar[dict[str, type[BaseModel]]] = {}
+    # Inputs naming a path on the host that gpuhost writes or removes: absolute, without '..', never "/".
+    PATHS: tuple[str, ...] = ()
 
     def validate(self, news: dict) -> list[CheckFailure]:
         """The provider's own rules on its inputs, every value known (the host and MODELS are checked already)."""
@@ -308,6 +310,9 @@ class TemplateProvider(HostProvider):
                 news = {**news, k: model.model_validate(news.get(k) or {}).model_dump(mode="json")}
             except ValidationError as e:
                 failures += validation_failures(e, f"{k}.")
+        for k in self.PATHS:
+            if not is_safe_abs_path(news.get(k)) or news.get(k) == "/":
+                failures.append(CheckFailure(k, f"must be an absolute path without '..': {news.get(k)!r}"))
         return CheckResult(news, failures + self.validate(news))
 
     def observe(self, props: dict) -> dict:

@@ -15,7 +15,7 @@ from __future__ import annotations
 from typing import Optional
 
 import pulumi
-from pulumi.dynamic import CheckFailure, CheckResult
+from pulumi.dynamic import CheckFailure
 
 from access.errors import HostError
 from access.shell import quote, sh
@@ -38,8 +38,8 @@ class Hugepages2MProvider(TemplateProvider):
     INPUTS = ("host", "per_node")
     OUTPUT_ONLY = ("prior", "prior_counts", "plan")
 
-    def check_known(self, olds: dict, news: dict) -> CheckResult:
-        failures = self.check_host(news)
+    def validate(self, news: dict) -> list[CheckFailure]:
+        failures: list[CheckFailure] = []
         per = news.get("per_node") or {}
         if not isinstance(per, dict) or not per:
             failures.append(CheckFailure("per_node", "a map of NUMA node -> number of 2 MiB pages"))
@@ -47,7 +47,7 @@ class Hugepages2MProvider(TemplateProvider):
             for k, v in per.items():
                 if not str(k).isdigit() or not isinstance(v, (int, float)) or int(v) < 0 or int(v) != v:
                     failures.append(CheckFailure(f"per_node.{k}", f"want node number -> page count, got {k!r}: {v!r}"))
-        return CheckResult(news, failures)
+        return failures
 
     def _record(self, props: dict, nodes) -> Record:
         return Record(

@@ -20,7 +20,7 @@ from pulumi.dynamic import CheckFailure
 
 from facts.files import FileState, files_script, parse_files
 from facts.state import Change, Record
-from providers.base import HostResource, TemplateProvider, is_safe_abs_path
+from providers.base import HostResource, TemplateProvider
 
 
 def sha256(text: str) -> str:
@@ -34,12 +34,10 @@ class ManagedFileProvider(TemplateProvider):
     REPLACE_ON = ("host", "path")
     INPUTS = ("host", "path", "content", "mode", "owner")
     OUTPUT_ONLY = ("prior", "sha256")
+    PATHS = ("path",)
 
     def validate(self, news: dict) -> list[CheckFailure]:
         failures = []
-        path = news.get("path", "")
-        if not is_safe_abs_path(path):
-            failures.append(CheckFailure("path", f"must be an absolute path without '..': {path!r}"))
         if not isinstance(news.get("content"), str):
             failures.append(CheckFailure("content", "must be a string"))
         mode = news.get("mode")

@@ -22,7 +22,7 @@ from pulumi.dynamic import CheckFailure
 
 from access.shell import Script, quote, sh
 from facts.state import Change
-from providers.base import HostResource, TemplateProvider, is_safe_abs_path
+from providers.base import HostResource, TemplateProvider
 
 PRIOR_DIR = "/var/lib/gpuhost/pristine/artifacts"
 
@@ -79,12 +79,10 @@ class ModelArtifactProvider(TemplateProvider):
     REPLACE_ON = ("host", "dest")
     INPUTS = ("host", "dest", "sha256", "url", "path")
     OUTPUT_ONLY = ("prior_existed", "found_sha256")
+    PATHS = ("dest",)
 
     def validate(self, news: dict) -> list[CheckFailure]:
         failures = []
-        dest = news.get("dest", "")
-        if not is_safe_abs_path(dest):
-            failures.append(CheckFailure("dest", f"must be an absolute path without '..': {dest!r}"))
         if (news.get("url") is None) == (news.get("path") is None):
             failures.append(CheckFailure("url", "set exactly one of url or path"))
         path = news.get("path")

@@ -20,12 +20,10 @@ from __future__ import annotations
 
 from typing import Optional
 
-from pulumi.dynamic import CheckFailure
-
 from access.shell import Script, quote, sh
 from access.ssh import HostSpec, connect
 from facts.state import Change
-from providers.base import HostResource, TemplateProvider, is_safe_abs_path
+from providers.base import HostResource, TemplateProvider
 
 MARKER = ".gpuhost-digest"
 
@@ -89,13 +87,7 @@ class ServingSnapshotProvider(TemplateProvider):
     REPLACE_ON = ("host", "snapshot")
     INPUTS = ("host", "root", "snapshot", "files", "restart", "trigger")
     OUTPUT_ONLY = ("taken",)
-
-    def validate(self, news: dict) -> list[CheckFailure]:
-        return [
-            CheckFailure(k, f"must be an absolute path without '..': {news.get(k)!r}")
-            for k in ("root", "snapshot")
-            if not is_safe_abs_path(news.get(k)) or news.get(k) == "/"
-        ]
+    PATHS = ("root", "snapshot")
 
     def apply(self, props: dict, prior: Optional[dict]) -> dict:
         conn = self.conn(props)

@@ -11,7 +11,7 @@ from __future__ import annotations
 from typing import Optional
 
 import pulumi
-from pulumi.dynamic import CheckFailure, CheckResult
+from pulumi.dynamic import CheckFailure
 
 from access.errors import HostError
 from access.shell import sh
@@ -31,11 +31,11 @@ class SysctlsProvider(TemplateProvider):
     INPUTS = ("host", "values")
     OUTPUT_ONLY = ("prior", "prior_values", "plan")
 
-    def check_known(self, olds: dict, news: dict) -> CheckResult:
-        failures = self.check_host(news)
+    def validate(self, news: dict) -> list[CheckFailure]:
+        failures: list[CheckFailure] = []
         values = news.get("values")
         if not isinstance(values, dict) or not values:
-            return CheckResult(news, failures + [CheckFailure("values", "a map of sysctl name -> value")])
+            return [CheckFailure("values", "a map of sysctl name -> value")]
         for k, v in values.items():
             # The loader's allow-lists (plans/values.py), again: the file is parsed by systemd-sysctl.
             for check, x in ((allowed.sysctl_name, k), (allowed.sysctl_value, v)):
@@ -43,7 +43,7 @@ class SysctlsProvider(TemplateProvider):
                     check(x)
                 except ValueError as e:
                     failures.append(CheckFailure(f"values.{k}", str(e)))
-        return CheckResult(news, failures)
+        return failures
 
     def _record(self, props: dict, names) -> Record:
         return Record(
