@@ -42,8 +42,9 @@ class ConsoleWatch(threading.Thread):
         super().__init__(daemon=True)
         self.hosts = hosts
         self.base = {n: len(h.serial_log.read_bytes()) for n, h in hosts.items()}
-        self.shutdown_at: dict[str, float] = {}
+        self.shutdown_at: dict[str, float] = {}  # time.monotonic(), comparable with the driver's step records
         self.kernel_at: dict[str, float] = {}
+        self.wall = time.time() - time.monotonic()  # monotonic + wall = UTC epoch seconds, for the record
         self.stop = threading.Event()
 
     def run(self) -> None:
@@ -77,7 +78,17 @@ def test_second_hosts_reboot_starts_after_the_first_is_verified_back(testhost, t
         ra, rb = up.step("rollout-a-reboot"), up.step("rollout-b-reboot")
         a_verified = ra.started + ra.seconds
         assert rb.started >= a_verified  # the driver started B's reboot step only after A's completed
-        print("rollout:", {"a_verified": a_verified, **{f"{k}_shutdown": v for k, v in watch.shutdown_at.items()}})
+
+        def utc(t: float) -> str:
+            return time.strftime("%H:%M:%S", time.gmtime(t + watch.wall)) + f".{int(t * 10) % 10}"
+
+        print(
+            f"\nrollout (UTC, serial consoles and driver steps): A reboot step started {utc(ra.started)}, "
+            f"A console shutdown {utc(watch.shutdown_at['a'])}, A new kernel {utc(watch.kernel_at['a'])}, "
+            f"A verified back {utc(a_verified)}; B reboot step started {utc(rb.started)}, "
+            f"B console shutdown {utc(watch.shutdown_at['b'])}, B new kernel {utc(watch.kernel_at['b'])}, "
+            f"B verified back {utc(rb.started + rb.seconds)}"
+        )
         # A went down and came back while B's console stayed quiet; B's shutdown began after A was verified.
         assert watch.shutdown_at["a"] < a_verified
         assert watch.shutdown_at["b"] > a_verified
