@@ -38,6 +38,11 @@ from access import keys
 from access.shell import quote, sh
 
 log = logging.getLogger("gpuhost.ssh")
+# paramiko's transport thread logs each failed attempt (a reset while sshd boots, "Error reading SSH protocol
+# banner") with a traceback at ERROR; with no logging configured, Python's last-resort handler printed those on
+# stderr of `./gpuhost.sh up` and the provider processes, although connect() reports the outcome itself
+# (HostUnreachable after its attempts). A NullHandler keeps them off stderr; a configured root logger still gets them.
+logging.getLogger("paramiko").addHandler(logging.NullHandler())
 
 
 class SshError(RuntimeError):
