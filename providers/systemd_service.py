@@ -36,6 +36,9 @@ from providers.base import HostResource, TemplateProvider, is_safe_abs_path
 
 UNIT_RE = re.compile(r"^[A-Za-z0-9@._\-]+$")
 USER_RE = re.compile(r"^[a-z_][a-z0-9_-]{0,31}$")
+# `is-enabled` answers meaning "starts at boot as far as this unit can": a unit without an [Install] section is
+# static, and `enable` cannot make it more; reading it as not enabled would be drift that no `up` repairs.
+ENABLED = ("enabled", "enabled-runtime", "static", "generated", "alias")
 
 
 def state_script(unit: str) -> str:
@@ -62,7 +65,7 @@ def parse_status(text: str) -> tuple[dict[str, FileState], bool, bool]:
     """(files, enabled, active) from the output of ``status_script``."""
     files_part, _, unit_part = text.partition("@@unit\n")
     st = parse_state(unit_part)
-    return parse_files(files_part), st["enabled"] == "enabled", st["active"] == "active"
+    return parse_files(files_part), st["enabled"] in ENABLED, st["active"] == "active"
 
 
 def start_lines(unit: str, action: str, check: list[str], user: Optional[str]) -> list[str]:
@@ -101,7 +104,7 @@ def _sha(files: dict[str, str]) -> dict[str, str]:
 
 
 class SystemdServiceProvider(TemplateProvider):
-    VERSION = "2"  # 2: one provider for SystemdService and ServiceState; priors recorded on the host
+    VERSION = "3"  # 3: a static unit counts as enabled; 2: one provider for SystemdService and ServiceState; priors recorded on the host
     KIND = "service"
     # Another unit name is another service: stop and restore the old one, then start the new one.
     REPLACE_ON = ("host", "unit")

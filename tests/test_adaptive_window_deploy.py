@@ -105,6 +105,9 @@ def test_service_provider_scripts_and_status():
     assert stop_lines("nginx", {"enabled": "enabled", "active": "active"}) == []
     files, enabled, active = parse_status("@@file /etc/x\nABSENT\n@@unit\nenabled=enabled\nactive=failed\n")
     assert not files["/etc/x"].exists and enabled and not active
+    # A unit without [Install] cannot be enabled more than static: no drift that `up` could never repair.
+    assert parse_status("@@unit\nenabled=static\nactive=active\n")[1:] == (True, True)
+    assert parse_status("@@unit\nenabled=disabled\nactive=inactive\n")[1:] == (False, False)
     host = {"name": "h", "address": "10.0.0.1", "host_key": "ssh-ed25519 " + "A" * 68}
     provider = SystemdServiceProvider()
     good = {"host": host, "unit": "x.service", "files": {"/etc/systemd/system/x.service": "[Unit]\n"}}
