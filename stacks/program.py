@@ -499,6 +499,7 @@ def build(
                     host=f"{s.host}-{s.vm}" if s.vm else s.host,
                     tenant=s.vm,
                     models=tuple(m.name for m in s.models),
+                    window_port=s.adaptive_window.port if s.adaptive_window else None,
                     slo=ServingSlo(
                         p95_latency_ms=s.slo.p95_ms,
                         max_failure_ratio=s.slo.max_error_rate or ServingSlo().max_failure_ratio,
