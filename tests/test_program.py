@@ -530,3 +530,21 @@ def test_a_stack_key_that_is_not_a_private_key_is_refused_before_any_resource():
     ]
     assert "secretmaterial" not in str(err)
     assert rec.registrations == []
+
+
+def test_docker_services_write_their_run_script_after_the_snapshot_and_roll_back_with_it(hk):
+    """Docker runtime (mocks: no Docker engine here): every container's service writes its `docker run` script only
+    after the snapshot kept the previous one, and its gates' rollback restarts from that script."""
+    from plans.triton_runtime import docker_rollback_restart
+
+    containers = [r for r in hk.of_type("docker:index/container:Container") if r.name.endswith("-triton")]
+    assert len(containers) >= 2
+    for c in containers:
+        svc = c.name.removesuffix("-triton")
+        run = hk.by_name(f"{svc}-triton-run")
+        assert hk.by_name(f"{svc}-snapshot").urn in run.dependencies
+        path = run.inputs["path"]
+        gates = [r for r in hk.registrations if r.name.startswith(f"{svc}-") and r.name.endswith("-gate")]
+        for g in gates:
+            assert path in g.inputs["rollback"]["files"]
+            assert docker_rollback_restart(path, c.inputs["name"]) in g.inputs["rollback"]["restart"]
