@@ -54,6 +54,7 @@ from plans.triton_runtime import (
     docker_gpus_flag,
     docker_rollback_restart,
     docker_run_script,
+    docker_unroll,
     server_args,
     systemd_unit,
 )
@@ -248,7 +249,8 @@ def children(name: str, args: TritonServiceArgs) -> list[Child]:
         "files": server_files,
         "restart": restart,
     }
-    out = [Child("snapshot", ServingSnapshot, {**rollback, "trigger": deploy_id})]
+    prepare = [docker_unroll(c["name"], c["restart"])] if args.runtime == "docker" else []
+    out = [Child("snapshot", ServingSnapshot, {**rollback, "trigger": deploy_id, "prepare": prepare})]
 
     # -- model artifacts, engines, repository ---------------------------------------------------------------------
     artifacts: dict[str, str] = {}  # dest -> suffix

@@ -224,6 +224,20 @@ def docker_run_script(c: dict, gpus: str, labels: dict[str, str]) -> str:
     return s.render()
 
 
+def docker_unroll(name: str, restart: str) -> list[str]:
+    """Run first by the next deploy (ServingSnapshot's `prepare`): when a rollback swapped containers, remove the
+    restored one and put the container Pulumi created back under its name, running, with its restart policy, so
+    the deploy replaces or updates what its state records (no name or port clash)."""
+    failed = f"{name}-failed"
+    s = Script().raw(f"if {sh('docker', 'container', 'inspect', failed)} >/dev/null 2>&1; then")
+    s.raw(f"  {sh('docker', 'rm', '-f', name)} >/dev/null 2>&1 || true")
+    s.raw(f"  {sh('docker', 'rename', failed, name)}")
+    s.raw(f"  {sh('docker', 'update', f'--restart={restart}', name)} >/dev/null")
+    s.raw(f"  {sh('docker', 'start', name)} >/dev/null")
+    s.raw("fi")
+    return ["sh", "-c", s.render()]
+
+
 def docker_rollback_restart(run_path: str, name: str) -> list[str]:
     """The rollback's restart step for the Docker runtime: the restored `docker_run_script` when the previous
     deploy left one, else (a deploy from before these scripts) a plain restart of the container."""

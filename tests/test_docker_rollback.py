@@ -23,6 +23,7 @@ from plans.triton_runtime import (
     docker_gpus_flag,
     docker_rollback_restart,
     docker_run_script,
+    docker_unroll,
 )
 from providers.serving_snapshot import restore_script, snapshot_script
 
@@ -76,8 +77,12 @@ def test_the_real_docker_cli_accepts_the_generated_run_flags(tmp_path):
 STANDIN = """#!/bin/sh
 # stand-in for the docker CLI (no Docker engine here): records argv; `container inspect` finds the running one
 echo "$*" >> "$DOCKER_LOG"
-case "$1 $2" in "container inspect") [ -e "$DOCKER_STATE/$3" ] ;; esac
-case "$1" in rename) mv "$DOCKER_STATE/$2" "$DOCKER_STATE/$3" ;; run) touch "$DOCKER_STATE/triton" ;; esac
+case "$1 $2" in "container inspect") [ -e "$DOCKER_STATE/$3" ]; exit $? ;; esac
+case "$1" in
+  rename) mv "$DOCKER_STATE/$2" "$DOCKER_STATE/$3" ;;
+  rm) rm -f "$DOCKER_STATE/$3" ;;
+  run) touch "$DOCKER_STATE/triton" ;;
+esac
 exit 0
 """
 
@@ -125,6 +130,22 @@ def test_failed_gate_restarts_the_previous_image_with_docker_standin(tmp_path):
     assert log.index("rename triton triton-failed") < log.index(runs[0])
     assert "update --restart=no triton" in log and "stop triton" in log
     assert (root / ".gpuhost-digest").read_text() == "d1" and run.read_text() == _script(OLD, digest="d1")
+    # The next deploy first undoes the swap: the container Pulumi created (NEW) runs under its name again, so its
+    # replacement or update finds what Pulumi's state records (no clash on the name or the ports).
+    (tmp_path / "docker.log").write_text("")
+    _sh(snapshot_script(str(root), str(snap), [str(run)], [docker_unroll("triton", "always")]), env)
+    assert (tmp_path / "docker.log").read_text().splitlines() == [
+        "container inspect triton-failed",
+        "rm -f triton",
+        "rename triton-failed triton",
+        "update --restart=always triton",
+        "start triton",
+    ]
+    assert sorted(p.name for p in (tmp_path / "state").iterdir()) == ["triton"]
+    # and without a swap it does nothing
+    (tmp_path / "docker.log").write_text("")
+    _sh(snapshot_script(str(root), str(snap), [str(run)], [docker_unroll("triton", "always")]), env)
+    assert (tmp_path / "docker.log").read_text().splitlines() == ["container inspect triton-failed"]
 
 
 def test_previous_deploy_without_a_script_falls_back_to_restarting_the_container(tmp_path):
@@ -185,6 +206,7 @@ def test_docker_service_writes_its_run_script_and_rolls_back_with_it():
     snap = by["serving-snapshot"].inputs
     assert snap["files"] == [path, "/etc/nginx/nginx.conf"]
     assert snap["restart"][0] == docker_rollback_restart(path, "triton")
+    assert snap["prepare"] == [docker_unroll("triton", "always")]
     gates = [r for n, r in by.items() if n.endswith("-gate")]
     assert gates and all(g.inputs["rollback"]["files"] == snap["files"] for g in gates)
     assert all(g.inputs["rollback"]["restart"] == snap["restart"] for g in gates)
