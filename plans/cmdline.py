@@ -15,8 +15,12 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass, field
 
+from access.shell import sh
+from facts.files import FileState
+from plans.plan import Action, FileWrite, Plan, plan_of
 from plans.values import param_name
 
+GRUB = "/etc/default/grub"
 VAR = "GRUB_CMDLINE_LINUX"
 _LINE = re.compile(r"^(?P<indent>\s*)(?P<export>export\s+)?GRUB_CMDLINE_LINUX=(?P<value>.*)$")
 
@@ -194,3 +198,30 @@ def grubby_commands(add: list[str], remove: list[str]) -> list[list[str]]:
     if remove:
         cmds.append(["grubby", "--update-kernel=ALL", "--remove-args=" + " ".join(remove)])
     return cmds
+
+
+def regenerate_lines(family: str, add: list[str], remove: list[str]) -> list[str]:
+    """Shell lines regenerating the boot config (and, on RHEL, every installed kernel's BLS args)."""
+    cmds = regenerate_commands(family) + (grubby_commands(add, remove) if family == "rhel" else [])
+    return [
+        sh(*c) + " >/dev/null 2>&1 || { echo 'regenerating the boot config failed' >&2; exit 1; }"
+        if c[0] in ("update-grub", "grub2-mkconfig")
+        else sh(*c)
+        for c in cmds
+    ]
+
+
+def boot_plan(cp: CmdlinePlan, grub: FileState, family: str) -> Plan:
+    """The actions for `cp` on a host whose /etc/default/grub is `grub`: rewrite it (mode and owner kept) and
+    regenerate the boot config, or nothing."""
+    if not cp.file_change:
+        return plan_of([], cp.sentence)
+    new = edit_grub_default(grub.text, cp.add, cp.remove).encode()
+    write = FileWrite(GRUB, new, (grub.mode or "644").zfill(4), f"{grub.uid}:{grub.gid}")
+    return plan_of(
+        [
+            Action(f"set {VAR} to {' '.join(cp.configured)!r} in {GRUB}", write=write),
+            *[Action("regenerate the boot config", line) for line in regenerate_lines(family, cp.add, cp.remove)],
+        ],
+        cp.sentence,
+    )

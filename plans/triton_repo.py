@@ -17,8 +17,12 @@ Usage::
 from __future__ import annotations
 
 import hashlib
+import posixpath
 from typing import Optional
 
+from access.shell import sh
+from facts.files import FileState
+from plans.plan import Action, FileWrite, Plan, plan_of
 from plans.triton_model import (
     DEFAULT_MODEL_FILENAME,
     DynamicBatching,
@@ -68,6 +72,34 @@ def repository_digest(files: dict[str, bytes]) -> str:
     for path in sorted(files):
         h.update(path.encode() + b"\0" + hashlib.sha256(files[path]).digest())
     return h.hexdigest()
+
+
+def repository_dirs(root: str, paths: list[str]) -> list[str]:
+    """The root and every directory between it and each file (parents first), as absolute paths."""
+    out = {root}
+    for p in paths:
+        d = posixpath.dirname(posixpath.join(root, p))
+        while d.startswith(root) and d != root:
+            out.add(d)
+            d = posixpath.dirname(d)
+    return sorted(out, key=lambda d: (d.count("/"), d))
+
+
+def plan_repository(root: str, wanted: dict[str, bytes], current: dict[str, FileState]) -> Plan:
+    """Write the files whose content (or mode) differs from the host's; their directories first. Facts in:
+    `current` maps each relative path to its FileState on the host."""
+    stale = []
+    for p, content in sorted(wanted.items()):
+        st = current.get(p)
+        if st is None or not st.exists or st.content != content or (st.mode or "").zfill(4) != "0644":
+            stale.append((p, content, "new" if st is None or not st.exists else "changed"))
+    dirs = sorted({posixpath.dirname(posixpath.join(root, p)) for p, _, _ in stale})
+    actions = [Action("create the repository's directories", sh("mkdir", "-p", "--", *dirs))] if dirs else []
+    actions += [
+        Action(f"write {p} ({why}, {len(c)} bytes)", write=FileWrite(posixpath.join(root, p), c, "0644", "0:0"))
+        for p, c, why in stale
+    ]
+    return plan_of(actions, f"every file of the repository under {root} already has its content")
 
 
 def standin(spec: ModelSpec, *, sleep_ms: float = 0.0) -> ModelSpec:

@@ -1,10 +1,11 @@
 """IrqIsolation: irqbalance bans the VMs' CPUs; named devices' IRQs move to host-reserved CPUs. Restorable.
 
-Seed 002 §9 ("irqbalance 禁用 VM 的核", the IRQ-affinity script) and its pitfall "SR-IOV VF 没吞吐". The banned list
-*replaces* irqbalance's default (which skips isolcpus/nohz_full CPUs), so isolated CPUs are banned too.
-Inputs: host, banned_cpus (list), pin ([{"match": "nvme|mlx5", "cpus": [0, 1]}]), version.
-Outputs: config_path, banned, pinned ({irq: cpus}), unmovable (kernel-managed IRQs), prior_affinity, prior.
-Runtime affinities are not persistent across reboots: read reports them as drift and the next `up` re-applies.
+Seed 002 §9 ("irqbalance 禁用 VM 的核", the IRQ-affinity script) and its pitfall "SR-IOV VF 没吞吐". Decisions are in
+plans/irq.py. Inputs: host, banned_cpus (list), pin ([{"match": "nvme|mlx5", "cpus": [0, 1]}]), version.
+Outputs: config_path, banned, pinned ({irq: cpus}), unmovable (kernel-managed IRQs), plan, and what delete puts
+back: prior (the irqbalance files as first found) and prior_affinity ({irq: cpus as first found}); both are
+recorded on the host (facts/state.py) before the first change, so a re-run after a dropped connection keeps them.
+Runtime affinities do not survive a reboot: refresh shows a moved IRQ as a change of `pin`, the next `up` repairs it.
 """
 
 from __future__ import annotations
@@ -12,111 +13,93 @@ from __future__ import annotations
 from typing import Optional
 
 import pulumi
-from pulumi.dynamic import CheckFailure, CheckResult, DiffResult, ReadResult
+from pulumi.dynamic import CheckFailure
 
-from access.shell import Script, quote
-from facts.cpulist import format_cpulist
+from facts.cpulist import parse_cpulist
 from facts.files import FileState
-from facts.host import read_host_facts
+from facts.host import facts_script, parse_host_facts, read_host_facts
+from facts.state import Change, Record
 from plans import irq as plan
-from providers.base import HostProvider, HostResource
-from providers.pristine import capture_and_read, restore_lines, write_lines
+from providers.base import HostResource, TemplateProvider
 
-PATHS = ["/etc/default/irqbalance", "/etc/sysconfig/irqbalance"]
-
-
-def _affinity_lines(target: dict[str, list[int]]) -> list[str]:
-    return [
-        f"printf '%s' {quote(format_cpulist(int(x) for x in c))} > /proc/irq/{int(i)}/smp_affinity_list 2>/dev/null "
-        f"|| echo unmovable {int(i)}"
-        for i, c in sorted(target.items(), key=lambda kv: int(kv[0]))
-    ]
+PATHS = list(plan.PATHS)
+AFFINITY = "irq/affinity"
 
 
-class IrqIsolationProvider(HostProvider):
-    VERSION = "2"
+def _cpus(v) -> bool:
+    # Numbers cross gRPC as doubles: 3.0 is CPU 3.
+    return isinstance(v, list) and all(isinstance(c, (int, float)) and c >= 0 and int(c) == c for c in v)
+
+
+class IrqIsolationProvider(TemplateProvider):
+    VERSION = "3"
     KIND = "irq-isolation"
-    OUTPUT_ONLY = ("prior", "prior_affinity", "config_path", "banned", "pinned", "unmovable")
+    INPUTS = ("host", "banned_cpus", "pin")
+    OUTPUT_ONLY = ("prior", "prior_affinity", "config_path", "banned", "pinned", "unmovable", "plan")
 
-    def check_known(self, olds: dict, news: dict) -> CheckResult:
-        failures = self.check_host(news)
-        # Numbers cross gRPC as doubles: 3.0 is CPU 3.
-        if not all(isinstance(c, (int, float)) and c >= 0 and int(c) == c for c in news.get("banned_cpus") or []):
+    def validate(self, news: dict) -> list[CheckFailure]:
+        failures: list[CheckFailure] = []
+        banned = news.get("banned_cpus") or []
+        if not _cpus(banned):
             failures.append(CheckFailure("banned_cpus", "a list of CPU numbers"))
+            banned = []
         for i, p in enumerate(news.get("pin") or []):
-            if not p.get("match") or not p.get("cpus"):
+            if not isinstance(p, dict) or not p.get("match") or not _cpus(p.get("cpus")) or not p.get("cpus"):
                 failures.append(CheckFailure(f"pin[{i}]", "needs match (regex on /proc/interrupts) and cpus"))
-            if {int(c) for c in p.get("cpus") or []} & {int(c) for c in news.get("banned_cpus") or []}:
+            elif {int(c) for c in p["cpus"]} & {int(c) for c in banned}:
                 failures.append(CheckFailure(f"pin[{i}].cpus", "pins IRQs onto CPUs that are banned for VMs"))
-        return CheckResult(news, failures)
+        return failures
 
-    def _targets(self, facts, props) -> dict[str, list[int]]:
-        out: dict[str, list[int]] = {}
-        for p in props.get("pin") or []:
-            for irq in plan.matching_irqs(facts.interrupts, p["match"]):
-                out[irq.irq] = sorted(int(c) for c in p["cpus"])
-        return out
+    def _record(self, props: dict) -> Record:
+        return Record(self.owner(props), files=PATHS, values={AFFINITY: plan.AFFINITY_CMD})
 
-    def _converge(self, props: dict, olds: Optional[dict]) -> dict:
+    def apply(self, props: dict, prior: Optional[dict]) -> dict:
         conn = self.conn(props)
-        facts, pristine = capture_and_read(conn, PATHS)
+        rec = self._record(props)
+        out, files, values = self.record_and_read(conn, props, rec, facts_script(files=PATHS))
+        facts = parse_host_facts(out)
+        first = plan.parse_affinities(values.get(AFFINITY, ""))
+        before = (prior or {}).get("prior_affinity") or {}
+        skip = [str(i) for i in (prior or {}).get("unmovable") or []]
         path = plan.irqbalance_path(facts.os.family)
-        banned = format_cpulist(int(c) for c in props.get("banned_cpus") or [])
-        cur = facts.files[path]
-        new = plan.set_shell_var(cur.text if cur.exists else "", plan.VAR, banned).encode()
-        targets = self._targets(facts, props)
-        prior_aff = dict((olds or {}).get("prior_affinity") or {})
-        for i in targets:
-            prior_aff.setdefault(i, next(x.affinity for x in facts.interrupts if x.irq == i))
-        s = Script().raw("set -e")
-        if not (cur.exists and cur.content == new):
-            s.extend(
-                write_lines(
-                    path,
-                    new,
-                    cur.mode.zfill(4) if cur.exists else "0644",
-                    f"{cur.uid}:{cur.gid}" if cur.exists else "0:0",
-                )
-            )
-            s.raw("if systemctl is-active -q irqbalance; then systemctl restart irqbalance; fi")
-        s.extend(_affinity_lines(targets))
-        out = conn.run(s.render()).stdout
-        unmovable = sorted({ln.split()[1] for ln in out.splitlines() if ln.startswith("unmovable ")}, key=int)
-        return self.outputs(
-            props,
-            prior=(olds or {}).get("prior") or {k: v.model_dump() for k, v in pristine.items()},
-            prior_affinity=prior_aff,
-            config_path=path,
-            banned=banned,
-            pinned={i: c for i, c in targets.items() if i not in unmovable},
-            unmovable=unmovable,
+        d = plan.plan_irq(
+            facts.os.family,
+            facts.files[path],
+            facts.interrupts,
+            [int(c) for c in props.get("banned_cpus") or []],
+            props.get("pin") or [],
+            restore={i: first.get(i) or [int(c) for c in c_] for i, c_ in before.items()},
+            skip=skip,
         )
+        ran = self.run_plan(conn, props, d.plan)
+        refused = set(plan.unmovable(ran.last_stdout)) | (set(skip) & set(d.targets))
+        now = {i.irq: i.affinity for i in facts.interrupts}
+        return {
+            "prior": {k: v.model_dump() for k, v in files.items()},
+            # An IRQ that appeared after the first record (a VF created since) has only its value of now.
+            "prior_affinity": {i: first.get(i) or before.get(i) or now.get(i, []) for i in d.targets},
+            "config_path": d.path,
+            "banned": d.banned,
+            "pinned": {i: c for i, c in d.targets.items() if i not in refused},
+            "unmovable": sorted(refused, key=int),
+            "plan": d.plan.sentences,
+        }
 
-    def diff_known(self, _id: str, olds: dict, news: dict) -> DiffResult:
-        banned = olds.get("banned")
-        want = format_cpulist(int(c) for c in news.get("banned_cpus") or [])
-        drifted = banned is not None and (banned != want or bool(olds.get("drift")))
-        return self.also_changed(super().diff_known(_id, olds, news), drifted)
-
-    def read(self, id_: str, props: dict) -> ReadResult:
+    def observe(self, props: dict) -> dict:
         facts = read_host_facts(self.conn(props), files=PATHS)
-        path = plan.irqbalance_path(facts.os.family)
-        st = facts.files[path]
-        banned = plan.get_shell_var(st.text, plan.VAR) if st.exists else None
-        # irqbalance may narrow an IRQ to one of the allowed CPUs; drift is an IRQ outside them.
-        drift = [
-            i
-            for i, c in (props.get("pinned") or {}).items()
-            if not set(next((x.affinity for x in facts.interrupts if x.irq == i), c)) <= {int(v) for v in c}
-        ]
-        return ReadResult(id_, {**props, "banned": banned, "drift": drift})
+        st = facts.files[plan.irqbalance_path(facts.os.family)]
+        banned = parse_cpulist((plan.get_shell_var(st.text, plan.VAR) if st.exists else None) or "")
+        wanted = props.get("banned_cpus") or []
+        return {
+            "banned_cpus": wanted if set(banned) == {int(c) for c in wanted} else banned,
+            "pin": plan.observed_pin(props.get("pin") or [], props.get("pinned") or {}, facts.interrupts),
+        }
 
-    def delete(self, _id: str, props: dict) -> None:
+    def restore(self, props: dict) -> Change:
         prior = {k: FileState.model_validate(v) for k, v in (props.get("prior") or {}).items()}
-        s = Script().raw("set -e").extend(restore_lines(prior))
-        s.raw("if systemctl is-active -q irqbalance; then systemctl restart irqbalance; fi")
-        s.extend(_affinity_lines({i: c for i, c in (props.get("prior_affinity") or {}).items() if c}))
-        self.conn(props).run(s.render())
+        ch = Change(self.owner(props)).restore(prior).add([plan.RESTART])
+        ch.add(plan.affinity_command(i, c) for i, c in sorted((props.get("prior_affinity") or {}).items()) if c)
+        return ch.forget(self._record(props))
 
 
 class IrqIsolation(HostResource, module="host", name="IrqIsolation"):

@@ -9,7 +9,9 @@ the plan's sentence comes back as the `plan` input so that `pulumi preview` show
 Outputs: pf_address, vf_addresses (for PinnedVM hostdevs), numvfs, drivers ({vf: driver}), unit, pinned
 ({irq: cpus}), unmovable (kernel-managed IRQs), vf_config ({vf: result}), unsupported (reasons), warnings, and
 the prior state delete restores: prior_numvfs, prior_autoprobe, prior_overrides, prior_affinity (by position in
-the PF's IRQ list: IRQ numbers change between boots), prior_unit_enabled, prior (pristine files).
+the PF's IRQ list: IRQ numbers change between boots), prior_unit_enabled, prior (the unit, its wants link and the
+driverctl files as first found). All of it is recorded on the host before the first change (facts/state.py), so a
+re-run after a dropped connection reports the host's real originals, not what the dropped run had set.
 
 Persistence is a systemd unit (see `plans.sriov.render_unit` for why not a udev rule); vfio-pci overrides are
 driverctl's (`/etc/driverctl.d/pci-<vf>`), re-applied by the unit after the VFs exist.
@@ -22,22 +24,26 @@ Usage::
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any, Optional
 
 import pulumi
-from pulumi.dynamic import CheckFailure, CheckResult, CreateResult, ReadResult, UpdateResult
+from pulumi.dynamic import CheckFailure, CheckResult, CreateResult
+from pulumi.runtime import rpc
 from pydantic import ValidationError
 
-from access.shell import Script, quote, sh
-from facts.cpulist import format_cpulist
-from facts.files import FileState, parse_files
+from access.errors import HostError
+from access.shell import quote, sh
+from facts.cpulist import parse_cpulist
+from facts.files import FileState
 from facts.host import facts_script, parse_host_facts, read_host_facts, split_sections
 from facts.model import HostFacts, normalize_pci
+from facts.state import Change, Record
+from plans import irq as irq_plan
 from plans import sriov as plan
-from providers.base import HostProvider, HostResource, validation_failures
-from providers.pristine import capture_script, restore_lines, write_lines
+from providers.base import HostResource, TemplateProvider, unknown_paths, validation_failures
 
-UNKNOWN = "04da6b54-80e4-46f7-96ec-b56ff0331ba9"  # the SDK's placeholder for a value not known during preview
+UNKNOWN = rpc.UNKNOWN  # the SDK's placeholder for a value not known during preview
 WANT_KEYS = ("pf", "num_vfs", "numa_node", "numa_policy", "vfio", "vfs", "irq_cpus")
 
 
@@ -63,7 +69,7 @@ def read_state(conn, pf_ref: str) -> tuple[HostFacts, plan.PfDetail, Optional[st
 def _in_use_guard(facts: HostFacts, vfs: list[str]) -> list[str]:
     """Fail before touching the count while a VM (any process) holds a VF's VFIO group: removing a VF that is in use
     blocks in the kernel until the VM lets go."""
-    groups = sorted({facts.pci[a].iommu_group for a in vfs if a in facts.pci and facts.pci[a].iommu_group is not None})
+    groups = sorted({g for a in vfs if a in facts.pci and (g := facts.pci[a].iommu_group) is not None})
     if not groups:
         return []
     rx = " -> /dev/vfio/(" + "|".join(str(g) for g in groups) + ")$"
@@ -75,11 +81,7 @@ def _in_use_guard(facts: HostFacts, vfs: list[str]) -> list[str]:
 
 
 def _affinity_lines(target: dict[str, list[int]]) -> list[str]:
-    return [
-        f"printf '%s' {quote(format_cpulist(int(x) for x in c))} > /proc/irq/{int(i)}/smp_affinity_list 2>/dev/null "
-        f"|| echo unmovable {int(i)}"
-        for i, c in sorted(target.items(), key=lambda kv: int(kv[0]))
-    ]
+    return [irq_plan.affinity_command(i, c) for i, c in sorted(target.items(), key=lambda kv: int(kv[0]))]
 
 
 def _write_numvfs(pf: str, n: int) -> str:
@@ -90,8 +92,19 @@ def _write_autoprobe(pf: str, on: bool) -> str:
     return f"printf '%s' {quote('1' if on else '0')} > {quote(f'/sys/bus/pci/devices/{pf}/sriov_drivers_autoprobe')}"
 
 
-class SriovVfsProvider(HostProvider):
-    VERSION = "1"
+def _wants(pf: str) -> str:
+    return f"{plan.WANTS_DIR}/{plan.unit_name(pf)}"
+
+
+def _affinity_now(irqs: list[str]) -> str:
+    """Prints "<irq> <cpus>" per PF vector, in vector order (IRQ numbers are digits: int() keeps them so)."""
+    return "; ".join(f'echo "{int(q)} $(cat /proc/irq/{int(q)}/smp_affinity_list 2>/dev/null)"' for q in irqs) or "true"
+
+
+class SriovVfsProvider(TemplateProvider):
+    VERSION = "2"
+    KIND = "sriov"
+    INPUTS = ("host", *WANT_KEYS, "persist")
     # A different PF (or host) is a different set of VFs: restore the old PF, then set up the new one.
     REPLACE_ON = ("host", "pf")
     OUTPUT_ONLY = (
@@ -132,31 +145,51 @@ class SriovVfsProvider(HostProvider):
         failures += [CheckFailure(e.field, e.message) for e in p.errors]
         return CheckResult({**news, "plan": p.sentence}, failures)
 
+    # What the PF had before gpuhost, recorded on the host the first time (facts/state.py): the unit and its wants
+    # link, each VF's driverctl override file, the VF count, autoprobe and the PF vectors' affinities.
+    def _record(self, props: dict, pf: str, files: list[str], irqs: Sequence[str] = ()) -> Record:
+        d = f"/sys/bus/pci/devices/{pf}"
+        return Record(
+            self.owner(props),
+            files=sorted({plan.unit_path(pf), _wants(pf), *files}),
+            values={
+                f"sriov/{pf}/numvfs": sh("cat", f"{d}/sriov_numvfs"),
+                f"sriov/{pf}/autoprobe": sh("cat", f"{d}/sriov_drivers_autoprobe"),
+                f"sriov/{pf}/irq-affinity": _affinity_now(list(irqs)),
+            },
+        )
+
     # -- create / update ----------------------------------------------------------------------------------------
-    def _apply(self, props: dict, olds: Optional[dict]) -> dict:
+    def create(self, props: dict[str, Any]) -> CreateResult:
+        out = self.outputs(props, **self.apply(props, None))
+        return CreateResult(f"{self.spec(props).name}:sriov:{out['pf_address']}", out)
+
+    def apply(self, props: dict, prior: Optional[dict]) -> dict:
         conn = self.conn(props)
+        name = conn.spec.name
         want = want_of(props)
         facts, detail, unit_text, pf = read_state(conn, want.pf)
         p = plan.plan_sriov(facts, detail, want, unit_text)
         if p.errors:
-            raise RuntimeError(f"{conn.spec.name}: {p.sentence}; nothing changed")
-        name = conn.spec.name
+            raise HostError(name, p.sentence, fix="change the inputs (see `pulumi preview`)")
         if want.vfio and want.num_vfs:
             if not facts.iommu.active:
-                raise RuntimeError(
-                    f"{name}: the IOMMU is not active (no /sys/kernel/iommu_groups), so vfio-pci "
-                    "cannot take the VFs; enable it first (PassthroughHost, seed 002 §3); nothing changed"
+                raise HostError(
+                    name,
+                    "the IOMMU is not active (no /sys/kernel/iommu_groups), so vfio-pci cannot take the VFs",
+                    fix="enable it first (PassthroughHost, seed 002 §3)",
                 )
             if "driverctl" not in facts.tools:
-                raise RuntimeError(
-                    f"{name}: binding VFs to vfio-pci needs driverctl (seed 002 §4/§5); install it; nothing changed"
-                )
+                raise HostError(name, "binding VFs to vfio-pci needs driverctl (seed 002 §4/§5)", fix="install it")
         dev = facts.pci[pf]
-        olds = olds or {}
-        bind_vfs = next((a.data["vfs"] for a in p.actions if a.kind == "bind"), [])
-        paths = [plan.unit_path(pf)] + [plan.driverctl_file(a) for a in p.vf_addresses if want.vfio]
-        s = Script().raw("set -e").raw("echo @@pristine-files")
-        capture_script(paths, s)
+        olds = prior or {}
+        rec = self._record(props, pf, [plan.driverctl_file(a) for a in p.vf_addresses if want.vfio], detail.irqs)
+        _, pristine, values = self.record_and_read(conn, props, rec, "")
+        firsts = {k.rsplit("/", 1)[1]: v for k, v in values.items()}
+
+        bind_vfs: list[str] = next((a.data["vfs"] for a in p.actions if a.kind == "bind"), [])
+        ch = Change(self.owner(props))
+        s = ch.script
         kinds = p.kinds()
         if "numvfs" in kinds and dev.vfs:
             s.extend(_in_use_guard(facts, dev.vfs))
@@ -170,8 +203,8 @@ class SriovVfsProvider(HostProvider):
         if "bind" in kinds:
             s.add("modprobe", "vfio-pci")
             if p.vf_addresses:
-                for a in bind_vfs:
-                    s.add("driverctl", "set-override", a, "vfio-pci")
+                for vf_addr in bind_vfs:
+                    s.add("driverctl", "set-override", vf_addr, "vfio-pci")
             else:
                 # No offset/stride in sysfs: the VFs' addresses are known only now that they exist.
                 s.raw(
@@ -185,34 +218,39 @@ class SriovVfsProvider(HostProvider):
                 '[ "$(basename "$(readlink "$v/driver" 2>/dev/null)" 2>/dev/null)" = vfio-pci ] && break; '
                 "sleep 0.1; j=$((j+1)); done; done"
             )
-        unit = plan.unit_path(pf)
         if "persist" in kinds:
             if unit_text != p.unit_text:
-                s.extend(write_lines(unit, p.unit_text.encode(), "0644", "0:0"))
+                ch.write(plan.unit_path(pf), p.unit_text.encode(), "0644", "0:0")
             s.add("systemctl", "daemon-reload")
             s.add("systemctl", "enable", "--quiet", plan.unit_name(pf))
-        vf_cfg_actions = [a for a in p.actions if a.kind == "vf-config"]
-        for a in vf_cfg_actions:
-            cmd = sh("ip", "link", "set", "dev", a.data["netdev"], "vf", str(a.data["vf"]), *a.data["args"])
-            s.raw(f"if ! out=$({cmd} 2>&1); then echo \"vfcfg-fail {int(a.data['vf'])} $out\" | tr '\\n' ' '; echo; fi")
-        s.extend(_affinity_lines(p.irq_targets) if any(k == "irq" for k in kinds) else [])
-        s.raw("echo @@applied")
-        out = conn.run(s.render()).stdout
-        pristine = parse_files(split_sections(out).get("pristine-files", ""), section="pristine")
-        applied = split_sections(out).get("applied", "") + "\n" + out
+        for act in [x for x in p.actions if x.kind == "vf-config"]:
+            cmd = sh("ip", "link", "set", "dev", act.data["netdev"], "vf", str(act.data["vf"]), *act.data["args"])
+            s.raw(
+                f"if ! out=$({cmd} 2>&1); then echo \"vfcfg-fail {int(act.data['vf'])} $out\" | tr '\\n' ' '; echo; fi"
+            )
+        s.extend(_affinity_lines(p.irq_targets) if "irq" in kinds else [])
+        applied = ""
+        if not ch.empty:
+            self.guarded(conn, p.sentence, lambda: ch.run(conn), changing=True)
+            applied = ch.last_stdout
 
         after, adetail, _, _ = read_state(conn, pf)
         adev = after.pci[pf]
         vfs = list(adev.vfs)
         drivers = {a: (after.pci[a].driver if a in after.pci else None) for a in vfs}
         if adev.sriov_numvfs != want.num_vfs:
-            raise RuntimeError(
-                f"{name}: sriov_numvfs of {pf} is {adev.sriov_numvfs} after writing {want.num_vfs}; see dmesg"
+            raise HostError(
+                name,
+                f"sriov_numvfs of {pf} is {adev.sriov_numvfs} after writing {want.num_vfs}",
+                fix="see dmesg",
+                changed=True,
             )
         if want.vfio and any(d != plan.VFIO for d in drivers.values()):
             bad = {a: d for a, d in drivers.items() if d != plan.VFIO}
-            raise RuntimeError(f"{name}: vfio-pci did not take {bad}; check dmesg (IOMMU group of the VF?)")
-        unmovable = sorted({ln.split()[1] for ln in applied.splitlines() if ln.startswith("unmovable ")}, key=int)
+            raise HostError(
+                name, f"vfio-pci did not take {bad}", fix="check dmesg (IOMMU group of the VF?)", changed=True
+            )
+        unmovable = irq_plan.unmovable(applied)
         if "irq" not in kinds and olds.get("irq_movable") is not None:
             # Nothing was re-pinned this time: what refused before (kernel-managed) still refuses.
             was = olds["irq_movable"]
@@ -220,8 +258,8 @@ class SriovVfsProvider(HostProvider):
         failed_cfg = {}
         for ln in applied.splitlines():
             if ln.startswith("vfcfg-fail "):
-                _, i, rest = ln.split(" ", 2)
-                failed_cfg[int(i)] = rest.strip()
+                _, vf, rest = ln.split(" ", 2)
+                failed_cfg[int(vf)] = rest.strip()
         vf_config: dict[str, str] = {}
         for i, st in enumerate(want.vfs):
             if st.empty:
@@ -233,59 +271,52 @@ class SriovVfsProvider(HostProvider):
             else:
                 vf_config[str(i)] = "applied: " + " ".join(st.ip_args())
 
-        # What delete restores: the first record wins across updates (the host as gpuhost found it).
+        # What delete restores: the host's records (first attempt wins, across re-runs and updates).
         prior_files = {k: v.model_dump() for k, v in pristine.items()}
         prior_files.update(olds.get("prior") or {})
         prior_overrides = dict(olds.get("prior_overrides") or {})
         for a in p.vf_addresses if want.vfio else []:
             if a not in prior_overrides:
-                st = pristine.get(plan.driverctl_file(a))
-                prior_overrides[a] = st.text.strip() if st is not None and st.exists else None
+                was = pristine.get(plan.driverctl_file(a))
+                prior_overrides[a] = was.text.strip() if was is not None and was.exists else None
         prior_affinity = olds.get("prior_affinity")
-        if prior_affinity is None:
-            aff = {q.irq: q.affinity for q in facts.interrupts}
-            prior_affinity = [[i, aff.get(i, [])] for i in detail.irqs] if want.irq_cpus else []
+        if not prior_affinity:
+            first = [ln.split(" ", 1) for ln in firsts.get("irq-affinity", "").splitlines() if ln.strip()]
+            prior_affinity = [[q, parse_cpulist(c[0]) if c else []] for q, *c in first] if want.irq_cpus else []
         aff_now = {q.irq: q.affinity for q in after.interrupts}
-        return self.outputs(
-            props,
-            plan=p.sentence,
-            pf_address=pf,
-            vf_addresses=vfs,
-            numvfs=adev.sriov_numvfs,
-            drivers=drivers,
-            unit=plan.unit_name(pf),
-            pinned={i: aff_now.get(i, []) for i in p.irq_targets if i not in unmovable},
-            unmovable=unmovable,
-            irq_movable=[i in p.irq_targets and i not in unmovable for i in adetail.irqs],
-            vf_config=vf_config,
-            unsupported=p.unsupported,
-            warnings=p.warnings,
-            prior_numvfs=olds.get("prior_numvfs", dev.sriov_numvfs or 0),
-            prior_autoprobe=olds.get("prior_autoprobe", detail.autoprobe),
-            prior_overrides=prior_overrides,
-            prior_affinity=prior_affinity,
-            prior_unit_enabled=olds.get("prior_unit_enabled", bool(detail.unit_enabled)),
-            prior=prior_files,
-        )
-
-    def create(self, props: dict[str, Any]) -> CreateResult:
-        out = self._apply(props, None)
-        return CreateResult(f"{self.spec(props).name}:sriov:{out['pf_address']}", out)
-
-    def update(self, _id: str, olds: dict, news: dict) -> UpdateResult:
-        return UpdateResult(self._apply(news, olds))
+        autoprobe = firsts.get("autoprobe")
+        return {
+            "plan": p.sentence,
+            "pf_address": pf,
+            "vf_addresses": vfs,
+            "numvfs": adev.sriov_numvfs,
+            "drivers": drivers,
+            "unit": plan.unit_name(pf),
+            "pinned": {i: aff_now.get(i, []) for i in p.irq_targets if i not in unmovable},
+            "unmovable": unmovable,
+            "irq_movable": [i in p.irq_targets and i not in unmovable for i in adetail.irqs],
+            "vf_config": vf_config,
+            "unsupported": p.unsupported,
+            "warnings": p.warnings,
+            "prior_numvfs": int(firsts.get("numvfs") or 0),
+            "prior_autoprobe": autoprobe == "1" if autoprobe in ("0", "1") else None,
+            "prior_overrides": prior_overrides,
+            "prior_affinity": prior_affinity,
+            "prior_unit_enabled": FileState.model_validate(prior_files[_wants(pf)]).exists,
+            "prior": prior_files,
+        }
 
     # -- read: what the host really has, in the inputs' terms, so refresh shows drift ---------------------------
-    def read(self, id_: str, props: dict) -> ReadResult:
+    def observe(self, props: dict) -> dict:
         conn = self.conn(props)
         pf = props.get("pf_address") or props["pf"]
         facts, detail, unit_text, pf = read_state(conn, pf)
         dev = facts.pci.get(pf)
         if dev is None:
-            return ReadResult(id_, {**props, "numvfs": None, "vf_addresses": [], "drivers": {}})
+            return {"numvfs": None, "vf_addresses": [], "drivers": {}}
         vfs = list(dev.vfs)
         drivers = {a: (facts.pci[a].driver if a in facts.pci else None) for a in vfs}
-        outs = {**props, "numvfs": dev.sriov_numvfs, "vf_addresses": vfs, "drivers": drivers}
+        outs: dict[str, Any] = {"numvfs": dev.sriov_numvfs, "vf_addresses": vfs, "drivers": drivers}
         outs["num_vfs"] = dev.sriov_numvfs
         if props.get("vfio") and vfs:
             outs["vfio"] = all(
@@ -307,16 +338,17 @@ class SriovVfsProvider(HostProvider):
         ]
         if want_cpus and moved:
             outs["irq_cpus"] = moved[0]
-        return ReadResult(id_, outs)
+        return outs
 
     # -- delete: the PF as it was ------------------------------------------------------------------------------
-    def delete(self, _id: str, props: dict) -> None:
+    def restore(self, props: dict) -> Change:
         conn = self.conn(props)
         pf = props.get("pf_address") or props["pf"]
         facts, detail, _, pf = read_state(conn, pf)
         dev = facts.pci.get(pf)
         prior = {k: FileState.model_validate(v) for k, v in (props.get("prior") or {}).items()}
-        s = Script().raw("set -e")
+        ch = Change(self.owner(props))
+        s = ch.script
         unit = plan.unit_name(pf)
         prior_numvfs = int(props.get("prior_numvfs") or 0)
         if dev is not None:
@@ -340,10 +372,8 @@ class SriovVfsProvider(HostProvider):
                 s.raw(f"if [ -e {exists} ]; then {sh('driverctl', 'set-override', a, before)}; fi")
             else:
                 s.raw(f"if [ -e {exists} ]; then {sh('driverctl', 'unset-override', a)} || true; fi")
-        s.extend(restore_lines(prior))
+        ch.restore(prior)  # the unit, its wants link (as a link), the driverctl files
         s.add("systemctl", "daemon-reload")
-        if props.get("prior_unit_enabled") and prior.get(plan.unit_path(pf), FileState(path="", exists=False)).exists:
-            s.add("systemctl", "enable", "--quiet", unit)
         irqs_now = detail.irqs
         restore_aff = {}
         for pos, (_irq, cpus) in enumerate(props.get("prior_affinity") or []):
@@ -352,24 +382,13 @@ class SriovVfsProvider(HostProvider):
             if now is not None and cpus:
                 restore_aff[now] = [int(c) for c in cpus]  # numbers come back from state as floats
         s.extend(_affinity_lines(restore_aff))
-        conn.run(s.render())
+        return ch.forget(self._record(props, pf, list(prior)))
 
 
 def _unknown(props: dict) -> bool:
     """Whether a value is not known yet (preview): the SDK hands check an `Unknown`, or None outside a dry run."""
-    from pulumi.output import Unknown
-
-    def bad(v):
-        if isinstance(v, Unknown) or (isinstance(v, str) and v == UNKNOWN):
-            return True
-        if isinstance(v, dict):
-            return any(bad(x) for x in v.values())
-        if isinstance(v, list):
-            return any(bad(x) for x in v)
-        return False
-
-    return any(props.get(k) is None for k in ("host", "pf", "num_vfs")) or any(
-        bad(props.get(k)) for k in ("host", *WANT_KEYS)
+    return any(props.get(k) is None for k in ("host", "pf", "num_vfs")) or bool(
+        unknown_paths({k: props.get(k) for k in ("host", *WANT_KEYS)})
     )
 
 

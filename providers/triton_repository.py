@@ -1,9 +1,11 @@
 """TritonModelRepository: the generated model repository files on the guest (config.pbtxt, model.py, ...).
 
 Inputs carry each file's sha256 (and its content) so ``pulumi preview`` shows which file changes;
-``digest`` is one hash over all of them. Create records what each path held before (content or
-absence); delete puts exactly that back and removes directories it created. Read returns the hashes
-the guest has now, so a hand edit of a config.pbtxt shows as drift on refresh.
+``digest`` is one hash over all of them. Before the first change each file (content, mode, owner, or absence) and
+whether each directory existed are recorded on the host (facts/state.py), so a re-run after a dropped connection
+keeps the real originals; delete puts exactly that back and removes the directories it created (only when empty:
+an engine plan built there stays). Read returns the hashes the guest has now, so a hand edit of a config.pbtxt
+shows as drift on refresh. Decisions are in plans/triton_repo.py.
 
 Usage::
 
@@ -17,14 +19,15 @@ from __future__ import annotations
 import base64
 import hashlib
 import posixpath
-from typing import Any
+from typing import Optional
 
-from pulumi.dynamic import CheckFailure, CheckResult, CreateResult, ReadResult, UpdateResult
+from pulumi.dynamic import CheckFailure
 
-from access.shell import Script, quote, sh
-from access.ssh import put_script
-from plans.triton_repo import repository_digest
-from providers.base import HostProvider, HostResource, is_safe_abs_path
+from access.shell import quote
+from facts.files import FileState, files_script, parse_files
+from facts.state import Change, Record
+from plans.triton_repo import plan_repository, repository_digest, repository_dirs
+from providers.base import HostResource, TemplateProvider
 
 
 def repository_inputs(files: dict[str, bytes]) -> dict:
@@ -38,110 +41,85 @@ def repository_inputs(files: dict[str, bytes]) -> dict:
     }
 
 
-def _fact_script(root: str, paths: list[str]) -> str:
-    s = Script()
-    s.add("echo", "@@ROOT")
-    s.raw(f"if [ -d {quote(root)} ]; then echo yes; else echo no; fi")
-    for p in paths:
-        full = posixpath.join(root, p)
-        s.add("echo", "@@FILE " + p)
-        s.raw(f"if [ -f {quote(full)} ]; then base64 -w0 {quote(full)}; echo; else echo @@ABSENT; fi")
-    return s.render()
+def _dir_key(d: str) -> str:
+    return f"dir{d}/state"
 
 
-def _parse_facts(text: str) -> tuple[bool, dict[str, str | None]]:
-    root_exists, files, current = False, {}, None
-    lines = text.splitlines()
-    for i, line in enumerate(lines):
-        if line == "@@ROOT":
-            root_exists = lines[i + 1].strip() == "yes"
-        elif line.startswith("@@FILE "):
-            current = line[len("@@FILE ") :]
-            nxt = lines[i + 1] if i + 1 < len(lines) else "@@ABSENT"
-            files[current] = None if nxt == "@@ABSENT" else nxt.strip()
-    return root_exists, files
+def _dir_of(key: str) -> str:
+    return key.removeprefix("dir").removesuffix("/state")
 
 
-def _prior(found: dict[str, str | None]) -> dict[str, dict]:
-    # Explicit records: a None value would vanish in the engine's protobuf Struct.
-    return {p: {"exists": c is not None, "content": c or ""} for p, c in found.items()}
-
-
-class TritonModelRepositoryProvider(HostProvider):
-    VERSION = "1"
+class TritonModelRepositoryProvider(TemplateProvider):
+    VERSION = "2"
+    KIND = "triton-repository"
+    INPUTS = ("host", "root", "files", "digest")
     REPLACE_ON = ("host", "root")
-    OUTPUT_ONLY = ("prior", "priorRootExists")
+    OUTPUT_ONLY = ("prior", "priorRootExists", "prior_dirs", "plan")
+    PATHS = ("root",)
 
-    def check_known(self, olds: dict, news: dict) -> CheckResult:
-        failures = self.check_host(news)
-        root = news.get("root", "")
-        if not is_safe_abs_path(root) or root == "/":
-            failures.append(CheckFailure("root", f"must be an absolute directory other than /: {root!r}"))
+    def validate(self, news: dict) -> list[CheckFailure]:
+        failures: list[CheckFailure] = []
         for p, f in (news.get("files") or {}).items():
             if p.startswith("/") or ".." in p.split("/") or not p:
                 failures.append(CheckFailure(f"files.{p}", "must be a relative path without '..'"))
             elif hashlib.sha256(base64.b64decode(f.get("content", ""))).hexdigest() != f.get("sha256"):
                 failures.append(CheckFailure(f"files.{p}.sha256", "does not match the content"))
-        return CheckResult(news, failures)
+        return failures
 
-    def _write(self, conn, root: str, files: dict, remove: list[str] = ()) -> None:
-        for p, f in sorted(files.items()):
-            full = posixpath.join(root, p)
-            conn.run(
-                sh("mkdir", "-p", posixpath.dirname(full)) + "\n" + put_script(full, mode="0644"),
-                input=base64.b64decode(f["content"]),
-            )
-        for p in remove:
-            conn.run(sh("rm", "-f", "--", posixpath.join(root, p)))
-
-    def create(self, props: dict) -> CreateResult:
-        conn = self.conn(props)
-        root, files = props["root"], props["files"]
-        root_exists, prior = _parse_facts(conn.run(_fact_script(root, sorted(files))).stdout)
-        self._write(conn, root, files)
-        return CreateResult(
-            f"{props['host']['name']}:{root}", self.outputs(props, prior=_prior(prior), priorRootExists=root_exists)
+    def _record(self, props: dict, rels, dirs) -> Record:
+        root = props["root"]
+        return Record(
+            self.owner(props),
+            files=[posixpath.join(root, p) for p in sorted(rels)],
+            values={_dir_key(d): f"if [ -d {quote(d)} ]; then echo present; else echo absent; fi" for d in dirs},
         )
 
-    def update(self, _id: str, olds: dict, news: dict) -> UpdateResult:
-        conn = self.conn(news)
-        root = news["root"]
-        prior = dict(olds.get("prior") or {})
-        new_paths = sorted(set(news["files"]) - set(prior))
-        if new_paths:
-            _, found = _parse_facts(conn.run(_fact_script(root, new_paths)).stdout)
-            prior.update(_prior(found))
-        changed = {p: f for p, f in news["files"].items() if (olds.get("files") or {}).get(p) != f}
-        gone = sorted(set(olds.get("files") or {}) - set(news["files"]))
-        self._write(conn, root, changed)
-        self._restore(conn, root, {p: prior.get(p) for p in gone})
-        return UpdateResult(self.outputs(news, prior=prior, priorRootExists=olds.get("priorRootExists", True)))
-
-    def _restore(self, conn, root: str, prior: dict[str, Any]) -> None:
-        for p, record in sorted(prior.items()):
-            full = posixpath.join(root, p)
-            if not record or not record.get("exists"):
-                conn.run(sh("rm", "-f", "--", full))
-            else:
-                conn.run(put_script(full), input=base64.b64decode(record["content"]))
-
-    def delete(self, _id: str, props: dict) -> None:
+    def apply(self, props: dict, prior: Optional[dict]) -> dict:
         conn = self.conn(props)
-        root = props["root"]
-        self._restore(conn, root, props.get("prior") or {})
-        if not props.get("priorRootExists", True):
-            # Only empty directories go: anything not ours (an engine plan built there) stays.
-            conn.run(Script().raw(f"find {quote(root)} -depth -type d -empty -delete 2>/dev/null || true").render())
-
-    def read(self, id_: str, props: dict) -> ReadResult:
-        conn = self.conn(props)
-        _, found = _parse_facts(conn.run(_fact_script(props["root"], sorted(props.get("files") or {}))).stdout)
-        files = {
-            p: {"sha256": hashlib.sha256(base64.b64decode(c)).hexdigest(), "content": c}
-            for p, c in found.items()
-            if c is not None
+        root, files = props["root"], props["files"]
+        rec = self._record(props, files, repository_dirs(root, list(files)))
+        full = {p: posixpath.join(root, p) for p in files}
+        out, pristine, values = self.record_and_read(conn, props, rec, files_script(sorted(full.values())).render())
+        now = parse_files(out)
+        p = plan_repository(
+            root, {r: base64.b64decode(f["content"]) for r, f in files.items()}, {r: now[a] for r, a in full.items()}
+        )
+        # Files no longer in the repository go back to what they were; their records go with them.
+        old = {r: FileState.model_validate(s) for r, s in ((prior or {}).get("prior") or {}).items()}
+        gone = {posixpath.join(root, r): s for r, s in old.items() if r not in files}
+        ch = Change(self.owner(props)).restore(gone).forget(Record(rec.owner, files=sorted(gone)))
+        self.run_plan(conn, props, p, ch)
+        dirs = {**{_dir_of(k): v for k, v in values.items()}, **((prior or {}).get("prior_dirs") or {})}
+        return {
+            "prior": {r: pristine[a].model_dump() for r, a in full.items()},
+            "priorRootExists": dirs.get(root) != "absent",
+            "prior_dirs": dirs,
+            "plan": p.sentences,
         }
-        return ReadResult(id_, {**props, "files": files})
+
+    def observe(self, props: dict) -> dict:
+        root = props["root"]
+        now = parse_files(
+            self.conn(props)
+            .run(files_script(sorted(posixpath.join(root, p) for p in props.get("files") or {})).render())
+            .stdout
+        )
+        files = {
+            posixpath.relpath(a, root): {"sha256": hashlib.sha256(st.content).hexdigest(), "content": st.content_b64}
+            for a, st in now.items()
+            if st.exists
+        }
+        return {"files": files}
+
+    def restore(self, props: dict) -> Change:
+        root = props["root"]
+        prior = {posixpath.join(root, r): FileState.model_validate(s) for r, s in (props.get("prior") or {}).items()}
+        dirs = props.get("prior_dirs") or {}
+        ch = Change(self.owner(props)).restore(prior)
+        # Deepest first, and only empty ones: anything not ours (an engine plan built there) stays.
+        for d in sorted((d for d, v in dirs.items() if v == "absent"), key=lambda d: -d.count("/")):
+            ch.add([f"rmdir -- {quote(d)} 2>/dev/null || true"])
+        return ch.forget(Record(self.owner(props), files=sorted(prior), values={_dir_key(d): "" for d in dirs}))
 
 
 class TritonModelRepository(HostResource, module="serving", name="TritonModelRepository"):

@@ -3,6 +3,7 @@ and a reboot wait that keeps its deadline and stops at a host-key mismatch."""
 
 from __future__ import annotations
 
+import base64
 import hashlib
 import os
 import socket
@@ -12,7 +13,6 @@ import pytest
 
 from access import keys, ssh
 from access.shell import Script, quote, sh
-from providers.pristine import write_lines
 from providers.reboot import wait_for_new_boot
 
 OTHER_KEY = "ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIL/kSwgf9qVUgtkwpJuQBIIevT94BAXy29qU5XlIfwG3"
@@ -53,10 +53,20 @@ def test_a_failing_script_shows_every_line_and_its_stderr(conn):
     assert "No such file or directory" in msg and "exit code 2" in msg
 
 
+def _inlined_write(path: str, content: bytes, mode: str, owner: str) -> list[str]:
+    """A script that carries a file's content in its own text (base64), as large scripts do."""
+    b64 = base64.b64encode(content).decode()
+    return [
+        f"printf '%s' {quote(b64)} | base64 -d > {quote(path)}",
+        sh("chmod", mode, path),
+        sh("chown", owner, path),
+    ]
+
+
 def test_a_200_kib_file_goes_over_stdin_not_argv(conn, tmp_path):
     content = os.urandom(200 * 1024)
     path = str(tmp_path / "big.bin")
-    script = "set -e\n" + "\n".join(write_lines(path, content, "0640", f"{os.getuid()}:{os.getgid()}")) + "\n"
+    script = "set -e\n" + "\n".join(_inlined_write(path, content, "0640", f"{os.getuid()}:{os.getgid()}")) + "\n"
     assert len(script) > 256 * 1024  # base64 inlined: far past one argv string's 128 KiB
     conn.run(script)
     got = open(path, "rb").read()

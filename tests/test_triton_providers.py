@@ -53,6 +53,11 @@ def test_repository_create_serves_noop_drift_update_and_restore(local_sshd, prov
     r.destroy()
     assert (root / "yolov8n" / "config.pbtxt").read_text() == "# operator's old config\n"
     assert not (root / "yolov8n" / "1" / "model.py").exists()
+    # The directory it made goes too, unless something not ours is in it (Triton's python backend compiles
+    # model.py into __pycache__ there when a real Triton loaded the repository above).
+    made = root / "yolov8n" / "1"
+    assert (sorted(p.name for p in made.iterdir()) if made.exists() else []) in ([], ["__pycache__"])
+    assert (root / "yolov8n").is_dir()
 
 
 def test_repository_check_refuses_escaping_paths(local_sshd, provider_server_for, tmp_path):
