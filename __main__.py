@@ -2,10 +2,11 @@
 
 import pulumi
 
-from stacks.load import load
+from stacks.load import guest_public_key, load
 from stacks.program import build
 
 fleet, _ssh_key = load(pulumi.Config("gpuhost"))  # every bad field reported at once, before any resource
-outputs = build(fleet)
+# new guests authorize the public half of the key gpuhost reaches them with (cloud-init); the private key stays secret
+outputs = build(fleet, guest_keys=(guest_public_key(pulumi.Config("gpuhost")),))
 for name, value in outputs.items():
     pulumi.export(name, value)

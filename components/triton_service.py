@@ -7,7 +7,8 @@ Children (all named ``f"{name}-…"``, parented to the component):
   * ``{name}-{model}-engine``: TensorRTEngine per TensorRT model (after its ONNX arrived);
   * ``{name}-models``: TritonModelRepository (config.pbtxt per model, validated; ``.gpuhost-digest`` marker);
   * Docker runtime: ``{name}-docker`` provider at ``ssh://user@guest`` (gpuhost's pins and key), ``{name}-triton-image`` (pinned image),
-    ``{name}-triton`` container (ports 8000/8001/8002, GPUs or MIG UUIDs, shm, restart, MPS env); or process
+    ``{name}-triton-run`` (this deploy's `docker run` script on the guest: the snapshot keeps the previous one, so a
+    failed gate brings back the previous image and flags), ``{name}-triton`` container (ports 8000/8001/8002, GPUs or MIG UUIDs, shm, restart, MPS env); or process
     runtime: ``{name}-triton-unit`` (systemd unit, numactl-bound to the GPU's node) and ``{name}-triton-service``
     (enabled, restarted on every repository or unit change);
   * ``{name}-nginx-pkg``, ``{name}-nginx-conf``, ``{name}-nginx``: nginx installed, its config, checked and
@@ -50,6 +51,10 @@ from plans.triton_runtime import (
     ProcessRuntime,
     ServerOptions,
     container_spec,
+    docker_gpus_flag,
+    docker_rollback_restart,
+    docker_run_script,
+    docker_unroll,
     server_args,
     systemd_unit,
 )
@@ -204,8 +209,11 @@ def children(name: str, args: TritonServiceArgs) -> list[Child]:
         rt = args.docker.model_copy(update={"host_repository": args.repository_root, "env": {**env, **args.docker.env}})
         c = container_spec(rt, srv_args)
         runtime_id = hashlib.sha256(json.dumps(c, sort_keys=True).encode()).hexdigest()
-        server_files: list[str] = []
-        restart = [["docker", "restart", c["name"]]]
+        # This deploy's own `docker run` on the guest: the snapshot keeps the previous deploy's, so a failed gate
+        # restarts the previous image and flags, not this deploy's container (plans.triton_runtime).
+        run_path = f"{args.snapshot_dir}/{name}.docker-run.sh"
+        server_files: list[str] = [run_path]
+        restart = [docker_rollback_restart(run_path, c["name"])]
     else:
         srv_args = with_flags(
             server_args(args.server.model_copy(update={"model_repository": args.repository_root}), specs),
@@ -241,7 +249,8 @@ def children(name: str, args: TritonServiceArgs) -> list[Child]:
         "files": server_files,
         "restart": restart,
     }
-    out = [Child("snapshot", ServingSnapshot, {**rollback, "trigger": deploy_id})]
+    prepare = [docker_unroll(c["name"], c["restart"])] if args.runtime == "docker" else []
+    out = [Child("snapshot", ServingSnapshot, {**rollback, "trigger": deploy_id, "prepare": prepare})]
 
     # -- model artifacts, engines, repository ---------------------------------------------------------------------
     artifacts: dict[str, str] = {}  # dest -> suffix
@@ -277,6 +286,27 @@ def children(name: str, args: TritonServiceArgs) -> list[Child]:
             Child("triton-image", docker.RemoteImage, {"name": rt.image, "keep_locally": True}, provider="docker")
         )
         devices = args.devices if args.devices is not None else list(rt.gpus)
+        out.append(
+            Child(
+                "triton-run",
+                ManagedFile,
+                {
+                    "host": host,
+                    "path": run_path,
+                    "content": Later(
+                        devices,
+                        lambda ids: docker_run_script(
+                            c,
+                            docker_gpus_flag(list(ids or ["all"])),
+                            {"gpuhost.repository-digest": digest, "gpuhost.gpus": ",".join(ids or [])},
+                        ),
+                    ),
+                    "mode": "0700",
+                    "owner": "root:root",
+                },
+                after=("snapshot",),
+            )
+        )
         out.append(
             Child(
                 "triton",

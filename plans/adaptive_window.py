@@ -40,6 +40,17 @@ class AdaptiveWindow(BaseModel):
         description="host:port of the controller's /metrics (decisions for Prometheus)",
     )
 
+    @property
+    def port(self) -> int:
+        """The port of the controller's /metrics (Prometheus scrapes it at the service's address)."""
+        return int(self.listen.rsplit(":", 1)[1])
+
+    @property
+    def loopback_only(self) -> bool:
+        """True when `listen` binds loopback only, where no other machine (the monitoring host) can scrape it."""
+        host = self.listen.rsplit(":", 1)[0].strip("[]")
+        return host == "localhost" or host.startswith("127.") or host == "::1"
+
     @model_validator(mode="after")
     def _clamp(self):
         if self.max_us < self.min_us:

@@ -23,6 +23,7 @@ from typing import Literal, Optional
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from access.shell import Script, quote, sh
 from plans.triton_model import ModelSpec, needs_rate_limit, needs_response_cache
 
 _IMAGE = r"^[a-z0-9.\-/:_@]+$"
@@ -178,3 +179,70 @@ def parse_unit_exec(unit_text: str) -> tuple[list[str], dict[str, str]]:
             k, _, v = unquote(word.match(line[len("Environment=") :]).group(1)).partition("=")
             env[k] = v
     return argv, env
+
+
+# ---------------------------------------------------------------- Docker rollback: the deploy's own `docker run`
+
+
+def docker_gpus_flag(ids: list[str]) -> str:
+    """`--gpus` as the docker CLI reads it: `all`, or `"device=a,b"` (quoted: the CLI splits the value as CSV)."""
+    return "all" if list(ids or ["all"]) == ["all"] else '"device=' + ",".join(ids) + '"'
+
+
+def docker_run_script(c: dict, gpus: str, labels: dict[str, str]) -> str:
+    """A script that (re)starts this deploy's Triton container exactly as declared: `c` from `container_spec`.
+
+    Every Docker deploy writes it on the guest (TritonService's `triton-run` file) and ServingSnapshot keeps the
+    previous deploy's copy, so a failed gate puts back the previous image (by the reference that deploy pinned,
+    `tag@sha256:...` in production) and its flags, not only its model repository. A container of the same name is
+    stopped, kept as `<name>-failed` with no restart policy (its logs show why the gate failed), then the declared
+    one runs.
+    """
+    name = c["name"]
+    failed = f"{name}-failed"
+    run: list[str] = ["docker", "run", "-d", "--name", name, "--restart", c["restart"]]
+    run += ["--shm-size", f"{int(c['shm_size'])}m", "--gpus", gpus]
+    for u in c["ulimits"]:
+        run += ["--ulimit", f"{u['name']}={u['soft']}:{u['hard']}"]
+    for p in c["ports"]:
+        run += ["-p", f"{p['external']}:{p['internal']}"]
+    for e in c["envs"]:
+        run += ["-e", e]
+    for v in c["volumes"]:
+        run += ["-v", f"{v['host_path']}:{v['container_path']}" + (":ro" if v.get("read_only") else "")]
+    for k, val in sorted(labels.items()):
+        run += ["--label", f"{k}={val}"]
+    run += [c["image"], *c["command"]]
+    s = Script().raw("set -e")
+    s.raw(f"{sh('docker', 'rm', '-f', failed)} >/dev/null 2>&1 || true")
+    s.raw(f"if {sh('docker', 'container', 'inspect', name)} >/dev/null 2>&1; then")
+    s.raw(f"  {sh('docker', 'update', '--restart=no', name)} >/dev/null")
+    s.raw(f"  {sh('docker', 'stop', name)} >/dev/null")
+    s.raw(f"  {sh('docker', 'rename', name, failed)}")
+    s.raw("fi")
+    s.add(*run)
+    return s.render()
+
+
+def docker_unroll(name: str, restart: str) -> list[str]:
+    """Run first by the next deploy (ServingSnapshot's `prepare`): when a rollback swapped containers, remove the
+    restored one and put the container Pulumi created back under its name, running, with its restart policy, so
+    the deploy replaces or updates what its state records (no name or port clash)."""
+    failed = f"{name}-failed"
+    s = Script().raw(f"if {sh('docker', 'container', 'inspect', failed)} >/dev/null 2>&1; then")
+    s.raw(f"  {sh('docker', 'rm', '-f', name)} >/dev/null 2>&1 || true")
+    s.raw(f"  {sh('docker', 'rename', failed, name)}")
+    s.raw(f"  {sh('docker', 'update', f'--restart={restart}', name)} >/dev/null")
+    s.raw(f"  {sh('docker', 'start', name)} >/dev/null")
+    s.raw("fi")
+    return ["sh", "-c", s.render()]
+
+
+def docker_rollback_restart(run_path: str, name: str) -> list[str]:
+    """The rollback's restart step for the Docker runtime: the restored `docker_run_script` when the previous
+    deploy left one, else (a deploy from before these scripts) a plain restart of the container."""
+    return [
+        "sh",
+        "-c",
+        f"if [ -e {quote(run_path)} ]; then sh {quote(run_path)}; else {sh('docker', 'restart', name)}; fi",
+    ]

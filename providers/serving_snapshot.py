@@ -4,8 +4,9 @@ Runs first in a TritonService (before artifacts, engines, repository and server 
 hash over everything the deploy writes) changes, it copies the model repository (configs, model files, built
 engines, the `.gpuhost-digest` marker) and the server's files (the systemd unit, nginx.conf) to `snapshot`.
 `restore` (called by the AcceptanceGate on failure) puts them back and restarts the server; `served_digest` reads
-the marker, so a gate can tell whether the guest serves this deploy or a rolled-back one. Delete removes the
-snapshot directory (it is gpuhost's own).
+the marker, so a gate can tell whether the guest serves this deploy or a rolled-back one. `prepare`: commands run
+before the snapshot is taken (the Docker runtime undoes an earlier rollback's container swap there, so what runs is
+what Pulumi recorded). Delete removes the snapshot directory (it is gpuhost's own).
 
 Usage::
 
@@ -28,9 +29,13 @@ from providers.base import HostResource, TemplateProvider
 MARKER = ".gpuhost-digest"
 
 
-def snapshot_script(root: str, snapshot: str, files: list[str]) -> str:
+def snapshot_script(
+    root: str, snapshot: str, files: list[str], prepare: tuple[list[str], ...] | list[list[str]] = ()
+) -> str:
     new = snapshot + ".new"
     s = Script().raw("set -e")
+    for argv in prepare:
+        s.add(*argv)
     s.raw(f"if [ -d {quote(root)} ]; then")
     s.raw(f"  rm -rf {quote(new)}; mkdir -p {quote(new + '/files')}")
     s.raw(f"  cp -a {quote(root)} {quote(new + '/repo')}")
@@ -85,14 +90,21 @@ class ServingSnapshotProvider(TemplateProvider):
     VERSION = "2"  # 2: on the template
     KIND = "snapshot"
     REPLACE_ON = ("host", "snapshot")
-    INPUTS = ("host", "root", "snapshot", "files", "restart", "trigger")
+    INPUTS = ("host", "root", "snapshot", "files", "restart", "trigger", "prepare")
     OUTPUT_ONLY = ("taken",)
     PATHS = ("root", "snapshot")
 
     def apply(self, props: dict, prior: Optional[dict]) -> dict:
         conn = self.conn(props)
         ch = Change(self.owner(props)).add(
-            [snapshot_script(props["root"], props["snapshot"], list(props.get("files") or []))]
+            [
+                snapshot_script(
+                    props["root"],
+                    props["snapshot"],
+                    list(props.get("files") or []),
+                    [list(a) for a in props.get("prepare") or []],
+                )
+            ]
         )
         self.guarded(conn, "taking the serving snapshot", lambda: ch.run(conn), changing=True)
         return {"taken": "taken" in ch.last_stdout.split()}

@@ -236,6 +236,11 @@ def fleet_problems(fleet: Fleet, unknown: frozenset[str] = frozenset()) -> list[
         for i, s in enumerate(fleet.services):
             if s.host == m.host and not s.vm and s.nginx_port in (m.prometheus_port, m.grafana_port):
                 out.append(f"fleet.services[{i}].nginx_port: {s.nginx_port} is taken by monitoring on {m.host}")
+            if s.adaptive_window and s.adaptive_window.loopback_only:
+                out.append(
+                    f"fleet.services[{i}].adaptive_window.listen: {s.adaptive_window.listen} is loopback only; "
+                    "Prometheus on the monitoring host scrapes the controller there (listen on 0.0.0.0:PORT)"
+                )
     out += gateway_problems(fleet)
     return out
 

@@ -6,6 +6,7 @@ before any SSH connection or resource registration.
 Usage (in __main__.py)::
 
     fleet, key = load(pulumi.Config("gpuhost"))      # raises ConfigError listing every bad field
+    pub = guest_public_key(pulumi.Config("gpuhost"))  # "ssh-ed25519 AAAA... gpuhost": what new guests authorize
 """
 
 from __future__ import annotations
@@ -151,6 +152,34 @@ def load(config: pulumi.Config) -> tuple[Fleet, pulumi.Output[str]]:
                 f"{full}: stored in plaintext; re-set it with `pulumi config set --secret {name} < key` "
                 "so it is encrypted in the stack file and never shown"
             )
+    if not lines:
+        try:
+            guest_public_key(config)
+        except ConfigError as e:
+            lines += e.lines
     if lines:
         raise ConfigError(lines)
     return fleet, config.require_secret("sshPrivateKey")
+
+
+def guest_public_key(config: pulumi.Config) -> str:
+    """The public half of `gpuhost:sshPrivateKey`, as an authorized_keys line ("ssh-ed25519 AAAA... gpuhost").
+
+    gpuhost reaches every guest with that key (through the host as jump), so cloud-init authorizes this line for
+    the guest user. Only the public line leaves this function; the private key stays in the secret config value.
+    """
+    from access.ssh import SshError, _load_pkey
+
+    pem = config.get("sshPrivateKey")
+    if pem is None:
+        raise ConfigError(
+            ["gpuhost:sshPrivateKey: missing; set it with `pulumi config set --secret sshPrivateKey < key`"]
+        )
+    try:
+        key = _load_pkey(pem)
+    except SshError:
+        # paramiko's message may quote the key material; say what is wrong without it
+        raise ConfigError(
+            ["gpuhost:sshPrivateKey: not an unencrypted ed25519, ECDSA or RSA private key (PEM or OpenSSH format)"]
+        ) from None
+    return f"{key.get_name()} {key.get_base64()} gpuhost"

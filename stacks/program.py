@@ -5,7 +5,7 @@ host prep (and its one reboot) → SR-IOV VFs → tenant VMs pinned beside their
 Usage (what __main__.py does)::
 
     fleet, _key = stacks.load.load(pulumi.Config("gpuhost"))
-    outputs = build(fleet)
+    outputs = build(fleet, guest_keys=(stacks.load.guest_public_key(pulumi.Config("gpuhost")),))
 """
 
 from __future__ import annotations
@@ -105,12 +105,14 @@ def bootstrap_config(fleet: Fleet, h: Host, vm: Vm) -> BootstrapConfig:
     return BootstrapConfig(persistence=True, mps=mps, only=only)
 
 
-def cloud_init(h: Host, vm: Vm) -> Optional[CloudInit]:
+def cloud_init(h: Host, vm: Vm, guest_keys: tuple[str, ...] = ()) -> Optional[CloudInit]:
+    """The guest's seed: its static address and, for the guest user, the public keys gpuhost logs in with."""
     if not h.vm_network or not vm.address:
         return None
     n = h.vm_network
     return CloudInit(
         user=vm.guest_user,
+        ssh_authorized_keys=guest_keys,
         hostname=vm.name,
         network=StaticNetwork(
             mac=vm_mac(f"{h.name}-{vm.name}"),
@@ -250,9 +252,15 @@ def declare_component(cls: type, name: str, args: Any, after: list, where: str) 
     return cls(name, args, ResourceOptions(depends_on=after) if after else None)
 
 
-def build(fleet: Fleet, new: Callable[[type, str, Any, list, str], Any] = declare_component) -> dict:
+def build(
+    fleet: Fleet,
+    new: Callable[[type, str, Any, list, str], Any] = declare_component,
+    guest_keys: tuple[str, ...] = (),
+) -> dict:
     """Declare the fleet's components in the seeds' order. `new(cls, name, args, after, where)` makes each one
-    (`where`: the config path it comes from)."""
+    (`where`: the config path it comes from). `guest_keys`: public keys a new guest's user authorizes (cloud-init);
+    __main__ passes the public half of `gpuhost:sshPrivateKey` (`stacks.load.guest_public_key`), the key the
+    providers reach guests with."""
     # Plan every host before declaring anything: a VM that cannot fit fails the program with no resource
     # registered.
     placements = {h.name: plan_host(i, h) for i, h in enumerate(fleet.hosts)}
@@ -316,7 +324,7 @@ def build(fleet: Fleet, new: Callable[[type, str, Any, list, str], Any] = declar
             gs = guest_spec(h, vm)
             if gs:
                 guests[(h.name, vm.name)] = gs
-            ci = cloud_init(h, vm)
+            ci = cloud_init(h, vm, guest_keys)
             vms[(h.name, vm.name)] = new(
                 PinnedVM,
                 f"{h.name}-{vm.name}",
@@ -491,6 +499,7 @@ def build(fleet: Fleet, new: Callable[[type, str, Any, list, str], Any] = declar
                     host=f"{s.host}-{s.vm}" if s.vm else s.host,
                     tenant=s.vm,
                     models=tuple(m.name for m in s.models),
+                    window_port=s.adaptive_window.port if s.adaptive_window else None,
                     slo=ServingSlo(
                         p95_latency_ms=s.slo.p95_ms,
                         max_failure_ratio=s.slo.max_error_rate or ServingSlo().max_failure_ratio,

@@ -101,6 +101,8 @@ class EchoMocks(pulumi.runtime.Mocks):
 class Recording:
     registrations: list[Registration] = field(default_factory=list)
     exports: dict = field(default_factory=dict)
+    # the exports once every Output in them resolved (what `pulumi stack output` would show)
+    resolved_exports: Any = None
 
     def of_type(self, t: str) -> list[Registration]:
         return [r for r in self.registrations if r.type == t]
@@ -138,17 +140,17 @@ def run_program(
     rec = Recording()
 
     def default_body():
-        from stacks.load import load
+        from stacks.load import guest_public_key, load
         from stacks.program import build
 
         fleet, _ = load(pulumi.Config("gpuhost"))
-        return build(fleet)
+        return build(fleet, guest_keys=(guest_public_key(pulumi.Config("gpuhost")),))
 
     @pulumi.runtime.test
     def program():
         out = (body or default_body)()
         rec.exports = out
-        return pulumi.Output.from_input(out).apply(lambda v: v)
+        return pulumi.Output.from_input(out).apply(lambda v: setattr(rec, "resolved_exports", v) or v)
 
     try:
         program()
@@ -175,12 +177,12 @@ def attempt_program(
 
     @pulumi.runtime.test
     def program():
-        from stacks.load import load
+        from stacks.load import guest_public_key, load
         from stacks.program import build
 
         try:
             fleet, _ = load(pulumi.Config("gpuhost"))
-            out = build(fleet)
+            out = build(fleet, guest_keys=(guest_public_key(pulumi.Config("gpuhost")),))
         except Exception as e:  # noqa: BLE001 - the error is the result under test
             error.append(e)
             return None

@@ -196,3 +196,82 @@ def test_deployed_command_line_runs_against_triton_started_with_the_deployed_fla
     assert 'gpuhost_adaptive_window_decisions_total{model="standin",action="hold"} 1' in text, out
     assert 'gpuhost_adaptive_window_errors_total{model="standin"} 0' in text, out
     assert proc.returncode == 0, out
+
+
+# ------------------------------------------------------------------ the controller's /metrics as a scrape target
+
+
+def _window_graph(rules_path="/etc/prometheus/rules/gpuhost.rules.yml"):
+    from plans.monitoring.model import HostTarget, MonitoringGraph, TritonTarget
+
+    return MonitoringGraph(
+        hosts=(HostTarget(name="gpu-a", address="10.0.0.5", role="host"),),
+        guests=(HostTarget(name="gpu-a-t1", address="10.20.1.11", role="guest", tenant="t1", gpu_driver=True),),
+        services=(
+            TritonTarget(name="win", address="10.20.1.11", host="gpu-a-t1", tenant="t1", window_port=9108),
+            TritonTarget(name="plain", address="10.0.0.5", host="gpu-a"),
+            TritonTarget(name="win6", address="fd00::7", host="gpu-a", window_port=9200),
+        ),
+        rules_path=rules_path,
+    )
+
+
+def test_scrape_config_has_one_adaptive_window_target_per_service_that_runs_the_controller():
+    from plans.monitoring import prometheus
+
+    jobs = {j["job_name"]: j for j in prometheus.scrape_jobs(_window_graph())}
+    groups = jobs["adaptive_window"]["static_configs"]
+    assert [(g["targets"], g["labels"]) for g in groups] == [
+        (["10.20.1.11:9108"], {"host": "gpu-a-t1", "tenant": "t1", "service": "win"}),
+        (["[fd00::7]:9200"], {"host": "gpu-a", "tenant": "shared", "service": "win6"}),
+    ]
+    none = _window_graph().model_copy(update={"services": _window_graph().services[1:2]})
+    assert "adaptive_window" not in {j["job_name"] for j in prometheus.scrape_jobs(none)}
+
+
+@pytest.mark.skipif(not Path("/usr/bin/promtool").exists(), reason="Debian promtool not installed")
+def test_mocked_program_scrapes_every_adaptive_window_controller_and_promtool_accepts_the_config(tmp_path):
+    """Stack config → MonitoringFiles' prometheus.yml (the file gpuhost places on the monitoring host), checked by the
+    real promtool; the program runs under Pulumi mocks (no monitoring host here)."""
+    import yaml
+
+    from tests.servers import prometheus as prom
+
+    cfg, secret, fleet = fleet_with({"target_p95_ms": 48}, service=1)
+    fleet["services"][4]["adaptive_window"] = {"listen": "0.0.0.0:9200"}
+    cfg["gpuhost:fleet"] = json.dumps(fleet)
+    rec = run_program(cfg, secret, stack="hk-prod")
+    files = next(r for r in rec.of_type("pulumi-python:dynamic/monitoring:MonitoringFiles")).inputs["files"]
+    path = next(p for p in files if p.endswith("/prometheus.yml"))
+    doc = yaml.safe_load(files[path])
+    jobs = {j["job_name"]: j for j in doc["scrape_configs"]}
+    triton = {g["labels"]["service"]: g for g in jobs["triton"]["static_configs"]}
+    window = {g["labels"]["service"]: g for g in jobs["adaptive_window"]["static_configs"]}
+    names = [s["name"] for s in fleet["services"]]
+    assert sorted(window) == sorted([names[1], names[4]])
+    for service, port in ((names[1], "9108"), (names[4], "9200")):
+        address = triton[service]["targets"][0].rsplit(":", 1)[0]  # where that service's Triton is scraped
+        assert window[service]["targets"] == [f"{address}:{port}"]
+        assert window[service]["labels"] == triton[service]["labels"]
+    # promtool: the placed config with its rule file where it can read it
+    rules_path = next(p for p in files if p.endswith(".rules.yml"))
+    (tmp_path / "gpuhost.rules.yml").write_text(files[rules_path])
+    doc["rule_files"] = [str(tmp_path / "gpuhost.rules.yml")]
+    (tmp_path / "prometheus.yml").write_text(yaml.safe_dump(doc, sort_keys=False))
+    rc, out = prom.promtool("check", "config", str(tmp_path / "prometheus.yml"))
+    assert rc == 0, out
+    # not vacuous: promtool rejects the same job with a target that is no host:port
+    window[names[1]]["targets"] = ["10.20.1.11:9108/metrics"]
+    (tmp_path / "prometheus.yml").write_text(yaml.safe_dump(doc, sort_keys=False))
+    rc, out = prom.promtool("check", "config", str(tmp_path / "prometheus.yml"))
+    assert rc != 0, out
+
+
+def test_a_loopback_only_controller_is_refused_when_monitoring_scrapes_it():
+    _, _, fleet = fleet_with({"listen": "127.0.0.1:9108"})
+    with pytest.raises(ConfigError) as e:
+        parse_fleet(fleet)
+    assert e.value.lines == [
+        "fleet.services[1].adaptive_window.listen: 127.0.0.1:9108 is loopback only; Prometheus on the monitoring "
+        "host scrapes the controller there (listen on 0.0.0.0:PORT)"
+    ]

@@ -467,3 +467,84 @@ def test_components_take_args_not_stack_config():
     for f in sorted(Path("components").glob("*.py")):
         imports = [ln for ln in f.read_text().splitlines() if ln.lstrip().startswith(("import ", "from "))]
         assert not [ln for ln in imports if " stacks" in ln], f
+
+
+def _public_line_of(pem: str) -> str:
+    """The test key's public half, derived here with `cryptography` (the program uses paramiko)."""
+    from cryptography.hazmat.primitives import serialization
+
+    key = serialization.load_ssh_private_key(pem.encode(), password=None)
+    return key.public_key().public_bytes(serialization.Encoding.OpenSSH, serialization.PublicFormat.OpenSSH).decode()
+
+
+def test_new_guests_authorize_the_public_half_of_the_stack_key(hk):
+    """`up` alone yields a guest gpuhost can log in to: every cloud-init seed authorizes, for the guest user that
+    GuestBootstrap/Triton connect as, the public half of gpuhost:sshPrivateKey (the key those providers use)."""
+    import paramiko
+
+    from plans.domain_xml import CloudInit, cloud_init_files
+
+    want = _public_line_of(test_key())
+    seeded = [r for r in hk.of_type("pulumi-python:dynamic/vm:LibvirtDomain") if r.inputs.get("cloud_init")]
+    assert len(seeded) >= 2
+    for r in seeded:
+        ci = CloudInit.model_validate(r.inputs["cloud_init"])
+        assert [" ".join(k.split()[:2]) for k in ci.ssh_authorized_keys] == [want], r.name
+        user = json.loads(cloud_init_files(ci, r.name)["user-data"].removeprefix("#cloud-config\n"))
+        assert user["users"][0]["ssh_authorized_keys"] == list(ci.ssh_authorized_keys)
+        # the user that logs in is the one the guest's SSH spec names (bootstrap reaches the guest as it)
+        boot = hk.by_name(r.name.removesuffix("-domain") + "-bootstrap").inputs["host"]
+        assert user["users"][0]["name"] == boot["user"] and boot["key_name"] == "sshPrivateKey"
+    # the authorized key verifies a signature made with the stack's private key
+    priv = paramiko.Ed25519Key.from_private_key(__import__("io").StringIO(test_key()))
+    typ, b64 = CloudInit.model_validate(seeded[0].inputs["cloud_init"]).ssh_authorized_keys[0].split()[:2]
+    pub = paramiko.PKey.from_type_string(typ, __import__("base64").b64decode(b64))
+    msg = b"gpuhost guest login"
+    assert pub.verify_ssh_sig(msg, paramiko.Message(priv.sign_ssh_data(msg).asbytes()))
+
+
+def test_private_key_reaches_no_resource_input_state_or_output(hk):
+    """Inputs are what Pulumi stores in state (the mocks echo them as outputs): none holds the private key or any
+    line of its body; exports neither."""
+    pem = test_key()
+    body = [ln for ln in pem.splitlines() if ln and not ln.startswith("-----")]
+    assert body
+    blobs = [json.dumps(r.inputs, default=str) for r in hk.registrations]
+    assert hk.resolved_exports and hk.resolved_exports["placement"]
+    blobs.append(json.dumps(hk.resolved_exports, default=str))
+    for blob in blobs:
+        assert "PRIVATE KEY" not in blob
+        assert not any(ln in blob for ln in body)
+    assert _public_line_of(pem).split()[1] in "".join(blobs)  # the public half does land there
+
+
+def test_a_stack_key_that_is_not_a_private_key_is_refused_before_any_resource():
+    from stacks.load import ConfigError
+    from tests.mocks import attempt_program
+
+    cfg, secret = stack_config("hk-prod")
+    cfg[KEY] = "not-a-key AAAAsecretmaterial"
+    rec, err = attempt_program(cfg, secret, stack="hk-prod")
+    assert isinstance(err, ConfigError) and err.lines == [
+        "gpuhost:sshPrivateKey: not an unencrypted ed25519, ECDSA or RSA private key (PEM or OpenSSH format)"
+    ]
+    assert "secretmaterial" not in str(err)
+    assert rec.registrations == []
+
+
+def test_docker_services_write_their_run_script_after_the_snapshot_and_roll_back_with_it(hk):
+    """Docker runtime (mocks: no Docker engine here): every container's service writes its `docker run` script only
+    after the snapshot kept the previous one, and its gates' rollback restarts from that script."""
+    from plans.triton_runtime import docker_rollback_restart
+
+    containers = [r for r in hk.of_type("docker:index/container:Container") if r.name.endswith("-triton")]
+    assert len(containers) >= 2
+    for c in containers:
+        svc = c.name.removesuffix("-triton")
+        run = hk.by_name(f"{svc}-triton-run")
+        assert hk.by_name(f"{svc}-snapshot").urn in run.dependencies
+        path = run.inputs["path"]
+        gates = [r for r in hk.registrations if r.name.startswith(f"{svc}-") and r.name.endswith("-gate")]
+        for g in gates:
+            assert path in g.inputs["rollback"]["files"]
+            assert docker_rollback_restart(path, c.inputs["name"]) in g.inputs["rollback"]["restart"]

@@ -109,6 +109,8 @@ class TritonTarget(BaseModel):
       name: service name; becomes the `service` label.
       host: the HostTarget name it runs on (label `host`).
       models: the models it serves; dashboards offer them and alerts cover them (Triton adds `model` itself).
+      window_port: the port of the service's adaptive-window controller /metrics (plans.adaptive_window, seed 004;
+        9108 by default) at the same address, when the service runs one; scraped as job `adaptive_window`.
     """
 
     model_config = ConfigDict(extra="forbid", frozen=True)
@@ -117,6 +119,7 @@ class TritonTarget(BaseModel):
     host: str
     tenant: Optional[str] = None
     metrics_port: int = Field(8002, ge=1, le=65535)
+    window_port: Optional[int] = Field(None, ge=1, le=65535)
     models: tuple[str, ...] = ()
     slo: ServingSlo = ServingSlo()
 

@@ -10,6 +10,8 @@ Jobs and labels:
   * `dcgm`   every machine running the NVIDIA driver (dcgm-exporter, :9400)   labels host, tenant, role
   * `triton` every TritonService metrics endpoint (:8002)                      labels host, tenant, service
              (Triton adds `model` and `version` itself)
+  * `adaptive_window` every service's adaptive-window controller (:9108)     labels host, tenant, service
+  * the gateways' workers (plans.monitoring.gateway)
   * `prometheus` itself, so a dead rule evaluator is visible too.
 """
 
@@ -27,6 +29,7 @@ JOB_NODE = "node"
 JOB_DCGM = "dcgm"
 JOB_TRITON = "triton"
 JOB_PROMETHEUS = "prometheus"
+JOB_WINDOW = "adaptive_window"
 
 
 def _machine_group(m: HostTarget, port: int) -> dict[str, Any]:
@@ -66,6 +69,21 @@ def scrape_jobs(graph: MonitoringGraph) -> list[dict[str, Any]]:
                         "labels": {"host": s.host, "tenant": tenant_label(s.tenant), "service": s.name},
                     }
                     for s in graph.services
+                ],
+            }
+        )
+    windows = [s for s in graph.services if s.window_port is not None]
+    if windows:
+        jobs.append(
+            {
+                "job_name": JOB_WINDOW,
+                "static_configs": [
+                    {
+                        "targets": [host_port(s.address, s.window_port)],
+                        "labels": {"host": s.host, "tenant": tenant_label(s.tenant), "service": s.name},
+                    }
+                    for s in windows
+                    if s.window_port is not None
                 ],
             }
         )
