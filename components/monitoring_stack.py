@@ -25,7 +25,7 @@ import pulumi_docker as docker
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from access.ssh import HostSpec
-from components.wiring import Child, DockerEngine, Ref, declare
+from components.wiring import Child, DockerEngine, container, declare
 from plans.monitoring import dcgm, grafana, prometheus, rules
 from plans.monitoring.model import MonitoringGraph
 from providers.base import host_input
@@ -87,29 +87,18 @@ def children(name: str, args: MonitoringStackArgs) -> list[Child]:
         spec = args.machines[m.name]
         engine = f"{m.name}-docker"
         out.append(Child(engine, DockerEngine, {"spec": spec}))
-        out.append(
-            Child(
-                f"{m.name}-node-exporter-image",
-                docker.RemoteImage,
-                {"name": args.node_exporter_image, "keep_locally": True},
-                provider=engine,
-            )
-        )
-        out.append(
-            Child(
-                f"{m.name}-node-exporter",
-                docker.Container,
-                {
-                    "image": Ref(f"{m.name}-node-exporter-image", "image_id"),
-                    "name": "gpuhost-node-exporter",
-                    "network_mode": "host",
-                    "pid_mode": "host",
-                    "restart": "unless-stopped",
-                    "command": ["--path.rootfs=/host", f"--web.listen-address=:{m.node_exporter_port}"],
-                    "volumes": [docker.ContainerVolumeArgs(host_path="/", container_path="/host", read_only=True)],
-                },
-                provider=engine,
-            )
+        out += container(
+            f"{m.name}-node-exporter",
+            args.node_exporter_image,
+            {
+                "name": "gpuhost-node-exporter",
+                "network_mode": "host",
+                "pid_mode": "host",
+                "restart": "unless-stopped",
+                "command": ["--path.rootfs=/host", f"--web.listen-address=:{m.node_exporter_port}"],
+                "volumes": [docker.ContainerVolumeArgs(host_path="/", container_path="/host", read_only=True)],
+            },
+            provider=engine,
         )
         if m.gpu_driver:
             out.append(
@@ -126,36 +115,25 @@ def children(name: str, args: MonitoringStackArgs) -> list[Child]:
                 )
             )
             cs = dcgm.container_spec(m.dcgm_exporter_port, image=args.dcgm_exporter_image)
-            out.append(
-                Child(
-                    f"{m.name}-dcgm-exporter-image",
-                    docker.RemoteImage,
-                    {"name": cs.image, "keep_locally": True},
-                    provider=engine,
-                )
-            )
-            out.append(
-                Child(
-                    f"{m.name}-dcgm-exporter",
-                    docker.Container,
-                    {
-                        "image": Ref(f"{m.name}-dcgm-exporter-image", "image_id"),
-                        "name": "gpuhost-dcgm-exporter",
-                        "gpus": cs.gpus,
-                        "restart": cs.restart,
-                        "command": list(cs.command),
-                        "capabilities": docker.ContainerCapabilitiesArgs(adds=list(cs.capabilities)),
-                        "ports": [docker.ContainerPortArgs(internal=c, external=h) for h, c in cs.ports.items()],
-                        "volumes": [
-                            docker.ContainerVolumeArgs(host_path=h, container_path=c, read_only=True)
-                            for h, c in cs.volumes.items()
-                        ],
-                        # A new counters file means a new container: dcgm-exporter reads it only at start.
-                        "labels": [docker.ContainerLabelArgs(label="gpuhost.counters-sha256", value=_sha(counters))],
-                    },
-                    after=(f"{m.name}-dcgm-counters",),
-                    provider=engine,
-                )
+            out += container(
+                f"{m.name}-dcgm-exporter",
+                cs.image,
+                {
+                    "name": "gpuhost-dcgm-exporter",
+                    "gpus": cs.gpus,
+                    "restart": cs.restart,
+                    "command": list(cs.command),
+                    "capabilities": docker.ContainerCapabilitiesArgs(adds=list(cs.capabilities)),
+                    "ports": [docker.ContainerPortArgs(internal=c, external=h) for h, c in cs.ports.items()],
+                    "volumes": [
+                        docker.ContainerVolumeArgs(host_path=h, container_path=c, read_only=True)
+                        for h, c in cs.volumes.items()
+                    ],
+                    # A new counters file means a new container: dcgm-exporter reads it only at start.
+                    "labels": [docker.ContainerLabelArgs(label="gpuhost.counters-sha256", value=_sha(counters))],
+                },
+                provider=engine,
+                after=(f"{m.name}-dcgm-counters",),
             )
 
     # -- configuration on the monitoring host -------------------------------------------------------------------
@@ -186,82 +164,58 @@ def children(name: str, args: MonitoringStackArgs) -> list[Child]:
         )
     )
     out.append(Child("monitoring-docker", DockerEngine, {"spec": mon}))
-    out.append(
-        Child(
-            "prometheus-image",
-            docker.RemoteImage,
-            {"name": args.prometheus_image, "keep_locally": True},
-            provider="monitoring-docker",
-        )
+    out += container(
+        "prometheus",
+        args.prometheus_image,
+        {
+            "name": "gpuhost-prometheus",
+            "network_mode": "host",
+            "restart": "unless-stopped",
+            "command": [
+                "--config.file=/etc/prometheus/prometheus.yml",
+                "--storage.tsdb.path=/prometheus",
+                f"--web.listen-address={args.listen_address}:{args.prometheus_port}",
+                "--web.enable-lifecycle",
+            ],
+            "volumes": [
+                docker.ContainerVolumeArgs(host_path=args.config_dir, container_path="/etc/prometheus", read_only=True),
+                docker.ContainerVolumeArgs(volume_name="gpuhost-prometheus-data", container_path="/prometheus"),
+            ],
+        },
+        provider="monitoring-docker",
+        after=("files",),
     )
-    out.append(
-        Child(
-            "prometheus",
-            docker.Container,
-            {
-                "image": Ref("prometheus-image", "image_id"),
-                "name": "gpuhost-prometheus",
-                "network_mode": "host",
-                "restart": "unless-stopped",
-                "command": [
-                    "--config.file=/etc/prometheus/prometheus.yml",
-                    "--storage.tsdb.path=/prometheus",
-                    f"--web.listen-address={args.listen_address}:{args.prometheus_port}",
-                    "--web.enable-lifecycle",
-                ],
-                "volumes": [
-                    docker.ContainerVolumeArgs(
-                        host_path=args.config_dir, container_path="/etc/prometheus", read_only=True
-                    ),
-                    docker.ContainerVolumeArgs(volume_name="gpuhost-prometheus-data", container_path="/prometheus"),
-                ],
-            },
-            after=("files",),
-            provider="monitoring-docker",
-        )
-    )
-    out.append(
-        Child(
-            "grafana-image",
-            docker.RemoteImage,
-            {"name": args.grafana_image, "keep_locally": True},
-            provider="monitoring-docker",
-        )
-    )
-    out.append(
-        Child(
-            "grafana",
-            docker.Container,
-            {
-                "image": Ref("grafana-image", "image_id"),
-                "name": "gpuhost-grafana",
-                "network_mode": "host",
-                "restart": "unless-stopped",
-                "envs": [
-                    f"GF_SERVER_HTTP_ADDR={args.listen_address}",
-                    f"GF_SERVER_HTTP_PORT={args.grafana_port}",
-                    "GF_PATHS_PROVISIONING=/etc/grafana/provisioning",
-                ],
-                "volumes": [
-                    docker.ContainerVolumeArgs(
-                        host_path=f"{args.grafana_dir}/provisioning",
-                        container_path="/etc/grafana/provisioning",
-                        read_only=True,
-                    ),
-                    docker.ContainerVolumeArgs(
-                        host_path=f"{args.grafana_dir}/dashboards", container_path=dashboards_dir, read_only=True
-                    ),
-                ],
-                # Dashboards reload by polling; a datasource change needs a fresh Grafana, hence this label.
-                "labels": [
-                    docker.ContainerLabelArgs(
-                        label="gpuhost.datasource-sha256", value=_sha(prov["datasources/gpuhost.yaml"])
-                    )
-                ],
-            },
-            after=("files",),
-            provider="monitoring-docker",
-        )
+    out += container(
+        "grafana",
+        args.grafana_image,
+        {
+            "name": "gpuhost-grafana",
+            "network_mode": "host",
+            "restart": "unless-stopped",
+            "envs": [
+                f"GF_SERVER_HTTP_ADDR={args.listen_address}",
+                f"GF_SERVER_HTTP_PORT={args.grafana_port}",
+                "GF_PATHS_PROVISIONING=/etc/grafana/provisioning",
+            ],
+            "volumes": [
+                docker.ContainerVolumeArgs(
+                    host_path=f"{args.grafana_dir}/provisioning",
+                    container_path="/etc/grafana/provisioning",
+                    read_only=True,
+                ),
+                docker.ContainerVolumeArgs(
+                    host_path=f"{args.grafana_dir}/dashboards", container_path=dashboards_dir, read_only=True
+                ),
+            ],
+            # Dashboards reload by polling; a datasource change needs a fresh Grafana, hence this label.
+            "labels": [
+                docker.ContainerLabelArgs(
+                    label="gpuhost.datasource-sha256", value=_sha(prov["datasources/gpuhost.yaml"])
+                )
+            ],
+        },
+        provider="monitoring-docker",
+        after=("files",),
     )
     return out
 

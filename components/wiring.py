@@ -152,6 +152,19 @@ class DockerEngine(docker.Provider):
         super().__init__(resource_name, opts=opts, **docker_ssh.provider_args(spec))
 
 
+def container(
+    suffix: str, image: str, inputs: Mapping[str, Any], provider: str, after: tuple[str, ...] = ()
+) -> list[Child]:
+    """A pinned image (`{suffix}-image`, kept on the host) and the container `suffix` running it, on the Docker
+    engine child `provider`."""
+    return [
+        Child(f"{suffix}-image", docker.RemoteImage, {"name": image, "keep_locally": True}, provider=provider),
+        Child(
+            suffix, docker.Container, {"image": Ref(f"{suffix}-image", "image_id"), **inputs}, after, provider=provider
+        ),
+    ]
+
+
 # -- what a child writes on its host ---------------------------------------------------------------------------
 
 
