@@ -177,7 +177,7 @@ class Write:
     child: str
 
 
-def _fixed_paths(kind: str, inputs: Mapping[str, Any]) -> list[str]:
+def _fixed_paths(kind: str, inputs: Mapping[str, Any]) -> list[Any]:
     """Files a host-prep provider writes that are not among its inputs (its own fixed paths)."""
     from plans import hugepages, sysctls
     from providers import irq, kernel_cmdline, vfio
@@ -191,6 +191,14 @@ def _fixed_paths(kind: str, inputs: Mapping[str, Any]) -> list[str]:
         return [hugepages.UNIT, hugepages.WANTS]
     if kind == "Sysctls":
         return [sysctls.FILE]
+    if kind == "SriovVfs":
+        from plans import sriov
+
+        pf = inputs.get("pf")
+        return [sriov.unit_path(pf)] if isinstance(pf, str) and sriov.PCI_RE.match(pf) else []
+    if kind == "LibvirtDomain":
+        domain = inputs.get("domain")  # known unless it waits for VF addresses
+        return [domain.get(k) for k in ("disk", "seed_iso", "nvram")] if isinstance(domain, Mapping) else []
     if kind == "IrqIsolation":
         return list(irq.PATHS)  # which one depends on the host's OS family
     return []

@@ -92,3 +92,30 @@ def test_two_resources_of_one_component():
         "each would undo the other's change and restore its own original on destroy); serve both models from one "
         "service"
     ]
+
+
+def test_two_vms_with_one_disk_and_two_nics_on_one_pf():
+    from components import pinned_vm, sriov_nic
+    from components.pinned_vm import PinnedVMArgs
+    from components.sriov_nic import SriovNicArgs
+    from plans import placement as pl
+
+    spec = passthrough_args(host()).host
+    box = pl.Host.uniform(sockets=1, cores_per_socket=4, threads_per_core=1, memory_mib=8192, reserved_cpus=[0])
+    req = pl.VmRequest(name="tenant-a", vcpus=2, memory_mib=1024, page_size="4K", thread_policy="prefer")
+    vm = PinnedVMArgs(host=spec, placement=pl.place(box, [req]).vm("tenant-a"))
+    nic = SriovNicArgs(host=spec, pf="0000:41:00.0", num_vfs=2)
+    lines = collisions(
+        [
+            Planned(object, "h1-a", None, "fleet.hosts[0].vms[0]", pinned_vm.children("h1-a", vm)),
+            Planned(object, "h1-b", None, "fleet.hosts[0].vms[1]", pinned_vm.children("h1-b", vm)),
+            Planned(object, "h1-sriov-0", None, "fleet.hosts[0].sriov[0]", sriov_nic.children("h1-sriov-0", nic)),
+            Planned(object, "h1-sriov-1", None, "fleet.hosts[0].sriov[1]", sriov_nic.children("h1-sriov-1", nic)),
+        ]
+    )
+    assert [ln.split(" (one file")[0] for ln in lines] == [
+        "fleet.hosts[0].vms[1]: would write /var/lib/libvirt/images/tenant-a.qcow2, "
+        "/var/lib/libvirt/qemu/nvram/tenant-a_VARS.fd on h1, as fleet.hosts[0].vms[0] does",
+        "fleet.hosts[0].sriov[1]: would write /etc/systemd/system/gpuhost-sriov-0000-41-00.0.service on h1, as "
+        "fleet.hosts[0].sriov[0] does",
+    ]
