@@ -444,9 +444,13 @@ def connect(spec: HostSpec, attempts: int = 4, backoff: float = 1.0) -> Conn:
         try:
             c = _open(spec)
             break
-        except (HostKeyMismatch, HostKeyUnknown, paramiko.AuthenticationException, SshError):
+        except (HostKeyMismatch, HostKeyUnknown, SshError):
             raise
         except (OSError, paramiko.SSHException, EOFError) as e:
+            # A rejected key is an answer, raised at once; "Authentication timeout." is sshd up but too slow to
+            # answer (a host still booting after a reboot, or overloaded): a delay, retried like a refused connect.
+            if isinstance(e, paramiko.AuthenticationException) and "timeout" not in str(e).lower():
+                raise
             last = e
             if i + 1 < attempts:
                 time.sleep(backoff * (2**i))
