@@ -20,6 +20,7 @@ from facts.host import facts_script, parse_host_facts, read_host_facts
 from facts.model import HostFacts, normalize_pci
 from facts.state import Change, Record
 from plans.preflight import binding_refusals, report
+from plans.vfio import claims_script, parse_claimers, parse_initramfs, plan_initramfs, plan_initramfs_restore
 from providers.base import HostProvider, HostResource
 
 MODULES_LOAD = "/etc/modules-load.d/gpuhost-vfio.conf"
@@ -128,7 +129,7 @@ def expand_functions(facts: HostFacts, addresses: list[str]) -> list[str]:
 class VfioBindingProvider(HostProvider):
     VERSION = "3"  # 2: device-safety checks right before binding; 3: drivers/overrides recorded on the host
     KIND = "vfio"
-    OUTPUT_ONLY = ("prior", "prior_drivers", "prior_overrides", "drivers", "pending_reboot")
+    OUTPUT_ONLY = ("prior", "prior_drivers", "prior_overrides", "drivers", "pending_reboot", "initramfs")
 
     def check_known(self, olds: dict, news: dict) -> CheckResult:
         failures = self.check_host(news)
@@ -159,7 +160,11 @@ class VfioBindingProvider(HostProvider):
     def _converge(self, props: dict, olds: Optional[dict]) -> dict:
         conn = self.conn(props)
         rec = self._record(props)
-        out, pristine, values = self.record_and_read(conn, props, rec, facts_script())
+        slots = _slots(props["devices"])
+        # The files as they are now (the record only prints them as first found): unchanged files are not rewritten,
+        # and the softdeps already written survive a re-run that finds the devices on vfio-pci.
+        facts_text = facts_script(files=[MODULES_LOAD, MODPROBE_VFIO, BLACKLIST])
+        out, pristine, values = self.record_and_read(conn, props, rec, facts_text + "\n" + claims_script(slots))
         facts = parse_host_facts(out)
         unknown = [normalize_pci(a) for a in props["devices"] if normalize_pci(a) not in facts.pci]
         devices = expand_functions(facts, props["devices"])
@@ -198,8 +203,18 @@ class VfioBindingProvider(HostProvider):
                 s.add("driverctl", *([] if live else ["--nobind"]), "set-override", a, "vfio-pci")
             elif live:
                 s.extend(_sysfs_rebind(a, "vfio-pci"))
-        if changed_files:
-            s.raw(initramfs_cmd(facts.os.family))
+        # The initramfs is rebuilt only when a driver inside it would claim a device before vfio-pci (plans.vfio).
+        claimers = parse_claimers(out)
+        initramfs = plan_initramfs(
+            parse_initramfs(out),
+            {a: claimers.get(a, set()) for a in devices},
+            blacklisted=["nouveau"] if BLACKLIST in wanted else [],
+            wanted=[p.rsplit("/", 1)[1] for p in wanted if "/modprobe.d/" in p],
+            files_changed=changed_files,
+            command=initramfs_cmd(facts.os.family),
+        ).plan
+        for action in initramfs.actions:
+            s.raw(action.command)
         if not ch.empty:
             ch.run(conn)
         after = read_host_facts(conn)
@@ -218,6 +233,7 @@ class VfioBindingProvider(HostProvider):
             prior_overrides=prior_overrides,
             drivers=drivers,
             pending_reboot=pending,
+            initramfs=initramfs.sentences[0],
         )
 
     def diff_known(self, _id: str, olds: dict, news: dict) -> DiffResult:
@@ -244,7 +260,8 @@ class VfioBindingProvider(HostProvider):
 
     def delete(self, _id: str, props: dict) -> None:
         conn = self.conn(props)
-        facts = read_host_facts(conn)
+        out = conn.run(facts_script() + "\n" + claims_script(_slots(props["devices"]))).stdout
+        facts = parse_host_facts(out)
         prior = {k: FileState.model_validate(v) for k, v in (props.get("prior") or {}).items()}
         ch = Change(self.owner(props))
         s = ch.script
@@ -258,7 +275,9 @@ class VfioBindingProvider(HostProvider):
             else:
                 s.extend(_sysfs_rebind(a, ""))
         ch.restore(prior)
-        s.raw(initramfs_cmd(facts.os.family))
+        # After the restore: rebuild only an initramfs that carries gpuhost's config (else it is as found).
+        for action in plan_initramfs_restore(parse_initramfs(out), initramfs_cmd(facts.os.family)).actions:
+            s.raw(action.command)
         ch.forget(self._record(props)).run(conn)
 
 
