@@ -147,10 +147,16 @@ def test_grub_cmdline_and_initramfs_changes_take_effect_after_reboot(testhost):
     assert b'GRUB_CMDLINE_LINUX=""' in original  # Debian's default, the state providers start from
     reboots = testhost.reboots
 
-    # The runbooks' way: edit GRUB_CMDLINE_LINUX, update-grub; rebuild the initramfs; reboot.
+    # The runbooks' way: edit GRUB_CMDLINE_LINUX, update-grub; rebuild the initramfs; reboot. The initrd as found is
+    # kept aside (same directory, so `mv` puts the very same bytes back): the restore does not rebuild it again.
+    initrd = conn.run("readlink -f /initrd.img").stdout.strip()
+    assert initrd.startswith("/boot/initrd.img-"), initrd
+    before = conn.run(sh("sha256sum", initrd)).stdout
+    conn.run(sh("cp", "-p", initrd, initrd + ".gpuhost-test"))
     conn.run(sh("sed", "-i", f's/^GRUB_CMDLINE_LINUX=""$/GRUB_CMDLINE_LINUX="{token}"/', grub))
     conn.put(INITRAMFS_HOOK, INITRAMFS_SCRIPT.format(token=token), mode="0755")
     conn.run(Script().raw("set -e").add("update-grub").add("update-initramfs", "-u").render(), timeout=1200)
+    assert conn.run(sh("sha256sum", initrd)).stdout != before
     assert token in conn.run(sh("cat", "/boot/grub/grub.cfg")).stdout
     testhost.reboot()
 
@@ -158,17 +164,19 @@ def test_grub_cmdline_and_initramfs_changes_take_effect_after_reboot(testhost):
     assert token in conn.run(sh("cat", "/proc/cmdline")).stdout.split()
     assert conn.run(sh("cat", "/run/gpuhost/initramfs-mark")).stdout.strip() == token
 
-    # Restore: the original file byte for byte, the hook gone, both regenerated, reboot.
+    # Restore: the original file byte for byte, the hook gone, grub.cfg regenerated, the initrd as found put back,
+    # reboot.
     conn.put(grub, original, mode="0644")
     conn.run(
         Script()
         .raw("set -e")
         .add("rm", "-f", INITRAMFS_HOOK)
         .add("update-grub")
-        .add("update-initramfs", "-u")
+        .add("mv", initrd + ".gpuhost-test", initrd)
         .render(),
         timeout=1200,
     )
+    assert conn.run(sh("sha256sum", initrd)).stdout == before
     testhost.reboot()
 
     conn = testhost.conn()
