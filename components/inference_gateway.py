@@ -20,13 +20,13 @@ Usage::
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any, Optional
+from typing import Any
 
 import pulumi
 from pydantic import BaseModel, ConfigDict
 
 from access.ssh import HostSpec
-from components.wiring import Child, declare
+from components.wiring import Child, Wired
 from plans import gateway as gw
 from plans import values as val
 from plans.host_runtime import Runtime
@@ -92,14 +92,9 @@ def children(name: str, args: InferenceGatewayArgs) -> list[Child]:
     return out
 
 
-class InferenceGateway(pulumi.ComponentResource):
-    redis_url: pulumi.Output[str]
-    metrics_targets: pulumi.Output[list]
-
-    def __init__(self, name: str, args: InferenceGatewayArgs, opts: Optional[pulumi.ResourceOptions] = None):
-        super().__init__("gpuhost:serving:InferenceGateway", name, None, opts)
+class InferenceGateway(Wired, type_name="gpuhost:serving:InferenceGateway", children=children):
+    def wire(self, args: InferenceGatewayArgs, made: dict[str, Any]) -> dict[str, Any]:
         spec = args.gateway
-        made: dict[str, Any] = declare(self, name, children(name, args))
         self.packages, self.runtime, self.redis, self.front = (
             made["packages"],
             made["runtime"],
@@ -113,6 +108,4 @@ class InferenceGateway(pulumi.ComponentResource):
         self.front_url = pulumi.Output.from_input(
             f"http://{val.host_port(args.host.address, spec.front_port)}/v2/models/<model>/infer"
         )
-        self.register_outputs(
-            {"redis_url": self.redis_url, "metrics_targets": self.metrics_targets, "front_url": self.front_url}
-        )
+        return {"redis_url": self.redis_url, "metrics_targets": self.metrics_targets, "front_url": self.front_url}

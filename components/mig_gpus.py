@@ -12,13 +12,13 @@ Usage::
 
 from __future__ import annotations
 
-from typing import Any, Optional
+from typing import Any
 
 import pulumi
 from pydantic import BaseModel, ConfigDict
 
 from access.ssh import HostSpec
-from components.wiring import Child, declare
+from components.wiring import Child, Wired
 from providers.base import host_input
 from providers.mig import MigLayout
 
@@ -45,12 +45,8 @@ def children(name: str, args: MigGpusArgs) -> list[Child]:
     ]
 
 
-class MigGpus(pulumi.ComponentResource):
-    mig_uuids: pulumi.Output[dict]
-
-    def __init__(self, name: str, args: MigGpusArgs, opts: Optional[pulumi.ResourceOptions] = None):
-        super().__init__("gpuhost:gpu:MigGpus", name, None, opts)
-        made: dict[str, Any] = declare(self, name, children(name, args))
+class MigGpus(Wired, type_name="gpuhost:gpu:MigGpus", children=children):
+    def wire(self, args: MigGpusArgs, made: dict[str, Any]) -> dict[str, Any]:
         self.layout = made["mig"]
         self.mig_uuids = self.layout.mig_uuids
-        self.register_outputs({"mig_uuids": self.mig_uuids})
+        return {"mig_uuids": self.mig_uuids}

@@ -18,14 +18,14 @@ over SSH to each host's Docker engine.
 from __future__ import annotations
 
 import hashlib
-from typing import Any, Optional
+from typing import Any
 
 import pulumi
 import pulumi_docker as docker
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from access.ssh import HostSpec
-from components.wiring import Child, DockerEngine, container, declare
+from components.wiring import Child, DockerEngine, Wired, container
 from plans.monitoring import dcgm, grafana, prometheus, rules
 from plans.monitoring.model import MonitoringGraph
 from providers.base import host_input
@@ -220,13 +220,8 @@ def children(name: str, args: MonitoringStackArgs) -> list[Child]:
     return out
 
 
-class MonitoringStack(pulumi.ComponentResource):
-    prometheus_url: pulumi.Output[str]
-    grafana_url: pulumi.Output[str]
-
-    def __init__(self, name: str, args: MonitoringStackArgs, opts: Optional[pulumi.ResourceOptions] = None):
-        super().__init__("gpuhost:monitoring:MonitoringStack", name, None, opts)
-        made: dict[str, Any] = declare(self, name, children(name, args))
+class MonitoringStack(Wired, type_name="gpuhost:monitoring:MonitoringStack", children=children):
+    def wire(self, args: MonitoringStackArgs, made: dict[str, Any]) -> dict[str, Any]:
         self.exporters: dict[str, list[pulumi.Resource]] = {
             m.name: [made[s] for s in (f"{m.name}-node-exporter", f"{m.name}-dcgm-exporter") if s in made]
             for m in args.graph.machines
@@ -236,10 +231,8 @@ class MonitoringStack(pulumi.ComponentResource):
         self.grafana = made["grafana"]
         self.prometheus_url = pulumi.Output.from_input(f"http://{args.listen_address}:{args.prometheus_port}")
         self.grafana_url = pulumi.Output.from_input(f"http://{args.listen_address}:{args.grafana_port}")
-        self.register_outputs(
-            {
-                "prometheus_url": self.prometheus_url,
-                "grafana_url": self.grafana_url,
-                "dashboards": [grafana.GPU_DASHBOARD_UID, grafana.SERVING_DASHBOARD_UID],
-            }
-        )
+        return {
+            "prometheus_url": self.prometheus_url,
+            "grafana_url": self.grafana_url,
+            "dashboards": [grafana.GPU_DASHBOARD_UID, grafana.SERVING_DASHBOARD_UID],
+        }

@@ -14,11 +14,11 @@ from __future__ import annotations
 
 from typing import Any, Literal, Optional
 
-from pulumi import ComponentResource, Output, ResourceOptions
+from pulumi import Output
 from pydantic import BaseModel, ConfigDict, Field
 
 from access.ssh import HostSpec
-from components.wiring import Child, Ref, declare
+from components.wiring import Child, Ref, Wired
 from providers.base import host_input
 from providers.hugepages import Hugepages2M
 from providers.irq import IrqIsolation
@@ -167,14 +167,8 @@ def children(name: str, args: PassthroughHostArgs) -> list[Child]:
     return out
 
 
-class PassthroughHost(ComponentResource):
-    pending_reboot: Output
-    drivers: Output
-    preflight: Output
-
-    def __init__(self, name: str, args: PassthroughHostArgs, opts: Optional[ResourceOptions] = None):
-        super().__init__("gpuhost:host:PassthroughHost", name, None, opts)
-        made: dict[str, Any] = declare(self, name, children(name, args))
+class PassthroughHost(Wired, type_name="gpuhost:host:PassthroughHost", children=children):
+    def wire(self, args: PassthroughHostArgs, made: dict[str, Any]) -> dict[str, Any]:
         self.preflight_check = made["preflight"]
         self.cmdline = made["cmdline"]
         self.vfio = made.get("vfio")
@@ -186,11 +180,9 @@ class PassthroughHost(ComponentResource):
         self.pending_reboot = self.reboot.pending
         self.drivers = self.vfio.drivers if self.vfio else Output.from_input({})
         self.preflight = self.preflight_check.report
-        self.register_outputs(
-            {
-                "pending_reboot": self.pending_reboot,
-                "drivers": self.drivers,
-                "preflight": self.preflight,
-                "cmdline": self.cmdline.configured,
-            }
-        )
+        return {
+            "pending_reboot": self.pending_reboot,
+            "drivers": self.drivers,
+            "preflight": self.preflight,
+            "cmdline": self.cmdline.configured,
+        }

@@ -18,11 +18,10 @@ from __future__ import annotations
 
 from typing import Any, Literal, Optional
 
-import pulumi
 from pydantic import BaseModel, ConfigDict, Field
 
 from access.ssh import HostSpec
-from components.wiring import Child, Later, declare
+from components.wiring import Child, Later, Wired
 from plans.domain_xml import DEFAULT_LOADER, DEFAULT_VARS, CloudInit, DomainSpec
 from plans.guest_bootstrap import BootstrapConfig
 from plans.placement import VmPlacement, cpuset_str
@@ -129,13 +128,8 @@ def children(name: str, args: PinnedVMArgs) -> list[Child]:
     return out
 
 
-class PinnedVM(pulumi.ComponentResource):
-    uuid: pulumi.Output[str]
-    state: pulumi.Output[str]
-
-    def __init__(self, name: str, args: PinnedVMArgs, opts: Optional[pulumi.ResourceOptions] = None):
-        super().__init__("gpuhost:vm:PinnedVM", name, None, opts)
-        made: dict[str, Any] = declare(self, name, children(name, args))
+class PinnedVM(Wired, type_name="gpuhost:vm:PinnedVM", children=children):
+    def wire(self, args: PinnedVMArgs, made: dict[str, Any]) -> dict[str, Any]:
         self.domain = made["domain"]
         outputs = {
             "uuid": self.domain.uuid,
@@ -148,4 +142,4 @@ class PinnedVM(pulumi.ComponentResource):
             outputs["bootstrap_done"] = self.bootstrap.done
         self.uuid = self.domain.uuid
         self.state = self.domain.state
-        self.register_outputs(outputs)
+        return outputs

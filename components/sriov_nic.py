@@ -14,11 +14,10 @@ from __future__ import annotations
 
 from typing import Any, Literal, Optional
 
-import pulumi
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from access.ssh import HostSpec
-from components.wiring import Child, declare
+from components.wiring import Child, Wired
 from plans.sriov import SriovWant, VfSettings
 from providers.base import host_input
 from providers.sriov import SriovVfs
@@ -75,14 +74,9 @@ def children(name: str, args: SriovNicArgs) -> list[Child]:
     ]
 
 
-class SriovNic(pulumi.ComponentResource):
-    vf_addresses: pulumi.Output[list]
-    pf_address: pulumi.Output[str]
-
-    def __init__(self, name: str, args: SriovNicArgs, opts: Optional[pulumi.ResourceOptions] = None):
-        super().__init__("gpuhost:net:SriovNic", name, None, opts)
-        vfs: Any = declare(self, name, children(name, args))["vfs"]
-        self.vfs = vfs
-        self.vf_addresses = vfs.vf_addresses
-        self.pf_address = vfs.pf_address
-        self.register_outputs({"vf_addresses": self.vf_addresses, "pf_address": self.pf_address})
+class SriovNic(Wired, type_name="gpuhost:net:SriovNic", children=children):
+    def wire(self, args: SriovNicArgs, made: dict[str, Any]) -> dict[str, Any]:
+        self.vfs = made["vfs"]
+        self.vf_addresses = self.vfs.vf_addresses
+        self.pf_address = self.vfs.pf_address
+        return {"vf_addresses": self.vf_addresses, "pf_address": self.pf_address}

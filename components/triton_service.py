@@ -34,7 +34,7 @@ import pulumi_docker as docker
 from pydantic import BaseModel, ConfigDict, Field
 
 from access.ssh import HostSpec
-from components.wiring import Child, DockerEngine, Later, Ref, declare
+from components.wiring import Child, DockerEngine, Later, Ref, Wired
 from plans.adaptive_window import SCRIPT_PATH as WINDOW_SCRIPT_PATH
 from plans.adaptive_window import UNIT_NAME as WINDOW_UNIT_NAME
 from plans.adaptive_window import UNIT_PATH as WINDOW_UNIT_PATH
@@ -468,12 +468,9 @@ def children(name: str, args: TritonServiceArgs) -> list[Child]:
     return out
 
 
-class TritonService(pulumi.ComponentResource):
-    def __init__(self, name: str, args: TritonServiceArgs, opts: Optional[pulumi.ResourceOptions] = None):
-        super().__init__("gpuhost:serving:TritonService", name, None, opts)
+class TritonService(Wired, type_name="gpuhost:serving:TritonService", children=children):
+    def wire(self, args: TritonServiceArgs, made: dict[str, Any]) -> dict[str, Any]:
         specs = _specs(args)
-        wanted = children(name, args)
-        made: dict[str, Any] = declare(self, name, wanted)
         self.snapshot = made["snapshot"]
         self.artifacts = {a.model + ":" + a.dest: made[f"{a.model}-artifact"] for a in args.artifacts}
         self.engines = [made[f"{b.model}-engine"] for b in args.engines]
@@ -482,9 +479,9 @@ class TritonService(pulumi.ComponentResource):
         self.unit = made.get("triton-unit")
         self.nginx_conf = made.get("nginx-conf")
         self.adaptive_window = made.get("adaptive-window")
-        self.gates = [made[c.suffix] for c in wanted if c.kind is AcceptanceGate]
+        self.gates = [r for r in made.values() if isinstance(r, AcceptanceGate)]
         self.gate = self.gates[0] if self.gates else None
-        _, digest = repository(name, args)
+        _, digest = repository(self.component_name, args)
 
         self.repository_digest = pulumi.Output.from_input(digest)
         self.gate_result = (
@@ -494,4 +491,4 @@ class TritonService(pulumi.ComponentResource):
             if self.gates
             else pulumi.Output.from_input(None)
         )
-        self.register_outputs({"repositoryDigest": self.repository_digest, "gateResult": self.gate_result})
+        return {"repositoryDigest": self.repository_digest, "gateResult": self.gate_result}

@@ -17,17 +17,17 @@ Usage::
                   after=("vfio",)),
         ]
 
-    class MyComponent(pulumi.ComponentResource):
-        def __init__(self, name, args, opts=None):
-            super().__init__("gpuhost:host:MyComponent", name, None, opts)
-            made = declare(self, name, children(name, args))
+    class MyComponent(Wired, type_name="gpuhost:host:MyComponent", children=children):
+        def wire(self, args, made):                       # attributes and registered outputs from the children
+            self.reboot = made["reboot"]
+            return {"pending_reboot": self.reboot.pending}
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
-from typing import Any, Optional
+from typing import Any, ClassVar, Optional
 
 import pulumi
 import pulumi_docker as docker
@@ -140,6 +140,26 @@ def declare(parent: pulumi.Resource, name: str, children: list[Child]) -> dict[s
         full = f"{name}-{c.suffix}"
         made[c.suffix] = c.kind(full, inputs, opts) if c.dynamic else c.kind(full, **inputs, opts=opts)
     return made
+
+
+class Wired(pulumi.ComponentResource):
+    """A component that declares exactly its module's pure ``children(name, args)`` list under itself, then sets its
+    attributes and registers the outputs ``wire(args, made)`` returns (``made``: the children by suffix)."""
+
+    TYPE: ClassVar[str]
+    CHILDREN: ClassVar[Callable[..., list[Child]]]
+
+    def __init_subclass__(cls, *, type_name: str, children: Callable[..., list[Child]], **kwargs: Any):
+        super().__init_subclass__(**kwargs)
+        cls.TYPE, cls.CHILDREN = type_name, staticmethod(children)
+
+    def __init__(self, name: str, args: Any, opts: Optional[pulumi.ResourceOptions] = None):
+        super().__init__(self.TYPE, name, None, opts)
+        self.component_name = name
+        self.register_outputs(self.wire(args, declare(self, name, self.CHILDREN(name, args))))
+
+    def wire(self, args: Any, made: dict[str, Any]) -> dict[str, Any]:
+        raise NotImplementedError
 
 
 class DockerEngine(docker.Provider):
