@@ -32,7 +32,7 @@ def _state(facts) -> dict:
 
 
 class HostRuntimeProvider(TemplateProvider):
-    VERSION = "3"  # 3: on the template; the host as first found is recorded on the host
+    VERSION = "3"  # 3: on the template, its steps under the host lock; the host as first found is recorded on the host
     KIND = "runtime"
     INPUTS = ("host", "runtime")
     MODELS = {"runtime": Runtime}
@@ -53,7 +53,8 @@ class HostRuntimeProvider(TemplateProvider):
         before = self._facts(conn, want)
         applied = []
         for step in plan(before, want).steps:
-            self.guarded(conn, step.name, partial(conn.run, step.script), changing=True)
+            ch = Change(self.owner(props)).add([step.script])  # under the host lock, like every change
+            self.guarded(conn, step.name, partial(ch.run, conn), changing=True)
             applied.append(step.name)
         after = self._facts(conn, want)
         left = plan(after, want).steps

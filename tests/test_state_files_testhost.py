@@ -1,0 +1,140 @@
+"""Rollback survives a dropped connection, on the emulated GPU server: the file-writing providers (ManagedFile,
+SystemdService, ModelArtifact).
+
+The same harness as tests/test_state_testhost.py (its test runs each case here, with this file's CASES, PRIORS,
+SETUP and WAIT): every SSH session dies after the provider's change ran and before its result came back, the re-run
+is a create against the changed host and must report the pristine priors, and destroy must put files, modes, owners
+and runtime values back exactly as found. Uses the session's shared `testhost`.
+"""
+
+from __future__ import annotations
+
+import base64
+import hashlib
+
+import pytest
+
+import tests.test_state_testhost as harness
+from providers.managed_file import ManagedFileProvider
+from providers.model_artifact import ModelArtifactProvider, prior_path
+from providers.systemd_service import SystemdServiceProvider, state_script
+
+pytestmark = pytest.mark.testhost
+
+CONF = "/etc/gpuhost-drop-test.conf"
+NEW_CONF = "/etc/gpuhost-drop-test.d/new.conf"
+UNIT = "gpuhost-drop-test.service"
+UNIT_FILE = f"/etc/systemd/system/{UNIT}"
+WANTS = f"/etc/systemd/system/multi-user.target.wants/{UNIT}"
+MODEL = "/srv/gpuhost-drop-model/model.onnx"
+MODEL_BYTES = b"gpuhost drop-test model\n" * 64
+MODEL_SHA = hashlib.sha256(MODEL_BYTES).hexdigest()
+
+
+def file_runtime(path: str) -> str:
+    return f"if [ -e {path} ]; then stat -c '%a %u %g' {path}; sha256sum < {path} | cut -c1-64; else echo absent; fi"
+
+
+def file_prior(o: dict) -> list[str]:
+    p = o["prior"]
+    if not p["exists"]:
+        return ["absent"]
+    # numbers come back from the engine as floats
+    return [
+        p["mode"],
+        str(int(p["uid"])),
+        str(int(p["gid"])),
+        hashlib.sha256(base64.b64decode(p["content_b64"])).hexdigest(),
+    ]
+
+
+CASES = {
+    # An operator's file (0640, group 4) replaced by gpuhost's (0644 root:root).
+    "managed_file": (
+        ManagedFileProvider,
+        {"path": CONF, "content": "gpuhost=1\n", "mode": "0644", "owner": "0:0"},
+        [CONF],
+        file_runtime(CONF),
+    ),
+    # A file that did not exist (its directory neither): destroy removes the file.
+    "managed_file_new": (
+        ManagedFileProvider,
+        {"path": NEW_CONF, "content": "gpuhost=2\n", "mode": "0600", "owner": "0:0"},
+        [NEW_CONF],
+        file_runtime(NEW_CONF),
+    ),
+    # A unit written, enabled (wants link) and started; destroy stops, disables and removes it.
+    "systemd_service": (
+        SystemdServiceProvider,
+        {
+            "unit": UNIT,
+            "files": {
+                UNIT_FILE: "[Unit]\nDescription=gpuhost drop test\n\n[Service]\nExecStart=/bin/sleep infinity\n\n"
+                "[Install]\nWantedBy=multi-user.target\n"
+            },
+            "enabled": True,
+            "active": True,
+            "action": "restart",
+            "check": [],
+            "user": None,
+            "trigger": None,
+        },
+        [UNIT_FILE, WANTS],
+        state_script(UNIT),
+    ),
+    # An operator's model (0640, group 4) replaced by one streamed from a local path; the copy kept aside is gone
+    # after destroy.
+    "model_artifact": (
+        ModelArtifactProvider,
+        {"dest": MODEL, "sha256": MODEL_SHA, "url": None, "path": None},  # path: the test's local file
+        [MODEL, prior_path(MODEL), prior_path(MODEL) + ".absent"],
+        f"test -e {MODEL} && echo existed || echo absent; sha256sum < {MODEL} | cut -c1-64",
+    ),
+}
+
+PRIORS = {
+    "managed_file": file_prior,
+    "managed_file_new": file_prior,
+    "systemd_service": lambda o: [f"enabled={o['prior']['enabled']}", f"active={o['prior']['active']}"],
+    # The kept copy is the prior (its bytes are checked by destroy's file comparison); `found_sha256` is what the
+    # re-run found, i.e. the model the dropped run had already moved in.
+    "model_artifact": lambda o: ["existed" if o["prior_existed"] else "absent"],
+}
+
+SETUP = {
+    "managed_file": (
+        f"printf 'operator=1\\n' > {CONF} && chmod 640 {CONF} && chown 0:4 {CONF}",
+        f"rm -f {CONF}",
+    ),
+    "managed_file_new": ("true", "rm -rf /etc/gpuhost-drop-test.d"),
+    # The drop waits for the second locked change (the fetch), not the first (the copy kept aside): the hook only
+    # fires once the new model is in place.
+    "model_artifact": (
+        f"mkdir -p /srv/gpuhost-drop-model && printf 'operator model\\n' > {MODEL} && chmod 640 {MODEL} "
+        f"&& chown 0:4 {MODEL} && printf '[ \"$(sha256sum < {MODEL} | cut -c1-64)\" = {MODEL_SHA} ]\\n' "
+        "> /run/gpuhost-drop-when",
+        "rm -rf /srv/gpuhost-drop-model /run/gpuhost-drop-when",
+    ),
+}
+
+# The harness's hook, with one more condition when /run/gpuhost-drop-when exists (a case's own moment).
+SLOW_DATE = harness.SLOW_DATE.replace(
+    "grep -q ' acquired '; then",
+    "grep -q ' acquired ' && { [ ! -e /run/gpuhost-drop-when ] || sh /run/gpuhost-drop-when; }; then",
+)
+assert SLOW_DATE != harness.SLOW_DATE
+
+
+@pytest.mark.parametrize("case", sorted(CASES))
+def test_drop_after_the_write_then_rerun_then_destroy_restores_the_pristine_host(testhost, case, tmp_path, monkeypatch):
+    cls, args, paths, runtime_cmd = CASES[case]
+    if case == "model_artifact":
+        src = tmp_path / "model.onnx"
+        src.write_bytes(MODEL_BYTES)
+        args = {**args, "path": str(src)}
+    monkeypatch.setitem(harness.CASES, case, (cls, args, paths, runtime_cmd))
+    monkeypatch.setitem(harness.PRIORS, case, PRIORS[case])
+    if case in SETUP:
+        monkeypatch.setitem(harness.SETUP, case, SETUP[case])
+    monkeypatch.setattr(harness, "SLOW_DATE", SLOW_DATE)
+    harness.test_drop_after_the_write_then_rerun_then_destroy_restores_the_pristine_host(testhost, case)
