@@ -15,6 +15,8 @@ import hashlib
 import pytest
 
 import tests.test_state_testhost as harness
+from plans.host_runtime import Runtime, read_script
+from providers.host_runtime import HostRuntimeProvider
 from providers.managed_file import ManagedFileProvider
 from providers.model_artifact import ModelArtifactProvider, prior_path
 from providers.systemd_service import SystemdServiceProvider, state_script
@@ -22,10 +24,11 @@ from providers.systemd_service import SystemdServiceProvider, state_script
 pytestmark = pytest.mark.testhost
 
 CONF = "/etc/gpuhost-drop-test.conf"
-NEW_CONF = "/etc/gpuhost-drop-test.d/new.conf"
+NEW_CONF = "/etc/gpuhost-drop-new.conf"
 UNIT = "gpuhost-drop-test.service"
 UNIT_FILE = f"/etc/systemd/system/{UNIT}"
 WANTS = f"/etc/systemd/system/multi-user.target.wants/{UNIT}"
+IRQB = Runtime(conflicts=("irqbalance.service",))
 MODEL = "/srv/gpuhost-drop-model/model.onnx"
 MODEL_BYTES = b"gpuhost drop-test model\n" * 64
 MODEL_SHA = hashlib.sha256(MODEL_BYTES).hexdigest()
@@ -56,7 +59,7 @@ CASES = {
         [CONF],
         file_runtime(CONF),
     ),
-    # A file that did not exist (its directory neither): destroy removes the file.
+    # A file that did not exist: destroy removes it.
     "managed_file_new": (
         ManagedFileProvider,
         {"path": NEW_CONF, "content": "gpuhost=2\n", "mode": "0600", "owner": "0:0"},
@@ -90,6 +93,14 @@ CASES = {
         [MODEL, prior_path(MODEL), prior_path(MODEL) + ".absent"],
         f"test -e {MODEL} && echo existed || echo absent; sha256sum < {MODEL} | cut -c1-64",
     ),
+    # A conflicting unit (irqbalance, enabled and running on the pristine host) stopped and disabled; destroy
+    # enables and starts it again.
+    "host_runtime": (
+        HostRuntimeProvider,
+        {"runtime": IRQB.model_dump(mode="json")},
+        ["/etc/systemd/system/multi-user.target.wants/irqbalance.service"],
+        read_script(IRQB),
+    ),
 }
 
 PRIORS = {
@@ -99,6 +110,12 @@ PRIORS = {
     # The kept copy is the prior (its bytes are checked by destroy's file comparison); `found_sha256` is what the
     # re-run found, i.e. the model the dropped run had already moved in.
     "model_artifact": lambda o: ["existed" if o["prior_existed"] else "absent"],
+    "host_runtime": lambda o: [
+        "unit",
+        "irqbalance.service",
+        o["prior"]["units"]["irqbalance.service"]["enabled"],
+        o["prior"]["units"]["irqbalance.service"]["active"],
+    ],
 }
 
 SETUP = {
@@ -106,7 +123,7 @@ SETUP = {
         f"printf 'operator=1\\n' > {CONF} && chmod 640 {CONF} && chown 0:4 {CONF}",
         f"rm -f {CONF}",
     ),
-    "managed_file_new": ("true", "rm -rf /etc/gpuhost-drop-test.d"),
+    "managed_file_new": ("true", f"rm -f {NEW_CONF}"),
     # The drop waits for the second locked change (the fetch), not the first (the copy kept aside): the hook only
     # fires once the new model is in place.
     "model_artifact": (
