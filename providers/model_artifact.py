@@ -37,8 +37,8 @@ def sha_script(dest: str) -> str:
 
 def record_script(dest: str) -> str:
     """What `dest` held, kept aside the first time only (a re-run after a dropped connection keeps the real
-    original); prints `existed` or `absent` for it, then the sha256 now. The file is copied, not listed: a model is
-    too big to travel back in the output."""
+    original); prints `existed` or `absent` for it, the sha256 of that original (the kept copy; `absent`), then the
+    sha256 now. The file is copied, not listed: a model is too big to travel back in the output."""
     kept = prior_path(dest)
     s = Script().add("mkdir", "-p", PRIOR_DIR)
     s.raw(f"if [ ! -e {quote(kept)} ] && [ ! -e {quote(kept + '.absent')} ]; then")
@@ -48,7 +48,7 @@ def record_script(dest: str) -> str:
     s.raw(f"  else : > {quote(kept + '.absent')}; fi")
     s.raw("fi")
     s.raw(f"if [ -e {quote(kept)} ]; then echo existed; else echo absent; fi")
-    return s.raw(sha_script(dest)).render()
+    return s.raw(sha_script(kept)).raw(sha_script(dest)).render()
 
 
 def fetch_script(dest: str, sha256: str, url: Optional[str]) -> str:
@@ -102,8 +102,9 @@ class ModelArtifactProvider(TemplateProvider):
         conn, dest = self.conn(props), props["dest"]
         ch = Change(self.owner(props)).add([record_script(dest)])
         self.guarded(conn, f"keeping what {dest} held", lambda: ch.run(conn), changing=True)
-        existed, found = ch.last_stdout.split()[-2:]
-        if found != props["sha256"]:
+        # `found`: what dest held when first recorded (a re-run after a dropped connection finds the new model).
+        existed, found, now = ch.last_stdout.split()[-3:]
+        if now != props["sha256"]:
             get = Change(self.owner(props)).add([fetch_script(dest, props["sha256"], props.get("url"))])
             if props.get("path") is not None:
                 with open(props["path"], "rb") as f:

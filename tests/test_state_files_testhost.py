@@ -107,9 +107,8 @@ PRIORS = {
     "managed_file": file_prior,
     "managed_file_new": file_prior,
     "systemd_service": lambda o: [f"enabled={o['prior']['enabled']}", f"active={o['prior']['active']}"],
-    # The kept copy is the prior (its bytes are checked by destroy's file comparison); `found_sha256` is what the
-    # re-run found, i.e. the model the dropped run had already moved in.
-    "model_artifact": lambda o: ["existed" if o["prior_existed"] else "absent"],
+    # The kept copy is the prior (its bytes are checked by destroy's file comparison too).
+    "model_artifact": lambda o: ["existed" if o["prior_existed"] else "absent", o["found_sha256"]],
     "host_runtime": lambda o: [
         "unit",
         "irqbalance.service",
