@@ -30,6 +30,7 @@ import socket
 import tempfile
 import threading
 import time
+import xml.etree.ElementTree as ET
 from typing import Any, Optional
 from xml.sax.saxutils import escape
 
@@ -40,11 +41,31 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from access.shell import sh
 from access.ssh import HostSpec, connect
-from plans.domain_xml import CloudInit, DomainSpec, cpuset_str, parse, render, seed_iso
+from plans.domain_xml import CloudInit, DomainSpec, cpuset_str, parse, render_element, seed_iso
 from providers.base import HostProvider, HostResource, validation_failures
 
 # Changes libvirt applies to a running domain without a restart.
 LIVE_FIELDS = {"vcpupin", "emulatorpin", "iothreadpin"}
+
+# The domain's <metadata> names the resource that defined it (its `owner_tag`): a create whose result never came
+# back (a dropped connection) leaves the domain defined and running, and the re-run adopts that one domain instead
+# of failing on the name. A domain with another owner, or none, is never adopted.
+OWNER_NS = "https://gpuhost.invalid/libvirt-domain"
+
+
+def domain_xml(spec: DomainSpec, owner: Optional[str], uuid: Optional[str] = None) -> str:
+    """`render(spec)` with the owner's mark in <metadata> (none without an owner tag)."""
+    root = render_element(spec, uuid)
+    if owner:
+        ET.SubElement(ET.SubElement(root, "metadata"), f"{{{OWNER_NS}}}owner").text = owner
+    ET.indent(root)
+    return ET.tostring(root, encoding="unicode") + "\n"
+
+
+def owner_of(dom: libvirt.virDomain) -> Optional[str]:
+    """The owner tag in the domain's persistent definition, or None."""
+    mark = ET.fromstring(dom.XMLDesc(libvirt.VIR_DOMAIN_XML_INACTIVE)).find(f"metadata/{{{OWNER_NS}}}owner")
+    return mark.text if mark is not None else None
 
 
 class Storage(BaseModel):
@@ -372,7 +393,9 @@ class LibvirtDomainProvider(HostProvider):
         inp = DomainInputs.model_validate(props)
         lv = open_libvirt(inp)
         spec = inp.domain
-        if _lookup(lv, spec.name) is not None:
+        owner = props.get("owner_tag")
+        left = _lookup(lv, spec.name)
+        if left is not None and (not owner or owner_of(left) != owner):
             raise RuntimeError(f"domain {spec.name!r} already exists on this host; import it or pick another name")
         disk_created = seed_uploaded = False
         dom = None
@@ -381,10 +404,11 @@ class LibvirtDomainProvider(HostProvider):
                 disk_created = ensure_overlay(lv, spec.disk, inp.storage)
             if inp.cloud_init and spec.seed_iso:
                 seed_uploaded = write_seed(lv, spec.seed_iso, seed_iso(inp.cloud_init, spec.name))
-            xml = render(spec)
+            # `left`: this resource's own domain from a create whose result was lost; redefined in place (its UUID)
+            xml = domain_xml(spec, owner, uuid=left.UUIDString() if left is not None else None)
             dom = lv.defineXML(xml)
             dom.setAutostart(1 if inp.autostart else 0)
-            if inp.start:
+            if inp.start and not dom.isActive():
                 dom.create()
         except Exception:
             # nothing of a failed create may stay behind: the GPU would be held by a half-made domain
@@ -429,7 +453,7 @@ class LibvirtDomainProvider(HostProvider):
             ensure_overlay(lv, spec.disk, new.storage)
         live_xml = parse(dom.XMLDesc(0))
         changed = {f for f in DomainSpec.model_fields if getattr(live_xml, f) != getattr(spec, f)}
-        xml = render(spec, uuid=dom.UUIDString())
+        xml = domain_xml(spec, news.get("owner_tag"), uuid=dom.UUIDString())
         previous = dom.XMLDesc(libvirt.VIR_DOMAIN_XML_INACTIVE | libvirt.VIR_DOMAIN_XML_SECURE)
         running = bool(dom.isActive())
         if not changed:

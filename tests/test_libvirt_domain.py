@@ -113,6 +113,25 @@ def test_rename_replaces_and_a_defined_name_is_not_adopted(server):
         other.up(inputs())
 
 
+def test_a_create_whose_result_was_lost_is_adopted_by_its_own_rerun_only(server):
+    r = server.resource(LibvirtDomainProvider(), TYPE, "tenant-a")
+    op, first = r.up(inputs(owner_tag="dev/tenant-a"))
+    assert op == "create"
+    r.id = None  # the result never came back: the engine has no state, the domain is defined and running
+    other = server.resource(LibvirtDomainProvider(), TYPE, "tenant-a-other")
+    with pytest.raises(ProviderError, match="already exists"):
+        other.up(inputs(owner_tag="dev/someone-else"))
+    with pytest.raises(ProviderError, match="already exists"):
+        other.up(inputs())  # no owner tag: nothing to match, never adopted
+    op, outs = r.up(inputs(owner_tag="dev/tenant-a"))
+    assert op == "create" and outs["uuid"] == first["uuid"] and outs["state"] == "running"
+    assert outs["domid"] == first["domid"], "the running domain was adopted, not restarted"
+    r.destroy()
+    gone = server.resource(LibvirtDomainProvider(), TYPE, "tenant-a")
+    gone.id, gone.inputs, gone.outputs = outs["uuid"], inputs(), outs
+    assert gone.read() == {}, "one domain, and destroy removed it"
+
+
 def test_check_refuses_bad_inputs(server):
     r = server.resource(LibvirtDomainProvider(), TYPE, "x")
     with pytest.raises(ProviderError, match="host"):
