@@ -76,7 +76,7 @@ def test_vfio_drop_after_the_write_then_rerun_then_destroy_restores_the_pristine
         t.start()
         deadline = time.monotonic() + 480  # facts + the initramfs listing + driverctl, under TCG
         while th.ssh("test -e /run/gpuhost-drop-now", check=False).rc != 0:
-            assert time.monotonic() < deadline and t.is_alive(), "the change never reached its epilogue"
+            assert time.monotonic() < deadline and t.is_alive(), f"the change never reached its epilogue: {errors}"
             time.sleep(0.3)
         changed = snapshot(th)
         th.ssh("nohup sh -c 'sleep 0.2; pkill -KILL -f \"sshd: gpuadmin\"' >/dev/null 2>&1 &", check=False)

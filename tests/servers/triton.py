@@ -199,7 +199,8 @@ def start_triton(
             tail = handle.log()[-4000:]
             handle.stop()
             raise RuntimeError(f"tritonserver exited with {process.returncode}:\n{tail}")
-        if _get(handle.http_url + "/v2/health/ready") == 200:
+        # Triton opens its metrics port after HTTP is ready: tests read /metrics first thing, so wait for both.
+        if _get(handle.http_url + "/v2/health/ready") == 200 and _get(handle.metrics_url + "/metrics") == 200:
             return handle
         time.sleep(0.2)
     tail = handle.log()[-4000:]
