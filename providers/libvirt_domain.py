@@ -148,6 +148,12 @@ class _Tunnel:
             except OSError:
                 pass
 
+    @property
+    def alive(self) -> bool:
+        """The SSH transport under the tunnel is up (libvirt notices a dead tunnel only when a call fails)."""
+        transport = self.conn.client.get_transport()
+        return transport is not None and transport.is_active()
+
     def close(self) -> None:
         self.server.close()
         shutil.rmtree(self.dir, ignore_errors=True)
@@ -171,7 +177,7 @@ def open_libvirt(inputs: DomainInputs) -> libvirt.virConnect:
         got = _POOL.get(key)
         if got is not None:
             try:
-                if got[0].isAlive():
+                if got[0].isAlive() and (got[1] is None or got[1].alive):
                     return got[0]
             except libvirt.libvirtError:
                 pass
@@ -405,11 +411,15 @@ class LibvirtDomainProvider(HostProvider):
             if inp.cloud_init and spec.seed_iso:
                 seed_uploaded = write_seed(lv, spec.seed_iso, seed_iso(inp.cloud_init, spec.name))
             # `left`: this resource's own domain from a create whose result was lost; redefined in place (its UUID)
+            if left is not None:
+                _settle(left, 120)
             xml = domain_xml(spec, owner, uuid=left.UUIDString() if left is not None else None)
             dom = lv.defineXML(xml)
             dom.setAutostart(1 if inp.autostart else 0)
             if inp.start and not dom.isActive():
                 dom.create()
+            elif inp.start and dom.state()[0] == libvirt.VIR_DOMAIN_PAUSED:
+                dom.resume()  # an adopted domain whose start was cut off by the drop (QEMU up, CPUs not resumed)
         except Exception:
             # nothing of a failed create may stay behind: the GPU would be held by a half-made domain
             if dom is not None:
@@ -519,6 +529,17 @@ class LibvirtDomainProvider(HostProvider):
             "autostart": bool(dom.autostart()),
         }
         return ReadResult(id_, outs)
+
+
+def _settle(dom: libvirt.virDomain, timeout: float) -> None:
+    """Wait (at most `timeout` s) while libvirtd still finishes a start (paused, reason "starting up"): a create cut
+    off by a dropped connection leaves the start running on the host."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline and dom.state() == [
+        libvirt.VIR_DOMAIN_PAUSED,
+        libvirt.VIR_DOMAIN_PAUSED_STARTING_UP,
+    ]:
+        time.sleep(0.5)
 
 
 def _same_shape(a: DomainSpec, b: DomainSpec) -> bool:
