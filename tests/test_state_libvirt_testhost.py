@@ -1,0 +1,147 @@
+"""Rollback survives a dropped connection, on the emulated GPU server: LibvirtDomain.
+
+LibvirtDomain talks to libvirtd (tunnelled over the project's SSH), not through the host lock, so the drop point is
+a libvirt qemu hook instead of tests/test_state_testhost.py's `date` hook: the domain's `start` hook waits while
+the test kills every SSH session, i.e. after the overlay, the seed ISO and `define`, inside `start`, and before the
+result; libvirtd then finishes the start, so the re-run finds the domain defined and running.
+The re-run is a create against a host that already runs the domain: it must adopt that one domain (its owner mark),
+not fail with "already exists" nor define a second one; destroy must leave no domain and none of the files it
+made (overlay, seed ISO, definition, autostart link). Uses the session's shared `testhost`.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+
+import pytest
+
+from plans.domain_xml import DomainSpec, Topology
+from providers.libvirt_domain import LibvirtDomainProvider
+from tests.engine import ProviderError, ProviderServer
+from tests.test_state_testhost import snapshot
+
+pytestmark = pytest.mark.testhost
+
+NAME = "gpuhost-drop-vm"
+POOL = "gpuhost-drop"
+DIR = "/var/lib/libvirt/gpuhost-drop"
+DISK = f"{DIR}/{NAME}.qcow2"
+SEED = f"{DIR}/{NAME}-seed.iso"
+HOOK = "/etc/libvirt/hooks/qemu"
+# Test hook: the armed domain's `start begin` operation (defined, its overlay and seed ISO made; libvirtd runs the
+# hook before launching QEMU and waits for it) waits so the drop lands after the change and before the result; the
+# start then completes on the host.
+HOOK_SCRIPT = f"""#!/bin/sh
+if [ "$1" = {NAME} ] && [ "$2" = start ] && [ "$3" = begin ] && [ -e /run/gpuhost-drop-armed ]; then
+  rm -f /run/gpuhost-drop-armed; touch /run/gpuhost-drop-now; sleep 90
+fi
+exit 0
+"""
+PATHS = [
+    f"/etc/libvirt/qemu/{NAME}.xml",
+    f"/etc/libvirt/qemu/autostart/{NAME}.xml",
+    f"/var/lib/libvirt/qemu/nvram/{NAME}_VARS.fd",
+    DISK,
+    SEED,
+]
+RUNTIME = f"echo domains; virsh list --all --name | grep -c '^{NAME}$'; virsh domstate {NAME} 2>/dev/null || echo none"
+SETUP = (
+    "set -e; mkdir -p /etc/libvirt/hooks " + DIR + f"; cat > {HOOK} && chmod 755 {HOOK}; systemctl restart libvirtd; "
+    f"virsh pool-define-as {POOL} dir --target {DIR} >/dev/null; virsh pool-start {POOL} >/dev/null; "
+    f"qemu-img create -q -f qcow2 {DIR}/base.qcow2 64M"
+)
+TEARDOWN = (
+    f"virsh destroy {NAME} >/dev/null 2>&1; virsh undefine --nvram {NAME} >/dev/null 2>&1; "
+    f"virsh pool-destroy {POOL} >/dev/null 2>&1; virsh pool-undefine {POOL} >/dev/null 2>&1; rm -rf {DIR} {HOOK}; "
+    "rm -f /run/gpuhost-drop-armed /run/gpuhost-drop-now; systemctl restart libvirtd"
+)
+
+
+def test_libvirt_domain_drop_after_start_then_rerun_adopts_then_destroy_restores(testhost):
+    t0 = time.monotonic()
+    testhost.ssh(SETUP, input=HOOK_SCRIPT)
+    pristine = snapshot(testhost, PATHS, RUNTIME)
+    # A firmware-only guest (SeaBIOS, no bootable disk): it stays running and ignores ACPI, so destroy's shutdown
+    # ends in `virsh destroy` after shutdown_timeout.
+    spec = DomainSpec(
+        name=NAME,
+        domain_type="qemu",
+        cpu_mode="maximum",
+        memory_mib=64,
+        page_size="4K",
+        vcpupin=(0,),
+        topology=Topology(),
+        loader=None,
+        disk=DISK,
+        seed_iso=SEED,
+    )
+    inputs = {
+        "host": testhost.host_spec().model_dump(mode="json"),
+        "domain": spec.model_dump(mode="json"),
+        "storage": {"base_image": f"{DIR}/base.qcow2", "capacity_gib": 1},
+        "cloud_init": {"user": "ops", "ssh_authorized_keys": ["ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAI ops@x"]},
+        "keep_disk": False,
+        "shutdown_timeout": 5,
+        "owner_tag": "test/libvirt_domain",
+        "version": LibvirtDomainProvider.VERSION,
+    }
+    srv = ProviderServer({f"gpuhost:{testhost.key_name}": testhost.private_key_pem}).__enter__()
+    r = srv.resource(LibvirtDomainProvider(), "gpuhost:vm:LibvirtDomain", "drop-libvirt")
+    try:
+        testhost.ssh("rm -f /run/gpuhost-drop-now; touch /run/gpuhost-drop-armed")
+        errors: list[BaseException] = []
+
+        def first_apply():
+            try:
+                r.up(inputs)
+            except BaseException as e:  # noqa: BLE001 - handed to the test thread
+                errors.append(e)
+
+        t = threading.Thread(target=first_apply)
+        t.start()
+        deadline = time.monotonic() + 300
+        while testhost.ssh("test -e /run/gpuhost-drop-now", check=False).rc != 0:
+            assert time.monotonic() < deadline and t.is_alive(), f"the start never reached its hook: {errors}"
+            time.sleep(0.3)
+        changed = snapshot(testhost, PATHS, RUNTIME)
+        uuid = testhost.ssh(f"virsh domuuid {NAME}").stdout.strip()
+        # The drop: every SSH session dies (the libvirt tunnel with them); then the hook's wait ends and libvirtd
+        # finishes the start on the host (a client gone does not cancel it), as after a real drop.
+        testhost.ssh(
+            'nohup sh -c \'sleep 0.2; pkill -KILL -f "^sshd: gpuadmin"; sleep 1; pkill -KILL -f "^sleep 90$"\' '
+            ">/dev/null 2>&1 &",
+            check=False,
+        )
+        t.join(120)
+        assert not t.is_alive(), "the dropped create hangs"
+        print(f"\ndropped create: {errors}")
+        testhost.wait_ssh(120)
+        testhost.ssh("rm -f /run/gpuhost-drop-armed /run/gpuhost-drop-now")
+
+        assert changed != pristine, "the drop must land after the change"
+        assert all(changed["files"][p] != pristine["files"][p] for p in (DISK, SEED, PATHS[0], PATHS[1])), changed
+        assert errors and isinstance(errors[0], ProviderError), errors
+        assert r.id is None  # no state: the re-run is a create
+        left = snapshot(testhost, PATHS, RUNTIME)
+        print(f"left by the dropped run: {left['runtime']}")
+        assert left["runtime"][:2] == ["domains", "1"], left
+
+        op, outs = r.up(inputs)
+        print(f"re-run: {op} {outs.get('uuid')} {outs.get('state')}")
+        assert op == "create" and outs["uuid"] == uuid and outs["state"] == "running", outs
+        after = snapshot(testhost, PATHS, RUNTIME)
+        assert after["runtime"] == ["domains", "1", "running"], after  # adopted: still one domain
+        # the overlay the dropped run made is kept (same bytes; libvirt's DAC labelling owns it while the VM runs)
+        assert after["files"][DISK].splitlines()[1] == changed["files"][DISK].splitlines()[1], after
+        r.destroy()
+        assert snapshot(testhost, PATHS, RUNTIME) == pristine
+    finally:
+        if r.id is not None:  # a failed assertion must not leave the shared host changed for the next tests
+            try:
+                r.destroy()
+            except ProviderError as e:  # TEARDOWN below removes the domain; the first failure is the one to see
+                print(f"destroy after the failure: {e}")
+        srv.__exit__(None, None, None)
+        testhost.ssh(TEARDOWN, check=False)
+        print(f"\nstate drop case libvirt_domain: {round(time.monotonic() - t0, 1)} s")
