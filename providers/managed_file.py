@@ -4,6 +4,14 @@ Create records what was there (content, mode, owner, or absence) and writes the 
 back exactly what create found, byte for byte, or removes the file if there was none. Read returns the file as it
 is now, so `pulumi refresh` shows a hand edit as drift.
 
+Missing parent directories are made, top down, each ``0755 root:root`` whatever the file's own mode and owner (what
+``mkdir -p`` as root with the usual umask gives: listable, only root writes). Which of them were missing is recorded
+on the host with the file, the first time (facts/state.py), so a re-run after a dropped connection still knows;
+the ``made_dirs`` output shows them. Delete puts the file back first, then removes those directories, deepest first
+and only when empty: one another file still lives in stays (also when that file belongs to another ManagedFile that
+was created later: its own record says the directory existed, so it is not removed after that one goes either).
+A parent that exists but is not a directory is refused before anything changes.
+
 Usage::
 
     ManagedFile("gpu-a-vfio-modules", {"host": host_input(spec), "path": "/etc/modules-load.d/vfio.conf",
@@ -18,22 +26,74 @@ from typing import Optional
 import pulumi
 from pulumi.dynamic import CheckFailure
 
+from access.errors import HostError
+from access.shell import quote
 from facts.files import FileState, files_script, parse_files
 from facts.state import Change, Record
 from providers.base import HostResource, TemplateProvider
+
+DIR_MODE = "0755"  # directories ManagedFile makes, root:root
 
 
 def sha256(text: str) -> str:
     return hashlib.sha256(text.encode()).hexdigest()
 
 
+def parent_dirs(path: str) -> list[str]:
+    """Every directory above `path` except /, top down: /etc/a/b/f -> [/etc, /etc/a, /etc/a/b]."""
+    parts = [p for p in path.split("/") if p][:-1]
+    return ["/" + "/".join(parts[: i + 1]) for i in range(len(parts))]
+
+
+def dirs_key(path: str) -> str:
+    """The record (facts/state.py runtime value) of which of `path`'s parents were missing; one per file, so two
+    ManagedFiles in one directory never share (and so never refuse) a record."""
+    return f"managed-file{path}/missing-dirs"
+
+
+def missing_dirs_command(path: str) -> str:
+    """Prints the parents of `path` that do not exist, one a line, top down (recorded the first time)."""
+    return "; ".join(f"[ -e {quote(d)} ] || [ -L {quote(d)} ] || echo {quote(d)}" for d in parent_dirs(path)) or "true"
+
+
+def not_dirs_guard(path: str) -> str:
+    """Prints `@@notdir <d>` for each parent of `path` that exists and is not a directory, and then ends the script
+    (before anything is recorded) if there was one."""
+    lines = [
+        f"if {{ [ -e {quote(d)} ] || [ -L {quote(d)} ]; }} && [ ! -d {quote(d)} ]; then echo '@@notdir' {quote(d)}; "
+        "gp_notdir=1; fi"
+        for d in parent_dirs(path)
+    ]
+    return "\n".join(["gp_notdir=", *lines, 'if [ -n "$gp_notdir" ]; then exit 0; fi', ""])
+
+
+def parse_not_dirs(out: str) -> list[str]:
+    return [ln[len("@@notdir ") :] for ln in out.splitlines() if ln.startswith("@@notdir ")]
+
+
+def parse_missing(value: str, path: str) -> list[str]:
+    """The recorded value as a list, kept only where it names a parent of `path` (top down)."""
+    wanted = set(parent_dirs(path))
+    return [d for d in value.splitlines() if d in wanted]
+
+
+def make_dirs_lines(dirs: list[str]) -> list[str]:
+    """Make each directory (top down) that does not exist yet, 0755 root:root."""
+    return [f"[ -d {quote(d)} ] || {{ mkdir -m {DIR_MODE} -- {quote(d)} && chown 0:0 -- {quote(d)}; }}" for d in dirs]
+
+
+def remove_dirs_lines(dirs: list[str]) -> list[str]:
+    """Remove each directory deepest first, only when empty (anything else in it, and so the directory, stays)."""
+    return [f"rmdir -- {quote(d)} 2>/dev/null || true" for d in sorted(dirs, key=lambda d: -d.count("/"))]
+
+
 class ManagedFileProvider(TemplateProvider):
-    VERSION = "2"  # 2: on the template
+    VERSION = "3"  # 2: on the template; 3: makes (and removes) missing parent directories
     KIND = "file"
     # Another path is another file: the old one goes back as found, the new one is recorded first.
     REPLACE_ON = ("host", "path")
     INPUTS = ("host", "path", "content", "mode", "owner")
-    OUTPUT_ONLY = ("prior", "sha256")
+    OUTPUT_ONLY = ("prior", "sha256", "made_dirs")
     PATHS = ("path",)
 
     def validate(self, news: dict) -> list[CheckFailure]:
@@ -46,19 +106,37 @@ class ManagedFileProvider(TemplateProvider):
         return failures
 
     def _record(self, props: dict) -> Record:
-        return Record(self.owner(props), files=[props["path"]])
+        path = props["path"]
+        return Record(self.owner(props), files=[path], values={dirs_key(path): missing_dirs_command(path)})
 
     def apply(self, props: dict, prior: Optional[dict]) -> dict:
-        """Record the file as first found (on the host, first time only), then write it under the host lock."""
+        """Record the file and its missing parents as first found (on the host, first time only), then make the
+        parents and write the file under the host lock."""
         conn = self.conn(props)
-        _, pristine, _ = self.record_and_read(conn, props, self._record(props), "")
-        found = pristine[props["path"]]
+        path = props["path"]
+        rec = self._record(props)
+        # One round trip: the parents checked first (a file in the way ends it before anything is recorded), then
+        # the record (first time only) and its read.
+        out = self.guarded(
+            conn, "reading the host", lambda: conn.run(not_dirs_guard(path) + rec.script().render()).stdout
+        )
+        blocked = parse_not_dirs(out)
+        if blocked:
+            raise HostError(
+                conn.spec.name,
+                f"cannot write {path}: {', '.join(blocked)} exists and is not a directory",
+                fix=f"move it away, or choose another path than {path}",
+                changed=False,
+            )
+        pristine, values = rec.parse(out, conn.spec.name)
+        made = parse_missing(values.get(dirs_key(path), ""), path)
+        found = pristine[path]
         # Mode and owner not given: keep what the file had (a new file gets 0644 root:root).
         mode = props.get("mode") or (found.mode.zfill(4) if found.exists and found.mode else "0644")
         owner = props.get("owner") or (f"{found.uid}:{found.gid}" if found.exists and found.uid is not None else "0:0")
-        ch = Change(self.owner(props)).write(props["path"], props["content"].encode(), mode, owner)
-        self.guarded(conn, f"writing {props['path']}", lambda: ch.run(conn), changing=True)
-        return {"prior": found.model_dump(), "sha256": sha256(props["content"])}
+        ch = Change(self.owner(props)).add(make_dirs_lines(made)).write(path, props["content"].encode(), mode, owner)
+        self.guarded(conn, f"writing {path}", lambda: ch.run(conn), changing=True)
+        return {"prior": found.model_dump(), "sha256": sha256(props["content"]), "made_dirs": made}
 
     def observe(self, props: dict) -> dict:
         now = parse_files(self.conn(props).run(files_script([props["path"]]).render()).stdout)[props["path"]]
@@ -70,11 +148,14 @@ class ManagedFileProvider(TemplateProvider):
 
     def restore(self, props: dict) -> Change:
         prior = FileState.model_validate(props["prior"])
-        return Change(self.owner(props)).restore({props["path"]: prior}).forget(self._record(props))
+        ch = Change(self.owner(props)).restore({props["path"]: prior})
+        # After the file: a directory it made is empty again unless something else lives there now.
+        return ch.add(remove_dirs_lines(list(props.get("made_dirs") or []))).forget(self._record(props))
 
 
 class ManagedFile(HostResource, module="host", name="ManagedFile"):
     path: pulumi.Output[str]
     sha256: pulumi.Output[str]
+    made_dirs: pulumi.Output[list]
 
     PROVIDER = ManagedFileProvider

@@ -2,11 +2,21 @@
 
 import os
 import stat
+import subprocess
 
 import pytest
 
 from providers.base import host_input
-from providers.managed_file import ManagedFileProvider
+from providers.managed_file import (
+    ManagedFileProvider,
+    make_dirs_lines,
+    missing_dirs_command,
+    not_dirs_guard,
+    parent_dirs,
+    parse_missing,
+    parse_not_dirs,
+    remove_dirs_lines,
+)
 from tests.engine import ProviderError
 
 
@@ -105,3 +115,106 @@ def test_recreate_after_lost_state_keeps_the_real_original(local_sshd, provider_
     assert outs["prior"]["content_b64"] == "IyBvcGVyYXRvcidzIG9yaWdpbmFsCg==" and outs["prior"]["mode"] == "600"
     again.destroy()
     assert _snap(path) == before
+
+
+# -- missing parent directories ----------------------------------------------------------------------------------
+
+
+def test_parent_dirs_top_down_without_root():
+    assert parent_dirs("/etc/gpuhost-test/a/b/file") == [
+        "/etc",
+        "/etc/gpuhost-test",
+        "/etc/gpuhost-test/a",
+        "/etc/gpuhost-test/a/b",
+    ]
+    assert parent_dirs("/etc//x/f") == ["/etc", "/etc/x"]
+    assert parent_dirs("/f") == []
+
+
+def test_recorded_missing_dirs_parse_keeps_only_parents_of_the_path():
+    assert parse_missing("/etc/x\n/etc/x/y\n", "/etc/x/y/f") == ["/etc/x", "/etc/x/y"]
+    # anything else in a record (a hand edit, another path) is never made nor removed
+    assert parse_missing("/etc/x\n/var\n\n", "/etc/x/f") == ["/etc/x"]
+    assert parse_missing("", "/etc/x/f") == []
+
+
+def test_remove_dirs_deepest_first_and_only_when_empty():
+    lines = remove_dirs_lines(["/t/a", "/t/a/b", "/t"])
+    assert [ln.split()[2] for ln in lines] == ["/t/a/b", "/t/a", "/t"]
+    assert all(ln.startswith("rmdir -- ") for ln in lines)  # rmdir never removes a non-empty directory
+
+
+def _sh(script: str) -> str:
+    return subprocess.run(["sh", "-c", script], capture_output=True, text=True, check=True).stdout
+
+
+def test_missing_dirs_made_0755_and_removed_only_when_empty(tmp_path):
+    """The generated shell, run by a real sh on this machine's filesystem (a strict umask does not change 0755)."""
+    keep = tmp_path / "keep"
+    keep.mkdir(mode=0o700)
+    path = f"{tmp_path}/keep/new/deeper/file"
+    missing = parse_missing(_sh(missing_dirs_command(path)), path)
+    assert missing == [f"{tmp_path}/keep/new", f"{tmp_path}/keep/new/deeper"]
+    _sh("umask 077\n" + "\n".join(make_dirs_lines(missing)))
+    for d in missing:
+        assert stat.S_IMODE(os.stat(d).st_mode) == 0o755
+    assert stat.S_IMODE(keep.stat().st_mode) == 0o700  # a directory that existed is never touched
+    (tmp_path / "keep" / "new" / "other").write_text("someone else's\n")
+    _sh("\n".join(remove_dirs_lines(missing)))
+    assert not os.path.exists(missing[1]) and os.path.isdir(missing[0])  # 'new' is not empty: it stays
+    os.remove(tmp_path / "keep" / "new" / "other")
+    _sh("\n".join(remove_dirs_lines(missing)))
+    assert not os.path.exists(missing[0]) and keep.is_dir()
+
+
+def test_a_parent_that_is_a_file_ends_the_read_before_the_record(tmp_path):
+    (tmp_path / "f").write_text("x")
+    out = _sh(not_dirs_guard(f"{tmp_path}/f/a/conf") + "echo RECORDED\n")
+    assert parse_not_dirs(out) == [f"{tmp_path}/f"] and "RECORDED" not in out
+    out = _sh(not_dirs_guard(f"{tmp_path}/d/a/conf") + "echo RECORDED\n")
+    assert parse_not_dirs(out) == [] and "RECORDED" in out
+
+
+def test_create_makes_missing_dirs_and_destroy_removes_only_those(local_sshd, provider_server_for, target):
+    base = {"host": host_input(local_sshd.host_spec()), "content": "x=1\n", "mode": "0600", "owner": "0:0"}
+    srv = provider_server_for()
+    made = str(target / "gpuhost-test")
+    path = f"{made}/a/b/file"
+    r = srv.resource(ManagedFileProvider(), "gpuhost:host:ManagedFile", "deep")
+    op, outs = r.up({**base, "path": path, "owner_tag": "test/deep"})
+    assert op == "create" and open(path).read() == "x=1\n"
+    assert outs["made_dirs"] == [made, f"{made}/a", f"{made}/a/b"]
+    for d in outs["made_dirs"]:
+        st = os.stat(d)
+        assert (stat.S_IMODE(st.st_mode), st.st_uid, st.st_gid) == (0o755, 0, 0)
+    # a second file in a directory the first one made: its record says the directory existed
+    r2 = srv.resource(ManagedFileProvider(), "gpuhost:host:ManagedFile", "beside")
+    _, outs2 = r2.up({**base, "path": f"{made}/a/other", "owner_tag": "test/beside"})
+    assert outs2["made_dirs"] == []
+    r.destroy()
+    assert not os.path.exists(f"{made}/a/b") and os.path.isfile(f"{made}/a/other")  # 'a' not empty: stays
+    r2.destroy()
+    assert os.listdir(made) == ["a"] and os.listdir(f"{made}/a") == []  # the documented leftover
+    os.rmdir(f"{made}/a")
+    os.rmdir(made)
+    assert os.listdir(target) == []  # target (modprobe.d here) existed before: kept
+
+
+def test_parent_that_is_a_file_is_refused_before_anything_changes(local_sshd, provider_server_for, target):
+    blocker = target / "blocker"
+    blocker.write_text("operator's\n")
+    srv = provider_server_for()
+    r = srv.resource(ManagedFileProvider(), "gpuhost:host:ManagedFile", "blocked")
+    inputs = {
+        "host": host_input(local_sshd.host_spec()),
+        "content": "x\n",
+        "path": f"{blocker}/conf",
+        "owner_tag": "test/blocked",
+    }
+    with pytest.raises(ProviderError) as e:
+        r.up(inputs)
+    assert f"{blocker} exists and is not a directory" in str(e.value.details)
+    assert "nothing was changed" in str(e.value.details)
+    assert blocker.read_text() == "operator's\n" and os.listdir(target) == ["blocker"]
+    left = subprocess.run(["grep", "-rl", "test/blocked", "/var/lib/gpuhost/pristine"], capture_output=True, text=True)
+    assert left.stdout == ""  # nothing recorded either

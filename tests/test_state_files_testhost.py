@@ -25,6 +25,11 @@ pytestmark = pytest.mark.testhost
 
 CONF = "/etc/gpuhost-drop-test.conf"
 NEW_CONF = "/etc/gpuhost-drop-new.conf"
+DEEP = "/etc/gpuhost-test"  # does not exist: ManagedFile makes it and the two below
+DEEP_DIRS = [DEEP, f"{DEEP}/a", f"{DEEP}/a/b"]
+DEEP_CONF = f"{DEEP}/a/b/file"
+KEPT = "/etc/gpuhost-test-kept"  # an operator's directory (0750, group 4): kept as found
+KEPT_CONF = f"{KEPT}/new/file"
 UNIT = "gpuhost-drop-test.service"
 UNIT_FILE = f"/etc/systemd/system/{UNIT}"
 WANTS = f"/etc/systemd/system/multi-user.target.wants/{UNIT}"
@@ -36,6 +41,10 @@ MODEL_SHA = hashlib.sha256(MODEL_BYTES).hexdigest()
 
 def file_runtime(path: str) -> str:
     return f"if [ -e {path} ]; then stat -c '%a %u %g' {path}; sha256sum < {path} | cut -c1-64; else echo absent; fi"
+
+
+def missing_runtime(dirs: list[str]) -> str:
+    return f"for d in {' '.join(dirs)}; do [ -e $d ] || echo $d; done"
 
 
 def file_prior(o: dict) -> list[str]:
@@ -65,6 +74,21 @@ CASES = {
         {"path": NEW_CONF, "content": "gpuhost=2\n", "mode": "0600", "owner": "0:0"},
         [NEW_CONF],
         file_runtime(NEW_CONF),
+    ),
+    # A file whose directory does not exist: its three missing parents are made (0755 root:root), destroy removes
+    # the file and then them; the re-run reports them as made (recorded on the host), not as found.
+    "managed_file_dirs": (
+        ManagedFileProvider,
+        {"path": DEEP_CONF, "content": "gpuhost=3\n", "mode": "0644", "owner": "0:0"},
+        [*DEEP_DIRS, DEEP_CONF],
+        f"{file_runtime(DEEP_CONF)}; {missing_runtime(DEEP_DIRS)}",
+    ),
+    # Only the missing one of two parents is made and removed; the operator's directory stays as found.
+    "managed_file_kept_dir": (
+        ManagedFileProvider,
+        {"path": KEPT_CONF, "content": "gpuhost=4\n", "mode": "0644", "owner": "0:0"},
+        [KEPT, f"{KEPT}/new", KEPT_CONF],
+        f"{file_runtime(KEPT_CONF)}; {missing_runtime([KEPT, f'{KEPT}/new'])}",
     ),
     # A unit written, enabled (wants link) and started; destroy stops, disables and removes it.
     "systemd_service": (
@@ -106,6 +130,8 @@ CASES = {
 PRIORS = {
     "managed_file": file_prior,
     "managed_file_new": file_prior,
+    "managed_file_dirs": lambda o: [*file_prior(o), *o["made_dirs"]],
+    "managed_file_kept_dir": lambda o: [*file_prior(o), *o["made_dirs"]],
     "systemd_service": lambda o: [f"enabled={o['prior']['enabled']}", f"active={o['prior']['active']}"],
     # The kept copy is the prior (its bytes are checked by destroy's file comparison too).
     "model_artifact": lambda o: ["existed" if o["prior_existed"] else "absent", o["found_sha256"]],
@@ -123,6 +149,8 @@ SETUP = {
         f"rm -f {CONF}",
     ),
     "managed_file_new": ("true", f"rm -f {NEW_CONF}"),
+    "managed_file_dirs": ("true", f"rm -rf {DEEP}"),
+    "managed_file_kept_dir": (f"mkdir -m 750 {KEPT} && chown 0:4 {KEPT}", f"rm -rf {KEPT}"),
     # The drop waits for the second locked change (the fetch), not the first (the copy kept aside): the hook only
     # fires once the new model is in place.
     "model_artifact": (
