@@ -19,15 +19,16 @@ ROOT = Path(__file__).resolve().parent.parent
 PASSPHRASE = "gpuhost-dev"
 
 
-def emulated_host() -> dict:
-    """Boot (or reuse) the emulated server named dev; returns its state (port, host key line, key path)."""
+def emulated_host(by: str) -> dict:
+    """Boot (or reuse) the emulated server named dev; returns its state (port, host key line, key path). `by`: "cli"
+    or "driver", how this run points the dev stack at it (the host's banner says so instead of a by-hand hint)."""
     py = str(ROOT / ".venv" / "bin" / "python")
     st = subprocess.run(
         [py, "-m", "tests.testhost", "status", "--name", "dev"], cwd=ROOT, capture_output=True, text=True, check=False
     )
     if st.returncode != 0 or not json.loads(st.stdout or "{}").get("running"):
         print("== booting the emulated GPU server (QEMU; a few minutes under TCG)", flush=True)
-        subprocess.run([py, "-m", "tests.testhost", "start", "--name", "dev"], cwd=ROOT, check=True)
+        subprocess.run([py, "-m", "tests.testhost", "start", "--name", "dev", "--by-up", by], cwd=ROOT, check=True)
         st = subprocess.run(
             [py, "-m", "tests.testhost", "status", "--name", "dev"],
             cwd=ROOT,
@@ -92,7 +93,7 @@ def main() -> int:
             "gpuhost's deployment driver (tools/driver) instead.",
             flush=True,
         )
-    st = emulated_host()
+    st = emulated_host("cli" if pulumi else "driver")
     return with_cli(pulumi, st) if pulumi else with_driver(st)
 
 

@@ -17,6 +17,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shutil
 import signal
 import sys
 import time
@@ -71,23 +72,45 @@ def cmd_start(a) -> None:
     key = SshKey.generate(d / "key")
     host = TestHost(img, d, key, iommu=not a.no_iommu, name=a.name)
     host.start()
-    print(f"""test host {a.name!r} is up in {host.timings["boot_s"]} s (serial log: {host.serial_log})
+    print(banner(host, a.name, a.by_up, shutil.which("pulumi") is not None))
+
+
+def banner(host, name: str, by_up: str | None, cli: bool) -> str:
+    """What to do next with a started host. `by_up`: "cli" or "driver" when `./gpuhost.sh up` started it (it points
+    the dev stack at the host itself, so no hint to set config); `cli`: whether a pulumi CLI is on PATH, for a host
+    started by hand (the `pulumi config set` hint only where that CLI exists)."""
+    head = f"""test host {name!r} is up in {host.timings["boot_s"]} s (serial log: {host.serial_log})
 
   address:          {host.address}
   port:             {host.port}
   user:             {host.user}
   private key:      {host.private_key_path}
   host key line:    {host.host_key_line}
-
-Point the dev stack at it (Pulumi.dev.yaml host entry + the key as secret config):
+"""
+    if by_up == "cli":
+        nxt = "./gpuhost.sh up sets the dev stack's port, host key and key (secret) with `pulumi config set` now."
+    elif by_up == "driver":
+        nxt = (
+            "./gpuhost.sh up hands the dev stack's port, host key and key (secret) to the deployment driver now "
+            "(Pulumi.dev.yaml is not rewritten)."
+        )
+    elif cli:
+        nxt = f"""Point the dev stack at it (Pulumi.dev.yaml host entry + the key as secret config):
   address: {host.address}
   port: {host.port}
   user: {host.user}
   host_key: "{host.host_key_line}"
-and:  pulumi config set --secret gpuhost:sshPrivateKey < {host.private_key_path}
+and:  pulumi config set --secret gpuhost:sshPrivateKey < {host.private_key_path}"""
+    else:
+        nxt = (
+            "No pulumi CLI on PATH: ./gpuhost.sh up points the dev stack at the host named dev and runs it through "
+            "gpuhost's deployment driver (tools/driver)."
+        )
+    return f"""{head}
+{nxt}
 
-ssh:  python -m tests.testhost ssh --name {a.name}
-stop: python -m tests.testhost stop --name {a.name}""")
+ssh:  python -m tests.testhost ssh --name {name}
+stop: python -m tests.testhost stop --name {name}"""
 
 
 def cmd_stop(a) -> None:
@@ -148,6 +171,12 @@ def main(argv=None) -> None:
     b.add_argument("--force", action="store_true", help="rebuild even if the cache is current")
     s = sub.add_parser("start")
     s.add_argument("--no-iommu", action="store_true", help="leave the intel-iommu device out (VT-d off)")
+    s.add_argument(
+        "--by-up",
+        choices=("cli", "driver"),
+        help="started by ./gpuhost.sh up, which points the dev stack at the host itself (through the pulumi CLI or "
+        "the deployment driver): the banner says so instead of how to do it by hand",
+    )
     for name in ("stop", "status"):
         sub.add_parser(name)
     c = sub.add_parser("capture")
