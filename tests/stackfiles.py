@@ -27,7 +27,7 @@ DEV_PASSPHRASE = "gpuhost-dev"  # public by design: the dev stack's key is gener
 
 
 @functools.cache
-def test_key() -> str:
+def throwaway_key() -> str:
     """A throwaway ed25519 key in OpenSSH PEM form, the same for the whole test run."""
     return (
         Ed25519PrivateKey.generate()
@@ -52,12 +52,12 @@ def stack_config(stack: str, decrypt: bool = False) -> tuple[dict, list[str]]:
                     raise ValueError(f"tests never decrypt {stack}'s secrets")
                 config[k] = PassphraseCipher(DEV_PASSPHRASE, salt_state=doc["encryptionsalt"]).decrypt(v["secure"])
             else:
-                config[k] = test_key()
+                config[k] = throwaway_key()
             secret.append(k)
         else:
             config[k] = v if isinstance(v, str) else json.dumps(v)
     for k in SECRETS:
         if k not in config:
-            config[k] = test_key()
+            config[k] = throwaway_key()
             secret.append(k)
     return config, secret

@@ -14,7 +14,7 @@ import yaml
 from access.ssh import HostSpec
 from plans.monitoring import dcgm
 from plans.monitoring.model import MonitoringGraph
-from tests.stackfiles import test_key
+from tests.stackfiles import throwaway_key
 
 FIXTURES = Path(__file__).parent / "fixtures" / "monitoring"
 
@@ -53,7 +53,7 @@ def _run(args):
     mocks = Recorder()
     pulumi.runtime.set_mocks(mocks, project="gpuhost", stack="test", preview=False)
     # The Docker engines reach machines with the stack's key (access/docker_ssh.py), as the program would.
-    pulumi.runtime.set_all_config({"gpuhost:sshPrivateKey": test_key()}, ["gpuhost:sshPrivateKey"])
+    pulumi.runtime.set_all_config({"gpuhost:sshPrivateKey": throwaway_key()}, ["gpuhost:sshPrivateKey"])
 
     @pulumi.runtime.test
     def program():

@@ -10,7 +10,7 @@ import json
 import pytest
 
 from tests.mocks import run_program
-from tests.stackfiles import stack_config, stack_file, test_key
+from tests.stackfiles import stack_config, stack_file, throwaway_key
 
 KEY = "gpuhost:sshPrivateKey"
 
@@ -39,7 +39,7 @@ def test_stack_files_hold_no_plaintext_key_and_no_production_secret():
         "secure" in v for v in prod["config"].values() if isinstance(v, dict)
     )
     cfg, secret = stack_config("hk-prod")
-    assert secret == [KEY] and cfg[KEY] == test_key()  # tests run on their own throwaway key
+    assert secret == [KEY] and cfg[KEY] == throwaway_key()  # tests run on their own throwaway key
 
 
 def test_prod_stack_without_its_key_stops_before_any_resource():
@@ -484,7 +484,7 @@ def test_new_guests_authorize_the_public_half_of_the_stack_key(hk):
 
     from plans.domain_xml import CloudInit, cloud_init_files
 
-    want = _public_line_of(test_key())
+    want = _public_line_of(throwaway_key())
     seeded = [r for r in hk.of_type("pulumi-python:dynamic/vm:LibvirtDomain") if r.inputs.get("cloud_init")]
     assert len(seeded) >= 2
     for r in seeded:
@@ -496,7 +496,7 @@ def test_new_guests_authorize_the_public_half_of_the_stack_key(hk):
         boot = hk.by_name(r.name.removesuffix("-domain") + "-bootstrap").inputs["host"]
         assert user["users"][0]["name"] == boot["user"] and boot["key_name"] == "sshPrivateKey"
     # the authorized key verifies a signature made with the stack's private key
-    priv = paramiko.Ed25519Key.from_private_key(__import__("io").StringIO(test_key()))
+    priv = paramiko.Ed25519Key.from_private_key(__import__("io").StringIO(throwaway_key()))
     typ, b64 = CloudInit.model_validate(seeded[0].inputs["cloud_init"]).ssh_authorized_keys[0].split()[:2]
     pub = paramiko.PKey.from_type_string(typ, __import__("base64").b64decode(b64))
     msg = b"gpuhost guest login"
@@ -506,7 +506,7 @@ def test_new_guests_authorize_the_public_half_of_the_stack_key(hk):
 def test_private_key_reaches_no_resource_input_state_or_output(hk):
     """Inputs are what Pulumi stores in state (the mocks echo them as outputs): none holds the private key or any
     line of its body; exports neither."""
-    pem = test_key()
+    pem = throwaway_key()
     body = [ln for ln in pem.splitlines() if ln and not ln.startswith("-----")]
     assert body
     blobs = [json.dumps(r.inputs, default=str) for r in hk.registrations]

@@ -8,7 +8,7 @@ import pytest
 from access.ssh import HostSpec
 from plans.triton_repo import sdxl, yolov8n
 from plans.triton_runtime import DockerRuntime
-from tests.stackfiles import test_key
+from tests.stackfiles import throwaway_key
 
 
 class Recorder(pulumi.runtime.Mocks):
@@ -53,7 +53,7 @@ def _run(**over):
     mocks = Recorder()
     pulumi.runtime.set_mocks(mocks, project="gpuhost", stack="test", preview=False)
     # The Docker engines reach machines with the stack's key (access/docker_ssh.py), as the program would.
-    pulumi.runtime.set_all_config({"gpuhost:sshPrivateKey": test_key()}, ["gpuhost:sshPrivateKey"])
+    pulumi.runtime.set_all_config({"gpuhost:sshPrivateKey": throwaway_key()}, ["gpuhost:sshPrivateKey"])
 
     @pulumi.runtime.test
     def program():
