@@ -13,6 +13,10 @@ half-applied state and `delete` restores the real original. Layout under ROOT (/
 A record owned by another stack or resource is never taken as the original: the read fails with the owner named.
 Symlinks: a write replaces the link itself (its target is never touched) and restore puts the link back.
 
+A create or update that fails before it changes anything (a refusal after reading the host: an unsafe device, a
+missing tool) leaves no record behind: the records it made fresh are removed again (`attempt`). Otherwise they would
+outlive the failed resource, which the engine never stores, and refuse the next owner of those paths.
+
 Every mutating script runs under the host lock (`flock` on LOCK), so two runs, or two resources of one run, never
 edit one host at the same time; who holds it is in LOCK.holder, and each hold is logged in LOCK.log.
 
@@ -28,8 +32,11 @@ Usage::
 from __future__ import annotations
 
 import base64
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
+from contextlib import contextmanager
+from contextvars import ContextVar
 from dataclasses import dataclass, field
+from typing import Any
 
 from access.errors import HostError
 from access.shell import Script, quote
@@ -49,6 +56,7 @@ _FUNCTIONS = r"""gp_new() {
   fi
   mkdir -p "$(dirname "$1")"
   printf '%s\t%s\n' "$2" "$(date -u +%Y-%m-%dT%H:%M:%SZ)" > "$1.owner"
+  printf '@@fresh %s\n' "$1"
   return 0
 }
 gp_show() {
@@ -128,6 +136,61 @@ class Record:
         for key in sorted(self.values):
             lines.append(f"rm -f -- {quote(_entry(key))} {quote(_entry(key) + '.owner')}")
         return lines
+
+
+def fresh_entries(out: str) -> list[str]:
+    """The record entries this round trip created (not found): what a failed attempt removes again."""
+    return [ln[len("@@fresh ") :] for ln in out.splitlines() if ln.startswith("@@fresh ")]
+
+
+@dataclass
+class Attempt:
+    """One create or update: the records it made fresh (per connection and owner) and whether it began to change
+    the host. Used through `attempt()`; `Change.run` (and any other change) calls `changing()`."""
+
+    fresh: list[tuple[Any, str, list[str]]] = field(default_factory=list)
+    changed: bool = False
+
+    def drop_fresh(self) -> None:
+        """Best effort: the host may be gone, and then the records stay (a re-run finds and keeps them)."""
+        for conn, owner, entries in self.fresh:
+            names = " ".join(quote(e + sfx) for e in entries for sfx in ("", ".owner", ".absent", ".tmp"))
+            try:
+                conn.run(locked(f"rm -f -- {names}", owner), timeout=60)
+            except Exception:  # noqa: BLE001 - the attempt's own error is what the user needs to see
+                pass
+
+
+_ATTEMPT: ContextVar[Attempt | None] = ContextVar("gpuhost_attempt", default=None)
+
+
+@contextmanager
+def attempt() -> Iterator[Attempt]:
+    """Around a provider's create/update: if it fails before any change, the records it made fresh are dropped."""
+    a = Attempt()
+    token = _ATTEMPT.set(a)
+    try:
+        yield a
+    except BaseException:
+        if not a.changed:
+            a.drop_fresh()
+        raise
+    finally:
+        _ATTEMPT.reset(token)
+
+
+def note_fresh(conn: Any, owner: str, out: str) -> None:
+    """Remember the records a record-and-read round trip (its output `out`) created, for the current attempt."""
+    a, entries = _ATTEMPT.get(), fresh_entries(out)
+    if a is not None and entries:
+        a.fresh.append((conn, owner, entries))
+
+
+def changing() -> None:
+    """The current attempt is about to change the host: its records describe the original now, keep them."""
+    a = _ATTEMPT.get()
+    if a is not None:
+        a.changed = True
 
 
 def parse_pristine(out: str) -> dict[str, FileState]:
@@ -230,6 +293,7 @@ class Change:
         return locked(self.script.render(), self.owner)
 
     def run(self, conn):
+        changing()
         res = conn.run(self.render(), input=bytes(self.stdin))
         self.last_stdout = res.stdout
         return res

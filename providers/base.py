@@ -48,6 +48,7 @@ from pydantic import BaseModel, ValidationError
 from access import keys
 from access.errors import HostError
 from access.ssh import CommandFailed, Conn, HostSpec, HostUnreachable, connect
+from facts import state
 from facts.state import Change, Record
 from plans.plan import Plan
 
@@ -171,8 +172,29 @@ class Provider(ResourceProvider):
         return out
 
 
+def _one_attempt(method: Callable[..., Any]) -> Callable[..., Any]:
+    if getattr(method, "_one_attempt", False):
+        return method
+
+    def run(self: HostProvider, *args: Any) -> Any:
+        with state.attempt():
+            return method(self, *args)
+
+    run._one_attempt = True  # type: ignore[attr-defined]
+    run.__name__, run.__qualname__, run.__doc__ = method.__name__, method.__qualname__, method.__doc__
+    return run
+
+
 class HostProvider(Provider):
     REPLACE_ON: tuple[str, ...] = ("host",)
+
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        # Every create/update runs as one attempt (facts.state.attempt): one that fails before it changes the host
+        # (a refusal after reading it) removes the records it made, so nothing of it stays on the host.
+        super().__init_subclass__(**kwargs)
+        for name in ("create", "update"):
+            if name in cls.__dict__:
+                setattr(cls, name, _one_attempt(cls.__dict__[name]))
 
     def configure(self, req: ConfigureRequest) -> None:
         # Private keys come from the stack's secret config, which the engine sends to the provider process (CLI
@@ -220,6 +242,7 @@ class HostProvider(Provider):
     def record_and_read(self, conn: Conn, props: dict, rec: Record, facts_text: str) -> tuple[str, dict, dict]:
         """One round trip: record (first time only) and read. Returns (output, pristine files, prior values)."""
         out = self.guarded(conn, "reading the host", lambda: conn.run(rec.script().render() + facts_text).stdout)
+        state.note_fresh(conn, rec.owner, out)
         files, values = rec.parse(out, conn.spec.name)
         return out, files, values
 
@@ -242,6 +265,8 @@ class HostProvider(Provider):
 
     @staticmethod
     def guarded(conn: Conn, doing: str, fn: Callable[[], Any], changing: bool = False) -> Any:
+        if changing:
+            state.changing()
         try:
             return fn()
         except (CommandFailed, HostUnreachable) as e:
@@ -342,6 +367,10 @@ class TemplateProvider(HostProvider):
         if not ch.empty:
             conn = self.conn(props)
             self.guarded(conn, "restoring what gpuhost found", lambda: ch.run(conn), changing=True)
+
+
+HostProvider.create = _one_attempt(HostProvider.create)  # type: ignore[method-assign]
+HostProvider.update = _one_attempt(HostProvider.update)  # type: ignore[method-assign]
 
 
 def bookkeeping(provider: type[Provider], name: str) -> dict:

@@ -125,3 +125,64 @@ def test_two_concurrent_applies_on_one_host_serialize(conn, local_sshd, tmp_path
         assert f"waiting for the host lock held by test-{tag}" in stderr or took >= 2.0, (name, stderr)
     # the second apply waited for the first's whole hold (1 s sleep) on top of the test's
     assert max(t for t, _ in results.values()) >= 2.0
+
+
+def _records(rec: Record) -> list[str]:
+    """The record entries of `rec` that exist on this machine (the local sshd's host)."""
+    from facts.state import ROOT
+
+    paths = [f"{ROOT}/files{p}{sfx}" for p in rec.files for sfx in ("", ".absent", ".owner")]
+    paths += [f"{ROOT}/runtime/{k}{sfx}" for k in rec.values for sfx in ("", ".owner")]
+    return [p for p in paths if os.path.lexists(p)]
+
+
+def test_an_attempt_that_fails_before_changing_drops_only_the_records_it_made(conn, tmp_path):
+    from facts.state import attempt, note_fresh
+
+    old, new = tmp_path / "old.conf", tmp_path / "new.conf"
+    old.write_text("recorded by an earlier attempt\n")
+    earlier = Record(owner=f"test/{tmp_path.name}", files=[str(old)])
+    earlier.parse(conn.run(earlier.script().render()).stdout)
+    rec = Record(owner=earlier.owner, files=[str(old), str(new)], values={f"test{tmp_path}/v": "echo 1"})
+
+    with pytest.raises(RuntimeError, match="refused"), attempt():
+        out = conn.run(rec.script().render()).stdout
+        note_fresh(conn, rec.owner, out)
+        raise RuntimeError("refused after reading the host")
+    # The earlier record (the true original) stays; this attempt's records are gone.
+    assert _records(rec) == _records(earlier) and _records(earlier), _records(rec)
+
+    # An attempt that began its change keeps its records (they describe the original the change replaced).
+    with pytest.raises(RuntimeError, match="cut off"), attempt():
+        out = conn.run(rec.script().render()).stdout
+        note_fresh(conn, rec.owner, out)
+        Change(rec.owner).write(str(new), b"gpuhost\n").run(conn)
+        raise RuntimeError("cut off after the change")
+    # old.conf: copy + owner (the earlier record); new.conf: absent + owner; the value: value + owner
+    assert len(_records(rec)) == 6, _records(rec)
+    Change(rec.owner).forget(rec).run(conn)
+    assert _records(rec) == []
+
+
+def test_a_provider_refusing_after_its_read_leaves_no_record(local_sshd, provider_server_for):
+    """VfioBinding on this machine (through the gRPC provider server): the device is not there, so it refuses after
+    the round trip that records its files; no record may stay (it would refuse the next owner of those files)."""
+    from providers.vfio import VfioBindingProvider
+    from tests.engine import ProviderError
+
+    srv = provider_server_for()
+    r = srv.resource(VfioBindingProvider(), "gpuhost:host:VfioBinding", "refused-vfio")
+    inputs = {
+        "host": local_sshd.host_spec().model_dump(mode="json"),
+        "devices": ["0000:ee:1f.7"],
+        "mode": "address",
+        "blacklist_nouveau": True,
+        "disable_vga": True,
+        "owner_tag": "test/refused-vfio",
+        "version": VfioBindingProvider.VERSION,
+    }
+    rec = VfioBindingProvider()._record(inputs)
+    assert _records(rec) == []
+    with pytest.raises(ProviderError, match="unknown PCI address"):
+        r.create(r.check(inputs))
+    assert _records(rec) == []

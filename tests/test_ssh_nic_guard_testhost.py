@@ -167,7 +167,12 @@ def _provider_refuses(server, spec, name: str) -> str:
 
 
 def _unchanged(th) -> None:
-    out = th.ssh(f"readlink /sys/bus/pci/devices/{NIC}/driver; ls /etc/modprobe.d /etc/driverctl.d 2>/dev/null").stdout
+    # Nothing bound, no file written, and no pristine record left by the refused create (it would refuse the next
+    # owner of those files).
+    out = th.ssh(
+        f"readlink /sys/bus/pci/devices/{NIC}/driver; ls /etc/modprobe.d /etc/driverctl.d 2>/dev/null; "
+        "find /var/lib/gpuhost/pristine -name '*.owner' 2>/dev/null"
+    ).stdout
     assert out.splitlines()[0].endswith("/e1000e") and "gpuhost-vfio" not in out and f"pci-{NIC}" not in out, out
 
 
