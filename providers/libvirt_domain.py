@@ -3,8 +3,14 @@
 create = disk overlay + cloud-init seed + define + start. update = pin changes applied live where libvirt can
 (vcpupin/emulatorpin/iothreadpin), anything else by graceful shutdown, redefine and start, and if define or start
 fails the previous definition is put back (and started again if it was running) before the error is raised.
-delete = graceful shutdown, destroy after `shutdown_timeout`, undefine with its NVRAM; the disk stays unless
-`keep_disk` is false. read = the live domain XML parsed back into the `domain` input's terms, so refresh shows drift.
+delete = graceful shutdown, destroy after `shutdown_timeout`, undefine with its NVRAM; then the seed ISO path and the
+disk are put back as create found them (plans.vm_storage): through `host`, both are recorded on the host the first
+time (facts/state.py `Record`, under the host lock, tagged with the owner), so a re-run after a dropped connection
+still knows the real original. A file found at the seed ISO path comes back byte for byte (content, mode, owner), a
+path that was empty is emptied; a disk that was there is never removed (`keep_disk: false` removes only the overlay
+this resource made) and gets its mode and owner back. With `uri` only there is no host record: a seed ISO volume
+already there is refused (it could not be put back), and `disk_created` is what this create saw.
+read = the live domain XML parsed back into the `domain` input's terms, so refresh shows drift.
 
 How libvirt is reached:
   * `uri` given (e.g. `test:///default`, `qemu:///system`): opened directly.
@@ -40,9 +46,12 @@ from pulumi.dynamic import CheckFailure, CheckResult, CreateResult, ReadResult, 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from access.shell import sh
-from access.ssh import HostSpec, connect
+from access.ssh import Conn, HostSpec, connect
+from facts.files import FileState
+from facts.state import Change, Record
+from plans import vm_storage
 from plans.domain_xml import CloudInit, DomainSpec, cpuset_str, parse, render_element, seed_iso
-from providers.base import HostProvider, HostResource, validation_failures
+from providers.base import HostProvider, HostResource, is_safe_abs_path, validation_failures
 
 # Changes libvirt applies to a running domain without a restart.
 LIVE_FIELDS = {"vcpupin", "emulatorpin", "iothreadpin"}
@@ -162,6 +171,19 @@ class _Tunnel:
 # Per-process pool (like access.ssh's): libvirt connections and their tunnels, keyed by URI or host.
 _POOL: dict[Any, tuple[libvirt.virConnect, Optional[_Tunnel]]] = {}
 _POOL_LOCK = threading.Lock()
+_QUIET: list[bool] = []
+
+
+def _no_print(_ctx: Any, _err: Any) -> None:
+    """libvirt's default error handler prints every error to stderr ("libvirt: QEMU Driver error : Domain not
+    found"), expected lookups included; the error still reaches the caller as libvirtError with its message."""
+
+
+def _quiet_libvirt() -> None:
+    """Replace libvirt's printing error handler once per process (it is process-wide)."""
+    if not _QUIET:
+        libvirt.registerErrorHandler(_no_print, None)
+        _QUIET.append(True)
 
 
 def open_libvirt(inputs: DomainInputs) -> libvirt.virConnect:
@@ -174,6 +196,7 @@ def open_libvirt(inputs: DomainInputs) -> libvirt.virConnect:
     else:
         raise ValueError("LibvirtDomain needs `uri` or `host`")
     with _POOL_LOCK:
+        _quiet_libvirt()
         got = _POOL.get(key)
         if got is not None:
             try:
@@ -285,7 +308,9 @@ def ensure_overlay(lv: libvirt.virConnect, path: str, storage: Storage) -> bool:
     """Create the qcow2 overlay at `path` backed by `storage.base_image` unless a volume is there. True if made."""
     if _volume(lv, path) is not None:
         return False
-    pool = _pool_for(lv, path)
+    pool = _pool_for(lv, path)  # refreshed: a file put there since the pool was last read is a volume now
+    if _volume(lv, path) is not None:
+        return False
     xml = (
         "<volume><name>{}</name><capacity unit='GiB'>{}</capacity>"
         "<target><format type='qcow2'/></target>"
@@ -357,10 +382,20 @@ class UpdateFailed(RuntimeError):
 
 
 class LibvirtDomainProvider(HostProvider):
-    VERSION = "2"
+    VERSION = "3"  # 3: the seed ISO path and the disk recorded on the host and put back as found on delete
     # A new name or another host is another domain: delete the old one first (it holds the GPU).
     REPLACE_ON = ("host", "uri", "remote_uri")
-    OUTPUT_ONLY = ("uuid", "state", "domid", "seed_uploaded", "disk_created", "xml_sha256")
+    OUTPUT_ONLY = (
+        "uuid",
+        "state",
+        "domid",
+        "seed_uploaded",
+        "disk_created",
+        "xml_sha256",
+        # what the seed ISO path held and the disk's `disk_stat` when first recorded (through `host` only)
+        "seed_found",
+        "disk_found",
+    )
 
     def check_known(self, olds: dict, news: dict) -> CheckResult:
         failures: list[CheckFailure] = []
@@ -376,6 +411,10 @@ class LibvirtDomainProvider(HostProvider):
             failures.append(CheckFailure("domain.disk", "a base image needs the overlay's path in domain.disk"))
         if inp.cloud_init and not inp.domain.seed_iso:
             failures.append(CheckFailure("domain.seed_iso", "cloud_init needs the seed ISO path in domain.seed_iso"))
+        for f in ("disk", "seed_iso"):
+            path = getattr(inp.domain, f)
+            if path is not None and (not is_safe_abs_path(path) or path == "/"):
+                failures.append(CheckFailure(f"domain.{f}", f"must be an absolute path without '..': {path!r}"))
         # Normalised inputs (PCI addresses in full form, defaults written out) so that state, refresh and new
         # inputs compare field by field.
         news = {
@@ -394,6 +433,74 @@ class LibvirtDomainProvider(HostProvider):
             d.changes = True
         return d
 
+    # -- the seed ISO path and the disk, as found -----------------------------------------------------------------
+    @staticmethod
+    def _on_host(inp: DomainInputs) -> bool:
+        """Files are recorded and restored over `host`'s SSH (libvirt reached through it too); not with `uri`."""
+        return bool(inp.host) and not inp.uri
+
+    @staticmethod
+    def _paths(inp: DomainInputs) -> tuple[Optional[str], Optional[str]]:
+        """(seed ISO path gpuhost writes, disk path gpuhost may make): None where it writes or makes nothing."""
+        seed = inp.domain.seed_iso if inp.cloud_init else None
+        disk = inp.domain.disk if inp.storage.base_image else None
+        return seed, disk
+
+    def _record(self, props: dict, inp: DomainInputs) -> Record:
+        seed, disk = self._paths(inp)
+        values = {vm_storage.disk_key(disk): vm_storage.disk_stat(disk)} if disk else {}
+        return Record(self.owner(props), files=[seed] if seed else [], values=values)
+
+    def _found(
+        self, conn: Conn, props: dict, inp: DomainInputs, disk: Optional[str]
+    ) -> tuple[Optional[dict], Optional[str], bool]:
+        """Record the seed ISO path and the disk of `inp` the first time, under the host lock, before anything
+        changes. Returns (seed path as first found, disk as first found, whether the disk at `disk` is there now)."""
+        seed, rec_disk = self._paths(inp)
+        rec = self._record(props, inp)
+        ch = Change(self.owner(props))
+        rec.script(ch.script)
+        if disk:
+            ch.add([vm_storage.disk_now(disk)])
+        self.guarded(conn, "recording the seed ISO path and the disk as found", lambda: ch.run(conn), changing=True)
+        files, values = rec.parse(ch.last_stdout, conn.spec.name)
+        return (
+            files[seed].model_dump() if seed else None,
+            values.get(vm_storage.disk_key(rec_disk)) if rec_disk else None,
+            bool(disk) and vm_storage.parse_disk_now(ch.last_stdout),
+        )
+
+    def _write_seed(self, lv: libvirt.virConnect, props: dict, inp: DomainInputs, conn: Optional[Conn]) -> bool:
+        """The cloud-init seed at its path: over SSH under the host lock, or as a libvirt volume with `uri`."""
+        path = inp.domain.seed_iso
+        assert path and inp.cloud_init
+        data = seed_iso(inp.cloud_init, inp.domain.name)
+        if conn is None:
+            return write_seed(lv, path, data)
+        ch = Change(self.owner(props)).write(path, data, vm_storage.SEED_MODE, vm_storage.SEED_OWNER)
+        self.guarded(conn, f"writing the cloud-init seed ISO {path}", lambda: ch.run(conn), changing=True)
+        return True
+
+    def _release(self, lv: libvirt.virConnect, props: dict, delete_disk: bool) -> None:
+        """Put the seed ISO path and the disk back as create found them, after the domain is gone."""
+        inp = DomainInputs.model_validate(props)
+        seed, disk = self._paths(inp)
+        disk_created = bool(props.get("disk_created"))
+        if not self._on_host(inp):
+            _delete_volume(lv, seed)
+            if delete_disk and disk_created:
+                _delete_volume(lv, disk)
+            return
+        found = props.get("seed_found")
+        # state of version 2 (no record): the seed was removed and a disk this create saw made was removed
+        seed_found = FileState.model_validate(found) if found else FileState(path=seed or "", exists=False)
+        disk_found = vm_storage.parse_disk(props.get("disk_found")) or (
+            vm_storage.DiskFound(exists=False) if disk_created else None
+        )
+        plan = vm_storage.release_plan(seed, seed_found, disk, disk_found, delete_disk)
+        conn = self.conn(props)
+        self.run_plan(conn, props, plan, then=self._record(props, inp).forget_lines())
+
     # -- create ---------------------------------------------------------------------------------------------------
     def create(self, props: dict) -> CreateResult:
         inp = DomainInputs.model_validate(props)
@@ -403,13 +510,30 @@ class LibvirtDomainProvider(HostProvider):
         left = _lookup(lv, spec.name)
         if left is not None and (not owner or owner_of(left) != owner):
             raise RuntimeError(f"domain {spec.name!r} already exists on this host; import it or pick another name")
-        disk_created = seed_uploaded = False
+        seed, disk = self._paths(inp)
+        conn = self.conn(props) if self._on_host(inp) else None
+        seed_found: Optional[dict] = None
+        disk_found: Optional[str] = None
+        if conn is not None:
+            # the first record wins: a re-run after a dropped connection reads what the first create found
+            seed_found, disk_found, disk_there = self._found(conn, props, inp, disk)
+            disk_created = disk_found == "absent"
+        else:
+            if seed and left is None and _volume(lv, seed) is not None:
+                raise RuntimeError(
+                    f"{seed} (domain.seed_iso) is there already; with `uri` it could not be put back on delete: "
+                    "move it away, or reach the host through `host`"
+                )
+            disk_there = disk_created = False
+        seed_uploaded = False
         dom = None
+        xml = ""
         try:
-            if inp.storage.base_image and spec.disk:
-                disk_created = ensure_overlay(lv, spec.disk, inp.storage)
-            if inp.cloud_init and spec.seed_iso:
-                seed_uploaded = write_seed(lv, spec.seed_iso, seed_iso(inp.cloud_init, spec.name))
+            if disk:
+                made = False if disk_there else ensure_overlay(lv, disk, inp.storage)
+                disk_created = disk_created or made
+            if seed:
+                seed_uploaded = self._write_seed(lv, props, inp, conn)
             # `left`: this resource's own domain from a create whose result was lost; redefined in place (its UUID)
             if left is not None:
                 _settle(left, 120)
@@ -420,20 +544,25 @@ class LibvirtDomainProvider(HostProvider):
                 dom.create()
             elif inp.start and dom.state()[0] == libvirt.VIR_DOMAIN_PAUSED:
                 dom.resume()  # an adopted domain whose start was cut off by the drop (QEMU up, CPUs not resumed)
-        except Exception:
+        except Exception as e:
             # nothing of a failed create may stay behind: the GPU would be held by a half-made domain
-            if dom is not None:
-                if dom.isActive():
-                    dom.destroy()
-                _undefine(dom)
-            if inp.cloud_init:
-                _delete_volume(lv, spec.seed_iso)
-            if disk_created:
-                _delete_volume(lv, spec.disk)
+            try:
+                if dom is not None:
+                    if dom.isActive():
+                        dom.destroy()
+                    _undefine(dom)
+                made_by = {"disk_created": disk_created, "seed_found": seed_found, "disk_found": disk_found}
+                self._release(lv, {**props, **made_by}, delete_disk=True)
+            except Exception as undo:  # noqa: BLE001 - the create's own error is the one to raise
+                e.add_note(f"undoing the failed create failed too: {undo}")
             raise
-        return CreateResult(dom.UUIDString(), self._outs(props, dom, disk_created, seed_uploaded, xml))
+        assert dom is not None
+        return CreateResult(
+            dom.UUIDString(),
+            self._outs(props, dom, disk_created, seed_uploaded, xml, seed_found=seed_found, disk_found=disk_found),
+        )
 
-    def _outs(self, props, dom, disk_created, seed_uploaded, xml) -> dict:
+    def _outs(self, props, dom, disk_created, seed_uploaded, xml, **found) -> dict:
         return self.outputs(
             props,
             uuid=dom.UUIDString(),
@@ -442,6 +571,7 @@ class LibvirtDomainProvider(HostProvider):
             disk_created=disk_created,
             seed_uploaded=seed_uploaded,
             xml_sha256=hashlib.sha256(xml.encode()).hexdigest(),
+            **found,
         )
 
     # -- update ---------------------------------------------------------------------------------------------------
@@ -451,16 +581,38 @@ class LibvirtDomainProvider(HostProvider):
         lv = open_libvirt(new)
         dom = lv.lookupByUUIDString(id_)
         spec = new.domain
+        (old_seed, old_disk), (seed, disk) = self._paths(old), self._paths(new)
+        new_seed, new_disk = (seed if seed != old_seed else None), (disk if disk != old_disk else None)
+        conn = self.conn(news) if self._on_host(new) else None
+        found = {k: olds.get(k) for k in ("seed_found", "disk_found")}
+        disk_created = bool(olds.get("disk_created"))
+        disk_there = False
+        if conn is not None and (new_seed or disk):
+            # only a path this resource did not write or make before is recorded now (a state of version 2 has
+            # no record of the old paths: recording them now would take gpuhost's own seed for the original)
+            part = new.model_copy(
+                update={
+                    "cloud_init": new.cloud_init if new_seed else None,
+                    "storage": new.storage if new_disk else Storage(base_image=None),
+                }
+            )
+            seed_found, disk_found, disk_there = self._found(conn, news, part, disk)
+            if new_seed:
+                found["seed_found"] = seed_found
+            if new_disk:
+                found["disk_found"], disk_created = disk_found, disk_found == "absent"
         seed_uploaded = bool(olds.get("seed_uploaded"))
-        if new.cloud_init != old.cloud_init and new.cloud_init and spec.seed_iso:
+        if seed and (new_seed or new.cloud_init != old.cloud_init):
             was = dom.isActive()
             if was:
                 shutdown(dom, new.shutdown_timeout)
-            seed_uploaded = write_seed(lv, spec.seed_iso, seed_iso(new.cloud_init, spec.name))
+            seed_uploaded = self._write_seed(lv, news, new, conn)
             if was:
                 dom.create()
-        if new.storage.base_image and spec.disk:
-            ensure_overlay(lv, spec.disk, new.storage)
+        if disk and not disk_there:
+            made = ensure_overlay(lv, disk, new.storage)
+            if conn is None:
+                disk_created = made or (disk_created and not new_disk)
         live_xml = parse(dom.XMLDesc(0))
         changed = {f for f in DomainSpec.model_fields if getattr(live_xml, f) != getattr(spec, f)}
         xml = domain_xml(spec, news.get("owner_tag"), uuid=dom.UUIDString())
@@ -492,7 +644,18 @@ class LibvirtDomainProvider(HostProvider):
                 ) from e
         if bool(dom.autostart()) != new.autostart:
             dom.setAutostart(1 if new.autostart else 0)
-        return UpdateResult(self._outs(news, dom, olds.get("disk_created", False), seed_uploaded, xml))
+        # a seed ISO path or disk the domain no longer uses goes back as found (a disk's data is never deleted here)
+        gone_seed, gone_disk = old_seed is not None and old_seed != seed, old_disk is not None and old_disk != disk
+        if gone_seed or gone_disk:
+            gone = {**olds, "cloud_init": olds.get("cloud_init") if gone_seed else None}
+            if not gone_disk:
+                gone["storage"] = {**(olds.get("storage") or {}), "base_image": None}
+            self._release(lv, gone, delete_disk=False)
+        if not seed:
+            found["seed_found"] = None
+        if not disk:
+            found["disk_found"], disk_created = None, False
+        return UpdateResult(self._outs(news, dom, disk_created, seed_uploaded, xml, **found))
 
     # -- delete ---------------------------------------------------------------------------------------------------
     def delete(self, id_: str, props: dict) -> None:
@@ -505,10 +668,7 @@ class LibvirtDomainProvider(HostProvider):
         if dom is not None:
             shutdown(dom, inp.shutdown_timeout)
             _undefine(dom)
-        if inp.cloud_init:
-            _delete_volume(lv, inp.domain.seed_iso)
-        if not inp.keep_disk:
-            _delete_volume(lv, inp.domain.disk)
+        self._release(lv, props, delete_disk=not inp.keep_disk)
 
     # -- read -----------------------------------------------------------------------------------------------------
     def read(self, id_: str, props: dict) -> ReadResult:

@@ -5,10 +5,11 @@ process, as the engine's one provider process would), so every check below reads
 The same lifecycle against a real libvirtd runs on the emulated host (tests/test_libvirt_testhost.py).
 """
 
+import libvirt
 import pytest
 
 from plans.domain_xml import DomainSpec, Topology
-from providers.libvirt_domain import LibvirtDomainProvider
+from providers.libvirt_domain import DomainInputs, LibvirtDomainProvider, _lookup, open_libvirt
 from tests.engine import ProviderError, ProviderServer
 
 TYPE = "gpuhost:vm:LibvirtDomain"
@@ -92,16 +93,50 @@ def test_update_that_libvirt_refuses_restores_the_previous_definition(server):
     assert after["domain"] == before["domain"] and after["state"] == "running"
 
 
-def test_delete_keeps_the_disk_unless_asked(server):
+def test_delete_keeps_the_disk_unless_asked_and_never_one_it_found(server):
     r = server.resource(LibvirtDomainProvider(), TYPE, "tenant-a")
     assert r.up(inputs())[1]["disk_created"] is True
     r.destroy()
     assert r.up(inputs())[1]["disk_created"] is False, "the overlay survived delete (keep_disk default)"
     r.destroy()
+    # keep_disk false, but the disk was there before this create: delete leaves it
     r2 = server.resource(LibvirtDomainProvider(), TYPE, "tenant-a")
-    r2.up(inputs(keep_disk=False))
+    assert r2.up(inputs(keep_disk=False))[1]["disk_created"] is False
     r2.destroy()
-    assert r2.up(inputs())[1]["disk_created"] is True, "keep_disk=false removed the overlay"
+    assert r2.up(inputs())[1]["disk_created"] is False, "keep_disk=false removed a disk that create found"
+    r2.destroy()
+    # keep_disk false and a disk this create made: delete removes it
+    other = {"disk": "/default-pool/tenant-b.qcow2"}
+    r3 = server.resource(LibvirtDomainProvider(), TYPE, "tenant-a")
+    assert r3.up(inputs(keep_disk=False, domain=other))[1]["disk_created"] is True
+    r3.destroy()
+    assert r3.up(inputs(domain=other))[1]["disk_created"] is True, "keep_disk=false kept the overlay it made"
+
+
+def test_a_seed_iso_volume_already_there_is_refused_without_a_host_record(server):
+    # another VM's overlay sits at tenant-a's seed ISO path; with `uri` it could not be put back on delete
+    b = server.resource(LibvirtDomainProvider(), TYPE, "tenant-b")
+    b.up(
+        inputs(
+            domain={"name": "tenant-b", "disk": "/default-pool/tenant-a-seed.iso", "seed_iso": None},
+            cloud_init=None,
+            keep_disk=False,
+        )
+    )
+    a = server.resource(LibvirtDomainProvider(), TYPE, "tenant-a")
+    with pytest.raises(ProviderError, match="tenant-a-seed.iso .*is there already"):
+        a.up(inputs())
+    assert b.refresh()["state"] == "running"
+    b.destroy()
+    assert a.up(inputs())[1]["state"] == "running"
+
+
+def test_expected_lookups_print_nothing_and_errors_still_raise(capfd):
+    lv = open_libvirt(DomainInputs.model_validate(inputs()))
+    assert _lookup(lv, "no-such-domain") is None
+    with pytest.raises(libvirt.libvirtError, match="Domain not found"):
+        lv.lookupByName("no-such-domain")
+    assert "libvirt:" not in capfd.readouterr().err, "libvirt's default error handler printed an expected lookup"
 
 
 def test_rename_replaces_and_a_defined_name_is_not_adopted(server):
