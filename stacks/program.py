@@ -340,6 +340,7 @@ def build(
                     cloud_init=ci,
                     bridge=h.vm_network.bridge if h.vm_network else None,
                     mac=ci.network.mac if ci else None,
+                    shutdown_timeout=vm.shutdown_timeout_s,
                     **(
                         # No libvirt NIC: the emulated server has no `default` network running (its only link is
                         # the SSH port forward), and the first up of the dev stack failed on it under the driver.

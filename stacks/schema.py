@@ -236,6 +236,11 @@ class Vm(Strict):
     mps: bool = Field(False, description="CUDA MPS in the guest (seed 001 route B)")
     address: Optional[str] = Field(None, description="guest IP for SSH (through the host as jump) and scraping")
     host_key: Optional[str] = Field(None, description="the guest's SSH host key pin")
+    shutdown_timeout_s: int = Field(
+        120,
+        ge=0,
+        description="graceful ACPI shutdown time before the domain is destroyed (delete, a change that needs a restart)",
+    )
 
     @field_validator("name")
     @classmethod

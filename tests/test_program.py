@@ -101,6 +101,7 @@ def test_pinning_on_the_gpu_node_with_sibling_pairs(hk):
     assert not cpus_a & {0, 1, 32, 33}
     pins = a["vcpupin"]
     assert all(pins[i + 1] - pins[i] == 32 for i in range(0, len(pins), 2))  # vCPU pairs are sibling threads
+    assert doms["trt-l40s-01-tenant-rt-a-domain"]["shutdown_timeout"] == 120  # vms[].shutdown_timeout_s default
 
 
 def test_dependencies_host_prep_before_vms_before_services_before_monitoring(hk):
@@ -145,6 +146,8 @@ def test_dev_stack_targets_the_emulated_host(dev):
     # the emulated server runs no libvirt `default` network: its VM gets no NIC (the driver's first up failed on it)
     assert dom.get("network") is None
     assert dom.get("disk") is None  # image: null, and the emulated server has no storage pool for an empty disk
+    # vms[].shutdown_timeout_s reaches the domain (the firmware-only guest never answers ACPI)
+    assert dev.by_name("emulated-gpu-01-tenant-a-domain").inputs["shutdown_timeout"] == 15
     assert dev.duplicate_urns() == []
 
 
