@@ -9,7 +9,16 @@ Each phase boots a fresh copy-on-write overlay of the cached base image (tests/t
 its dependencies are done. Every step's start and duration come from the driver's own step records
 (`Plan.steps`); "excluding the reboot" is the time from the start of the `up` to the start of the HostReboot step
 (the reboot decision), as bench/run.py takes Ansible's time from its reboot-decision task. A no-op `up` follows.
-Ansible: bench/run.py's ansible phase (first apply of bench/ansible/host_prep.yml only).
+Ansible: bench/run.py's ansible phase (first apply of bench/ansible/host_prep.yml only); with `--only gpuhost` and
+no Ansible phase in the results, Ansible's first apply is taken from bench/run.py's bench/results/results.json (the
+table says so).
+
+Where the time goes: every mutating script runs under the host lock (facts/state.py `locked`), which logs
+"<epoch> waiting|acquired|released <holder>" in /run/gpuhost.lock.log on the host. A thread streams that log over its
+own SSH connection (one `tail -F` exec under another host name, so not among the counted round trips) until the
+reboot cuts it; each step's time is then split into waiting for the lock, holding it (the host's own commands:
+update-grub, update-initramfs, driverctl, tuned-adm, ...) and the rest (gpuhost's own: the provider call, connect,
+reads, checks), and the step that ended last before the HostReboot step started is the critical path.
 
 Writes bench/results/driver.json and the table between the BEGIN/END driver markers of docs/benchmarks.md.
 """
@@ -18,11 +27,14 @@ from __future__ import annotations
 
 import argparse
 import json
+import socket
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from pathlib import Path
+from typing import Any
 
 from bench.run import DOC, RESULTS, ROOT, RoundTripLog, boot, boots_seen, log, machine
 
@@ -39,6 +51,160 @@ def one_host_stack(th) -> tuple:
     cfg = StackConfig({}, []).with_values(fleet={"hosts": [host]}, sshPrivateKey=th.private_key_pem)
     cfg.secret_keys.append("gpuhost:sshPrivateKey")
     return cfg, host["name"]
+
+
+class LockWatch:
+    """Streams the host's lock log (facts/state.py LOCK + ".log") into this process until the reboot cuts it.
+
+    Its own SSH connection under another host name (`<host>-lockwatch`): the driver's provider process counts its
+    round trips for the host's name only, and this one is a single exec (`tail -F`) for the whole `up` (plus the
+    clock samples, taken before the `up` starts). /run is a tmpfs, so the log is gone after the reboot: what was
+    streamed before it is all there is."""
+
+    def __init__(self, th):
+        from access import ssh
+        from facts.state import LOCK
+
+        self.log_path = LOCK + ".log"
+        self.spec = th.host_spec(name=f"{th.name}-lockwatch")
+        self.conn = ssh._open(self.spec)  # not the pooled connection: its own transport
+        self.lines: list[tuple[float, str]] = []  # (local wall time at arrival, line)
+        self.clock: list[dict] = []
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+
+    def sample_clock(self, n: int = 5) -> float:
+        """host epoch - local epoch, from the `date` round trip with the smallest RTT (at its midpoint)."""
+        for _ in range(n):
+            a = time.time()
+            host = float(self.conn.run("date +%s.%N").stdout)
+            b = time.time()
+            self.clock.append({"rtt_s": round(b - a, 4), "offset_s": round(host - (a + b) / 2, 4)})
+        return min(self.clock, key=lambda c: c["rtt_s"])["offset_s"]
+
+    def start(self) -> None:
+        from access.shell import sh
+
+        chan = self.conn.client.get_transport().open_session()  # type: ignore[union-attr]
+        chan.settimeout(1.0)
+        cmd = sh("stdbuf", "-oL", "tail", "-n", "+1", "-F", self.log_path)
+        chan.exec_command(cmd if self.spec.user == "root" else sh("sudo", "-n", "sh", "-c", cmd))
+
+        def pump() -> None:
+            buf = b""
+            while not self._stop.is_set():
+                try:
+                    data = chan.recv(65536)
+                except socket.timeout:
+                    continue
+                except Exception:
+                    break
+                if not data:
+                    break
+                now = time.time()
+                buf += data
+                *done, buf = buf.split(b"\n")
+                self.lines += [(now, ln.decode(errors="replace")) for ln in done if ln.strip()]
+
+        self._thread = threading.Thread(target=pump, name="lockwatch", daemon=True)
+        self._thread.start()
+
+    def stop(self) -> None:
+        self._stop.set()
+        if self._thread:
+            self._thread.join(timeout=5)
+        try:
+            self.conn.close()
+        except Exception:
+            pass
+
+
+def parse_lock_log(lines: list[str]) -> list[tuple[float, str, str]]:
+    """`<epoch> waiting|acquired|released <holder>` lines; anything else (a line cut by the reboot) is skipped."""
+    out = []
+    for ln in lines:
+        parts = ln.split()
+        if len(parts) == 3 and parts[1] in ("waiting", "acquired", "released"):
+            try:
+                out.append((float(parts[0]), parts[1], parts[2]))
+            except ValueError:
+                continue
+    return out
+
+
+def lock_holds(events: list[tuple[float, str, str]]) -> list[dict]:
+    """One record per hold: holder, waiting (None when the lock was free), acquired, released (None: cut off)."""
+    holds: list[dict] = []
+    waiting: dict[str, float] = {}
+    open_: dict[str, dict] = {}
+    for ts, ev, who in sorted(events):
+        if ev == "waiting":
+            waiting[who] = ts
+        elif ev == "acquired":
+            h = {"holder": who, "waiting": waiting.pop(who, None), "acquired": ts, "released": None}
+            holds.append(h)
+            open_[who] = h
+        elif who in open_:
+            open_.pop(who)["released"] = ts
+    return holds
+
+
+def lock_account(steps: list[dict], holds: list[dict], host_t0: float, reboot_start_s: float) -> dict:
+    """Each step's seconds split into waiting for the host lock, holding it and the rest; the critical path.
+
+    `steps`: step_records(); `holds`: lock_holds() in host epoch seconds; `host_t0`: the host's clock at the start
+    of the `up` (local start + measured offset). A hold belongs to the step its holder names ("<stack>/<name>")."""
+    rel: list[dict[str, Any]] = [
+        {k: (round(v - host_t0, 2) if isinstance(v, float) else v) for k, v in h.items()} for h in holds
+    ]
+    per: dict[str, dict] = {}
+    for s in steps:
+        mine = [h for h in rel if h["holder"].split("/", 1)[-1] == s["name"]]
+        wait = sum(h["acquired"] - h["waiting"] for h in mine if h["waiting"] is not None)
+        hold = sum((h["released"] if h["released"] is not None else h["acquired"]) - h["acquired"] for h in mine)
+        behind = sorted(
+            {
+                o["holder"].split("/", 1)[-1]
+                for h in mine
+                if h["waiting"] is not None
+                for o in rel
+                if o is not h and o["acquired"] < h["acquired"] and (o["released"] or 1e18) > h["waiting"]
+            }
+        )
+        per[s["name"]] = {
+            "wait_s": round(wait, 2),
+            "hold_s": round(hold, 2),
+            "rest_s": round(s["seconds"] - wait - hold, 2),
+            "holds": mine,
+            "waited_behind": behind,
+            "cut_off": any(h["released"] is None for h in mine),
+        }
+    before = [s for s in steps if s["type"] != "HostReboot" and s["start_s"] < reboot_start_s]
+    last = max(before, key=lambda s: s["start_s"] + s["seconds"]) if before else None
+    done = [h for h in rel if h["released"] is not None and h["acquired"] < reboot_start_s]
+    # The lock's busy time before the reboot decision (holds never overlap: it is a lock).
+    busy = sum(min(h["released"], reboot_start_s) - h["acquired"] for h in done)
+    first = min((h["acquired"] for h in done), default=0.0)
+    named = {s["name"] for s in steps}
+    return {
+        "steps": per,
+        "holds": rel,
+        "unmatched_holders": sorted({h["holder"] for h in rel if h["holder"].split("/", 1)[-1] not in named}),
+        "critical": (
+            {
+                "step": last["name"],
+                "ends_s": round(last["start_s"] + last["seconds"], 2),
+                "reboot_starts_s": reboot_start_s,
+                **{k: per[last["name"]][k] for k in ("wait_s", "hold_s", "rest_s", "waited_behind")},
+            }
+            if last
+            else None
+        ),
+        "lock_busy_s": round(busy, 2),
+        "lock_first_acquired_s": round(first, 2),
+        "lock_busy_share": round(busy / max(1e-9, reboot_start_s - first), 3) if done else None,
+        "holds_sum_s": round(sum(p["hold_s"] for p in per.values()), 2),
+    }
 
 
 def step_records(plan, t_start: float) -> list[dict]:
@@ -66,18 +232,25 @@ def gpuhost_phase(out: dict, work: Path) -> dict:
     from tools.driver import Driver
 
     th = boot(work, "driver-a")
+    watch: LockWatch | None = None
     try:
         cfg, name = one_host_stack(th)
         rtlog = RoundTripLog(work / "driver-roundtrips.log", name)
         rtlog.reset()
         os.environ["GPUHOST_ROUNDTRIP_LOG"] = str(rtlog.path)  # the driver's provider process inherits it
         state = work / "driver-state.json"
+        watch = LockWatch(th)
+        offset = watch.sample_clock()
+        watch.start()
         with open(work / "driver-up.log", "w") as plan_out:
             d = Driver(ROOT, "bench", passphrase=PASSPHRASE, config=cfg, state=state, out=plan_out)
-            log("gpuhost (driver): first up")
-            t0 = time.monotonic()
+            log(f"gpuhost (driver): first up (host clock - local: {offset:+.3f} s)")
+            out["loadavg_before_up"] = Path("/proc/loadavg").read_text().split()[:3]
+            t0_wall, t0 = time.time(), time.monotonic()
             up = d.up()
             wall = time.monotonic() - t0
+            out["loadavg_after_up"] = Path("/proc/loadavg").read_text().split()[:3]
+            watch.stop()  # the stream ended with the reboot; this closes its connection
             if up.errors:
                 raise RuntimeError(f"up failed: {up.errors}")
             steps = step_records(up, t0)
@@ -97,6 +270,18 @@ def gpuhost_phase(out: dict, work: Path) -> dict:
                 "resources": len(steps),
                 "counts": up.counts(),
             }
+            lines = [ln for _, ln in watch.lines]
+            holds = lock_holds(parse_lock_log(lines))
+            out["lock"] = {
+                "log_lines": lines,
+                "clock_samples": watch.clock,
+                "host_minus_local_s": offset,
+                # arrival (local, moved to the host's clock) minus the line's own time: the stream's delay
+                "stream_delay_s": [
+                    round(at + offset - ev[0], 3) for at, ln in watch.lines for ev in parse_lock_log([ln])
+                ],
+                **lock_account(steps, holds, t0_wall + offset, reboot["start_s"]),
+            }
             log(f"gpuhost (driver): up {wall:.0f} s, reboot decision at {reboot['start_s']:.0f} s")
             rtlog.reset()
             t0 = time.monotonic()
@@ -112,6 +297,9 @@ def gpuhost_phase(out: dict, work: Path) -> dict:
         os.environ.pop("GPUHOST_ROUNDTRIP_LOG", None)
         out["reboots_serial_end"] = boots_seen(th) - 1
     finally:
+        if watch is not None:
+            watch.stop()
+        out["loadavg_end"] = Path("/proc/loadavg").read_text().split()[:3]
         th.stop()
     return out
 
@@ -123,6 +311,23 @@ def ansible_phase(out: dict, work: Path) -> dict:
     return out
 
 
+def ansible_from_run_results(path: Path = RESULTS / "results.json") -> dict | None:
+    """Ansible's first apply as bench/run.py recorded it (used when this bench's own Ansible phase did not run)."""
+    if not path.exists():
+        return None
+    r = json.loads(path.read_text())
+    a = r.get("ansible") or {}
+    if not a.get("apply"):
+        return None
+    m = r.get("machine", {})
+    return {
+        "from": f"bench/results/results.json (bench/run.py, {m.get('date', '?')})",
+        "commit": a.get("commit", "?"),
+        "machine": {"loadavg_start": m.get("loadavg_start", ["?"]), "date": m.get("date", "?")},
+        "apply": {k: a["apply"][k] for k in ("total_s", "excluding_reboot_s", "roundtrips", "reboots_serial", "tasks")},
+    }
+
+
 def table(r: dict) -> str:
     m = r["machine"]
     g, a = r.get("gpuhost", {}), r.get("ansible", {})
@@ -130,7 +335,14 @@ def table(r: dict) -> str:
         f"Machine: {m['nproc']} CPUs ({m['cpu_model']}), emulated host under {m['accel'].upper()}, load average at "
         f"start of each phase: gpuhost {' '.join(g.get('machine', {}).get('loadavg_start', ['?']))}, ansible "
         f"{' '.join(a.get('machine', {}).get('loadavg_start', ['?']))} (shared with other work); {m['date']}; "
-        f"gpuhost at commit {g.get('commit', '?')}, ansible at commit {a.get('commit', '?')}.",
+        f"gpuhost at commit {g.get('commit', '?')}, ansible at commit {a.get('commit', '?')}."
+        + (f" Ansible not re-run: its first apply is taken from {a['from']}." if a.get("from") else "")
+        + (
+            f" Load average (1, 5, 15 min) before the gpuhost `up` {' '.join(g['loadavg_before_up'])}, after it "
+            f"{' '.join(g['loadavg_after_up'])}."
+            if g.get("loadavg_after_up")
+            else ""
+        ),
         "",
         "| First apply of host prep, fresh overlay | gpuhost via tools/driver | Ansible host_prep.yml | "
         "Ansible ÷ gpuhost | Target |",
@@ -153,10 +365,43 @@ def table(r: dict) -> str:
             f"{g['noop']['roundtrips']} round trips | – | – | 0 changes |"
         )
     if ga:
-        lines += ["", "gpuhost's steps as the driver ran them (seconds from the start of the `up`):", ""]
-        lines += ["| Step | Resource | Starts at | Takes |", "|---|---|---|---|"]
+        lk = g.get("lock") or {}
+        acc = lk.get("steps", {})
+        lines += [
+            "",
+            "gpuhost's steps as the driver ran them (seconds from the start of the `up`), each split by the host "
+            "lock's log into waiting for the lock, holding it (the host's own commands) and the rest (gpuhost's "
+            "own: provider call, connect, reads, checks):",
+            "",
+            "| Step | Resource | Starts at | Ends at | Takes | Waiting for the lock | Holding it | Rest |",
+            "|---|---|---|---|---|---|---|---|",
+        ]
         for s in ga["steps"]:
-            lines.append(f"| {s['name']} | {s['type']} ({s['op']}) | {s['start_s']:.1f} s | {s['seconds']:.1f} s |")
+            a_ = acc.get(s["name"])
+            split = (
+                f"{a_['wait_s']:.1f} s"
+                + (f" (behind {', '.join(a_['waited_behind'])})" if a_["waited_behind"] else "")
+                + f" | {a_['hold_s']:.1f} s{' (cut off by the reboot)' if a_['cut_off'] else ''} | {a_['rest_s']:.1f} s"
+                if a_
+                else "– | – | –"
+            )
+            lines.append(
+                f"| {s['name']} | {s['type']} ({s['op']}) | {s['start_s']:.1f} s | "
+                f"{s['start_s'] + s['seconds']:.1f} s | {s['seconds']:.1f} s | {split} |"
+            )
+        c = lk.get("critical")
+        if c:
+            lines += [
+                "",
+                f"Critical path: {c['step']} ended last ({c['ends_s']:.1f} s; waited {c['wait_s']:.1f} s for the "
+                f"lock{' behind ' + ', '.join(c['waited_behind']) if c['waited_behind'] else ''}, held it "
+                f"{c['hold_s']:.1f} s, rest {c['rest_s']:.1f} s); the HostReboot step started at "
+                f"{c['reboot_starts_s']:.1f} s. The lock was held {lk['lock_busy_s']:.1f} s of the "
+                f"{c['reboot_starts_s'] - lk['lock_first_acquired_s']:.1f} s from its first acquisition "
+                f"({lk['lock_first_acquired_s']:.1f} s) to the reboot decision ({100 * (lk['lock_busy_share'] or 0):.0f} %); "
+                f"host clock − local {lk['host_minus_local_s']:+.3f} s (smallest-RTT `date` of "
+                f"{len(lk['clock_samples'])}).",
+            ]
     return "\n".join(lines) + "\n"
 
 
@@ -205,6 +450,11 @@ def main(argv=None) -> None:
             results[phase]["error"] = traceback.format_exc()
             log(f"{phase} phase failed:\n{results[phase]['error']}")
         write(results)
+    if "apply" not in results.get("ansible", {}):
+        prior = ansible_from_run_results()
+        if prior:
+            results["ansible"] = prior
+            write(results)
     print((RESULTS / "driver.md").read_text())
     sys.exit(1 if any("error" in results.get(p, {}) for p in ("gpuhost", "ansible")) else 0)
 

@@ -18,7 +18,8 @@ missing tool) leaves no record behind: the records it made fresh are removed aga
 outlive the failed resource, which the engine never stores, and refuse the next owner of those paths.
 
 Every mutating script runs under the host lock (`flock` on LOCK), so two runs, or two resources of one run, never
-edit one host at the same time; who holds it is in LOCK.holder, and each hold is logged in LOCK.log.
+edit one host at the same time; who holds it is in LOCK.holder, and each hold is logged in LOCK.log ("<epoch> waiting|acquired|released
+<holder>"; a "waiting" line only when the lock was taken and the script had to wait for it).
 
 Usage::
 
@@ -228,6 +229,7 @@ def locked(script: str, holder: str) -> str:
     return (
         f"exec 9>>{q}\n"
         f'if ! flock -n 9; then echo "gpuhost: waiting for the host lock held by $(cat {q}.holder 2>/dev/null)" >&2; '
+        f"printf '%s waiting %s\\n' \"$(date +%s.%N)\" {h} >> {q}.log; "
         f"flock -w {LOCK_WAIT_S} 9 || {{ echo 'gpuhost: the host lock was not released in {LOCK_WAIT_S} s' >&2; exit 75; }}; fi\n"
         f"printf '%s\\n' {h} > {q}.holder\n"
         f"printf '%s acquired %s\\n' \"$(date +%s.%N)\" {h} >> {q}.log\n"

@@ -115,7 +115,13 @@ def test_two_concurrent_applies_on_one_host_serialize(conn, local_sshd, tmp_path
         t.join()
 
     log = [ln.split() for ln in open(LOCK + ".log").read().splitlines() if ln.endswith(tag)]
-    events = [(ev, who.rsplit("-", 1)[0]) for _, ev, who in log]
+    # A "waiting" line (only when the lock was taken) comes before its holder's "acquired", never after it.
+    waited = {who.rsplit("-", 1)[0]: float(ts) for ts, ev, who in log if ev == "waiting"}
+    got = {who.rsplit("-", 1)[0]: float(ts) for ts, ev, who in log if ev == "acquired"}
+    assert "test" not in waited and all(waited[w] <= got[w] for w in waited), log
+    for name, (_, stderr) in results.items():
+        assert ("waiting for the host lock" in stderr) == (name in waited), (name, stderr, log)
+    events = [(ev, who.rsplit("-", 1)[0]) for _, ev, who in log if ev != "waiting"]
     # Strictly one holder at a time: acquired/released pairs never interleave.
     for i in range(0, len(events), 2):
         assert events[i][0] == "acquired" and events[i + 1] == ("released", events[i][1]), events
