@@ -47,6 +47,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from access.shell import sh
 from access.ssh import Conn, HostSpec, connect
+from facts import state
 from facts.files import FileState
 from facts.state import Change, Record
 from plans import vm_storage
@@ -462,12 +463,16 @@ class LibvirtDomainProvider(HostProvider):
         rec.script(ch.script)
         if disk:
             ch.add([vm_storage.disk_now(disk)])
-        self.guarded(conn, "recording the seed ISO path and the disk as found", lambda: ch.run(conn), changing=True)
-        files, values = rec.parse(ch.last_stdout, conn.spec.name)
+        # not a change yet: a create refused here (a record of another owner) drops the records it made fresh
+        out = self.guarded(
+            conn, "recording the seed ISO path and the disk as found", lambda: conn.run(ch.render()).stdout
+        )
+        state.note_fresh(conn, rec.owner, out)
+        files, values = rec.parse(out, conn.spec.name)
         return (
             files[seed].model_dump() if seed else None,
             values.get(vm_storage.disk_key(rec_disk)) if rec_disk else None,
-            bool(disk) and vm_storage.parse_disk_now(ch.last_stdout),
+            bool(disk) and vm_storage.parse_disk_now(out),
         )
 
     def _write_seed(self, lv: libvirt.virConnect, props: dict, inp: DomainInputs, conn: Optional[Conn]) -> bool:
@@ -529,6 +534,7 @@ class LibvirtDomainProvider(HostProvider):
         dom = None
         xml = ""
         try:
+            state.changing()  # libvirt's changes too: from here on the records describe the original, kept
             if disk:
                 made = False if disk_there else ensure_overlay(lv, disk, inp.storage)
                 disk_created = disk_created or made
@@ -601,6 +607,7 @@ class LibvirtDomainProvider(HostProvider):
                 found["seed_found"] = seed_found
             if new_disk:
                 found["disk_found"], disk_created = disk_found, disk_found == "absent"
+        state.changing()
         seed_uploaded = bool(olds.get("seed_uploaded"))
         if seed and (new_seed or new.cloud_init != old.cloud_init):
             was = dom.isActive()

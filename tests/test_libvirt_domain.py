@@ -3,11 +3,20 @@
 The test driver keeps its state inside the provider process (the provider pools its libvirt connection per
 process, as the engine's one provider process would), so every check below reads back through the provider.
 The same lifecycle against a real libvirtd runs on the emulated host (tests/test_libvirt_testhost.py).
+The records of the seed ISO path and the disk (through `host`) are driven against a real local sshd at the end;
+the whole create/destroy with them runs on the emulated host (tests/test_state_libvirt_testhost.py).
 """
+
+import os
 
 import libvirt
 import pytest
 
+from access import keys, ssh
+from access.errors import HostError
+from facts import state
+from facts.files import FileState
+from facts.state import ROOT, Change, Record
 from plans.domain_xml import DomainSpec, Topology
 from providers.libvirt_domain import DomainInputs, LibvirtDomainProvider, _lookup, open_libvirt
 from tests.engine import ProviderError, ProviderServer
@@ -177,3 +186,75 @@ def test_check_refuses_bad_inputs(server):
         r.check({**inputs(), "domain": {**spec(), "vcpupin": [1, 2, 3]}})
     checked = r.check({**inputs(), "domain": {**spec(), "gpus": ["65:00.0"]}})
     assert checked["domain"]["gpus"] == ["0000:65:00.0"], "inputs are normalised so state compares"
+
+
+# -- the seed ISO path and the disk, recorded and put back over `host` (a real local sshd; no libvirt needed) -------
+
+
+@pytest.fixture
+def host_conn(local_sshd):
+    keys.set_private_key("sshPrivateKey", local_sshd.client_key_pem)
+    return ssh.connect(local_sshd.host_spec())
+
+
+def _file(path):
+    if not os.path.exists(path):
+        return None
+    st = os.stat(path)
+    return (open(path, "rb").read(), oct(st.st_mode & 0o7777), st.st_uid, st.st_gid)
+
+
+def _host_inputs(local_sshd, tmp_path, **kw) -> dict:
+    d = inputs(domain={"disk": str(tmp_path / "t.qcow2"), "seed_iso": str(tmp_path / "t-seed.iso")}, **kw)
+    del d["uri"]
+    return {**d, "host": local_sshd.host_spec().model_dump(mode="json"), "owner_tag": "test/lv-records"}
+
+
+@pytest.mark.parametrize("found", [True, False])
+def test_records_survive_a_rerun_and_release_puts_both_paths_back(local_sshd, host_conn, tmp_path, found):
+    props = _host_inputs(local_sshd, tmp_path, keep_disk=False)
+    inp, p = DomainInputs.model_validate(props), LibvirtDomainProvider()
+    seed, disk = inp.domain.seed_iso, inp.domain.disk
+    if found:
+        for path, data in ((seed, b"operator's seed\n"), (disk, b"operator's disk\n")):
+            open(path, "wb").write(data)
+            os.chmod(path, 0o640)
+            os.chown(path, 0, 4)
+    before = {seed: _file(seed), disk: _file(disk)}
+    try:
+        with state.attempt():
+            seed_found, disk_found, disk_there = p._found(host_conn, props, inp, disk)
+            assert p._write_seed(None, props, inp, host_conn) is True  # over SSH: no libvirt connection needed
+        assert disk_there is found and disk_found == ("640 0 4" if found else "absent")
+        written = _file(seed)  # the ISO's own timestamps differ from a second build: the label and the mode
+        assert b"CIDATA" in written[0].upper() and written[1:] == ("0o600", 0, 0)
+        if not found:
+            open(disk, "wb").write(b"the overlay gpuhost made\n")
+        # a re-run after a dropped connection: the first record wins, not what the first run left
+        again = p._found(host_conn, props, inp, disk)
+        assert again == (seed_found, disk_found, True)
+        assert FileState.model_validate(seed_found).content == (before[seed] or (b"",))[0]
+        os.chmod(disk, 0o600)  # libvirt's DAC labelling changed it while the VM ran
+        p._release(None, {**props, "seed_found": seed_found, "disk_found": disk_found, "disk_created": not found}, True)
+        assert {seed: _file(seed), disk: _file(disk)} == before
+        assert not any(
+            os.path.exists(f"{ROOT}/{d}{x}")
+            for d in ("files" + seed, "runtime/libvirt-disk" + disk)
+            for x in ("", ".absent", ".owner")
+        ), "release forgot the records"
+    finally:
+        Change(props["owner_tag"]).forget(p._record(props, inp)).run(host_conn)
+
+
+def test_a_create_refused_by_another_owners_record_leaves_no_record_of_its_own(local_sshd, host_conn, tmp_path):
+    props = _host_inputs(local_sshd, tmp_path)
+    inp, p = DomainInputs.model_validate(props), LibvirtDomainProvider()
+    theirs = Record("test/someone-else", files=[inp.domain.seed_iso])
+    host_conn.run(theirs.script().render())
+    ours = p._record(props, inp)
+    try:
+        with pytest.raises(HostError, match="test/someone-else"), state.attempt():
+            p._found(host_conn, props, inp, inp.domain.disk)
+        assert not os.path.exists(f"{ROOT}/runtime/libvirt-disk{inp.domain.disk}.owner"), "a fresh record stayed"
+    finally:
+        Change("test/someone-else").forget(theirs).forget(ours).run(host_conn)
