@@ -13,6 +13,7 @@ firmware-only guest: it ignores the ACPI shutdown, so the drain destroys it afte
 from __future__ import annotations
 
 import json
+import os
 import socket
 import sys
 import time
@@ -89,10 +90,17 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
+def initrds(th) -> str:
+    return th.ssh("sha256sum /boot/initrd.img-*").stdout
+
+
 def test_dev_stack_preview_up_drift_port_change_destroy(testhost, tmp_path):
     th = testhost
     times: dict[str, float] = {}
-    pristine_files, pristine_rt = snapshot(th), runtime(th)
+    pristine_files, pristine_rt, pristine_initrd = snapshot(th), runtime(th), initrds(th)
+    # Every SSH exec of the provider processes (started by the driver, inheriting this) is logged by host name.
+    rt_log = tmp_path / "roundtrips.log"
+    os.environ["GPUHOST_ROUNDTRIP_LOG"] = str(rt_log)
     boots = kernel_starts(th)
     th.ssh("systemctl start libvirtd")
     th.ssh(f"cat > /tmp/{TENANT}.xml", input=TENANT_XML)
@@ -127,10 +135,26 @@ def test_dev_stack_preview_up_drift_port_change_destroy(testhost, tmp_path):
         for prep in ("cmdline", "vfio", "hugepages", "sysctls", "tuning"):
             s = steps[f"emulated-gpu-01-{prep}"]
             assert s.started + s.seconds <= rb.started + 0.01, prep
-        assert "intel_iommu=on" in runtime(th)["cmdline"]
+        rt = runtime(th)
+        assert {"intel_iommu=on", "iommu=pt"} <= set(rt["cmdline"].split())
+        assert (rt["gpu"], rt["audio"]) == ("vfio-pci", "vfio-pci")
+        assert (rt["hugepages1"], rt["somaxconn"], rt["fin_timeout"]) == ("64", "4096", "10")
+        assert rt["irqbalance"] == "IRQBALANCE_BANNED_CPULIST=2-7"
+        assert (rt["numvfs"], rt["tuned"]) == ("2", "latency-performance")
+        # No driver that claims the GPU or its audio function is in this host's initramfs (MODULES=dep): vfio-pci
+        # binds from the root filesystem; the initramfs is not rebuilt, byte for byte as found.
+        vfio = next(r for r in d.resources() if r.type.endswith("VfioBinding"))
+        assert "no initramfs rebuild" in vfio.outputs["initramfs"], vfio.outputs["initramfs"]
+        assert initrds(th) == pristine_initrd
 
+        # An unchanged stack: preview plans nothing, and only the preflight checks read the host (one round trip
+        # each); everything else diffs against the state.
+        rt_log.write_text("")
         again = d.preview()
         assert again.changes() == 0, again.render()
+        reads = rt_log.read_text().splitlines().count("emulated-gpu-01")
+        preflights = [r for r in d.resources() if r.type.endswith("HostPreflight")]
+        assert reads == len(preflights) >= 1, (reads, len(preflights))
 
         th.ssh("sed -i 's/^GRUB_CMDLINE_LINUX=.*/GRUB_CMDLINE_LINUX=\"quiet\"/' /etc/default/grub")
         th.ssh("sysctl -w net.core.somaxconn=1024")
@@ -166,7 +190,9 @@ def test_dev_stack_preview_up_drift_port_change_destroy(testhost, tmp_path):
         times["destroy"] = time.monotonic() - t
         assert not gone.errors, gone.errors
         assert d2.resources() == []
+        assert initrds(th) == pristine_initrd
     finally:
+        os.environ.pop("GPUHOST_ROUNDTRIP_LOG", None)
         # The host is shared by the session: whatever a failure left behind is destroyed (restored) too.
         left = Driver(ROOT, "dev", passphrase="gpuhost-dev", state=tmp_path / "dev.json")
         if left.resources():
