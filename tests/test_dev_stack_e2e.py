@@ -147,14 +147,15 @@ def test_dev_stack_preview_up_drift_port_change_destroy(testhost, tmp_path):
         assert "no initramfs rebuild" in vfio.outputs["initramfs"], vfio.outputs["initramfs"]
         assert initrds(th) == pristine_initrd
 
-        # An unchanged stack: preview plans nothing, and only the preflight checks read the host (one round trip
-        # each); everything else diffs against the state.
+        # An unchanged stack: preview plans nothing, and only the checks that validate against the hardware read the
+        # host (the preflight; SriovVfs, the PF's VF limits), one round trip each; everything else diffs against
+        # the state.
         rt_log.write_text("")
         again = d.preview()
         assert again.changes() == 0, again.render()
         reads = rt_log.read_text().splitlines().count("emulated-gpu-01")
-        preflights = [r for r in d.resources() if r.type.endswith("HostPreflight")]
-        assert reads == len(preflights) >= 1, (reads, len(preflights))
+        checkers = [r for r in d.resources() if r.type.endswith(("HostPreflight", "SriovVfs"))]
+        assert reads == len(checkers) == 2, (reads, [r.urn for r in checkers])
 
         th.ssh("sed -i 's/^GRUB_CMDLINE_LINUX=.*/GRUB_CMDLINE_LINUX=\"quiet\"/' /etc/default/grub")
         th.ssh("sysctl -w net.core.somaxconn=1024")
