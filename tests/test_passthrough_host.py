@@ -1,14 +1,14 @@
-"""PassthroughHost on the emulated GPU server, every provider driven through the SDK's provider server.
+"""PassthroughHost on the emulated GPU server, its children driven through the SDK's provider server: reading the
+host is one round trip, and preflight refuses bad input (an unknown device, a dirty IOMMU group, the boot display, a
+host without an IOMMU) without touching the host.
 
-On the session's shared host (left as found: the module ends with destroy and a reboot): apply (one reboot) → second run is a no-op → hand-edited grub shows as drift →
-destroy restores every file byte for byte and, after a reboot, the original drivers. Plus: a host dropping the SSH
-connection mid-apply, and preflight refusing bad input without touching the host.
+The walk a user takes (apply with one reboot → no-op run → hand-edited grub as drift → destroy restoring every file
+byte for byte and, after a reboot, the original drivers) runs through the whole program and the deployment driver in
+tests/test_dev_stack_e2e.py; a connection dropped mid-apply, per provider, in tests/test_state_testhost.py. WATCHED,
+snapshot and runtime here are what those tests compare.
 """
 
 from __future__ import annotations
-
-import threading
-import time
 
 import pytest
 
@@ -125,15 +125,6 @@ def pristine(testhost):
     return {"files": snapshot(testhost), "run": runtime(testhost), "boots": kernel_starts(testhost)}
 
 
-@pytest.fixture(scope="module")
-def applied(testhost, server, pristine):
-    flow = host_flow(server, host_config(testhost))
-    t0 = time.monotonic()
-    ops = flow.up()
-    took = time.monotonic() - t0
-    return flow, ops, took
-
-
 def test_reading_all_facts_is_one_round_trip(testhost):
     from access import ssh as access_ssh
     from facts.host import read_host_facts
@@ -159,92 +150,6 @@ def test_preflight_failures_change_nothing(testhost, server, pristine):
         assert words in e.value.details, e.value.details
         assert flow.res["cmdline"].id is None  # preflight failed first: nothing else was attempted
     assert snapshot(testhost) == pristine["files"]
-
-
-def test_first_apply_needs_exactly_one_reboot(testhost, applied, pristine):
-    flow, ops, took = applied
-    assert set(ops.values()) == {"create"}
-    after = runtime(testhost)
-    assert after["boot_id"] != pristine["run"]["boot_id"]
-    assert flow.res["reboot"].outputs["rebooted"] is True and flow.res["reboot"].outputs["pending"] == []
-    assert {"intel_iommu=on", "iommu=pt"} <= set(after["cmdline"])
-    assert after["gpu"] == "vfio-pci" and after["audio"] == "vfio-pci"
-    assert after["hugepages1"] == 64
-    assert after["somaxconn"] == "4096"
-    banned = testhost.ssh("grep ^IRQBALANCE_BANNED_CPULIST= /etc/default/irqbalance").stdout.strip()
-    assert banned == "IRQBALANCE_BANNED_CPULIST=2-7"
-    # exactly one reboot: the serial console shows one more kernel start than before the apply
-    assert kernel_starts(testhost) == pristine["boots"] + 1
-
-
-def test_second_run_plans_no_change_and_no_reboot(testhost, applied, roundtrip_log):
-    flow, _, _ = applied
-    boot = runtime(testhost)["boot_id"]
-    roundtrip_log.write_text("")
-    previews = flow.preview()
-    assert {k: v.changes for k, v in previews.items()} == {k: False for k in previews}
-    assert set(flow.up().values()) == {"same"}
-    # preview + up of an unchanged stack: only preflight's check reads the host, one round trip each time (read
-    # before the test's own SSH check below, which the same log records under the same host name)
-    lines = [x for x in roundtrip_log.read_text().splitlines() if x == hostname(testhost)]
-    assert runtime(testhost)["boot_id"] == boot
-    assert len(lines) == 2 and len(lines) <= len(flow.suffixes)
-
-
-def test_hand_edit_of_grub_is_drift(testhost, applied):
-    flow, _, _ = applied
-    testhost.ssh("sed -i 's/^GRUB_CMDLINE_LINUX=.*/GRUB_CMDLINE_LINUX=\"quiet\"/' /etc/default/grub")
-    refreshed = flow.res["cmdline"].refresh()
-    assert refreshed["configured"] == ["quiet"]
-    assert flow.res["cmdline"].preview(flow.inputs("cmdline")).changes is True
-    assert flow.res["cmdline"].up(flow.inputs("cmdline"))[0] == "update"
-    assert 'GRUB_CMDLINE_LINUX="quiet intel_iommu=on iommu=pt"' in testhost.ssh("cat /etc/default/grub").stdout
-
-
-def test_dropped_connection_mid_apply_is_clear_and_rerun_converges(testhost, server, applied):
-    """The host drops every SSH session while a provider is writing; the error names the host, a re-run converges."""
-    flow, _, _ = applied
-    sysctl = flow.res["sysctls"]
-    inputs = flow.inputs("sysctls")
-    inputs["values"] = {**inputs["values"], "net.core.netdev_max_backlog": "250000"}
-
-    def drop():
-        time.sleep(0.5)
-        testhost.ssh("nohup sh -c 'pkill -KILL -f \"sshd: gpuadmin\"' >/dev/null 2>&1 &", check=False)
-
-    killer = threading.Thread(target=drop)
-    # slow the apply down on the host so the drop lands inside it
-    testhost.ssh(
-        "printf '#!/bin/sh\\nsleep 5\\nexec /sbin/sysctl \"$@\"\\n' > /usr/local/sbin/sysctl; "
-        "chmod +x /usr/local/sbin/sysctl"
-    )
-    killer.start()
-    with pytest.raises(ProviderError) as e:
-        sysctl.up(inputs)
-    killer.join()
-    assert hostname(testhost) in e.value.details and ("connection" in e.value.details or "closed" in e.value.details)
-    testhost.wait_ssh(120)
-    testhost.ssh("rm -f /usr/local/sbin/sysctl")
-    assert sysctl.up(inputs)[0] == "update"
-    assert testhost.ssh("sysctl -n net.core.netdev_max_backlog").stdout.strip() == "250000"
-    assert sysctl.preview(inputs).changes is False
-
-
-def test_destroy_restores_files_byte_for_byte_and_drivers_after_reboot(testhost, applied, pristine):
-    flow, _, _ = applied
-    flow.destroy()
-    snap = snapshot(testhost)
-    # grub.cfg is regenerated from the restored /etc/default/grub (update-grub); its bytes may embed a
-    # timestamp-free but kernel-list-dependent text, so compare what generates it
-    for path in WATCHED:
-        if path != "/boot/grub/grub.cfg":
-            assert snap[path] == pristine["files"][path], path
-    testhost.reboot()
-    back = runtime(testhost)
-    assert back["gpu"] == pristine["run"]["gpu"] and back["audio"] == pristine["run"]["audio"]
-    assert "intel_iommu=on" not in back["cmdline"] and back["hugepages1"] == pristine["run"]["hugepages1"]
-    assert back["somaxconn"] == pristine["run"]["somaxconn"]
-    assert snapshot(testhost)["/boot/grub/grub.cfg"] == pristine["files"]["/boot/grub/grub.cfg"]
 
 
 def test_preflight_without_iommu_names_the_fix(testhost_noiommu):
