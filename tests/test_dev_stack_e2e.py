@@ -26,8 +26,8 @@ from tests.test_passthrough_host import WATCHED, snapshot
 from tests.testhost.fixtures import kernel_starts
 from tools.driver import Driver, StackConfig
 
-# Part of `./gpuhost.sh test` (about 20 min under TCG on 2 cores); the two-host rollout stays `e2e` (see pytest.ini).
-pytestmark = pytest.mark.testhost
+# Part of `./gpuhost.sh test` (about 20 min under TCG), on its own emulated server (marker devstack, see gpuhost.sh).
+pytestmark = [pytest.mark.testhost, pytest.mark.devstack]
 
 ROOT = Path(__file__).resolve().parent.parent
 NVME_PF = "0000:82:00.0"
