@@ -81,11 +81,22 @@ def plan_tuning(want: TuningWant, facts: TuningFacts) -> Tuning:
     )
 
 
-def restore_plan(applied: dict, prior_profile: Optional[str], prior_governors: dict[str, str]) -> Plan:
-    """What delete runs: back to the profile and governors as first found (no profile then: tuned off)."""
+def restore_plan(
+    applied: dict, prior_profile: Optional[str], prior_governors: dict[str, str], prior_mode: Optional[str] = None
+) -> Plan:
+    """What delete runs: back to the profile and governors as first found (no profile then: tuned off).
+
+    `prior_mode` is /etc/tuned/profile_mode as first found: "auto" (or empty: tuned's default) means tuned chose the
+    recommended profile itself, so it goes back to choosing (`tuned-adm auto_profile`), not to a profile pinned by
+    hand; None: not recorded (state from before it was)."""
     actions = []
     if "tuned_profile" in applied:
-        if prior_profile:
+        if prior_mode is not None and prior_mode.strip() in ("", "auto"):
+            was = prior_profile or "none yet"
+            actions.append(
+                Action(f"tuned back to its own choice (auto mode, was {was})", sh("tuned-adm", "auto_profile"))
+            )
+        elif prior_profile:
             actions.append(Action(f"tuned profile back to {prior_profile}", sh("tuned-adm", "profile", prior_profile)))
         else:
             actions.append(Action("no tuned profile was active: tuned off", sh("tuned-adm", "off")))

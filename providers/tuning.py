@@ -1,8 +1,9 @@
 """HostTuning: tuned profile and CPU frequency governor (seeds 000 §8.2, 002 §2/§9), restorable.
 
 Inputs: host, tuned_profile ("latency-performance"), governor ("performance"), version.
-Outputs: applied (what was really set), skipped (what the host cannot do, and why), prior_profile, prior_governors
-(as first found, also recorded on the host), plan. Decisions are in plans/tuning.py.
+Outputs: applied (what was really set), skipped (what the host cannot do, and why), prior_profile, prior_mode,
+prior_governors (as first found, also recorded on the host), prior_mode_file (/etc/tuned/profile_mode as first found,
+put back byte for byte after `tuned-adm` rewrote it), plan. Decisions are in plans/tuning.py.
 """
 
 from __future__ import annotations
@@ -12,12 +13,15 @@ from typing import Optional
 import pulumi
 from pulumi.dynamic import CheckFailure
 
+from facts.files import FileState
 from facts.host import facts_script, parse_governors, parse_host_facts, read_host_facts
 from facts.model import HostFacts
 from facts.state import Change, Record
 from plans import tuning as plan
 from plans import values as allowed
 from providers.base import HostResource, TemplateProvider
+
+MODE_FILE = "/etc/tuned/profile_mode"
 
 
 def _want(props: dict) -> plan.TuningWant:
@@ -29,10 +33,10 @@ def _facts(f: HostFacts) -> plan.TuningFacts:
 
 
 class HostTuningProvider(TemplateProvider):
-    VERSION = "3"
+    VERSION = "4"  # 4: tuned's profile mode recorded; auto mode restored as auto
     KIND = "tuning"
     INPUTS = ("host", "tuned_profile", "governor")
-    OUTPUT_ONLY = ("applied", "skipped", "prior_profile", "prior_governors", "plan")
+    OUTPUT_ONLY = ("applied", "skipped", "prior_profile", "prior_mode", "prior_mode_file", "prior_governors", "plan")
 
     def validate(self, news: dict) -> list[CheckFailure]:
         # The stack loader refuses these first; a provider used on its own refuses them too (tuned writes the
@@ -51,6 +55,7 @@ class HostTuningProvider(TemplateProvider):
         # must not take the profile it just set for the original.
         return Record(
             self.owner(props),
+            files=[MODE_FILE],
             values={
                 "tuned/profile": "cat /etc/tuned/active_profile",
                 "cpufreq/governors": "cd /sys/devices/system/cpu && grep -H . cpu[0-9]*/cpufreq/scaling_governor",
@@ -59,19 +64,24 @@ class HostTuningProvider(TemplateProvider):
 
     def apply(self, props: dict, prior: Optional[dict]) -> dict:
         conn = self.conn(props)
-        out, _, first = self.record_and_read(conn, props, self._record(props), facts_script())
+        out, files, first = self.record_and_read(conn, props, self._record(props), facts_script())
         prior_profile = first.get("tuned/profile", "").strip()
+        prior_mode = files[MODE_FILE].text.strip() if files[MODE_FILE].exists else ""
         prior_govs = {str(c): g for c, g in parse_governors(first.get("cpufreq/governors", "")).items()}
         t = plan.plan_tuning(_want(props), _facts(parse_host_facts(out)))
         # What an earlier apply set and this one no longer manages goes back to what was first found.
         dropped = {k: v for k, v in ((prior or {}).get("applied") or {}).items() if k not in t.applied}
-        undo = plan.restore_plan(dropped, prior_profile, prior_govs)
+        undo = plan.restore_plan(dropped, prior_profile, prior_govs, prior_mode)
         ch = Change(self.owner(props)).add(a.command for a in undo.actions)
+        if "tuned_profile" in dropped:
+            ch.restore({MODE_FILE: files[MODE_FILE]})
         self.run_plan(conn, props, t.plan, ch)
         return {
             "applied": t.applied,
             "skipped": t.skipped,
             "prior_profile": prior_profile,
+            "prior_mode": prior_mode,
+            "prior_mode_file": files[MODE_FILE].model_dump(),
             "prior_governors": prior_govs,
             "plan": [a.why for a in undo.actions] + t.plan.sentences,
         }
@@ -81,9 +91,16 @@ class HostTuningProvider(TemplateProvider):
 
     def restore(self, props: dict) -> Change:
         p = plan.restore_plan(
-            props.get("applied") or {}, props.get("prior_profile"), props.get("prior_governors") or {}
+            props.get("applied") or {},
+            props.get("prior_profile"),
+            props.get("prior_governors") or {},
+            props.get("prior_mode"),
         )
-        return Change(self.owner(props)).add(a.command for a in p.actions).forget(self._record(props))
+        ch = Change(self.owner(props)).add(a.command for a in p.actions)
+        mode_file = props.get("prior_mode_file")
+        if mode_file and "tuned_profile" in (props.get("applied") or {}):
+            ch.restore({MODE_FILE: FileState.model_validate(mode_file)})  # tuned-adm wrote "manual" or "auto"
+        return ch.forget(self._record(props))
 
 
 class HostTuning(HostResource, module="host", name="HostTuning"):

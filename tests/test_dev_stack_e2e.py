@@ -42,19 +42,25 @@ TENANT_XML = f"""<domain type='qemu'>
 
 
 def runtime(th) -> dict:
+    """The runtime values the stack changes, once the host has finished booting (tuned, for one, settles its profile
+    minutes after sshd answers under TCG). One value per line, whatever a file holds (an empty active_profile too)."""
+    th.ssh("systemctl is-system-running --wait >/dev/null 2>&1 || true", timeout=900)
     out = th.ssh(
-        "cat /proc/cmdline; "
-        "for d in 0000:81:00.0 0000:81:00.1; do basename $(readlink /sys/bus/pci/devices/$d/driver) 2>/dev/null "
-        "|| echo none; done; cat /sys/devices/system/node/node1/hugepages/hugepages-2048kB/nr_hugepages; "
-        "sysctl -n net.core.somaxconn net.ipv4.tcp_fin_timeout; "
-        f"cat /sys/bus/pci/devices/{NVME_PF}/sriov_numvfs; "
-        "cat /etc/tuned/active_profile 2>/dev/null || echo none; "
-        "grep -h ^IRQBALANCE_BANNED_CPULIST= /etc/default/irqbalance || echo unbanned; "
-        "virsh list --all --name | sort | tr '\\n' ' '"
+        'line() { printf "%s\\n" "$(echo $("$@" 2>/dev/null))"; }; '
+        "line cat /proc/cmdline; "
+        "for d in 0000:81:00.0 0000:81:00.1; do line basename $(readlink /sys/bus/pci/devices/$d/driver); done; "
+        "line cat /sys/devices/system/node/node1/hugepages/hugepages-2048kB/nr_hugepages; "
+        "line sysctl -n net.core.somaxconn; line sysctl -n net.ipv4.tcp_fin_timeout; "
+        f"line cat /sys/bus/pci/devices/{NVME_PF}/sriov_numvfs; "
+        "line cat /etc/tuned/active_profile; line cat /etc/tuned/profile_mode; "
+        "line grep -h ^IRQBALANCE_BANNED_CPULIST= /etc/default/irqbalance; "
+        "line virsh list --all --name"
     ).stdout.splitlines()
-    keys = ["cmdline", "gpu", "audio", "hugepages1", "somaxconn", "fin_timeout", "numvfs", "tuned", "irqbalance"]
-    rt = dict(zip(keys, out[: len(keys)], strict=False))
-    rt["domains"] = " ".join(sorted(out[len(keys)].split())) if len(out) > len(keys) else ""
+    keys = ["cmdline", "gpu", "audio", "hugepages1", "somaxconn", "fin_timeout", "numvfs", "tuned", "tuned_mode"]
+    keys += ["irqbalance", "domains"]
+    assert len(out) == len(keys), out
+    rt = dict(zip(keys, out, strict=True))
+    rt["domains"] = " ".join(sorted(rt["domains"].split()))
     return rt
 
 
@@ -139,7 +145,7 @@ def test_dev_stack_preview_up_drift_port_change_destroy(testhost, tmp_path):
         assert {"intel_iommu=on", "iommu=pt"} <= set(rt["cmdline"].split())
         assert (rt["gpu"], rt["audio"]) == ("vfio-pci", "vfio-pci")
         assert (rt["hugepages1"], rt["somaxconn"], rt["fin_timeout"]) == ("64", "4096", "10")
-        assert rt["irqbalance"] == "IRQBALANCE_BANNED_CPULIST=2-7"
+        assert rt["irqbalance"] == "IRQBALANCE_BANNED_CPULIST=2-7" and rt["tuned_mode"] == "manual"
         assert (rt["numvfs"], rt["tuned"]) == ("2", "latency-performance")
         # No driver that claims the GPU or its audio function is in this host's initramfs (MODULES=dep): vfio-pci
         # binds from the root filesystem; the initramfs is not rebuilt, byte for byte as found.

@@ -53,7 +53,7 @@ CASES = {
     "tuning": (
         HostTuningProvider,
         {"tuned_profile": "throughput-performance"},
-        ["/etc/tuned/active_profile"],
+        ["/etc/tuned/active_profile", "/etc/tuned/profile_mode"],
         "cat /etc/tuned/active_profile",
     ),
     # irqbalance is stopped for this case (SETUP): its own rebalancing would move the IRQs under the comparison.

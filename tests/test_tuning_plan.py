@@ -92,6 +92,24 @@ def test_restore_plan_puts_back_only_what_was_applied(applied, profile, govs, co
 
 
 @pytest.mark.parametrize(
+    ("profile", "mode", "command"),
+    [
+        # tuned chose the profile itself (auto; an empty or missing profile_mode means auto): it chooses again
+        ("virtual-guest", "auto\n", "tuned-adm auto_profile"),
+        ("virtual-guest", "", "tuned-adm auto_profile"),
+        ("", "", "tuned-adm auto_profile"),  # recorded while tuned was still starting at boot
+        # pinned by hand (manual): that profile, or off
+        ("balanced", "manual\n", "tuned-adm profile balanced"),
+        ("", "manual", "tuned-adm off"),
+        # not recorded (state from before the mode was): as before
+        ("balanced", None, "tuned-adm profile balanced"),
+    ],
+)
+def test_restore_plan_follows_tuneds_profile_mode(profile, mode, command):
+    assert [a.command for a in restore_plan({"tuned_profile": LAT}, profile, {}, mode).actions] == [command]
+
+
+@pytest.mark.parametrize(
     ("applied", "facts", "seen"),
     [
         (
