@@ -68,3 +68,20 @@ def drop_first_apply(
     assert errors and isinstance(errors[0], ProviderError), errors
     assert resource.id is None  # no state: the re-run is a create
     return seen, errors
+
+
+def assert_no_records(testhost, owner: str) -> None:
+    """The resource's records on the host (facts/state.py) are gone with it."""
+    left = testhost.ssh(f"grep -rl '{owner}' /var/lib/gpuhost/pristine 2>/dev/null || true").stdout
+    assert left.strip() == "", left
+
+
+def undo(testhost, resource, server) -> None:
+    """After a case, passed or failed: a resource still in state is destroyed (a failed assertion must not leave
+    the shared host changed for the next tests), the `date` hook and the markers go, the provider server stops."""
+    try:
+        if resource.id is not None:
+            resource.destroy()
+    finally:
+        testhost.ssh(f"rm -f /usr/local/sbin/date {MARKERS}", check=False)
+        server.__exit__(None, None, None)

@@ -23,7 +23,7 @@ from providers.sriov import SriovVfsProvider
 from providers.sysctls import SysctlsProvider
 from providers.triton_repository import TritonModelRepositoryProvider, repository_inputs
 from providers.tuning import HostTuningProvider
-from tests.dropharness import drop_first_apply
+from tests.dropharness import assert_no_records, drop_first_apply, undo
 from tests.engine import ProviderServer
 from tests.testhost.machine import NVME_PF
 
@@ -187,13 +187,9 @@ def test_drop_after_the_write_then_rerun_then_destroy_restores_the_pristine_host
         r.destroy()
         assert snapshot(testhost, paths, runtime_cmd) == pristine
         # this resource's records are gone with it
-        left = testhost.ssh(f"grep -rl 'test/{case}' /var/lib/gpuhost/pristine 2>/dev/null || true").stdout
-        assert left.strip() == "", left
+        assert_no_records(testhost, f"test/{case}")
     finally:
-        if r.id is not None:  # a failed assertion must not leave the shared host changed for the next tests
-            r.destroy()
-        testhost.ssh("rm -f /usr/local/sbin/date /run/gpuhost-drop-armed /run/gpuhost-drop-now", check=False)
-        srv.__exit__(None, None, None)
+        undo(testhost, r, srv)
         testhost.ssh(teardown, check=False)
         TIMES[case] = round(time.monotonic() - t0, 1)
         print(f"\nstate drop case {case}: {TIMES[case]} s")

@@ -13,7 +13,7 @@ from __future__ import annotations
 import pytest
 
 from providers.vfio import BLACKLIST, MODPROBE_VFIO, MODULES_LOAD, VfioBindingProvider, driverctl_file
-from tests.dropharness import drop_first_apply
+from tests.dropharness import assert_no_records, drop_first_apply, undo
 from tests.engine import ProviderServer
 from tests.test_state_testhost import SLOW_DATE
 
@@ -79,10 +79,6 @@ def test_vfio_drop_after_the_write_then_rerun_then_destroy_restores_the_pristine
         assert snapshot(th) == changed
         r.destroy()
         assert snapshot(th) == pristine
-        left = th.ssh("grep -rl 'test/vfio' /var/lib/gpuhost/pristine 2>/dev/null || true").stdout
-        assert left.strip() == "", left
+        assert_no_records(th, "test/vfio")
     finally:
-        if r.id is not None:  # a failed assertion must not leave the shared host changed for the next tests
-            r.destroy()
-        th.ssh("rm -f /usr/local/sbin/date /run/gpuhost-drop-armed /run/gpuhost-drop-now", check=False)
-        srv.__exit__(None, None, None)
+        undo(th, r, srv)
