@@ -239,9 +239,13 @@ class HostProvider(Provider):
     def update(self, _id: str, olds: dict[str, Any], news: dict[str, Any]) -> UpdateResult:
         return UpdateResult(self._converge(news, olds))
 
-    def record_and_read(self, conn: Conn, props: dict, rec: Record, facts_text: str) -> tuple[str, dict, dict]:
-        """One round trip: record (first time only) and read. Returns (output, pristine files, prior values)."""
-        out = self.guarded(conn, "reading the host", lambda: conn.run(rec.script().render() + facts_text).stdout)
+    def record_and_read(
+        self, conn: Conn, props: dict, rec: Record, facts_text: str, before: str = ""
+    ) -> tuple[str, dict, dict]:
+        """One round trip: record (first time only) and read. Returns (output, pristine files, prior values).
+        `before`: a check run first, which may end the script (`exit 0`) before anything is recorded."""
+        text = before + rec.script().render() + facts_text
+        out = self.guarded(conn, "reading the host", lambda: conn.run(text).stdout)
         state.note_fresh(conn, rec.owner, out)
         files, values = rec.parse(out, conn.spec.name)
         return out, files, values

@@ -117,9 +117,7 @@ class ManagedFileProvider(TemplateProvider):
         rec = self._record(props)
         # One round trip: the parents checked first (a file in the way ends it before anything is recorded), then
         # the record (first time only) and its read.
-        out = self.guarded(
-            conn, "reading the host", lambda: conn.run(not_dirs_guard(path) + rec.script().render()).stdout
-        )
+        out, pristine, values = self.record_and_read(conn, props, rec, "", before=not_dirs_guard(path))
         blocked = parse_not_dirs(out)
         if blocked:
             raise HostError(
@@ -128,7 +126,6 @@ class ManagedFileProvider(TemplateProvider):
                 fix=f"move it away, or choose another path than {path}",
                 changed=False,
             )
-        pristine, values = rec.parse(out, conn.spec.name)
         made = parse_missing(values.get(dirs_key(path), ""), path)
         found = pristine[path]
         # Mode and owner not given: keep what the file had (a new file gets 0644 root:root).

@@ -9,6 +9,7 @@ import pytest
 from providers.base import host_input
 from providers.managed_file import (
     ManagedFileProvider,
+    dirs_key,
     make_dirs_lines,
     missing_dirs_command,
     not_dirs_guard,
@@ -218,3 +219,25 @@ def test_parent_that_is_a_file_is_refused_before_anything_changes(local_sshd, pr
     assert blocker.read_text() == "operator's\n" and os.listdir(target) == ["blocker"]
     left = subprocess.run(["grep", "-rl", "test/blocked", "/var/lib/gpuhost/pristine"], capture_output=True, text=True)
     assert left.stdout == ""  # nothing recorded either
+
+
+def test_refused_by_another_owners_record_leaves_no_record_of_its_own(local_sshd, provider_server_for, target):
+    """The file's record belongs to another resource (one created before directories were recorded: no record of
+    them): the create is refused, and the record of missing directories it made fresh in that round trip is removed
+    again (nothing of a resource the engine never stored stays)."""
+    path = str(target / "new" / "shared.conf")
+    srv = provider_server_for()
+    base = {"host": host_input(local_sshd.host_spec()), "content": "x\n", "path": path}
+    first = srv.resource(ManagedFileProvider(), "gpuhost:host:ManagedFile", "first")
+    first.up({**base, "owner_tag": "test/first"})
+    dirs_record = f"/var/lib/gpuhost/pristine/runtime/{dirs_key(path)}"
+    os.remove(dirs_record)
+    os.remove(dirs_record + ".owner")
+    second = srv.resource(ManagedFileProvider(), "gpuhost:host:ManagedFile", "second")
+    with pytest.raises(ProviderError) as e:
+        second.up({**base, "owner_tag": "test/second"})
+    assert "recorded by test/first" in str(e.value.details)
+    left = subprocess.run(["grep", "-rl", "test/second", "/var/lib/gpuhost/pristine"], capture_output=True, text=True)
+    assert left.stdout == "" and not os.path.exists(dirs_record)
+    first.destroy()
+    assert not os.path.exists(target / "new")

@@ -15,13 +15,13 @@ both exactly as found; the same case with both paths empty leaves them empty. Us
 from __future__ import annotations
 
 import base64
-import threading
 import time
 
 import pytest
 
 from plans.domain_xml import DomainSpec, Topology
 from providers.libvirt_domain import LibvirtDomainProvider
+from tests.dropharness import drop_first_apply
 from tests.engine import ProviderError, ProviderServer
 from tests.test_state_testhost import snapshot
 
@@ -111,40 +111,21 @@ def test_libvirt_domain_drop_after_start_then_rerun_adopts_then_destroy_restores
     srv = ProviderServer({f"gpuhost:{testhost.key_name}": testhost.private_key_pem}).__enter__()
     r = srv.resource(LibvirtDomainProvider(), "gpuhost:vm:LibvirtDomain", "drop-libvirt")
     try:
-        testhost.ssh("rm -f /run/gpuhost-drop-now; touch /run/gpuhost-drop-armed")
-        errors: list[BaseException] = []
-
-        def first_apply():
-            try:
-                r.up(inputs)
-            except BaseException as e:  # noqa: BLE001 - handed to the test thread
-                errors.append(e)
-
-        t = threading.Thread(target=first_apply)
-        t.start()
-        deadline = time.monotonic() + 300
-        while testhost.ssh("test -e /run/gpuhost-drop-now", check=False).rc != 0:
-            assert time.monotonic() < deadline and t.is_alive(), f"the start never reached its hook: {errors}"
-            time.sleep(0.3)
-        changed = snapshot(testhost, PATHS, RUNTIME)
-        uuid = testhost.ssh(f"virsh domuuid {NAME}").stdout.strip()
-        # The drop: every SSH session dies (the libvirt tunnel with them); then the hook's wait ends and libvirtd
-        # finishes the start on the host (a client gone does not cancel it), as after a real drop.
-        testhost.ssh(
-            'nohup sh -c \'sleep 0.2; pkill -KILL -f "^sshd: gpuadmin"; sleep 1; pkill -KILL -f "^sleep 90$"\' '
-            ">/dev/null 2>&1 &",
-            check=False,
+        # The drop lands inside `start`: every SSH session dies (the libvirt tunnel with them); then the hook's wait
+        # ends and libvirtd finishes the start on the host (a client gone does not cancel it), as after a real drop.
+        (changed, uuid), errors = drop_first_apply(
+            testhost,
+            r,
+            inputs,
+            observe=lambda: (snapshot(testhost, PATHS, RUNTIME), testhost.ssh(f"virsh domuuid {NAME}").stdout.strip()),
+            wait_s=300,
+            reached="the start never reached its hook",
+            join_s=120,
         )
-        t.join(120)
-        assert not t.is_alive(), "the dropped create hangs"
         print(f"\ndropped create: {errors}")
-        testhost.wait_ssh(120)
-        testhost.ssh("rm -f /run/gpuhost-drop-armed /run/gpuhost-drop-now")
 
         assert changed != pristine, "the drop must land after the change"
         assert all(changed["files"][p] != pristine["files"][p] for p in (DISK, SEED, PATHS[0], PATHS[1])), changed
-        assert errors and isinstance(errors[0], ProviderError), errors
-        assert r.id is None  # no state: the re-run is a create
         left = snapshot(testhost, PATHS, RUNTIME)
         print(f"left by the dropped run: {left['runtime']}")
         assert left["runtime"][:2] == ["domains", "1"], left

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import base64
 import hashlib
-import threading
 import time
 
 import pytest
@@ -24,7 +23,8 @@ from providers.sriov import SriovVfsProvider
 from providers.sysctls import SysctlsProvider
 from providers.triton_repository import TritonModelRepositoryProvider, repository_inputs
 from providers.tuning import HostTuningProvider
-from tests.engine import ProviderError, ProviderServer
+from tests.dropharness import assert_no_records, drop_first_apply, undo
+from tests.engine import ProviderServer
 from tests.testhost.machine import NVME_PF
 
 pytestmark = pytest.mark.testhost
@@ -172,36 +172,12 @@ def test_drop_after_the_write_then_rerun_then_destroy_restores_the_pristine_host
     r = srv.resource(cls(), f"gpuhost:host:{cls.__name__}", f"drop-{case}")
     try:
         testhost.ssh("cat > /usr/local/sbin/date && chmod +x /usr/local/sbin/date", input=SLOW_DATE)
-        testhost.ssh("rm -f /run/gpuhost-drop-now; touch /run/gpuhost-drop-armed")
-        errors: list[BaseException] = []
-
-        def first_apply():
-            try:
-                r.up(inputs)
-            except BaseException as e:  # noqa: BLE001 - handed to the test thread
-                errors.append(e)
-
-        t = threading.Thread(target=first_apply)
-        t.start()
-        deadline = time.monotonic() + WAIT.get(case, 240)
-        while testhost.ssh("test -e /run/gpuhost-drop-now", check=False).rc != 0:
-            assert time.monotonic() < deadline and t.is_alive(), f"the change never reached its epilogue: {errors}"
-            time.sleep(0.3)
-        changed = snapshot(testhost, paths, runtime_cmd)
-        # The drop: every SSH session dies. Then the hook's wait ends, so the epilogue finishes on the host (as it
-        # would after a real drop) and releases the lock instead of holding it for the re-run's whole wait.
-        testhost.ssh(
-            'nohup sh -c \'sleep 0.2; pkill -KILL -f "^sshd: gpuadmin"; sleep 1; pkill -KILL -f "^sleep 90$"\' '
-            ">/dev/null 2>&1 &",
-            check=False,
+        changed, errors = drop_first_apply(
+            testhost, r, inputs, observe=lambda: snapshot(testhost, paths, runtime_cmd), wait_s=WAIT.get(case, 240)
         )
-        t.join()
-        testhost.wait_ssh(120)
-        testhost.ssh("rm -f /usr/local/sbin/date /run/gpuhost-drop-armed /run/gpuhost-drop-now")
-
+        testhost.ssh("rm -f /usr/local/sbin/date")
         assert changed != pristine, "the drop must land after the change"
-        assert errors and isinstance(errors[0], ProviderError), errors
-        assert testhost.name in errors[0].details and r.id is None  # no state: the re-run is a create
+        assert testhost.name in errors[0].details
 
         op, outs = r.up(inputs)
         assert op == "create"
@@ -211,13 +187,9 @@ def test_drop_after_the_write_then_rerun_then_destroy_restores_the_pristine_host
         r.destroy()
         assert snapshot(testhost, paths, runtime_cmd) == pristine
         # this resource's records are gone with it
-        left = testhost.ssh(f"grep -rl 'test/{case}' /var/lib/gpuhost/pristine 2>/dev/null || true").stdout
-        assert left.strip() == "", left
+        assert_no_records(testhost, f"test/{case}")
     finally:
-        if r.id is not None:  # a failed assertion must not leave the shared host changed for the next tests
-            r.destroy()
-        testhost.ssh("rm -f /usr/local/sbin/date /run/gpuhost-drop-armed /run/gpuhost-drop-now", check=False)
-        srv.__exit__(None, None, None)
+        undo(testhost, r, srv)
         testhost.ssh(teardown, check=False)
         TIMES[case] = round(time.monotonic() - t0, 1)
         print(f"\nstate drop case {case}: {TIMES[case]} s")

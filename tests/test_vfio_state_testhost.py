@@ -10,13 +10,11 @@ unset-override rebinds; no reboot), and the initramfs was never rebuilt.
 
 from __future__ import annotations
 
-import threading
-import time
-
 import pytest
 
 from providers.vfio import BLACKLIST, MODPROBE_VFIO, MODULES_LOAD, VfioBindingProvider, driverctl_file
-from tests.engine import ProviderError, ProviderServer
+from tests.dropharness import assert_no_records, drop_first_apply, undo
+from tests.engine import ProviderServer
 from tests.test_state_testhost import SLOW_DATE
 
 pytestmark = pytest.mark.testhost
@@ -63,34 +61,12 @@ def test_vfio_drop_after_the_write_then_rerun_then_destroy_restores_the_pristine
     r = srv.resource(VfioBindingProvider(), "gpuhost:host:VfioBinding", "drop-vfio")
     try:
         th.ssh("cat > /usr/local/sbin/date && chmod +x /usr/local/sbin/date", input=HOLD)
-        th.ssh("rm -f /run/gpuhost-drop-now; touch /run/gpuhost-drop-armed")
-        errors: list[BaseException] = []
-
-        def first_apply():
-            try:
-                r.up(inputs)
-            except BaseException as e:  # noqa: BLE001 - handed to the test thread
-                errors.append(e)
-
-        t = threading.Thread(target=first_apply)
-        t.start()
-        deadline = time.monotonic() + 480  # facts + the initramfs listing + driverctl, under TCG
-        while th.ssh("test -e /run/gpuhost-drop-now", check=False).rc != 0:
-            assert time.monotonic() < deadline and t.is_alive(), f"the change never reached its epilogue: {errors}"
-            time.sleep(0.3)
-        changed = snapshot(th)
-        th.ssh("nohup sh -c 'sleep 0.2; pkill -KILL -f \"sshd: gpuadmin\"' >/dev/null 2>&1 &", check=False)
-        t.join()
-        th.wait_ssh(120)
-        # the held epilogue, if the drop left it running, lets go of the host lock now
-        th.ssh(
-            "pkill -f '^sleep 300$' || true; rm -f /usr/local/sbin/date /run/gpuhost-drop-armed /run/gpuhost-drop-now"
-        )
-
+        # facts + the initramfs listing + driverctl, under TCG
+        changed, errors = drop_first_apply(th, r, inputs, observe=lambda: snapshot(th), wait_s=480, hold="sleep 300")
+        th.ssh("rm -f /usr/local/sbin/date")
         assert changed["runtime"][:2] == ["vfio-pci", "vfio-pci"], "the drop must land after the binding"
         assert changed["runtime"][2:] == pristine["runtime"][2:]  # the initramfs was not rebuilt
-        assert errors and isinstance(errors[0], ProviderError), errors
-        assert th.name in errors[0].details and r.id is None  # no state: the re-run is a create
+        assert th.name in errors[0].details
 
         op, outs = r.up(inputs)
         assert op == "create"
@@ -103,10 +79,6 @@ def test_vfio_drop_after_the_write_then_rerun_then_destroy_restores_the_pristine
         assert snapshot(th) == changed
         r.destroy()
         assert snapshot(th) == pristine
-        left = th.ssh("grep -rl 'test/vfio' /var/lib/gpuhost/pristine 2>/dev/null || true").stdout
-        assert left.strip() == "", left
+        assert_no_records(th, "test/vfio")
     finally:
-        if r.id is not None:  # a failed assertion must not leave the shared host changed for the next tests
-            r.destroy()
-        th.ssh("rm -f /usr/local/sbin/date /run/gpuhost-drop-armed /run/gpuhost-drop-now", check=False)
-        srv.__exit__(None, None, None)
+        undo(th, r, srv)
