@@ -46,17 +46,17 @@ case "${1:-}" in
       exec .venv/bin/python -m pytest -ra "$@"
     fi
     # An emulated server runs single-threaded TCG (one core). On a 2-core machine the emulated-server tests run side
-    # by side with all the others, and once those are done the dev stack end to end (its own emulated server) takes
-    # their core. One pytest session each, output prefixed. GPUHOST_TEST_SERIAL=1: one session.
+    # by side with all the others, and once those are done the whole-stack runs (the dev stack end to end, the two-host
+    # rollout: their own emulated servers) take their core. One pytest session each, output prefixed. GPUHOST_TEST_SERIAL=1: one session.
     run_part() {  # name, marker expression
       set +e
       .venv/bin/python -m pytest -ra -m "$2" --basetemp="/tmp/gpuhost-pytest-$1" 2>&1 | sed -u "s/^/[$1] /"
       echo "${PIPESTATUS[0]}" > "/tmp/gpuhost-pytest-$1.rc"
     }
     rm -f /tmp/gpuhost-pytest-{emulated,rest,devstack}.rc
-    run_part emulated "testhost and not devstack and not e2e" &
+    run_part emulated "testhost and not devstack" &
     emulated=$!
-    { run_part rest "not testhost and not e2e"; run_part devstack "devstack and not e2e"; } &
+    { run_part rest "not testhost"; run_part devstack "devstack"; } &
     rest=$!
     wait "$emulated" "$rest"
     rcs=$(cat /tmp/gpuhost-pytest-{emulated,rest,devstack}.rc | tr '\n' ' ')

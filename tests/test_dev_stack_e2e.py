@@ -26,7 +26,7 @@ from tests.test_passthrough_host import WATCHED, snapshot
 from tests.testhost.fixtures import kernel_starts
 from tools.driver import Driver, StackConfig
 
-# Part of `./gpuhost.sh test` (about 20 min under TCG), on its own emulated server (marker devstack, see gpuhost.sh).
+# Part of `./gpuhost.sh test` (about 13 min under TCG), on its own emulated server (marker devstack, see gpuhost.sh).
 pytestmark = [pytest.mark.testhost, pytest.mark.devstack]
 
 ROOT = Path(__file__).resolve().parent.parent

@@ -19,8 +19,8 @@ import pytest
 from tests.testhost.fixtures import kernel_starts
 from tools.driver import Driver, StackConfig
 
-# Whole-stack runs take 25-50 min under TCG on 2 cores: kept out of `./gpuhost.sh test` (see pytest.ini, README).
-pytestmark = [pytest.mark.testhost, pytest.mark.e2e]
+# A whole-stack run (8 min under TCG): in `./gpuhost.sh test`'s devstack session, after the dev stack end to end.
+pytestmark = [pytest.mark.testhost, pytest.mark.devstack]
 
 ROOT = Path(__file__).resolve().parent.parent
 SHUTDOWN = ("reboot: Restarting system", "systemd-shutdown", "Reached target reboot.target", "Stopping ")
