@@ -5,8 +5,8 @@ create = disk overlay + cloud-init seed + define + start. update = pin changes a
 fails the previous definition is put back (and started again if it was running) before the error is raised.
 delete = graceful shutdown, destroy after `shutdown_timeout`, undefine with its NVRAM; then the seed ISO path and the
 disk are put back as create found them (plans.vm_storage): through `host`, both are recorded on the host the first
-time (facts/state.py `Record`, under the host lock, tagged with the owner), so a re-run after a dropped connection
-still knows the real original. A file found at the seed ISO path comes back byte for byte (content, mode, owner), a
+time (facts/state.py `Record` through the base's `record_and_read`, tagged with the owner), so a re-run after a
+dropped connection still knows the real original. A file found at the seed ISO path comes back byte for byte (content, mode, owner), a
 path that was empty is emptied; a disk that was there is never removed (`keep_disk: false` removes only the overlay
 this resource made) and gets its mode and owner back. With `uri` only there is no host record: a seed ISO volume
 already there is refused (it could not be put back), and `disk_created` is what this create saw.
@@ -455,20 +455,13 @@ class LibvirtDomainProvider(HostProvider):
     def _found(
         self, conn: Conn, props: dict, inp: DomainInputs, disk: Optional[str]
     ) -> tuple[Optional[dict], Optional[str], bool]:
-        """Record the seed ISO path and the disk of `inp` the first time, under the host lock, before anything
-        changes. Returns (seed path as first found, disk as first found, whether the disk at `disk` is there now)."""
+        """Record the seed ISO path and the disk of `inp` the first time, before anything changes (one round trip;
+        not a change yet: a create refused here drops the records it made fresh). Returns (seed path as first found,
+        disk as first found, whether the disk at `disk` is there now)."""
         seed, rec_disk = self._paths(inp)
-        rec = self._record(props, inp)
-        ch = Change(self.owner(props))
-        rec.script(ch.script)
-        if disk:
-            ch.add([vm_storage.disk_now(disk)])
-        # not a change yet: a create refused here (a record of another owner) drops the records it made fresh
-        out = self.guarded(
-            conn, "recording the seed ISO path and the disk as found", lambda: conn.run(ch.render()).stdout
+        out, files, values = self.record_and_read(
+            conn, props, self._record(props, inp), vm_storage.disk_now(disk) if disk else ""
         )
-        state.note_fresh(conn, rec.owner, out)
-        files, values = rec.parse(out, conn.spec.name)
         return (
             files[seed].model_dump() if seed else None,
             values.get(vm_storage.disk_key(rec_disk)) if rec_disk else None,
