@@ -220,3 +220,50 @@ def test_config_the_loader_refuses_prints_the_loaders_lines(repo, key, base_plan
     assert not ok
     assert "refused by the loader" in text and "stack config is invalid:" in text
     assert "fleet.hosts[0].reserved_cpus" in text and "```diff" not in text
+
+
+def _reboot(host: str, **inputs) -> dict:
+    return {
+        "urn": f"urn:pulumi:s::gpuhost::{plan_diff.REBOOT_TYPE}::{host}-reboot",
+        "type": plan_diff.REBOOT_TYPE,
+        "name": f"{host}-reboot",
+        "inputs": {"host": {"name": host}, "policy": "auto", "expect_args": ["intel_iommu=on"], **inputs},
+    }
+
+
+def test_reboots_are_the_hosts_whose_expected_running_state_changes_in_plain_words():
+    base = [_reboot("a"), _reboot("b"), _reboot("c", expect_drivers={"0000:01:00.0": "vfio-pci"})]
+    head = [
+        _reboot("a"),  # unchanged: no reboot
+        _reboot("b", policy="never", expect_args=["intel_iommu=on", "nosmt"], expect_absent=["quiet"]),
+        _reboot("c", expect_drivers={"0000:02:00.0": "vfio-pci"}),
+        _reboot("d"),
+    ]
+    assert plan_diff.reboots(base, head) == [
+        "b needs a reboot (`reboot: never`: reported as pending, not rebooted): kernel argument nosmt added; "
+        "kernel argument to remove quiet added.",
+        "c reboots: 0000:02:00.0 bound to vfio-pci; 0000:01:00.0 given back to its host driver.",
+        "d reboots: new host, the first `up` reboots it once unless its running kernel already matches.",
+    ]
+
+
+def test_value_changes_show_secrets_and_large_values_as_digests_and_text_as_a_unified_diff():
+    import base64
+    import hashlib
+
+    key_old, key_new = "-----BEGIN KEY-----AAAA", "-----BEGIN KEY-----BBBB"
+    (line,) = plan_diff.value_changes(key_old, key_new, ("key",), secret=True)
+    assert "BEGIN" not in line and hashlib.sha256(b'"-----BEGIN KEY-----BBBB"').hexdigest()[:16] in line
+    big_old, big_new = "x" * 500, "y" * 500
+    (line,) = plan_diff.value_changes(big_old, big_new, ("blob",))
+    assert "xxx" not in line and "(502 bytes)" in line
+    old = "max_batch_size: 8\ndynamic_batching {\n  max_queue_delay_microseconds: 1500\n}\n"
+    new = old.replace("1500", "2500")
+    enc = {k: base64.b64encode(v.encode()).decode() for k, v in (("o", old), ("n", new))}
+    lines = plan_diff.value_changes(
+        {"m/config.pbtxt": {"content": enc["o"]}}, {"m/config.pbtxt": {"content": enc["n"]}}
+    )
+    assert lines[0].startswith('["m/config.pbtxt"].content: base64 text, sha256:')
+    body = [ln[1:] for ln in lines[1:]]
+    assert "-  max_queue_delay_microseconds: 1500" in body and "+  max_queue_delay_microseconds: 2500" in body
+    assert plan_diff.value_changes({"a": [1, 2]}, {"a": [1, 3, 2]}) == ["a[1]: + 3"]

@@ -346,7 +346,7 @@ def render(base: dict, head: dict, base_ref: str = "base", head_ref: str = "head
     if head.get("error"):
         out += ["The head's stack config is refused by the loader, before any resource:", "", "```"]
         out += [*head["error"], "```", ""]
-        return "\n".join(out), False
+        return "\n".join(out) + "\n", False
     if head.get("absent"):
         out += [f"`Pulumi.{stack}.yaml` is deleted at the head: every resource of the stack would be destroyed.", ""]
     if base.get("error"):
@@ -402,9 +402,9 @@ def render(base: dict, head: dict, base_ref: str = "base", head_ref: str = "head
     parts = [f"{counts[k]} to {k}" for k in ("create", "update", "replace", "delete") if counts[k]]
     if not parts:
         out += [f"**No changes** ({counts['same']} resources unchanged).", ""]
-        return "\n".join(out), True
+        return "\n".join(out) + "\n", True
     out += [", ".join(parts) + f", {counts['same']} unchanged.", "", "```diff", *lines, "```", ""]
-    return "\n".join(out), True
+    return "\n".join(out) + "\n", True
 
 
 def main(argv: list[str]) -> int:
