@@ -18,8 +18,9 @@ Output, per stack (Markdown; the workflow writes it to the job summary and a PR 
 
 Markers: `+` create, `-` delete, `~` update (only the changed input paths, old → new), `+-` replace (the input the
 provider replaces on is named, and what depends on the resource). Secrets and large values are shown as sha256 and
-size; file contents (also base64 ones) as a unified diff when they are text. A stack config the loader refuses
-prints the loader's lines instead (exit status 1).
+size; file contents (also base64 ones) as a unified diff when they are text. Changed dependency edges alone are no
+change (the engine updates nothing for them), nor a provider `version` bump the provider's diff ignores. A stack
+config the loader refuses prints the loader's lines instead (exit status 1).
 
 Usage::
 
