@@ -82,6 +82,9 @@ class EchoMocks(pulumi.runtime.Mocks):
             n = int(args.inputs.get("num_vfs", 0) or 0)
             base = pf.rsplit(":", 1)[0]
             outs["vf_addresses"] = [f"{base}:{(i + 1) // 8:02x}.{(i + 1) % 8}" for i in range(n)]
+        if args.typ.endswith("/host:VfioBinding"):
+            # the drivers the provider reads back once bound (HostReboot's expected running state comes from them)
+            outs["drivers"] = {a: "vfio-pci" for a in args.inputs.get("devices") or []}
         if args.typ.endswith("/gpu:MigLayout"):
             # nvidia-smi -L's MIG UUIDs, one per instance of the layout (what the real provider reads back)
             outs["mig_uuids"] = {
