@@ -61,6 +61,7 @@ CONFIGS = {
 DEFAULT_PHASES = "idle:6:20,burst:20:900,steady:20:450,idle:6:20"
 TINY_PHASES = "idle:2:2,burst:3:6,steady:3:3,idle:2:2"
 OUTPUTS = ["detections", "num_detections"]
+WEIGHTS_FILE = "weights.pt"  # torch.save(state_dict): serving/models/yolov8n_weights.py loads it beside model.py
 START_WINDOW_US = 600
 
 
@@ -198,21 +199,17 @@ def check(det: np.ndarray, num: np.ndarray, ref: tuple[np.ndarray, np.ndarray], 
 
 def model_specs(gpu: bool, gpu_name: str) -> dict[str, Any]:
     """(a)'s model and the preset model of (b), (c), (d), both with the test weights."""
-    params = {"weights": "weights.pt"}
     kind = "KIND_GPU" if gpu else "KIND_CPU"
-    default = yolov8n_torch(name="yolov8n_default", max_batch_size=8, instances=1, gpu=gpu)
+    default = yolov8n_torch(name="yolov8n_default", max_batch_size=8, instances=1, gpu=gpu, weights=WEIGHTS_FILE)
     default = default.model_copy(
-        update={
-            "dynamic_batching": None,
-            "instance_group": [InstanceGroup(kind=kind, count=1)],
-            "parameters": {**default.parameters, **params},
-        }
+        update={"dynamic_batching": None, "instance_group": [InstanceGroup(kind=kind, count=1)]}
     )
     if gpu:
-        preset = apply_preset(yolov8n_torch(name="yolov8n_preset", gpu=True), gpu_name)
+        preset = apply_preset(yolov8n_torch(name="yolov8n_preset", gpu=True, weights=WEIGHTS_FILE), gpu_name)
     else:  # no GPU, no preset: its H200 window and batch on one CPU instance (smoke test only)
-        preset = yolov8n_torch(name="yolov8n_preset", gpu=False, instances=1, window_us=200, max_batch_size=8)
-    preset = preset.model_copy(update={"parameters": {**preset.parameters, **params}})
+        preset = yolov8n_torch(
+            name="yolov8n_preset", gpu=False, instances=1, window_us=200, max_batch_size=8, weights=WEIGHTS_FILE
+        )
     return {"default": default, "preset": preset}
 
 
@@ -222,10 +219,8 @@ def start_triton(workdir: Path, specs: list[Any], weights: bytes, gpu: bool) -> 
     files = repository_files(
         specs,
         gpu_count=1 if gpu else 0,
-        model_files={k: v for s in specs for k, v in yolov8n_files(s.name, s.version).items()},
+        model_files={k: v for s in specs for k, v in yolov8n_files(s.name, s.version, weights, WEIGHTS_FILE).items()},
     )
-    for s in specs:
-        files[f"{s.name}/{s.version}/weights.pt"] = weights
     repo = workdir / "models"
     for rel, content in files.items():
         p = repo / rel
