@@ -7,7 +7,8 @@
     ±step per period toward the p95 target from the client's own records, clamp [200, 1500] µs; no reload).
 
 Each runs alone under the same open-loop load, phase by phase at a fixed arrival rate (idle → burst → steady → idle by
-default; requests evenly spaced, issued on schedule whatever the server does, so queueing shows). A client holds at
+default; Poisson arrivals at that rate, or evenly spaced with ``--arrivals even``; the same schedule for every
+configuration, issued on time whatever the server does, so queueing shows). A client holds at
 most ``--max-outstanding`` requests; an arrival beyond that is shed and counted (the load the configuration could not
 take). The model is ``yolov8n_torch`` (python backend, FP16 + CUDA graphs on a GPU) with the test detector's weights
 (``serving.models.yolov8n_synthetic.make_test_weights``: input-dependent, tens of detections per image) and
@@ -94,12 +95,22 @@ def parse_phases(text: str) -> list[Phase]:
     return out
 
 
-def schedule(phases: list[Phase]) -> list[tuple[float, int]]:
-    """(arrival time s, phase index): evenly spaced at each phase's fixed rate (open loop)."""
-    out, start = [], 0.0
+def schedule(phases: list[Phase], poisson: bool = False, seed: int = 4) -> list[tuple[float, int]]:
+    """(arrival time s, phase index) at each phase's fixed rate (open loop): evenly spaced, or Poisson arrivals
+    (exponential gaps at that mean rate, drawn from ``seed``: the same schedule for every configuration)."""
+    import random
+
+    rng = random.Random(seed)
+    out: list[tuple[float, int]] = []
+    start = 0.0
     for k, ph in enumerate(phases):
-        n = int(round(ph.seconds * ph.rate))
-        out += [(start + j / ph.rate, k) for j in range(n)]
+        if ph.rate > 0 and poisson:
+            t = start + rng.expovariate(ph.rate)
+            while t < start + ph.seconds:
+                out.append((t, k))
+                t += rng.expovariate(ph.rate)
+        elif ph.rate > 0:
+            out += [(start + j / ph.rate, k) for j in range(int(round(ph.seconds * ph.rate)))]
         start += ph.seconds
     return out
 
@@ -329,7 +340,7 @@ async def run_config(
             raise RuntimeError(f"({config}) warm-up answer for image {i} is not its own: {problem}")
     mb.stats.records.clear()
 
-    plan = schedule(phases)
+    plan = schedule(phases, poisson=args.arrivals == "poisson", seed=args.seed)
     done: list[tuple[float, float, int, bool]] = []  # (submitted rel s, latency s, phase, answer right)
     shed = [0] * len(phases)
     failed = [0] * len(phases)
@@ -458,7 +469,8 @@ def markdown(result: dict) -> str:
     lines = [
         f"Machine: {m['machine']}; commit {m['commit']}; {m['when']}.",
         "",
-        f"Command: `{m['command']}`. Load (open loop, evenly spaced arrivals, same for every configuration): "
+        f"Command: `{m['command']}`. Load (open loop, {m['arrivals']} arrivals, the same schedule for every "
+        "configuration): "
         + ", ".join(f"{p['name']} {p['seconds']:g} s at {p['rate']:g}/s" for p in m["phases"])
         + f"; at most {m['max_outstanding']} outstanding per client, beyond that an arrival is shed. "
         f"Target p95 {m['target_ms']:g} ms; adaptive window ±{m['step_us']} µs every {m['period_s']:g} s, clamp "
@@ -533,6 +545,13 @@ def main(argv: Optional[list[str]] = None) -> int:
     p.add_argument("--tiny", action="store_true", help="seconds-long phases and 4 images (smoke test)")
     p.add_argument("--phases", default=None, help=f"name:seconds:rate,... (default {DEFAULT_PHASES})")
     p.add_argument("--configs", default="a,b,c,d")
+    p.add_argument(
+        "--arrivals",
+        choices=("poisson", "even"),
+        default="poisson",
+        help="Poisson arrivals at each phase's rate (default) or evenly spaced ones",
+    )
+    p.add_argument("--seed", type=int, default=4, help="seed of the Poisson schedule (the same for every config)")
     p.add_argument("--images", type=int, default=None, help="distinct images (default 64; tiny: 4)")
     p.add_argument("--target-ms", type=float, default=25.0)
     p.add_argument("--step-us", type=int, default=50)
@@ -601,6 +620,8 @@ def main(argv: Optional[list[str]] = None) -> int:
         "when": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
         "command": "python3 -m bench.window_gpu " + " ".join(argv if argv is not None else sys.argv[1:]),
         "phases": [dataclasses.asdict(ph) for ph in phases],
+        "arrivals": args.arrivals,
+        "seed": args.seed,
         "max_outstanding": args.max_outstanding,
         "target_ms": args.target_ms,
         "step_us": args.step_us,

@@ -13,6 +13,11 @@ def test_phases_and_open_loop_schedule():
     plan = schedule(phases)
     assert len(plan) == 30 and [p for _, p in plan].count(1) == 20
     assert plan[1][0] == pytest.approx(0.2) and plan[10][0] == pytest.approx(2.0) and plan[11][0] == pytest.approx(2.05)
+    poisson = schedule(parse_phases("idle:50:10,burst:50:200"), poisson=True, seed=1)
+    assert poisson == schedule(parse_phases("idle:50:10,burst:50:200"), poisson=True, seed=1)  # same for every config
+    counts = [sum(1 for _, p in poisson if p == k) for k in (0, 1)]
+    assert 400 < counts[0] < 600 and 9000 < counts[1] < 11000  # the phase's rate on average
+    assert all(0 <= t < 50 for t, p in poisson if p == 0) and all(50 <= t < 100 for t, p in poisson if p == 1)
     with pytest.raises(SystemExit, match="'burst:x:9' is not name:seconds:rate"):
         parse_phases("burst:x:9")
     with pytest.raises(SystemExit, match="seconds > 0"):
