@@ -1,9 +1,12 @@
 """The adaptive batching window as deployed (seed 004): what Triton must run with and the controller's systemd unit.
 
 * ``AdaptiveWindow``: the stack-config block (``services[].adaptive_window``), seed values as defaults;
-* ``server_flags``: Triton flags the controller needs — explicit model control (it reloads models with a config
-  override), every model loaded at start, and latency summaries (its p95 source);
-* ``controller_unit``: the unit running ``serving/adaptive_window.py`` next to Triton.
+* ``server_flags``: Triton flags — latency summaries (the unit's p95 source: the clients are not gpuhost's) and
+  explicit model control with every model loaded at start, for the operator's rate-limited
+  ``reload-triton-window`` action only (the control loop never reloads a model);
+* ``controller_unit``: the unit running ``serving/adaptive_window.py`` next to Triton: it publishes the clients'
+  micro-batching window on ``/window`` and its decisions on ``/metrics``. A client in gpuhost's own process
+  (``serving.microbatch.MicroBatcher``) runs the same controller in process instead (``adaptive_window.in_process``).
 
 Usage::
 
@@ -34,6 +37,7 @@ class AdaptiveWindow(BaseModel):
     period_s: float = Field(10.0, gt=0, le=3600, description="seconds between decisions")
     min_us: int = Field(200, ge=0, description="smallest window (µs)")
     max_us: int = Field(1500, ge=0, description="largest window (µs)")
+    initial_us: int = Field(600, ge=0, description="window published before the first decision (µs; seed: 600)")
     listen: str = Field(
         "0.0.0.0:9108",
         pattern=r"^[0-9A-Za-z.\-\[\]:]+:[0-9]{1,5}$",
@@ -57,6 +61,8 @@ class AdaptiveWindow(BaseModel):
             raise ValueError(f"max_us: {self.max_us} µs is below min_us {self.min_us} µs")
         if self.max_us > self.min_us and self.step_us > self.max_us - self.min_us:
             raise ValueError(f"step_us: {self.step_us} µs is wider than the clamp [{self.min_us}, {self.max_us}] µs")
+        if not self.min_us <= self.initial_us <= self.max_us:
+            raise ValueError(f"initial_us: {self.initial_us} µs is outside the clamp [{self.min_us}, {self.max_us}] µs")
         return self
 
 
@@ -99,6 +105,8 @@ def controller_argv(
         str(spec.min_us),
         "--max-us",
         str(spec.max_us),
+        "--initial-us",
+        str(spec.initial_us),
         "--listen",
         spec.listen,
     ]
