@@ -187,8 +187,11 @@ def _iou(a: np.ndarray, b: np.ndarray) -> np.ndarray:
 
 def check(det: np.ndarray, num: np.ndarray, ref: tuple[np.ndarray, np.ndarray], top: int = 10) -> Optional[str]:
     """None when the answer is this image's: detection count within max(2, 10 %) of the reference, and each of the
-    reference's ``top`` best boxes found with its class at IoU ≥ 0.9 and score within 0.05; else what differs.
-    (Batch size and CUDA graph vs eager move FP16 scores by ~1e-3: a box at the 0.25 threshold may come or go.)"""
+    reference's ``top`` best boxes found with its class at IoU ≥ 0.5 and score within 0.05; else what differs.
+    (Batch size and CUDA graph vs eager move FP16 scores by ~1e-3: a box at the 0.25 threshold may come or go; and
+    they move FP16 boxes by up to ~14 px with these weights: the first H200 run found IoU 0.73 for a served box
+    against its own eager batch-1 reference, so 0.9 refused right answers. Another image's top boxes do not land
+    at IoU ≥ 0.5 with the same class: tests/test_window_gpu_bench.py shows answers fail against other images' references.)"""
     ref_det, ref_num = ref
     n, rn = int(np.asarray(num).reshape(-1)[0]), int(np.asarray(ref_num).reshape(-1)[0])
     if abs(n - rn) > max(2, rn // 10):
@@ -200,7 +203,7 @@ def check(det: np.ndarray, num: np.ndarray, ref: tuple[np.ndarray, np.ndarray], 
             return f"no box of class {int(row[5])}"
         ious = _iou(row[:4], same[:, :4])
         best = int(np.argmax(ious))
-        if ious[best] < 0.9 or abs(float(same[best, 4]) - float(row[4])) > 0.05:
+        if ious[best] < 0.5 or abs(float(same[best, 4]) - float(row[4])) > 0.05:
             return f"class {int(row[5])} box off: IoU {ious[best]:.3f}, score {same[best, 4]:.3f} vs {row[4]:.3f}"
     return None
 
