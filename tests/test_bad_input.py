@@ -147,8 +147,8 @@ BAD = [
         "nginx on Triton's port",
         _set(lambda f: f["services"][0], "nginx_port", 8001),
         [
-            "fleet.services[0].nginx_port: 8001 is one of Triton's own ports [8000, 8001, 8002] on the same machine; "
-            "use 80 or another free port"
+            "fleet.services[0].nginx_port: port 8001 on trt-l40s-01/tenant-rt-a is also Triton's gRPC port "
+            "(fleet.services[0]); one port has one listener on a machine: choose another port"
         ],
     ),
     (
@@ -288,7 +288,9 @@ def test_field_and_cross_field_errors_come_together():
 
 def test_ipv6_guest_is_bracketed_in_urls_and_scrape_targets():
     def mutate(f):
+        H(f)["vm_network"] = {"bridge": "br0", "prefix_length": 64, "gateway": "fd00::1", "dns": ["fd00::53"]}
         H(f)["vms"][0]["address"] = "FD00:0::11"
+        H(f)["vms"][1]["address"] = "fd00::12"
 
     rec, err = _run(mutate)
     assert err is None
