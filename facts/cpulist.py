@@ -14,7 +14,7 @@ from typing import Iterable
 
 # Linux's largest NR_CPUS (CONFIG_NR_CPUS_RANGE_END): no machine numbers a CPU at or above it.
 MAX_CPUS = 8192
-_NUM = re.compile(r"[0-9]{1,5}")
+_NUM = re.compile(r"[0-9]{1,12}")
 
 
 class CpuListError(ValueError):

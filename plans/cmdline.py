@@ -36,8 +36,8 @@ UNSAFE = {
 # kernel.extra_args may set one only when kernel.overrides_acknowledged names it (its value then replaces gpuhost's).
 # Names as `param_name` spells them; a name ending in '.' stands for every parameter of that module.
 OWNED = {
-    "intel_iommu": "cpu_vendor (gpuhost sets intel_iommu=on / amd_iommu=on)",
-    "amd_iommu": "cpu_vendor (gpuhost sets intel_iommu=on / amd_iommu=on)",
+    "intel_iommu": "cpu_vendor",
+    "amd_iommu": "cpu_vendor",
     "iommu": "kernel.iommu_passthrough",
     "kvm.ignore_msrs": "kernel.kvm_ignore_msrs",
     "video": "kernel.video_efifb_off",
@@ -47,10 +47,10 @@ OWNED = {
     "isolcpus": "kernel.isolate_vm_cpus and reserved_cpus",
     "nohz_full": "kernel.isolate_vm_cpus and reserved_cpus",
     "rcu_nocbs": "kernel.isolate_vm_cpus and reserved_cpus",
-    "irqaffinity": "reserved_cpus (IRQs go to the host's reserved CPUs)",
-    "vfio.": "gpus[] (gpuhost binds them to vfio)",
-    "vfio_pci.": "gpus[] and bind (gpuhost binds them to vfio-pci)",
-    "vfio_iommu_type1.": "gpus[] (gpuhost binds them to vfio)",
+    "irqaffinity": "reserved_cpus and irq_pin",
+    "vfio.": "gpus[] and bind",
+    "vfio_pci.": "gpus[] and bind",
+    "vfio_iommu_type1.": "gpus[] and bind",
 }
 
 

@@ -117,7 +117,7 @@ def host_problems(i: int, h: Host) -> Iterator[str]:
                 )
         elif owner and name not in overrides:
             yield (
-                f"{at}.kernel.extra_args[{k}]: {arg!r} sets {name}, which gpuhost sets itself (from {owner}); set "
+                f"{at}.kernel.extra_args[{k}]: {arg!r} sets {name}, which gpuhost sets itself from {owner}; set "
                 f"it through that field, or add {name!r} to kernel.overrides_acknowledged to replace gpuhost's value"
             )
 

@@ -33,7 +33,7 @@ def _loc(loc: tuple) -> str:
         if isinstance(p, int):
             out += f"[{p}]"
         else:
-            out += ("." if out else "") + str(p)
+            out += ("." if out else "") + str(p) if p != "[key]" else ""
     return out
 
 
@@ -48,7 +48,7 @@ def _typed(what: str, example: str):
     def msg(e: dict) -> str:
         x = e["input"]
         shown = "true/false" if isinstance(x, bool) else repr(x)
-        return f"{shown} is not {what} (write {example}, unquoted; true/false and quoted numbers are refused)"
+        return f"{shown} is not {what} (write {example}, unquoted: true/false and quoted numbers are refused)"
 
     return msg
 
@@ -62,7 +62,7 @@ _TYPE_MSG = {
     "float_parsing": _typed("a number", "e.g. 2.5"),
     "bool_type": lambda e: f"{e['input']!r} is not true or false (write true or false)",
     "string_type": lambda e: f"{e['input']!r} is not a string (quote it)",
-    "finite_number": lambda e: f"{e['input']!r} is not a finite number (inf and NaN are refused; write a number)",
+    "finite_number": lambda e: f"{e['input']!r} is not a finite number (inf and NaN are refused: write a number)",
     "greater_than": _bound,
     "greater_than_equal": _bound,
     "less_than": _bound,

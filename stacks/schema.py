@@ -57,10 +57,10 @@ def cpu_list(v) -> list[int]:
     if isinstance(v, list):
         bad = [x for x in v if isinstance(x, bool) or not isinstance(x, int) or not 0 <= x < MAX_CPUS]
         if bad:
-            raise ValueError(f'CPU list {v!r}: CPU numbers are whole numbers 0-{MAX_CPUS - 1} (e.g. "0-1,32-33")')
+            raise ValueError(f'CPU numbers are whole numbers 0-{MAX_CPUS - 1} (e.g. "0-1,32-33"), not {bad!r}')
         return sorted(set(v))
     if not isinstance(v, str):
-        raise ValueError(f'CPU list {v!r}: write a cpulist string like "0-1,32-33" or a list of CPU numbers')
+        raise ValueError(f'{v!r} is not a CPU list (write a cpulist string like "0-1,32-33" or a list of CPU numbers)')
     try:
         return parse_cpulist(v)
     except CpuListError as e:
@@ -69,7 +69,9 @@ def cpu_list(v) -> list[int]:
 
 def _node_key(v: object) -> object:
     """A NUMA node number as a map key: YAML/JSON hand keys over as strings ("0"); only ASCII digits count."""
-    if isinstance(v, str) and re.fullmatch(r"[0-9]{1,4}", v):
+    if isinstance(v, str):
+        if not re.fullmatch(r"[0-9]{1,4}", v):
+            raise ValueError(f"NUMA node {v!r} is not a node number (write 0, 1, ... below {MAX_NODES})")
         return int(v)
     return v
 
@@ -98,9 +100,18 @@ IrqPattern = Annotated[str, AfterValidator(val.irq_pattern)]
 def _pin(v: Optional[str]) -> Optional[str]:
     """A host key pin checked by the access layer's own rules (the same for hosts, jump hosts and guests)."""
     if v is not None:
+        from pydantic import ValidationError
+
         from access.ssh import HostSpec
 
-        HostSpec(name="x", address="127.0.0.1", host_key=v)
+        try:
+            HostSpec(name="x", address="127.0.0.1", host_key=v)
+        except ValidationError as e:
+            why = " ".join(x["msg"].removeprefix("Value error, ") for x in e.errors())
+            raise ValueError(
+                f"{why} (pin the key line `ssh-keyscan -t ed25519 HOST` prints, 'ssh-ed25519 AAAA...', or its "
+                "'SHA256:...' fingerprint)"
+            ) from None
     return v
 
 
@@ -543,7 +554,7 @@ def artifact_url(v: str) -> str:
     u = urlsplit(s)
     if "@" in u.netloc:
         raise ValueError(
-            "url holds credentials (user:password@); put them in secret config "
+            "url holds credentials (user:password@), which belong in secret config "
             "(`pulumi config set --secret ...`), not in the URL"
         )
     try:
@@ -560,7 +571,7 @@ def artifact_url(v: str) -> str:
     secret_params = sorted({k for k, _ in parse_qsl(u.query, keep_blank_values=True) if val.secret_param(k)})
     if secret_params:
         raise ValueError(
-            f"url carries a credential in its query ({', '.join(secret_params)}); put it in secret config "
+            f"url carries a credential in its query ({', '.join(secret_params)}), which belongs in secret config "
             "(`pulumi config set --secret ...`), not in the URL"
         )
     return s
