@@ -39,6 +39,7 @@ OWNED = {
     "intel_iommu": "cpu_vendor",
     "amd_iommu": "cpu_vendor",
     "iommu": "kernel.iommu_passthrough",
+    "iommu.": "kernel.iommu_passthrough",
     "kvm.ignore_msrs": "kernel.kvm_ignore_msrs",
     "video": "kernel.video_efifb_off",
     "hugepages": "hugepages.count",

@@ -120,6 +120,18 @@ def host_problems(i: int, h: Host) -> Iterator[str]:
                 f"{at}.kernel.extra_args[{k}]: {arg!r} sets {name}, which gpuhost sets itself from {owner}; set "
                 f"it through that field, or add {name!r} to kernel.overrides_acknowledged to replace gpuhost's value"
             )
+    # Removing what gpuhost adds on this host would leave the running command line never matching (a reboot due
+    # on every run): the field that adds it is the switch.
+    from stacks.args import cmdline_args
+
+    own = {val.param_name(a) for a in cmdline_args(h)} - {val.param_name(a) for a in h.kernel.extra_args}
+    for k, arg in enumerate(h.kernel.remove_args):
+        name = val.param_name(arg)
+        if name in own:
+            yield (
+                f"{at}.kernel.remove_args[{k}]: {arg!r} removes {name}, which gpuhost adds on this host from "
+                f"{owned_by(name) or 'its own settings'}; change that field instead of removing the argument"
+            )
 
 
 def _device_problems(at: str, h: Host) -> Iterator[str]:
@@ -192,6 +204,9 @@ def fleet_problems(fleet: Fleet, unknown: frozenset[str] = frozenset()) -> list[
     addresses: dict[str, str] = {}
     for h in fleet.hosts:
         addresses.setdefault(h.ssh.address.lower(), h.name)
+    for h in fleet.hosts:
+        if h.ssh.jump:
+            addresses.setdefault(h.ssh.jump.address.lower(), f"the jump host of {h.name}")
     for i, h in enumerate(fleet.hosts):
         out += _network_problems(i, h)
         for j, vm in enumerate(h.vms):

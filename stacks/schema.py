@@ -568,7 +568,9 @@ def artifact_url(v: str) -> str:
         val.address(host)
     except ValueError:
         raise ValueError(f"url {s!r}: {host!r} is neither an IP address nor a DNS host name") from None
-    secret_params = sorted({k for k, _ in parse_qsl(u.query, keep_blank_values=True) if val.secret_param(k)})
+    # The query and the fragment (an OAuth-style "#access_token=...").
+    params = parse_qsl(u.query, keep_blank_values=True) + parse_qsl(u.fragment, keep_blank_values=True)
+    secret_params = sorted({k for k, _ in params if val.secret_param(k)})
     if secret_params:
         raise ValueError(
             f"url carries a credential in its query ({', '.join(secret_params)}), which belongs in secret config "

@@ -424,6 +424,21 @@ BAD_ROUND2 = [
         ],
     ),
     (
+        "extra arg overrides iommu.passthrough",
+        _extra("iommu.passthrough=0"),
+        [
+            "fleet.hosts[0].kernel.extra_args[0]: 'iommu.passthrough=0' sets iommu.passthrough, which gpuhost sets itself from kernel.iommu_passthrough; set it through that field, or add 'iommu.passthrough' to kernel.overrides_acknowledged to replace gpuhost's value"
+        ],
+    ),
+    (
+        "remove_args drops what gpuhost adds",
+        lambda f: H(f).setdefault("kernel", {}).__setitem__("remove_args", ["intel_iommu", "hugepages"]),
+        [
+            "fleet.hosts[0].kernel.remove_args[0]: 'intel_iommu' removes intel_iommu, which gpuhost adds on this host from cpu_vendor; change that field instead of removing the argument",
+            "fleet.hosts[0].kernel.remove_args[1]: 'hugepages' removes hugepages, which gpuhost adds on this host from hugepages.count; change that field instead of removing the argument",
+        ],
+    ),
+    (
         "noiommu without acknowledgement",
         _extra("vfio.enable-unsafe-noiommu-mode=1"),
         [
@@ -483,6 +498,17 @@ BAD_ROUND2 = [
         "VM address of a host",
         _guest_on_host_address,
         ["fleet.hosts[0].vms[0].address: 10.20.0.13 is 'a100-mig-01' already (each guest needs its own address)"],
+    ),
+    (
+        "VM address of a jump host",
+        lambda f: (
+            H(f)["vm_network"].__setitem__("gateway", "10.20.0.1"),
+            H(f)["vms"][0].__setitem__("address", "10.20.0.2"),
+            H(f)["vms"][1].__setitem__("address", "10.20.0.22"),
+        ),
+        [
+            "fleet.hosts[0].vms[0].address: 10.20.0.2 is 'the jump host of trt-l40s-01' already (each guest needs its own address)"
+        ],
     ),
     (
         "VM on the gateway's address",
@@ -591,6 +617,20 @@ BAD_ROUND2 = [
         _artifact(url="https://models.hk.internal/y.onnx?v=3&access_token=abc"),
         [
             "fleet.services[0].models[0].artifact.url: url carries a credential in its query (access_token), which belongs in secret config (`pulumi config set --secret ...`), not in the URL"
+        ],
+    ),
+    (
+        "artifact URL with a token in its fragment",
+        _artifact(url="https://models.hk.internal/y.onnx#access_token=abc"),
+        [
+            "fleet.services[0].models[0].artifact.url: url carries a credential in its query (access_token), which belongs in secret config (`pulumi config set --secret ...`), not in the URL"
+        ],
+    ),
+    (
+        "GPU that is an SR-IOV PF too",
+        lambda f: H(f, 4)["sriov"][0].__setitem__("pf", "65:00.1"),
+        [
+            "fleet.hosts[4].sriov[0].pf: 0000:65:00.1 is a function of gpus[0] already (one PCI device, one entry); remove one of them"
         ],
     ),
     (
