@@ -18,6 +18,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from facts.cpulist import MAX_CPUS, CpuListError, parse_cpulist
+from plans.cmdline import OWNED
 from plans.triton_runtime import docker_gpus_flag, docker_gpus_value
 from stacks.load import ConfigError, parse_fleet
 from tests.mocks import EchoMocks, attempt_program
@@ -254,6 +255,7 @@ def test_dns_and_gateway_addresses_hold_no_scope_or_junk(ip, junk):
 # -- GPUs: every spelling of one PCI address is one GPU ---------------------------------------------------------
 
 
+@settings(deadline=None)
 @given(st.sampled_from(["0000:81:00.0", "81:00.0", "0000:81:00.0".upper(), "81:00.0".upper()]))
 def test_a_gpu_listed_twice_in_any_spelling_is_refused(spelling):
     lines = _load(lambda d: d["hosts"][0]["gpus"].append({"address": spelling, "model": "L40S"}))
@@ -363,3 +365,62 @@ def test_an_empty_device_list_is_never_widened_to_all():
         docker_gpus_flag([])
     assert docker_gpus_value(["all"]) == "all"
     assert docker_gpus_flag(["MIG-a", "MIG-b"]) == '"device=MIG-a,MIG-b"'
+
+
+# -- kernel parameters gpuhost sets: any spelling needs the acknowledgement ------------------------------------
+
+
+def _spellings(name: str):
+    return st.lists(st.sampled_from(["-", "_"]), min_size=name.count("-") + name.count("_"), max_size=64).map(
+        lambda seps: "".join(seps.pop(0) if c in "-_" else c for c in name)
+    )
+
+
+@settings(max_examples=80, deadline=None)
+@given(st.sampled_from(sorted(OWNED)), st.data())
+def test_every_spelling_of_a_parameter_gpuhost_sets_needs_an_acknowledgement(name, data):
+    full = name + "disable_vga" if name.endswith(".") else name
+    spelled = data.draw(_spellings(full))
+    arg = f"{spelled}=1"
+    lines = _load(lambda d: d["hosts"][0].__setitem__("kernel", {"extra_args": [arg]}))
+    assert len(lines) == 1 and lines[0].startswith("fleet.hosts[0].kernel.extra_args[0]: "), lines
+    assert f"add {full!r} to kernel.overrides_acknowledged" in lines[0]
+    acked = _load(
+        lambda d: d["hosts"][0].__setitem__("kernel", {"extra_args": [arg], "overrides_acknowledged": [spelled]})
+    )
+    assert acked == []
+
+
+# -- one machine, one port --------------------------------------------------------------------------------------
+
+
+@settings(max_examples=120, deadline=None)
+@given(st.one_of(st.integers(1, 65535), st.sampled_from([22, 8000, 8001, 8002, 9090, 3000])))
+def test_nginx_loads_exactly_on_a_port_nothing_else_on_its_machine_listens_on(port):
+    lines = _load(lambda d: d["services"][0].__setitem__("nginx_port", port))
+    taken = {22: "sshd", 8000: "Triton's HTTP port", 8001: "Triton's gRPC port", 8002: "Triton's metrics port"}
+    if port in taken:
+        assert lines == [
+            f"fleet.services[0].nginx_port: port {port} on gpu-01 is also {taken[port]} "
+            f"({'fleet.hosts[0].ssh.port' if port == 22 else 'fleet.services[0]'}); one port has one listener on a "
+            "machine: choose another port"
+        ]
+    else:
+        assert lines == []
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.integers(1, 65535))
+def test_monitoring_ports_collide_with_what_runs_on_the_monitoring_host(port):
+    def mutate(d):
+        d["monitoring"] = {"host": "gpu-01", "prometheus_port": port, "grafana_port": 3000 if port != 3000 else 3001}
+        d["hosts"][0]["vms"][0].pop("address")  # no guest to scrape (keeps the check on the host alone)
+
+    lines = _load(mutate)
+    on_host = {22, 80, 8000, 8001, 8002, 9100, 9400}  # sshd, nginx, Triton, node- and dcgm-exporter
+    if port in on_host:
+        assert len(lines) == 1 and lines[0].startswith(f"fleet.monitoring.prometheus_port: port {port} on gpu-01"), (
+            lines
+        )
+    else:
+        assert lines == [], lines
