@@ -47,7 +47,7 @@ def _bound(e: dict) -> str:
 def _typed(what: str, example: str):
     def msg(e: dict) -> str:
         x = e["input"]
-        shown = "true/false" if isinstance(x, bool) else repr(x)
+        shown = str(x).lower() if isinstance(x, bool) else repr(x)
         return f"{shown} is not {what} (write {example}, unquoted: true/false and quoted numbers are refused)"
 
     return msg

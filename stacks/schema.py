@@ -573,7 +573,7 @@ def artifact_url(v: str) -> str:
     secret_params = sorted({k for k, _ in params if val.secret_param(k)})
     if secret_params:
         raise ValueError(
-            f"url carries a credential in its query ({', '.join(secret_params)}), which belongs in secret config "
+            f"url carries a credential ({', '.join(secret_params)}), which belongs in secret config "
             "(`pulumi config set --secret ...`), not in the URL"
         )
     return s

@@ -291,14 +291,14 @@ BAD_ROUND2 = [
         "bool for a count",
         lambda f: S(f)["acceptance"].__setitem__("concurrency", True),
         [
-            "fleet.services[0].acceptance.concurrency: true/false is not a whole number (write e.g. 8, unquoted: true/false and quoted numbers are refused)"
+            "fleet.services[0].acceptance.concurrency: true is not a whole number (write e.g. 8, unquoted: true/false and quoted numbers are refused)"
         ],
     ),
     (
         "bool for a float",
         lambda f: S(f)["slo"].__setitem__("p95_ms", True),
         [
-            "fleet.services[0].slo.p95_ms: true/false is not a number (write e.g. 2.5, unquoted: true/false and quoted numbers are refused)"
+            "fleet.services[0].slo.p95_ms: true is not a number (write e.g. 2.5, unquoted: true/false and quoted numbers are refused)"
         ],
     ),
     (
@@ -609,21 +609,21 @@ BAD_ROUND2 = [
         "artifact URL with a presigned signature",
         _artifact(url="https://models.hk.internal/y.onnx?X-Amz-Signature=abc&X-Amz-Credential=AKIA"),
         [
-            "fleet.services[0].models[0].artifact.url: url carries a credential in its query (X-Amz-Credential, X-Amz-Signature), which belongs in secret config (`pulumi config set --secret ...`), not in the URL"
+            "fleet.services[0].models[0].artifact.url: url carries a credential (X-Amz-Credential, X-Amz-Signature), which belongs in secret config (`pulumi config set --secret ...`), not in the URL"
         ],
     ),
     (
         "artifact URL with a token",
         _artifact(url="https://models.hk.internal/y.onnx?v=3&access_token=abc"),
         [
-            "fleet.services[0].models[0].artifact.url: url carries a credential in its query (access_token), which belongs in secret config (`pulumi config set --secret ...`), not in the URL"
+            "fleet.services[0].models[0].artifact.url: url carries a credential (access_token), which belongs in secret config (`pulumi config set --secret ...`), not in the URL"
         ],
     ),
     (
         "artifact URL with a token in its fragment",
         _artifact(url="https://models.hk.internal/y.onnx#access_token=abc"),
         [
-            "fleet.services[0].models[0].artifact.url: url carries a credential in its query (access_token), which belongs in secret config (`pulumi config set --secret ...`), not in the URL"
+            "fleet.services[0].models[0].artifact.url: url carries a credential (access_token), which belongs in secret config (`pulumi config set --secret ...`), not in the URL"
         ],
     ),
     (
@@ -684,7 +684,7 @@ BAD_ROUND2 = [
         "bool for a NUMA node",
         lambda f: H(f)["gpus"][0].__setitem__("numa_node", False),
         [
-            "fleet.hosts[0].gpus[0].numa_node: true/false is not a whole number (write e.g. 8, unquoted: true/false and quoted numbers are refused)"
+            "fleet.hosts[0].gpus[0].numa_node: false is not a whole number (write e.g. 8, unquoted: true/false and quoted numbers are refused)"
         ],
     ),
 ]

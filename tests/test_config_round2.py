@@ -297,7 +297,9 @@ def test_an_artifact_url_with_a_credential_in_its_query_is_refused(name, value):
         }
 
     lines = _load(mutate)
-    assert len(lines) == 1 and lines[0].startswith("fleet.services[0].models[0].artifact.url: url carries a credential")
+    assert len(lines) == 1 and lines[0].startswith(
+        "fleet.services[0].models[0].artifact.url: url carries a credential ("
+    )
 
 
 @settings(max_examples=80, deadline=None)
