@@ -120,6 +120,18 @@ def host_problems(i: int, h: Host) -> Iterator[str]:
                 f"{at}.kernel.extra_args[{k}]: {arg!r} sets {name}, which gpuhost sets itself from {owner}; set "
                 f"it through that field, or add {name!r} to kernel.overrides_acknowledged to replace gpuhost's value"
             )
+    set_names = {val.param_name(a) for a in h.kernel.extra_args}
+    for k, name in enumerate(h.kernel.overrides_acknowledged):
+        if not owned_by(name):
+            yield (
+                f"{at}.kernel.overrides_acknowledged[{k}]: gpuhost does not set {name}, so there is nothing to "
+                "acknowledge; remove it"
+            )
+        elif name not in set_names:
+            yield (
+                f"{at}.kernel.overrides_acknowledged[{k}]: no kernel.extra_args entry sets {name}; remove it, or add "
+                "the argument it acknowledges"
+            )
     # Removing what gpuhost adds on this host would leave the running command line never matching (a reboot due
     # on every run): the field that adds it is the switch.
     from stacks.args import cmdline_args
@@ -325,6 +337,16 @@ def _service_gpu_problems(at: str, s, h: Host) -> list[str]:
             "(vm:), or keep a GPU on the host (passthrough: false)"
         ]
     out = []
+    if any(g.mig for g in h.gpus):
+        from stacks.program import model_spec
+
+        for k, m in enumerate(s.models):
+            if model_spec(m, s.gpu_model).platform == "tensorrt_plan":
+                out.append(
+                    f"{at}.models[{k}].preset: {m.preset} builds a TensorRT engine, and the build runs on a whole GPU "
+                    "(docker --gpus device=0), not on this service's MIG device; on a MIG host use a python-backend "
+                    "preset (yolov8n_torch, sdxl), or serve the model from a VM"
+                )
     if any(g.mig for g in h.gpus) and s.runtime == "process":
         out.append(
             f"{at}.runtime: process runs Triton without a device binding, but on a MIG host the service is bound to "

@@ -439,6 +439,14 @@ BAD_ROUND2 = [
         ],
     ),
     (
+        "acknowledgement of nothing",
+        lambda f: H(f).__setitem__("kernel", {"overrides_acknowledged": ["quiet", "hugepages"]}),
+        [
+            "fleet.hosts[0].kernel.overrides_acknowledged[0]: gpuhost does not set quiet, so there is nothing to acknowledge; remove it",
+            "fleet.hosts[0].kernel.overrides_acknowledged[1]: no kernel.extra_args entry sets hugepages; remove it, or add the argument it acknowledges",
+        ],
+    ),
+    (
         "noiommu without acknowledgement",
         _extra("vfio.enable-unsafe-noiommu-mode=1"),
         [
@@ -671,6 +679,19 @@ BAD_ROUND2 = [
         lambda f: H(f)["ssh"]["jump"].__setitem__("host_key", "ssh-ed25519 not-base64!!"),
         [
             "fleet.hosts[0].ssh.jump.host_key: host_key's key data is not base64: Only base64 data is allowed (pin the key line `ssh-keyscan -t ed25519 HOST` prints, 'ssh-ed25519 AAAA...', or its 'SHA256:...' fingerprint)"
+        ],
+    ),
+    (
+        "TensorRT model on a MIG host",
+        lambda f: S(f, 2)["models"].append(
+            {
+                "name": "r50",
+                "preset": "resnet50_fp16",
+                "artifact": {"url": "https://m.hk.internal/r.onnx", "sha256": "a" * 64},
+            }
+        ),
+        [
+            "fleet.services[2].models[1].preset: resnet50_fp16 builds a TensorRT engine, and the build runs on a whole GPU (docker --gpus device=0), not on this service's MIG device; on a MIG host use a python-backend preset (yolov8n_torch, sdxl), or serve the model from a VM"
         ],
     ),
     (
