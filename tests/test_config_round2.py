@@ -12,10 +12,12 @@ import ipaddress
 import json
 import math
 import string
+import typing
 
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from pydantic import BaseModel
 
 from facts.cpulist import MAX_CPUS, CpuListError, parse_cpulist
 from plans.cmdline import OWNED
@@ -426,3 +428,71 @@ def test_monitoring_ports_collide_with_what_runs_on_the_monitoring_host(port):
         )
     else:
         assert lines == [], lines
+
+
+# -- the rule holds for every field, present and future -------------------------------------------------------
+
+
+def _models():
+    import stacks.schema as schema
+    from plans.adaptive_window import AdaptiveWindow
+    from plans.sriov import VfSettings
+
+    seen, todo = [], [schema.Fleet]
+    while todo:
+        m = todo.pop()
+        if m in seen:
+            continue
+        seen.append(m)
+        for f in m.model_fields.values():
+            for t in _leaf_types(f.annotation):
+                if isinstance(t, type) and issubclass(t, BaseModel):
+                    todo.append(t)
+    assert AdaptiveWindow in seen and VfSettings in seen
+    return seen
+
+
+def _leaf_types(t):
+    args = typing.get_args(t)
+    if typing.get_origin(t) is typing.Annotated:
+        return _leaf_types(args[0])
+    if args:
+        return [x for a in args for x in _leaf_types(a)]
+    return [t]
+
+
+def _numeric(f) -> bool:
+    return any(t in (int, float) for t in _leaf_types(f.annotation)) and not any(
+        t is bool for t in _leaf_types(f.annotation)
+    )
+
+
+def _has_upper_bound(f) -> bool:
+    metas = list(f.metadata)
+    for t in [f.annotation, *typing.get_args(f.annotation)]:
+        if typing.get_origin(t) is typing.Annotated:
+            metas += list(t.__metadata__)
+    for m in metas:
+        if getattr(m, "le", None) is not None or getattr(m, "lt", None) is not None:
+            return True
+        for inner in getattr(m, "metadata", []) or []:
+            if getattr(inner, "le", None) is not None or getattr(inner, "lt", None) is not None:
+                return True
+    return False
+
+
+def test_every_model_of_the_stack_config_is_strict_and_finite():
+    for m in _models():
+        assert m.model_config.get("strict") is True, m.__name__
+        assert m.model_config.get("allow_inf_nan") is False, m.__name__
+        assert m.model_config.get("extra") == "forbid", m.__name__
+
+
+def test_every_number_field_of_the_stack_config_has_an_upper_bound():
+    unbounded = [
+        f"{m.__name__}.{name}"
+        for m in _models()
+        for name, f in m.model_fields.items()
+        if _numeric(f) and typing.get_origin(f.annotation) not in (list, dict) and not _has_upper_bound(f)
+    ]
+    assert unbounded == []
