@@ -52,6 +52,7 @@ from plans.triton_runtime import (
     ServerOptions,
     container_spec,
     docker_gpus_flag,
+    docker_gpus_value,
     docker_rollback_restart,
     docker_run_script,
     docker_unroll,
@@ -304,7 +305,7 @@ def children(name: str, args: TritonServiceArgs) -> list[Child]:
                         devices,
                         lambda ids: docker_run_script(
                             c,
-                            docker_gpus_flag(list(ids or ["all"])),
+                            docker_gpus_flag(list(ids or [])),
                             {"gpuhost.repository-digest": digest, "gpuhost.gpus": ",".join(ids or [])},
                         ),
                     ),
@@ -324,9 +325,8 @@ def children(name: str, args: TritonServiceArgs) -> list[Child]:
                     "command": c["command"],
                     "ports": [docker.ContainerPortArgs(**p) for p in c["ports"]],
                     # docker's --gpus syntax: "all" or "device=<index|GPU-uuid|MIG-uuid>,...".
-                    "gpus": Later(
-                        devices, lambda ids: "all" if list(ids or ["all"]) == ["all"] else "device=" + ",".join(ids)
-                    ),
+                    # An empty list (MIG UUID not known) fails: never widened to "all".
+                    "gpus": Later(devices, lambda ids: docker_gpus_value(list(ids or []))),
                     "shm_size": c["shm_size"],
                     "restart": c["restart"],
                     "envs": c["envs"],

@@ -89,11 +89,20 @@ def mig_devices(h: Host, s: Service, layout: MigGpus):
     order = [g.address for g in sorted(h.gpus, key=lambda g: g.address) if not g.passthrough]
     gpu = s.mig.gpu if s.mig else next(g.address for g in sorted(h.gpus, key=lambda g: g.address) if g.mig)
     index, instance = str(order.index(gpu)), (s.mig.instance if s.mig else 0)
-    return layout.mig_uuids.apply(
-        lambda u: (
-            [list((u or {}).get(index) or [])[instance]] if len(list((u or {}).get(index) or [])) > instance else []
-        )
-    )
+
+    def bound(u: Any) -> list[str]:
+        # Fail closed: a MIG UUID that is not known (layout pending a reset, nvidia-smi -L short) fails the service;
+        # it never runs with no device request, which Docker would widen to every GPU.
+        uuids = list((u or {}).get(index) or [])
+        if len(uuids) <= instance or not str(uuids[instance]).startswith("MIG-"):
+            raise ValueError(
+                f"service {s.name}: MIG instance {instance} of GPU {gpu} on {h.name} has no known MIG UUID "
+                f"(nvidia-smi -L lists {len(uuids)}); Triton gets no GPU rather than all of them: finish the MIG "
+                "layout (reset the GPU if its MIG mode is pending) and run up again"
+            )
+        return [str(uuids[instance])]
+
+    return layout.mig_uuids.apply(bound)
 
 
 def mps_share(fleet: Fleet, s: Service) -> int:

@@ -50,9 +50,12 @@ def test_seed_values_are_the_defaults():
     "window, line",
     [
         ({"min_us": 1500, "max_us": 200}, "fleet.services[1].adaptive_window: max_us: 1500"),
-        ({"step_us": 0}, "fleet.services[1].adaptive_window.step_us: Input should be greater than or equal to 1"),
+        ({"step_us": 0}, "fleet.services[1].adaptive_window.step_us: 0 is out of range (use a value at least 1)"),
         ({"step_us": 500, "min_us": 200, "max_us": 400}, "fleet.services[1].adaptive_window: step_us: 500 µs"),
-        ({"target_p95_ms": -1}, "fleet.services[1].adaptive_window.target_p95_ms: Input should be greater than 0"),
+        (
+            {"target_p95_ms": -1},
+            "fleet.services[1].adaptive_window.target_p95_ms: -1 is out of range (use a value above 0)",
+        ),
         ({"period": 10}, "fleet.services[1].adaptive_window.period: Extra inputs are not permitted"),
     ],
 )
