@@ -58,7 +58,13 @@ BASE = {
             "name": "svc",
             "host": "gpu-01",
             "runtime": "process",
-            "models": [{"name": "m", "preset": "yolov8n_torch"}],
+            "models": [
+                {
+                    "name": "m",
+                    "preset": "yolov8n_torch",
+                    "artifact": {"url": "https://models.example.internal/yolov8n.pt", "sha256": "ab" * 32},
+                }
+            ],
             "slo": {"p95_ms": 10},
         }
     ],
