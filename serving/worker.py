@@ -98,6 +98,7 @@ class WorkerConfig:
         d = dict(d)
         r = d.pop("redis", {})
         d["models"] = tuple(d.get("models", ()))
+        d.pop("front", None)  # the HTTP front's (serving.front)
         return cls(
             backends=tuple(BackendConfig(**b) for b in d.pop("backends")),
             redis_host=r.get("host", "127.0.0.1"),
