@@ -447,6 +447,8 @@ class Front:
                 return str(self.client_address[0])
 
             def do_GET(self):  # noqa: N802
+                if self.headers.get("Transfer-Encoding") or (self.headers.get("Content-Length") or "0").strip() != "0":
+                    self.close_connection = True  # a body nobody reads must not be taken for the next request
                 if self.path.split("?")[0] not in ("/v2/health/ready", "/v2/health/live"):
                     self._send(404, {}, {"error": f"no such endpoint: {self.path[:200]}"})
                     return
