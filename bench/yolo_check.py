@@ -167,7 +167,7 @@ def detection_report(
     got: list[np.ndarray], want: list[np.ndarray], conf: float = 0.25, margin: float = 0.02, iou: float = 0.5
 ) -> dict:
     """Per-image sets of detections (each [k, 6], only the counted rows) against the references'."""
-    out = {
+    out: dict = {
         "images": len(got),
         "reference_detections": int(sum(len(w) for w in want)),
         "served_detections": int(sum(len(g) for g in got)),
