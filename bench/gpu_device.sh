@@ -21,4 +21,6 @@ chmod +x /tmp/ngx/nginx
 /tmp/ngx/nginx -V 2>&1 | head -1 | tee -a "$out/probe.txt"
 ldd /tmp/site/pytriton/tritonserver/python_backend_stubs/3.12/triton_python_backend_stub | grep -E 'python|not found' \
   | tee -a "$out/probe.txt"
-PYTHONUNBUFFERED=1 python3 -m bench.gpu --nginx /tmp/ngx/nginx --out "$out" "$@" 2>&1 | tee "$out/log.txt"
+# GPUHOST_BENCH picks the module: bench.gpu (default, the serving benchmark) or bench.gpu_accuracy (every answer
+# checked against its own image's reference).
+PYTHONUNBUFFERED=1 python3 -m "${GPUHOST_BENCH:-bench.gpu}" --nginx /tmp/ngx/nginx --out "$out" "$@" 2>&1 | tee "$out/log.txt"

@@ -61,6 +61,9 @@ class LoadSpec:
     rate: Optional[float] = None
     # An answer longer than this is an error (python client): a server cannot make the client read forever.
     max_response_bytes: int = 256 * 1024 * 1024
+    # Python client: distinct bodies of one length sent in turn (request n sends bodies[n % len]) instead of
+    # ``body``, so a server cannot pass by answering every request alike (e.g. distinct images).
+    bodies: tuple[bytes, ...] = ()
 
 
 @dataclasses.dataclass(frozen=True)
@@ -443,8 +446,10 @@ def _run_threads(spec: LoadSpec, concurrency: int, max_requests: int, sync, abor
     url = urllib.parse.urlsplit(spec.url)
     path = url.path + (f"?{url.query}" if url.query else "")
     headers = dict(spec.headers)
-    if spec.body:
-        headers["Content-Length"] = str(len(spec.body))
+    if spec.body or spec.bodies:
+        headers["Content-Length"] = str(len(spec.bodies[0] if spec.bodies else spec.body))
+    if len({len(b) for b in spec.bodies}) > 1:
+        raise ValueError("LoadSpec.bodies must all have one length")
     budget = _wait_budget(spec)
     lock = threading.Lock()
     latencies: list[float] = []
@@ -465,8 +470,9 @@ def _run_threads(spec: LoadSpec, concurrency: int, max_requests: int, sync, abor
 
     start_gate = threading.Barrier(concurrency + 1, action=_open_gate, timeout=budget)
 
-    def one(conn) -> tuple[int, Optional[str]]:
-        conn.request(spec.method, path, body=spec.body or None, headers=headers)
+    def one(conn, n: int = 0) -> tuple[int, Optional[str]]:
+        body = spec.bodies[n % len(spec.bodies)] if spec.bodies else spec.body
+        conn.request(spec.method, path, body=body or None, headers=headers)
         r = conn.getresponse()
         data = read_limited(r, spec.max_response_bytes)
         if spec.check is not None and 200 <= r.status < 300:
@@ -494,6 +500,7 @@ def _run_threads(spec: LoadSpec, concurrency: int, max_requests: int, sync, abor
                     if issued[0] >= max_requests:
                         break
                     issued[0] += 1
+                    n = issued[0]
                 if interval:
                     # This connection's k-th scheduled send, connections spread evenly over one interval.
                     t0 = started[0] + interval * (k + idx / concurrency)
@@ -508,7 +515,7 @@ def _run_threads(spec: LoadSpec, concurrency: int, max_requests: int, sync, abor
                         issued[0] -= 1
                     break
                 try:
-                    status, problem = one(conn)
+                    status, problem = one(conn, n)
                     ok = 200 <= status < 300 and problem is None
                     if problem is not None:
                         wrong += 1
