@@ -45,6 +45,7 @@ ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
+from bench.yolo_check import match_detections  # noqa: E402
 from plans.presets import apply_preset  # noqa: E402
 from plans.triton_model import InstanceGroup  # noqa: E402
 from plans.triton_repo import repository_files, yolov8n_torch  # noqa: E402
@@ -176,35 +177,25 @@ def pick_images(model: Any, n: int, gpu: bool, min_detections: int = 5) -> tuple
     return np.stack(images), refs
 
 
-def _iou(a: np.ndarray, b: np.ndarray) -> np.ndarray:
-    """IoU of one box a [4] (x1 y1 x2 y2) against boxes b [n, 4]."""
-    x1, y1 = np.maximum(a[0], b[:, 0]), np.maximum(a[1], b[:, 1])
-    x2, y2 = np.minimum(a[2], b[:, 2]), np.minimum(a[3], b[:, 3])
-    inter = np.clip(x2 - x1, 0, None) * np.clip(y2 - y1, 0, None)
-    area = lambda r: np.clip(r[..., 2] - r[..., 0], 0, None) * np.clip(r[..., 3] - r[..., 1], 0, None)  # noqa: E731
-    return inter / np.maximum(area(a) + area(b) - inter, 1e-9)
+def check(det: np.ndarray, num: np.ndarray, ref: tuple[np.ndarray, np.ndarray], conf: float = 0.25) -> Optional[str]:
+    """None when the answer is this image's: its detections and the reference's, matched one to one by class and
+    IoU >= 0.5 (bench/yolo_check.match_detections), leave at most max(3, 30 %) of the larger set unmatched, not
+    counting boxes whose score is within 0.05 of the threshold; else what differs.
 
-
-def check(det: np.ndarray, num: np.ndarray, ref: tuple[np.ndarray, np.ndarray], top: int = 10) -> Optional[str]:
-    """None when the answer is this image's: detection count within max(2, 10 %) of the reference, and each of the
-    reference's ``top`` best boxes found with its class at IoU ≥ 0.5 and score within 0.05; else what differs.
-    (Batch size and CUDA graph vs eager move FP16 scores by ~1e-3: a box at the 0.25 threshold may come or go; and
-    they move FP16 boxes by up to ~14 px with these weights: the first H200 run found IoU 0.73 for a served box
-    against its own eager batch-1 reference, so 0.9 refused right answers. Another image's top boxes do not land
-    at IoU ≥ 0.5 with the same class: tests/test_window_gpu_bench.py shows answers fail against other images' references.)"""
+    Why sets and that bound: served FP16 (CUDA graph, batched) and eager FP16 batch-1 on the same GPU differ a lot
+    with these weights: the H200 per-answer check (bench/gpu_accuracy.py, 256 images) matched 10,942 of 11,047
+    detections, with 199 unmatched away from the threshold and single boxes moved by up to 183 px, so a per-box
+    IoU test refuses right answers (the first two H200 runs of this bench did). Against the next image's reference
+    the same answers matched 371 of 11,047 (about 97 % unmatched), far past this bound."""
     ref_det, ref_num = ref
     n, rn = int(np.asarray(num).reshape(-1)[0]), int(np.asarray(ref_num).reshape(-1)[0])
-    if abs(n - rn) > max(2, rn // 10):
-        return f"{n} detections, reference {rn}"
-    got, want = np.asarray(det)[:n], np.asarray(ref_det)[:rn]
-    for row in want[np.argsort(-want[:, 4])][: min(top, rn)]:
-        same = got[got[:, 5] == row[5]]
-        if not len(same):
-            return f"no box of class {int(row[5])}"
-        ious = _iou(row[:4], same[:, :4])
-        best = int(np.argmax(ious))
-        if ious[best] < 0.5 or abs(float(same[best, 4]) - float(row[4])) > 0.05:
-            return f"class {int(row[5])} box off: IoU {ious[best]:.3f}, score {same[best, 4]:.3f} vs {row[4]:.3f}"
+    got, want = np.asarray(det, dtype=np.float32)[:n], np.asarray(ref_det, dtype=np.float32)[:rn]
+    _, ug, uw = match_detections(got, want)
+    loose = [got[i] for i in ug] + [want[i] for i in uw]
+    unmatched = sum(1 for d in loose if abs(float(d[4]) - conf) > 0.05)
+    allowed = max(3, int(0.3 * max(n, rn)))
+    if unmatched > allowed:
+        return f"{unmatched} of {n} detections (reference {rn}) unmatched by class and IoU >= 0.5 (allowed {allowed})"
     return None
 
 
