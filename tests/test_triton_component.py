@@ -129,7 +129,7 @@ def test_yolov8n_torch_ships_its_code_takes_the_h200_preset_and_gates_with_raw_u
     from plans.triton_model import parse_config
     from plans.triton_repo import yolov8n_torch
 
-    res = _run(models=[yolov8n_torch()], gate_model="yolov8n")
+    res = _run(models=[yolov8n_torch(input="raw")], gate_model="yolov8n")
     repo = next(r for r in res if r.name == "serving-models")
     assert {"yolov8n/config.pbtxt", "yolov8n/1/model.py", "yolov8n/1/yolov8n.py"} <= set(repo.inputs["files"])
     gate = next(r for r in res if r.name == "serving-yolov8n-gate")
