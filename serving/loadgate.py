@@ -24,6 +24,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import http.client
+import itertools
 import json
 import math
 import os
@@ -34,7 +35,7 @@ import tempfile
 import threading
 import time
 import urllib.parse
-from typing import Optional, Sequence
+from typing import Callable, Optional, Sequence
 
 
 @dataclasses.dataclass(frozen=True)
@@ -61,6 +62,18 @@ class LoadSpec:
     rate: Optional[float] = None
     # An answer longer than this is an error (python client): a server cannot make the client read forever.
     max_response_bytes: int = 256 * 1024 * 1024
+    # Distinct requests (python client), sent in turn instead of ``body``: e.g. JPEG frames of several sizes, each
+    # with its own headers and its own answer check.
+    payloads: tuple["Payload", ...] = ()
+
+
+@dataclasses.dataclass(frozen=True)
+class Payload:
+    body: bytes
+    headers: tuple[tuple[str, str], ...] = ()
+    # Called on every 2xx answer to this body after ``LoadSpec.check`` (body, Inference-Header-Content-Length):
+    # None when the answer is right for this request, else why not.
+    expect: Optional[Callable[[bytes, Optional[str]], Optional[str]]] = None
 
 
 @dataclasses.dataclass(frozen=True)
@@ -465,12 +478,20 @@ def _run_threads(spec: LoadSpec, concurrency: int, max_requests: int, sync, abor
 
     start_gate = threading.Barrier(concurrency + 1, action=_open_gate, timeout=budget)
 
+    payloads = [
+        (p.body, {**headers, **dict(p.headers), "Content-Length": str(len(p.body))}, p.expect) for p in spec.payloads
+    ] or [(spec.body, headers, None)]
+    turn = itertools.count()  # next() is atomic under the GIL: the threads take the payloads in turn
+
     def one(conn) -> tuple[int, Optional[str]]:
-        conn.request(spec.method, path, body=spec.body or None, headers=headers)
+        body, hdrs, expect = payloads[next(turn) % len(payloads)]
+        conn.request(spec.method, path, body=body or None, headers=hdrs)
         r = conn.getresponse()
         data = read_limited(r, spec.max_response_bytes)
-        if spec.check is not None and 200 <= r.status < 300:
-            return r.status, check_response(data, r.getheader("Inference-Header-Content-Length"), spec.check)
+        if 200 <= r.status < 300 and (spec.check is not None or expect is not None):
+            length = r.getheader("Inference-Header-Content-Length")
+            problem = check_response(data, length, spec.check) if spec.check is not None else None
+            return r.status, problem or (expect(data, length) if expect is not None else None)
         return r.status, None
 
     def worker(idx: int = 0):
@@ -697,9 +718,9 @@ def run(spec: LoadSpec) -> LoadResult:
     tool = spec.tool
     if tool == "auto":
         # wrk cannot read response bodies: a checked run uses the python client.
-        tool = "wrk" if wrk_available() and spec.check is None and spec.rate is None else "python"
-    if tool == "wrk" and spec.check is not None:
-        raise ValueError("wrk cannot check response outputs; use tool='python' for a checked run")
+        tool = "wrk" if wrk_available() and spec.check is None and spec.rate is None and not spec.payloads else "python"
+    if tool == "wrk" and (spec.check is not None or spec.payloads):
+        raise ValueError("wrk cannot check response outputs or vary the body; use tool='python'")
     if spec.rate is not None and spec.processes > 1:
         spec = dataclasses.replace(spec, processes=1)
     return run_wrk(spec) if tool == "wrk" else run_python(spec)

@@ -135,3 +135,97 @@ def test_a_corrupt_frame_in_a_batch_fails_alone_and_the_instance_keeps_answering
     # The instance is alive: the next frame answers correctly.
     status, det = _infer(triton.http_url, good[2])
     assert status == 200 and torch.allclose(det, reference(good[2]), atol=1e-3)
+
+
+@pytest.fixture(scope="module")
+def nginx(triton, tmp_path_factory):
+    from plans.nginx import NginxSpec, render
+    from tests.servers.nginx import nginx_available, run_user, start_nginx
+    from tests.servers.triton import free_port
+
+    if not nginx_available():
+        pytest.skip("nginx is not installed")
+    work = tmp_path_factory.mktemp("nginx")
+    http_port = free_port()
+    conf = render(
+        NginxSpec(
+            default_model="det",
+            listen_address="127.0.0.1",
+            listen_http=http_port,
+            listen_grpc=free_port(),
+            upstream_http=f"127.0.0.1:{triton.ports['http']}",
+            upstream_grpc=f"127.0.0.1:{triton.ports['grpc']}",
+            prefix=str(work),
+            user=run_user(),
+            worker_processes="1",
+        )
+    )
+    handle = start_nginx(conf, work, wait_port=http_port)
+    handle.http = f"http://127.0.0.1:{http_port}"
+    yield handle
+    handle.stop()
+
+
+def test_the_gate_sends_jpeg_frames_of_three_sizes_through_nginx_and_checks_each_answer(triton, nginx):
+    """The acceptance gate as `pulumi up` runs it (the SDK's provider server) for a model that takes frames: its
+    signature from the stack's spec marks `images` as JPEG, the gate sends 1280×720, 1920×1080 and 640×480 frames
+    in turn and checks every answer's boxes against its own frame."""
+    from components.triton_service import gate_signature
+    from providers.triton_gate import AcceptanceGateProvider
+    from tests.engine import ProviderServer
+
+    sig = gate_signature(yolov8n_torch(name="det", gpu=False, max_batch_size=4, max_det=MAX_DET))
+    assert sig["inputs"] == [{"name": "images", "datatype": "UINT8", "shape": [1, 1], "content": "jpeg"}]
+    before = _stats(triton.http_url)
+    inputs = {
+        "url": nginx.http,
+        "models": ["det"],
+        "model": "det",
+        "request": sig,
+        "concurrency": 1,
+        "durationS": 1,
+        "maxRequests": 6,
+        "warmupRequests": 1,
+        "checkRequests": 1,
+        "maxErrorRate": 0.0,
+        # CPU model on a shared 2-core machine: the SLO here is only that every answer is right.
+        "p95Ms": 600_000,
+        "requestTimeoutS": 120,
+        "trigger": "digest-1",
+        "version": "1",
+    }
+    with ProviderServer({}) as srv:
+        gate = srv.resource(AcceptanceGateProvider(), "gpuhost:serving:AcceptanceGate", "gate-det")
+        op, outs = gate.up(inputs)
+    assert op == "create" and outs["result"]["errors"] == 0 and outs["result"]["requests"] >= 1
+    after = _stats(triton.http_url)
+    served = int(after["inference_stats"]["success"]["count"]) - int(before["inference_stats"]["success"]["count"])
+    assert served >= 3 + 1 + outs["result"]["requests"]  # three checked frames, warmup, the load
+
+
+def test_boxes_in_frame_check_tells_a_right_answer_from_a_wrong_one():
+    import struct
+
+    from serving.kserve import BoxesInFrame
+
+    def answer(count, rows):
+        det = b"".join(struct.pack("<6f", *r) for r in rows)
+        head = json.dumps(
+            {
+                "outputs": [
+                    {"name": "detections", "shape": [1, len(rows), 6], "parameters": {"binary_data_size": len(det)}},
+                    {"name": "num_detections", "shape": [1, 1], "parameters": {"binary_data_size": 4}},
+                ]
+            }
+        ).encode()
+        return head + det + struct.pack("<i", count), str(len(head))
+
+    check = BoxesInFrame(1280, 720)
+    zero = (0.0,) * 6
+    assert check(*answer(1, [(10, 20, 1280, 720, 0.9, 3), zero])) is None
+    assert "not inside the 1280x720 frame" in check(*answer(1, [(10, 20, 1281, 700, 0.9, 3), zero]))
+    assert "not inside" in check(*answer(1, [(10, 20, 5, 700, 0.9, 3), zero]))  # x2 < x1
+    assert "past the count" in check(*answer(1, [(10, 20, 30, 40, 0.9, 3), (1, 1, 2, 2, 0.5, 1)]))
+    assert "not within" in check(*answer(3, [zero, zero]))
+    assert "score" in check(*answer(1, [(10, 20, 30, 40, 0.0, 3), zero]))
+    assert "not readable" in check(b"{}", "2")
