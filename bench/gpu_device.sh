@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Run bench.gpu on a GPU machine that cannot download: wheels and Debian's nginx are carried in .gpucarry/
 # (see docs/benchmarks.md, "GPU serving"). Usage: bash bench/gpu_device.sh OUTDIR [bench.gpu args...]
+# GPUHOST_BENCH=bench.gpu_frames runs the JPEG-frames benchmark (issue 26) instead of bench.gpu.
 set -uo pipefail
 out=${1:?usage: gpu_device.sh OUTDIR [args]}; shift
 mkdir -p "$out"
@@ -9,6 +10,8 @@ mkdir -p "$out"
     --format=csv
   command -v python3; python3 -V
   python3 -c 'import torch, numpy; print("torch", torch.__version__, torch.version.cuda, torch.cuda.is_available(), "numpy", numpy.__version__)'
+  python3 -c 'import torchvision; print("torchvision", torchvision.__version__)' || echo "no torchvision: JPEG frames decode on the CPU"
+  python3 -c 'import PIL; print("pillow", PIL.__version__)' || echo "no Pillow"
   python3 -m pip list 2>/dev/null | grep -i -E '^(tritonclient|nvidia-pytriton|grpcio|protobuf|pydantic|nvidia-ml-py|python-rapidjson) '
   command -v nginx || echo "no nginx on the machine"
 } 2>&1 | tee "$out/probe.txt"
@@ -21,4 +24,4 @@ chmod +x /tmp/ngx/nginx
 /tmp/ngx/nginx -V 2>&1 | head -1 | tee -a "$out/probe.txt"
 ldd /tmp/site/pytriton/tritonserver/python_backend_stubs/3.12/triton_python_backend_stub | grep -E 'python|not found' \
   | tee -a "$out/probe.txt"
-PYTHONUNBUFFERED=1 python3 -m bench.gpu --nginx /tmp/ngx/nginx --out "$out" "$@" 2>&1 | tee "$out/log.txt"
+PYTHONUNBUFFERED=1 python3 -m "${GPUHOST_BENCH:-bench.gpu}" --nginx /tmp/ngx/nginx --out "$out" "$@" 2>&1 | tee "$out/log.txt"

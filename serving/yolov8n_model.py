@@ -123,6 +123,7 @@ class TritonPythonModel:
                 with torch.cuda.stream(self.stream):
                     self.decoder.warm((1, min(8, self.max_batch)))
         self._phases = [0.0, 0.0, 0.0]
+        self._frames = 0
         self._executes = 0
         self._report_every = int(_param(config, "report_every", "0"))
         out_shapes = {n: t.shape[1:] for n, t in zip(self.outputs, self._forward(self.gpu_in[:1]))}
@@ -200,7 +201,7 @@ class TritonPythonModel:
             responses.append(pb_utils.InferenceResponse(output_tensors=tensors))
             off += n
         if self._report_every:
-            self._account(t0, t1, t2, time.perf_counter())
+            self._account(t0, t1, t2, time.perf_counter(), frames=total)
         return responses
 
     def _run(self, total):
@@ -230,6 +231,7 @@ class TritonPythonModel:
         slots: dict[int, list[int]] = {}
         with torch.cuda.stream(self.stream) if cuda else _nullcontext():
             images = frames.prepare(rows, self.decoder, **self.frame_limits)
+            t_dec = time.perf_counter()
             for k, (i, img) in enumerate(zip(owner, images)):
                 if isinstance(img, frames.FrameError) and i not in errors:
                     errors[i] = f"frame {k - owner.index(i)} of the request: {img}"
@@ -262,22 +264,23 @@ class TritonPythonModel:
             ]
             responses.append(pb_utils.InferenceResponse(output_tensors=tensors))
         if self._report_every:
-            self._account(t0, t1, t2, time.perf_counter())
+            self._account(t0, t_dec, t1, t2, time.perf_counter(), frames=total)
         return responses
 
-    def _account(self, t0, t1, t2, t3):
-        """Mean ms per execute of gather (DLPack + pinned staging), GPU (copies, graph, sync), respond."""
-        for i, d in enumerate((t1 - t0, t2 - t1, t3 - t2)):
-            self._phases[i] += d
+    def _account(self, *marks, frames=0):
+        """Mean ms per execute of each phase between ``marks`` (raw input: gather = DLPack + pinned staging, GPU =
+        copies, graph, sync, respond; jpeg input: decode = header checks + the decoder's call, letterbox, GPU,
+        respond), printed to Triton's log every ``report_every`` executes with the mean frames per execute."""
+        names = ("decode", "letterbox", "gpu", "respond") if self.input_mode == "jpeg" else ("gather", "gpu", "respond")
+        if len(self._phases) != len(names):
+            self._phases = [0.0] * len(names)
+        for i in range(len(names)):
+            self._phases[i] += marks[i + 1] - marks[i]
         self._executes += 1
+        self._frames += frames
         if self._executes == self._report_every:
-            ms = [round(x / self._executes * 1000, 3) for x in self._phases]
-            report = {
-                "instance": self.name,
-                "executes": self._executes,
-                "gather_ms": ms[0],
-                "gpu_ms": ms[1],
-                "respond_ms": ms[2],
-            }
+            report = {"instance": self.name, "executes": self._executes, "input": self.input_mode}
+            report.update({f"{n}_ms": round(x / self._executes * 1000, 3) for n, x in zip(names, self._phases)})
+            report["frames_per_execute"] = round(self._frames / self._executes, 2)
             print("gpuhost-execute-ms " + json.dumps(report), flush=True)
-            self._phases, self._executes = [0.0, 0.0, 0.0], 0
+            self._phases, self._executes, self._frames = [0.0] * len(names), 0, 0

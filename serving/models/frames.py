@@ -95,6 +95,8 @@ def jpeg_size(data, *, max_pixels: int = MAX_PIXELS, max_side: int = MAX_SIDE) -
 def frame_bytes(row: torch.Tensor) -> torch.Tensor:
     """A request row (uint8 [L], CPU) without the zero padding after the frame: a JPEG ends with EOI (FFD9), so its
     last byte is never zero and trailing zeros are padding from a request of frames of different lengths."""
+    if len(row) and int(row[-1]) != 0:  # one frame per request: no padding (the usual case, no scan)
+        return row
     nz = row.nonzero()
     return row[: int(nz[-1]) + 1] if len(nz) else row[:0]
 
