@@ -235,13 +235,14 @@ class TritonPythonModel:
             for k, (i, img) in enumerate(zip(owner, images)):
                 if isinstance(img, frames.FrameError) and i not in errors:
                     errors[i] = f"frame {k - owner.index(i)} of the request: {img}"
-            total = 0
+            batch = []
             for i, img in zip(owner, images):
-                if i in errors:
-                    continue
-                self.geo[total] = torch.tensor(frames.letterbox(img, self.gpu_in[total]))
-                slots.setdefault(i, []).append(total)
-                total += 1
+                if i not in errors:
+                    slots.setdefault(i, []).append(len(batch))
+                    batch.append(img)
+            total = len(batch)
+            if total:
+                self.geo[:total] = torch.tensor(frames.letterbox_batch(batch, self.gpu_in))
             t1 = time.perf_counter()
             if total:
                 outs = dict(zip(self.outputs, self._run(total)))

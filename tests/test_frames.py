@@ -192,3 +192,19 @@ def test_sample_frames_are_distinct_structured_jpegs():
     for w, h, d in got:
         assert frames.jpeg_size(d) == (w, h)
         assert len(d) < w * h * 3 / 8  # structured, not noise (noise stays near 1 byte per pixel at quality 90)
+
+
+def test_batched_letterbox_equals_one_frame_at_a_time():
+    """The backend letterboxes a batch with one resize per distinct frame size: the same pixels and geometry as
+    one frame at a time, whatever the mix and order of sizes."""
+    sizes = [(1280, 720), (640, 480), (1280, 720), (32, 32), (480, 640), (1280, 720)]
+    images = [
+        torch.from_numpy(sample_frames.pixels(w, h, seed=k).copy()).permute(2, 0, 1) for k, (w, h) in enumerate(sizes)
+    ]
+    batch = torch.zeros((8, 640, 640, 3), dtype=torch.uint8)
+    geos = frames.letterbox_batch(images, batch)
+    for k, img in enumerate(images):
+        one = torch.zeros((640, 640, 3), dtype=torch.uint8)
+        assert frames.letterbox(img, one) == geos[k]
+        assert torch.equal(one, batch[k]), sizes[k]
+    assert frames.letterbox_batch([], batch) == []

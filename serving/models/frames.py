@@ -234,15 +234,39 @@ def unletterbox(det: torch.Tensor, geo: torch.Tensor) -> torch.Tensor:
     """Detections [B, N, 6] (x1 y1 x2 y2 score class, 640×640 space) → each frame's pixels, clipped to it.
 
     ``geo`` [B, 6]: (left, top, sx, sy, w, h) per frame from ``letterbox``. Rows past a frame's count are zero
-    and stay zero (score and class are untouched; the corners clip to 0).
+    and stay zero (score and class are untouched; the corners clip to 0). A few batched kernels, whatever B.
     """
-    g = geo.to(det.device, torch.float32)[:, None, :]
-    out = det.clone()
-    out[..., 0] = ((det[..., 0] - g[..., 0]) / g[..., 2]).clamp(min=0).minimum(g[..., 4])
-    out[..., 2] = ((det[..., 2] - g[..., 0]) / g[..., 2]).clamp(min=0).minimum(g[..., 4])
-    out[..., 1] = ((det[..., 1] - g[..., 1]) / g[..., 3]).clamp(min=0).minimum(g[..., 5])
-    out[..., 3] = ((det[..., 3] - g[..., 1]) / g[..., 3]).clamp(min=0).minimum(g[..., 5])
-    return out * (det[..., 4:5] > 0)
+    g = geo.to(det.device, torch.float32)
+    offset, scale, limit = g[:, None, [0, 1, 0, 1]], g[:, None, [2, 3, 2, 3]], g[:, None, [4, 5, 4, 5]]
+    boxes = ((det[..., :4] - offset) / scale).clamp_(min=0).minimum(limit)
+    return torch.cat((boxes, det[..., 4:]), -1) * (det[..., 4:5] > 0)
+
+
+def letterbox_batch(images: Sequence[torch.Tensor], out: torch.Tensor, size: int = SIZE) -> list[Geometry]:
+    """``letterbox`` for a batch: ``images[i]`` into ``out[i]``; frames of one size are resized in one call (the
+    kernels a batch launches grow with its distinct sizes, not its frames). Returns each frame's geometry."""
+    if not images:
+        return []
+    out[: len(images)].fill_(PAD)
+    groups: dict[tuple[int, int], list[int]] = {}
+    for i, img in enumerate(images):
+        groups.setdefault((int(img.shape[1]), int(img.shape[2])), []).append(i)
+    geos: list[Geometry] = [(0.0,) * 6] * len(images)  # type: ignore[list-item]
+    for (h, w), idx in groups.items():
+        new_w, new_h, left, top = letterbox_geometry(w, h, size)
+        x = torch.stack([images[i] for i in idx]) if len(idx) > 1 else images[idx[0]].unsqueeze(0)
+        if (new_w, new_h) != (w, h):
+            x = (
+                F.interpolate(x.float(), size=(new_h, new_w), mode="bilinear", align_corners=False, antialias=False)
+                .round_()
+                .clamp_(0, 255)
+                .to(torch.uint8)
+            )
+        rows = torch.tensor(idx, device=out.device)
+        out[rows, top : top + new_h, left : left + new_w] = x.permute(0, 2, 3, 1)
+        for i in idx:
+            geos[i] = (float(left), float(top), new_w / w, new_h / h, float(w), float(h))
+    return geos
 
 
 def prepare(
