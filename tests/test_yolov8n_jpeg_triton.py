@@ -113,7 +113,8 @@ def test_frames_of_several_sizes_answer_boxes_in_their_own_pixels(triton, refere
 
 def test_a_corrupt_frame_in_a_batch_fails_alone_and_the_instance_keeps_answering(triton, reference):
     good = [sample_frames.jpeg(w, h, seed=10 + k) for k, (w, h) in enumerate([(1280, 720), (640, 480), (1920, 1080)])]
-    corrupt = good[0][:700] + bytes(range(256)) * 60  # a valid header, then no image data
+    # Every header and an end but no image data: passes the header check, fails in the decoder.
+    corrupt = good[0][: good[0].index(b"\xff\xda")] + b"\xff\xd9"
     sent = [good[0], corrupt, good[1], good[2]]
     before = _stats(triton.http_url)
     with concurrent.futures.ThreadPoolExecutor(4) as pool:
@@ -125,9 +126,11 @@ def test_a_corrupt_frame_in_a_batch_fails_alone_and_the_instance_keeps_answering
     for (status, det), data in zip([results[0], results[2], results[3]], good):
         assert status == 200, det
         assert torch.allclose(det, reference(data), atol=1e-3)
-    # Not a JPEG at all, and an absurd header: refused before any decode, with the reason.
+    # Not a JPEG at all, a cut upload and an absurd header: refused before any decode, with the reason.
     status, why = _infer(triton.http_url, b"GIF89a" + bytes(64))
     assert status == 400 and "not a JPEG" in why
+    status, why = _infer(triton.http_url, good[1][: len(good[1]) // 2])
+    assert status == 400 and "truncated" in why
     i = good[1].index(b"\xff\xc0")
     huge = good[1][: i + 5] + (60000).to_bytes(2, "big") * 2 + good[1][i + 9 :]
     status, why = _infer(triton.http_url, huge)

@@ -54,12 +54,16 @@ _SOF = {0xC0, 0xC1, 0xC2, 0xC3, 0xC5, 0xC6, 0xC7, 0xC9, 0xCA, 0xCB, 0xCD, 0xCE, 
 def jpeg_size(data, *, max_pixels: int = MAX_PIXELS, max_side: int = MAX_SIDE) -> tuple[int, int]:
     """(width, height) from a JPEG's SOF header; ``FrameError`` when ``data`` is no JPEG or the frame is too large.
 
-    Walks the marker segments from SOI by their lengths (a few steps; no entropy-coded data is read).
+    Walks the marker segments from SOI by their lengths (a few steps; no entropy-coded data is read); the frame
+    must end with EOI.
     """
     b = memoryview(data).cast("B") if not isinstance(data, (bytes, bytearray)) else data
     n = len(b)
     if n < 4 or b[0] != 0xFF or b[1] != 0xD8:
         raise FrameError(f"not a JPEG frame ({n} bytes, no SOI marker FFD8 at the start)")
+    if b[n - 2] != 0xFF or b[n - 1] != 0xD9:
+        # A cut upload: refused here, since nvJPEG may decode what is there and answer boxes for half a frame.
+        raise FrameError(f"corrupt JPEG: truncated ({n} bytes, no end-of-image marker FFD9 at the end)")
     i = 2
     while i + 4 <= n:
         if b[i] != 0xFF:
@@ -236,8 +240,9 @@ def unletterbox(det: torch.Tensor, geo: torch.Tensor) -> torch.Tensor:
     ``geo`` [B, 6]: (left, top, sx, sy, w, h) per frame from ``letterbox``. Rows past a frame's count are zero
     and stay zero (score and class are untouched; the corners clip to 0). A few batched kernels, whatever B.
     """
-    g = geo.to(det.device, torch.float32)
-    offset, scale, limit = g[:, None, [0, 1, 0, 1]], g[:, None, [2, 3, 2, 3]], g[:, None, [4, 5, 4, 5]]
+    # Slices and repeats only: a list index would copy it from the host and wait for the GPU mid-execute.
+    g = geo.to(det.device, torch.float32)[:, None, :]
+    offset, scale, limit = g[..., 0:2].repeat(1, 1, 2), g[..., 2:4].repeat(1, 1, 2), g[..., 4:6].repeat(1, 1, 2)
     boxes = ((det[..., :4] - offset) / scale).clamp_(min=0).minimum(limit)
     return torch.cat((boxes, det[..., 4:]), -1) * (det[..., 4:5] > 0)
 
@@ -262,9 +267,9 @@ def letterbox_batch(images: Sequence[torch.Tensor], out: torch.Tensor, size: int
                 .clamp_(0, 255)
                 .to(torch.uint8)
             )
-        rows = torch.tensor(idx, device=out.device)
-        out[rows, top : top + new_h, left : left + new_w] = x.permute(0, 2, 3, 1)
-        for i in idx:
+        # One copy per frame: an index tensor would come from the host and wait for the GPU mid-execute.
+        for j, i in enumerate(idx):
+            out[i, top : top + new_h, left : left + new_w].copy_(x[j].permute(1, 2, 0))
             geos[i] = (float(left), float(top), new_w / w, new_h / h, float(w), float(h))
     return geos
 
