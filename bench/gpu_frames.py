@@ -82,7 +82,7 @@ def references(frames: list[dict], gpu: bool) -> dict:
     torch.manual_seed(0)  # the weights every instance makes (serving/yolov8n_model.py)
     model = yolo.fuse(yolo.YOLOv8n().eval()).to(device, dtype)
     if gpu:
-        model = model.to(memory_format=torch.channels_last)
+        model = model.to(memory_format=torch.channels_last)  # type: ignore[call-overload]
     pre = yolo.Preprocess(dtype)
     decoder = fr.Decoder(device)
     t0 = time.perf_counter()
