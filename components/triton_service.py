@@ -181,6 +181,13 @@ def repository(name: str, args: TritonServiceArgs) -> tuple[dict[str, bytes], st
     }
     shipped = {a.dest for a in args.artifacts} | {f"{args.repository_root}/{k}" for k in code}
     for s in specs:
+        if s.parameters.get("model_code") == "yolov8n" and s.parameters.get("random_weights_for_benchmarks") != "true":
+            w = s.parameters.get("weights")
+            if not w or f"{args.repository_root}/{s.name}/{s.version}/{w}" not in shipped:
+                raise ValueError(
+                    f"{name}: model {s.name!r} has no weights file{f' {w!r}' if w else ''}: give it an artifact "
+                    "(its YOLOv8n weights); a stack may not serve random weights"
+                )
         py = f"{args.repository_root}/{s.name}/{s.version}/model.py"
         if s.platform == "python" and args.model_py is None and py not in shipped:
             raise ValueError(

@@ -17,8 +17,8 @@ from plans.cmdline import UNSAFE
 from plans.mig_fit import layout_problems
 from stacks.schema import Fleet, Host, Topology
 
-# Presets whose model code gpuhost ships itself (serving/models): no artifact needed.
-SHIPPED_CODE = ("yolov8n_torch",)
+# Presets whose model code gpuhost ships itself (serving/models): the artifact is their weights file.
+WEIGHTS_ONLY = ("yolov8n_torch",)
 
 # What one TritonService writes on its machine (components/triton_service.py): two services on one machine would
 # overwrite each other's files and fight over Triton's ports.
@@ -203,7 +203,13 @@ def fleet_problems(fleet: Fleet, unknown: frozenset[str] = frozenset()) -> list[
                     f"{at}.vm: VM {s.vm!r} has no address, so the service cannot reach it; set address on that VM"
                 )
         for k, mdl in enumerate(s.models):
-            if mdl.artifact is None and mdl.preset not in SHIPPED_CODE:
+            if mdl.artifact is None and mdl.preset in WEIGHTS_ONLY:
+                out.append(
+                    f"{at}.models[{k}].artifact: required for preset {mdl.preset}: its weights file (an Ultralytics "
+                    "yolov8n.onnx or yolov8n.pt, a state_dict or safetensors; url or path, and sha256); a stack may "
+                    "not serve random weights"
+                )
+            elif mdl.artifact is None:
                 out.append(
                     f"{at}.models[{k}].artifact: required for preset {mdl.preset}: the model's file (url or path, "
                     "and sha256); gpuhost ships no stand-in"

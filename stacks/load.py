@@ -83,12 +83,48 @@ def parse_fleet(raw: Any) -> Fleet:
         if not cross and not lines:
             cross = placement_problems(fleet)
         if not cross and not lines:
+            cross = _artifact_problems(fleet)
+        if not cross and not lines:
             cross = _declaration_problems(fleet)
         lines += [ln for ln in cross if not any(ln.startswith(d) and ln[len(d)] in ".[:" for d in dropped)]
     if lines:
         raise ConfigError(list(dict.fromkeys(lines)))
     assert fleet is not None
     return fleet
+
+
+def _artifact_problems(fleet: Fleet) -> list[str]:
+    """Artifacts given by ``path`` (a file on this machine) checked before any resource: the sha256 the config
+    pins, and for a yolov8n_torch model the weights' layout (``serving/models/yolov8n_weights.py``: which key or
+    node, expected vs found shape). A ``url`` artifact is checked where it lands: its sha256 by ModelArtifact
+    before it is moved in, its layout by the Triton backend at load, with the same message."""
+    import hashlib
+
+    out = []
+    for i, s in enumerate(fleet.services):
+        for k, m in enumerate(s.models):
+            a = m.artifact
+            if a is None or a.path is None:
+                continue
+            at = f"fleet.services[{i}].models[{k}].artifact"
+            try:
+                with open(a.path, "rb") as f:
+                    data = f.read()
+            except OSError as e:
+                out.append(f"{at}.path: cannot read {a.path} here ({e.strerror}); give a file on this machine")
+                continue
+            got = hashlib.sha256(data).hexdigest()
+            if got != a.sha256:
+                out.append(f"{at}.sha256: {a.path} has sha256 {got}, config says {a.sha256} (pin the file's sha256)")
+                continue
+            if m.preset == "yolov8n_torch":
+                from serving.models.yolov8n_weights import WeightsError, load_model
+
+                try:
+                    load_model(data, trusted=True, what=a.path)
+                except WeightsError as e:
+                    out.append(f"{at}.path: not YOLOv8n weights: {e}")
+    return out
 
 
 def _declaration_problems(fleet: Fleet) -> list[str]:

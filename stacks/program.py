@@ -10,6 +10,7 @@ Usage (what __main__.py does)::
 
 from __future__ import annotations
 
+import os
 from collections.abc import Callable
 from typing import Any, Optional
 
@@ -36,7 +37,7 @@ from plans.triton_runtime import DockerRuntime, ProcessRuntime
 from plans.values import host_port
 from stacks.args import host_spec, passthrough_args
 from stacks.load import ConfigError
-from stacks.schema import Fleet, Gateway, Host, Service, ServiceModel, Vm
+from stacks.schema import Artifact, Fleet, Gateway, Host, Service, ServiceModel, Vm
 
 PRESETS = {"yolov8n": yolov8n, "yolov8n_torch": yolov8n_torch, "resnet50_fp16": resnet50_fp16, "sdxl": sdxl}
 
@@ -45,13 +46,28 @@ PRESETS = {"yolov8n": yolov8n, "yolov8n_torch": yolov8n_torch, "resnet50_fp16": 
 _PRESET_FIELDS = {"max_batch_size", "instance_group", "dynamic_batching"}
 
 
+def weights_file(artifact: Artifact) -> str:
+    """A yolov8n_torch artifact's file name in the version directory: ``weights`` + the source's extension
+    (the backend tells the format by content; the extension is for people)."""
+    src = (artifact.path or artifact.url or "").split("?")[0]
+    ext = os.path.splitext(src)[1].lower()
+    return "weights" + (ext if ext in (".onnx", ".pt", ".pth", ".safetensors") else "")
+
+
+def _with_weights(spec: ModelSpec, m: ServiceModel) -> ModelSpec:
+    """yolov8n_torch: the ``weights`` parameter names the artifact's file (stacks.checks requires the artifact)."""
+    if m.preset != "yolov8n_torch" or m.artifact is None:
+        return spec
+    return spec.model_copy(update={"parameters": {**spec.parameters, "weights": weights_file(m.artifact)}})
+
+
 def model_spec(m: ServiceModel, gpu_model: str) -> ModelSpec:
     """The model's signature from its preset, batching from the GPU's preset, and what config sets on top."""
     base = PRESETS[m.preset](input=m.input) if m.preset == "yolov8n_torch" else PRESETS[m.preset]()
     try:
         gpu_key(gpu_model)
     except KeyError:
-        return base.model_copy(update={"name": m.name})
+        return _with_weights(base.model_copy(update={"name": m.name}), m)
     workload = m.workload or base.workload
     data = base.model_dump(by_alias=True, exclude=_PRESET_FIELDS)
     data.update(name=m.name, workload=workload)
@@ -62,7 +78,7 @@ def model_spec(m: ServiceModel, gpu_model: str) -> ModelSpec:
     if m.max_queue_delay_us is not None:
         data["dynamic_batching"] = DynamicBatching(max_queue_delay_microseconds=m.max_queue_delay_us)
     spec = ModelSpec.model_validate(data)
-    spec = apply_preset(spec, gpu_model, workload)
+    spec = _with_weights(apply_preset(spec, gpu_model, workload), m)
     if spec.warmup and spec.max_batch_size and any(w.batch_size > spec.max_batch_size for w in spec.warmup):
         spec = spec.model_copy(update={"warmup": []})
     return spec
@@ -412,6 +428,8 @@ def build(
                         gpu_model=s.gpu_model,
                     )
                 )
+            elif m.preset == "yolov8n_torch":  # the weights file, beside the model code gpuhost ships
+                dest = f"{root}/{m.name}/{mspec.version}/{weights_file(m.artifact)}"
             else:
                 dest = f"{root}/{m.name}/{mspec.version}/model.py"
             artifacts.append(

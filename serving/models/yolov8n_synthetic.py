@@ -98,5 +98,5 @@ def make_test_weights(seed: int = 0, calib: int = 8, class_bias_shift: float = C
         bn.momentum = 0.03
     model.eval()
     for seq in model.detect.cv3:
-        seq[2].bias.add_(class_bias_shift)
+        seq[2].bias.add_(class_bias_shift)  # type: ignore[index]
     return model

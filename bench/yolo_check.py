@@ -1,0 +1,218 @@
+"""Every answer is its own image's: distinct images through a served YOLOv8n, each answer against its own reference.
+
+Shared by the CPU test (``tests/test_yolov8n_triton.py``: real Triton, KIND_CPU) and the H200 check
+(``bench/gpu_accuracy.py``) and ``bench.gpu``'s load (distinct images per request):
+
+* ``weights_file``: the test detector's weights (``serving/models/yolov8n_synthetic.py``) as a state_dict file,
+  shipped beside ``model.py`` as ``weights.pt``;
+* ``send_all``: each image once, over HTTP with binary tensors, ``concurrency`` requests in flight (one keep-alive
+  connection per worker); answers by image index;
+* ``raw_report``: served ``output0`` vs the references: per image the maximum difference to its own reference
+  (box rows in pixels, score rows) and the minimum, over all other images, of the maximum difference to another
+  image's reference: a request answered with another's rows, a stale padded row or a wrong normalisation shows;
+* ``detection_report``: NMS detections compared as sets (matched by class and IoU: near-threshold score ties
+  reorder rows, so row-by-row comparison would be wrong); a detection left unmatched counts as near-threshold
+  only when its score is within ``margin`` of ``conf``;
+* ``batch_sizes``: the batch sizes Triton formed between two ``/v2/models/<m>/stats`` readings.
+"""
+
+from __future__ import annotations
+
+import http.client
+import io
+import json
+import threading
+import urllib.parse
+import urllib.request
+from typing import Optional, Sequence
+
+import numpy as np
+
+from serving.loadgate import binary_request
+
+WEIGHTS_FILE = "weights.pt"
+_NP = {"FP32": np.float32, "FP16": np.float16, "INT32": np.int32, "UINT8": np.uint8}
+
+
+def weights_file(seed: int = 0) -> bytes:
+    """The test detector's state_dict (FP32, this project's keys) as ``torch.save`` bytes."""
+    import torch
+
+    from serving.models.yolov8n_synthetic import make_test_weights
+
+    buf = io.BytesIO()
+    torch.save(make_test_weights(seed).state_dict(), buf)
+    return buf.getvalue()
+
+
+def parse_response(body: bytes, header_length: Optional[str]) -> dict[str, np.ndarray]:
+    """A v2 binary infer response → {output name: array}."""
+    n = int(header_length) if header_length is not None else len(body)
+    head = json.loads(body[:n])
+    out, off = {}, n
+    for o in head["outputs"]:
+        size = int(o["parameters"]["binary_data_size"])
+        out[o["name"]] = np.frombuffer(body[off : off + size], dtype=_NP[o["datatype"]]).reshape(o["shape"])
+        off += size
+    return out
+
+
+def send_all(
+    base_url: str, model: str, images: np.ndarray, outputs: Sequence[str], concurrency: int, timeout_s: float = 120
+) -> list[dict[str, np.ndarray]]:
+    """Each image of ``images`` (uint8 [N, 640, 640, 3]) once as its own request, ``concurrency`` in flight."""
+    url = urllib.parse.urlsplit(base_url)
+    path = f"/v2/models/{model}/infer"
+    results: list[Optional[dict[str, np.ndarray]]] = [None] * len(images)
+    errors: list[str] = []
+    nxt = [0]
+    lock = threading.Lock()
+
+    def worker():
+        conn = http.client.HTTPConnection(url.hostname, url.port, timeout=timeout_s)
+        while True:
+            with lock:
+                i = nxt[0]
+                nxt[0] += 1
+            if i >= len(images):
+                break
+            body, headers = binary_request([("images", "UINT8", [1, *images[i].shape], images[i].tobytes())], outputs)
+            try:
+                conn.request("POST", path, body=body, headers=dict(headers))
+                r = conn.getresponse()
+                data = r.read()
+                if r.status != 200:
+                    raise RuntimeError(f"HTTP {r.status}: {data[:300]!r}")
+                results[i] = parse_response(data, r.getheader("Inference-Header-Content-Length"))
+            except Exception as e:  # noqa: BLE001 - reported with the image index
+                with lock:
+                    errors.append(f"image {i}: {e!r}")
+                conn.close()
+                conn = http.client.HTTPConnection(url.hostname, url.port, timeout=timeout_s)
+        conn.close()
+
+    threads = [threading.Thread(target=worker, daemon=True) for _ in range(concurrency)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    if errors:
+        raise RuntimeError(f"{len(errors)} requests failed: {errors[:3]}")
+    return results  # type: ignore[return-value]
+
+
+def raw_report(served, refs) -> dict:
+    """``served`` and ``refs``: [N, 84, 8400] (torch tensors, any device, compared in FP32).
+
+    Returns the maximum over images of the own-reference difference (box rows px, score rows), the minimum over
+    images of the smallest maximum difference to any other image's reference, and the image index that gave it.
+    """
+    import torch
+
+    s, r = served.float(), refs.float()
+    n = s.shape[0]
+    own_box = own_score = 0.0
+    min_other, at = float("inf"), (-1, -1)
+    for i in range(n):
+        d = (s[i] - r[i]).abs()
+        own_box = max(own_box, float(d[:4].max()))
+        own_score = max(own_score, float(d[4:].max()))
+        others = (s[i].unsqueeze(0) - r).abs().flatten(1).amax(1)  # [N]
+        others[i] = float("inf")
+        j = int(torch.argmin(others))
+        if float(others[j]) < min_other:
+            min_other, at = float(others[j]), (i, j)
+    return {
+        "images": n,
+        "own_max_box_px": own_box,
+        "own_max_score": own_score,
+        "own_max": max(own_box, own_score),
+        "other_min": min_other,
+        "other_min_pair": list(at),
+    }
+
+
+def _iou(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    """IoU matrix of xyxy boxes a [n, 4], b [m, 4]."""
+    lt = np.maximum(a[:, None, :2], b[None, :, :2])
+    rb = np.minimum(a[:, None, 2:], b[None, :, 2:])
+    inter = np.clip(rb - lt, 0, None).prod(2)
+    area = lambda x: np.clip(x[:, 2] - x[:, 0], 0, None) * np.clip(x[:, 3] - x[:, 1], 0, None)  # noqa: E731
+    return inter / (area(a)[:, None] + area(b)[None, :] - inter + 1e-9)
+
+
+def match_detections(got: np.ndarray, want: np.ndarray, iou: float = 0.5) -> tuple[list[tuple[int, int]], list, list]:
+    """Greedy one-to-one matching by class and IoU (best IoU first) of detections [n, 6] (x1 y1 x2 y2 score cls).
+    Returns (matched pairs (got row, want row), unmatched got rows, unmatched want rows)."""
+    pairs = []
+    if len(got) and len(want):
+        m = _iou(got[:, :4], want[:, :4])
+        m[got[:, 5][:, None] != want[:, 5][None, :]] = 0
+        order = np.dstack(np.unravel_index(np.argsort(-m, axis=None), m.shape))[0]
+        used_g, used_w = set(), set()
+        for gi, wi in order:
+            if m[gi, wi] < iou:
+                break
+            if gi in used_g or wi in used_w:
+                continue
+            used_g.add(int(gi))
+            used_w.add(int(wi))
+            pairs.append((int(gi), int(wi)))
+    mg = {g for g, _ in pairs}
+    mw = {w for _, w in pairs}
+    return pairs, [i for i in range(len(got)) if i not in mg], [i for i in range(len(want)) if i not in mw]
+
+
+def detection_report(
+    got: list[np.ndarray], want: list[np.ndarray], conf: float = 0.25, margin: float = 0.02, iou: float = 0.5
+) -> dict:
+    """Per-image sets of detections (each [k, 6], only the counted rows) against the references'."""
+    out: dict = {
+        "images": len(got),
+        "reference_detections": int(sum(len(w) for w in want)),
+        "served_detections": int(sum(len(g) for g in got)),
+        "matched": 0,
+        "unmatched_near_threshold": 0,
+        "unmatched": 0,
+        "matched_max_box_px": 0.0,
+        "matched_max_score": 0.0,
+        "images_identical_sets": 0,
+        "first_unmatched": "",
+    }
+    for k, (g, w) in enumerate(zip(got, want)):
+        pairs, ug, uw = match_detections(g, w, iou)
+        out["matched"] += len(pairs)
+        if pairs:
+            gi, wi = zip(*pairs)
+            out["matched_max_box_px"] = max(
+                out["matched_max_box_px"], float(np.abs(g[list(gi), :4] - w[list(wi), :4]).max())
+            )
+            out["matched_max_score"] = max(
+                out["matched_max_score"], float(np.abs(g[list(gi), 4] - w[list(wi), 4]).max())
+            )
+        loose = [g[i] for i in ug] + [w[i] for i in uw]
+        near = sum(1 for d in loose if abs(float(d[4]) - conf) <= margin)
+        out["unmatched_near_threshold"] += near
+        out["unmatched"] += len(loose) - near
+        if len(loose) - near and not out["first_unmatched"]:
+            out["first_unmatched"] = f"image {k}: served {len(g)}, reference {len(w)}, unmatched {len(loose) - near}"
+        out["images_identical_sets"] += int(not loose)
+    return out
+
+
+def model_stats(http_url: str, model: str) -> dict:
+    with urllib.request.urlopen(f"{http_url}/v2/models/{model}/stats", timeout=10) as r:
+        return json.loads(r.read())["model_stats"][0]
+
+
+def batch_sizes(before: dict, after: dict) -> dict:
+    """{batch size: executions} Triton formed between two stats readings, with executions and inferences."""
+    prev = {int(x["batch_size"]): int(x["compute_infer"]["count"]) for x in before.get("batch_stats", [])}
+    sizes = {}
+    for x in after.get("batch_stats", []):
+        d = int(x["compute_infer"]["count"]) - prev.get(int(x["batch_size"]), 0)
+        if d:
+            sizes[int(x["batch_size"])] = d
+    ex = int(after.get("execution_count", 0)) - int(before.get("execution_count", 0))
+    inf = int(after.get("inference_count", 0)) - int(before.get("inference_count", 0))
+    return {"sizes": dict(sorted(sizes.items())), "executions": ex, "inferences": inf}

@@ -1,0 +1,123 @@
+"""Every answer is its own image's: the YOLOv8n fast path (``serving/yolov8n_model.py``) in a real Triton (pytriton
+wheel, python backend, KIND_CPU, FP32) with the test detector's weights shipped as its weights file, dynamic
+batching on and the H200 preset's instances, max batch and window.
+
+64 distinct structured images at concurrency 8; each answer is compared with that image's own eager reference
+(the same weights file loaded by ``yolov8n_weights``, fused, batch 1) and shown to differ from every other image's
+reference; the NMS detections are compared as sets (class + IoU); the batch sizes Triton formed are read from its
+statistics. The figures go to the run's "measured" summary.
+"""
+
+import numpy as np
+import pytest
+import torch
+
+from bench.yolo_check import (
+    WEIGHTS_FILE,
+    batch_sizes,
+    detection_report,
+    model_stats,
+    raw_report,
+    send_all,
+    weights_file,
+)
+from plans.presets import preset_for
+from plans.triton_repo import repository_files, yolov8n_torch
+from serving.models import yolov8n as yolo
+from serving.models import yolov8n_files
+from serving.models.yolov8n_synthetic import synthetic_images, to_tensor
+from serving.models.yolov8n_weights import load_model
+from tests.servers.triton import start_triton, triton_available
+
+N, CONCURRENCY = 64, 8
+PRESET = preset_for("NVIDIA H200")
+NMS = dict(max_det=100, candidates=256, conf=0.25, iou=0.45)
+
+
+def _spec(name: str, output: str):
+    spec = yolov8n_torch(
+        name=name,
+        output=output,
+        gpu=False,
+        weights=WEIGHTS_FILE,
+        instances=PRESET.instance_count,
+        max_batch_size=PRESET.max_batch_size,
+        window_us=PRESET.max_queue_delay_microseconds,
+        preferred_batch_size=PRESET.preferred_batch_size,
+    )
+    return spec.model_copy(update={"parameters": {**spec.parameters, "torch_threads": "1"}})
+
+
+@pytest.fixture(scope="module")
+def served(tmp_path_factory):
+    assert triton_available(), "tritonserver from the nvidia-pytriton wheel is needed (requirements.txt)"
+    weights = weights_file()
+    specs = [_spec("yolov8n_raw", "raw"), _spec("yolov8n_nms", "nms")]
+    code = {k: v for s in specs for k, v in yolov8n_files(s.name, s.version, weights, WEIGHTS_FILE).items()}
+    base = tmp_path_factory.mktemp("yolo-triton")
+    for rel, content in repository_files(specs, gpu_count=0, model_files=code).items():
+        (base / "models" / rel).parent.mkdir(parents=True, exist_ok=True)
+        (base / "models" / rel).write_bytes(content)
+    with start_triton(base / "models", workdir=base / "work", ready_timeout=300) as triton:
+        yield triton, weights
+
+
+@pytest.fixture(scope="module")
+def references(served):
+    """Eager FP32 batch-1 answers of the same weights file, per image: raw [N, 84, 8400] and NMS sets."""
+    model = yolo.fuse(load_model(served[1]))
+    images = synthetic_images(N, seed=1)
+    raws = []
+    with torch.no_grad():
+        for i in range(N):
+            raws.append(model(to_tensor(images[i : i + 1]))[0])
+    raw = torch.stack(raws)
+    det, count = yolo.fast_nms(raw, **NMS)
+    sets = [det[i, : int(count[i, 0])].numpy() for i in range(N)]
+    return images, raw, sets
+
+
+def test_every_raw_answer_is_its_own_images(served, references, measured):
+    triton, _ = served
+    images, ref, _ = references
+    before = model_stats(triton.http_url, "yolov8n_raw")
+    answers = send_all(triton.http_url, "yolov8n_raw", images, ["output0"], CONCURRENCY)
+    formed = batch_sizes(before, model_stats(triton.http_url, "yolov8n_raw"))
+    got = torch.from_numpy(np.stack([a["output0"][0] for a in answers]))
+    r = raw_report(got, ref)
+    measured(
+        f"Triton CPU raw output0, N={N} distinct images, concurrency {CONCURRENCY}, "
+        f"{PRESET.instance_count} instances, max batch {PRESET.max_batch_size}, window "
+        f"{PRESET.max_queue_delay_microseconds} us: batch sizes formed {formed['sizes']} "
+        f"({formed['executions']} executions, {formed['inferences']} inferences); max diff to own reference "
+        f"{r['own_max_box_px']:.2e} px (boxes), {r['own_max_score']:.2e} (scores); min diff to another image's "
+        f"reference {r['other_min']:.2f} (images {r['other_min_pair']})"
+    )
+    assert formed["inferences"] == N and max(formed["sizes"]) > 1  # dynamic batching formed batches
+    assert r["own_max_box_px"] <= 0.05 and r["own_max_score"] <= 1e-4
+    assert r["other_min"] > 100 * r["own_max"] and r["other_min"] > 1.0
+
+
+def test_every_detection_set_is_its_own_images(served, references, measured):
+    triton, _ = served
+    images, _, ref_sets = references
+    before = model_stats(triton.http_url, "yolov8n_nms")
+    answers = send_all(triton.http_url, "yolov8n_nms", images, ["detections", "num_detections"], CONCURRENCY)
+    formed = batch_sizes(before, model_stats(triton.http_url, "yolov8n_nms"))
+    got = [a["detections"][0, : int(a["num_detections"][0, 0])] for a in answers]
+    for a in answers:  # rows past the count are zero
+        assert not a["detections"][0, int(a["num_detections"][0, 0]) :].any()
+    r = detection_report(got, ref_sets, conf=NMS["conf"])
+    shuffled = detection_report(got, ref_sets[1:] + ref_sets[:1], conf=NMS["conf"])
+    measured(
+        f"Triton CPU NMS detections, N={N}, concurrency {CONCURRENCY}: batch sizes {formed['sizes']}; "
+        f"{r['served_detections']} served vs {r['reference_detections']} reference detections, {r['matched']} "
+        f"matched (class + IoU>=0.5; max box diff {r['matched_max_box_px']:.2e} px, score "
+        f"{r['matched_max_score']:.2e}), {r['unmatched_near_threshold']} unmatched within 0.02 of conf, "
+        f"{r['unmatched']} other unmatched; {r['images_identical_sets']}/{N} images with identical sets; against "
+        f"the next image's reference: {shuffled['matched']} matched, {shuffled['unmatched']} unmatched"
+    )
+    assert r["unmatched"] == 0, r["first_unmatched"]
+    assert r["reference_detections"] >= 10 * N  # tens of detections per image on average: a real test
+    assert r["matched_max_box_px"] <= 0.05
+    assert shuffled["unmatched"] > r["reference_detections"] // 2  # another image's set does not pass
