@@ -194,16 +194,17 @@ def yolov8n_torch(
     preferred_batch_size: Optional[list[int]] = None,
     gpu: bool = True,
     max_det: int = 100,
-    input: str = "jpeg",
+    input: str = "raw",
     weights: Optional[str] = None,
     random_weights_for_benchmarks: bool = False,
 ) -> ModelSpec:
     """YOLOv8n 640×640 on the python backend's fast path (``serving/yolov8n_model.py``), where no TensorRT is.
 
-    ``input="jpeg"``: ``images`` UINT8 [-1], one encoded JPEG frame of any size per row (ragged: frames of
-    different lengths batch together), decoded and letterboxed on the GPU, boxes answered in the frame's own
-    pixels (``serving/models/frames.py``); ``input="raw"``: ``images`` UINT8 [640, 640, 3] (NHWC, RGB, letterboxed
-    by the client, boxes in that 640×640 space; 1.2 MB per frame on the wire).
+    ``input="jpeg"`` (what stack config gives new services, ``ServiceModel.input``): ``images`` UINT8 [-1], one
+    encoded JPEG frame of any size per row (ragged: frames of different lengths batch together), decoded and
+    letterboxed on the GPU, boxes answered in the frame's own pixels (``serving/models/frames.py``);
+    ``input="raw"``: ``images`` UINT8 [640, 640, 3] (NHWC, RGB, letterboxed by the client, boxes in that 640×640
+    space; 1.2 MB per frame on the wire).
     ``output="nms"``: ``detections`` FP32 [max_det, 6] (x1 y1 x2 y2 score class) and ``num_detections``
     INT32 [1], NMS on the GPU inside the CUDA graph; ``output="raw"``: ``output0`` [84, 8400] (FP16 on a
     GPU). ``window_us`` is the dynamic batcher's ``max_queue_delay_microseconds`` (0 still batches what is

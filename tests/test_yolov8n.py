@@ -25,8 +25,8 @@ def test_spec_renders_the_fast_path_for_triton():
     assert b"TritonPythonModel" in files["yolov8n/1/model.py"] and b"class YOLOv8n" in files["yolov8n/1/yolov8n.py"]
 
 
-def test_jpeg_input_is_the_default_one_ragged_row_of_bytes_per_frame():
-    spec = yolov8n_torch()
+def test_jpeg_input_is_one_ragged_row_of_bytes_per_frame():
+    spec = yolov8n_torch(input="jpeg")
     files = repository_files([spec], gpu_count=1, model_files=yolov8n_files(spec.name))
     cfg = parse_config(files["yolov8n/config.pbtxt"].decode())
     (images,) = cfg.input
@@ -34,7 +34,7 @@ def test_jpeg_input_is_the_default_one_ragged_row_of_bytes_per_frame():
     assert cfg.parameters["input"].string_value == "jpeg"
     assert b"def unletterbox" in files["yolov8n/1/frames.py"] and b"import frames" in files["yolov8n/1/model.py"]
     with pytest.raises(ValueError, match="needs output 'nms'"):
-        yolov8n_torch(output="raw")
+        yolov8n_torch(output="raw", input="jpeg")
     with pytest.raises(ValueError, match="'jpeg' or 'raw'"):
         yolov8n_torch(input="png")
 

@@ -223,7 +223,8 @@ def test_the_gate_sends_jpeg_frames_of_three_sizes_through_nginx_and_checks_each
     from providers.triton_gate import AcceptanceGateProvider
     from tests.engine import ProviderServer
 
-    sig = gate_signature(yolov8n_torch(name="det", gpu=False, max_batch_size=4, max_det=MAX_DET, weights="w.pt"))
+    spec = yolov8n_torch(name="det", input="jpeg", gpu=False, max_batch_size=4, max_det=MAX_DET, weights="w.pt")
+    sig = gate_signature(spec)
     assert sig["inputs"] == [{"name": "images", "datatype": "UINT8", "shape": [1, 1], "content": "jpeg"}]
     before = _stats(triton.http_url)
     inputs = {
