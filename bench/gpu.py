@@ -38,6 +38,7 @@ from typing import Optional
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from bench.yolo_check import WEIGHTS_FILE, weights_file  # noqa: E402
 from plans.nginx import NginxSpec, render  # noqa: E402
 from plans.presets import apply_preset  # noqa: E402
 from plans.triton_repo import repository_files, yolov8n_torch  # noqa: E402
@@ -183,14 +184,15 @@ def stats_delta(before: dict, after: dict) -> dict:
 def grpc_run(
     target: str,
     model: str,
-    image: bytes,
+    images: list[bytes],
     check: loadgate.ResponseCheck,
     concurrency: int,
     duration_s: float,
     processes: int,
     warmup: int = 5,
 ) -> loadgate.LoadResult:
-    """Constant-concurrency ModelInfer over gRPC (raw binary contents), outputs checked like the HTTP gate."""
+    """Constant-concurrency ModelInfer over gRPC (raw binary contents), outputs checked like the HTTP gate; the
+    distinct ``images`` are sent in turn (each worker from its own offset)."""
     import multiprocessing
 
     ctx = multiprocessing.get_context("fork")
@@ -208,10 +210,13 @@ def grpc_run(
         import grpc  # imported after fork: a gRPC channel must never cross a fork
         from tritonclient.grpc import service_pb2, service_pb2_grpc
 
-        req = service_pb2.ModelInferRequest(model_name=model)
-        t = req.inputs.add(name="images", datatype="UINT8")
-        t.shape.extend(IMAGE_SHAPE)
-        req.raw_input_contents.append(image)
+        reqs = []
+        for image in images:
+            req = service_pb2.ModelInferRequest(model_name=model)
+            t = req.inputs.add(name="images", datatype="UINT8")
+            t.shape.extend(IMAGE_SHAPE)
+            req.raw_input_contents.append(image)
+            reqs.append(req)
         want = {o.name: o for o in check.outputs}
         lock = threading.Lock()
         lat: list[float] = []
@@ -235,24 +240,26 @@ def grpc_run(
                     return f"output {name}: {o.datatype}{list(o.shape)} {len(raw)} B, want {exp}"
             return None
 
-        def worker():
+        def worker(offset: int):
             opts = [("grpc.max_send_message_length", 64 << 20), ("grpc.max_receive_message_length", 64 << 20)]
             channel = grpc.insecure_channel(target, options=opts)
             stub = service_pb2_grpc.GRPCInferenceServiceStub(channel)
-            for _ in range(warmup):
+            for k in range(warmup):
                 try:
-                    stub.ModelInfer(req, timeout=30)
+                    stub.ModelInfer(reqs[(offset + k) % len(reqs)], timeout=30)
                 except grpc.RpcError:
                     pass
             mine, bad, wrong, why = [], 0, 0, ""
             gate.wait()
             end = t0s[0] + duration_s
+            k = offset
             while True:
                 t0 = time.perf_counter()
                 if t0 >= end:
                     break
+                k += 1
                 try:
-                    p = problem(stub.ModelInfer(req, timeout=30))
+                    p = problem(stub.ModelInfer(reqs[k % len(reqs)], timeout=30))
                     if p:
                         wrong, why, bad = wrong + 1, why or p, bad + 1
                 except grpc.RpcError as e:
@@ -266,7 +273,7 @@ def grpc_run(
                 errs[1] += wrong
                 first[0] = first[0] or why
 
-        threads = [threading.Thread(target=worker, daemon=True) for _ in range(n)]
+        threads = [threading.Thread(target=worker, args=(7 * i,), daemon=True) for i in range(n)]
         for th in threads:
             th.start()
         gate.wait()
@@ -526,7 +533,7 @@ def measure(
     proto: str,
     concurrency: int,
     duration: float,
-    image: bytes,
+    images: list[bytes],
     processes: int,
 ) -> dict:
     config = get_json(f"{s.http}/v2/models/{model}/config")
@@ -535,12 +542,12 @@ def measure(
     with GpuSampler() as gpu:
         if proto == "http":
             base = {"nginx": s.nginx_http, "direct": s.http}.get(via) or s.extra[via.removeprefix("nginx-w")][1]
-            body, headers = loadgate.binary_request(
-                [("images", "UINT8", IMAGE_SHAPE, image)], [o.name for o in check.outputs]
-            )
+            outs = [o.name for o in check.outputs]
+            bodies = [loadgate.binary_request([("images", "UINT8", IMAGE_SHAPE, im)], outs) for im in images]
+            headers = bodies[0][1]
             spec = loadgate.LoadSpec(
                 url=f"{base}/v2/models/{model}/infer",
-                body=body,
+                bodies=tuple(b for b, _ in bodies),
                 headers=headers,
                 concurrency=concurrency,
                 duration_s=duration,
@@ -554,7 +561,7 @@ def measure(
             r = loadgate.run(spec)
         else:
             target = s.nginx_grpc if via == "nginx" else s.grpc
-            r = grpc_run(target, model, image, check, concurrency, duration, processes)
+            r = grpc_run(target, model, images, check, concurrency, duration, processes)
     after = model_stats(s.http, model)
     row = {
         "name": name,
@@ -586,6 +593,9 @@ def _extras(text: str) -> list[tuple[int, int, int]]:
 
 def run(args) -> dict:
     nginx_bin = args.nginx or shutil.which("nginx") or "/usr/sbin/nginx"
+    from serving.models.yolov8n_synthetic import synthetic_image
+
+    weights = weights_file()  # the test detector: answers depend on the image, NMS does real work
     gpu = not args.cpu
     gpu_count = 1 if gpu else 0
     windows = [int(w) for w in args.windows.split(",")]
@@ -603,14 +613,27 @@ def run(args) -> dict:
             return spec
 
     def model(name: str, **kw):
-        return product(yolov8n_torch(name=name, instances=args.instances, max_batch_size=args.max_batch, gpu=gpu, **kw))
+        return product(
+            yolov8n_torch(
+                name=name, instances=args.instances, max_batch_size=args.max_batch, gpu=gpu, weights=WEIGHTS_FILE, **kw
+            )
+        )
 
     # The main model: the GPU's preset as shipped (window, instances, max batch), unless given on the command line.
     specs = [model("yolov8n_preset")]
     specs += [model(f"yolov8n_w{w}", window_us=w) for w in windows]
     extras = _extras(args.extra)
     for n, w, b in extras:
-        specs.append(yolov8n_torch(name=f"yolov8n_i{n}_w{w}_b{b}", window_us=w, instances=n, gpu=gpu, max_batch_size=b))
+        specs.append(
+            yolov8n_torch(
+                name=f"yolov8n_i{n}_w{w}_b{b}",
+                window_us=w,
+                instances=n,
+                gpu=gpu,
+                max_batch_size=b,
+                weights=WEIGHTS_FILE,
+            )
+        )
     specs.append(model("yolov8n_raw", output="raw"))
     if args.compare_old_preset:
         # gpuhost's H100/H200 low-latency preset before this sweep: max batch 32, preferred 4/8/16/32, 1 ms, 2 inst.
@@ -622,6 +645,7 @@ def run(args) -> dict:
                 max_batch_size=32,
                 preferred_batch_size=[4, 8, 16, 32],
                 gpu=gpu,
+                weights=WEIGHTS_FILE,
             )
         )
     # Each instance prints its execute phases every 500 executes (gather, GPU, respond) to Triton's log.
@@ -631,7 +655,7 @@ def run(args) -> dict:
     files = repository_files(
         specs,
         gpu_count=gpu_count,
-        model_files={k: v for s in specs for k, v in yolov8n_files(s.name, s.version).items()},
+        model_files={k: v for s in specs for k, v in yolov8n_files(s.name, s.version, weights, WEIGHTS_FILE).items()},
     )
     results: dict = {
         "machine": machine(nginx_bin),
@@ -640,7 +664,9 @@ def run(args) -> dict:
         "points": [],
         "started": time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime()),
         "commit": args.commit or _git_commit(),
-        "weights": "random (PyTorch default init + the design's head bias init), seed 0",
+        "weights": "the test detector (serving/models/yolov8n_synthetic.py, seed 0: BatchNorm recalibrated on "
+        "synthetic images, class-head bias +7; tens of detections per image)",
+        "images": f"{args.images} distinct synthetic images, sent in turn (serving/models/yolov8n_synthetic.py)",
         "gpu_model": gpu_name,
         "main": {
             "model": specs[0].name,
@@ -664,7 +690,7 @@ def run(args) -> dict:
     results["config_pbtxt"] = files[f"{specs[0].name}/config.pbtxt"].decode()
     results["nginx_conf"] = (workdir / "nginx" / "nginx.conf").read_text()
     log(f"servers up in {results['startup_s']} s: {results['triton'].get('version')}")
-    image = os.urandom(640 * 640 * 3)
+    images = [synthetic_image(i, seed=3).tobytes() for i in range(args.images)]
     w0 = specs[0].name
     d = args.duration
     plan = []
@@ -692,7 +718,7 @@ def run(args) -> dict:
     try:
         for name, target, via, proto, c in plan:
             try:
-                row = measure(s, name, target, via, proto, c, d, image, args.processes)
+                row = measure(s, name, target, via, proto, c, d, images, args.processes)
             except Exception as e:  # noqa: BLE001 - one failed point must not lose the others
                 log(f"{name}: FAILED {e!r}")
                 row = {"name": name, "model": target, "via": via, "proto": proto, "concurrency": c, "failed": repr(e)}
@@ -765,8 +791,10 @@ def table(results: dict) -> str:
         "",
         f"Model: UINT8 [640,640,3] in (1.2 MB), NMS on the GPU, `detections` FP32 [100,6] + "
         f"`num_detections` INT32 [1] out (2.4 kB). Main table: {main_text}. Each cell: p50 / p95 / p99, "
-        "throughput (1 image per request); every response's outputs checked against the model config (names, "
-        "datatypes, shapes, bytes).",
+        "throughput (1 image per request"
+        + (f"; {results['images']}" if results.get("images") else "")
+        + "); every response's outputs checked against the model config (names, datatypes, shapes, bytes); "
+        "every answer's values against its own image's reference: `bench/gpu_accuracy.py`.",
         "",
         "| Concurrency | gpuhost: nginx + gate, HTTP | straight to Triton, HTTP | nginx, gRPC | straight, gRPC | "
         "Seed target |",
@@ -935,6 +963,7 @@ def main(argv=None) -> int:
     ap.add_argument("--compare-old-preset", action="store_true", help="also the H200 preset before issue 18")
     ap.add_argument("--nginx-workers", default="", help="more nginx fronts with these worker_processes, e.g. 4,8")
     ap.add_argument("--nginx", default="")
+    ap.add_argument("--images", type=int, default=64, help="distinct images sent in turn (one per request)")
     ap.add_argument("--cpu", action="store_true", help="KIND_CPU instances, FP32 (pipeline check without a GPU)")
     ap.add_argument("--quick", action="store_true", help="1 s per point, concurrency 1,4, windows 0,500")
     ap.add_argument("--commit", default="")

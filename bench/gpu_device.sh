@@ -1,7 +1,6 @@
 #!/usr/bin/env bash
 # Run bench.gpu on a GPU machine that cannot download: wheels and Debian's nginx are carried in .gpucarry/
 # (see docs/benchmarks.md, "GPU serving"). Usage: bash bench/gpu_device.sh OUTDIR [bench.gpu args...]
-# GPUHOST_BENCH=bench.gpu_frames runs the JPEG-frames benchmark (issue 26) instead of bench.gpu.
 set -uo pipefail
 out=${1:?usage: gpu_device.sh OUTDIR [args]}; shift
 mkdir -p "$out"
@@ -24,4 +23,6 @@ chmod +x /tmp/ngx/nginx
 /tmp/ngx/nginx -V 2>&1 | head -1 | tee -a "$out/probe.txt"
 ldd /tmp/site/pytriton/tritonserver/python_backend_stubs/3.12/triton_python_backend_stub | grep -E 'python|not found' \
   | tee -a "$out/probe.txt"
+# GPUHOST_BENCH picks the module: bench.gpu (default, the serving benchmark), bench.gpu_accuracy (every answer
+# checked against its own image's reference) or bench.gpu_frames (JPEG frames against raw input, issue 26).
 PYTHONUNBUFFERED=1 python3 -m "${GPUHOST_BENCH:-bench.gpu}" --nginx /tmp/ngx/nginx --out "$out" "$@" 2>&1 | tee "$out/log.txt"

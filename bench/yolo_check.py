@@ -101,34 +101,47 @@ def send_all(
     return results  # type: ignore[return-value]
 
 
-def raw_report(served, refs) -> dict:
+def raw_report(served, refs, conf: float = 0.25) -> dict:
     """``served`` and ``refs``: [N, 84, 8400] (torch tensors, any device, compared in FP32).
 
-    Returns the maximum over images of the own-reference difference (box rows px, score rows), the minimum over
-    images of the smallest maximum difference to any other image's reference, and the image index that gave it.
+    Returns the maximum over images of the own-reference difference (box rows px, also only on anchors whose
+    reference score passes ``conf``; score rows; mean absolute), the minimum over images of the smallest maximum
+    (and mean) difference to any other image's reference with the pair that gave it, and how many images have
+    their own reference as the nearest (by mean absolute difference).
     """
     import torch
 
     s, r = served.float(), refs.float()
     n = s.shape[0]
-    own_box = own_score = 0.0
-    min_other, at = float("inf"), (-1, -1)
+    own_box = own_score = own_box_conf = own_mean = 0.0
+    min_other, at, min_other_mean, nearest_own = float("inf"), (-1, -1), float("inf"), 0
     for i in range(n):
         d = (s[i] - r[i]).abs()
         own_box = max(own_box, float(d[:4].max()))
         own_score = max(own_score, float(d[4:].max()))
-        others = (s[i].unsqueeze(0) - r).abs().flatten(1).amax(1)  # [N]
-        others[i] = float("inf")
+        confident = r[i, 4:].amax(0) > conf  # anchors that can become detections
+        if bool(confident.any()):
+            own_box_conf = max(own_box_conf, float(d[:4, confident].max()))
+        own_mean = max(own_mean, float(d.mean()))
+        diff = (s[i].unsqueeze(0) - r).abs().flatten(1)  # [N, 84 * 8400]
+        others, means = diff.amax(1), diff.mean(1)
+        nearest_own += int(int(torch.argmin(means)) == i)
+        others[i] = means[i] = float("inf")
         j = int(torch.argmin(others))
         if float(others[j]) < min_other:
             min_other, at = float(others[j]), (i, j)
+        min_other_mean = min(min_other_mean, float(means.min()))
     return {
         "images": n,
         "own_max_box_px": own_box,
+        "own_max_box_px_above_conf": own_box_conf,
         "own_max_score": own_score,
         "own_max": max(own_box, own_score),
+        "own_max_mean_abs": own_mean,
         "other_min": min_other,
         "other_min_pair": list(at),
+        "other_min_mean_abs": min_other_mean,
+        "nearest_reference_is_own": nearest_own,
     }
 
 

@@ -65,6 +65,9 @@ class LoadSpec:
     # Distinct requests (python client), sent in turn instead of ``body``: e.g. JPEG frames of several sizes, each
     # with its own headers and its own answer check.
     payloads: tuple["Payload", ...] = ()
+    # Python client: distinct bodies sent in turn (with ``headers``) instead of ``body``, so a server cannot pass by
+    # answering every request alike (e.g. distinct images); ``payloads`` win over them.
+    bodies: tuple[bytes, ...] = ()
 
 
 @dataclasses.dataclass(frozen=True)
@@ -478,9 +481,11 @@ def _run_threads(spec: LoadSpec, concurrency: int, max_requests: int, sync, abor
 
     start_gate = threading.Barrier(concurrency + 1, action=_open_gate, timeout=budget)
 
-    payloads = [
-        (p.body, {**headers, **dict(p.headers), "Content-Length": str(len(p.body))}, p.expect) for p in spec.payloads
-    ] or [(spec.body, headers, None)]
+    payloads = (
+        [(p.body, {**headers, **dict(p.headers), "Content-Length": str(len(p.body))}, p.expect) for p in spec.payloads]
+        or [(b, {**headers, "Content-Length": str(len(b))}, None) for b in spec.bodies]
+        or [(spec.body, headers, None)]
+    )
     turn = itertools.count()  # next() is atomic under the GIL: the threads take the payloads in turn
 
     def one(conn) -> tuple[int, Optional[str]]:
@@ -718,8 +723,12 @@ def run(spec: LoadSpec) -> LoadResult:
     tool = spec.tool
     if tool == "auto":
         # wrk cannot read response bodies: a checked run uses the python client.
-        tool = "wrk" if wrk_available() and spec.check is None and spec.rate is None and not spec.payloads else "python"
-    if tool == "wrk" and (spec.check is not None or spec.payloads):
+        tool = (
+            "wrk"
+            if wrk_available() and spec.check is None and spec.rate is None and not (spec.payloads or spec.bodies)
+            else "python"
+        )
+    if tool == "wrk" and (spec.check is not None or spec.payloads or spec.bodies):
         raise ValueError("wrk cannot check response outputs or vary the body; use tool='python'")
     if spec.rate is not None and spec.processes > 1:
         spec = dataclasses.replace(spec, processes=1)

@@ -337,7 +337,8 @@ class Acceptance(Strict):
 
 
 class Artifact(Strict):
-    """The model itself: the ONNX export a TensorRT engine is built from, or a python backend's model.py.
+    """The model itself: the ONNX export a TensorRT engine is built from, a python backend's model.py, or the
+    weights file of a model whose code gpuhost ships (yolov8n_torch; a `path` file's layout is checked at load).
     Fetched on the guest from `url`, or uploaded from `path` on the machine running Pulumi; verified by sha256
     (a mismatch fails `up` and leaves the previous file in place)."""
 
@@ -362,8 +363,10 @@ class ServiceModel(Strict):
     )
     artifact: Optional[Artifact] = Field(
         None,
-        description="the model itself (ONNX for TensorRT presets, model.py for sdxl); required except for presets "
-        "whose code gpuhost ships (yolov8n_torch)",
+        description="the model itself (ONNX for TensorRT presets, model.py for sdxl); for yolov8n_torch, whose code "
+        "gpuhost ships, its weights file (an Ultralytics yolov8n.onnx or yolov8n.pt checkpoint, a state_dict or "
+        "safetensors; a pickled checkpoint is loaded because its sha256 is pinned here); required: a stack may not "
+        "serve random weights",
     )
     workload: Optional[Literal["low_latency", "throughput", "diffusion"]] = None
     max_batch_size: Optional[int] = Field(None, ge=1)

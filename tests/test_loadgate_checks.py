@@ -113,3 +113,46 @@ def test_binary_fp32_payload_round_trip_sizes():
     body, headers = binary_request([("INPUT0", "FP32", [1, 4], data)])
     n = int(dict(headers)["Inference-Header-Content-Length"])
     assert body[n:] == data and "outputs" not in json.loads(body[:n])
+
+
+def test_distinct_bodies_are_sent_in_turn():
+    """``LoadSpec.bodies``: request n sends bodies[n % len] (a stdlib HTTP server records what arrives)."""
+    import collections
+    import http.server
+    import threading
+
+    seen: collections.Counter = collections.Counter()
+
+    class Handler(http.server.BaseHTTPRequestHandler):
+        protocol_version = "HTTP/1.1"
+
+        def do_POST(self):
+            seen[self.rfile.read(int(self.headers["Content-Length"]))] += 1
+            self.send_response(200)
+            self.send_header("Content-Length", "0")
+            self.end_headers()
+
+        def log_message(self, *a):
+            pass
+
+    srv = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    threading.Thread(target=srv.serve_forever, daemon=True).start()
+    try:
+        bodies = (b"image-0", b"image-1", b"image-2")
+        url = f"http://127.0.0.1:{srv.server_address[1]}/infer"
+        spec = loadgate.LoadSpec(
+            url=url, bodies=bodies, concurrency=2, duration_s=30, max_requests=30, warmup_requests=0, tool="python"
+        )
+        r = loadgate.run(spec)
+        assert r.errors == 0 and sum(seen.values()) == 30
+        assert {b: seen[b] for b in bodies} == {b: 10 for b in bodies}
+        # Bodies of other lengths each go with their own Content-Length (JPEG frames differ in size).
+        seen.clear()
+        r = loadgate.run(
+            loadgate.LoadSpec(
+                url=url, bodies=(b"a", b"bb"), duration_s=30, max_requests=4, warmup_requests=0, tool="python"
+            )
+        )
+        assert r.errors == 0 and seen == {b"a": 2, b"bb": 2}
+    finally:
+        srv.shutdown()

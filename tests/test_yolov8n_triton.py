@@ -8,6 +8,11 @@ reference; the NMS detections are compared as sets (class + IoU); the batch size
 statistics. The figures go to the run's "measured" summary.
 """
 
+import io
+import json
+import urllib.error
+import urllib.request
+
 import numpy as np
 import pytest
 import torch
@@ -54,11 +59,21 @@ def served(tmp_path_factory):
     weights = weights_file()
     specs = [_spec("yolov8n_raw", "raw"), _spec("yolov8n_nms", "nms")]
     code = {k: v for s in specs for k, v in yolov8n_files(s.name, s.version, weights, WEIGHTS_FILE).items()}
+    # Two models the backend must refuse at load (loaded on demand below): no weights, weights of another layout.
+    bad = _spec("yolov8n_bad", "nms")
+    none = bad.model_copy(update={"name": "yolov8n_none", "parameters": {**bad.parameters, "weights": ""}})
+    state = torch.load(io.BytesIO(weights), weights_only=True)
+    state["detect.cv3.1.2.weight"] = state["detect.cv3.1.2.weight"][:, :64].contiguous()
+    buf = io.BytesIO()
+    torch.save(state, buf)
+    code.update(yolov8n_files("yolov8n_bad", 1, buf.getvalue(), WEIGHTS_FILE))
+    code.update(yolov8n_files("yolov8n_none", 1))
     base = tmp_path_factory.mktemp("yolo-triton")
-    for rel, content in repository_files(specs, gpu_count=0, model_files=code).items():
+    for rel, content in repository_files([*specs, bad, none], gpu_count=0, model_files=code).items():
         (base / "models" / rel).parent.mkdir(parents=True, exist_ok=True)
         (base / "models" / rel).write_bytes(content)
-    with start_triton(base / "models", workdir=base / "work", ready_timeout=300) as triton:
+    explicit = ["--model-control-mode=explicit", "--load-model=yolov8n_raw", "--load-model=yolov8n_nms"]
+    with start_triton(base / "models", workdir=base / "work", ready_timeout=300, extra_args=explicit) as triton:
         yield triton, weights
 
 
@@ -121,3 +136,24 @@ def test_every_detection_set_is_its_own_images(served, references, measured):
     assert r["reference_detections"] >= 10 * N  # tens of detections per image on average: a real test
     assert r["matched_max_box_px"] <= 0.05
     assert shuffled["unmatched"] > r["reference_detections"] // 2  # another image's set does not pass
+
+
+def test_the_backend_refuses_a_model_without_weights_or_with_weights_of_another_layout(served, measured):
+    """What a url artifact gets (its layout cannot be checked before it lands): Triton's load fails with the
+    loader's message, and the model is not served."""
+    triton, _ = served
+    msgs = {}
+    for name in ("yolov8n_none", "yolov8n_bad"):
+        req = urllib.request.Request(f"{triton.http_url}/v2/repository/models/{name}/load", data=b"{}", method="POST")
+        with pytest.raises(urllib.error.HTTPError) as e:
+            urllib.request.urlopen(req, timeout=120)
+        msgs[name] = json.loads(e.value.read())["error"]
+        with pytest.raises(urllib.error.HTTPError):
+            urllib.request.urlopen(f"{triton.http_url}/v2/models/{name}/ready", timeout=5)
+    assert urllib.request.urlopen(f"{triton.http_url}/v2/models/yolov8n_nms/ready", timeout=5).status == 200
+    measured("refused at load: " + " | ".join(m.split("\n")[0] for m in msgs.values()))
+    assert "no weights: a stack may not serve random weights; give the model an artifact" in msgs["yolov8n_none"]
+    assert (
+        "key model.22.cv3.1.2.weight (detect.cv3.1.2.weight): expected shape [80, 80, 1, 1], found [80, 64, 1, 1]"
+        in msgs["yolov8n_bad"]
+    )

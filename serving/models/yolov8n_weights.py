@@ -36,9 +36,9 @@ from typing import Any, Optional
 import torch
 from torch import nn
 
-try:  # beside model.py in a Triton version directory, or as a package module here
+if __package__:  # serving.models.yolov8n_weights
     from serving.models import yolov8n as yolo
-except ImportError:  # pragma: no cover - the Triton layout
+else:  # beside model.py in a Triton version directory: the same yolov8n module model.py uses (fuse's isinstance)
     import yolov8n as yolo  # type: ignore[no-redef]
 
 # Ultralytics' layer index → this model's attribute (layers 10, 11, 13, 14, 17, 20 have no parameters).
