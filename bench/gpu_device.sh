@@ -9,6 +9,8 @@ mkdir -p "$out"
     --format=csv
   command -v python3; python3 -V
   python3 -c 'import torch, numpy; print("torch", torch.__version__, torch.version.cuda, torch.cuda.is_available(), "numpy", numpy.__version__)'
+  python3 -c 'import torchvision; print("torchvision", torchvision.__version__)' || echo "no torchvision: JPEG frames decode on the CPU"
+  python3 -c 'import PIL; print("pillow", PIL.__version__)' || echo "no Pillow"
   python3 -m pip list 2>/dev/null | grep -i -E '^(tritonclient|nvidia-pytriton|grpcio|protobuf|pydantic|nvidia-ml-py|python-rapidjson) '
   command -v nginx || echo "no nginx on the machine"
 } 2>&1 | tee "$out/probe.txt"
@@ -21,6 +23,6 @@ chmod +x /tmp/ngx/nginx
 /tmp/ngx/nginx -V 2>&1 | head -1 | tee -a "$out/probe.txt"
 ldd /tmp/site/pytriton/tritonserver/python_backend_stubs/3.12/triton_python_backend_stub | grep -E 'python|not found' \
   | tee -a "$out/probe.txt"
-# GPUHOST_BENCH picks the module: bench.gpu (default, the serving benchmark) or bench.gpu_accuracy (every answer
-# checked against its own image's reference).
+# GPUHOST_BENCH picks the module: bench.gpu (default, the serving benchmark), bench.gpu_accuracy (every answer
+# checked against its own image's reference) or bench.gpu_frames (JPEG frames against raw input, issue 26).
 PYTHONUNBUFFERED=1 python3 -m "${GPUHOST_BENCH:-bench.gpu}" --nginx /tmp/ngx/nginx --out "$out" "$@" 2>&1 | tee "$out/log.txt"

@@ -148,8 +148,14 @@ def _specs(args: TritonServiceArgs) -> list[ModelSpec]:
 
 
 def gate_signature(spec: ModelSpec) -> dict:
-    """The gate's request signature from the model's own config (a batch of one)."""
-    return signature([t.model_dump() for t in spec.inputs], [t.model_dump() for t in spec.outputs], spec.max_batch_size)
+    """The gate's request signature from the model's own config (a batch of one); a model that takes JPEG frames
+    (``yolov8n_torch``, ``input: jpeg``) marks its ``images`` input ``content: jpeg``, so the gate sends frames."""
+    sig = signature([t.model_dump() for t in spec.inputs], [t.model_dump() for t in spec.outputs], spec.max_batch_size)
+    if spec.parameters.get("input") == "jpeg":
+        for t in sig["inputs"]:
+            if t["name"] == "images":
+                t["content"] = "jpeg"
+    return sig
 
 
 def _mps_env(pct: Optional[int]) -> dict[str, str]:

@@ -67,6 +67,8 @@ class Tensor(_Strict):
     dims: list[int]
     reshape: Optional[list[int]] = None
     optional: bool = False  # inputs only
+    # Inputs only: requests whose variable dims differ still batch together (each request keeps its own shape).
+    allow_ragged_batch: bool = False
 
     @field_validator("data_type", mode="before")
     @classmethod
@@ -160,6 +162,8 @@ def to_message(spec: ModelSpec) -> pb.ModelConfig:
         i = m.input.add(name=t.name, data_type=pb.DataType.Value("TYPE_" + t.data_type), dims=t.dims)
         if t.optional:
             i.optional = True
+        if t.allow_ragged_batch:
+            i.allow_ragged_batch = True
         if t.reshape is not None:
             i.reshape.shape.extend(t.reshape)
     for t in spec.outputs:
@@ -289,6 +293,8 @@ def problems(spec: ModelSpec, *, gpu_count: int) -> list[tuple[str, str]]:
                     bad(f"{where}.reshape", f"{t.reshape} has a different element count than dims {t.dims}")
             if kind == "output" and t.optional:
                 bad(f"{where}.optional", "only inputs can be optional")
+            if kind == "output" and t.allow_ragged_batch:
+                bad(f"{where}.allow_ragged_batch", "only inputs can be ragged")
     for i, g in enumerate(spec.instance_group):
         where = f"instance_group[{i}]"
         if g.count < 1:

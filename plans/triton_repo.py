@@ -194,12 +194,17 @@ def yolov8n_torch(
     preferred_batch_size: Optional[list[int]] = None,
     gpu: bool = True,
     max_det: int = 100,
+    input: str = "raw",
     weights: Optional[str] = None,
     random_weights_for_benchmarks: bool = False,
 ) -> ModelSpec:
     """YOLOv8n 640×640 on the python backend's fast path (``serving/yolov8n_model.py``), where no TensorRT is.
 
-    Input ``images`` UINT8 [640, 640, 3] (NHWC, RGB as decoded: normalised on the GPU, half the bytes of FP16).
+    ``input="jpeg"`` (what stack config gives new services, ``ServiceModel.input``): ``images`` UINT8 [-1], one
+    encoded JPEG frame of any size per row (ragged: frames of different lengths batch together), decoded and
+    letterboxed on the GPU, boxes answered in the frame's own pixels (``serving/models/frames.py``);
+    ``input="raw"``: ``images`` UINT8 [640, 640, 3] (NHWC, RGB, letterboxed by the client, boxes in that 640×640
+    space; 1.2 MB per frame on the wire).
     ``output="nms"``: ``detections`` FP32 [max_det, 6] (x1 y1 x2 y2 score class) and ``num_detections``
     INT32 [1], NMS on the GPU inside the CUDA graph; ``output="raw"``: ``output0`` [84, 8400] (FP16 on a
     GPU). ``window_us`` is the dynamic batcher's ``max_queue_delay_microseconds`` (0 still batches what is
@@ -215,6 +220,15 @@ def yolov8n_torch(
     """
     if output not in ("nms", "raw"):
         raise ValueError(f"output must be 'nms' or 'raw', not {output!r}")
+    if input not in ("jpeg", "raw"):
+        raise ValueError(f"input must be 'jpeg' or 'raw', not {input!r}")
+    if input == "jpeg" and output != "nms":
+        raise ValueError("input 'jpeg' answers boxes in the frame's pixels: it needs output 'nms'")
+    image = (
+        Tensor(name="images", data_type="UINT8", dims=[-1], allow_ragged_batch=True)
+        if input == "jpeg"
+        else Tensor(name="images", data_type="UINT8", dims=[640, 640, 3])
+    )
     if output == "nms":
         outputs = [
             Tensor(name="detections", data_type="FP32", dims=[max_det, 6]),
@@ -230,7 +244,7 @@ def yolov8n_torch(
         name=name,
         platform="python",
         max_batch_size=batch,
-        inputs=[Tensor(name="images", data_type="UINT8", dims=[640, 640, 3])],
+        inputs=[image],
         outputs=outputs,
         instance_group=[InstanceGroup(kind="KIND_GPU" if gpu else "KIND_CPU", count=instances or 2)],
         dynamic_batching=DynamicBatching(preferred_batch_size=preferred, max_queue_delay_microseconds=window_us or 0),
@@ -240,6 +254,7 @@ def yolov8n_torch(
             "precision": "fp16" if gpu else "fp32",
             "cuda_graphs": "true" if gpu else "false",
             "max_det": str(max_det),
+            "input": input,
             **({"weights": weights} if weights else {}),
             **({"random_weights_for_benchmarks": "true"} if random_weights_for_benchmarks else {}),
         },

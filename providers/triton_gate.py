@@ -48,6 +48,9 @@ def request_body(props: dict) -> tuple[bytes, dict[str, str]]:
     signature (every input, STRING prompts included, binary); or from ``bodySpec`` (one input; ``binary`` sends
     raw bytes) or ``body`` (JSON text) as earlier gates were given."""
     if props.get("request"):
+        if kserve.takes_frames(props["request"]):
+            first = kserve.frame_payloads(props["request"])[0]
+            return first.body, dict(first.headers)
         return kserve.binary_request(props["request"])
     spec = props.get("bodySpec")
     if spec and spec.get("binary"):
@@ -101,14 +104,18 @@ def post(url: str, body: bytes, headers: dict[str, str], timeout: float = 60.0) 
         conn.close()
 
 
-def checked_request(infer_url: str, sig: dict, body: bytes, headers: dict) -> list[str]:
+def checked_request(infer_url: str, sig: dict, body: bytes, headers: dict, expect=None) -> list[str]:
     try:
         status, h, data = post(infer_url, body, headers)
     except (OSError, http.client.HTTPException, loadgate.OversizedResponse) as e:
         return [f"request failed: {type(e).__name__}: {e}"]
     if status != 200:
         return [f"HTTP {status}: {data[:300]!r}"]
-    return kserve.check_response(sig, h, data)
+    problems = kserve.check_response(sig, h, data)
+    if not problems and expect is not None:
+        why = expect(data, {k.lower(): v for k, v in h.items()}.get(kserve.HEADER.lower()))
+        problems = [why] if why else []
+    return problems
 
 
 class GateError(RuntimeError):
@@ -156,12 +163,15 @@ class AcceptanceGateProvider(Provider):
         infer = f"{url}/v2/models/{model}/infer"
         wait_ready(url, list(props.get("models") or []), timeout_s=float(props.get("readyTimeoutS") or 300))
         body, headers = request_body(props)
+        # A model that takes frames gets JPEG frames of the sizes cameras send, each answer checked for its frame.
+        frames = kserve.frame_payloads(sig) if sig and kserve.takes_frames(sig) else []
         if sig:
             # Against the stack's own signature of the model: what was meant to be deployed answers.
             for i in range(int(props.get("checkRequests") or 3)):
-                problems = checked_request(infer, sig, body, headers)
-                if problems:
-                    raise GateError(f"answer {i + 1} of {model} is wrong: " + "; ".join(problems))
+                for p in frames or [loadgate.Payload(body, tuple(headers.items()))]:
+                    problems = checked_request(infer, sig, p.body, dict(p.headers), p.expect)
+                    if problems:
+                        raise GateError(f"answer {i + 1} of {model} is wrong: " + "; ".join(problems))
         check = response_check(url, model, props)
         concurrency = int(props["concurrency"])
         spec = loadgate.LoadSpec(
@@ -178,6 +188,7 @@ class AcceptanceGateProvider(Provider):
             processes=max(1, min(os.cpu_count() or 1, concurrency // 4)),
             warmup_requests=int(props.get("warmupRequests") or 5),
             timeout_s=float(props.get("requestTimeoutS") or 30),
+            payloads=tuple(frames),
         )
         floor = loadgate.overhead(spec, f"{url}/nginx-health")
         result = loadgate.run(spec)

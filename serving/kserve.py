@@ -48,11 +48,19 @@ def _tensor_bytes(datatype: str, shape: list[int], text: str) -> bytes:
     return (1).to_bytes(size, "little") * n
 
 
-def binary_request(sig: dict, *, text: str = DEFAULT_TEXT) -> tuple[bytes, dict[str, str]]:
+def binary_request(sig: dict, *, text: str = DEFAULT_TEXT, frame: bytes = b"") -> tuple[bytes, dict[str, str]]:
     """(body, headers) of an infer request for every input of ``sig`` with binary data, asking for every output
-    in binary too (the encoding is ``serving.loadgate.binary_request``'s)."""
+    in binary too (the encoding is ``serving.loadgate.binary_request``'s). An input whose ``content`` is ``jpeg``
+    carries ``frame`` (one encoded frame: UINT8 [1, bytes])."""
     tensors = [
-        (t["name"], t["datatype"], [int(d) for d in t["shape"]], _tensor_bytes(t["datatype"], list(t["shape"]), text))
+        (t["name"], t["datatype"], [1, len(frame)], frame)
+        if t.get("content") == "jpeg"
+        else (
+            t["name"],
+            t["datatype"],
+            [int(d) for d in t["shape"]],
+            _tensor_bytes(t["datatype"], list(t["shape"]), text),
+        )
         for t in sig["inputs"]
     ]
     body, headers = loadgate.binary_request(tensors, [o["name"] for o in sig.get("outputs", [])])
@@ -86,3 +94,58 @@ def signature(inputs: list[dict], outputs: list[dict], max_batch_size: int, batc
             {"name": t["name"], "datatype": wire(t["data_type"]), "shape": pre + list(t["dims"])} for t in outputs
         ],
     }
+
+
+def takes_frames(sig: dict) -> bool:
+    """Whether a model of this signature takes encoded JPEG frames (``yolov8n_torch`` with ``input: jpeg``)."""
+    return any(t.get("content") == "jpeg" for t in sig.get("inputs", []))
+
+
+def frame_payloads(sig: dict) -> list[loadgate.Payload]:
+    """The requests a gate sends a model that takes frames: one structured synthetic JPEG frame of each size
+    cameras send (``serving.sample_frames.GATE_SIZES``), each answer checked for boxes inside its own frame."""
+    from serving import sample_frames
+
+    out = []
+    for w, h, data in sample_frames.gate_frames():
+        body, headers = binary_request(sig, frame=data)
+        out.append(loadgate.Payload(body, tuple(headers.items()), expect=BoxesInFrame(w, h)))
+    return out
+
+
+class BoxesInFrame:
+    """An answer's ``detections`` [1, max_det, 6] and ``num_detections`` [1, 1] are boxes of a w×h frame: the count
+    within max_det, each counted box inside the frame (0 ≤ x1 ≤ x2 ≤ w, 0 ≤ y1 ≤ y2 ≤ h) with a score in (0, 1]
+    and a whole class number, the rows past the count zero. Called as ``expect(body, header_length)``."""
+
+    def __init__(self, width: int, height: int):
+        self.width, self.height = width, height
+
+    def __call__(self, body: bytes, header_length) -> str | None:
+        import json
+
+        try:
+            n = int(header_length)
+            head = json.loads(body[:n])
+            blobs, pos = {}, n
+            for o in head["outputs"]:
+                size = int(o["parameters"]["binary_data_size"])
+                blobs[o["name"]] = body[pos : pos + size]
+                pos += size
+            count_raw, det_raw = blobs["num_detections"], blobs["detections"]
+        except (KeyError, TypeError, ValueError) as e:
+            return f"detections not readable from the answer: {type(e).__name__}: {e}"
+        count = struct.unpack("<i", count_raw[:4])[0]
+        rows = [struct.unpack_from("<6f", det_raw, 24 * i) for i in range(len(det_raw) // 24)]
+        if not 0 <= count <= len(rows):
+            return f"num_detections {count} is not within 0..{len(rows)}"
+        for i, (x1, y1, x2, y2, score, cls) in enumerate(rows):
+            if i >= count:
+                if any((x1, y1, x2, y2, score, cls)):
+                    return f"detection row {i} past the count {count} is not zero"
+                continue
+            if not (0 <= x1 <= x2 <= self.width and 0 <= y1 <= y2 <= self.height):
+                return f"box {i} ({x1:.1f}, {y1:.1f}, {x2:.1f}, {y2:.1f}) is not inside the {self.width}x{self.height} frame"
+            if not (0 < score <= 1 and cls == int(cls) and cls >= 0):
+                return f"box {i}: score {score} or class {cls} is not a detection's"
+        return None

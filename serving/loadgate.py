@@ -24,6 +24,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import http.client
+import itertools
 import json
 import math
 import os
@@ -34,7 +35,7 @@ import tempfile
 import threading
 import time
 import urllib.parse
-from typing import Optional, Sequence
+from typing import Callable, Optional, Sequence
 
 
 @dataclasses.dataclass(frozen=True)
@@ -61,9 +62,21 @@ class LoadSpec:
     rate: Optional[float] = None
     # An answer longer than this is an error (python client): a server cannot make the client read forever.
     max_response_bytes: int = 256 * 1024 * 1024
-    # Python client: distinct bodies of one length sent in turn (request n sends bodies[n % len]) instead of
-    # ``body``, so a server cannot pass by answering every request alike (e.g. distinct images).
+    # Distinct requests (python client), sent in turn instead of ``body``: e.g. JPEG frames of several sizes, each
+    # with its own headers and its own answer check.
+    payloads: tuple["Payload", ...] = ()
+    # Python client: distinct bodies sent in turn (with ``headers``) instead of ``body``, so a server cannot pass by
+    # answering every request alike (e.g. distinct images); ``payloads`` win over them.
     bodies: tuple[bytes, ...] = ()
+
+
+@dataclasses.dataclass(frozen=True)
+class Payload:
+    body: bytes
+    headers: tuple[tuple[str, str], ...] = ()
+    # Called on every 2xx answer to this body after ``LoadSpec.check`` (body, Inference-Header-Content-Length):
+    # None when the answer is right for this request, else why not.
+    expect: Optional[Callable[[bytes, Optional[str]], Optional[str]]] = None
 
 
 @dataclasses.dataclass(frozen=True)
@@ -446,10 +459,8 @@ def _run_threads(spec: LoadSpec, concurrency: int, max_requests: int, sync, abor
     url = urllib.parse.urlsplit(spec.url)
     path = url.path + (f"?{url.query}" if url.query else "")
     headers = dict(spec.headers)
-    if spec.body or spec.bodies:
-        headers["Content-Length"] = str(len(spec.bodies[0] if spec.bodies else spec.body))
-    if len({len(b) for b in spec.bodies}) > 1:
-        raise ValueError("LoadSpec.bodies must all have one length")
+    if spec.body:
+        headers["Content-Length"] = str(len(spec.body))
     budget = _wait_budget(spec)
     lock = threading.Lock()
     latencies: list[float] = []
@@ -470,13 +481,22 @@ def _run_threads(spec: LoadSpec, concurrency: int, max_requests: int, sync, abor
 
     start_gate = threading.Barrier(concurrency + 1, action=_open_gate, timeout=budget)
 
-    def one(conn, n: int = 0) -> tuple[int, Optional[str]]:
-        body = spec.bodies[n % len(spec.bodies)] if spec.bodies else spec.body
-        conn.request(spec.method, path, body=body or None, headers=headers)
+    payloads = (
+        [(p.body, {**headers, **dict(p.headers), "Content-Length": str(len(p.body))}, p.expect) for p in spec.payloads]
+        or [(b, {**headers, "Content-Length": str(len(b))}, None) for b in spec.bodies]
+        or [(spec.body, headers, None)]
+    )
+    turn = itertools.count()  # next() is atomic under the GIL: the threads take the payloads in turn
+
+    def one(conn) -> tuple[int, Optional[str]]:
+        body, hdrs, expect = payloads[next(turn) % len(payloads)]
+        conn.request(spec.method, path, body=body or None, headers=hdrs)
         r = conn.getresponse()
         data = read_limited(r, spec.max_response_bytes)
-        if spec.check is not None and 200 <= r.status < 300:
-            return r.status, check_response(data, r.getheader("Inference-Header-Content-Length"), spec.check)
+        if 200 <= r.status < 300 and (spec.check is not None or expect is not None):
+            length = r.getheader("Inference-Header-Content-Length")
+            problem = check_response(data, length, spec.check) if spec.check is not None else None
+            return r.status, problem or (expect(data, length) if expect is not None else None)
         return r.status, None
 
     def worker(idx: int = 0):
@@ -500,7 +520,6 @@ def _run_threads(spec: LoadSpec, concurrency: int, max_requests: int, sync, abor
                     if issued[0] >= max_requests:
                         break
                     issued[0] += 1
-                    n = issued[0]
                 if interval:
                     # This connection's k-th scheduled send, connections spread evenly over one interval.
                     t0 = started[0] + interval * (k + idx / concurrency)
@@ -515,7 +534,7 @@ def _run_threads(spec: LoadSpec, concurrency: int, max_requests: int, sync, abor
                         issued[0] -= 1
                     break
                 try:
-                    status, problem = one(conn, n)
+                    status, problem = one(conn)
                     ok = 200 <= status < 300 and problem is None
                     if problem is not None:
                         wrong += 1
@@ -704,9 +723,13 @@ def run(spec: LoadSpec) -> LoadResult:
     tool = spec.tool
     if tool == "auto":
         # wrk cannot read response bodies: a checked run uses the python client.
-        tool = "wrk" if wrk_available() and spec.check is None and spec.rate is None else "python"
-    if tool == "wrk" and spec.check is not None:
-        raise ValueError("wrk cannot check response outputs; use tool='python' for a checked run")
+        tool = (
+            "wrk"
+            if wrk_available() and spec.check is None and spec.rate is None and not (spec.payloads or spec.bodies)
+            else "python"
+        )
+    if tool == "wrk" and (spec.check is not None or spec.payloads or spec.bodies):
+        raise ValueError("wrk cannot check response outputs or vary the body; use tool='python'")
     if spec.rate is not None and spec.processes > 1:
         spec = dataclasses.replace(spec, processes=1)
     return run_wrk(spec) if tool == "wrk" else run_python(spec)

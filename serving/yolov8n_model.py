@@ -16,6 +16,14 @@ Beside it in the version directory lies ``yolov8n.py`` (``serving/models/yolov8n
 
 On a KIND_CPU instance (tests, no GPU) the same code runs eagerly in FP32 without graphs.
 
+``input`` parameter: ``raw`` takes ``images`` UINT8 [640, 640, 3] (already letterboxed by the client, boxes in that
+640×640 space); ``jpeg`` takes ``images`` UINT8 [-1]: each row one encoded JPEG frame of any size (a request of
+several frames pads its rows with zeros to the longest). Frames are checked from their headers, decoded (nvJPEG
+on a GPU, batched; libjpeg/Pillow on CPU), letterboxed into the model's input and the boxes mapped back to each
+frame's own pixels (``frames.py`` beside this file). A frame that is no JPEG, corrupt or too large fails its own
+request with a message (``max_frame_pixels``, ``max_frame_side``); the other requests of the batch answer. Raw
+bytes, not KServe BYTES: a BYTES input reaches Python only through ``as_numpy``, which reads zeros beside NumPy 2.
+
 Weights: the ``weights`` parameter names a file beside this one (an Ultralytics ONNX export or checkpoint, a
 state_dict or safetensors, told apart by content: ``yolov8n_weights.py``), loaded at initialize; a stack ships its
 ``artifact`` there, pinned by sha256 (so a pickled checkpoint is trusted). A file that does not fit YOLOv8n fails
@@ -23,8 +31,9 @@ initialize with the loader's message (which key or node, expected vs found shape
 refuses to load: a stack may not serve random weights. ``random_weights_for_benchmarks`` = ``true`` (set only by
 code, never from stack config) builds the seeded random model instead, whose answers do not depend on the image.
 
-Parameters (``config.pbtxt``): ``weights``, ``random_weights_for_benchmarks``, ``output`` (nms|raw), ``precision`` (fp16|fp32), ``cuda_graphs`` (true|false),
-``max_det``, ``nms_candidates``, ``conf``, ``iou``, ``torch_threads``, ``report_every`` (print the mean time of
+Parameters (``config.pbtxt``): ``weights``, ``random_weights_for_benchmarks``, ``output`` (nms|raw), ``precision``
+(fp16|fp32), ``cuda_graphs`` (true|false), ``max_det``, ``nms_candidates``, ``conf``, ``iou``, ``torch_threads``,
+``input`` (raw|jpeg), ``decode`` (auto|gpu|cpu), ``max_frame_pixels``, ``max_frame_side``, ``report_every`` (print the mean time of
 each execute's phases every N executes to Triton's log, 0 = never). At start each instance prints the GPU time of
 one graph replay per batch size (``gpuhost-graph-ms``).
 """
@@ -33,19 +42,27 @@ import json
 import os
 import sys
 import time
+from contextlib import nullcontext as _nullcontext
 
 import torch
 import triton_python_backend_utils as pb_utils
 from torch.utils import dlpack
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-import yolov8n as yolo  # noqa: E402  (lies beside this file in the version directory)
+import frames  # noqa: E402  (lies beside this file in the version directory)
+import yolov8n as yolo  # noqa: E402
 import yolov8n_weights  # noqa: E402
 
 
 def _param(config, key, default):
     value = config.get("parameters", {}).get(key, {}).get("string_value")
     return default if value in (None, "") else value
+
+
+def _invalid(message):
+    """The client's mistake (HTTP 400, gRPC INVALID_ARGUMENT), where the backend knows error codes."""
+    code = getattr(pb_utils.TritonError, "INVALID_ARG", None)
+    return pb_utils.TritonError(message) if code is None else pb_utils.TritonError(message, code)
 
 
 def graph_sizes(max_batch):
@@ -70,7 +87,18 @@ class TritonPythonModel:
             iou=float(_param(config, "iou", "0.45")),
         )
         self.outputs = [o["name"] for o in config["output"]]
-        h, w, c = (int(d) for d in config["input"][0]["dims"])
+        self.input_mode = _param(config, "input", "raw")
+        if self.input_mode == "jpeg":
+            h, w, c = frames.SIZE, frames.SIZE, 3
+            self.decoder = frames.Decoder(self.device, _param(config, "decode", "auto"))
+            self.frame_limits = dict(
+                max_pixels=int(_param(config, "max_frame_pixels", str(frames.MAX_PIXELS))),
+                max_side=int(_param(config, "max_frame_side", str(frames.MAX_SIDE))),
+            )
+            self.geo = torch.zeros((self.max_batch, 6), dtype=torch.float32, pin_memory=gpu)
+            print(f"gpuhost-frames {json.dumps({'instance': self.name, 'decoder': self.decoder.name})}", flush=True)
+        else:
+            h, w, c = (int(d) for d in config["input"][0]["dims"])
         self.input_name = config["input"][0]["name"]
         model = yolo.fuse(self._load(config)).to(self.device, self.dtype)
         self.model = model.to(memory_format=torch.channels_last) if gpu else model
@@ -98,7 +126,11 @@ class TritonPythonModel:
                         self.graphs[b] = g
             self.stream.synchronize()
             self._report_graph_times()
+            if self.input_mode == "jpeg":
+                with torch.cuda.stream(self.stream):
+                    self.decoder.warm((1, min(8, self.max_batch)))
         self._phases = [0.0, 0.0, 0.0]
+        self._frames = 0
         self._executes = 0
         self._report_every = int(_param(config, "report_every", "0"))
         out_shapes = {n: t.shape[1:] for n, t in zip(self.outputs, self._forward(self.gpu_in[:1]))}
@@ -155,6 +187,8 @@ class TritonPythonModel:
 
     @torch.no_grad()
     def execute(self, requests):
+        if self.input_mode == "jpeg":
+            return self._execute_frames(requests)
         t0 = time.perf_counter()
         arrays = []
         for request in requests:
@@ -192,22 +226,87 @@ class TritonPythonModel:
             responses.append(pb_utils.InferenceResponse(output_tensors=tensors))
             off += n
         if self._report_every:
-            self._account(t0, t1, t2, time.perf_counter())
+            self._account(t0, t1, t2, time.perf_counter(), frames=total)
         return responses
 
-    def _account(self, t0, t1, t2, t3):
-        """Mean ms per execute of gather (DLPack + pinned staging), GPU (copies, graph, sync), respond."""
-        for i, d in enumerate((t1 - t0, t2 - t1, t3 - t2)):
-            self._phases[i] += d
+    def _run(self, total):
+        """The model on ``gpu_in[:total]`` (a graph replay on a GPU): the outputs, still on the device."""
+        if self.device.type == "cuda" and self.graphs:
+            size = next(b for b in sorted(self.graphs) if b >= total)
+            self.graphs[size].replay()
+            return self.graph_out[size]
+        return self._forward(self.gpu_in[:total])
+
+    @torch.no_grad()
+    def _execute_frames(self, requests):
+        """JPEG frames: header checks, one batched decode, letterbox into ``gpu_in``, the model, boxes mapped back
+        to each frame; a request with a bad frame gets its own error and takes no slot of the batch."""
+        t0 = time.perf_counter()
+        rows, owner, errors = [], [], {}
+        for i, request in enumerate(requests):
+            t = pb_utils.get_input_tensor_by_name(request, self.input_name)
+            a = dlpack.from_dlpack(t.to_dlpack())
+            if a.dim() != 2 or a.shape[1] == 0:
+                errors[i] = f"images: want UINT8 [frames, bytes] (one JPEG frame per row), got {list(a.shape)}"
+                continue
+            for row in a:
+                rows.append(row)
+                owner.append(i)
+        cuda = self.device.type == "cuda"
+        slots: dict[int, list[int]] = {}
+        with torch.cuda.stream(self.stream) if cuda else _nullcontext():
+            images = frames.prepare(rows, self.decoder, **self.frame_limits)
+            t_dec = time.perf_counter()
+            for k, (i, img) in enumerate(zip(owner, images)):
+                if isinstance(img, frames.FrameError) and i not in errors:
+                    errors[i] = f"frame {k - owner.index(i)} of the request: {img}"
+            batch = []
+            for i, img in zip(owner, images):
+                if i not in errors:
+                    slots.setdefault(i, []).append(len(batch))
+                    batch.append(img)
+            total = len(batch)
+            if total:
+                self.geo[:total] = torch.tensor(frames.letterbox_batch(batch, self.gpu_in))
+            t1 = time.perf_counter()
+            if total:
+                outs = dict(zip(self.outputs, self._run(total)))
+                geo = self.geo[:total].to(self.device, non_blocking=True)
+                outs["detections"] = frames.unletterbox(outs["detections"][:total], geo)
+                for name in self.outputs:
+                    self.host_out[name][:total].copy_(outs[name][:total], non_blocking=cuda)
+        if cuda:
+            self.stream.synchronize()
+        t2 = time.perf_counter()
+        responses = []
+        for i in range(len(requests)):
+            if i in errors:
+                responses.append(pb_utils.InferenceResponse(output_tensors=[], error=_invalid(errors[i])))
+                continue
+            first, n = slots[i][0], len(slots[i])
+            tensors = [
+                pb_utils.Tensor.from_dlpack(name, self.host_out[name][first : first + n].clone())
+                for name in self.outputs
+            ]
+            responses.append(pb_utils.InferenceResponse(output_tensors=tensors))
+        if self._report_every:
+            self._account(t0, t_dec, t1, t2, time.perf_counter(), frames=total)
+        return responses
+
+    def _account(self, *marks, frames=0):
+        """Mean ms per execute of each phase between ``marks`` (raw input: gather = DLPack + pinned staging, GPU =
+        copies, graph, sync, respond; jpeg input: decode = header checks + the decoder's call, letterbox, GPU,
+        respond), printed to Triton's log every ``report_every`` executes with the mean frames per execute."""
+        names = ("decode", "letterbox", "gpu", "respond") if self.input_mode == "jpeg" else ("gather", "gpu", "respond")
+        if len(self._phases) != len(names):
+            self._phases = [0.0] * len(names)
+        for i in range(len(names)):
+            self._phases[i] += marks[i + 1] - marks[i]
         self._executes += 1
+        self._frames += frames
         if self._executes == self._report_every:
-            ms = [round(x / self._executes * 1000, 3) for x in self._phases]
-            report = {
-                "instance": self.name,
-                "executes": self._executes,
-                "gather_ms": ms[0],
-                "gpu_ms": ms[1],
-                "respond_ms": ms[2],
-            }
+            report = {"instance": self.name, "executes": self._executes, "input": self.input_mode}
+            report.update({f"{n}_ms": round(x / self._executes * 1000, 3) for n, x in zip(names, self._phases)})
+            report["frames_per_execute"] = round(self._frames / self._executes, 2)
             print("gpuhost-execute-ms " + json.dumps(report), flush=True)
-            self._phases, self._executes = [0.0, 0.0, 0.0], 0
+            self._phases, self._executes, self._frames = [0.0] * len(names), 0, 0

@@ -282,6 +282,11 @@ def fleet_problems(fleet: Fleet, unknown: frozenset[str] = frozenset()) -> list[
                     f"{at}.models[{k}].artifact: required for preset {mdl.preset}: the model's file (url or path, "
                     "and sha256); gpuhost ships no stand-in"
                 )
+            if "input" in mdl.model_fields_set and mdl.preset != "yolov8n_torch":
+                out.append(
+                    f"{at}.models[{k}].input: only preset yolov8n_torch takes frames as jpeg or raw; preset "
+                    f"{mdl.preset} has its own input signature (remove input)"
+                )
         if s.mig:
             g = next((g for g in sh.gpus if g.address == s.mig.gpu and g.mig), None)
             if s.vm or g is None:

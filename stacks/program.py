@@ -64,7 +64,7 @@ def _with_weights(spec: ModelSpec, m: ServiceModel) -> ModelSpec:
 
 def model_spec(m: ServiceModel, gpu_model: str) -> ModelSpec:
     """The model's signature from its preset, batching from the GPU's preset, and what config sets on top."""
-    base = PRESETS[m.preset]()
+    base = PRESETS[m.preset](input=m.input) if m.preset == "yolov8n_torch" else PRESETS[m.preset]()
     try:
         gpu_key(gpu_model)
     except KeyError:

@@ -448,6 +448,12 @@ class ServiceModel(Strict):
     max_queue_delay_us: Optional[int] = Field(None, ge=0, le=60_000_000)
     precision: Literal["fp32", "fp16", "int8"] = "fp16"
     calib_dir: Optional[str] = None
+    input: Literal["jpeg", "raw"] = Field(
+        "jpeg",
+        description="yolov8n_torch: what a request carries in `images`: jpeg (an encoded frame of any size, decoded "
+        "and letterboxed on the GPU, boxes in the frame's pixels) or raw (uint8 640x640x3, letterboxed by the "
+        "client, boxes in that space)",
+    )
 
     _name = _v(val.model_name, "name")
     _calib = field_validator("calib_dir")(lambda cls, v: val.abs_path(v, "calib_dir") if v is not None else v)

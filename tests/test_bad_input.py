@@ -85,6 +85,14 @@ BAD = [
         ],
     ),
     (
+        "frame input on a model that takes no frames",
+        _set(lambda f: f["services"][0]["models"][0], "input", "raw"),
+        [
+            "fleet.services[0].models[0].input: only preset yolov8n_torch takes frames as jpeg or raw; preset "
+            "yolov8n has its own input signature (remove input)"
+        ],
+    ),
+    (
         "hugepages beyond memory",
         _set(lambda f: H(f)["hugepages"], "count", 4000),
         [

@@ -135,7 +135,7 @@ def test_yolov8n_torch_ships_its_code_takes_the_h200_preset_and_gates_with_raw_u
     )
     with pytest.raises(ValueError, match="has no weights file: give it an artifact .* may not serve random weights"):
         _run(models=[yolov8n_torch()], artifacts=[], gate_model="yolov8n")
-    res = _run(models=[yolov8n_torch(weights="weights.onnx")], artifacts=[weights], gate_model="yolov8n")
+    res = _run(models=[yolov8n_torch(weights="weights.onnx", input="raw")], artifacts=[weights], gate_model="yolov8n")
     repo = next(r for r in res if r.name == "serving-models")
     code = {"yolov8n/config.pbtxt", "yolov8n/1/model.py", "yolov8n/1/yolov8n.py", "yolov8n/1/yolov8n_weights.py"}
     assert code <= set(repo.inputs["files"])

@@ -12,11 +12,12 @@ from serving.models import yolov8n_files
 
 
 def test_spec_renders_the_fast_path_for_triton():
-    spec = yolov8n_torch(window_us=200, instances=3)
+    spec = yolov8n_torch(window_us=200, instances=3, input="raw")
     files = repository_files([spec], gpu_count=1, model_files=yolov8n_files(spec.name))
     cfg = parse_config(files["yolov8n/config.pbtxt"].decode())
     assert cfg.backend == "python" and cfg.max_batch_size == 8
     assert [(i.name, i.data_type, list(i.dims)) for i in cfg.input] == [("images", 2, [640, 640, 3])]  # TYPE_UINT8
+    assert cfg.parameters["input"].string_value == "raw"
     assert [(o.name, list(o.dims)) for o in cfg.output] == [("detections", [100, 6]), ("num_detections", [1])]
     assert cfg.instance_group[0].kind == 1 and cfg.instance_group[0].count == 3  # KIND_GPU
     assert cfg.dynamic_batching.max_queue_delay_microseconds == 200
@@ -24,8 +25,22 @@ def test_spec_renders_the_fast_path_for_triton():
     assert b"TritonPythonModel" in files["yolov8n/1/model.py"] and b"class YOLOv8n" in files["yolov8n/1/yolov8n.py"]
 
 
+def test_jpeg_input_is_one_ragged_row_of_bytes_per_frame():
+    spec = yolov8n_torch(input="jpeg")
+    files = repository_files([spec], gpu_count=1, model_files=yolov8n_files(spec.name))
+    cfg = parse_config(files["yolov8n/config.pbtxt"].decode())
+    (images,) = cfg.input
+    assert (images.name, images.data_type, list(images.dims), images.allow_ragged_batch) == ("images", 2, [-1], True)
+    assert cfg.parameters["input"].string_value == "jpeg"
+    assert b"def unletterbox" in files["yolov8n/1/frames.py"] and b"import frames" in files["yolov8n/1/model.py"]
+    with pytest.raises(ValueError, match="needs output 'nms'"):
+        yolov8n_torch(output="raw", input="jpeg")
+    with pytest.raises(ValueError, match="'jpeg' or 'raw'"):
+        yolov8n_torch(input="png")
+
+
 def test_raw_output_and_cpu_form():
-    raw = yolov8n_torch(output="raw")
+    raw = yolov8n_torch(output="raw", input="raw")
     assert [(o.name, o.data_type, o.dims) for o in raw.outputs] == [("output0", "FP16", [84, 8400])]
     cpu = yolov8n_torch(gpu=False)
     assert cpu.instance_group[0].kind == "KIND_CPU" and cpu.parameters["precision"] == "fp32"
@@ -152,3 +167,15 @@ def test_stack_config_can_ask_for_the_gpu_fast_path():
     spec = PRESETS[m.preset]().model_copy(update={"name": m.name})
     assert spec.parameters["model_code"] == "yolov8n" and spec.inputs[0].data_type == "UINT8"
     assert "max_batch_size" not in spec.model_fields_set  # left to the GPU's preset
+
+
+def test_stack_config_input_field_picks_jpeg_or_raw_frames():
+    from stacks.program import model_spec
+    from stacks.schema import ServiceModel
+
+    assert ServiceModel(name="det", preset="yolov8n_torch").input == "jpeg"  # new services take JPEG frames
+    jpeg = model_spec(ServiceModel(name="det", preset="yolov8n_torch"), "NVIDIA H200")
+    raw = model_spec(ServiceModel(name="det", preset="yolov8n_torch", input="raw"), "NVIDIA H200")
+    assert (jpeg.inputs[0].dims, jpeg.inputs[0].allow_ragged_batch, jpeg.parameters["input"]) == ([-1], True, "jpeg")
+    assert (raw.inputs[0].dims, raw.parameters["input"]) == ([640, 640, 3], "raw")
+    assert jpeg.instance_group[0].count == raw.instance_group[0].count  # the preset applies to both

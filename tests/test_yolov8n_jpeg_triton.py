@@ -1,0 +1,281 @@
+"""JPEG frames through a real Triton (nvidia-pytriton wheel, CPU instance, python backend): the yolov8n_torch
+model as gpuhost ships it (``input: jpeg``), frames of several sizes in, boxes in each frame's pixels out, each
+answer compared with the same pipeline run eagerly in this process; a corrupt frame in a batch fails only its own
+request, and the instance keeps answering.
+
+The weights are the test detector's (``serving/models/yolov8n_synthetic.py``, shipped as the model's weights file),
+so every frame answers tens of boxes (at conf 0.1) whose places depend on the frame (its pixels and its letterbox geometry); the
+model's CPU kernels run on one thread in Triton and here, so the answers agree to float rounding (compared as
+``bench.gpu_frames.MatchesReference`` does on the GPU, with a tolerance of 0.1 frame pixel).
+"""
+
+import concurrent.futures
+import json
+import urllib.request
+
+import pytest
+
+torch = pytest.importorskip("torch")
+pytest.importorskip("PIL")
+
+from plans.triton_repo import repository_files, yolov8n_torch  # noqa: E402
+from serving import loadgate, sample_frames  # noqa: E402
+from serving.models import frames, yolov8n_files  # noqa: E402
+
+MAX_DET, CONF = 100, 0.1
+SIZES = [(1280, 720), (1920, 1080), (640, 480), (480, 640), (32, 32)]
+
+
+@pytest.fixture(scope="module")
+def weights():
+    from bench.yolo_check import weights_file
+
+    return weights_file()
+
+
+def _populate(repo, weights):
+    from bench.yolo_check import WEIGHTS_FILE
+
+    spec = yolov8n_torch(
+        name="det",
+        gpu=False,
+        input="jpeg",
+        weights=WEIGHTS_FILE,
+        max_batch_size=4,
+        instances=1,
+        # A long window with a preferred batch of 4: four requests sent together run as one batch.
+        window_us=3_000_000,
+        preferred_batch_size=[4],
+        max_det=MAX_DET,
+    )
+    # conf 0.1: the test detector, calibrated on 640×640 images, is less sure of letterboxed camera frames.
+    spec = spec.model_copy(update={"parameters": {**spec.parameters, "torch_threads": "1", "conf": str(CONF)}})
+    files = repository_files([spec], gpu_count=0, model_files=yolov8n_files("det", 1, weights, WEIGHTS_FILE))
+    for rel, data in files.items():
+        p = repo / rel
+        p.parent.mkdir(parents=True, exist_ok=True)
+        p.write_bytes(data)
+
+
+@pytest.fixture(scope="module")
+def triton(tmp_path_factory, weights):
+    from tests.servers.triton import start_triton, triton_available
+
+    if not triton_available():
+        pytest.skip("tritonserver from the nvidia-pytriton wheel is not installed")
+    base = tmp_path_factory.mktemp("triton")
+    (base / "models").mkdir()
+    _populate(base / "models", weights)
+    with start_triton(base / "models", workdir=base / "work", ready_timeout=300) as handle:
+        yield handle
+
+
+@pytest.fixture(scope="module")
+def reference(weights):
+    """The pipeline eagerly in this process: decode, letterbox, the same weights file, NMS, boxes back to the frame."""
+    from serving.models import yolov8n as yolo
+    from serving.models.yolov8n_weights import load_model
+
+    model = yolo.fuse(load_model(weights))
+    pre = yolo.Preprocess(torch.float32)
+    decoder = frames.Decoder(torch.device("cpu"))
+
+    def run(data: bytes):
+        threads = torch.get_num_threads()
+        torch.set_num_threads(1)
+        try:
+            img = frames.prepare([torch.frombuffer(bytearray(data), dtype=torch.uint8)], decoder)[0]
+            assert isinstance(img, torch.Tensor), img
+            batch = torch.zeros((1, 640, 640, 3), dtype=torch.uint8)
+            geo = frames.letterbox(img, batch[0])
+            with torch.no_grad():
+                det, count = yolo.fast_nms(model(pre(batch)), max_det=MAX_DET, conf=CONF)
+            return frames.unletterbox(det, torch.tensor([geo]))[0], int(count[0, 0])
+        finally:
+            torch.set_num_threads(threads)
+
+    return run
+
+
+def _same(det, ref) -> bool:
+    """The answer's boxes are the reference's (count, then each box to 0.1 frame pixel, score to 1e-3)."""
+    from bench.gpu_frames import MatchesReference
+
+    want, count = ref
+    got = int((det[:, 4] > 0).sum())
+    check = MatchesReference(want.tolist(), count, tol_px=0.1, tol_score=1e-3, conf=-1.0)  # every box must match
+    ok = got == count and check(*_answer_body(det, got)) is None
+    return ok and bool((det[count:] == 0).all())
+
+
+def _answer_body(det, count):
+    blob = det.numpy().tobytes()
+    head = json.dumps(
+        {
+            "outputs": [
+                {"name": "detections", "parameters": {"binary_data_size": len(blob)}},
+                {"name": "num_detections", "parameters": {"binary_data_size": 4}},
+            ]
+        }
+    ).encode()
+    return head + blob + count.to_bytes(4, "little"), str(len(head))
+
+
+def _infer(url: str, frame: bytes):
+    body, headers = loadgate.binary_request([("images", "UINT8", [1, len(frame)], frame)], ["detections"])
+    req = urllib.request.Request(f"{url}/v2/models/det/infer", data=body, headers=dict(headers), method="POST")
+    try:
+        with urllib.request.urlopen(req, timeout=120) as r:
+            data, head_len = r.read(), int(r.headers["Inference-Header-Content-Length"])
+    except urllib.error.HTTPError as e:
+        return e.code, json.loads(e.read()).get("error", "")
+    head = json.loads(data[:head_len])
+    out = head["outputs"][0]
+    assert out["name"] == "detections" and out["shape"] == [1, MAX_DET, 6]
+    return 200, torch.frombuffer(bytearray(data[head_len:]), dtype=torch.float32).view(MAX_DET, 6)
+
+
+def _stats(url):
+    with urllib.request.urlopen(f"{url}/v2/models/det/stats", timeout=10) as r:
+        return json.loads(r.read())["model_stats"][0]
+
+
+def test_frames_of_several_sizes_answer_boxes_in_their_own_pixels(triton, reference):
+    answers = []
+    for k, (w, h) in enumerate(SIZES):
+        data = sample_frames.jpeg(w, h, seed=k)
+        status, det = _infer(triton.http_url, data)
+        assert status == 200, det
+        ref = reference(data)
+        assert ref[1] >= 10, f"{w}x{h}: the test detector finds {ref[1]} boxes"
+        assert _same(det, ref), f"{w}x{h}"
+        assert (det[:, [0, 2]] <= w).all() and (det[:, [1, 3]] <= h).all() and (det[:, :4] >= 0).all()
+        answers.append((det, ref))
+    # Distinct frames answer distinct boxes (the test can tell one frame's answer from another's).
+    for i in range(len(answers)):
+        for j in range(len(answers)):
+            assert (i == j) == _same(answers[i][0], answers[j][1])
+
+
+def test_a_corrupt_frame_in_a_batch_fails_alone_and_the_instance_keeps_answering(triton, reference):
+    good = [sample_frames.jpeg(w, h, seed=10 + k) for k, (w, h) in enumerate([(1280, 720), (640, 480), (1920, 1080)])]
+    # Every header and an end but no image data: passes the header check, fails in the decoder.
+    corrupt = good[0][: good[0].index(b"\xff\xda")] + b"\xff\xd9"
+    sent = [good[0], corrupt, good[1], good[2]]
+    before = _stats(triton.http_url)
+    with concurrent.futures.ThreadPoolExecutor(4) as pool:
+        results = list(pool.map(lambda d: _infer(triton.http_url, d), sent))
+    after = _stats(triton.http_url)
+    assert int(after["execution_count"]) - int(before["execution_count"]) == 1  # one batch of four
+    status, why = results[1]
+    assert status == 400 and "frame 0 of the request" in why and "corrupt JPEG" in why, why
+    for (status, det), data in zip([results[0], results[2], results[3]], good):
+        assert status == 200, det
+        assert _same(det, reference(data))
+    # Not a JPEG at all, a cut upload and an absurd header: refused before any decode, with the reason.
+    status, why = _infer(triton.http_url, b"GIF89a" + bytes(64))
+    assert status == 400 and "not a JPEG" in why
+    status, why = _infer(triton.http_url, good[1][: len(good[1]) // 2])
+    assert status == 400 and "truncated" in why
+    i = good[1].index(b"\xff\xc0")
+    huge = good[1][: i + 5] + (60000).to_bytes(2, "big") * 2 + good[1][i + 9 :]
+    status, why = _infer(triton.http_url, huge)
+    assert status == 400 and "60000x60000 pixels is larger than this model serves" in why
+    # The instance is alive: the next frame answers correctly.
+    status, det = _infer(triton.http_url, good[2])
+    assert status == 200 and _same(det, reference(good[2]))
+
+
+@pytest.fixture(scope="module")
+def nginx(triton, tmp_path_factory):
+    from plans.nginx import NginxSpec, render
+    from tests.servers.nginx import nginx_available, run_user, start_nginx
+    from tests.servers.triton import free_port
+
+    if not nginx_available():
+        pytest.skip("nginx is not installed")
+    work = tmp_path_factory.mktemp("nginx")
+    http_port = free_port()
+    conf = render(
+        NginxSpec(
+            default_model="det",
+            listen_address="127.0.0.1",
+            listen_http=http_port,
+            listen_grpc=free_port(),
+            upstream_http=f"127.0.0.1:{triton.ports['http']}",
+            upstream_grpc=f"127.0.0.1:{triton.ports['grpc']}",
+            prefix=str(work),
+            user=run_user(),
+            worker_processes="1",
+        )
+    )
+    handle = start_nginx(conf, work, wait_port=http_port)
+    handle.http = f"http://127.0.0.1:{http_port}"
+    yield handle
+    handle.stop()
+
+
+def test_the_gate_sends_jpeg_frames_of_three_sizes_through_nginx_and_checks_each_answer(triton, nginx):
+    """The acceptance gate as `pulumi up` runs it (the SDK's provider server) for a model that takes frames: its
+    signature from the stack's spec marks `images` as JPEG, the gate sends 1280×720, 1920×1080 and 640×480 frames
+    in turn and checks every answer's boxes against its own frame."""
+    from components.triton_service import gate_signature
+    from providers.triton_gate import AcceptanceGateProvider
+    from tests.engine import ProviderServer
+
+    spec = yolov8n_torch(name="det", input="jpeg", gpu=False, max_batch_size=4, max_det=MAX_DET, weights="w.pt")
+    sig = gate_signature(spec)
+    assert sig["inputs"] == [{"name": "images", "datatype": "UINT8", "shape": [1, 1], "content": "jpeg"}]
+    before = _stats(triton.http_url)
+    inputs = {
+        "url": nginx.http,
+        "models": ["det"],
+        "model": "det",
+        "request": sig,
+        "concurrency": 1,
+        "durationS": 1,
+        "maxRequests": 6,
+        "warmupRequests": 1,
+        "checkRequests": 1,
+        "maxErrorRate": 0.0,
+        # CPU model on a shared 2-core machine: the SLO here is only that every answer is right.
+        "p95Ms": 600_000,
+        "requestTimeoutS": 120,
+        "trigger": "digest-1",
+        "version": "1",
+    }
+    with ProviderServer({}) as srv:
+        gate = srv.resource(AcceptanceGateProvider(), "gpuhost:serving:AcceptanceGate", "gate-det")
+        op, outs = gate.up(inputs)
+    assert op == "create" and outs["result"]["errors"] == 0 and outs["result"]["requests"] >= 1
+    after = _stats(triton.http_url)
+    served = int(after["inference_stats"]["success"]["count"]) - int(before["inference_stats"]["success"]["count"])
+    assert served >= 3 + 1 + outs["result"]["requests"]  # three checked frames, warmup, the load
+
+
+def test_boxes_in_frame_check_tells_a_right_answer_from_a_wrong_one():
+    import struct
+
+    from serving.kserve import BoxesInFrame
+
+    def answer(count, rows):
+        det = b"".join(struct.pack("<6f", *r) for r in rows)
+        head = json.dumps(
+            {
+                "outputs": [
+                    {"name": "detections", "shape": [1, len(rows), 6], "parameters": {"binary_data_size": len(det)}},
+                    {"name": "num_detections", "shape": [1, 1], "parameters": {"binary_data_size": 4}},
+                ]
+            }
+        ).encode()
+        return head + det + struct.pack("<i", count), str(len(head))
+
+    check = BoxesInFrame(1280, 720)
+    zero = (0.0,) * 6
+    assert check(*answer(1, [(10, 20, 1280, 720, 0.9, 3), zero])) is None
+    assert "not inside the 1280x720 frame" in check(*answer(1, [(10, 20, 1281, 700, 0.9, 3), zero]))
+    assert "not inside" in check(*answer(1, [(10, 20, 5, 700, 0.9, 3), zero]))  # x2 < x1
+    assert "past the count" in check(*answer(1, [(10, 20, 30, 40, 0.9, 3), (1, 1, 2, 2, 0.5, 1)]))
+    assert "not within" in check(*answer(3, [zero, zero]))
+    assert "score" in check(*answer(1, [(10, 20, 30, 40, 0.0, 3), zero]))
+    assert "not readable" in check(b"{}", "2")
