@@ -34,6 +34,8 @@ import time
 from pathlib import Path
 from typing import Optional
 
+import numpy as np
+
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
@@ -47,7 +49,7 @@ from bench.gpu import (  # noqa: E402
     start_servers,
     stats_delta,
 )
-from bench.yolo_check import WEIGHTS_FILE, weights_file  # noqa: E402
+from bench.yolo_check import WEIGHTS_FILE, match_detections, weights_file  # noqa: E402
 from plans.presets import apply_preset  # noqa: E402
 from plans.triton_repo import repository_files, yolov8n_torch  # noqa: E402
 from serving import kserve, loadgate, sample_frames  # noqa: E402
@@ -174,6 +176,37 @@ class MatchesReference:
         return any(b[5] == box[5] and abs(_iou(box, b) - self.iou) <= 0.05 for b in other[:other_count])
 
 
+class MatchesAsSets:
+    """The check the GPU benchmark applies to every answer: its detections and its own frame's reference, matched
+    one to one as sets by class and IoU >= 0.5 (bench/yolo_check.match_detections), leave at most max(3, 30 %) of
+    the larger set unmatched, not counting boxes whose score is within 0.05 of the confidence threshold.
+
+    Why not ``MatchesReference`` (row by row, 2 px / 0.02) there: served FP16 (CUDA graph, batched) and the eager
+    FP16 batch-1 reference on the same GPU differ by up to 0.04 in raw scores and ~11 px in raw boxes with the test
+    detector's weights (bench/gpu_accuracy.py on the H200), so a box near a threshold comes or goes and NMS keeps
+    another neighbour; row by row refused about a third of the right answers in the first H200 run. Against another
+    frame's reference ~97 % of boxes stay unmatched (bench/gpu_accuracy.py), far past this bound."""
+
+    def __init__(self, ref: list, count: int, conf: float = 0.25):
+        self.rows = MatchesReference(ref, count, tol_px=0.0, conf=conf)._rows
+        self.ref = np.asarray(ref, dtype=np.float32).reshape(-1, 6)[:count]
+        self.count, self.conf = count, conf
+
+    def __call__(self, body: bytes, header_length) -> Optional[str]:
+        try:
+            count, rows = self.rows(body, header_length)
+        except (KeyError, TypeError, ValueError) as e:
+            return f"detections not readable: {type(e).__name__}: {e}"
+        got = np.asarray([list(r) for r in rows], dtype=np.float32).reshape(-1, 6)
+        _, ug, uw = match_detections(got, self.ref)
+        loose = [got[i] for i in ug] + [self.ref[i] for i in uw]
+        unmatched = sum(1 for d in loose if abs(float(d[4]) - self.conf) > 0.05)
+        allowed = max(3, int(0.3 * max(count, self.count)))
+        if unmatched > allowed:
+            return f"{unmatched} of {count} boxes (reference {self.count}) unmatched by class and IoU >= 0.5"
+        return None
+
+
 def _iou(a, b) -> float:
     w = max(0.0, min(a[2], b[2]) - max(a[0], b[0]))
     h = max(0.0, min(a[3], b[3]) - max(a[1], b[1]))
@@ -190,10 +223,10 @@ def payloads(frames: list[dict], mode: str, only: Optional[tuple[int, int]] = No
             continue
         if mode == "jpeg":
             data, shape = f["jpeg"], [1, len(f["jpeg"])]
-            expect = MatchesReference(f["det"], f["count"], tol_px=2.0 * f["scale"] + 0.5, conf=CONF)
+            expect = MatchesAsSets(f["det"], f["count"], conf=CONF)
         else:
             data, shape = f["raw"], [1, 640, 640, 3]
-            expect = MatchesReference(f["det640"], f["count"], tol_px=2.0, conf=CONF)
+            expect = MatchesAsSets(f["det640"], f["count"], conf=CONF)
         body, headers = loadgate.binary_request([("images", "UINT8", shape, data)], ["detections", "num_detections"])
         # Boxes are clipped to the frame on the JPEG path only (the raw input's answers are the model's own).
         inside = kserve.BoxesInFrame(f["w"], f["h"]) if mode == "jpeg" else None
