@@ -321,7 +321,8 @@ def gpu_floor(max_batch: int) -> dict:
     torch.manual_seed(0)
     dev = torch.device("cuda:0")
     torch.backends.cudnn.benchmark = True
-    model = yolo.fuse(yolo.YOLOv8n().eval()).to(dev, torch.float16).to(memory_format=torch.channels_last)
+    model = yolo.fuse(yolo.YOLOv8n().eval()).to(dev, torch.float16)
+    model = model.to(memory_format=torch.channels_last)  # type: ignore[call-overload]  # Module.to takes it
     pre = yolo.Preprocess(torch.float16)
     stream = torch.cuda.Stream(dev)
     host = torch.randint(0, 256, (max_batch, 640, 640, 3), dtype=torch.uint8).pin_memory()

@@ -117,8 +117,12 @@ class Detect(nn.Module):
         self.cv3 = nn.ModuleList(nn.Sequential(Conv(x, c3, 3), Conv(c3, c3, 3), nn.Conv2d(c3, nc, 1)) for x in ch)
         self.dfl = DFL(reg_max)
         for a, b, s in zip(self.cv2, self.cv3, STRIDES):  # the design's bias init
-            a[-1].bias.data[:] = 1.0
-            b[-1].bias.data[:nc] = math.log(5 / nc / (640 / s) ** 2)
+            assert isinstance(a, nn.Sequential) and isinstance(b, nn.Sequential)
+            box_out, cls_out = a[-1], b[-1]
+            assert isinstance(box_out, nn.Conv2d) and isinstance(cls_out, nn.Conv2d)
+            assert box_out.bias is not None and cls_out.bias is not None
+            box_out.bias.data[:] = 1.0
+            cls_out.bias.data[:nc] = math.log(5 / nc / (640 / s) ** 2)
         self._anchor_shape: tuple = ()
 
     def _anchors(self, feats):
@@ -192,9 +196,16 @@ def fuse(model: nn.Module) -> nn.Module:
     for m in model.modules():
         if isinstance(m, Conv) and isinstance(m.bn, nn.BatchNorm2d):
             conv, bn = m.conv, m.bn
+            assert isinstance(conv, nn.Conv2d) and bn.running_var is not None and bn.running_mean is not None
             fused = nn.Conv2d(
-                conv.in_channels, conv.out_channels, conv.kernel_size, conv.stride, conv.padding, bias=True
+                conv.in_channels,
+                conv.out_channels,
+                conv.kernel_size,  # type: ignore[arg-type]  # a 2-tuple for Conv2d; typed as tuple[int, ...]
+                conv.stride,  # type: ignore[arg-type]
+                conv.padding,  # type: ignore[arg-type]
+                bias=True,
             ).to(conv.weight.device, conv.weight.dtype)
+            assert fused.bias is not None
             scale = bn.weight / torch.sqrt(bn.running_var + bn.eps)
             fused.weight.copy_(conv.weight * scale.view(-1, 1, 1, 1))
             fused.bias.copy_(bn.bias - bn.running_mean * scale)
