@@ -27,6 +27,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Sequence
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -39,7 +40,7 @@ def log(msg: str) -> None:
     print(f"[bench {time.strftime('%H:%M:%S')}] {msg}", file=sys.stderr, flush=True)
 
 
-def stats(samples: list[float]) -> dict:
+def stats(samples: Sequence[float]) -> dict:
     s = sorted(samples)
     return {"median": statistics.median(s), "min": s[0], "max": s[-1], "n": len(s), "samples": samples} if s else {}
 
@@ -243,7 +244,7 @@ def gpuhost_phase(out: dict, work: Path, n: int, n_facts_ansible: int) -> dict:
         out["files"] = host_files(th)
 
         # -- no-op: `pulumi up` (preview then update) on an unchanged host, a fresh provider process each time
-        noop = {"wall_s": [], "roundtrips": [], "preview_changes": [], "up_ops": []}
+        noop: dict[str, list] = {"wall_s": [], "roundtrips": [], "preview_changes": [], "up_ops": []}
         for _i in range(n):
             rtlog.reset()
             t0 = time.monotonic()
@@ -265,7 +266,7 @@ def gpuhost_phase(out: dict, work: Path, n: int, n_facts_ansible: int) -> dict:
         log(f"gpuhost: no-op {out['noop']['wall']}")
 
         # -- no-op with refresh (`pulumi up --refresh`): reads every resource from the host first
-        ref = {"wall_s": [], "roundtrips": [], "preview_changes": [], "changed": []}
+        ref: dict[str, list] = {"wall_s": [], "roundtrips": [], "preview_changes": [], "changed": []}
         for _i in range(max(1, n - 1)):
             rtlog.reset()
             t0 = time.monotonic()
@@ -283,7 +284,7 @@ def gpuhost_phase(out: dict, work: Path, n: int, n_facts_ansible: int) -> dict:
 
         # -- drift: hand edit of /etc/default/grub, then `pulumi preview --refresh` (all resources) n times
         th.ssh("sed -i 's/^GRUB_CMDLINE_LINUX=.*/GRUB_CMDLINE_LINUX=\"quiet\"/' /etc/default/grub")
-        drift = {
+        drift: dict[str, list] = {
             "wall_s": [],
             "roundtrips": [],
             "detected": [],
@@ -360,7 +361,7 @@ def ansible_phase(out: dict, work: Path, n: int) -> dict:
         out["runtime_after"] = runtime(th)
         out["files"] = host_files(th)
 
-        noop = {"wall_s": [], "roundtrips": [], "changed": [], "changed_tasks": []}
+        noop: dict[str, list] = {"wall_s": [], "roundtrips": [], "changed": [], "changed_tasks": []}
         for _i in range(n):
             r = a.playbook()
             noop["wall_s"].append(r.wall_s)
@@ -376,7 +377,7 @@ def ansible_phase(out: dict, work: Path, n: int) -> dict:
         log(f"ansible: no-op {out['noop']['wall']} changed {noop['changed']}")
 
         th.ssh("sed -i 's/^GRUB_CMDLINE_LINUX=.*/GRUB_CMDLINE_LINUX=\"quiet\"/' /etc/default/grub")
-        drift = {"wall_s": [], "roundtrips": [], "changed": [], "detected": []}
+        drift: dict[str, list] = {"wall_s": [], "roundtrips": [], "changed": [], "detected": []}
         for _i in range(n):
             r = a.playbook("--check", "--diff")
             drift["wall_s"].append(r.wall_s)
