@@ -31,6 +31,8 @@ def fleet(n: int) -> dict:
         h = copy.deepcopy(t)
         h["name"] = f"{t['name']}-{i:03d}"
         h["ssh"]["address"] = f"10.{20 + i // 250}.{i % 250}.11"
+        if h.get("vm_network"):
+            h["vm_network"]["gateway"] = f"10.{100 + i // 250}.{i % 250}.1"  # the guests' own subnet
         for j, vm in enumerate(h.get("vms", [])):
             if "address" in vm:
                 vm["address"] = f"10.{100 + i // 250}.{i % 250}.{11 + j}"

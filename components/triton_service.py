@@ -52,6 +52,7 @@ from plans.triton_runtime import (
     ServerOptions,
     container_spec,
     docker_gpus_flag,
+    docker_gpus_value,
     docker_rollback_restart,
     docker_run_script,
     docker_unroll,
@@ -175,6 +176,13 @@ def repository(name: str, args: TritonServiceArgs) -> tuple[dict[str, bytes], st
     }
     shipped = {a.dest for a in args.artifacts} | {f"{args.repository_root}/{k}" for k in code}
     for s in specs:
+        if s.parameters.get("model_code") == "yolov8n" and s.parameters.get("random_weights_for_benchmarks") != "true":
+            w = s.parameters.get("weights")
+            if not w or f"{args.repository_root}/{s.name}/{s.version}/{w}" not in shipped:
+                raise ValueError(
+                    f"{name}: model {s.name!r} has no weights file{f' {w!r}' if w else ''}: give it an artifact "
+                    "(its YOLOv8n weights); a stack may not serve random weights"
+                )
         py = f"{args.repository_root}/{s.name}/{s.version}/model.py"
         if s.platform == "python" and args.model_py is None and py not in shipped:
             raise ValueError(
@@ -297,7 +305,7 @@ def children(name: str, args: TritonServiceArgs) -> list[Child]:
                         devices,
                         lambda ids: docker_run_script(
                             c,
-                            docker_gpus_flag(list(ids or ["all"])),
+                            docker_gpus_flag(list(ids or [])),
                             {"gpuhost.repository-digest": digest, "gpuhost.gpus": ",".join(ids or [])},
                         ),
                     ),
@@ -317,9 +325,8 @@ def children(name: str, args: TritonServiceArgs) -> list[Child]:
                     "command": c["command"],
                     "ports": [docker.ContainerPortArgs(**p) for p in c["ports"]],
                     # docker's --gpus syntax: "all" or "device=<index|GPU-uuid|MIG-uuid>,...".
-                    "gpus": Later(
-                        devices, lambda ids: "all" if list(ids or ["all"]) == ["all"] else "device=" + ",".join(ids)
-                    ),
+                    # An empty list (MIG UUID not known) fails: never widened to "all".
+                    "gpus": Later(devices, lambda ids: docker_gpus_value(list(ids or []))),
                     "shm_size": c["shm_size"],
                     "restart": c["restart"],
                     "envs": c["envs"],

@@ -9,14 +9,30 @@ Usage::
 
 from __future__ import annotations
 
+import re
 from typing import Iterable
+
+# Linux's largest NR_CPUS (CONFIG_NR_CPUS_RANGE_END): no machine numbers a CPU at or above it.
+MAX_CPUS = 8192
+_NUM = re.compile(r"[0-9]{1,12}")
 
 
 class CpuListError(ValueError):
     pass
 
 
-def parse_cpulist(text: str) -> list[int]:
+def _cpu(s: str, part: str, text: str, limit: int) -> int:
+    # ASCII digits only (str.isdigit() takes '٣' and int() reads it as 3); bounded before any range is expanded.
+    if not _NUM.fullmatch(s):
+        raise CpuListError(f"bad CPU number {part!r} in CPU list {text!r}")
+    n = int(s)
+    if n >= limit:
+        raise CpuListError(f"CPU {n} in CPU list {text!r} is beyond the largest CPU number {limit - 1}")
+    return n
+
+
+def parse_cpulist(text: str, limit: int = MAX_CPUS) -> list[int]:
+    """CPU numbers of `text`; every number (range ends included) below `limit`, checked before a range expands."""
     text = (text or "").strip()
     if not text:
         return []
@@ -27,16 +43,14 @@ def parse_cpulist(text: str) -> list[int]:
             raise CpuListError(f"empty element in CPU list {text!r}")
         if "-" in part:
             a, _, b = part.partition("-")
-            if not (a.isdigit() and b.isdigit()):
+            if not (_NUM.fullmatch(a) and _NUM.fullmatch(b)):
                 raise CpuListError(f"bad range {part!r} in CPU list {text!r}")
-            lo, hi = int(a), int(b)
+            lo, hi = _cpu(a, part, text, limit), _cpu(b, part, text, limit)
             if lo > hi:
                 raise CpuListError(f"range {part!r} runs backwards in CPU list {text!r} (write {hi}-{lo})")
             out.update(range(lo, hi + 1))
         else:
-            if not part.isdigit():
-                raise CpuListError(f"bad CPU number {part!r} in CPU list {text!r}")
-            out.add(int(part))
+            out.add(_cpu(part, part, text, limit))
     return sorted(out)
 
 

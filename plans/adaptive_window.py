@@ -1,9 +1,12 @@
 """The adaptive batching window as deployed (seed 004): what Triton must run with and the controller's systemd unit.
 
 * ``AdaptiveWindow``: the stack-config block (``services[].adaptive_window``), seed values as defaults;
-* ``server_flags``: Triton flags the controller needs — explicit model control (it reloads models with a config
-  override), every model loaded at start, and latency summaries (its p95 source);
-* ``controller_unit``: the unit running ``serving/adaptive_window.py`` next to Triton.
+* ``server_flags``: Triton flags — latency summaries (the unit's p95 source: the clients are not gpuhost's) and
+  explicit model control with every model loaded at start, for the operator's rate-limited
+  ``reload-triton-window`` action only (the control loop never reloads a model);
+* ``controller_unit``: the unit running ``serving/adaptive_window.py`` next to Triton: it publishes the clients'
+  micro-batching window on ``/window`` and its decisions on ``/metrics``. A client in gpuhost's own process
+  (``serving.microbatch.MicroBatcher``) runs the same controller in process instead (``adaptive_window.in_process``).
 
 Usage::
 
@@ -15,7 +18,7 @@ Usage::
 
 from __future__ import annotations
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from plans.triton_runtime import systemd_quote
 
@@ -28,17 +31,34 @@ SCRIPT_PATH = "/usr/local/lib/gpuhost-adaptive-window.py"
 class AdaptiveWindow(BaseModel):
     """Seed 004: every 10 s, ±50 µs toward the p95 target, clamped to [200, 1500] µs."""
 
-    model_config = ConfigDict(extra="forbid", frozen=True)
-    target_p95_ms: float = Field(50.0, gt=0, description="p95 the window steers to (ms)")
-    step_us: int = Field(50, ge=1, description="window change per period (µs)")
+    model_config = ConfigDict(extra="forbid", frozen=True, strict=True, allow_inf_nan=False)
+    target_p95_ms: float = Field(50.0, gt=0, le=3_600_000, description="p95 the window steers to (ms)")
+    step_us: int = Field(50, ge=1, le=60_000_000, description="window change per period (µs)")
     period_s: float = Field(10.0, gt=0, le=3600, description="seconds between decisions")
-    min_us: int = Field(200, ge=0, description="smallest window (µs)")
-    max_us: int = Field(1500, ge=0, description="largest window (µs)")
+    min_us: int = Field(200, ge=0, le=60_000_000, description="smallest window (µs)")
+    max_us: int = Field(1500, ge=0, le=60_000_000, description="largest window (µs)")
+    initial_us: int = Field(
+        600, ge=0, le=60_000_000, description="window published before the first decision (µs; seed: 600)"
+    )
     listen: str = Field(
         "0.0.0.0:9108",
         pattern=r"^[0-9A-Za-z.\-\[\]:]+:[0-9]{1,5}$",
         description="host:port of the controller's /metrics (decisions for Prometheus)",
     )
+
+    @field_validator("listen")
+    @classmethod
+    def _listen(cls, v: str) -> str:
+        from plans.values import address
+
+        host, _, port = v.rpartition(":")
+        if not 1 <= int(port) <= 65535:
+            raise ValueError(f"listen {v!r}: port {int(port)} is not a TCP port (use 1-65535)")
+        try:
+            address(host)
+        except ValueError:
+            raise ValueError(f"listen {v!r}: {host!r} is not an IP address or host name (e.g. 0.0.0.0:9108)") from None
+        return v
 
     @property
     def port(self) -> int:
@@ -57,6 +77,8 @@ class AdaptiveWindow(BaseModel):
             raise ValueError(f"max_us: {self.max_us} µs is below min_us {self.min_us} µs")
         if self.max_us > self.min_us and self.step_us > self.max_us - self.min_us:
             raise ValueError(f"step_us: {self.step_us} µs is wider than the clamp [{self.min_us}, {self.max_us}] µs")
+        if not self.min_us <= self.initial_us <= self.max_us:
+            raise ValueError(f"initial_us: {self.initial_us} µs is outside the clamp [{self.min_us}, {self.max_us}] µs")
         return self
 
 
@@ -99,6 +121,8 @@ def controller_argv(
         str(spec.min_us),
         "--max-us",
         str(spec.max_us),
+        "--initial-us",
+        str(spec.initial_us),
         "--listen",
         spec.listen,
     ]

@@ -28,7 +28,39 @@ _LINE = re.compile(r"^(?P<indent>\s*)(?P<export>export\s+)?GRUB_CMDLINE_LINUX=(?
 UNSAFE = {
     "pcie_acs_override": "acs_override_acknowledged",
     "vfio_iommu_type1.allow_unsafe_interrupts": "allow_unsafe_interrupts_acknowledged",
+    # No IOMMU at all: devices can DMA anywhere; as unsafe as (and acknowledged like) unsafe interrupts.
+    "vfio.enable_unsafe_noiommu_mode": "allow_unsafe_interrupts_acknowledged",
 }
+
+# Parameters gpuhost sets itself (stacks.args.cmdline_args, the vfio binding, the hugepage and isolation fields):
+# kernel.extra_args may set one only when kernel.overrides_acknowledged names it (its value then replaces gpuhost's).
+# Names as `param_name` spells them; a name ending in '.' stands for every parameter of that module.
+OWNED = {
+    "intel_iommu": "cpu_vendor",
+    "amd_iommu": "cpu_vendor",
+    "iommu": "kernel.iommu_passthrough",
+    "iommu.": "kernel.iommu_passthrough",
+    "kvm.ignore_msrs": "kernel.kvm_ignore_msrs",
+    "video": "kernel.video_efifb_off",
+    "hugepages": "hugepages.count",
+    "hugepagesz": "hugepages.size",
+    "default_hugepagesz": "hugepages.size",
+    "isolcpus": "kernel.isolate_vm_cpus and reserved_cpus",
+    "nohz_full": "kernel.isolate_vm_cpus and reserved_cpus",
+    "rcu_nocbs": "kernel.isolate_vm_cpus and reserved_cpus",
+    "irqaffinity": "reserved_cpus and irq_pin",
+    "vfio.": "gpus[] and bind",
+    "vfio_pci.": "gpus[] and bind",
+    "vfio_iommu_type1.": "gpus[] and bind",
+}
+
+
+def owned_by(name: str) -> str | None:
+    """The config field through which gpuhost sets kernel parameter `name` (param_name spelling), or None."""
+    if name in OWNED:
+        return OWNED[name]
+    mod = name.split(".", 1)[0] + "."
+    return OWNED.get(mod) if "." in name else None
 
 
 def key(arg: str) -> str:

@@ -34,7 +34,7 @@ def _pci(address: str) -> str:
     a = address.strip().lower()
     if a.count(":") == 1:
         a = "0000:" + a
-    if not PCI_RE.match(a):
+    if not PCI_RE.fullmatch(a):
         raise ValueError(f"not a PCI address: {address!r}")
     return a
 
@@ -160,7 +160,7 @@ def _sub(parent: ET.Element, tag: str, text: Optional[str] = None, **attrs) -> E
 
 
 def _hostdev(devices: ET.Element, address: str, rom_bar: bool) -> None:
-    m = PCI_RE.match(address)
+    m = PCI_RE.fullmatch(address)
     if m is None:
         raise ValueError(f"not a PCI address: {address!r}")
     dom, bus, slot, fn = m.groups()

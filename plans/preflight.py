@@ -298,6 +298,8 @@ _OVERRIDE_WHY = {
     "proves nothing",
     "vfio_iommu_type1.allow_unsafe_interrupts": "vfio accepts devices without interrupt remapping, so a VM can "
     "inject interrupts into the host",
+    "vfio.enable_unsafe_noiommu_mode": "vfio hands out devices with no IOMMU at all, so a device can DMA anywhere "
+    "in the host's memory",
 }
 _FALSE = ("", "0", "n", "no", "off", "false")
 

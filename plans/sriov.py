@@ -51,7 +51,7 @@ VFIO = "vfio-pci"
 class VfSettings(BaseModel):
     """Per-VF network settings, applied with `ip link set <pf-netdev> vf N ...` (index = VF number)."""
 
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    model_config = ConfigDict(extra="forbid", frozen=True, strict=True, allow_inf_nan=False)
     mac: Optional[str] = None
     vlan: Optional[int] = Field(None, ge=0, le=4094)
     trust: Optional[bool] = None

@@ -194,6 +194,8 @@ def yolov8n_torch(
     preferred_batch_size: Optional[list[int]] = None,
     gpu: bool = True,
     max_det: int = 100,
+    weights: Optional[str] = None,
+    random_weights_for_benchmarks: bool = False,
 ) -> ModelSpec:
     """YOLOv8n 640×640 on the python backend's fast path (``serving/yolov8n_model.py``), where no TensorRT is.
 
@@ -205,6 +207,11 @@ def yolov8n_torch(
     GPU's preset replaces (``plans.presets.apply_preset``); given, they win over it. ``gpu=False`` gives the
     CPU form (FP32, KIND_CPU) for hosts without a GPU. The ``model_code`` parameter tells the repository
     which code to ship beside ``config.pbtxt`` (``serving.models.yolov8n_files``).
+
+    ``weights`` names the weights file in the version directory (an Ultralytics ONNX export or checkpoint, a
+    state_dict or safetensors: ``serving/models/yolov8n_weights.py``); a stack ships its ``artifact`` there.
+    Without it the backend refuses to load, unless ``random_weights_for_benchmarks`` (never reachable from stack
+    config) asks for the seeded random model, whose answers do not depend on the image.
     """
     if output not in ("nms", "raw"):
         raise ValueError(f"output must be 'nms' or 'raw', not {output!r}")
@@ -233,6 +240,8 @@ def yolov8n_torch(
             "precision": "fp16" if gpu else "fp32",
             "cuda_graphs": "true" if gpu else "false",
             "max_det": str(max_det),
+            **({"weights": weights} if weights else {}),
+            **({"random_weights_for_benchmarks": "true"} if random_weights_for_benchmarks else {}),
         },
     )
     # Defaults the caller did not choose stay open for the GPU's preset.

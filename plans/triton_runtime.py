@@ -184,9 +184,22 @@ def parse_unit_exec(unit_text: str) -> tuple[list[str], dict[str, str]]:
 # ---------------------------------------------------------------- Docker rollback: the deploy's own `docker run`
 
 
+def docker_gpus_value(ids: list[str]) -> str:
+    """Docker's device request: `all` only when asked for by name (["all"]), else `device=a,b`. An empty list
+    (a MIG binding whose UUID is not known) fails: it never widens to every GPU of the machine."""
+    ids = list(ids or [])
+    if not ids:
+        raise ValueError(
+            "no GPU device to bind Triton to (a MIG binding whose MIG UUID is not known); refusing to run it with "
+            "--gpus all: finish the MIG layout (nvidia-smi -L lists the MIG devices) and run up again"
+        )
+    return "all" if ids == ["all"] else "device=" + ",".join(ids)
+
+
 def docker_gpus_flag(ids: list[str]) -> str:
     """`--gpus` as the docker CLI reads it: `all`, or `"device=a,b"` (quoted: the CLI splits the value as CSV)."""
-    return "all" if list(ids or ["all"]) == ["all"] else '"device=' + ",".join(ids) + '"'
+    v = docker_gpus_value(ids)
+    return v if v == "all" else f'"{v}"'
 
 
 def docker_run_script(c: dict, gpus: str, labels: dict[str, str]) -> str:

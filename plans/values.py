@@ -33,7 +33,7 @@ GOVERNOR_RE = re.compile(r"^[a-z][a-z_]{0,31}$")
 USER_RE = re.compile(r"^[a-z_][a-z0-9_-]{0,31}$")
 DNS_LABEL_RE = re.compile(r"^[a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?$")
 HOSTNAME_RE = re.compile(
-    r"^(?=.{1,253}$)[A-Za-z0-9]([A-Za-z0-9-]{0,61}[A-Za-z0-9])?(\.[A-Za-z0-9]([A-Za-z0-9-]{0,61}"
+    r"^(?=.{1,253}\Z)[A-Za-z0-9]([A-Za-z0-9-]{0,61}[A-Za-z0-9])?(\.[A-Za-z0-9]([A-Za-z0-9-]{0,61}"
     r"[A-Za-z0-9])?)*$"
 )
 MODEL_NAME_RE = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.-]{0,63}$")
@@ -57,7 +57,7 @@ def _one_line(v: object, what: str) -> str:
 
 def _match(v: object, rx: re.Pattern, what: str, allowed: str) -> str:
     s = _one_line(v, what)
-    if not rx.match(s):
+    if not rx.fullmatch(s):  # fullmatch: `match` with `$` lets a trailing newline through
         raise ValueError(f"{what} {s!r} may hold only {allowed}")
     return s
 
@@ -85,7 +85,7 @@ def sysctl_value(v: object) -> str:
     s = " ".join(
         _one_line(str(v) if isinstance(v, (int, float)) and not isinstance(v, bool) else v, "sysctl value").split()
     )
-    if not SYSCTL_VALUE_RE.match(s):
+    if not SYSCTL_VALUE_RE.fullmatch(s):
         raise ValueError(f"sysctl value {s!r} may hold only letters, digits, spaces and _ . , : / + -")
     return s
 
@@ -128,9 +128,36 @@ def address(v: object) -> str:
         ip = ""
     if ip and "%" not in ip:  # a zone (fe80::1%eth0) means nothing on the machine that dials it
         return ip
-    if HOSTNAME_RE.match(s) and not re.fullmatch(r"[0-9.]+", s):
+    if HOSTNAME_RE.fullmatch(s) and not re.fullmatch(r"[0-9.]+", s):
         return s.lower()
     raise ValueError(f"address {s!r} is neither an IP address nor a DNS host name (letters, digits, '-' and '.')")
+
+
+def ip_address(v: object, what: str = "address") -> str:
+    """An IP address only (a gateway, a DNS server, a static guest address), normalised; no zone (fe80::1%eth0:
+    a zone names an interface of the machine that writes it), no brackets, no host name."""
+    s = _one_line(v, what)
+    try:
+        ip = ipaddress.ip_address(s)
+    except ValueError:
+        ip = None
+    if ip is None or "%" in s:
+        raise ValueError(f"{what} {s!r} is not an IP address (e.g. 10.20.1.1 or fd00::1, without a %zone)")
+    return str(ip)
+
+
+# Query parameters that carry a credential (presigned S3/GCS/Azure URLs, API tokens): never in plain config.
+SECRET_PARAM_RE = re.compile(
+    r"(x-amz-(signature|credential|security-token)|x-goog-(signature|credential)|sig|signature|"
+    r"[a-z_-]*(token|secret|password|passwd|pwd|apikey|api_key|api-key|access_key|access-key|auth|credential)s?"
+    r"[a-z_-]*|key)",
+    re.IGNORECASE,
+)
+
+
+def secret_param(name: str) -> bool:
+    """Whether a URL query parameter's name says it carries a credential (token, signature, password, key ...)."""
+    return bool(SECRET_PARAM_RE.fullmatch(name.strip()))
 
 
 def is_ipv6(addr: str) -> bool:

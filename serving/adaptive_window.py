@@ -1,22 +1,44 @@
-"""Adaptive batching window (seed 004): every period, move Triton's ``max_queue_delay_microseconds`` one step
-towards the p95 target, inside a clamp.
+"""Adaptive batching window (seed 004): every period, move the client's micro-batching window (``WINDOW_US`` in the
+seed's ``client_microbatch.py``, initial 600 µs) one step towards the p95 target, inside a clamp, at runtime and in
+process: no reload, no restart, no dropped request.
 
 Seed 004: "以 p95 目标为约束（如 50ms），如果稳定低于目标，就每 10s 把 WINDOW_US+50；如果超过，就 -50；在
 [200, 1500]us 内夹紧" — below the target the window widens (bigger batches, more throughput), above it the window
 narrows (less queueing). A dead band under the target (``hysteresis``, 10 %) holds the window when p95 sits just
-under the target, so it does not flap between two values; a period with too few requests holds it too.
+under the target, so it does not flap between two values; a period with too few requests holds it too. Triton's
+``max_queue_delay_microseconds`` is the server-side upper bound, set per GPU by the preset; it is not in the loop.
 
-Where p95 comes from: Triton's ``nv_inference_request_summary_us`` quantile 0.95 (Triton started with
-``--metrics-config=summary_latencies=true``; a sliding window of about a minute) or, in-process, any callable such
-as a micro-batching client's own records. Where the window goes: Triton's model-control API, loading the model
-again with its served config and the new value as a config override (Triton started with
-``--model-control-mode=explicit``); Triton keeps serving the old instance until the new one is ready.
+Where the window lives (``WindowActuator``):
 
-Standard library only, so the same file runs on the serving guest under systemd::
+* ``BatcherWindow``: gpuhost's own client, ``serving.microbatch.MicroBatcher``, in the same process:
+  ``MicroBatcher.set_window`` takes effect on the next deadline, open batches included;
+* ``PublishedWindow``: a client that is not gpuhost's. The controller (the systemd unit beside Triton,
+  ``plans/adaptive_window.py``) keeps the window and publishes it on ``GET /window`` (JSON ``{model: µs}``) and on
+  /metrics; the client reads it each period and applies it to its own micro-batching window.
+
+Where p95 comes from: the client's own sliding window of latencies (``ClientP95``: the requests that completed
+during the last period, from the micro-batcher's records) or, where the client is not gpuhost's, Triton's
+``nv_inference_request_summary_us`` quantile 0.95 (``TritonP95``; Triton started with
+``--metrics-config=summary_latencies=true``).
+
+In process (the client's event loop or a thread)::
+
+    async with MicroBatcher(TritonBatchInfer(client, "yolov8n"), BatchPolicy(window_us=600)) as mb:
+        controller = in_process({"yolov8n": mb}, WindowPolicy(target_p95_ms=50))
+        serve_metrics(controller, "0.0.0.0", 9108)          # decisions for Prometheus
+        task = asyncio.create_task(controller.run_async())  # cancel it to stop
+
+As the unit beside Triton (standard library only; p95 from Triton, window published)::
 
     python3 adaptive_window.py --triton-url http://127.0.0.1:8000 --metrics-url http://127.0.0.1:8002 \\
         --model resnet50 --target-p95-ms 50 --step-us 50 --period-s 10 --min-us 200 --max-us 1500 \\
-        --listen 127.0.0.1:9108          # decisions as Prometheus metrics on /metrics
+        --initial-us 600 --listen 0.0.0.0:9108          # /metrics and /window
+
+Triton's own window changes only by an explicit operator action, rate limited per model (one reload per 10 min by
+default, recorded in a state file shared by every operator of the host), never by the control loop::
+
+    python3 adaptive_window.py reload-triton-window --model resnet50 --window-us 800 \\
+        [--triton-url http://127.0.0.1:8000] [--min-interval-s 600] [--state /var/lib/gpuhost/adaptive-window-reloads.json]
 
 Pure parts (tested on tables): ``decide``, ``parse_summary``, ``with_window``, ``load_body``, ``render_metrics``.
 """
@@ -24,18 +46,21 @@ Pure parts (tested on tables): ``decide``, ``parse_summary``, ``with_window``, `
 from __future__ import annotations
 
 import argparse
+import asyncio
 import dataclasses
+import fcntl
 import http.server
 import json
 import logging
 import math
+import os
 import re
 import threading
 import time
 import urllib.error
 import urllib.parse
 import urllib.request
-from typing import Callable, Optional
+from typing import Any, Callable, Mapping, Optional, Protocol
 
 log = logging.getLogger("gpuhost.adaptive_window")
 
@@ -208,6 +233,75 @@ class TritonP95:
         return p95, count if previous is None or count < previous else count - previous
 
 
+def percentile(values: list[float], q: float) -> float:
+    """Nearest-rank percentile (q in 0..100); NaN for no values (the same rule as serving.microbatch)."""
+    ordered = sorted(values)
+    if not ordered:
+        return math.nan
+    return ordered[max(1, math.ceil(q / 100.0 * len(ordered))) - 1]
+
+
+class ClientP95:
+    """p95 from the client's own sliding window: the requests that completed since the last read (one period),
+    from each model's ``MicroBatcher`` records (``stats.records``, ``clock``). Every request counts in exactly one
+    period; failed ones count as requests but carry no latency."""
+
+    def __init__(self, batchers: Mapping[str, Any]):
+        self.batchers = batchers
+        self.since: dict[str, float] = {}
+
+    def __call__(self, model: str) -> tuple[float, int]:
+        batcher = self.batchers[model]
+        now = batcher.clock()
+        since = self.since.get(model, -math.inf)
+        self.since[model] = now
+        records = list(batcher.stats.records)  # one copy, taken at once (the loop may be appending)
+        period = [r for r in records if since <= r.submitted + r.latency_s < now]
+        return percentile([r.latency_s * 1e3 for r in period if r.ok], 95), len(period)
+
+
+# ---------------------------------------------------------------- where the window lives
+
+
+class WindowActuator(Protocol):
+    def get(self, model: str) -> int: ...
+
+    def set(self, model: str, window_us: int) -> None: ...
+
+
+class BatcherWindow:
+    """The window of gpuhost's own micro-batchers in this process (``MicroBatcher.set_window``, one per model)."""
+
+    def __init__(self, batchers: Mapping[str, Any]):
+        self.batchers = batchers
+
+    def get(self, model: str) -> int:
+        return int(self.batchers[model].window_us)
+
+    def set(self, model: str, window_us: int) -> None:
+        self.batchers[model].set_window(window_us)
+
+
+class PublishedWindow:
+    """The window of a client that is not gpuhost's: kept here, published on ``GET /window`` and on /metrics."""
+
+    def __init__(self, models: list[str], initial_us: int):
+        self.windows = {m: int(initial_us) for m in models}
+        self.lock = threading.Lock()
+
+    def get(self, model: str) -> int:
+        with self.lock:
+            return self.windows[model]
+
+    def set(self, model: str, window_us: int) -> None:
+        with self.lock:
+            self.windows[model] = int(window_us)
+
+    def snapshot(self) -> dict[str, int]:
+        with self.lock:
+            return dict(self.windows)
+
+
 # ---------------------------------------------------------------- controller and its metrics
 
 
@@ -288,13 +382,14 @@ def render_metrics(policy: WindowPolicy, states: dict[str, ModelState]) -> str:
 
 
 class Controller:
-    """One decision per model per period.
+    """One decision per model per period; the window moves where ``window`` keeps it, never by a model reload.
 
     Args:
       policy: target, step, period and clamp.
       models: model names whose window it moves.
-      p95: callable ``model -> (p95_ms, requests in the period)`` (``TritonP95`` or a client's records).
-      triton: where the window is read (served config) and set (model load with a config override).
+      p95: callable ``model -> (p95_ms, requests in the period)`` (``ClientP95`` or ``TritonP95``).
+      window: where the window is read and set (``BatcherWindow`` in process, ``PublishedWindow`` for a client
+        that is not gpuhost's).
     """
 
     def __init__(
@@ -302,14 +397,13 @@ class Controller:
         policy: WindowPolicy,
         models: list[str],
         p95: Callable[[str], tuple[float, int]],
-        triton: Triton,
+        window: WindowActuator,
         *,
         on_decision: Optional[Callable[[Decision], None]] = None,
     ):
-        self.policy, self.models, self.p95, self.triton = policy, list(models), p95, triton
+        self.policy, self.models, self.p95, self.window = policy, list(models), p95, window
         self.states = {m: ModelState() for m in self.models}
         self.decisions: list[Decision] = []
-        self.applied_at: dict[str, float] = {}
         self.on_decision = on_decision
         self.lock = threading.Lock()
 
@@ -319,14 +413,11 @@ class Controller:
             state = self.states[model]
             at = time.time()
             try:
-                config = self.triton.config(model)
-                current = served_window(config)
+                current = self.window.get(model)
                 p95_ms, requests = self.p95(model)
                 d = dataclasses.replace(decide(self.policy, model, current, p95_ms, requests), at=at)
                 if d.changed:
-                    self.triton.load(model, with_window(config, d.window_us))
-                    # A source that can (a client's own records) measures only what came after the reload.
-                    self.applied_at[model] = time.perf_counter()
+                    self.window.set(model, d.window_us)
             except Exception as e:  # noqa: BLE001 — one bad period is counted and logged; the next one retries
                 with self.lock:
                     state.errors += 1
@@ -351,18 +442,36 @@ class Controller:
             out.append(d)
         return out
 
-    def run(self, stop: threading.Event) -> None:
-        """Decide every ``period_s`` until ``stop`` is set; the first period only primes the request counters."""
+    def prime(self) -> None:
+        """Start the first period now: read each source once (Triton's counters, the client's records) and show
+        the starting window on /metrics."""
         for model in self.models:
             try:
                 self.p95(model)
+                with self.lock:
+                    self.states[model].window_us = self.window.get(model)
             except Exception as e:  # noqa: BLE001
                 log.warning("%s: cannot read p95 yet: %s", model, e)
+
+    def run(self, stop: threading.Event) -> None:
+        """Decide every ``period_s`` until ``stop`` is set (a thread of its own)."""
+        self.prime()
         next_at = time.monotonic() + self.policy.period_s
         while not stop.wait(max(0.0, next_at - time.monotonic())):
             self.step()
             next_at += self.policy.period_s
-            if next_at < time.monotonic():  # a slow load ate the period: start the next one now
+            if next_at < time.monotonic():  # a slow period: start the next one now
+                next_at = time.monotonic() + self.policy.period_s
+
+    async def run_async(self) -> None:
+        """Decide every ``period_s`` in the running event loop (the client's own) until cancelled."""
+        self.prime()
+        next_at = time.monotonic() + self.policy.period_s
+        while True:
+            await asyncio.sleep(max(0.0, next_at - time.monotonic()))
+            self.step()
+            next_at += self.policy.period_s
+            if next_at < time.monotonic():
                 next_at = time.monotonic() + self.policy.period_s
 
     def metrics_text(self) -> str:
@@ -370,17 +479,28 @@ class Controller:
             return render_metrics(self.policy, self.states)
 
 
+def in_process(batchers: Mapping[str, Any], policy: WindowPolicy, **kwargs: Any) -> Controller:
+    """A controller moving the windows of this process's micro-batchers (``{model: MicroBatcher}``), p95 from their
+    own records."""
+    return Controller(policy, list(batchers), ClientP95(batchers), BatcherWindow(batchers), **kwargs)
+
+
 def serve_metrics(controller: Controller, host: str, port: int) -> http.server.ThreadingHTTPServer:
-    """Expose ``controller.metrics_text()`` on ``http://host:port/metrics`` from a daemon thread."""
+    """Expose ``controller.metrics_text()`` on ``http://host:port/metrics`` from a daemon thread; with a
+    ``PublishedWindow``, the windows as JSON on ``/window`` too."""
 
     class Handler(http.server.BaseHTTPRequestHandler):
         def do_GET(self):  # noqa: N802 — http.server's naming
-            if self.path.split("?")[0] != "/metrics":
+            path = self.path.split("?")[0]
+            if path == "/metrics":
+                body, kind = controller.metrics_text().encode(), "text/plain; version=0.0.4"
+            elif path == "/window" and isinstance(controller.window, PublishedWindow):
+                body, kind = json.dumps(controller.window.snapshot()).encode(), "application/json"
+            else:
                 self.send_error(404)
                 return
-            body = controller.metrics_text().encode()
             self.send_response(200)
-            self.send_header("Content-Type", "text/plain; version=0.0.4")
+            self.send_header("Content-Type", kind)
             self.send_header("Content-Length", str(len(body)))
             self.end_headers()
             self.wfile.write(body)
@@ -393,7 +513,107 @@ def serve_metrics(controller: Controller, host: str, port: int) -> http.server.T
     return server
 
 
+# ---------------------------------------------------------------- Triton's window: an operator action only
+
+RELOAD_STATE = "/var/lib/gpuhost/adaptive-window-reloads.json"
+RELOAD_MIN_INTERVAL_S = 600.0
+
+
+class RateLimited(RuntimeError):
+    pass
+
+
+class ReloadLimit:
+    """At most one Triton window reload per model every ``min_interval_s``; the times are kept in ``path`` (JSON
+    ``{model: unix time}``, under an flock), so every operator and every shell on the host shares the limit."""
+
+    def __init__(
+        self,
+        path: str = RELOAD_STATE,
+        min_interval_s: float = RELOAD_MIN_INTERVAL_S,
+        clock: Callable[[], float] = time.time,
+    ):
+        if min_interval_s < 0:
+            raise ValueError(f"min_interval_s must be ≥ 0, got {min_interval_s}")
+        self.path, self.min_interval_s, self.clock = path, min_interval_s, clock
+
+    def acquire(self, model: str) -> float:
+        """Record a reload of ``model`` now, or raise ``RateLimited`` naming when the next one is allowed; returns
+        the time of the next allowed reload."""
+        os.makedirs(os.path.dirname(os.path.abspath(self.path)), exist_ok=True)
+        with open(self.path, "a+") as f:
+            fcntl.flock(f, fcntl.LOCK_EX)
+            f.seek(0)
+            text = f.read()
+            try:
+                done = json.loads(text) if text.strip() else {}
+            except json.JSONDecodeError:
+                raise RuntimeError(f"{self.path} is not the JSON the reload limit writes; fix or remove it") from None
+            now = self.clock()
+            last = done.get(model)
+            if last is not None and now - float(last) < self.min_interval_s:
+                allowed = float(last) + self.min_interval_s
+                raise RateLimited(
+                    f"{model}: Triton's window was reloaded {now - float(last):.0f} s ago; one reload per "
+                    f"{self.min_interval_s:g} s: next allowed in {allowed - now:.0f} s "
+                    f"({time.strftime('%H:%M:%S', time.gmtime(allowed))} UTC)"
+                )
+            done[model] = now
+            f.seek(0)
+            f.truncate()
+            f.write(json.dumps(done, sort_keys=True))
+            f.flush()
+            return now + self.min_interval_s
+
+
+def reload_triton_window(triton: Triton, model: str, window_us: int, limit: ReloadLimit) -> tuple[int, int, float]:
+    """The operator action: load ``model`` again with its served config and a new ``max_queue_delay_microseconds``
+    (Triton with ``--model-control-mode=explicit``), if the rate limit allows. Returns (old µs, new µs, next allowed
+    reload). The attempt counts against the limit even when the load fails."""
+    if not 0 <= window_us <= 1_000_000:
+        raise ValueError(f"--window-us: {window_us} µs is outside 0..1000000")
+    config = triton.config(model)
+    before = served_window(config)
+    new = with_window(config, window_us)
+    next_at = limit.acquire(model)
+    triton.load(model, new)
+    return before, window_us, next_at
+
+
+def reload_main(argv: list[str]) -> int:
+    p = argparse.ArgumentParser(
+        prog="adaptive_window.py reload-triton-window",
+        description="Operator action: set Triton's max_queue_delay_microseconds by a model reload (rate limited).",
+    )
+    p.add_argument("--triton-url", default="http://127.0.0.1:8000")
+    p.add_argument("--model", required=True)
+    p.add_argument("--window-us", type=int, required=True)
+    p.add_argument("--min-interval-s", type=float, default=RELOAD_MIN_INTERVAL_S)
+    p.add_argument("--state", default=RELOAD_STATE)
+    a = p.parse_args(argv)
+    try:
+        before, after, next_at = reload_triton_window(
+            Triton(a.triton_url, a.triton_url), a.model, a.window_us, ReloadLimit(a.state, a.min_interval_s)
+        )
+    except RateLimited as e:
+        print(f"refused: {e}")
+        return 2
+    except (RuntimeError, ValueError, OSError) as e:
+        print(f"failed: {e}")
+        return 1
+    print(
+        f"{a.model}: Triton window {before} -> {after} µs by reload; next reload allowed at "
+        f"{time.strftime('%H:%M:%S', time.gmtime(next_at))} UTC"
+    )
+    return 0
+
+
 def main(argv: Optional[list[str]] = None) -> int:
+    import sys
+
+    argv = sys.argv[1:] if argv is None else argv
+    if argv[:1] == ["reload-triton-window"]:
+        return reload_main(argv[1:])
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--triton-url", default="http://127.0.0.1:8000")
     p.add_argument("--metrics-url", default="http://127.0.0.1:8002")
@@ -404,14 +624,17 @@ def main(argv: Optional[list[str]] = None) -> int:
     p.add_argument("--period-s", type=float, default=defaults.period_s)
     p.add_argument("--min-us", type=int, default=defaults.min_us)
     p.add_argument("--max-us", type=int, default=defaults.max_us)
+    p.add_argument("--initial-us", type=int, default=600, help="published window before the first decision (µs)")
     p.add_argument("--hysteresis", type=float, default=defaults.hysteresis)
     p.add_argument("--min-requests", type=int, default=defaults.min_requests)
-    p.add_argument("--listen", default="127.0.0.1:9108", help="host:port of the /metrics endpoint ('' for none)")
+    p.add_argument("--listen", default="127.0.0.1:9108", help="host:port of /metrics and /window ('' for none)")
     a = p.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(message)s")
     policy = WindowPolicy(a.target_p95_ms, a.step_us, a.period_s, a.min_us, a.max_us, a.hysteresis, a.min_requests)
+    if not policy.min_us <= a.initial_us <= policy.max_us:
+        p.error(f"--initial-us {a.initial_us} is outside the clamp [{policy.min_us}, {policy.max_us}] µs")
     triton = Triton(a.triton_url, a.metrics_url)
-    controller = Controller(policy, a.model, TritonP95(triton), triton)
+    controller = Controller(policy, a.model, TritonP95(triton), PublishedWindow(a.model, a.initial_us))
     if a.listen:
         host, _, port = a.listen.rpartition(":")
         serve_metrics(controller, host or "127.0.0.1", int(port))

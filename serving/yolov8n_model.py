@@ -16,7 +16,14 @@ Beside it in the version directory lies ``yolov8n.py`` (``serving/models/yolov8n
 
 On a KIND_CPU instance (tests, no GPU) the same code runs eagerly in FP32 without graphs.
 
-Parameters (``config.pbtxt``): ``output`` (nms|raw), ``precision`` (fp16|fp32), ``cuda_graphs`` (true|false),
+Weights: the ``weights`` parameter names a file beside this one (an Ultralytics ONNX export or checkpoint, a
+state_dict or safetensors, told apart by content: ``yolov8n_weights.py``), loaded at initialize; a stack ships its
+``artifact`` there, pinned by sha256 (so a pickled checkpoint is trusted). A file that does not fit YOLOv8n fails
+initialize with the loader's message (which key or node, expected vs found shape). Without ``weights`` the model
+refuses to load: a stack may not serve random weights. ``random_weights_for_benchmarks`` = ``true`` (set only by
+code, never from stack config) builds the seeded random model instead, whose answers do not depend on the image.
+
+Parameters (``config.pbtxt``): ``weights``, ``random_weights_for_benchmarks``, ``output`` (nms|raw), ``precision`` (fp16|fp32), ``cuda_graphs`` (true|false),
 ``max_det``, ``nms_candidates``, ``conf``, ``iou``, ``torch_threads``, ``report_every`` (print the mean time of
 each execute's phases every N executes to Triton's log, 0 = never). At start each instance prints the GPU time of
 one graph replay per batch size (``gpuhost-graph-ms``).
@@ -33,6 +40,7 @@ from torch.utils import dlpack
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import yolov8n as yolo  # noqa: E402  (lies beside this file in the version directory)
+import yolov8n_weights  # noqa: E402
 
 
 def _param(config, key, default):
@@ -64,8 +72,7 @@ class TritonPythonModel:
         self.outputs = [o["name"] for o in config["output"]]
         h, w, c = (int(d) for d in config["input"][0]["dims"])
         self.input_name = config["input"][0]["name"]
-        torch.manual_seed(0)  # random weights (see yolov8n.py): same model in every instance
-        model = yolo.fuse(yolo.YOLOv8n().eval()).to(self.device, self.dtype)
+        model = yolo.fuse(self._load(config)).to(self.device, self.dtype)
         self.model = model.to(memory_format=torch.channels_last) if gpu else model
         self.pre = yolo.Preprocess(self.dtype)
         pin = gpu
@@ -99,6 +106,24 @@ class TritonPythonModel:
             n: torch.empty((self.max_batch, *s), dtype=self._out_dtype(n), pin_memory=pin)
             for n, s in out_shapes.items()
         }
+
+    def _load(self, config):
+        """The model with the ``weights`` file's weights (eval, FP32, CPU); see the module docstring."""
+        name = _param(config, "weights", "")
+        if not name:
+            if _param(config, "random_weights_for_benchmarks", "false") != "true":
+                raise RuntimeError(
+                    f"{self.name}: no weights: a stack may not serve random weights; give the model an artifact "
+                    "(its YOLOv8n weights file: url or path, and sha256), which gpuhost ships as the 'weights' file"
+                )
+            torch.manual_seed(0)  # same model in every instance
+            return yolo.YOLOv8n().eval()
+        path = os.path.join(os.path.dirname(os.path.abspath(__file__)), os.path.basename(name))
+        with open(path, "rb") as f:
+            data = f.read()
+        model = yolov8n_weights.load_model(data, trusted=True, what=path)
+        print(f"gpuhost-weights {json.dumps({'instance': self.name, 'file': path, 'bytes': len(data)})}", flush=True)
+        return model
 
     def _report_graph_times(self):
         """GPU time of one graph replay per batch size (CUDA events, median of 20), printed to Triton's log."""

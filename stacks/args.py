@@ -13,6 +13,7 @@ from typing import Any
 from access.ssh import HostSpec, JumpHost
 from components.passthrough_host import PassthroughHostArgs
 from facts.cpulist import format_cpulist
+from plans.values import param_name
 from stacks.schema import Host
 
 
@@ -56,7 +57,10 @@ def cmdline_args(h: Host) -> list[str]:
     if k.isolate_vm_cpus and vm_cpus(h):
         cl = format_cpulist(vm_cpus(h))
         args += [f"isolcpus={cl}", f"nohz_full={cl}"]
-    return args + list(k.extra_args)
+    # An acknowledged override (kernel.overrides_acknowledged) replaces gpuhost's own value: one word per
+    # parameter, so the running command line can match what is asked for.
+    extra = {param_name(a) for a in k.extra_args}
+    return [a for a in args if param_name(a) not in extra] + list(k.extra_args)
 
 
 def acknowledged(h: Host) -> list[str]:

@@ -10,15 +10,16 @@ Usage::
 
 from __future__ import annotations
 
-from typing import Iterator
+import ipaddress
+from typing import Iterator, Optional
 
 from plans import values as val
-from plans.cmdline import UNSAFE
+from plans.cmdline import UNSAFE, owned_by
 from plans.mig_fit import layout_problems
 from stacks.schema import Fleet, Host, Topology
 
-# Presets whose model code gpuhost ships itself (serving/models): no artifact needed.
-SHIPPED_CODE = ("yolov8n_torch",)
+# Presets whose model code gpuhost ships itself (serving/models): the artifact is their weights file.
+WEIGHTS_ONLY = ("yolov8n_torch",)
 
 # What one TritonService writes on its machine (components/triton_service.py): two services on one machine would
 # overwrite each other's files and fight over Triton's ports.
@@ -71,6 +72,7 @@ def host_problems(i: int, h: Host) -> Iterator[str]:
                 )
             if vm.memory_gib > t.memory_gib_per_node:
                 yield f"{at}.vms[{j}].memory_gib: {vm.memory_gib} GiB exceeds a node's {t.memory_gib_per_node} GiB"
+    yield from _device_problems(at, h)
     for k, g in enumerate(h.gpus):
         if t and g.numa_node is not None and g.numa_node >= t.nodes:
             yield f"{at}.gpus[{k}].numa_node: {g.numa_node} but the topology has {t.nodes} nodes"
@@ -88,14 +90,79 @@ def host_problems(i: int, h: Host) -> Iterator[str]:
         if bad:
             yield f"{at}.reserved_cpus: CPU(s) {bad} beyond this host's {ncpu} CPUs"
         yield from _hugepage_problems(at, h, t)
+        for k, p in enumerate(h.sriov):
+            if p.numa_node is not None and p.numa_node >= t.nodes:
+                yield f"{at}.sriov[{k}].numa_node: {p.numa_node} but the topology has {t.nodes} nodes (0-{t.nodes - 1})"
+    else:
+        # Without a topology nothing bounds these by the machine: refuse them until the host declares one.
+        why = (
+            "on a host without topology, so gpuhost cannot check that the host holds them; declare topology "
+            "(sockets, cores_per_socket, threads_per_core, memory_gib_per_node) on this host"
+        )
+        if h.hugepages.count:
+            yield f"{at}.hugepages.count: {h.hugepages.count} pages {why}"
+        if h.hugepages.per_node:
+            yield f"{at}.hugepages.per_node: pages on node(s) {sorted(h.hugepages.per_node)} {why}"
     ack = {flag for flag in UNSAFE.values() if getattr(h, flag)}
+    overrides = set(h.kernel.overrides_acknowledged)
     for k, arg in enumerate(h.kernel.extra_args):
-        flag = UNSAFE.get(val.param_name(arg))
-        if flag and flag not in ack:
+        name = val.param_name(arg)
+        flag = UNSAFE.get(name)
+        owner = owned_by(name)
+        if flag:
+            if flag not in ack:
+                yield (
+                    f"{at}.kernel.extra_args[{k}]: {arg!r} ({name}) weakens isolation between devices "
+                    f"and VMs (seeds: last resort only); set {flag}: true on the host to use it"
+                )
+        elif owner and name not in overrides:
             yield (
-                f"{at}.kernel.extra_args[{k}]: {arg!r} ({val.param_name(arg)}) weakens isolation between devices "
-                f"and VMs (seeds: last resort only); set {flag}: true on the host to use it"
+                f"{at}.kernel.extra_args[{k}]: {arg!r} sets {name}, which gpuhost sets itself from {owner}; set "
+                f"it through that field, or add {name!r} to kernel.overrides_acknowledged to replace gpuhost's value"
             )
+    set_names = {val.param_name(a) for a in h.kernel.extra_args}
+    for k, name in enumerate(h.kernel.overrides_acknowledged):
+        if not owned_by(name):
+            yield (
+                f"{at}.kernel.overrides_acknowledged[{k}]: gpuhost does not set {name}, so there is nothing to "
+                "acknowledge; remove it"
+            )
+        elif name not in set_names:
+            yield (
+                f"{at}.kernel.overrides_acknowledged[{k}]: no kernel.extra_args entry sets {name}; remove it, or add "
+                "the argument it acknowledges"
+            )
+    # Removing what gpuhost adds on this host would leave the running command line never matching (a reboot due
+    # on every run): the field that adds it is the switch.
+    from stacks.args import cmdline_args
+
+    own = {val.param_name(a) for a in cmdline_args(h)} - {val.param_name(a) for a in h.kernel.extra_args}
+    for k, arg in enumerate(h.kernel.remove_args):
+        name = val.param_name(arg)
+        if name in own:
+            yield (
+                f"{at}.kernel.remove_args[{k}]: {arg!r} removes {name}, which gpuhost adds on this host from "
+                f"{owned_by(name) or 'its own settings'}; change that field instead of removing the argument"
+            )
+
+
+def _device_problems(at: str, h: Host) -> Iterator[str]:
+    """One PCI function, one entry: GPUs (every function of their slot) and SR-IOV PFs, whatever the spelling
+    (the schema normalises 81:00.0, 0000:81:00.0 and upper case to one address)."""
+    owner: dict[str, str] = {}
+    for k, g in enumerate(h.gpus):
+        for f in g.functions:
+            a = g.address[:-1] + str(f)
+            if a in owner:
+                yield (
+                    f"{at}.gpus[{k}].address: {a} is {owner[a]} already (one PCI device, one entry); remove one of them"
+                )
+                break
+            owner[a] = f"gpus[{k}]" if f == int(g.address[-1]) else f"a function of gpus[{k}]"
+    for k, p in enumerate(h.sriov):
+        if p.pf in owner:
+            yield f"{at}.sriov[{k}].pf: {p.pf} is {owner[p.pf]} already (one PCI device, one entry); remove one of them"
+        owner.setdefault(p.pf, f"sriov[{k}]")
 
 
 def _hugepage_problems(at: str, h: Host, t: Topology) -> Iterator[str]:
@@ -145,20 +212,25 @@ def fleet_problems(fleet: Fleet, unknown: frozenset[str] = frozenset()) -> list[
                 "(one SSH endpoint is one machine; two hosts there would undo each other's changes)"
             )
         endpoints.setdefault(ep, h.name)
+    # One address, one machine across the stack: every host's SSH address (and jump host) and every guest.
+    addresses: dict[str, str] = {}
+    for h in fleet.hosts:
+        addresses.setdefault(h.ssh.address.lower(), h.name)
+    for h in fleet.hosts:
+        if h.ssh.jump:
+            addresses.setdefault(h.ssh.jump.address.lower(), f"the jump host of {h.name}")
     for i, h in enumerate(fleet.hosts):
-        jump = _via_host(h)
+        out += _network_problems(i, h)
         for j, vm in enumerate(h.vms):
             if not vm.address:
                 continue
-            ep = _endpoint(vm.address, 22, jump)
-            direct = _endpoint(vm.address, 22, None)
-            other = endpoints.get(ep) or endpoints.get(direct)
+            other = addresses.get(vm.address.lower())
             if other:
                 out.append(
                     f"fleet.hosts[{i}].vms[{j}].address: {vm.address} is {other!r} already "
                     "(each guest needs its own address)"
                 )
-            endpoints.setdefault(ep, f"{h.name}/{vm.name}")
+            addresses.setdefault(vm.address.lower(), f"{h.name}/{vm.name}")
         if fleet.monitoring:
             for j, vm in enumerate(h.vms):
                 if vm.address and len(f"{h.name}-{vm.name}") > 63:
@@ -181,11 +253,6 @@ def fleet_problems(fleet: Fleet, unknown: frozenset[str] = frozenset()) -> list[
                 )
         if not s.models:
             out.append(f"{at}.models: a service needs at least one model")
-        if s.nginx_port in TRITON_PORTS:
-            out.append(
-                f"{at}.nginx_port: {s.nginx_port} is one of Triton's own ports {list(TRITON_PORTS)} on the "
-                "same machine; use 80 or another free port"
-            )
         sh = hosts.get(s.host)
         if sh is None:
             out.append(f"{at}.host: unknown host {s.host!r} (hosts: {', '.join(hosts) or 'none'})")
@@ -202,8 +269,15 @@ def fleet_problems(fleet: Fleet, unknown: frozenset[str] = frozenset()) -> list[
                 out.append(
                     f"{at}.vm: VM {s.vm!r} has no address, so the service cannot reach it; set address on that VM"
                 )
+        out += _service_gpu_problems(at, s, sh)
         for k, mdl in enumerate(s.models):
-            if mdl.artifact is None and mdl.preset not in SHIPPED_CODE:
+            if mdl.artifact is None and mdl.preset in WEIGHTS_ONLY:
+                out.append(
+                    f"{at}.models[{k}].artifact: required for preset {mdl.preset}: its weights file (an Ultralytics "
+                    "yolov8n.onnx or yolov8n.pt, a state_dict or safetensors; url or path, and sha256); a stack may "
+                    "not serve random weights"
+                )
+            elif mdl.artifact is None:
                 out.append(
                     f"{at}.models[{k}].artifact: required for preset {mdl.preset}: the model's file (url or path, "
                     "and sha256); gpuhost ships no stand-in"
@@ -234,14 +308,179 @@ def fleet_problems(fleet: Fleet, unknown: frozenset[str] = frozenset()) -> list[
         if m.prometheus_port == m.grafana_port:
             out.append(f"fleet.monitoring.grafana_port: {m.grafana_port} is the prometheus_port too")
         for i, s in enumerate(fleet.services):
-            if s.host == m.host and not s.vm and s.nginx_port in (m.prometheus_port, m.grafana_port):
-                out.append(f"fleet.services[{i}].nginx_port: {s.nginx_port} is taken by monitoring on {m.host}")
             if s.adaptive_window and s.adaptive_window.loopback_only:
                 out.append(
                     f"fleet.services[{i}].adaptive_window.listen: {s.adaptive_window.listen} is loopback only; "
                     "Prometheus on the monitoring host scrapes the controller there (listen on 0.0.0.0:PORT)"
                 )
     out += gateway_problems(fleet)
+    out += port_problems(fleet)
+    return out
+
+
+def _service_gpu_problems(at: str, s, h: Host) -> list[str]:
+    """A service needs a GPU it can use where it runs: its VM's passed-through GPUs, or on the host one the host's
+    NVIDIA driver keeps (passthrough: false); a MIG binding needs a runtime that binds the device."""
+    if s.vm:
+        vm = next((v for v in h.vms if v.name == s.vm), None)
+        if vm is not None and not vm.gpus:
+            return [
+                f"{at}.vm: VM {s.vm!r} has no GPU (its gpus is empty), so Triton there has none to use; give the "
+                "VM a GPU of the host, or run the service where one is"
+            ]
+        if vm is not None and s.numa_node not in (None, 0):
+            return [f"{at}.numa_node: {s.numa_node} but a guest sees one NUMA node (0); drop numa_node or set 0"]
+        return []
+    usable = [g for g in h.gpus if not g.passthrough]
+    if not usable:
+        why = (
+            f"all of host {h.name}'s GPUs are bound to vfio for VMs (passthrough: true)"
+            if h.gpus
+            else f"host {h.name} declares no GPU"
+        )
+        return [
+            f"{at}.host: {why}, so Triton on the host has none to use; run the service in a VM that has a GPU "
+            "(vm:), or keep a GPU on the host (passthrough: false)"
+        ]
+    out = []
+    if any(g.mig for g in h.gpus):
+        from stacks.program import model_spec
+
+        for k, m in enumerate(s.models):
+            if model_spec(m, s.gpu_model).platform == "tensorrt_plan":
+                out.append(
+                    f"{at}.models[{k}].preset: {m.preset} builds a TensorRT engine, and the build runs on a whole GPU "
+                    "(docker --gpus device=0), not on this service's MIG device; on a MIG host use a python-backend "
+                    "preset (yolov8n_torch, sdxl), or serve the model from a VM"
+                )
+    if any(g.mig for g in h.gpus) and s.runtime == "process":
+        out.append(
+            f"{at}.runtime: process runs Triton without a device binding, but on a MIG host the service is bound to "
+            "one MIG device (it would see every GPU); use runtime: docker"
+        )
+    if s.numa_node is not None and h.topology and s.numa_node >= h.topology.nodes:
+        out.append(f"{at}.numa_node: {s.numa_node} but host {h.name} has {h.topology.nodes} NUMA nodes")
+    return out
+
+
+def _network_problems(i: int, h: Host) -> list[str]:
+    """Static guest addresses on the host's bridge (vm_network): IP addresses inside one subnet with the gateway,
+    not the subnet's own network or broadcast address, nor the gateway."""
+    net = h.vm_network
+    if net is None:
+        return []
+    at = f"fleet.hosts[{i}]"
+    out: list[str] = []
+    subnet: Optional[ipaddress._BaseNetwork] = None
+    if net.gateway:
+        gw = ipaddress.ip_address(net.gateway)
+        if net.prefix_length > gw.max_prefixlen:
+            return [
+                f"{at}.vm_network.prefix_length: {net.prefix_length} but the gateway is IPv{gw.version} (at most {gw.max_prefixlen})"
+            ]
+        subnet = ipaddress.ip_network(f"{gw}/{net.prefix_length}", strict=False)
+    for j, vm in enumerate(h.vms):
+        if not vm.address:
+            continue
+        where = f"{at}.vms[{j}].address"
+        try:
+            ip = ipaddress.ip_address(vm.address)
+        except ValueError:
+            out.append(
+                f"{where}: {vm.address!r} is a host name, but vm_network gives guests static IP addresses; write the guest's IP"
+            )
+            continue
+        if subnet is None:
+            if net.prefix_length > ip.max_prefixlen:
+                out.append(
+                    f"{at}.vm_network.prefix_length: {net.prefix_length} but guest addresses are IPv{ip.version} (at most {ip.max_prefixlen})"
+                )
+                return out
+            subnet = ipaddress.ip_network(f"{ip}/{net.prefix_length}", strict=False)
+        if ip.version != subnet.version or ip not in subnet:
+            what = f"with the gateway {net.gateway}" if net.gateway else "with the host's other guests"
+            out.append(
+                f"{where}: {ip} is outside the VM subnet {subnet} ({what}); use an address inside it, or fix vm_network.prefix_length"
+            )
+        elif ip == subnet.network_address or (
+            ip.version == 4 and subnet.prefixlen < 31 and ip == subnet.broadcast_address
+        ):
+            out.append(
+                f"{where}: {ip} is the {'network' if ip == subnet.network_address else 'broadcast'} address of {subnet}; use a host address inside it"
+            )
+        elif net.gateway and ip == ipaddress.ip_address(net.gateway):
+            out.append(f"{where}: {ip} is the gateway of vm_network; give the guest its own address")
+    return out
+
+
+# Fixed listeners gpuhost puts on machines besides the configurable ports (Triton's three, the exporters).
+NODE_EXPORTER_PORT = 9100
+DCGM_EXPORTER_PORT = 9400
+
+
+def port_problems(fleet: Fleet) -> list[str]:
+    """One machine, one listener per port: every port the stack opens on a host or guest, with the config path
+    that opens it; a clash names both paths. Pairs inside one gateway or the monitoring block are reported by
+    their own checks."""
+    listeners: dict[str, list[tuple[int, str, str, bool]]] = {}  # machine -> (port, path, what, fixed)
+
+    def on(machine: str, port: int, path: str, what: str, fixed: bool = False) -> None:
+        listeners.setdefault(machine, []).append((port, path, what, fixed))
+
+    hosts = {h.name: h for h in fleet.hosts}
+    for i, h in enumerate(fleet.hosts):
+        on(h.name, h.ssh.port, f"fleet.hosts[{i}].ssh.port", "sshd")
+        for j, vm in enumerate(h.vms):
+            if vm.address:
+                on(f"{h.name}/{vm.name}", 22, f"fleet.hosts[{i}].vms[{j}]", "the guest's sshd", True)
+    served: set[str] = set()
+    for i, s in enumerate(fleet.services):
+        m = f"{s.host}/{s.vm}" if s.vm else s.host
+        if s.host not in hosts or m in served:  # two services on one machine: reported by fleet_problems
+            continue
+        served.add(m)
+        at = f"fleet.services[{i}]"
+        for port, what in zip(TRITON_PORTS, ("HTTP", "gRPC", "metrics")):
+            on(m, port, at, f"Triton's {what} port", True)
+        on(m, s.nginx_port, f"{at}.nginx_port", "nginx")
+        if s.adaptive_window:
+            on(m, s.adaptive_window.port, f"{at}.adaptive_window.listen", "the adaptive-window controller")
+    for i, g in enumerate(fleet.gateways):
+        at = f"fleet.gateways[{i}]"
+        on(g.host, g.redis_port, f"{at}.redis_port", "the gateway's Redis")
+        on(g.host, g.front_port, f"{at}.front_port", "the gateway's HTTP entry")
+        for w in range(g.workers):
+            on(g.host, g.metrics_port + w, f"{at}.metrics_port", f"gateway worker {w}'s metrics")
+    mon = fleet.monitoring
+    if mon:
+        on(mon.host, mon.prometheus_port, "fleet.monitoring.prometheus_port", "Prometheus")
+        on(mon.host, mon.grafana_port, "fleet.monitoring.grafana_port", "Grafana")
+        for h in fleet.hosts:
+            on(h.name, NODE_EXPORTER_PORT, "fleet.monitoring", "node-exporter", True)
+            if any(not g.passthrough for g in h.gpus):
+                on(h.name, DCGM_EXPORTER_PORT, "fleet.monitoring", "dcgm-exporter", True)
+            for vm in h.vms:
+                if vm.address:
+                    on(f"{h.name}/{vm.name}", NODE_EXPORTER_PORT, "fleet.monitoring", "node-exporter", True)
+                    on(f"{h.name}/{vm.name}", DCGM_EXPORTER_PORT, "fleet.monitoring", "dcgm-exporter", True)
+    out: list[str] = []
+    for machine, ls in listeners.items():
+        first: dict[int, tuple[int, str, str, bool]] = {}
+        # Fixed listeners first, so the line goes to the path the user can change.
+        for port, path, what, fixed in sorted(ls, key=lambda x: not x[3]):
+            if port not in first:
+                first[port] = (port, path, what, fixed)
+                continue
+            _, fpath, fwhat, _ = first[port]
+            same_block = (path.startswith("fleet.gateways") and fpath.split(".")[:2] == path.split(".")[:2]) or (
+                path.startswith("fleet.monitoring.") and fpath.startswith("fleet.monitoring.")
+            )
+            if same_block or (fpath, fwhat) == (path, what):
+                continue
+            out.append(
+                f"{path}: port {port} on {machine} is also {fwhat} ({fpath}); one port has one listener on a "
+                "machine: choose another port"
+            )
     return out
 
 

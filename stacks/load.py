@@ -33,8 +33,42 @@ def _loc(loc: tuple) -> str:
         if isinstance(p, int):
             out += f"[{p}]"
         else:
-            out += ("." if out else "") + str(p)
+            out += ("." if out else "") + str(p) if p != "[key]" else ""
     return out
+
+
+def _bound(e: dict) -> str:
+    ctx = e.get("ctx") or {}
+    word = {"gt": "above", "ge": "at least", "lt": "below", "le": "at most"}
+    want = " and ".join(f"{word[k]} {ctx[k]}" for k in ("gt", "ge", "lt", "le") if k in ctx)
+    return f"{e['input']!r} is out of range (use a value {want})"
+
+
+def _typed(what: str, example: str):
+    def msg(e: dict) -> str:
+        x = e["input"]
+        shown = str(x).lower() if isinstance(x, bool) else repr(x)
+        return f"{shown} is not {what} (write {example}, unquoted: true/false and quoted numbers are refused)"
+
+    return msg
+
+
+# pydantic's own words per error type, as one line that says what to write instead.
+_TYPE_MSG = {
+    "int_type": _typed("a whole number", "e.g. 8"),
+    "int_from_float": _typed("a whole number", "e.g. 8"),
+    "int_parsing": _typed("a whole number", "e.g. 8"),
+    "float_type": _typed("a number", "e.g. 2.5"),
+    "float_parsing": _typed("a number", "e.g. 2.5"),
+    "bool_type": lambda e: f"{e['input']!r} is not true or false (write true or false)",
+    "string_type": lambda e: f"{e['input']!r} is not a string (quote it)",
+    "finite_number": lambda e: f"{e['input']!r} is not a finite number (inf and NaN are refused: write a number)",
+    "greater_than": _bound,
+    "greater_than_equal": _bound,
+    "less_than": _bound,
+    "less_than_equal": _bound,
+    "too_long": lambda e: f"{len(e['input'])} items, at most {(e.get('ctx') or {}).get('max_length')} (remove some)",
+}
 
 
 def errors_of(err: ValidationError, prefix: str = "fleet") -> list[str]:
@@ -44,6 +78,9 @@ def errors_of(err: ValidationError, prefix: str = "fleet") -> list[str]:
         msg = e["msg"].removeprefix("Value error, ")
         if e["type"] in ("less_than_equal", "greater_than_equal") and str(e["loc"][-1]).endswith("port"):
             msg = f"{e['input']!r} is not a TCP port (use 1-65535)"
+        else:
+            typed = _TYPE_MSG.get(e["type"])
+            msg = typed(e) if typed else msg
         base = f"{prefix}.{where}" if where else prefix
         # Cross-field checks report several fields at once, "a: ...; b: ..."; give each its own line.
         for part in msg.split("; "):
@@ -83,12 +120,48 @@ def parse_fleet(raw: Any) -> Fleet:
         if not cross and not lines:
             cross = placement_problems(fleet)
         if not cross and not lines:
+            cross = _artifact_problems(fleet)
+        if not cross and not lines:
             cross = _declaration_problems(fleet)
         lines += [ln for ln in cross if not any(ln.startswith(d) and ln[len(d)] in ".[:" for d in dropped)]
     if lines:
         raise ConfigError(list(dict.fromkeys(lines)))
     assert fleet is not None
     return fleet
+
+
+def _artifact_problems(fleet: Fleet) -> list[str]:
+    """Artifacts given by ``path`` (a file on this machine) checked before any resource: the sha256 the config
+    pins, and for a yolov8n_torch model the weights' layout (``serving/models/yolov8n_weights.py``: which key or
+    node, expected vs found shape). A ``url`` artifact is checked where it lands: its sha256 by ModelArtifact
+    before it is moved in, its layout by the Triton backend at load, with the same message."""
+    import hashlib
+
+    out = []
+    for i, s in enumerate(fleet.services):
+        for k, m in enumerate(s.models):
+            a = m.artifact
+            if a is None or a.path is None:
+                continue
+            at = f"fleet.services[{i}].models[{k}].artifact"
+            try:
+                with open(a.path, "rb") as f:
+                    data = f.read()
+            except OSError as e:
+                out.append(f"{at}.path: cannot read {a.path} here ({e.strerror}); give a file on this machine")
+                continue
+            got = hashlib.sha256(data).hexdigest()
+            if got != a.sha256:
+                out.append(f"{at}.sha256: {a.path} has sha256 {got}, config says {a.sha256} (pin the file's sha256)")
+                continue
+            if m.preset == "yolov8n_torch":
+                from serving.models.yolov8n_weights import WeightsError, load_model
+
+                try:
+                    load_model(data, trusted=True, what=a.path)
+                except WeightsError as e:
+                    out.append(f"{at}.path: not YOLOv8n weights: {e}")
+    return out
 
 
 def _declaration_problems(fleet: Fleet) -> list[str]:

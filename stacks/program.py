@@ -10,6 +10,7 @@ Usage (what __main__.py does)::
 
 from __future__ import annotations
 
+import os
 from collections.abc import Callable
 from typing import Any, Optional
 
@@ -36,7 +37,7 @@ from plans.triton_runtime import DockerRuntime, ProcessRuntime
 from plans.values import host_port
 from stacks.args import host_spec, passthrough_args
 from stacks.load import ConfigError
-from stacks.schema import Fleet, Gateway, Host, Service, ServiceModel, Vm
+from stacks.schema import Artifact, Fleet, Gateway, Host, Service, ServiceModel, Vm
 
 PRESETS = {"yolov8n": yolov8n, "yolov8n_torch": yolov8n_torch, "resnet50_fp16": resnet50_fp16, "sdxl": sdxl}
 
@@ -45,13 +46,28 @@ PRESETS = {"yolov8n": yolov8n, "yolov8n_torch": yolov8n_torch, "resnet50_fp16": 
 _PRESET_FIELDS = {"max_batch_size", "instance_group", "dynamic_batching"}
 
 
+def weights_file(artifact: Artifact) -> str:
+    """A yolov8n_torch artifact's file name in the version directory: ``weights`` + the source's extension
+    (the backend tells the format by content; the extension is for people)."""
+    src = (artifact.path or artifact.url or "").split("?")[0]
+    ext = os.path.splitext(src)[1].lower()
+    return "weights" + (ext if ext in (".onnx", ".pt", ".pth", ".safetensors") else "")
+
+
+def _with_weights(spec: ModelSpec, m: ServiceModel) -> ModelSpec:
+    """yolov8n_torch: the ``weights`` parameter names the artifact's file (stacks.checks requires the artifact)."""
+    if m.preset != "yolov8n_torch" or m.artifact is None:
+        return spec
+    return spec.model_copy(update={"parameters": {**spec.parameters, "weights": weights_file(m.artifact)}})
+
+
 def model_spec(m: ServiceModel, gpu_model: str) -> ModelSpec:
     """The model's signature from its preset, batching from the GPU's preset, and what config sets on top."""
     base = PRESETS[m.preset]()
     try:
         gpu_key(gpu_model)
     except KeyError:
-        return base.model_copy(update={"name": m.name})
+        return _with_weights(base.model_copy(update={"name": m.name}), m)
     workload = m.workload or base.workload
     data = base.model_dump(by_alias=True, exclude=_PRESET_FIELDS)
     data.update(name=m.name, workload=workload)
@@ -62,7 +78,7 @@ def model_spec(m: ServiceModel, gpu_model: str) -> ModelSpec:
     if m.max_queue_delay_us is not None:
         data["dynamic_batching"] = DynamicBatching(max_queue_delay_microseconds=m.max_queue_delay_us)
     spec = ModelSpec.model_validate(data)
-    spec = apply_preset(spec, gpu_model, workload)
+    spec = _with_weights(apply_preset(spec, gpu_model, workload), m)
     if spec.warmup and spec.max_batch_size and any(w.batch_size > spec.max_batch_size for w in spec.warmup):
         spec = spec.model_copy(update={"warmup": []})
     return spec
@@ -73,11 +89,20 @@ def mig_devices(h: Host, s: Service, layout: MigGpus):
     order = [g.address for g in sorted(h.gpus, key=lambda g: g.address) if not g.passthrough]
     gpu = s.mig.gpu if s.mig else next(g.address for g in sorted(h.gpus, key=lambda g: g.address) if g.mig)
     index, instance = str(order.index(gpu)), (s.mig.instance if s.mig else 0)
-    return layout.mig_uuids.apply(
-        lambda u: (
-            [list((u or {}).get(index) or [])[instance]] if len(list((u or {}).get(index) or [])) > instance else []
-        )
-    )
+
+    def bound(u: Any) -> list[str]:
+        # Fail closed: a MIG UUID that is not known (layout pending a reset, nvidia-smi -L short) fails the service;
+        # it never runs with no device request, which Docker would widen to every GPU.
+        uuids = list((u or {}).get(index) or [])
+        if len(uuids) <= instance or not str(uuids[instance]).startswith("MIG-"):
+            raise ValueError(
+                f"service {s.name}: MIG instance {instance} of GPU {gpu} on {h.name} has no known MIG UUID "
+                f"(nvidia-smi -L lists {len(uuids)}); Triton gets no GPU rather than all of them: finish the MIG "
+                "layout (reset the GPU if its MIG mode is pending) and run up again"
+            )
+        return [str(uuids[instance])]
+
+    return layout.mig_uuids.apply(bound)
 
 
 def mps_share(fleet: Fleet, s: Service) -> int:
@@ -412,6 +437,8 @@ def build(
                         gpu_model=s.gpu_model,
                     )
                 )
+            elif m.preset == "yolov8n_torch":  # the weights file, beside the model code gpuhost ships
+                dest = f"{root}/{m.name}/{mspec.version}/{weights_file(m.artifact)}"
             else:
                 dest = f"{root}/{m.name}/{mspec.version}/model.py"
             artifacts.append(

@@ -23,38 +23,68 @@ from __future__ import annotations
 
 import re
 from typing import Annotated, Literal, Optional
+from urllib.parse import parse_qsl, urlsplit
 
-from pydantic import AfterValidator, BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import AfterValidator, BaseModel, BeforeValidator, ConfigDict, Field, field_validator, model_validator
 
-from facts.cpulist import CpuListError, parse_cpulist
+from facts.cpulist import MAX_CPUS, CpuListError, parse_cpulist
 from facts.model import normalize_pci
 from plans import values as val
 from plans.adaptive_window import AdaptiveWindow  # one definition of the controller's settings
 from plans.sriov import VfSettings  # one definition of per-VF settings
 
-PCI_RE = re.compile(r"^([0-9a-fA-F]{4}:)?[0-9a-fA-F]{2}:[0-9a-fA-F]{2}\.[0-7]$")
-NAME_RE = re.compile(r"^[a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?$")
+# Every regex below is applied with fullmatch: `re.match(r"...$")` lets a trailing newline through.
+PCI_RE = re.compile(r"([0-9a-fA-F]{4}:)?[0-9a-fA-F]{2}:[0-9a-fA-F]{2}\.[0-7]")
+NAME_RE = re.compile(r"[a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?")
+BRIDGE_RE = re.compile(r"[A-Za-z0-9_.:-]{1,15}")
+SHA256_RE = re.compile(r"[0-9a-f]{64}")
+
+# Upper bounds of counts no real machine or deploy exceeds (so a typo'd 10**12 is refused, not tried).
+MAX_NODES = 64  # NUMA nodes (Linux's MAX_NUMNODES is 1024; no x86 server has more than 32)
+MAX_TIMEOUT_S = 86400
+MAX_GIB = 65536  # 64 TiB of memory per NUMA node or VM
 
 
 def pci_address(v: str) -> str:
-    if not isinstance(v, str) or not PCI_RE.match(v.strip()):
+    if not isinstance(v, str) or not PCI_RE.fullmatch(v):
         raise ValueError(f"not a PCI address: {v!r} (want domain:bus:slot.function, e.g. 0000:65:00.0)")
     return normalize_pci(v)
 
 
 def cpu_list(v) -> list[int]:
+    """A cpulist string ("0-1,32-33") or a list of CPU numbers; every number below MAX_CPUS, checked before a
+    range is expanded (so "0-4000000000" is refused, not built)."""
     if isinstance(v, list):
-        if not all(isinstance(x, int) and x >= 0 for x in v):
-            raise ValueError("CPU list must hold non-negative integers")
+        bad = [x for x in v if isinstance(x, bool) or not isinstance(x, int) or not 0 <= x < MAX_CPUS]
+        if bad:
+            raise ValueError(f'CPU numbers are whole numbers 0-{MAX_CPUS - 1} (e.g. "0-1,32-33"), not {bad!r}')
         return sorted(set(v))
+    if not isinstance(v, str):
+        raise ValueError(f'{v!r} is not a CPU list (write a cpulist string like "0-1,32-33" or a list of CPU numbers)')
     try:
-        return parse_cpulist(str(v))
+        return parse_cpulist(v)
     except CpuListError as e:
-        raise ValueError(str(e)) from None
+        raise ValueError(f'{e} (write CPU numbers 0-{MAX_CPUS - 1}, e.g. "0-1,32-33")') from None
+
+
+def _node_key(v: object) -> object:
+    """A NUMA node number as a map key: YAML/JSON hand keys over as strings ("0"); only ASCII digits count."""
+    if isinstance(v, str):
+        if not re.fullmatch(r"[0-9]{1,4}", v):
+            raise ValueError(f"NUMA node {v!r} is not a node number (write 0, 1, ... below {MAX_NODES})")
+        return int(v)
+    return v
 
 
 class Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+    """Every stack-config model: unknown keys refused; numbers strict (no bool for a number, no "8" for 8) and
+    finite (no inf or NaN); new fields inherit both."""
+
+    model_config = ConfigDict(extra="forbid", strict=True, allow_inf_nan=False)
+
+
+NodeKey = Annotated[int, BeforeValidator(_node_key), Field(ge=0, lt=MAX_NODES)]
+NumaNode = Annotated[int, Field(ge=0, lt=MAX_NODES)]
 
 
 def _v(check, *fields: str):
@@ -67,6 +97,24 @@ MigProfile = Annotated[str, AfterValidator(val.mig_profile)]
 IrqPattern = Annotated[str, AfterValidator(val.irq_pattern)]
 
 
+def _pin(v: Optional[str]) -> Optional[str]:
+    """A host key pin checked by the access layer's own rules (the same for hosts, jump hosts and guests)."""
+    if v is not None:
+        from pydantic import ValidationError
+
+        from access.ssh import HostSpec
+
+        try:
+            HostSpec(name="x", address="127.0.0.1", host_key=v)
+        except ValidationError as e:
+            why = " ".join(x["msg"].removeprefix("Value error, ") for x in e.errors())
+            raise ValueError(
+                f"{why} (pin the key line `ssh-keyscan -t ed25519 HOST` prints, 'ssh-ed25519 AAAA...', or its "
+                "'SHA256:...' fingerprint)"
+            ) from None
+    return v
+
+
 class Jump(Strict):
     address: str
     port: int = Field(22, ge=1, le=65535)
@@ -75,6 +123,7 @@ class Jump(Strict):
 
     _address = _v(val.address, "address")
     _user = _v(val.unix_user, "user")
+    _host_key = _v(_pin, "host_key")
 
 
 class Ssh(Strict):
@@ -99,17 +148,14 @@ class Ssh(Strict):
                 "host_key is required (strict host-key checking); "
                 "insecure_accept_unknown_host_key is only for throwaway dev hosts"
             )
-        if self.host_key:
-            from access.ssh import HostSpec
-
-            HostSpec(name="x", address=self.address, host_key=self.host_key)  # same pin rules as the access layer
+        _pin(self.host_key)  # same pin rules as the access layer
         return self
 
 
 class Gpu(Strict):
     address: str
     model: str = Field("generic", description="L40S, A10, A100, H100, H200, 4090 ... (selects Triton presets)")
-    numa_node: Optional[int] = Field(None, description="expected node; preflight compares with the host")
+    numa_node: Optional[NumaNode] = Field(None, description="expected node; preflight compares with the host")
     consumer: bool = Field(False, description="consumer card (4090): hide KVM / set hv_vendor_id (seed 001)")
     passthrough: bool = Field(
         True,
@@ -138,9 +184,9 @@ class Gpu(Strict):
 
 class SriovPf(Strict):
     pf: str = Field(description="PCI address of the physical function")
-    num_vfs: int = Field(ge=0)
+    num_vfs: int = Field(ge=0, le=1024)
     numa_policy: Literal["require", "prefer"] = "require"
-    numa_node: Optional[int] = None
+    numa_node: Optional[NumaNode] = None
     vfio: bool = True
     vfs: list[VfSettings] = Field(default_factory=list)
 
@@ -148,16 +194,27 @@ class SriovPf(Strict):
 
 
 class Topology(Strict):
-    sockets: int = Field(ge=1)
-    cores_per_socket: int = Field(ge=1)
+    sockets: int = Field(ge=1, le=16)
+    cores_per_socket: int = Field(ge=1, le=1024)
     threads_per_core: int = Field(1, ge=1, le=8)
-    memory_gib_per_node: int = Field(ge=1)
-    nodes_per_socket: int = Field(1, ge=1)
+    memory_gib_per_node: int = Field(ge=1, le=MAX_GIB)
+    nodes_per_socket: int = Field(1, ge=1, le=16)
     numbering: Literal["interleaved", "sequential"] = Field(
         "interleaved",
         description="interleaved: sibling threads are N and N+cores (Intel servers, lscpu shows CPU 0 "
         "and 32 on one core); sequential: siblings adjacent (QEMU guests, some AMD BIOSes)",
     )
+
+    @model_validator(mode="after")
+    def _size(self):
+        if self.sockets * self.cores_per_socket * self.threads_per_core > MAX_CPUS:
+            raise ValueError(
+                f"{self.sockets} x {self.cores_per_socket} x {self.threads_per_core} CPUs is more than Linux numbers "
+                f"({MAX_CPUS}); check sockets, cores_per_socket and threads_per_core"
+            )
+        if self.nodes > MAX_NODES:
+            raise ValueError(f"nodes_per_socket: {self.nodes} NUMA nodes is more than {MAX_NODES}")
+        return self
 
     @property
     def nodes(self) -> int:
@@ -170,16 +227,13 @@ class Topology(Strict):
 
 class Hugepages(Strict):
     size: Literal["1G", "2M"] = "1G"
-    count: int = Field(0, ge=0, description="1G: total at boot (kernel command line); 2M: per node in per_node")
-    per_node: dict[int, int] = Field(default_factory=dict, description="2M pages per NUMA node at runtime")
-
-    @field_validator("per_node")
-    @classmethod
-    def _per_node(cls, v: dict[int, int]) -> dict[int, int]:
-        bad = {n: c for n, c in v.items() if n < 0 or c < 0}
-        if bad:
-            raise ValueError(f"per_node {bad}: NUMA node numbers and page counts are >= 0")
-        return v
+    # Bounds: 64 TiB of 1 GiB pages, 64 TiB of 2 MiB pages per node; the host's topology bounds them further.
+    count: int = Field(
+        0, ge=0, le=MAX_GIB, description="1G: total at boot (kernel command line); 2M: per node in per_node"
+    )
+    per_node: dict[NodeKey, Annotated[int, Field(ge=0, le=MAX_GIB * 512)]] = Field(
+        default_factory=dict, description="2M pages per NUMA node at runtime"
+    )
 
 
 class Kernel(Strict):
@@ -189,6 +243,16 @@ class Kernel(Strict):
     isolate_vm_cpus: bool = Field(False, description="isolcpus/nohz_full for VM CPUs (seed 002 advanced)")
     extra_args: list[KernelArg] = Field(default_factory=list)
     remove_args: list[KernelArg] = Field(default_factory=list)
+    overrides_acknowledged: list[str] = Field(
+        default_factory=list,
+        description="parameter names gpuhost sets itself (hugepages, isolcpus, intel_iommu ...) that extra_args "
+        "may set anyway: the stack's value then replaces gpuhost's",
+    )
+
+    @field_validator("overrides_acknowledged")
+    @classmethod
+    def _overrides(cls, v: list[str]) -> list[str]:
+        return [val.param_name(val.kernel_arg(x)) for x in v]
 
 
 class Tuning(Strict):
@@ -217,14 +281,14 @@ class Tuning(Strict):
 
 class Vm(Strict):
     name: str
-    vcpus: int = Field(ge=1)
-    memory_gib: float = Field(gt=0, description="guest memory; a whole number of pages of page_size")
+    vcpus: int = Field(ge=1, le=MAX_CPUS)
+    memory_gib: float = Field(gt=0, le=MAX_GIB, description="guest memory; a whole number of pages of page_size")
     page_size: Literal["1G", "2M", "4K"] = "1G"
     gpus: list[str] = Field(default_factory=list, description="GPU function-0 addresses; all slot functions follow")
-    vfs: int = Field(0, ge=0, description="SR-IOV VFs from a PF on the GPU's node")
+    vfs: int = Field(0, ge=0, le=64, description="SR-IOV VFs from a PF on the GPU's node")
     thread_policy: Literal["prefer", "require", "isolate"] = "prefer"
     emulator_threads: Literal["share", "isolate"] = "isolate"
-    iothreads: int = Field(1, ge=0)
+    iothreads: int = Field(1, ge=0, le=64)
     image: Optional[str] = Field(
         "/var/lib/libvirt/images/base.qcow2", description="base qcow2 the disk overlays; null gives an empty disk"
     )
@@ -239,14 +303,17 @@ class Vm(Strict):
     shutdown_timeout_s: int = Field(
         120,
         ge=0,
+        le=MAX_TIMEOUT_S,
         description="graceful ACPI shutdown time before the domain is destroyed (delete, a change that needs a restart)",
     )
 
     @field_validator("name")
     @classmethod
     def _name(cls, v):
-        if not NAME_RE.match(v):
-            raise ValueError(f"VM name {v!r}: lower-case letters, digits and '-'")
+        if not NAME_RE.fullmatch(v):
+            raise ValueError(
+                f"VM name {v!r}: lower-case letters, digits and '-' (at most 63, no leading or trailing '-')"
+            )
         return v
 
     _gpus = field_validator("gpus")(lambda cls, v: [pci_address(x) for x in v])
@@ -254,35 +321,30 @@ class Vm(Strict):
     _address = field_validator("address")(lambda cls, v: val.address(v) if v is not None else v)
     _image = field_validator("image")(lambda cls, v: val.abs_path(v, "image") if v is not None else v)
 
-    @field_validator("host_key")
-    @classmethod
-    def _host_key(cls, v):
-        if v is not None:
-            from access.ssh import HostSpec
-
-            HostSpec(name="x", address="127.0.0.1", host_key=v)  # the access layer's pin rules
-        return v
+    _host_key = _v(_pin, "host_key")
 
 
 class VmNetwork(Strict):
     """How tenant VMs of a host reach the fabric: a host bridge, each VM's static `address` set by cloud-init."""
 
-    bridge: str = Field(pattern=r"^[A-Za-z0-9_.:-]{1,15}$", description="host bridge, e.g. br0")
-    prefix_length: int = Field(24, ge=1, le=32)
+    bridge: str = Field(description="host bridge, e.g. br0")
+    prefix_length: int = Field(24, ge=1, le=128, description="the VMs' subnet: their addresses and the gateway")
     gateway: Optional[str] = None
-    dns: list[str] = Field(default_factory=list)
+    dns: list[str] = Field(default_factory=list, max_length=3)
+
+    @field_validator("bridge")
+    @classmethod
+    def _bridge(cls, v: str) -> str:
+        if not BRIDGE_RE.fullmatch(v):
+            raise ValueError(f"bridge {v!r}: an interface name of 1-15 letters, digits, _ . : -")
+        return v
 
     @field_validator("gateway", "dns")
     @classmethod
     def _ips(cls, v):
-        import ipaddress
-
-        for a in [v] if isinstance(v, str) else v or []:
-            try:
-                ipaddress.ip_address(a)
-            except ValueError:
-                raise ValueError(f"{a!r} is not an IP address") from None
-        return v
+        if isinstance(v, str):
+            return val.ip_address(v)
+        return [val.ip_address(a) for a in v or []]
 
 
 class Host(Strict):
@@ -292,12 +354,12 @@ class Host(Strict):
     cpu_vendor: Literal["intel", "amd"] = "intel"
     reboot: Literal["auto", "never"] = "auto"
     # Before a reboot, running VMs get an ACPI shutdown and this long to finish it; then they are destroyed.
-    drain_timeout_s: int = Field(180, ge=0)
+    drain_timeout_s: int = Field(180, ge=0, le=MAX_TIMEOUT_S)
     topology: Optional[Topology] = None
     reserved_cpus: list[int] = Field(default_factory=list, description="host CPUs kept off VMs (cpulist)")
-    gpus: list[Gpu] = Field(default_factory=list)
+    gpus: list[Gpu] = Field(default_factory=list, max_length=64)
     bind: Literal["address", "ids"] = "address"
-    sriov: list[SriovPf] = Field(default_factory=list)
+    sriov: list[SriovPf] = Field(default_factory=list, max_length=64)
     hugepages: Hugepages = Field(default_factory=Hugepages)
     kernel: Kernel = Field(default_factory=Kernel)
     tuning: Tuning = Field(default_factory=Tuning)
@@ -316,24 +378,26 @@ class Host(Strict):
 
 
 def _check_name(v: str) -> str:
-    if not NAME_RE.match(v):
-        raise ValueError(f"host name {v!r}: lower-case letters, digits and '-'")
+    if not NAME_RE.fullmatch(v):
+        raise ValueError(
+            f"host name {v!r}: lower-case letters, digits and '-' (at most 63, no leading or trailing '-')"
+        )
     return v
 
 
 class Slo(Strict):
     """What the acceptance gate holds a deploy to; a miss fails `up` and puts the previous deploy back."""
 
-    p95_ms: float = Field(gt=0)
-    p99_ms: Optional[float] = Field(None, gt=0)
+    p95_ms: float = Field(gt=0, le=3_600_000)
+    p99_ms: Optional[float] = Field(None, gt=0, le=3_600_000)
     max_error_rate: float = Field(0.0, ge=0, le=1)
-    min_throughput_rps: Optional[float] = Field(None, gt=0)
+    min_throughput_rps: Optional[float] = Field(None, gt=0, le=10_000_000)
 
 
 class Acceptance(Strict):
     concurrency: int = Field(8, ge=1, le=1024)
     duration_s: float = Field(10, gt=0, le=600)
-    rate: Optional[float] = Field(None, gt=0, description="requests/s; open loop when set")
+    rate: Optional[float] = Field(None, gt=0, le=1_000_000, description="requests/s; open loop when set")
 
 
 class Artifact(Strict):
@@ -341,9 +405,19 @@ class Artifact(Strict):
     Fetched on the guest from `url`, or uploaded from `path` on the machine running Pulumi; verified by sha256
     (a mismatch fails `up` and leaves the previous file in place)."""
 
-    url: Optional[str] = Field(None, pattern=r"^https?://[^\s'\"]+$")
+    url: Optional[str] = None
     path: Optional[str] = None
-    sha256: str = Field(pattern=r"^[0-9a-f]{64}$")
+    sha256: str
+
+    _url = field_validator("url")(lambda cls, v: artifact_url(v) if v is not None else v)
+    _path = field_validator("path")(lambda cls, v: val.abs_path(v, "path") if v is not None else v)
+
+    @field_validator("sha256")
+    @classmethod
+    def _sha(cls, v: str) -> str:
+        if not SHA256_RE.fullmatch(v):
+            raise ValueError(f"sha256 {v!r}: 64 lower-case hex digits (`sha256sum FILE`)")
+        return v
 
     @model_validator(mode="after")
     def _one_source(self):
@@ -366,9 +440,9 @@ class ServiceModel(Strict):
         "whose code gpuhost ships (yolov8n_torch)",
     )
     workload: Optional[Literal["low_latency", "throughput", "diffusion"]] = None
-    max_batch_size: Optional[int] = Field(None, ge=1)
-    instance_count: Optional[int] = Field(None, ge=1)
-    max_queue_delay_us: Optional[int] = Field(None, ge=0)
+    max_batch_size: Optional[int] = Field(None, ge=1, le=4096)
+    instance_count: Optional[int] = Field(None, ge=1, le=64)
+    max_queue_delay_us: Optional[int] = Field(None, ge=0, le=60_000_000)
     precision: Literal["fp32", "fp16", "int8"] = "fp16"
     calib_dir: Optional[str] = None
 
@@ -380,7 +454,7 @@ class MigBinding(Strict):
     """The MIG device a service on a MIG host runs on (seed 001 route A: one MIG device per Triton)."""
 
     gpu: str = Field(description="PCI address of the MIG-enabled GPU")
-    instance: int = Field(0, ge=0, description="index into that GPU's mig layout")
+    instance: int = Field(0, ge=0, le=63, description="index into that GPU's mig layout")
 
     _addr = field_validator("gpu")(lambda cls, v: pci_address(v))
 
@@ -392,13 +466,14 @@ class Service(Strict):
     gpu_model: str = "generic"
     runtime: Literal["docker", "process"] = "docker"
     image: str = Field("nvcr.io/nvidia/tritonserver:24.05-py3", description="Triton's container image (docker runtime)")
-    models: list[ServiceModel]
+    models: list[ServiceModel] = Field(max_length=64)
     nginx_port: int = Field(80, ge=1, le=65535)
     slo: Slo
     acceptance: Acceptance = Field(default_factory=Acceptance)
     numa_node: Optional[int] = Field(
         None,
         ge=0,
+        lt=MAX_NODES,
         description="process runtime: numactl node for Triton; default: the node of the service's GPU (a guest "
         "sees one node: 0)",
     )
@@ -427,12 +502,14 @@ class Rollout(Strict):
     waits until an earlier one is verified back (new boot, wanted kernel arguments and drivers running), so one
     kernel-argument change never takes every tenant down at once. Hosts go in the order of `hosts`."""
 
-    max_parallel_reboots: int = Field(1, ge=1)
+    max_parallel_reboots: int = Field(1, ge=1, le=1024)
 
 
 class GatewayBackendRef(Strict):
     service: str = Field(description="a services[].name; its Triton serves the gateway's models")
-    weight: float = Field(gt=0, description="share of the load by load-per-weight (seed 001: mig-a 3, vm-b 2)")
+    weight: float = Field(
+        gt=0, le=1_000_000, description="share of the load by load-per-weight (seed 001: mig-a 3, vm-b 2)"
+    )
 
 
 class Gateway(Strict):
@@ -443,19 +520,63 @@ class Gateway(Strict):
     backends: list[GatewayBackendRef] = Field(min_length=1)
     workers: int = Field(2, ge=1, le=64, description="queue worker processes, one consumer each")
     slots: int = Field(8, ge=1, le=1024, description="jobs in flight per worker")
-    max_depth: int = Field(1000, ge=1, description="queued + running jobs; more submits are refused (HTTP 429)")
+    max_depth: int = Field(
+        1000, ge=1, le=10_000_000, description="queued + running jobs; more submits are refused (HTTP 429)"
+    )
     redis_bind: str = Field("127.0.0.1", description="address Redis listens on (loopback: workers only)")
     redis_port: int = Field(6379, ge=1, le=65535)
     metrics_port: int = Field(9470, ge=1, le=65535, description="worker 0's; the next workers count up")
     front_port: int = Field(8090, ge=1, le=65535, description="HTTP entry: POST /v2/models/<m>/infer, 429 when full")
-    claim_idle_ms: int = Field(5000, ge=100, description="a job pending this long on a dead worker is reclaimed")
-    ramp_s: float = Field(10.0, ge=0, description="a backend back from a drain reaches full weight over this")
-    queue_ms_shift: float = Field(20.0, gt=0, description="Triton queue time where weight starts moving away")
-    queue_ms_drain: float = Field(100.0, gt=0, description="Triton queue time where the backend is drained")
-    slo_p95_s: float = Field(2.5, gt=0, description="end-to-end p95 including queueing (alert)")
+    claim_idle_ms: int = Field(
+        5000, ge=100, le=MAX_TIMEOUT_S * 1000, description="a job pending this long on a dead worker is reclaimed"
+    )
+    ramp_s: float = Field(
+        10.0, ge=0, le=MAX_TIMEOUT_S, description="a backend back from a drain reaches full weight over this"
+    )
+    queue_ms_shift: float = Field(
+        20.0, gt=0, le=3_600_000, description="Triton queue time where weight starts moving away"
+    )
+    queue_ms_drain: float = Field(
+        100.0, gt=0, le=3_600_000, description="Triton queue time where the backend is drained"
+    )
+    slo_p95_s: float = Field(2.5, gt=0, le=3600, description="end-to-end p95 including queueing (alert)")
 
     _name = field_validator("name")(lambda cls, v: val.dns_label(v, "gateway name"))
     _bind = _v(val.address, "redis_bind")
+
+
+def artifact_url(v: str) -> str:
+    """An http(s) URL of a model artifact: a valid host and port, and no credentials (they come from secret
+    config, never from a URL that lands in plain stack config, the state and every log line)."""
+    s = val._one_line(v, "url")
+    if not re.fullmatch(r"https?://[^\s'\"\\]+", s):
+        raise ValueError(f"url {s!r}: an http:// or https:// URL without spaces or quotes")
+    u = urlsplit(s)
+    if "@" in u.netloc:
+        raise ValueError(
+            "url holds credentials (user:password@), which belong in secret config "
+            "(`pulumi config set --secret ...`), not in the URL"
+        )
+    try:
+        port = u.port
+    except ValueError:
+        raise ValueError(f"url {s!r}: the port is not a TCP port (use 1-65535)") from None
+    if port is not None and not 1 <= port <= 65535:
+        raise ValueError(f"url {s!r}: port {port} is not a TCP port (use 1-65535)")
+    host = u.hostname or ""
+    try:
+        val.address(host)
+    except ValueError:
+        raise ValueError(f"url {s!r}: {host!r} is neither an IP address nor a DNS host name") from None
+    # The query and the fragment (an OAuth-style "#access_token=...").
+    params = parse_qsl(u.query, keep_blank_values=True) + parse_qsl(u.fragment, keep_blank_values=True)
+    secret_params = sorted({k for k, _ in params if val.secret_param(k)})
+    if secret_params:
+        raise ValueError(
+            f"url carries a credential ({', '.join(secret_params)}), which belongs in secret config "
+            "(`pulumi config set --secret ...`), not in the URL"
+        )
+    return s
 
 
 class Fleet(Strict):

@@ -35,3 +35,19 @@ def provider_server_for(local_sshd):
     yield make
     for s in servers:
         s.__exit__(None, None, None)
+
+
+_MEASURED: list[str] = []
+
+
+@pytest.fixture
+def measured(request):
+    """``measured(line)``: a figure a test measured, printed in the run's summary (CI log) under "measured"."""
+    return lambda line: _MEASURED.append(f"{request.node.nodeid}: {line}")
+
+
+def pytest_terminal_summary(terminalreporter):
+    if _MEASURED:
+        terminalreporter.section("measured")
+        for line in _MEASURED:
+            terminalreporter.write_line(line)

@@ -82,6 +82,9 @@ class EchoMocks(pulumi.runtime.Mocks):
             n = int(args.inputs.get("num_vfs", 0) or 0)
             base = pf.rsplit(":", 1)[0]
             outs["vf_addresses"] = [f"{base}:{(i + 1) // 8:02x}.{(i + 1) % 8}" for i in range(n)]
+        if args.typ.endswith("/host:VfioBinding"):
+            # the drivers the provider reads back once bound (HostReboot's expected running state comes from them)
+            outs["drivers"] = {a: "vfio-pci" for a in args.inputs.get("devices") or []}
         if args.typ.endswith("/gpu:MigLayout"):
             # nvidia-smi -L's MIG UUIDs, one per instance of the layout (what the real provider reads back)
             outs["mig_uuids"] = {
@@ -160,14 +163,14 @@ def run_program(
 
 
 def attempt_program(
-    config: dict[str, Any], secret_keys: list[str], stack: str = "test"
+    config: dict[str, Any], secret_keys: list[str], stack: str = "test", mocks: Optional[EchoMocks] = None
 ) -> tuple[Recording, Optional[BaseException]]:
     """Run the program and keep what was registered even when it fails: (recording, the error or None).
 
     A bad config must fail with nothing registered; `len(rec.registrations)` says how many resources the engine
-    would have seen before the error.
+    would have seen before the error. `mocks`: what providers answer (EchoMocks by default).
     """
-    mocks = EchoMocks()
+    mocks = mocks or EchoMocks()
     monitor = RecordingMonitor(mocks)
     pulumi.runtime.set_mocks(mocks, project="gpuhost", stack=stack, preview=False, monitor=monitor)
     cfg = {k: (json.dumps(v) if not isinstance(v, str) else v) for k, v in config.items()}

@@ -3,15 +3,23 @@ config override and the exported metrics."""
 
 import json
 import math
+import threading
 from pathlib import Path
 
 import pytest
 
 from serving.adaptive_window import (
+    BatcherWindow,
+    ClientP95,
+    Controller,
     Decision,
     ModelState,
+    PublishedWindow,
+    RateLimited,
+    ReloadLimit,
     WindowPolicy,
     decide,
+    in_process,
     load_body,
     parse_summary,
     render_metrics,
@@ -112,3 +120,138 @@ def test_metrics_render_every_decision_kind():
     assert 'gpuhost_adaptive_window_errors_total{model="m"} 2' in text
     assert "# TYPE gpuhost_adaptive_window_decisions_total counter" in text
     assert isinstance(decide(SEED, "m", 800, 1.0, 100), Decision)
+
+
+# ------------------------------------------------------------------ in process: the micro-batcher's window
+
+
+class FakeBatcher:
+    """Stands for serving.microbatch.MicroBatcher's surface the controller uses (window, clock, records); the real
+    one against a real Triton is in test_adaptive_window_triton.py."""
+
+    def __init__(self, window_us=600):
+        from serving.microbatch import LatencyStats
+
+        self.window_us, self.now, self.stats, self.sets = window_us, 0.0, LatencyStats(), []
+
+    def clock(self):
+        return self.now
+
+    def set_window(self, us):
+        self.sets.append(us)
+        self.window_us = us
+
+    def complete(self, latencies_ms, ok=True):
+        from serving.microbatch import RequestRecord
+
+        for ms in latencies_ms:
+            self.stats.add(RequestRecord(self.now - 0.5 - ms / 1e3, 0.0, ms / 1e3, 1, ok))  # done 0.5 s ago
+
+
+def test_client_p95_counts_each_request_in_the_period_it_completed():
+    b = FakeBatcher()
+    source = ClientP95({"m": b})
+    b.now = 10.0
+    b.complete([float(i) for i in range(1, 101)])  # 1..100 ms, all completed at t=9.5
+    assert source("m") == (95.0, 100)
+    b.now = 20.0
+    assert math.isnan(source("m")[0]) and source("m")[1] == 0  # nothing new: no evidence
+    b.now = 30.0
+    b.complete([5.0] * 30)
+    b.complete([900.0] * 3, ok=False)  # failures count as requests, carry no latency
+    assert source("m") == (5.0, 33)
+
+
+def test_controller_moves_the_batchers_window_one_step_per_period_inside_the_clamp():
+    b = FakeBatcher(window_us=600)
+    policy = WindowPolicy(target_p95_ms=50, step_us=50, min_us=500, max_us=700, min_requests=20)
+    c = in_process({"m": b}, policy)
+    c.prime()
+    actions = []
+    for latency in [10.0, 10.0, 10.0, 47.0, 80.0, 80.0, 80.0, 80.0, 46.0, 10.0]:
+        b.now += 10
+        b.complete([latency] * 40)
+        (d,) = c.step()
+        actions.append((d.action, d.window_us))
+    assert actions == [
+        ("widen", 650),
+        ("widen", 700),
+        ("hold", 700),  # at the ceiling
+        ("hold", 700),  # 47 ms: in the dead band (45..50 ms)
+        ("narrow", 650),
+        ("narrow", 600),
+        ("narrow", 550),
+        ("narrow", 500),
+        ("hold", 500),  # 46 ms: dead band
+        ("widen", 550),
+    ]
+    assert b.sets == [650, 700, 650, 600, 550, 500, 550]  # set only on a change
+    text = c.metrics_text()
+    assert 'gpuhost_adaptive_window_us{model="m"} 550' in text
+    assert 'gpuhost_adaptive_window_p95_ms{model="m"} 10' in text
+    assert 'gpuhost_adaptive_window_target_p95_ms{model="m"} 50' in text
+    assert 'gpuhost_adaptive_window_decisions_total{model="m",action="narrow"} 4' in text
+    assert 'gpuhost_adaptive_window_decisions_total{model="m",action="hold"} 3' in text
+
+
+def test_a_failing_period_is_counted_and_the_window_kept():
+    b = FakeBatcher(window_us=600)
+
+    def broken(model):
+        raise OSError("metrics unreachable")
+
+    c = Controller(WindowPolicy(), ["m"], broken, BatcherWindow({"m": b}))
+    assert c.step() == [] and b.sets == [] and b.window_us == 600
+    assert 'gpuhost_adaptive_window_errors_total{model="m"} 1' in c.metrics_text()
+
+
+def test_published_window_for_a_client_that_is_not_gpuhosts():
+    w = PublishedWindow(["a", "b"], 600)
+    c = Controller(WindowPolicy(min_requests=1), ["a", "b"], lambda m: (10.0 if m == "a" else 90.0, 100), w)
+    c.step()
+    assert w.snapshot() == {"a": 650, "b": 550}
+
+
+# ------------------------------------------------------------------ Triton's window: operator action, rate limited
+
+
+def test_reload_limit_allows_one_reload_per_model_per_interval(tmp_path):
+    now = [1000.0]
+    limit = ReloadLimit(str(tmp_path / "sub" / "reloads.json"), min_interval_s=600, clock=lambda: now[0])
+    assert limit.acquire("m") == 1600.0
+    now[0] = 1599.0
+    with pytest.raises(RateLimited, match=r"m: Triton's window was reloaded 599 s ago; .* next allowed in 1 s"):
+        limit.acquire("m")
+    assert limit.acquire("other") == 2199.0  # per model
+    now[0] = 1600.0
+    assert limit.acquire("m") == 2200.0
+    # The limit lives in the file: another process (a second operator) sees it.
+    again = ReloadLimit(str(tmp_path / "sub" / "reloads.json"), min_interval_s=600, clock=lambda: 1700.0)
+    with pytest.raises(RateLimited):
+        again.acquire("m")
+
+
+def test_reload_limit_holds_under_concurrent_operators(tmp_path):
+    path = str(tmp_path / "reloads.json")
+    results = []
+
+    def one():
+        try:
+            ReloadLimit(path, 600).acquire("m")
+            results.append("ok")
+        except RateLimited:
+            results.append("refused")
+
+    threads = [threading.Thread(target=one) for _ in range(8)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert sorted(results) == ["ok"] + ["refused"] * 7
+
+
+def test_a_corrupt_reload_state_file_is_refused_with_the_fix(tmp_path):
+    path = tmp_path / "reloads.json"
+    path.write_text("{not json")
+    with pytest.raises(RuntimeError, match="not the JSON the reload limit writes; fix or remove it"):
+        ReloadLimit(str(path)).acquire("m")

@@ -50,9 +50,12 @@ def test_seed_values_are_the_defaults():
     "window, line",
     [
         ({"min_us": 1500, "max_us": 200}, "fleet.services[1].adaptive_window: max_us: 1500"),
-        ({"step_us": 0}, "fleet.services[1].adaptive_window.step_us: Input should be greater than or equal to 1"),
+        ({"step_us": 0}, "fleet.services[1].adaptive_window.step_us: 0 is out of range (use a value at least 1)"),
         ({"step_us": 500, "min_us": 200, "max_us": 400}, "fleet.services[1].adaptive_window: step_us: 500 µs"),
-        ({"target_p95_ms": -1}, "fleet.services[1].adaptive_window.target_p95_ms: Input should be greater than 0"),
+        (
+            {"target_p95_ms": -1},
+            "fleet.services[1].adaptive_window.target_p95_ms: -1 is out of range (use a value above 0)",
+        ),
         ({"period": 10}, "fleet.services[1].adaptive_window.period: Extra inputs are not permitted"),
     ],
 )
@@ -188,14 +191,48 @@ def test_deployed_command_line_runs_against_triton_started_with_the_deployed_fla
                 text = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=2).read().decode()
             except OSError:
                 continue
+        published = json.load(urllib.request.urlopen(f"http://127.0.0.1:{port}/window", timeout=2))
+        served = json.load(urllib.request.urlopen(triton.http_url + "/v2/models/standin/config", timeout=5))
     finally:
         proc.terminate()
         out = proc.communicate(timeout=10)[0]
-    # No traffic: the controller reads the served window and holds it (no evidence to move on).
-    assert 'gpuhost_adaptive_window_us{model="standin"} 300' in text, out
+    # No traffic: the controller holds the published window (no evidence to move on); Triton's own window (300 µs,
+    # the server-side bound) is not the controller's to move.
+    assert 'gpuhost_adaptive_window_us{model="standin"} 600' in text, out
     assert 'gpuhost_adaptive_window_decisions_total{model="standin",action="hold"} 1' in text, out
     assert 'gpuhost_adaptive_window_errors_total{model="standin"} 0' in text, out
+    assert published == {"standin": 600}, out
+    assert served["dynamic_batching"]["max_queue_delay_microseconds"] == 300
     assert proc.returncode == 0, out
+
+
+def test_operator_reloads_tritons_window_by_hand_at_most_once_per_interval(triton, tmp_path):
+    """The only way Triton's window changes: the operator's command on the host, rate limited per model."""
+    script = [sys.executable, str(ROOT / "serving" / "adaptive_window.py"), "reload-triton-window"]
+    state = tmp_path / "reloads.json"
+    common = ["--triton-url", triton.http_url, "--model", "standin", "--state", str(state)]
+
+    def served():
+        config = json.load(urllib.request.urlopen(triton.http_url + "/v2/models/standin/config", timeout=5))
+        return config["dynamic_batching"]["max_queue_delay_microseconds"]
+
+    def run(*extra):
+        return subprocess.run(script + common + list(extra), capture_output=True, text=True, timeout=120)
+
+    before = served()
+    first = run("--window-us", "450")
+    assert first.returncode == 0, first.stdout + first.stderr
+    assert f"standin: Triton window {before} -> 450 µs by reload" in first.stdout
+    assert served() == 450
+    second = run("--window-us", "500")
+    assert second.returncode == 2 and "refused: standin: Triton's window was reloaded" in second.stdout
+    assert "one reload per 600 s: next allowed in" in second.stdout
+    assert served() == 450  # refused before any request to Triton
+    # Once the interval has passed (the recorded time moved back), the next reload goes through.
+    state.write_text(json.dumps({"standin": json.loads(state.read_text())["standin"] - 601}))
+    third = run("--window-us", str(before))
+    assert third.returncode == 0, third.stdout + third.stderr
+    assert served() == before
 
 
 # ------------------------------------------------------------------ the controller's /metrics as a scrape target

@@ -18,6 +18,23 @@ def test_pull_request_workflow_sees_no_secret_and_says_its_plan_is_not_a_preview
     assert not any("pulumi/actions" in str(s.get("uses", "")) for s in steps)
 
 
+def test_pr_diff_runs_pr_code_without_write_access_and_posts_it_from_a_job_that_runs_none():
+    doc = yaml.safe_load((WF / "preview.yml").read_text())
+    plan, comment = doc["jobs"]["plan"], doc["jobs"]["comment"]
+    # PR code (tests, plan_diff and the program at both commits) runs with the top level's contents: read only
+    assert "permissions" not in plan and "permissions" not in doc["jobs"]["test"]
+    run = "\n".join(s.get("run", "") for s in plan["steps"])
+    assert "tools.plan_diff --base HEAD^1 --head HEAD" in run and "GITHUB_STEP_SUMMARY" in run
+    assert plan["steps"][0]["with"]["fetch-depth"] == 2  # the merge commit and main as it would land on
+    # the one write permission: the default token's, in a job that checks nothing out and runs no repository code
+    assert comment["permissions"] == {"pull-requests": "write"} and comment["needs"] == "plan"
+    uses = [s.get("uses", "") for s in comment["steps"] if "uses" in s]
+    assert uses == ["actions/download-artifact@v4"]
+    post = comment["steps"][-1]
+    assert post["env"]["GH_TOKEN"] == "${{ github.token }}" and post["continue-on-error"] is True
+    assert "python" not in post["run"] and ".venv" not in post["run"] and "./" not in post["run"]
+
+
 def test_real_preview_and_up_run_merged_code_from_the_management_network():
     doc = yaml.safe_load((WF / "up.yml").read_text())
     assert set(doc[True]) == {"push", "workflow_dispatch"} and doc[True]["push"]["branches"] == ["main"]
@@ -25,6 +42,15 @@ def test_real_preview_and_up_run_merged_code_from_the_management_network():
         assert job["runs-on"] == ["self-hosted", "hk-mgmt"] and "environment" in job
     assert doc["jobs"]["up"]["needs"] == "preview"
     assert doc["jobs"]["preview"]["steps"][-1]["with"]["refresh"] is True
+
+
+def test_tool_plan_diff_runs_without_any_passphrase(monkeypatch):
+    from tools import plan_diff
+
+    monkeypatch.delenv("PULUMI_CONFIG_PASSPHRASE", raising=False)
+    base = plan_diff.snapshot("hk-prod", plan_diff.throwaway_key())
+    text, ok = plan_diff.render(base, base)
+    assert ok and "**No changes** (224 resources unchanged)." in text and "no secret read" in text
 
 
 def test_tool_mock_plan_runs_without_any_passphrase(monkeypatch):

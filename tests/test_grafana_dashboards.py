@@ -194,3 +194,34 @@ def test_dcgm_container_is_pinned_and_uses_the_counters_file():
         dcgm.container_spec(image="nvcr.io/nvidia/k8s/dcgm-exporter:latest")
     with pytest.raises(ValueError):
         dcgm.parse_counters_csv("DCGM_FI_DEV_GPU_UTIL, histogram, nope\n")
+
+
+def test_adaptive_window_panel_is_in_the_generated_json_where_a_service_runs_the_controller(graph):
+    """Seed 004's panel: window (right axis, µs), p95 and target (ms), per service and model; only in stacks whose
+    services run an adaptive-window controller (otherwise its metrics would exist nowhere)."""
+    assert grafana.WINDOW_PANEL_TITLE not in json.dumps(
+        json.loads(grafana.provisioning_files(graph, "http://p")["json/gpuhost-serving.json"])
+    )
+    first = graph.services[0].model_copy(update={"window_port": 9108})
+    windowed = graph.model_copy(update={"services": (first, *graph.services[1:])})
+    serving = json.loads(grafana.provisioning_files(windowed, "http://p")["json/gpuhost-serving.json"])
+    (panel,) = [p for p in serving["panels"] if p.get("title") == grafana.WINDOW_PANEL_TITLE]
+    exprs = {t["refId"]: t["expr"] for t in panel["targets"]}
+    assert exprs == {
+        "A": 'gpuhost_adaptive_window_p95_ms{service=~"$service",model=~"$model"}',
+        "B": 'gpuhost_adaptive_window_target_p95_ms{service=~"$service",model=~"$model"}',
+        "C": 'gpuhost_adaptive_window_us{service=~"$service",model=~"$model"}',
+    }
+    assert panel["fieldConfig"]["defaults"]["unit"] == "ms"
+    (override,) = panel["fieldConfig"]["overrides"]
+    assert override["matcher"] == {"id": "byFrameRefID", "options": "C"}
+    assert {p["id"]: p["value"] for p in override["properties"]} == {"unit": "µs", "custom.axisPlacement": "right"}
+    assert all(t["datasource"]["uid"] == grafana.DATASOURCE_UID for t in panel["targets"])
+    # Every metric the panel reads is one the controller exports.
+    from serving.adaptive_window import ModelState, WindowPolicy, render_metrics
+
+    exported = render_metrics(WindowPolicy(), {"m": ModelState(window_us=600, p95_ms=12.0)})
+    assert all(
+        promql.metric_names(e) <= {ln.split("{")[0] for ln in exported.splitlines() if not ln.startswith("#")}
+        for e in exprs.values()
+    )

@@ -3,6 +3,7 @@ in-process batch function (a stand-in for Triton so that error and cancellation 
 Triton runs in test_microbatch_triton.py)."""
 
 import asyncio
+import threading
 
 import numpy as np
 import pytest
@@ -29,8 +30,9 @@ def _leave_an_event_loop():
 
 def test_policy_keeps_seed_bounds():
     assert BatchPolicy() == BatchPolicy(window_us=600, max_batch=8)
-    with pytest.raises(ValueError, match="window_us: 1500 µs is outside 0..1000"):
-        BatchPolicy(window_us=1500)
+    assert BatchPolicy(window_us=1500).window_us == 1500  # the adaptive window's ceiling (seed 004's clamp)
+    with pytest.raises(ValueError, match="window_us: 1501 µs is outside 0..1500"):
+        BatchPolicy(window_us=1501)
     with pytest.raises(ValueError, match="max_batch"):
         BatchPolicy(max_batch=0)
 
@@ -199,3 +201,40 @@ def test_a_caller_cancelled_after_sending_does_not_disturb_its_batch():
     assert isinstance(done[0], asyncio.CancelledError)
     assert [float(d["y"][0]) for d in done[1:]] == [2.0, 4.0]
     assert len(mb.stats.records) == 3
+
+
+def test_grouper_window_change_applies_to_open_batches():
+    g: Grouper[str] = Grouper(BatchPolicy(window_us=1000, max_batch=8))
+    g.add("a", key="k", now=0.0)
+    assert g.deadline() == pytest.approx(0.001)
+    g.set_window(200)
+    assert g.deadline() == pytest.approx(0.0002) and g.policy.window_us == 200
+    assert g.due(now=0.0002) == [["a"]]
+    g.set_window(1500)
+    g.add("b", key="k", now=1.0)
+    assert g.due(now=1.0014) == [] and g.due(now=1.0015) == [["b"]]
+
+
+def test_window_moves_at_runtime_from_another_thread_without_losing_a_caller():
+    async def main():
+        fake = FakeTriton()
+        async with MicroBatcher(fake, BatchPolicy(window_us=1500, max_batch=8)) as mb:
+            first = [asyncio.create_task(mb.submit({"x": np.full(1, i, np.float32)})) for i in range(2)]
+            await asyncio.sleep(0)  # both pending in the open window
+            t = threading.Thread(target=mb.set_window, args=(200,))  # as a controller thread would
+            t.start()
+            t.join()
+            done = await asyncio.gather(*first)
+            assert mb.window_us == 200 and mb.policy == BatchPolicy(window_us=200, max_batch=8)
+            with pytest.raises(ValueError, match="window_us: 5000 µs is outside"):
+                mb.set_window(5000)
+            assert mb.window_us == 200
+            mb.set_window(300)  # from the loop itself: applied at once
+            assert mb._grouper.window_s == pytest.approx(0.0003)
+            second = await asyncio.gather(*(mb.submit({"x": np.full(1, 10 + i, np.float32)}) for i in range(3)))
+        return fake, done, second
+
+    fake, done, second = run(main())
+    assert [b[:, 0].tolist() for b in fake.batches] == [[0.0, 1.0], [10.0, 11.0, 12.0]]
+    assert [float(d["y"][0]) for d in done] == [0.0, 2.0]
+    assert [float(d["y"][0]) for d in second] == [20.0, 22.0, 24.0]

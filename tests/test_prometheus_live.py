@@ -15,6 +15,7 @@ import pytest
 from plans.monitoring import grafana, prometheus, promql, rules
 from plans.monitoring import triton as triton_plan
 from plans.monitoring.model import HostTarget, MonitoringGraph, ServingSlo, TritonTarget
+from serving import adaptive_window as aw
 from tests.servers import node_exporter as ne_server
 from tests.servers import prometheus as prom_server
 from tests.servers.triton import triton_fixture, write_sleep_model
@@ -31,7 +32,7 @@ triton = triton_fixture(
 )
 
 
-def _graph(triton_port: int, node_port: int, prom_port: int, workdir) -> MonitoringGraph:
+def _graph(triton_port: int, node_port: int, prom_port: int, workdir, window_port: int) -> MonitoringGraph:
     return MonitoringGraph(
         hosts=[HostTarget(name="local", address="127.0.0.1", role="host", node_exporter_port=node_port)],
         services=[
@@ -41,6 +42,7 @@ def _graph(triton_port: int, node_port: int, prom_port: int, workdir) -> Monitor
                 host="local",
                 tenant="tenant-a",
                 metrics_port=triton_port,
+                window_port=window_port,
                 models=(MODEL,),
                 slo=ServingSlo(p95_latency_ms=50),
             )
@@ -77,9 +79,19 @@ def _send_load(url: str, seconds: float, threads: int = 4) -> int:
 @pytest.fixture(scope="module")
 def stack(triton, tmp_path_factory):
     workdir = tmp_path_factory.mktemp("prom")
+    # The adaptive-window controller as the unit beside Triton runs it (p95 from Triton's summary, the clients'
+    # window published), its /metrics on the port the graph names: scraped as job adaptive_window.
+    api = aw.Triton(triton.http_url, triton.metrics_url)
+    policy = aw.WindowPolicy(target_p95_ms=50, period_s=1, min_requests=1)
+    controller = aw.Controller(policy, [MODEL], aw.TritonP95(api), aw.PublishedWindow([MODEL], 600))
+    window_port = prom_server.free_port()
+    window_server = aw.serve_metrics(controller, "127.0.0.1", window_port)
+    stop = threading.Event()
+    runner = threading.Thread(target=controller.run, args=(stop,), daemon=True)
+    runner.start()
     with ne_server.start_node_exporter() as ne:
         port = prom_server.free_port()
-        graph = _graph(triton.ports["metrics"], int(ne.address.rsplit(":", 1)[1]), port, workdir)
+        graph = _graph(triton.ports["metrics"], int(ne.address.rsplit(":", 1)[1]), port, workdir, window_port)
         with prom_server.start_prometheus(
             prometheus.render_config(graph),
             workdir=workdir,
@@ -90,7 +102,12 @@ def stack(triton, tmp_path_factory):
             sent = _send_load(triton.http_url, seconds=3, threads=3)
             # rate()[1m] needs two samples with traffic between them, then one rule evaluation.
             prom.wait_for(f"{rules.REC_BATCH_AVG} > 0", timeout=20)
+            # A decision taken on that traffic (2 ms model, 50 ms target: widen), scraped.
+            prom.wait_for('gpuhost_adaptive_window_decisions_total{action="widen"} >= 1', timeout=20)
             yield graph, prom, sent
+    stop.set()
+    runner.join(timeout=10)
+    window_server.shutdown()
 
 
 def used_expressions(graph: MonitoringGraph) -> list[str]:
@@ -116,7 +133,7 @@ def missing_live_metrics(prom, exprs: list[str]) -> dict[str, set[str]]:
 def test_prometheus_scrapes_triton_and_node_exporter_with_stack_labels(stack):
     graph, prom, sent = stack
     up = {r["metric"]["job"]: r["value"][1] for r in prom.query("up")}
-    assert up == {"prometheus": "1", "node": "1", "triton": "1"}
+    assert up == {"prometheus": "1", "node": "1", "triton": "1", "adaptive_window": "1"}
     # Triton refreshes its counters every 200 ms and Prometheus scrapes every second: wait for the last requests.
     series = prom.wait_for(f'nv_inference_request_success{{model="{MODEL}"}} >= {sent}', timeout=10)
     assert len(series) == 1
@@ -125,6 +142,28 @@ def test_prometheus_scrapes_triton_and_node_exporter_with_stack_labels(stack):
     assert float(series[0]["value"][1]) >= sent > 0
     node = prom.query('node_uname_info{job="node"}')
     assert node and node[0]["metric"]["host"] == "local" and node[0]["metric"]["role"] == "host"
+
+
+def test_prometheus_scrapes_the_adaptive_window_decisions_with_stack_labels(stack):
+    graph, prom, _ = stack
+    series = {
+        name: prom.query(f'{name}{{job="adaptive_window",model="{MODEL}"}}')
+        for name in (
+            "gpuhost_adaptive_window_us",
+            "gpuhost_adaptive_window_p95_ms",
+            "gpuhost_adaptive_window_target_p95_ms",
+        )
+    }
+    for name, result in series.items():
+        assert len(result) == 1, name
+        labels = result[0]["metric"]
+        assert (labels["host"], labels["tenant"], labels["service"]) == ("local", "tenant-a", "sleepsvc"), name
+    window = float(series["gpuhost_adaptive_window_us"][0]["value"][1])
+    assert 600 < window <= 1500 and window % 50 == 0  # widened from 600 µs by whole steps, inside the clamp
+    assert float(series["gpuhost_adaptive_window_target_p95_ms"][0]["value"][1]) == 50
+    assert 0 < float(series["gpuhost_adaptive_window_p95_ms"][0]["value"][1]) < 50
+    # The Grafana panel's queries return this data (the dashboard carries the panel: the graph has a window port).
+    assert grafana.WINDOW_PANEL_TITLE in grafana.provisioning_files(graph, "http://p")["json/gpuhost-serving.json"]
 
 
 def test_every_rule_and_dashboard_expression_parses_in_prometheus(stack):

@@ -126,12 +126,20 @@ def test_kind_gpu_model_on_a_gpu_less_guest_fails_naming_the_field():
 def test_yolov8n_torch_ships_its_code_takes_the_h200_preset_and_gates_with_raw_uint8_images():
     """The GPU fast path as a user deploys it: model.py + yolov8n.py beside the config (not the stand-in), the
     H200 preset's window/instances/batch, and a gate that sends one raw uint8 image and checks the outputs."""
+    from components.triton_service import ArtifactSpec
     from plans.triton_model import parse_config
     from plans.triton_repo import yolov8n_torch
 
-    res = _run(models=[yolov8n_torch()], gate_model="yolov8n")
+    weights = ArtifactSpec(
+        model="yolov8n", dest="/srv/triton-repo/yolov8n/1/weights.onnx", sha256="b" * 64, url="https://m.example/y.onnx"
+    )
+    with pytest.raises(ValueError, match="has no weights file: give it an artifact .* may not serve random weights"):
+        _run(models=[yolov8n_torch()], artifacts=[], gate_model="yolov8n")
+    res = _run(models=[yolov8n_torch(weights="weights.onnx")], artifacts=[weights], gate_model="yolov8n")
     repo = next(r for r in res if r.name == "serving-models")
-    assert {"yolov8n/config.pbtxt", "yolov8n/1/model.py", "yolov8n/1/yolov8n.py"} <= set(repo.inputs["files"])
+    code = {"yolov8n/config.pbtxt", "yolov8n/1/model.py", "yolov8n/1/yolov8n.py", "yolov8n/1/yolov8n_weights.py"}
+    assert code <= set(repo.inputs["files"])
+    assert next(r for r in res if r.name == "serving-yolov8n-artifact").inputs["dest"].endswith("/1/weights.onnx")
     gate = next(r for r in res if r.name == "serving-yolov8n-gate")
     assert gate.inputs["request"]["inputs"] == [{"name": "images", "datatype": "UINT8", "shape": [1, 640, 640, 3]}]
     assert [o["name"] for o in gate.inputs["request"]["outputs"]] == ["detections", "num_detections"]

@@ -130,3 +130,69 @@ def test_sysctl_values_are_one_line_without_shell_characters(s):
     if not _refused(val.sysctl_value, s):
         v = val.sysctl_value(s)
         assert "\n" not in v and not (set(v) & (SHELL_SPECIAL - {" "}))
+
+
+@settings(deadline=None)
+@given(st.text(max_size=30), st.sampled_from(["\n", "\r\n", "\x00"]))
+def test_no_allow_list_takes_a_value_with_a_line_break_or_nul_after_it(s, tail):
+    """fullmatch: `re.match(r"...$")` would let `name\\n` through."""
+    for check in (
+        val.unix_user,
+        val.dns_label,
+        val.tuned_profile,
+        val.governor,
+        val.model_name,
+        val.sysctl_name,
+        val.mig_profile,
+        val.config_key,
+        val.kernel_arg,
+        val.gpu_model,
+        val.image_ref,
+        val.abs_path,
+        val.address,
+        val.ip_address,
+    ):
+        assert _refused(check, s + tail), (check.__name__, s)
+
+
+@settings(deadline=None)
+@given(st.ip_addresses())
+def test_ip_address_takes_any_ip_and_gives_its_normal_form(ip):
+    assert val.ip_address(str(ip)) == str(ip)
+    assert val.ip_address(str(ip).upper()) == str(ip)
+
+
+@settings(deadline=None)
+@given(st.ip_addresses(v=6), st.text(alphabet=string.ascii_letters + string.digits, min_size=1, max_size=8))
+def test_ip_address_refuses_a_zone(ip, zone):
+    assert _refused(val.ip_address, f"{ip}%{zone}")
+
+
+@settings(deadline=None)
+@given(
+    st.sampled_from(
+        [
+            "token",
+            "access_token",
+            "x-amz-signature",
+            "X-Amz-Credential",
+            "sig",
+            "api_key",
+            "apiKey",
+            "password",
+            "client_secret",
+            "auth",
+            "key",
+            "X-Goog-Signature",
+            "private-token",
+            "passwd",
+        ]
+    )
+)
+def test_credential_query_parameters_are_recognised_in_any_case(name):
+    assert val.secret_param(name) and val.secret_param(name.upper())
+
+
+@given(st.sampled_from(["v", "version", "download", "format", "revision", "sha256", "file", "dl", "name"]))
+def test_ordinary_query_parameters_are_not_credentials(name):
+    assert not val.secret_param(name)

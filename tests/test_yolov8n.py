@@ -1,12 +1,10 @@
 """YOLOv8n in plain PyTorch and its Triton model spec.
 
-The spec tests are pure. The architecture tests need PyTorch, which the project's own environment does not
-install (it serves the model inside Triton's python backend where torch is); they are skipped without it.
+The spec tests are pure; the architecture tests run the model on the CPU (torch is in requirements.txt).
 """
 
-import importlib.util
-
 import pytest
+import torch
 
 from plans.triton_model import parse_config
 from plans.triton_repo import repository_files, yolov8n_torch
@@ -54,13 +52,6 @@ def test_h200_preset_from_the_gpu_sweep_fills_what_the_spec_leaves_open():
     assert mine.dynamic_batching.max_queue_delay_microseconds == 0
 
 
-needs_torch = pytest.mark.skipif(
-    importlib.util.find_spec("torch") is None, reason="PyTorch is not installed in this environment"
-)
-if importlib.util.find_spec("torch") is not None:
-    import torch
-
-
 def _model():
     from serving.models import yolov8n as yolo
 
@@ -68,7 +59,6 @@ def _model():
     return yolo, yolo.YOLOv8n().eval()
 
 
-@needs_torch
 def test_architecture_is_yolov8n_at_n_scale():
     """3,157,200 parameters: the published YOLOv8n (225 layers, 8.7 GFLOPs) counts exactly these."""
     yolo, m = _model()
@@ -79,7 +69,6 @@ def test_architecture_is_yolov8n_at_n_scale():
     assert float(out[:, 4:].min()) >= 0 and float(out[:, 4:].max()) <= 1  # class scores are sigmoids
 
 
-@needs_torch
 def test_fused_conv_bn_gives_the_same_outputs():
     yolo, m = _model()
     for mod in m.modules():
@@ -96,7 +85,6 @@ def test_fused_conv_bn_gives_the_same_outputs():
     assert float((fused - ref).norm() / ref.norm()) < 1e-5
 
 
-@needs_torch
 def test_preprocess_is_channels_last_and_scaled():
     from serving.models.yolov8n import Preprocess
 
@@ -126,7 +114,6 @@ def _reference_nms(boxes, scores, classes, iou_thr):
     return keep
 
 
-@needs_torch
 def test_fast_nms_matches_greedy_nms_on_separated_clusters():
     from serving.models.yolov8n import fast_nms
 

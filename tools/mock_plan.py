@@ -1,4 +1,5 @@
-"""What a stack declares, from the program run under Pulumi mocks: the pull-request "plan" that needs no secret.
+"""What a stack declares, from the program run under Pulumi mocks: every resource and its inputs, with no secret.
+(What a pull request changes, base against head, is tools/plan_diff.py, which the PR workflow runs.)
 
 It is not a `pulumi preview`: no refresh, no host is contacted, no provider `check` runs (preflight included), and
 the stack's secrets are replaced by a throwaway key (tests/stackfiles.py). It does run the whole stack loader, so a

@@ -335,7 +335,37 @@ def serving_dashboard(graph: MonitoringGraph) -> dash.Dashboard:
             )
         )
     )
+    if any(s.window_port is not None for s in graph.services):
+        d = d.with_panel(window_panel())
     return d
+
+
+WINDOW_PANEL_TITLE = "Adaptive batching window: window, p95, target"
+_WIN_SEL = '{service=~"$service",model=~"$model"}'  # the controller's own instance, not Triton's
+
+
+def window_panel() -> timeseries.Panel:
+    """Seed 004's adaptive window: the micro-batching window the controller set (right axis, µs) against the p95
+    it decided on and the target (left axis, ms); one step per period shows as a staircase."""
+    panel = _ts(
+        WINDOW_PANEL_TITLE,
+        "ms",
+        [
+            (f"gpuhost_adaptive_window_p95_ms{_WIN_SEL}", _PER_MODEL + " p95"),
+            (f"gpuhost_adaptive_window_target_p95_ms{_WIN_SEL}", _PER_MODEL + " target"),
+            (f"gpuhost_adaptive_window_us{_WIN_SEL}", _PER_MODEL + " window (µs, right)"),
+        ],
+        description="Client micro-batching window moved in process every period, ±step toward the p95 target, "
+        "inside the clamp (serving/adaptive_window.py, job adaptive_window).",
+        width=24,
+    )
+    return panel.override_by_query(
+        "C",
+        [
+            model.DynamicConfigValue(id_val="unit", value="µs"),
+            model.DynamicConfigValue(id_val="custom.axisPlacement", value="right"),
+        ],
+    )
 
 
 # ----------------------------------------------------------------------------------------------- provisioning

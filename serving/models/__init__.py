@@ -3,13 +3,22 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Optional
 
 _SERVING = Path(__file__).resolve().parents[1]
 
 
-def yolov8n_files(name: str = "yolov8n", version: int = 1) -> dict[str, bytes]:
-    """``model.py`` and ``yolov8n.py`` for ``<name>/<version>/`` of a repository (see ``plans.triton_repo``)."""
-    return {
+def yolov8n_files(
+    name: str = "yolov8n", version: int = 1, weights: Optional[bytes] = None, weights_file: str = "weights.safetensors"
+) -> dict[str, bytes]:
+    """``model.py``, ``yolov8n.py`` and ``yolov8n_weights.py`` for ``<name>/<version>/`` of a repository (see
+    ``plans.triton_repo``); with ``weights``, that file as ``weights_file`` too (tests and benchmarks: a stack's
+    weights come as its artifact)."""
+    files = {
         f"{name}/{version}/model.py": (_SERVING / "yolov8n_model.py").read_bytes(),
         f"{name}/{version}/yolov8n.py": (_SERVING / "models" / "yolov8n.py").read_bytes(),
+        f"{name}/{version}/yolov8n_weights.py": (_SERVING / "models" / "yolov8n_weights.py").read_bytes(),
     }
+    if weights is not None:
+        files[f"{name}/{version}/{weights_file}"] = weights
+    return files

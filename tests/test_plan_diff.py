@@ -1,0 +1,269 @@
+"""tools/plan_diff.py on fixture commits: a throwaway git repository made from this tree (the base commit), one edit
+committed on top of it per case (the head), each commit planned from its own worktree in its own process.
+
+Each commit is planned once: the base of each stack once for the module, each head once for its case.
+"""
+
+from __future__ import annotations
+
+import re
+import shutil
+import subprocess
+from pathlib import Path
+
+import pytest
+import yaml
+
+from tools import plan_diff
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def sh(repo: Path, *args: str) -> str:
+    return subprocess.run(args, cwd=repo, check=True, capture_output=True, text=True).stdout.strip()
+
+
+def commit_edit(repo: Path, base: str, edits: dict[str, object], message: str) -> str:
+    """A commit on top of `base` with `edits` (path → new text, or a function of the old text)."""
+    sh(repo, "git", "checkout", "-q", "--detach", base)
+    for path, edit in edits.items():
+        p = repo / path
+        p.write_text(edit(p.read_text()) if callable(edit) else str(edit))
+    sh(repo, "git", "commit", "-qam", message)
+    return sh(repo, "git", "rev-parse", "HEAD")
+
+
+@pytest.fixture(scope="module")
+def repo(tmp_path_factory) -> tuple[Path, str]:
+    repo = tmp_path_factory.mktemp("fixture-repo")
+    files = sh(ROOT, "git", "ls-files", "-co", "--exclude-standard").splitlines()
+    for f in files:
+        src = ROOT / f
+        if src.is_file() and not src.is_symlink() and not f.startswith(("bench/", "docs/", "tests/fixtures/")):
+            (repo / f).parent.mkdir(parents=True, exist_ok=True)
+            shutil.copy2(src, repo / f)
+    sh(repo, "git", "init", "-q")
+    sh(repo, "git", "-c", "user.name=t", "-c", "user.email=t@t", "commit", "-q", "--allow-empty", "-m", "root")
+    sh(repo, "git", "config", "user.name", "t")
+    sh(repo, "git", "config", "user.email", "t@t")
+    sh(repo, "git", "add", "-A")
+    sh(repo, "git", "commit", "-qm", "base")
+    return repo, sh(repo, "git", "rev-parse", "HEAD")
+
+
+@pytest.fixture(scope="module")
+def key() -> str:
+    return plan_diff.throwaway_key()
+
+
+@pytest.fixture(scope="module")
+def base_plans(repo, key) -> dict[str, dict]:
+    path, base = repo
+    with plan_diff.checkout(path, base) as tree:
+        return {s: plan_diff.plan_tree(tree, s, key) for s in ("dev", "hk-prod")}
+
+
+def diff(repo, key, base_plan: dict, head: str, stack: str) -> str:
+    path, _ = repo
+    with plan_diff.checkout(path, head) as tree:
+        text, ok = plan_diff.render(base_plan, plan_diff.plan_tree(tree, stack, key, against=base_plan))
+    assert ok
+    return text
+
+
+def resource_lines(text: str) -> list[str]:
+    """The resource lines of the diff block (`+ x`, `~ x`, `+- x`, `- x`), without their detail lines."""
+    block = text.split("```diff\n", 1)[1].split("```", 1)[0] if "```diff" in text else ""
+    return [ln for ln in block.splitlines() if not ln.startswith(" ")]
+
+
+def test_every_rendered_diff_says_it_is_declared_state_not_a_preview(repo, key, base_plans):
+    path, base = repo
+    text = diff(repo, key, base_plans["dev"], base, "dev")
+    assert "Declared-state diff" in text and "No refresh, no host contacted" in text
+    assert "runs on main before `up`" in text
+    assert "**No changes** (13 resources unchanged)." in text
+
+
+def test_sysctl_value_change_is_one_update_with_that_one_path(repo, key, base_plans):
+    path, base = repo
+    head = commit_edit(
+        path,
+        base,
+        {"Pulumi.dev.yaml": lambda t: t.replace('net.core.somaxconn: "4096"', 'net.core.somaxconn: "8192"')},
+        "dev: somaxconn 8192",
+    )
+    text = diff(repo, key, base_plans["dev"], head, "dev")
+    assert resource_lines(text) == ["~ emulated-gpu-01-sysctls (host:Sysctls): update"]
+    details = [ln.strip() for ln in text.split("```diff\n")[1].split("```")[0].splitlines() if ln.startswith(" ")]
+    assert details == ['~ values["net.core.somaxconn"]: "4096" → "8192"']
+    assert "**Reboots:** none" in text and "1 to update, 12 unchanged." in text
+
+
+def test_kernel_argument_added_updates_the_cmdline_and_names_the_host_that_reboots(repo, key, base_plans):
+    path, base = repo
+    head = commit_edit(
+        path,
+        base,
+        {
+            "Pulumi.dev.yaml": lambda t: t.replace(
+                "        os_family: debian\n", "        os_family: debian\n        kernel: {extra_args: [nosmt]}\n", 1
+            )
+        },
+        "dev: nosmt",
+    )
+    text = diff(repo, key, base_plans["dev"], head, "dev")
+    lines = resource_lines(text)
+    assert "~ emulated-gpu-01-cmdline (host:KernelCmdline): update" in lines
+    assert '    ~ add[5]: + "nosmt"' in text or re.search(r'~ add\[\d+\]: \+ "nosmt"', text)
+    top = text.split("```diff")[0]
+    assert "**Reboots:** emulated-gpu-01 reboots: kernel argument nosmt added." in top
+    # the reboot's expected running state follows the command line; no resource is replaced
+    assert "~ emulated-gpu-01-reboot (host:HostReboot): update" in lines
+    assert not [ln for ln in lines if ln.startswith(("+", "-"))]
+
+
+def _second_host(text: str) -> str:
+    doc = yaml.safe_load(text)
+    hosts = doc["config"]["gpuhost:fleet"]["hosts"]
+    two = {**hosts[0], "name": "emulated-gpu-02", "ssh": {**hosts[0]["ssh"], "port": 2223}, "vms": []}
+    hosts.append(two)
+    return yaml.safe_dump(doc, sort_keys=False)
+
+
+def _move_vm(text: str) -> str:
+    doc = yaml.safe_load(text)
+    hosts = doc["config"]["gpuhost:fleet"]["hosts"]
+    hosts[1]["vms"], hosts[0]["vms"] = hosts[0]["vms"], []
+    return yaml.safe_dump(doc, sort_keys=False)
+
+
+def test_vm_moved_to_another_host_is_deleted_there_and_created_here_with_what_depends_on_it(repo, key):
+    path, base = repo
+    two = commit_edit(path, base, {"Pulumi.dev.yaml": _second_host}, "dev: a second emulated host")
+    moved = commit_edit(path, two, {"Pulumi.dev.yaml": _move_vm}, "dev: tenant-a moves to emulated-gpu-02")
+    with plan_diff.checkout(path, two) as tree:
+        base_plan = plan_diff.plan_tree(tree, "dev", key)
+    text = diff(repo, key, base_plan, moved, "dev")
+    lines = resource_lines(text)
+    assert "- emulated-gpu-01-tenant-a (vm:PinnedVM): delete" in lines
+    assert "- emulated-gpu-01-tenant-a-domain (vm:LibvirtDomain): delete" in lines
+    assert "+ emulated-gpu-02-tenant-a (vm:PinnedVM): create" in lines
+    assert "+ emulated-gpu-02-tenant-a-domain (vm:LibvirtDomain): create" in lines
+    # the deleted component's dependents are named (its domain, a child)
+    i = text.index("- emulated-gpu-01-tenant-a (vm:PinnedVM): delete")
+    assert text[i:].splitlines()[1].strip().startswith("depended on it: emulated-gpu-01-tenant-a-domain")
+    # nothing of the hosts themselves is deleted or created
+    assert not [ln for ln in lines if ln.startswith(("+", "-")) and "tenant-a" not in ln]
+
+
+def test_new_service_creates_its_components_children(repo, key, base_plans):
+    path, base = repo
+
+    def add_service(text: str) -> str:
+        start = text.index("      - {name: yolo-rt, host: trt-l40s-01, vm: tenant-rt-a,")
+        end = text.index("      - {name: resnet-a10,")
+        entry = text[start:end].replace("name: yolo-rt,", "name: yolo-rt-b,").replace("tenant-rt-a", "tenant-rt-b")
+        return text[:end] + entry + text[end:]
+
+    head = commit_edit(path, base, {"Pulumi.hk-prod.yaml": add_service}, "hk-prod: yolo-rt-b on tenant-rt-b")
+    text = diff(repo, key, base_plans["hk-prod"], head, "hk-prod")
+    lines = resource_lines(text)
+    created = [ln for ln in lines if ln.startswith("+ ")]
+    assert "+ yolo-rt-b (serving:TritonService): create" in created
+    base_children = [
+        r["name"].replace("yolo-rt-", "yolo-rt-b-", 1)
+        for r in base_plans["hk-prod"]["resources"]
+        if r["parent"].endswith("::yolo-rt")
+    ]
+    assert len(base_children) > 5
+    for child in base_children:
+        assert any(ln.startswith(f"+ {child} (") for ln in created), child
+    # monitoring scrapes the new Triton: an update of its files, Prometheus's config shown as a text diff
+    assert "~ monitoring-files (monitoring:MonitoringFiles): update" in lines
+    assert "prometheus.yml" in text and "yolo-rt-b" in text.split("monitoring-files")[1]
+    assert not [ln for ln in lines if ln.startswith(("-", "+-"))]
+
+
+def test_pure_refactor_yaml_reformatted_and_code_renamed_is_no_changes(repo, key, base_plans):
+    path, base = repo
+
+    def reformat(text: str) -> str:
+        doc = yaml.safe_load(text)
+        fleet = doc["config"]["gpuhost:fleet"]
+        fleet["hosts"] = [dict(reversed(list(h.items()))) for h in fleet["hosts"]]
+        return yaml.safe_dump(doc, sort_keys=True, default_flow_style=False, width=200)
+
+    head = commit_edit(
+        path,
+        base,
+        {
+            "Pulumi.dev.yaml": reformat,
+            "Pulumi.hk-prod.yaml": reformat,
+            "stacks/program.py": lambda t: t.replace("_PRESET_FIELDS", "PRESET_DECIDES"),
+        },
+        "refactor: stack files reformatted, a constant renamed",
+    )
+    assert "PRESET_DECIDES" in sh(path, "git", "show", f"{head}:stacks/program.py")
+    for stack, n in (("dev", 13), ("hk-prod", 224)):
+        text = diff(repo, key, base_plans[stack], head, stack)
+        assert f"**No changes** ({n} resources unchanged)." in text, text
+
+
+def test_config_the_loader_refuses_prints_the_loaders_lines(repo, key, base_plans):
+    path, base = repo
+    head = commit_edit(
+        path, base, {"Pulumi.dev.yaml": lambda t: t.replace('reserved_cpus: "0-1"', 'reserved_cpus: "1-0"')}, "bad"
+    )
+    with plan_diff.checkout(path, head) as tree:
+        text, ok = plan_diff.render(base_plans["dev"], plan_diff.plan_tree(tree, "dev", key, against=base_plans["dev"]))
+    assert not ok
+    assert "refused by the loader" in text and "stack config is invalid:" in text
+    assert "fleet.hosts[0].reserved_cpus" in text and "```diff" not in text
+
+
+def _reboot(host: str, **inputs) -> dict:
+    return {
+        "urn": f"urn:pulumi:s::gpuhost::{plan_diff.REBOOT_TYPE}::{host}-reboot",
+        "type": plan_diff.REBOOT_TYPE,
+        "name": f"{host}-reboot",
+        "inputs": {"host": {"name": host}, "policy": "auto", "expect_args": ["intel_iommu=on"], **inputs},
+    }
+
+
+def test_reboots_are_the_hosts_whose_expected_running_state_changes_in_plain_words():
+    base = [_reboot("a"), _reboot("b"), _reboot("c", expect_drivers={"0000:01:00.0": "vfio-pci"})]
+    head = [
+        _reboot("a"),  # unchanged: no reboot
+        _reboot("b", policy="never", expect_args=["intel_iommu=on", "nosmt"], expect_absent=["quiet"]),
+        _reboot("c", expect_drivers={"0000:02:00.0": "vfio-pci"}),
+        _reboot("d"),
+    ]
+    assert plan_diff.reboots(base, head) == [
+        "b needs a reboot (`reboot: never`: reported as pending, not rebooted): kernel argument nosmt added; "
+        "kernel argument to remove quiet added.",
+        "c reboots: 0000:02:00.0 bound to vfio-pci; 0000:01:00.0 given back to its host driver.",
+        "d reboots: new host, the first `up` reboots it once unless its running kernel already matches.",
+    ]
+
+
+def test_value_changes_show_secrets_and_large_values_as_digests_and_text_as_a_unified_diff():
+    import base64
+    import hashlib
+
+    key_old, key_new = "-----BEGIN KEY-----AAAA", "-----BEGIN KEY-----BBBB"
+    (line,) = plan_diff.value_changes(key_old, key_new, ("key",), secret=True)
+    assert "BEGIN" not in line and hashlib.sha256(b'"-----BEGIN KEY-----BBBB"').hexdigest()[:16] in line
+    big_old, big_new = "x" * 500, "y" * 500
+    (line,) = plan_diff.value_changes(big_old, big_new, ("blob",))
+    assert "xxx" not in line and "(502 bytes)" in line
+    old = "max_batch_size: 8\ndynamic_batching {\n  max_queue_delay_microseconds: 1500\n}\n"
+    new = old.replace("1500", "2500")
+    enc = {k: base64.b64encode(v.encode()).decode() for k, v in (("o", old), ("n", new))}
+    lines = plan_diff.value_changes(
+        {"m/config.pbtxt": {"content": enc["o"]}}, {"m/config.pbtxt": {"content": enc["n"]}}
+    )
+    assert lines[0].startswith('["m/config.pbtxt"].content: base64 text, sha256:')
+    body = [ln[1:] for ln in lines[1:]]
+    assert "-  max_queue_delay_microseconds: 1500" in body and "+  max_queue_delay_microseconds: 2500" in body
+    assert plan_diff.value_changes({"a": [1, 2]}, {"a": [1, 3, 2]}) == ["a[1]: + 3"]

@@ -1,0 +1,437 @@
+"""What a pull request changes in each stack, resource by resource: the program under Pulumi mocks at the PR's base
+and at its head, compared and rendered the way `pulumi preview --diff` shows a plan.
+
+It is a declared-state diff, not a preview: no refresh, no host is contacted, no provider `check` runs (preflight
+included) and no secret is read (every stack secret is one throwaway key, the same at both commits). Each commit is
+checked out into its own temporary `git worktree` and planned there in a subprocess, with that tree's code and that
+tree's stack file. Whether a change updates or replaces a resource is the provider's own answer: the head's
+provider (unpickled from the resource's `__provider` input, as the engine does) is asked `diff(olds, news)`.
+
+Output, per stack (Markdown; the workflow writes it to the job summary and a PR comment)::
+
+    ### `hk-prod`: base 1a2b3c4 → head 5d6e7f8
+    > Declared-state diff ... the real preview runs on main before `up`.
+    **Reboots:** trt-l40s-01 reboots: kernel argument nosmt added.
+    1 to update, 223 unchanged.
+    ~ trt-l40s-01-cmdline (host:KernelCmdline): update
+        ~ add[5]: + "nosmt"
+
+Markers: `+` create, `-` delete, `~` update (only the changed input paths, old → new), `+-` replace (the input the
+provider replaces on is named, and what depends on the resource). Secrets and large values are shown as sha256 and
+size; file contents (also base64 ones) as a unified diff when they are text. Changed dependency edges alone are no
+change (the engine updates nothing for them), nor a provider `version` bump the provider's diff ignores. A stack
+config the loader refuses prints the loader's lines instead (exit status 1).
+
+Usage::
+
+    .venv/bin/python -m tools.plan_diff --base origin/main --head HEAD              # every Pulumi.*.yaml
+    .venv/bin/python -m tools.plan_diff --base "$BASE_SHA" --head "$HEAD_SHA" hk-prod >> "$GITHUB_STEP_SUMMARY"
+"""
+
+from __future__ import annotations
+
+import argparse
+import base64
+import contextlib
+import difflib
+import hashlib
+import json
+import os
+import re
+import subprocess
+import sys
+import tempfile
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+DECLARED = (
+    "> Declared-state diff: the program run under Pulumi mocks at the base and at the head commit, compared. No "
+    "refresh, no host contacted, no secret read, preflight not run. The real `pulumi preview --diff` (refresh and "
+    "preflight against the hosts) runs on main before `up`."
+)
+# What HostReboot compares with the running host (providers/reboot.unmet): a change here is a reboot.
+REBOOT_INPUTS = ("expect_args", "expect_absent", "expect_drivers")
+REBOOT_TYPE = "pulumi-python:dynamic/host:HostReboot"
+LARGE = 160  # characters: a longer one-line value is shown as sha256 and size
+BODY = "\t"  # marks a line of a text diff among the changed paths
+MAX_LIST = 12  # dependents named before "and N more"
+SNAPSHOT_TIMEOUT_S = 600
+
+
+# -- planning one tree (runs inside the tree, in its own process) -----------------------------------------------------
+def _canonical(value: Any) -> Any:
+    return json.loads(json.dumps(value, sort_keys=True, default=str))
+
+
+def _provider_verdict(provider_blob: Any, olds: dict, news: dict) -> dict:
+    """The provider's own diff of olds → news: {"changes", "replaces", "rule"} (rule: where the answer came from)."""
+    blob = provider_blob.get("value") if isinstance(provider_blob, dict) else provider_blob
+    if not isinstance(blob, str):
+        return {"changes": olds != news, "replaces": [], "rule": None}
+    import dill  # type: ignore[import-untyped]  # what pulumi.dynamic stores providers with
+
+    provider = dill.loads(base64.b64decode(blob))
+    d = provider.diff("planned", olds, news)
+    changes = True if d.changes is None else bool(d.changes)
+    return {"changes": changes, "replaces": sorted(d.replaces or []), "rule": type(provider).__name__}
+
+
+def snapshot(stack: str, key_pem: str, against: dict | None = None) -> dict:
+    """Plan `stack` of the tree this process runs in: {"stack", "error", "resources", "verdicts"}.
+
+    `against`: an earlier snapshot (the base); for every resource in both whose inputs differ, this tree's provider
+    says whether it is an update or a replacement (`verdicts`, by URN).
+    """
+    from tests.mocks import attempt_program
+    from tests.stackfiles import stack_config
+
+    cfg, secret = stack_config(stack)
+    for k in secret:
+        cfg[k] = key_pem
+    rec, err = attempt_program(cfg, secret, stack=stack)
+    if err is not None:
+        lines = str(err).splitlines() or [repr(err)]
+        return {"stack": stack, "error": lines, "resources": [], "verdicts": {}}
+    old = {r["urn"]: r for r in (against or {}).get("resources", [])}
+    resources, verdicts = [], {}
+    for r in rec.registrations:
+        inputs = _canonical({k: v for k, v in r.inputs.items() if k != "__provider"})
+        res = {
+            "urn": r.urn,
+            "type": r.type,
+            "name": r.name,
+            "parent": r.parent,
+            "custom": r.custom,
+            "dependencies": sorted(set(r.dependencies)),
+            "secret": sorted(k for k in r.secret_inputs if k != "__provider"),
+            "inputs": inputs,
+        }
+        resources.append(res)
+        if r.urn in old and old[r.urn]["inputs"] != inputs and r.custom:
+            verdicts[r.urn] = _provider_verdict(r.inputs.get("__provider"), old[r.urn]["inputs"], inputs)
+    return {"stack": stack, "error": None, "resources": resources, "verdicts": verdicts}
+
+
+# -- planning a commit ----------------------------------------------------------------------------------------------
+def git(repo: Path, *args: str) -> str:
+    return subprocess.run(["git", "-C", str(repo), *args], check=True, capture_output=True, text=True).stdout.strip()
+
+
+@contextlib.contextmanager
+def checkout(repo: Path, commit: str) -> Iterator[Path]:
+    """`commit` checked out into a temporary worktree of `repo` (removed afterwards)."""
+    with tempfile.TemporaryDirectory(prefix="plan-diff-") as tmp:
+        tree = Path(tmp) / "tree"
+        git(repo, "worktree", "add", "--detach", "--quiet", str(tree), commit)
+        try:
+            yield tree
+        finally:
+            git(repo, "worktree", "remove", "--force", str(tree))
+
+
+def stacks_in(tree: Path) -> list[str]:
+    return sorted(p.name[len("Pulumi.") : -len(".yaml")] for p in tree.glob("Pulumi.*.yaml"))
+
+
+def plan_tree(tree: Path, stack: str, key_pem: str, against: dict | None = None) -> dict:
+    """Snapshot `stack` in `tree`, in a subprocess that imports only that tree's code."""
+    if not (tree / f"Pulumi.{stack}.yaml").exists():
+        return {"stack": stack, "error": None, "resources": [], "verdicts": {}, "absent": True}
+    with tempfile.TemporaryDirectory(prefix="plan-diff-io-") as io:
+        key, base, out = Path(io) / "key", Path(io) / "against.json", Path(io) / "out.json"
+        key.write_text(key_pem)
+        base.write_text(json.dumps(against or {}))
+        env = {**os.environ, "PYTHONPATH": str(tree), "PYTHONHASHSEED": "0"}
+        env.pop("PULUMI_CONFIG_PASSPHRASE", None)
+        cmd = [sys.executable, str(Path(__file__).resolve()), "--snapshot", stack, str(key), str(base), str(out)]
+        p = subprocess.run(cmd, cwd=tree, env=env, capture_output=True, text=True, timeout=SNAPSHOT_TIMEOUT_S)
+        if p.returncode != 0 or not out.exists():
+            tail = (p.stderr or p.stdout).strip().splitlines()[-15:]
+            return {"stack": stack, "error": ["the program did not run under mocks:", *tail], "resources": []}
+        result: dict = json.loads(out.read_text())
+        return result
+
+
+def throwaway_key() -> str:
+    """One ed25519 key for both commits, so what derives from it (guests' authorized key) compares equal."""
+    from cryptography.hazmat.primitives import serialization
+    from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
+
+    pem = Ed25519PrivateKey.generate().private_bytes(
+        serialization.Encoding.PEM, serialization.PrivateFormat.OpenSSH, serialization.NoEncryption()
+    )
+    return pem.decode()
+
+
+def plan_commits(repo: Path, base: str, head: str, stacks: list[str] | None = None) -> list[tuple[dict, dict]]:
+    """(base snapshot, head snapshot) of each stack: `stacks`, or every Pulumi.*.yaml of either commit."""
+    key = throwaway_key()
+    with checkout(repo, base) as btree, checkout(repo, head) as htree:
+        names = stacks or sorted(set(stacks_in(btree)) | set(stacks_in(htree)))
+        out = []
+        for s in names:
+            b = plan_tree(btree, s, key)
+            out.append((b, plan_tree(htree, s, key, against=b)))
+        return out
+
+
+# -- rendering ------------------------------------------------------------------------------------------------------
+def short_type(t: str) -> str:
+    return t.split("dynamic/", 1)[1] if "dynamic/" in t else t.split(":", 1)[1] if t.startswith("gpuhost:") else t
+
+
+def _key(k: str) -> str:
+    return k if re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", k) else json.dumps(k)
+
+
+def _path(path: tuple) -> str:
+    out = ""
+    for p in path:
+        if isinstance(p, int):
+            out += f"[{p}]"
+        elif re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", p):
+            out += ("." if out else "") + p
+        else:
+            out += f"[{json.dumps(p)}]"
+    return out
+
+
+def _digest(text: str) -> str:
+    b = text.encode()
+    return f"sha256:{hashlib.sha256(b).hexdigest()[:16]}… ({len(b)} bytes)"
+
+
+def _as_text(value: Any, key: Any) -> str | None:
+    """The value as multi-line text, if it is one (base64 `content` decoded), else None."""
+    if not isinstance(value, str):
+        return None
+    if "\n" in value:
+        return value
+    decoded = _b64_text(value) if key == "content" else None
+    return decoded if decoded is not None and "\n" in decoded else None
+
+
+def _b64_text(value: Any) -> str | None:
+    """A base64 `content` input decoded, when it is printable text."""
+    if not isinstance(value, str) or len(value) < 4:
+        return None
+    try:
+        decoded = base64.b64decode(value, validate=True).decode()
+    except (ValueError, UnicodeDecodeError):
+        return None
+    return decoded if decoded.isprintable() or "\n" in decoded else None
+
+
+def _fmt(value: Any, secret: bool = False) -> str:
+    text = json.dumps(value, sort_keys=True)
+    if secret:
+        return f"[secret {_digest(text)}]"
+    if len(text) > LARGE:
+        return f"[{_digest(text)}]"
+    return text
+
+
+def value_changes(old: Any, new: Any, path: tuple = (), secret: bool = False) -> list[str]:
+    """Lines for every changed leaf under `path`: `path: old → new`, `path: + new`, `path: - old`, text as a diff."""
+    if old == new:
+        return []
+    if secret:
+        return [f"{_path(path)}: {_fmt(old, True)} → {_fmt(new, True)}"]
+    if isinstance(old, dict) and isinstance(new, dict):
+        out = []
+        for k in sorted(set(old) | set(new)):
+            if k not in new:
+                out.append(f"{_path((*path, k))}: - {_fmt(old[k])}")
+            elif k not in old:
+                out += _added(new[k], (*path, k))
+            else:
+                out += value_changes(old[k], new[k], (*path, k))
+        return out
+    if isinstance(old, list) and isinstance(new, list):
+        if len(old) == len(new):
+            return [ln for i, (a, b) in enumerate(zip(old, new, strict=True)) for ln in value_changes(a, b, (*path, i))]
+        sm = difflib.SequenceMatcher(
+            a=[json.dumps(x, sort_keys=True) for x in old], b=[json.dumps(x, sort_keys=True) for x in new]
+        )
+        out = []
+        for op, i1, i2, j1, j2 in sm.get_opcodes():
+            if op in ("delete", "replace"):
+                out += [f"{_path((*path, i))}: - {_fmt(old[i])}" for i in range(i1, i2)]
+            if op in ("insert", "replace"):
+                out += [f"{_path((*path, j))}: + {_fmt(new[j])}" for j in range(j1, j2)]
+        return out
+    key = path[-1] if path else None
+    a, b = _as_text(old, key), _as_text(new, key)
+    if a is not None or b is not None:
+        a, b = a or "", b or ""
+        what = "base64 text" if key == "content" and isinstance(old, str) and "\n" not in old else "text"
+        head = f"{_path(path)}: {what}, {_digest(a)} → {_digest(b)}"
+        body = list(difflib.unified_diff(a.splitlines(), b.splitlines(), "base", "head", n=2, lineterm=""))
+        return [head, *(BODY + ln for ln in body[2:])]
+    da, db = (_b64_text(old), _b64_text(new)) if key == "content" else (None, None)
+    if da is not None and db is not None:
+        return [f"{_path(path)}: base64 of {_fmt(da)} → {_fmt(db)}"]
+    return [f"{_path(path)}: {_fmt(old)} → {_fmt(new)}"]
+
+
+def _added(value: Any, path: tuple) -> list[str]:
+    text = _as_text(value, path[-1] if path else None)
+    if text is not None:
+        return [f"{_path(path)}: + text, {_digest(text)}"]
+    return [f"{_path(path)}: + {_fmt(value)}"]
+
+
+def _dependents(urn: str, resources: list[dict]) -> list[str]:
+    """Who depends on `urn` directly (a dependency edge or a child), a component with its resource count."""
+    children: dict[str, list[dict]] = {}
+    for r in resources:
+        children.setdefault(r["parent"], []).append(r)
+
+    def size(u: str) -> int:
+        return sum(1 + size(c["urn"]) for c in children.get(u, []))
+
+    out = []
+    for r in resources:
+        if urn in r["dependencies"] or r["parent"] == urn:
+            n = size(r["urn"])
+            out.append(f"{r['name']} ({short_type(r['type'])}" + (f", {n} resources)" if n else ")"))
+    if len(out) > MAX_LIST:
+        out = out[:MAX_LIST] + [f"and {len(out) - MAX_LIST} more"]
+    return out
+
+
+def _host(r: dict) -> str:
+    h = r["inputs"].get("host")
+    return str(h.get("name") if isinstance(h, dict) else h or r["name"])
+
+
+def reboots(base: list[dict], head: list[dict]) -> list[str]:
+    """Plain sentences, one per host whose boot-time wish (HostReboot's expected running state) changes."""
+    old = {r["urn"]: r for r in base if r["type"] == REBOOT_TYPE}
+    out = []
+    for r in head:
+        if r["type"] != REBOOT_TYPE:
+            continue
+        o, n = old.get(r["urn"]), r["inputs"]
+        never = n.get("policy") == "never"
+        verb = "needs a reboot (`reboot: never`: reported as pending, not rebooted)" if never else "reboots"
+        if o is None:
+            out.append(
+                f"{_host(r)} {verb}: new host, the first `up` reboots it once unless its running kernel already "
+                "matches."
+            )
+            continue
+        why = []
+        for k in REBOOT_INPUTS:
+            a, b = o["inputs"].get(k) or ([] if k != "expect_drivers" else {}), n.get(k) or []
+            if a == b:
+                continue
+            if isinstance(a, list) and isinstance(b, list):
+                word = "kernel argument" if k == "expect_args" else "kernel argument to remove"
+                why += [f"{word} {x} added" for x in b if x not in a]
+                why += [f"{word} {x} dropped" for x in a if x not in b]
+            else:
+                a, b = dict(a or {}), dict(b or {})
+                why += [f"{d} bound to {b[d]}" for d in sorted(b) if a.get(d) != b[d]]
+                why += [f"{d} given back to its host driver" for d in sorted(a) if d not in b]
+        if why:
+            out.append(f"{_host(r)} {verb}: {'; '.join(why)}.")
+    return out
+
+
+def render(base: dict, head: dict, base_ref: str = "base", head_ref: str = "head") -> tuple[str, bool]:
+    """Markdown for one stack: (text, whether the head's config loads)."""
+    stack = head.get("stack") or base.get("stack")
+    out = [f"### `{stack}`: {base_ref} → {head_ref}", "", DECLARED, ""]
+    if head.get("error"):
+        out += ["The head's stack config is refused by the loader, before any resource:", "", "```"]
+        out += [*head["error"], "```", ""]
+        return "\n".join(out) + "\n", False
+    if head.get("absent"):
+        out += [f"`Pulumi.{stack}.yaml` is deleted at the head: every resource of the stack would be destroyed.", ""]
+    if base.get("error"):
+        out += ["The base's stack config did not load (shown as all created):", "", "```", *base["error"], "```", ""]
+    bres = [] if base.get("error") else base.get("resources", [])
+    hres = head.get("resources", [])
+    old = {r["urn"]: r for r in bres}
+    new = {r["urn"]: r for r in hres}
+    verdicts = head.get("verdicts", {})
+    lines: list[str] = []
+    counts = {"create": 0, "update": 0, "replace": 0, "delete": 0, "same": 0}
+    for r in hres:
+        label = f"{r['name']} ({short_type(r['type'])})"
+        o = old.get(r["urn"])
+        if o is None:
+            counts["create"] += 1
+            lines.append(f"+ {label}: create")
+            continue
+        v = verdicts.get(r["urn"])
+        if o["inputs"] == r["inputs"] or (v is not None and not v["changes"]):
+            counts["same"] += 1
+            continue
+        secret = set(r["secret"]) | set(o["secret"])
+        changed = sorted(set(o["inputs"]) | set(r["inputs"]))
+        detail = []
+        for k in changed:
+            if k in ("version", "owner_tag"):
+                continue
+            detail += value_changes(o["inputs"].get(k), r["inputs"].get(k), (k,), k in secret)
+        replaces = (v or {}).get("replaces") or []
+        if replaces:
+            counts["replace"] += 1
+            lines.append(f"+- {label}: replace (the provider replaces on {', '.join(replaces)})")
+        else:
+            counts["update"] += 1
+            note = "" if v and v.get("rule") else " (not a gpuhost provider: update or replace is its provider's call)"
+            lines.append(f"~ {label}: update{note if r['custom'] else ''}")
+        lines += [f"        {d[1:]}" if d.startswith(BODY) else f"    ~ {d}" for d in detail]
+        if replaces:
+            dep = _dependents(r["urn"], hres)
+            if dep:
+                lines.append(f"    depends on it: {', '.join(dep)}")
+    for o in bres:
+        if o["urn"] not in new:
+            counts["delete"] += 1
+            lines.append(f"- {o['name']} ({short_type(o['type'])}): delete")
+            dep = [d for d in _dependents(o["urn"], bres)]
+            if dep:
+                lines.append(f"    depended on it: {', '.join(dep)}")
+    boots = reboots(bres, hres)
+    out.append("**Reboots:** " + (" ".join(boots) if boots else "none (no kernel-argument or driver change)."))
+    out.append("")
+    parts = [f"{counts[k]} to {k}" for k in ("create", "update", "replace", "delete") if counts[k]]
+    if not parts:
+        out += [f"**No changes** ({counts['same']} resources unchanged).", ""]
+        return "\n".join(out) + "\n", True
+    out += [", ".join(parts) + f", {counts['same']} unchanged.", "", "```diff", *lines, "```", ""]
+    return "\n".join(out) + "\n", True
+
+
+def main(argv: list[str]) -> int:
+    if argv[:1] == ["--snapshot"]:
+        stack, key, against, out = argv[1:5]
+        against_doc = json.loads(Path(against).read_text()) or None
+        Path(out).write_text(json.dumps(snapshot(stack, Path(key).read_text(), against_doc), sort_keys=True))
+        return 0
+    ap = argparse.ArgumentParser(prog="python -m tools.plan_diff", description=__doc__.split("\n\n")[0])
+    ap.add_argument("--base", required=True, help="base commit (the PR's target)")
+    ap.add_argument("--head", default="HEAD", help="head commit (the PR, merged or not)")
+    ap.add_argument("--repo", default=".", help="git repository holding both commits")
+    ap.add_argument("stacks", nargs="*", help="stack names (default: every Pulumi.<stack>.yaml at either commit)")
+    a = ap.parse_args(argv)
+    repo = Path(a.repo)
+    refs = [git(repo, "rev-parse", "--short", c) for c in (a.base, a.head)]
+    ok = True
+    for b, h in plan_commits(repo, a.base, a.head, a.stacks or None):
+        text, good = render(b, h, f"base `{refs[0]}`", f"head `{refs[1]}`")
+        sys.stdout.write(text)
+        ok = ok and good
+    return 0 if ok else 1
+
+
+if __name__ == "__main__":
+    if __package__ in (None, ""):
+        # Run as a file inside a planned tree: import that tree's code, not this script's folder's.
+        sys.path[0] = os.getcwd()
+    raise SystemExit(main(sys.argv[1:]))
