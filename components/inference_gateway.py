@@ -4,6 +4,9 @@ Children (all named ``f"{name}-…"``, parented to the component):
   * ``{name}-packages``: SystemPackages redis-server and python3-venv (delete removes what it installed);
   * ``{name}-runtime``: HostRuntime: a venv with the workers' pinned requirements, and Debian's own
     ``redis-server.service`` stopped while the gateway's Redis holds port 6379 (delete puts both back as found);
+  * ``{name}-redis-auth``: ManagedFile, root-only, Redis's ``requirepass`` line from secret config (only when
+    ``redis_auth``: Redis bound beyond loopback); the units get it as a systemd credential, and its content, digest
+    and prior stay secret in state;
   * ``{name}-redis``: SystemdService ``gpuhost-gateway-redis.service`` with its redis.conf (AOF on, noeviction);
   * ``{name}-worker-<i>``: SystemdService per queue worker (one consumer of the group, its own metrics port);
     worker 0 also owns the serving package and worker.json, whose digest sits in every worker's unit file, so a
@@ -26,12 +29,13 @@ import pulumi
 from pydantic import BaseModel, ConfigDict
 
 from access.ssh import HostSpec
-from components.wiring import Child, Wired
+from components.wiring import Child, Later, Wired
 from plans import gateway as gw
 from plans import values as val
 from plans.host_runtime import Runtime
 from providers.base import host_input
 from providers.host_runtime import HostRuntime
+from providers.managed_file import ManagedFile
 from providers.service_state import SystemPackages
 from providers.systemd_service import SystemdService
 
@@ -46,6 +50,8 @@ class InferenceGatewayArgs(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
     host: HostSpec
     gateway: gw.GatewaySpec
+    # Redis's password when gateway.redis_auth: a Pulumi secret Output from secret config (never a plain value here).
+    redis_password: Any = None
 
 
 def children(name: str, args: InferenceGatewayArgs) -> list[Child]:
@@ -67,10 +73,32 @@ def children(name: str, args: InferenceGatewayArgs) -> list[Child]:
             # after the packages: Debian starts its redis-server when the package is installed
             after=("packages",),
         ),
-        Child(
-            "redis", SystemdService, {"host": host, "unit": gw.REDIS_UNIT, "files": gw.redis_files(spec)}, ("runtime",)
-        ),
     ]
+    if spec.redis_auth:
+        out.append(
+            Child(
+                "redis-auth",
+                ManagedFile,
+                {
+                    "host": host,
+                    "path": spec.auth_file,
+                    "content": Later(args.redis_password, gw.auth_line),
+                    "mode": "0600",
+                    "owner": "root:root",
+                },
+                after=("runtime",),
+                # the password, its digest and whatever file was there before stay encrypted in state
+                secret_outputs=("content", "sha256", "prior"),
+            )
+        )
+    out.append(
+        Child(
+            "redis",
+            SystemdService,
+            {"host": host, "unit": gw.REDIS_UNIT, "files": gw.redis_files(spec)},
+            ("runtime", *(("redis-auth",) if spec.redis_auth else ())),
+        )
+    )
     shared = gw.shared_files(spec, serving_code())
     for i in range(spec.workers):
         out.append(
@@ -105,7 +133,8 @@ class InferenceGateway(Wired, type_name="gpuhost:serving:InferenceGateway", chil
         where = args.host.address if spec.redis_bind in ("0.0.0.0", "::") else spec.redis_bind
         self.redis_url = pulumi.Output.from_input(f"redis://{where}:{spec.redis_port}/0")
         self.metrics_targets = pulumi.Output.from_input([f"{args.host.address}:{p}" for p in spec.metrics_ports])
+        front_at = args.host.address if spec.front_listen in ("0.0.0.0", "::") else spec.front_listen
         self.front_url = pulumi.Output.from_input(
-            f"http://{val.host_port(args.host.address, spec.front_port)}/v2/models/<model>/infer"
+            f"http://{val.host_port(front_at, spec.front_port)}/v2/models/<model>/infer"
         )
         return {"redis_url": self.redis_url, "metrics_targets": self.metrics_targets, "front_url": self.front_url}

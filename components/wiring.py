@@ -71,6 +71,8 @@ class Child:
     provider: Optional[str] = None
     # Earlier identities of this child (pulumi.Alias), so a move into a component is no replacement.
     aliases: tuple[Any, ...] = field(default=(), compare=False)
+    # Outputs the engine keeps encrypted in state (what a secret input becomes: content, its digest, the prior).
+    secret_outputs: tuple[str, ...] = ()
 
     @property
     def dynamic(self) -> bool:
@@ -136,6 +138,7 @@ def declare(parent: pulumi.Resource, name: str, children: list[Child]) -> dict[s
             depends_on=depends or None,
             provider=made[c.provider] if c.provider else None,  # type: ignore[arg-type]
             aliases=list(c.aliases) or None,
+            additional_secret_outputs=list(c.secret_outputs) or None,
         )
         full = f"{name}-{c.suffix}"
         made[c.suffix] = c.kind(full, inputs, opts) if c.dynamic else c.kind(full, **inputs, opts=opts)

@@ -23,6 +23,7 @@ Usage::
 from __future__ import annotations
 
 import hashlib
+import ipaddress
 import json
 import re
 from typing import Optional
@@ -63,7 +64,8 @@ class GatewaySpec(BaseModel):
     redis_port: int = Field(6379, ge=1, le=65535)
     metrics_port: int = Field(9470, ge=1, le=65535)
     metrics_address: str = "0.0.0.0"
-    front_listen: str = "0.0.0.0"
+    # The network the front serves; loopback unless the stack says otherwise (it has no authentication of its own).
+    front_listen: str = "127.0.0.1"
     front_port: int = Field(8090, ge=1, le=65535)
     front_timeout_s: float = Field(30.0, gt=0)
     claim_idle_ms: int = Field(5000, ge=100)
@@ -72,6 +74,10 @@ class GatewaySpec(BaseModel):
     queue_ms_shift: float = Field(20.0, gt=0)
     queue_ms_drain: float = Field(100.0, gt=0)
     install_dir: str = "/opt/gpuhost/gateway"
+    # Redis requires a password, from the root-only AUTH_FILE (written from secret config; its value is never here).
+    redis_auth: bool = False
+    # Per model: {"max_batch_size": n, "inputs": [{"name", "datatype", "dims"}]}: what the front accepts.
+    front_models: dict[str, dict] = Field(default_factory=dict)
     config_dir: str = "/etc/gpuhost/gateway"
 
     @model_validator(mode="after")
@@ -91,6 +97,8 @@ class GatewaySpec(BaseModel):
             raise ValueError(f"redis_port {self.redis_port} collides with a worker metrics port")
         if self.front_port in (self.redis_port, *self.metrics_ports):
             raise ValueError(f"front_port {self.front_port} collides with redis_port or a worker metrics port")
+        if not is_loopback(self.redis_bind) and not self.redis_auth:
+            raise ValueError(f"redis_bind {self.redis_bind} is not loopback: Redis then needs a password (redis_auth)")
         for p in (self.install_dir, self.config_dir):
             if not p.startswith("/") or ".." in p.split("/"):
                 raise ValueError(f"not an absolute path: {p!r}")
@@ -103,6 +111,32 @@ class GatewaySpec(BaseModel):
     @property
     def venv(self) -> str:
         return f"{self.install_dir}/venv"
+
+    @property
+    def auth_file(self) -> str:
+        return f"{self.config_dir}/{AUTH_NAME}"
+
+
+def is_loopback(address: str) -> bool:
+    """A loopback IP (127.0.0.0/8, ::1); a host name or any other address is not."""
+    try:
+        return ipaddress.ip_address(address.strip("[]")).is_loopback
+    except ValueError:
+        return False
+
+
+# The file with Redis's `requirepass` line; the units get it as a systemd credential of this name (their dynamic
+# users cannot read the root-only file), Redis includes it, the workers and the front read the password from it.
+AUTH_NAME = "redis-auth.conf"
+
+
+def auth_line(password: str) -> str:
+    """The password file's content (passwords are checked at load: letters, digits and ._~+/=- only)."""
+    return f"requirepass {password}\n"
+
+
+def _credential(spec: "GatewaySpec") -> list[str]:
+    return [f"LoadCredential={AUTH_NAME}:{spec.auth_file}"] if spec.redis_auth else []
 
 
 REDIS_UNIT = "gpuhost-gateway-redis.service"
@@ -122,7 +156,9 @@ def worker_config(spec: GatewaySpec) -> dict:
         "redis": {
             "host": "127.0.0.1" if spec.redis_bind in ("0.0.0.0", "::") else spec.redis_bind,
             "port": spec.redis_port,
+            **({"password_file": AUTH_NAME} if spec.redis_auth else {}),
         },
+        "front": {"models": spec.front_models, "timeout_s": spec.front_timeout_s},
         "queue": {"stream": spec.stream, "group": spec.group, "max_depth": spec.max_depth},
         "backends": [
             {
@@ -157,6 +193,7 @@ def redis_conf(spec: GatewaySpec) -> str:
             "appendfsync everysec",
             'save ""',
             "maxmemory-policy noeviction",
+            *([f"include /run/credentials/{REDIS_UNIT}/{AUTH_NAME}"] if spec.redis_auth else []),
             "",
         ]
     )
@@ -182,6 +219,7 @@ def redis_unit(spec: GatewaySpec) -> str:
             "Restart=always",
             "RestartSec=1",
             "LimitNOFILE=65536",
+            *_credential(spec),
             "",
             "[Install]",
             "WantedBy=multi-user.target",
@@ -207,6 +245,7 @@ def _python_unit(spec: GatewaySpec, role: str, argv: list[str], shared_sha256: s
             "ExecStart=" + " ".join(systemd_quote(a) for a in argv),
             "Restart=always",
             "RestartSec=1",
+            *_credential(spec),
             *extra,
             "",
             "[Install]",

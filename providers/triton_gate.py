@@ -66,18 +66,28 @@ def request_body(props: dict) -> tuple[bytes, dict[str, str]]:
     return body, {"Content-Type": "application/json"}
 
 
+# What the gate reads from a server at most: a model config, an answer (the biggest model's outputs fit).
+CONFIG_LIMIT = 16 * 1024 * 1024
+ANSWER_LIMIT = 256 * 1024 * 1024
+
+
 def response_check(url: str, model: str, props: dict) -> Optional[loadgate.ResponseCheck]:
     """What every answer of the load run must hold, from the model config the server reports (names, datatypes,
     shapes, bytes; a -1 dimension checked against the shape answered). ``checkOutputs: false`` turns it off."""
     if not props.get("checkOutputs", True):
         return None
-    with urllib.request.urlopen(f"{url}/v2/models/{model}/config", timeout=30) as r:
-        config = json.loads(r.read())
-    sig = props.get("request") or {}
-    spec = props.get("bodySpec") or {}
-    shape = sig["inputs"][0]["shape"] if sig.get("inputs") else spec.get("shape")
-    batch = int(shape[0]) if shape and int(config.get("max_batch_size", 0)) > 0 else 1
-    return loadgate.ResponseCheck.from_config(config, batch=batch)
+    try:
+        with urllib.request.urlopen(f"{url}/v2/models/{model}/config", timeout=30) as r:
+            config = json.loads(loadgate.read_limited(r, CONFIG_LIMIT))
+        sig = props.get("request") or {}
+        spec = props.get("bodySpec") or {}
+        shape = sig["inputs"][0]["shape"] if sig.get("inputs") else spec.get("shape")
+        batch = int(shape[0]) if shape and int(config.get("max_batch_size", 0)) > 0 else 1
+        return loadgate.ResponseCheck.from_config(config, batch=batch)
+    except (OSError, http.client.HTTPException, loadgate.OversizedResponse, RecursionError) as e:
+        raise GateError(f"{model}: reading its config from {url}: {type(e).__name__}: {e}") from None
+    except (AttributeError, TypeError, ValueError) as e:
+        raise GateError(f"{model}: the config {url} reports is not usable: {e}") from None
 
 
 def post(url: str, body: bytes, headers: dict[str, str], timeout: float = 60.0) -> tuple[int, dict, bytes]:
@@ -86,7 +96,7 @@ def post(url: str, body: bytes, headers: dict[str, str], timeout: float = 60.0) 
     try:
         conn.request("POST", u.path, body=body, headers={**headers, "Content-Length": str(len(body))})
         r = conn.getresponse()
-        return r.status, dict(r.getheaders()), r.read()
+        return r.status, dict(r.getheaders()), loadgate.read_limited(r, ANSWER_LIMIT)
     finally:
         conn.close()
 
@@ -94,8 +104,8 @@ def post(url: str, body: bytes, headers: dict[str, str], timeout: float = 60.0) 
 def checked_request(infer_url: str, sig: dict, body: bytes, headers: dict) -> list[str]:
     try:
         status, h, data = post(infer_url, body, headers)
-    except (OSError, http.client.HTTPException) as e:
-        return [f"request failed: {e}"]
+    except (OSError, http.client.HTTPException, loadgate.OversizedResponse) as e:
+        return [f"request failed: {type(e).__name__}: {e}"]
     if status != 200:
         return [f"HTTP {status}: {data[:300]!r}"]
     return kserve.check_response(sig, h, data)
@@ -108,7 +118,7 @@ class GateError(RuntimeError):
 class AcceptanceGateProvider(Provider):
     # Keys from secret config as every host provider gets them: the rollback reaches the guest over SSH.
     configure = HostProvider.configure
-    VERSION = "4"
+    VERSION = "5"
     OUTPUT_ONLY = ("result", "overhead")
     _BOOKKEEPING = {"__provider", "version", "owner_tag", "result", "overhead"}
 

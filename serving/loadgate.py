@@ -59,6 +59,8 @@ class LoadSpec:
     # coordinated omission); None is closed loop (a connection sends as soon as its answer is back). One client
     # process only (the schedule is per process).
     rate: Optional[float] = None
+    # An answer longer than this is an error (python client): a server cannot make the client read forever.
+    max_response_bytes: int = 256 * 1024 * 1024
 
 
 @dataclasses.dataclass(frozen=True)
@@ -78,6 +80,8 @@ class LoadResult:
     # 2xx responses whose outputs did not match the check (counted in ``errors`` too).
     invalid: int = 0
     first_invalid: str = ""
+    # Threads or client processes that failed or did not finish: their requests are not in the count.
+    failures: tuple[str, ...] = ()
 
     def as_dict(self) -> dict:
         return dataclasses.asdict(self)
@@ -183,11 +187,17 @@ class ResponseCheck:
     def from_config(cls, config: dict, batch: int = 1) -> "ResponseCheck":
         """From Triton's model config as JSON (``GET /v2/models/<m>/config``) for requests of ``batch`` items;
         a variable dimension (-1) accepts any size, and the bytes are then checked against the shape answered."""
-        lead = (batch,) if int(config.get("max_batch_size", 0)) > 0 else ()
-        outs = []
-        for o in config.get("output", []):
-            dims = tuple(int(d) for d in o.get("dims", []))
-            outs.append(ExpectedOutput(o["name"], str(o["data_type"]).removeprefix("TYPE_"), lead + dims))
+        try:
+            lead = (batch,) if int(config.get("max_batch_size", 0)) > 0 else ()
+            outs = []
+            for o in config.get("output", []):
+                dims = tuple(int(d) for d in o.get("dims", []))
+                outs.append(ExpectedOutput(str(o["name"]), str(o["data_type"]).removeprefix("TYPE_"), lead + dims))
+        except (AttributeError, KeyError, TypeError, ValueError) as e:
+            raise ValueError(f"the model config is not Triton's JSON config: {type(e).__name__}: {e}") from None
+        names = [o.name for o in outs]
+        if not outs or len(set(names)) != len(names):
+            raise ValueError(f"the model config names outputs {names}: none, or one twice")
         return cls(tuple(outs))
 
     @classmethod
@@ -198,40 +208,124 @@ class ResponseCheck:
         )
 
 
+def _int(v) -> Optional[int]:
+    """``v`` as an int when it is one in JSON (a bool or a float is not)."""
+    return v if isinstance(v, int) and not isinstance(v, bool) else None
+
+
+def _header_length(header_length: Optional[str], body: bytes) -> tuple[int, Optional[str]]:
+    if header_length is None:
+        return len(body), None
+    text = str(header_length).strip()
+    if not text.isascii() or not text.isdigit():
+        return 0, f"Inference-Header-Content-Length {header_length!r} is not a non-negative integer"
+    n = int(text)
+    if n > len(body):
+        return 0, f"Inference-Header-Content-Length {n} is past the body's {len(body)} bytes"
+    return n, None
+
+
+def _bytes_elements(blob: bytes, count: int) -> Optional[str]:
+    """Why ``blob`` is not exactly ``count`` BYTES elements (4-byte little-endian length, then the bytes)."""
+    pos = 0
+    for i in range(count):
+        if pos + 4 > len(blob):
+            return f"element {i} of {count} is cut off at byte {pos}"
+        pos += 4 + int.from_bytes(blob[pos : pos + 4], "little")
+        if pos > len(blob):
+            return f"element {i} of {count} runs past its {len(blob)} bytes"
+    return None if pos == len(blob) else f"{len(blob) - pos} bytes after its {count} elements"
+
+
+_JSON_KIND = {"BOOL": (bool,), "BYTES": (str,)}
+
+
 def check_response(body: bytes, header_length: Optional[str], check: ResponseCheck) -> Optional[str]:
-    """None when ``body`` (a v2 infer response, JSON or binary) holds exactly ``check``'s outputs, else why not."""
+    """None when ``body`` (a v2 infer response, JSON or binary) holds exactly ``check``'s outputs, else why not.
+
+    Never raises: whatever a server answers (JSON null, a list, wrong types, deep nesting, a lying header) is a
+    reason, so the load loop counts it as an error instead of losing a thread."""
     try:
-        head_len = int(header_length) if header_length is not None else len(body)
+        return _check_response(body, header_length, check)
+    except Exception as e:  # a shape of answer not foreseen below is still a wrong answer, never a dead thread
+        return f"response is not a v2 infer response: {type(e).__name__}: {str(e)[:200]}"
+
+
+def _check_response(body: bytes, header_length: Optional[str], check: ResponseCheck) -> Optional[str]:
+    head_len, problem = _header_length(header_length, body)
+    if problem:
+        return problem
+    try:
         head = json.loads(body[:head_len])
-    except (ValueError, UnicodeDecodeError) as e:
-        return f"response is not a v2 infer response: {e}"
-    got = {str(o.get("name")): o for o in head.get("outputs", []) if isinstance(o, dict)}
+    except (ValueError, UnicodeDecodeError, RecursionError) as e:
+        return f"response is not a v2 infer response: {type(e).__name__}: {str(e)[:200]}"
+    if not isinstance(head, dict):
+        return f"response is not a v2 infer response: a JSON {type(head).__name__}, not an object"
+    outputs = head.get("outputs")
+    if not isinstance(outputs, list):
+        return f"response is not a v2 infer response: outputs is a {type(outputs).__name__}, not a list"
+    names: list[str] = []
+    for i, o in enumerate(outputs):
+        if not isinstance(o, dict) or not isinstance(o.get("name"), str):
+            return f"outputs[{i}] is not an object with a string name"
+        names.append(o["name"])
+    twice = sorted({n for n in names if names.count(n) > 1})
+    if twice:
+        return f"outputs {twice} answered more than once"
     want = {o.name: o for o in check.outputs}
-    if set(got) != set(want):
-        return f"outputs {sorted(got)} but the model config names {sorted(want)}"
-    binary_total = 0
-    for name, exp in want.items():
-        o = got[name]
+    if set(names) != set(want):
+        return f"outputs {sorted(names)} but the model config names {sorted(want)}"
+    pos = head_len
+    for o in outputs:
+        name = o["name"]
+        exp = want[name]
         if o.get("datatype") != exp.datatype:
-            return f"output {name}: datatype {o.get('datatype')} but the config says {exp.datatype}"
-        shape = tuple(int(d) for d in o.get("shape", ()))
+            return f"output {name}: datatype {o.get('datatype')!r} but the config says {exp.datatype}"
+        raw = o.get("shape")
+        dims = [_int(d) for d in raw] if isinstance(raw, list) else None
+        if dims is None or any(d is None for d in dims):
+            return f"output {name}: shape {raw!r} is not a list of integers"
+        shape = tuple(d for d in dims if d is not None)
+        if any(d < 0 for d in shape):
+            return f"output {name}: shape {list(shape)} has a negative or variable dimension (an answer has sizes)"
         if not exp.fits(shape):
             return f"output {name}: shape {list(shape)} but the config says {list(exp.shape)}"
-        if math.prod(shape) == 0:
+        count = math.prod(shape)
+        if count == 0:
             return f"output {name}: empty (shape {list(shape)})"
-        answered = ExpectedOutput(name, exp.datatype, shape)
-        size = (o.get("parameters") or {}).get("binary_data_size")
-        if size is not None:
-            binary_total += int(size)
-            if answered.nbytes is not None and int(size) != answered.nbytes:
-                return f"output {name}: {size} bytes but {exp.datatype}{list(shape)} is {answered.nbytes}"
+        params = o.get("parameters")
+        if params is not None and not isinstance(params, dict):
+            return f"output {name}: parameters is a {type(params).__name__}, not an object"
+        if params and "binary_data_size" in params:
+            size = _int(params["binary_data_size"])
+            if size is None or size < 0:
+                return f"output {name}: binary_data_size {params['binary_data_size']!r} is not a size"
+            if size == 0:
+                return f"output {name}: 0 bytes"
+            nbytes = ExpectedOutput(name, exp.datatype, shape).nbytes
+            if nbytes is not None and size != nbytes:
+                return f"output {name}: {size} bytes but {exp.datatype}{list(shape)} is {nbytes}"
+            if pos + size > len(body):
+                return f"body is {len(body)} bytes: output {name}'s {size} bytes from byte {pos} run past its end"
+            if exp.datatype == "BYTES":
+                bad = _bytes_elements(body[pos : pos + size], count)
+                if bad:
+                    return f"output {name}: BYTES {bad}"
+            pos += size
         elif "data" in o:
-            if len(o["data"]) != math.prod(shape):
-                return f"output {name}: {len(o['data'])} values but {list(shape)} holds {math.prod(shape)}"
+            data = o["data"]
+            if not isinstance(data, list) or len(data) != count:
+                n = len(data) if isinstance(data, list) else type(data).__name__
+                return f"output {name}: {n} values but {list(shape)} holds {count}"
+            kinds = _JSON_KIND.get(exp.datatype)
+            for v in data:
+                ok = isinstance(v, kinds) if kinds else isinstance(v, (int, float)) and not isinstance(v, bool)
+                if not ok:
+                    return f"output {name}: value {v!r} is not {exp.datatype}"
         else:
             return f"output {name}: no data"
-    if len(body) != head_len + binary_total:
-        return f"body is {len(body)} bytes, header {head_len} + binary outputs {binary_total}"
+    if len(body) != pos:
+        return f"body is {len(body)} bytes, header {head_len} + binary outputs {pos - head_len}"
     return None
 
 
@@ -251,9 +345,15 @@ def _connection(url: urllib.parse.SplitResult, timeout: float) -> http.client.HT
     return cls(url.hostname, url.port or (443 if url.scheme == "https" else 80), timeout=timeout)
 
 
+def _wait_budget(spec: LoadSpec) -> float:
+    """How long any one wait of a load run may take: every warmup request timing out, then the run itself."""
+    return spec.timeout_s * (spec.warmup_requests + 2) + spec.duration_s + 30
+
+
 def run_python(spec: LoadSpec) -> LoadResult:
     """Constant concurrency from ``spec.processes`` processes (threads split between them), one keep-alive
-    connection per thread; percentiles over all of them."""
+    connection per thread; percentiles over all of them. A thread or process that fails or does not finish in
+    time is named in ``failures`` and fails the gate (its requests would otherwise vanish from the count)."""
     procs = max(1, min(spec.processes, spec.concurrency))
     if procs == 1:
         out = _run_threads(spec, spec.concurrency, spec.max_requests, None)
@@ -262,11 +362,13 @@ def run_python(spec: LoadSpec) -> LoadResult:
             spec.concurrency,
             out["lat"],
             out["errors"],
-            out["end"] - out["start"],
+            out["end"] - out["start"] if out["start"] else 0.0,
             out["invalid"],
             out["first_invalid"],
+            failures=out["failures"],
         )
     import multiprocessing
+    import queue as queue_mod
 
     ctx = multiprocessing.get_context("fork")
     start = ctx.Value("d", 0.0)
@@ -274,47 +376,83 @@ def run_python(spec: LoadSpec) -> LoadResult:
     def _open():
         start.value = time.perf_counter()
 
-    barrier = ctx.Barrier(procs, action=_open)
+    budget = _wait_budget(spec)
+    barrier = ctx.Barrier(procs, action=_open, timeout=budget)
     queue = ctx.Queue()
     shares = [spec.concurrency // procs + (1 if i < spec.concurrency % procs else 0) for i in range(procs)]
 
-    def child(n: int) -> None:
+    def child(i: int, n: int) -> None:
         def sync() -> float:
             barrier.wait()
             return start.value
 
-        queue.put(_run_threads(spec, n, max(1, spec.max_requests * n // spec.concurrency), sync))
+        try:
+            out = _run_threads(spec, n, max(1, spec.max_requests * n // spec.concurrency), sync, barrier.abort)
+        except BaseException as e:  # the parent must hear from every child, whatever happened
+            out = {"lat": [], "errors": 0, "invalid": 0, "first_invalid": "", "start": 0.0, "end": 0.0}
+            out["failures"] = [f"process {i}: {type(e).__name__}: {e}"]
+        queue.put(out)
 
-    children = [ctx.Process(target=child, args=(n,), daemon=True) for n in shares]
+    children = [ctx.Process(target=child, args=(i, n), daemon=True) for i, n in enumerate(shares)]
     for c in children:
         c.start()
-    outs = [queue.get(timeout=spec.duration_s + spec.timeout_s * (spec.warmup_requests + 2) + 60) for _ in children]
+    outs, failures = [], []
+    deadline = time.monotonic() + budget + 30
+    for _ in children:
+        try:
+            outs.append(queue.get(timeout=max(0.1, deadline - time.monotonic())))
+        except queue_mod.Empty:
+            failures.append(f"{len(children) - len(outs)} client processes sent no result within {budget + 30:.0f}s")
+            break
     for c in children:
         c.join(10)
+        if c.is_alive():
+            c.kill()
+    failures += [f for o in outs for f in o["failures"]]
     lat = [x for o in outs for x in o["lat"]]
     first = next((o["first_invalid"] for o in outs if o["first_invalid"]), "")
+    started = [o["start"] for o in outs if o["start"]]
     return _result(
         "python",
         spec.concurrency,
         lat,
         sum(o["errors"] for o in outs),
-        max(o["end"] for o in outs) - min(o["start"] for o in outs),
+        (max(o["end"] for o in outs) - min(started)) if started else 0.0,
         sum(o["invalid"] for o in outs),
         first,
+        failures=failures,
     )
 
 
-def _run_threads(spec: LoadSpec, concurrency: int, max_requests: int, sync) -> dict:
+def read_limited(r: http.client.HTTPResponse, limit: int) -> bytes:
+    """The whole body, or OversizedResponse past ``limit`` bytes: a server cannot make the client read forever."""
+    length = r.getheader("Content-Length")
+    if length is not None and length.strip().isdigit() and int(length) > limit:
+        raise OversizedResponse(f"Content-Length {length} is over the {limit}-byte limit")
+    data = r.read(limit + 1)
+    if len(data) > limit:
+        raise OversizedResponse(f"body is over the {limit}-byte limit")
+    return data
+
+
+class OversizedResponse(Exception):
+    pass
+
+
+def _run_threads(spec: LoadSpec, concurrency: int, max_requests: int, sync, abort=None) -> dict:
     url = urllib.parse.urlsplit(spec.url)
     path = url.path + (f"?{url.query}" if url.query else "")
     headers = dict(spec.headers)
     if spec.body:
         headers["Content-Length"] = str(len(spec.body))
+    budget = _wait_budget(spec)
     lock = threading.Lock()
     latencies: list[float] = []
     errors = [0]
     invalid = [0]
     first_invalid = [""]
+    failures: list[str] = []
+    finished: set[int] = set()
     issued = [0]
     deadline = [0.0]
     started = [0.0]
@@ -325,86 +463,121 @@ def _run_threads(spec: LoadSpec, concurrency: int, max_requests: int, sync) -> d
         started[0] = sync() if sync else time.perf_counter()
         deadline[0] = started[0] + spec.duration_s
 
-    start_gate = threading.Barrier(concurrency + 1, action=_open_gate)
+    start_gate = threading.Barrier(concurrency + 1, action=_open_gate, timeout=budget)
 
     def one(conn) -> tuple[int, Optional[str]]:
         conn.request(spec.method, path, body=spec.body or None, headers=headers)
         r = conn.getresponse()
-        data = r.read()
+        data = read_limited(r, spec.max_response_bytes)
         if spec.check is not None and 200 <= r.status < 300:
             return r.status, check_response(data, r.getheader("Inference-Header-Content-Length"), spec.check)
         return r.status, None
 
     def worker(idx: int = 0):
-        conn = _connection(url, spec.timeout_s)
-        for _ in range(spec.warmup_requests):
-            try:
-                one(conn)
-            except (OSError, http.client.HTTPException):
-                conn.close()
-                conn = _connection(url, spec.timeout_s)
+        conn: Optional[http.client.HTTPConnection] = None
         mine: list[float] = []
         bad = wrong = 0
         why = ""
-        start_gate.wait()
-        interval = concurrency / spec.rate if spec.rate else 0.0
-        k = 0
-        while True:
-            with lock:
-                if issued[0] >= max_requests:
-                    break
-                issued[0] += 1
-            if interval:
-                # This connection's k-th scheduled send, connections spread evenly over one interval.
-                t0 = started[0] + interval * (k + idx / concurrency)
-                k += 1
-                now = time.perf_counter()
-                if t0 > now:
-                    time.sleep(t0 - now)
-            else:
-                t0 = time.perf_counter()
-            if t0 >= deadline[0]:
+        try:
+            conn = _connection(url, spec.timeout_s)
+            for _ in range(spec.warmup_requests):
+                try:
+                    one(conn)
+                except Exception:  # warmup answers are not judged; a broken one must not end the thread
+                    conn.close()
+                    conn = _connection(url, spec.timeout_s)
+            start_gate.wait()
+            interval = concurrency / spec.rate if spec.rate else 0.0
+            k = 0
+            while True:
                 with lock:
-                    issued[0] -= 1
-                break
-            try:
-                status, problem = one(conn)
-                ok = 200 <= status < 300 and problem is None
-                if problem is not None:
-                    wrong += 1
-                    why = why or problem
-            except (OSError, http.client.HTTPException):
-                ok = False
+                    if issued[0] >= max_requests:
+                        break
+                    issued[0] += 1
+                if interval:
+                    # This connection's k-th scheduled send, connections spread evenly over one interval.
+                    t0 = started[0] + interval * (k + idx / concurrency)
+                    k += 1
+                    now = time.perf_counter()
+                    if t0 > now:
+                        time.sleep(t0 - now)
+                else:
+                    t0 = time.perf_counter()
+                if t0 >= deadline[0]:
+                    with lock:
+                        issued[0] -= 1
+                    break
+                try:
+                    status, problem = one(conn)
+                    ok = 200 <= status < 300 and problem is None
+                    if problem is not None:
+                        wrong += 1
+                        why = why or problem
+                except Exception as e:  # any failed exchange is an error that counts, never a dead thread
+                    ok = False
+                    if not isinstance(e, (OSError, http.client.HTTPException)):
+                        wrong += 1
+                        why = why or f"{type(e).__name__}: {str(e)[:200]}"
+                    conn.close()
+                    conn = _connection(url, spec.timeout_s)
+                mine.append(time.perf_counter() - t0)
+                if not ok:
+                    bad += 1
+        except threading.BrokenBarrierError:
+            with lock:
+                failures.append(f"thread {idx}: the start barrier broke (a warmup or another process overran)")
+        except BaseException as e:
+            with lock:
+                failures.append(f"thread {idx}: {type(e).__name__}: {str(e)[:200]}")
+            # The others need not wait out the barrier's timeout for a thread that will never come.
+            start_gate.abort()
+            if abort is not None and not started[0]:
+                abort()
+        finally:
+            if conn is not None:
                 conn.close()
-                conn = _connection(url, spec.timeout_s)
-            mine.append(time.perf_counter() - t0)
-            if not ok:
-                bad += 1
-        conn.close()
-        with lock:
-            latencies.extend(mine)
-            errors[0] += bad
-            invalid[0] += wrong
-            first_invalid[0] = first_invalid[0] or why
+            with lock:
+                latencies.extend(mine)
+                errors[0] += bad
+                invalid[0] += wrong
+                first_invalid[0] = first_invalid[0] or why
+                finished.add(idx)
 
     threads = [threading.Thread(target=worker, args=(i,), daemon=True) for i in range(concurrency)]
     for t in threads:
         t.start()
-    start_gate.wait()
+    try:
+        start_gate.wait()
+    except Exception:  # broken (a warmup overran) or the multi-process start failed in the barrier's action
+        with lock:
+            failures.append(f"the load did not start: not every thread was through its warmup within {budget:.0f}s")
+    end_by = time.monotonic() + spec.duration_s + spec.timeout_s + 30
     for t in threads:
-        t.join(spec.duration_s + spec.timeout_s + 30)
-    return {
-        "lat": [x * 1000 for x in latencies],
-        "errors": errors[0],
-        "invalid": invalid[0],
-        "first_invalid": first_invalid[0],
-        "start": started[0],
-        "end": time.perf_counter(),
-    }
+        t.join(max(0.0, end_by - time.monotonic()))
+    with lock:
+        late = [i for i in range(concurrency) if i not in finished]
+        if late:
+            failures.append(f"threads {late} did not finish within {spec.duration_s + spec.timeout_s + 30:.0f}s")
+        return {
+            "lat": [x * 1000 for x in latencies],
+            "errors": errors[0],
+            "invalid": invalid[0],
+            "first_invalid": first_invalid[0],
+            "failures": list(failures),
+            "start": started[0],
+            "end": time.perf_counter(),
+        }
 
 
 def _result(
-    tool, concurrency, lat_ms: list[float], errors: int, elapsed: float, invalid: int = 0, first_invalid: str = ""
+    tool,
+    concurrency,
+    lat_ms: list[float],
+    errors: int,
+    elapsed: float,
+    invalid: int = 0,
+    first_invalid: str = "",
+    failures: Sequence[str] = (),
 ) -> LoadResult:
     lat_ms.sort()
     n = len(lat_ms)
@@ -423,6 +596,7 @@ def _result(
         max_ms=lat_ms[-1] if n else float("nan"),
         invalid=invalid,
         first_invalid=first_invalid,
+        failures=tuple(failures),
     )
 
 
@@ -546,6 +720,8 @@ def violations(result: LoadResult, slo: Slo) -> list[str]:
         out.append(f"p99 {result.p99_ms:.3f} ms >= SLO {slo.p99_ms} ms")
     if result.invalid:
         out.append(f"{result.invalid} responses answered 2xx with wrong outputs (first: {result.first_invalid})")
+    if result.failures:
+        out.append(f"{len(result.failures)} load threads failed (first: {result.failures[0]})")
     if result.error_rate > slo.max_error_rate:
         out.append(f"error rate {result.error_rate:.2%} > {slo.max_error_rate:.2%}")
     if slo.min_throughput_rps is not None and result.throughput_rps < slo.min_throughput_rps:

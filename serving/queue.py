@@ -197,9 +197,16 @@ class JobQueue:
         return key
 
     def result(self, key: str, *, timeout_s: float = 30.0, submitted_at: Optional[float] = None) -> Result:
-        got = self.r.blpop([self.cfg.key("result", key)], timeout=timeout_s)
-        if got is None:
-            raise ResultTimeout(f"no result for job {key} within {timeout_s}s")
+        # In slices of at most a second: one BLPOP longer than the client's socket timeout (redis-py's default is
+        # 5 s) fails client-side and is retried, and a result the server popped meanwhile would be lost.
+        deadline = time.monotonic() + timeout_s
+        while True:
+            left = deadline - time.monotonic()
+            got = self.r.blpop([self.cfg.key("result", key)], timeout=max(0.01, min(1.0, left)))
+            if got is not None:
+                break
+            if left <= 1.0:
+                raise ResultTimeout(f"no result for job {key} within {timeout_s:g}s")
         res = Result.decode(got[1])
         if submitted_at is not None:
             res.received_ms = (time.time() - submitted_at) * 1000

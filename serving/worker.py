@@ -77,6 +77,8 @@ class WorkerConfig:
     backends: tuple[BackendConfig, ...]
     redis_host: str = "127.0.0.1"
     redis_port: int = 6379
+    # A file holding Redis's password (``requirepass <password>``), relative to systemd's $CREDENTIALS_DIRECTORY.
+    redis_password_file: Optional[str] = None
     queue: QueueConfig = QueueConfig()
     slots: int = 8
     read_count: int = 8
@@ -96,14 +98,30 @@ class WorkerConfig:
         d = dict(d)
         r = d.pop("redis", {})
         d["models"] = tuple(d.get("models", ()))
+        d.pop("front", None)  # the HTTP front's (serving.front)
         return cls(
             backends=tuple(BackendConfig(**b) for b in d.pop("backends")),
             redis_host=r.get("host", "127.0.0.1"),
             redis_port=int(r.get("port", 6379)),
+            redis_password_file=r.get("password_file"),
             queue=QueueConfig(**d.pop("queue", {})),
             policy=Policy(**d.pop("policy", {})),
             **d,
         )
+
+
+def redis_password(redis_cfg: dict) -> Optional[str]:
+    """Redis's password from the config's ``password_file`` (a ``requirepass <password>`` line, the file Redis
+    includes too), a relative path read from systemd's credentials directory (``LoadCredential=``: the unit's
+    dynamic user cannot read the root-only file itself); None without one."""
+    path = redis_cfg.get("password_file")
+    if not path:
+        return None
+    if not os.path.isabs(path):
+        path = os.path.join(os.environ.get("CREDENTIALS_DIRECTORY", "."), path)
+    with open(path) as f:
+        text = f.read().strip()
+    return text.removeprefix("requirepass").strip() or None
 
 
 class BackendDown(RuntimeError):
@@ -196,7 +214,12 @@ class Worker:
         backend_factory: Callable[[BackendConfig, float], Any] = TritonBackend,
     ):
         self.cfg, self.consumer = cfg, consumer
-        self.r = redis.Redis(host=cfg.redis_host, port=cfg.redis_port, socket_timeout=10)
+        self.r = redis.Redis(
+            host=cfg.redis_host,
+            port=cfg.redis_port,
+            password=redis_password({"password_file": cfg.redis_password_file}),
+            socket_timeout=10,
+        )
         self.queue = JobQueue(self.r, cfg.queue)
         self.sched = Scheduler({b.name: b.weight for b in cfg.backends}, cfg.policy)
         self.backends = {b.name: backend_factory(b, cfg.call_timeout_s) for b in cfg.backends}

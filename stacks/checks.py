@@ -485,7 +485,10 @@ def port_problems(fleet: Fleet) -> list[str]:
 
 
 def gateway_problems(fleet: Fleet) -> list[str]:
-    """Seed 001 gateways: on a known host, in front of known services that share a model, ports apart."""
+    """Seed 001 gateways: on a known host, in front of known services that share a model, ports apart, Redis beyond
+    loopback only with a password."""
+    from plans.gateway import is_loopback
+
     out: list[str] = []
     hosts = [h.name for h in fleet.hosts]
     services = {s.name: s for s in fleet.services}
@@ -514,6 +517,12 @@ def gateway_problems(fleet: Fleet) -> list[str]:
             out.append(f"{at}.redis_port: {g.redis_port} collides with a worker metrics port")
         if g.front_port == g.redis_port or g.metrics_port <= g.front_port < g.metrics_port + g.workers:
             out.append(f"{at}.front_port: {g.front_port} collides with redis_port or a worker metrics port")
+        if not is_loopback(g.redis_bind) and g.redis_password_secret is None:
+            out.append(
+                f"{at}.redis_bind: {g.redis_bind} is not loopback, and Redis has no password: set "
+                f"{at}.redis_password_secret: gatewayRedisPassword and "
+                "`pulumi config set --secret gatewayRedisPassword <password>` (or bind 127.0.0.1)"
+            )
         if g.metrics_port + g.workers - 1 > 65535:
             out.append(f"{at}.metrics_port: {g.workers} workers count up past port 65535")
     return out

@@ -12,6 +12,7 @@ Usage (in __main__.py)::
 from __future__ import annotations
 
 import copy
+import re
 from typing import Any, Optional
 
 import pulumi
@@ -225,6 +226,8 @@ def load(config: pulumi.Config) -> tuple[Fleet, pulumi.Output[str]]:
                 f"{full}: stored in plaintext; re-set it with `pulumi config set --secret {name} < key` "
                 "so it is encrypted in the stack file and never shown"
             )
+    if fleet is not None:
+        lines += gateway_secret_problems(config, fleet)
     if not lines:
         try:
             guest_public_key(config)
@@ -233,6 +236,28 @@ def load(config: pulumi.Config) -> tuple[Fleet, pulumi.Output[str]]:
     if lines:
         raise ConfigError(lines)
     return fleet, config.require_secret("sshPrivateKey")
+
+
+REDIS_PASSWORD_RE = re.compile(r"[A-Za-z0-9._~+/=-]{16,256}")
+
+
+def gateway_secret_problems(config: pulumi.Config, fleet: Fleet) -> list[str]:
+    """Each gateway's Redis password: set, stored as a secret, and a value Redis's config line takes as it is (the
+    value is never quoted in a message)."""
+    out = []
+    for i, g in enumerate(fleet.gateways):
+        name = g.redis_password_secret
+        if name is None:
+            continue
+        full, fix = f"gpuhost:{name}", f"`pulumi config set --secret {name} <password>`"
+        value = config.get(name)
+        if value is None:
+            out.append(f"{full}: missing (fleet.gateways[{i}].redis_password_secret names it); set it with {fix}")
+        elif not is_config_secret(full):
+            out.append(f"{full}: stored in plaintext; re-set it with {fix} so it is encrypted and never shown")
+        elif not REDIS_PASSWORD_RE.fullmatch(value):
+            out.append(f"{full}: Redis's password must be 16-256 letters, digits or ._~+/=- ; re-set it with {fix}")
+    return out
 
 
 def guest_public_key(config: pulumi.Config) -> str:

@@ -14,6 +14,7 @@ import os
 from collections.abc import Callable
 from typing import Any, Optional
 
+import pulumi
 from pulumi import ResourceOptions
 
 from access.ssh import HostSpec, JumpHost
@@ -261,6 +262,9 @@ def gateway_spec(fleet: Fleet, g: Gateway, guests: dict[tuple[str, str], HostSpe
         slots=g.slots,
         max_depth=g.max_depth,
         redis_bind=g.redis_bind,
+        redis_auth=g.redis_password_secret is not None,
+        front_listen=g.front_listen,
+        front_models=front_models(fleet, g, models),
         redis_port=g.redis_port,
         metrics_port=g.metrics_port,
         front_port=g.front_port,
@@ -270,6 +274,30 @@ def gateway_spec(fleet: Fleet, g: Gateway, guests: dict[tuple[str, str], HostSpe
         queue_ms_drain=g.queue_ms_drain,
     )
     return host_spec(next(x for x in fleet.hosts if x.name == g.host)), spec
+
+
+def front_models(fleet: Fleet, g: Gateway, models: set[str]) -> dict[str, dict]:
+    """What the gateway's HTTP entry accepts per model: inputs (name, wire datatype, dims) and max batch size, from
+    the first backend service's model spec (every backend serves the same model)."""
+    services = {s.name: s for s in fleet.services}
+    out: dict[str, dict] = {}
+    for b in g.backends:
+        s = services[b.service]
+        for m in s.models:
+            if m.name in models and m.name not in out:
+                spec = model_spec(m, s.gpu_model)
+                out[m.name] = {
+                    "max_batch_size": spec.max_batch_size,
+                    "inputs": [
+                        {
+                            "name": t.name,
+                            "datatype": "BYTES" if t.data_type == "STRING" else t.data_type,
+                            "dims": t.dims,
+                        }
+                        for t in spec.inputs
+                    ],
+                }
+    return out
 
 
 def declare_component(cls: type, name: str, args: Any, after: list, where: str) -> Any:
@@ -497,7 +525,16 @@ def build(
             new(
                 InferenceGateway,
                 g.name,
-                InferenceGatewayArgs(host=gw_host, gateway=gw_spec),
+                InferenceGatewayArgs(
+                    host=gw_host,
+                    gateway=gw_spec,
+                    # read at declaration, a secret Output: never a plain value in args, inputs or state
+                    redis_password=(
+                        pulumi.Config("gpuhost").get_secret(g.redis_password_secret)
+                        if g.redis_password_secret
+                        else None
+                    ),
+                ),
                 [hosts[g.host], *(by_service[b.service] for b in g.backends)],
                 f"fleet.gateways[{gi}]",
             )

@@ -524,6 +524,12 @@ class Gateway(Strict):
         1000, ge=1, le=10_000_000, description="queued + running jobs; more submits are refused (HTTP 429)"
     )
     redis_bind: str = Field("127.0.0.1", description="address Redis listens on (loopback: workers only)")
+    redis_password_secret: Optional[str] = Field(
+        None,
+        description="name of a secret config value with Redis's password (`pulumi config set --secret NAME`); "
+        "required when redis_bind is not loopback",
+    )
+    front_listen: str = Field("127.0.0.1", description="address the HTTP entry listens on (loopback by default)")
     redis_port: int = Field(6379, ge=1, le=65535)
     metrics_port: int = Field(9470, ge=1, le=65535, description="worker 0's; the next workers count up")
     front_port: int = Field(8090, ge=1, le=65535, description="HTTP entry: POST /v2/models/<m>/infer, 429 when full")
@@ -542,7 +548,8 @@ class Gateway(Strict):
     slo_p95_s: float = Field(2.5, gt=0, le=3600, description="end-to-end p95 including queueing (alert)")
 
     _name = field_validator("name")(lambda cls, v: val.dns_label(v, "gateway name"))
-    _bind = _v(val.address, "redis_bind")
+    _bind = _v(val.address, "redis_bind", "front_listen")
+    _secret = field_validator("redis_password_secret")(lambda cls, v: v if v is None else val.config_key(v))
 
 
 def artifact_url(v: str) -> str:

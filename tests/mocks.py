@@ -34,6 +34,7 @@ class Registration:
     inputs: dict
     secret_inputs: list[str]
     custom: bool
+    secret_outputs: list[str] = field(default_factory=list)
 
 
 def _secret_keys(struct) -> list[str]:
@@ -65,6 +66,7 @@ class RecordingMonitor(pm.MockMonitor):
                     inputs=rpc.deserialize_properties(request.object),
                     secret_inputs=_secret_keys(request.object),
                     custom=bool(request.custom),
+                    secret_outputs=list(request.additionalSecretOutputs),
                 )
             )
         return resp

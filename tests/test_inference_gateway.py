@@ -218,7 +218,7 @@ def test_worker_unit_runs_the_worker_with_its_config():
         "--config",
         "/etc/gpuhost/gateway/worker.json",
         "--listen",
-        "0.0.0.0",
+        "127.0.0.1",
         "--port",
         "8090",
         "--timeout",

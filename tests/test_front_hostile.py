@@ -1,0 +1,427 @@
+"""The queue gateway's HTTP entry (serving/front.py) under a hostile client on loopback: a real front, a real
+redis-server and the real queue; the backend is an echo consumer in this test (it answers each job from its own
+inputs, so a wrong answer is visible), standing in for the queue workers and Triton, which the live queue tests
+cover. Every hostile request gets its status and exact message, the next good request is answered correctly, no
+request hangs, and no thread is left behind (threads counted before and after). Bounded in count and time."""
+
+from __future__ import annotations
+
+import http.client
+import json
+import math
+import socket
+import threading
+import time
+
+import numpy as np
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from serving.front import BadRequest, Front, InputSig, Limits, ModelSig, parse_request
+from serving.queue import JobQueue, QueueConfig, Result
+from tests.hostile import wait_threads
+from tests.servers import redis as redis_server
+
+redis = pytest.importorskip("redis")
+redis_srv = redis_server.redis_fixture()
+
+MODELS = {
+    "m": ModelSig((InputSig("x", "FP32", (4,)),), max_batch_size=2),
+    **{
+        f"t-{dt.lower()}": ModelSig((InputSig("v", dt, (-1,)),))
+        for dt in ("BOOL", "UINT8", "INT8", "INT32", "INT64", "FP16", "FP32")
+    },
+}
+LIMITS = Limits(max_body_bytes=1 << 20, header_timeout_s=1.0, body_timeout_s=1.0, max_connections=4)
+CAP_M = 2 * 4 * 32 + 64 * 1024  # model m: batch 2 x 4 values x 32 bytes + 64 KiB
+
+
+def _echo(model: str, inputs: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+    """The stand-in backend: model m doubles x; the typed models give v back."""
+    if model == "m":
+        return {"y": (inputs["x"] * 2).astype(np.float32)}
+    return {"v": inputs["v"]}
+
+
+class EchoConsumer:
+    def __init__(self, port: int):
+        self.q = JobQueue(redis.Redis(port=port), QueueConfig())
+        self.q.ensure_group()
+        self.stop = threading.Event()
+        self.paused = threading.Event()
+        self.holding = threading.Event()  # set once the consumer has seen `paused` (no read in flight)
+        self.thread = threading.Thread(target=self._run)
+        self.thread.start()
+
+    def _run(self) -> None:
+        while not self.stop.is_set():
+            if self.paused.is_set():
+                self.holding.set()
+                time.sleep(0.02)
+                continue
+            self.holding.clear()
+            for job in self.q.read("echo", count=8, block_ms=50):
+                res = Result(job.key, "ok", "echo", "echo", 1.0, 0.0, 1.0, outputs=_echo(job.model, job.inputs))
+                self.q.complete(job, res)
+
+    def close(self) -> None:
+        self.stop.set()
+        self.thread.join(10)
+        self.q.r.close()
+
+
+@pytest.fixture
+def front(redis_srv):
+    before = threading.active_count()
+    r = redis.Redis(port=redis_srv.port)
+    r.flushall()
+    echo = EchoConsumer(redis_srv.port)
+    q = JobQueue(r, QueueConfig())
+    srv = Front(q, timeout_s=10, models=MODELS, limits=LIMITS).server("127.0.0.1", 0)
+    t = threading.Thread(target=srv.serve_forever, kwargs={"poll_interval": 0.05})
+    t.start()
+    srv.echo = echo  # type: ignore[attr-defined]
+    try:
+        yield srv
+    finally:
+        srv.shutdown()
+        srv.server_close()  # joins the handler threads
+        t.join(10)
+        echo.close()
+        r.close()
+        r.connection_pool.disconnect()
+        assert wait_threads(before) == before, "threads left behind"
+
+
+def _port(srv) -> int:
+    return srv.server_address[1]
+
+
+def post(srv, model: str, doc, *, src: str = "127.0.0.1", headers=None) -> tuple[int, dict]:
+    c = http.client.HTTPConnection("127.0.0.1", _port(srv), timeout=20, source_address=(src, 0))
+    body = doc if isinstance(doc, bytes) else json.dumps(doc).encode()
+    c.request("POST", f"/v2/models/{model}/infer", body, {"Content-Type": "application/json", **(headers or {})})
+    r = c.getresponse()
+    out = r.status, json.loads(r.read())
+    c.close()
+    return out
+
+
+def good(srv, i: float = 1.0, **kw) -> None:
+    """A good request gets its own correct answer."""
+    x = [i, i + 1, -i, i / 4]
+    status, doc = post(srv, "m", {"inputs": [{"name": "x", "datatype": "FP32", "shape": [1, 4], "data": x}]}, **kw)
+    assert status == 200, doc
+    assert doc["outputs"] == [{"name": "y", "datatype": "FP32", "shape": [1, 4], "data": [2 * v for v in x]}]
+
+
+def raw(srv, data: bytes, *, pause: float = 0.0, rest: bytes = b"") -> tuple[int, str]:
+    """Send ``data`` on a fresh socket (then ``rest`` after ``pause`` seconds); (status, error message) of the one
+    answer, read to the server's close (at most 20 s: a hang fails the test instead of stalling it)."""
+    with socket.create_connection(("127.0.0.1", _port(srv)), timeout=20) as s:
+        s.sendall(data)
+        if pause:
+            time.sleep(pause)
+            try:
+                s.sendall(rest)
+            except OSError:
+                pass
+        chunks = []
+        while True:
+            try:
+                got = s.recv(65536)
+            except ConnectionResetError:
+                break
+            if not got:
+                break
+            chunks.append(got)
+    answer = b"".join(chunks)
+    assert answer, "the server closed the socket without an answer"
+    head, _, body = answer.partition(b"\r\n\r\n")
+    status = int(head.split(b" ", 2)[1])
+    try:
+        return status, json.loads(body)["error"]
+    except (ValueError, KeyError):
+        return status, body.decode(errors="replace")
+
+
+BODY_M = json.dumps({"inputs": [{"name": "x", "datatype": "FP32", "shape": [1, 4], "data": [1, 2, 3, 4]}]}).encode()
+REQ = b"POST /v2/models/m/infer HTTP/1.1\r\nHost: x\r\n"
+
+
+# ------------------------------------------------------------------ one caller's results are its own
+
+
+def test_two_clients_with_the_same_id_get_their_own_answers(front):
+    """Two callers (127.0.0.1 and 127.0.0.2) send id "job-1", one caller sends "job-1" twice with different inputs,
+    all queued before any is served: each gets the answer to its own inputs."""
+    front.echo.paused.set()
+    assert front.echo.holding.wait(10)
+    asks = [("127.0.0.1", 1.0), ("127.0.0.2", 1.0), ("127.0.0.2", 5.0), ("127.0.0.1", 7.0)]
+    got: dict[int, tuple[int, dict]] = {}
+
+    def ask(k: int, src: str, v: float) -> None:
+        doc = {"id": "job-1", "inputs": [{"name": "x", "datatype": "FP32", "shape": [1, 4], "data": [v] * 4}]}
+        got[k] = post(front, "m", doc, src=src)
+
+    threads = [threading.Thread(target=ask, args=(k, *a)) for k, a in enumerate(asks)]
+    for t in threads:
+        t.start()
+    deadline = time.monotonic() + 10
+    while front.echo.q.depth() < len(asks) and time.monotonic() < deadline:
+        time.sleep(0.02)
+    assert front.echo.q.depth() == len(asks)  # four jobs, not one shared key
+    front.echo.paused.clear()
+    for t in threads:
+        t.join(20)
+    for k, (_, v) in enumerate(asks):
+        status, doc = got[k]
+        assert status == 200 and doc["id"] == "job-1", doc
+        assert doc["outputs"][0]["data"] == [2 * v] * 4
+
+
+# ------------------------------------------------------------------ hostile requests: status, message, next answered
+
+HOSTILE_HTTP = [
+    ("Content-Length missing", REQ + b"\r\n" + BODY_M, 411, "Content-Length required"),
+    (
+        "Content-Length negative",
+        REQ + b"Content-Length: -1\r\n\r\n",
+        400,
+        "Content-Length '-1' is not one non-negative integer",
+    ),
+    (
+        "Content-Length non-numeric",
+        REQ + b"Content-Length: 12abc\r\n\r\n",
+        400,
+        "Content-Length '12abc' is not one non-negative integer",
+    ),
+    (
+        "Content-Length twice, different",
+        REQ + b"Content-Length: 5\r\nContent-Length: 6\r\n\r\n",
+        400,
+        "Content-Length '5, 6' is not one non-negative integer",
+    ),
+    (
+        "Content-Length huge",
+        REQ + b"Content-Length: 99999999999999\r\n\r\n",
+        413,
+        f"body of 99999999999999 bytes is over this model's limit of {CAP_M} bytes",
+    ),
+    (
+        "body over the model's size",
+        REQ + f"Content-Length: {CAP_M + 1}\r\n\r\n".encode(),
+        413,
+        f"body of {CAP_M + 1} bytes is over this model's limit of {CAP_M} bytes",
+    ),
+    (
+        "chunked body",
+        REQ + b"Transfer-Encoding: chunked\r\n\r\n5\r\nhello\r\n0\r\n\r\n",
+        411,
+        "Transfer-Encoding is not accepted: send the body with a Content-Length",
+    ),
+    (
+        "request line over 64 KiB",
+        b"POST /" + b"a" * 70000 + b" HTTP/1.1\r\n\r\n",
+        414,
+        "request line longer than 64 KiB",
+    ),
+    ("101 headers", REQ + b"".join(b"X-%d: y\r\n" % i for i in range(101)) + b"\r\n", 431, "Too many headers"),
+    ("unknown method", b"BREW /v2/models/m/infer HTTP/1.1\r\n\r\n", 501, "method 'BREW' not supported"),
+    ("not HTTP", b"\x16\x03\x01\x02\x00\x01\x00\x01\xfc\x03\x03\r\n\r\n", 400, "Bad request"),
+]
+
+
+@pytest.mark.parametrize("case, data, status, message", HOSTILE_HTTP, ids=[c[0] for c in HOSTILE_HTTP])
+def test_hostile_http_is_answered_and_the_next_request_served(front, case, data, status, message):
+    got_status, got_message = raw(front, data)
+    assert (got_status, message in got_message) == (status, True), (case, got_status, got_message)
+    good(front)
+
+
+@pytest.mark.parametrize(
+    "case, data, pause, rest",
+    [
+        ("headers never finished", REQ + b"Content-Le", 3.0, b""),
+        ("headers trickled a byte at a time", b"P", 0.0, b""),
+        ("body shorter than Content-Length", REQ + b"Content-Length: 100\r\n\r\n{", 3.0, b""),
+    ],
+)
+def test_slow_clients_get_408_and_do_not_hold_a_thread(front, case, data, pause, rest):
+    if case.startswith("headers trickled"):
+        # one byte every 0.3 s: each read is quick, the whole request is not (the deadline is on the whole)
+        with socket.create_connection(("127.0.0.1", _port(front)), timeout=20) as s:
+            t0 = time.monotonic()
+            answer = b""
+            for b in REQ + b"Content-Length: 5\r\n\r\n{}":
+                try:
+                    s.sendall(bytes([b]))
+                except OSError:
+                    break
+                s.settimeout(0.3)
+                try:
+                    answer = s.recv(65536)
+                    break
+                except TimeoutError:
+                    continue
+            s.settimeout(20)
+            while chunk := s.recv(65536):
+                answer += chunk
+            assert answer.startswith(b"HTTP/1.1 408"), answer
+            assert time.monotonic() - t0 < 15  # cut at the 1 s deadline, not after every byte (bound, not a benchmark)
+    else:
+        status, message = raw(front, data, pause=pause, rest=rest)
+        assert (status, message) == (408, "request not received in time"), case
+    good(front)
+
+
+def test_connections_are_bounded_and_the_extra_one_answered_503(front):
+    held = [socket.create_connection(("127.0.0.1", _port(front)), timeout=20) for _ in range(LIMITS.max_connections)]
+    try:
+        for s in held:
+            s.sendall(b"POST /v2/models/m/infer HTTP/1.1\r\n")  # and then nothing (until the 1 s header deadline)
+        time.sleep(0.2)
+        status, message = raw(front, REQ + f"Content-Length: {len(BODY_M)}\r\n\r\n".encode() + BODY_M)
+        assert (status, message) == (503, "too many connections; retry later")
+    finally:
+        for s in held:
+            s.close()
+    deadline = time.monotonic() + 10
+    while True:  # the held slots free as their handlers see the close
+        try:
+            good(front)
+            break
+        except (AssertionError, OSError, http.client.HTTPException):
+            if time.monotonic() > deadline:
+                raise
+            time.sleep(0.1)
+
+
+def _typed(dt: str, value) -> bytes:
+    return json.dumps({"inputs": [{"name": "v", "datatype": dt, "shape": [1], "data": [value]}]}).encode()
+
+
+HOSTILE_VALUES = [
+    ("UINT8 300", "t-uint8", _typed("UINT8", 300), "input 'v': 300 is out of range for UINT8 (0..255)"),
+    ("UINT8 -1", "t-uint8", _typed("UINT8", -1), "input 'v': -1 is out of range for UINT8 (0..255)"),
+    ("INT8 128", "t-int8", _typed("INT8", 128), "input 'v': 128 is out of range for INT8 (-128..127)"),
+    ("INT32 2^31", "t-int32", _typed("INT32", 2**31), "input 'v': 2147483648 is out of range for INT32"),
+    ("INT64 2^63", "t-int64", _typed("INT64", 2**63), "input 'v': 9223372036854775808 is out of range for INT64"),
+    ("INT32 1.5", "t-int32", _typed("INT32", 1.5), "input 'v': INT32 takes integers only, got 1.5"),
+    ("INT32 true", "t-int32", _typed("INT32", True), "input 'v': INT32 takes integers only, got True"),
+    ("FP16 70000", "t-fp16", _typed("FP16", 70000), "input 'v': 70000 overflows FP16 (largest 65504)"),
+    ("FP32 1e39", "t-fp32", _typed("FP32", 1e39), "input 'v': 1e+39 overflows FP32"),
+    ("FP32 10^400", "t-fp32", _typed("FP32", 10**400), "input 'v': a value overflows FP32"),
+    ("FP32 NaN", "t-fp32", _typed("FP32", float("nan")), "input 'v': nan is not a finite number"),
+    ("FP32 Infinity", "t-fp32", _typed("FP32", float("inf")), "input 'v': inf is not a finite number"),
+    ("FP32 string", "t-fp32", _typed("FP32", "1.0"), "input 'v': FP32 takes numbers only, got '1.0'"),
+    ("BOOL string", "t-bool", _typed("BOOL", "true"), "input 'v': BOOL takes true/false only, got 'true'"),
+    ("BOOL 1", "t-bool", _typed("BOOL", 1), "input 'v': BOOL takes true/false only, got 1"),
+    (
+        "nested deeper than shape",
+        "m",
+        json.dumps({"inputs": [{"name": "x", "datatype": "FP32", "shape": [1, 4], "data": [[[[[1]]]] * 4]}]}).encode(),
+        "input 'x': data nested deeper than shape [1, 4]",
+    ),
+    ("nesting bomb", "t-fp32", b'{"inputs": ' + b"[" * 50000 + b"]" * 50000 + b"}", "RecursionError"),
+    (
+        "shape bomb",
+        "t-fp32",
+        json.dumps({"inputs": [{"name": "v", "datatype": "FP32", "shape": [10**9, 10**9], "data": []}]}).encode(),
+        "input 'v': shape [1000000000, 1000000000] is more than the",
+    ),
+    (
+        "wrong shape",
+        "m",
+        json.dumps({"inputs": [{"name": "x", "datatype": "FP32", "shape": [1, 5], "data": [1] * 5}]}).encode(),
+        "input 'x': shape [5] but the model takes [4] (-1: any size)",
+    ),
+    (
+        "batch over max",
+        "m",
+        json.dumps({"inputs": [{"name": "x", "datatype": "FP32", "shape": [3, 4], "data": [1] * 12}]}).encode(),
+        "input 'x': shape [3, 4]: the batch (first) dimension must be 1..2",
+    ),
+    (
+        "datatype not the model's",
+        "m",
+        json.dumps({"inputs": [{"name": "x", "datatype": "FP64", "shape": [1, 4], "data": [1] * 4}]}).encode(),
+        "input 'x': datatype FP64 but the model takes FP32",
+    ),
+    (
+        "unknown input",
+        "m",
+        json.dumps({"inputs": [{"name": "z", "datatype": "FP32", "shape": [1, 4], "data": [1] * 4}]}).encode(),
+        "input 'z': the model has no such input (inputs: x)",
+    ),
+    ("JSON null", "m", b"null", "not a KServe v2 JSON infer request: an object with an inputs list"),
+    ("JSON list", "m", b"[1, 2]", "not a KServe v2 JSON infer request: an object with an inputs list"),
+    ("not JSON", "m", b"\xff\xfe", "not a KServe v2 JSON infer request: JSONDecodeError: Expecting value"),
+]
+
+
+@pytest.mark.parametrize("case, model, body, message", HOSTILE_VALUES, ids=[c[0] for c in HOSTILE_VALUES])
+def test_values_the_model_cannot_take_are_400_naming_the_input(front, case, model, body, message):
+    status, doc = post(front, model, body)
+    assert status == 400 and message in doc["error"], (case, doc)
+    assert front.echo.q.depth() == 0  # nothing queued
+    good(front)
+
+
+def test_unknown_model_and_path_are_404(front):
+    assert post(front, "nope", BODY_M) == (
+        404,
+        {"error": "model 'nope' is not served here (models: " + ", ".join(MODELS) + ")"},
+    )
+    assert raw(front, b"POST /v2/x HTTP/1.1\r\nContent-Length: 0\r\n\r\n") == (404, "no such endpoint: /v2/x")
+    good(front)
+
+
+@settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(
+    body=st.recursive(
+        st.none() | st.booleans() | st.integers() | st.floats() | st.text(max_size=6),
+        lambda inner: (
+            st.lists(inner, max_size=4)
+            | st.dictionaries(st.sampled_from(["inputs", "name", "datatype", "shape", "data", "id"]), inner, max_size=5)
+        ),
+        max_leaves=25,
+    )
+)
+def test_any_json_body_is_answered_and_never_a_wrong_answer(front, body):
+    status, doc = post(front, "m", json.dumps(body).encode())
+    assert status == 400 and doc["error"], doc  # nothing random is a valid request for m
+    good(front)
+
+
+# ------------------------------------------------------------------ the value checks, pure
+
+
+INT_RANGES = {"UINT8": (0, 255), "INT8": (-128, 127), "INT32": (-(2**31), 2**31 - 1), "INT64": (-(2**63), 2**63 - 1)}
+
+
+@settings(max_examples=300, deadline=None)
+@given(dt=st.sampled_from(sorted(INT_RANGES)), v=st.integers(-(2**70), 2**70))
+def test_integers_in_range_pass_exactly_and_others_are_refused(dt, v):
+    lo, hi = INT_RANGES[dt]
+    sig = ModelSig((InputSig("v", dt, (-1,)),))
+    if lo <= v <= hi:
+        _, inputs = parse_request(_typed(dt, v), sig)
+        assert int(inputs["v"][0]) == v
+    else:
+        with pytest.raises(BadRequest, match=rf"input 'v': {v} is out of range for {dt}"):
+            parse_request(_typed(dt, v), sig)
+
+
+@settings(max_examples=300, deadline=None)
+@given(dt=st.sampled_from(["FP16", "FP32"]), v=st.floats(allow_nan=True, allow_infinity=True))
+def test_floats_that_fit_pass_and_nan_inf_overflow_are_refused(dt, v):
+    sig = ModelSig((InputSig("v", dt, (-1,)),))
+    largest = float(np.finfo(np.float16 if dt == "FP16" else np.float32).max)
+    if math.isfinite(v) and abs(v) <= largest:
+        _, inputs = parse_request(_typed(dt, v), sig)
+        assert math.isfinite(float(inputs["v"][0]))
+    else:
+        with pytest.raises(BadRequest, match=r"input 'v': .*(not a finite number|overflows)"):
+            parse_request(_typed(dt, v), sig)
