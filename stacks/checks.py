@@ -15,8 +15,12 @@ from typing import Iterator, Optional
 
 from plans import values as val
 from plans.cmdline import UNSAFE, owned_by
+from plans.gateway import is_loopback
 from plans.mig_fit import layout_problems
-from stacks.schema import Fleet, Host, Topology
+from stacks.args import cmdline_args
+from stacks.errors import ConfigError
+from stacks.program import model_spec, plan_host
+from stacks.schema import Fleet, Host, Jump, Topology
 
 # Presets whose model code gpuhost ships itself (serving/models): the artifact is their weights file.
 WEIGHTS_ONLY = ("yolov8n_torch",)
@@ -134,8 +138,6 @@ def host_problems(i: int, h: Host) -> Iterator[str]:
             )
     # Removing what gpuhost adds on this host would leave the running command line never matching (a reboot due
     # on every run): the field that adds it is the switch.
-    from stacks.args import cmdline_args
-
     own = {val.param_name(a) for a in cmdline_args(h)} - {val.param_name(a) for a in h.kernel.extra_args}
     for k, arg in enumerate(h.kernel.remove_args):
         name = val.param_name(arg)
@@ -344,8 +346,6 @@ def _service_gpu_problems(at: str, s, h: Host) -> list[str]:
         ]
     out = []
     if any(g.mig for g in h.gpus):
-        from stacks.program import model_spec
-
         for k, m in enumerate(s.models):
             if model_spec(m, s.gpu_model).platform == "tensorrt_plan":
                 out.append(
@@ -487,8 +487,6 @@ def port_problems(fleet: Fleet) -> list[str]:
 def gateway_problems(fleet: Fleet) -> list[str]:
     """Seed 001 gateways: on a known host, in front of known services that share a model, ports apart, Redis beyond
     loopback only with a password."""
-    from plans.gateway import is_loopback
-
     out: list[str] = []
     hosts = [h.name for h in fleet.hosts]
     services = {s.name: s for s in fleet.services}
@@ -579,16 +577,11 @@ def _pin_problems(fleet: Fleet) -> list[str]:
 
 def _via_host(h: Host):
     """Guests are reached through their host: the host's own endpoint is the jump."""
-    from stacks.schema import Jump
-
     return Jump(address=h.ssh.address, port=h.ssh.port, user=h.ssh.user)
 
 
 def placement_problems(fleet: Fleet) -> list[str]:
     """The NUMA placement of every host's VMs (the same solver the program uses), as config lines."""
-    from stacks.load import ConfigError
-    from stacks.program import plan_host
-
     out = []
     for i, h in enumerate(fleet.hosts):
         try:

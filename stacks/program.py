@@ -37,7 +37,7 @@ from plans.triton_repo import resnet50_fp16, sdxl, yolov8n, yolov8n_torch
 from plans.triton_runtime import DockerRuntime, ProcessRuntime
 from plans.values import host_port
 from stacks.args import host_spec, passthrough_args
-from stacks.load import ConfigError
+from stacks.errors import ConfigError
 from stacks.schema import Artifact, Fleet, Gateway, Host, Service, ServiceModel, Vm
 
 PRESETS = {"yolov8n": yolov8n, "yolov8n_torch": yolov8n_torch, "resnet50_fp16": resnet50_fp16, "sdxl": sdxl}

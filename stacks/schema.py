@@ -25,8 +25,18 @@ import re
 from typing import Annotated, Literal, Optional
 from urllib.parse import parse_qsl, urlsplit
 
-from pydantic import AfterValidator, BaseModel, BeforeValidator, ConfigDict, Field, field_validator, model_validator
+from pydantic import (
+    AfterValidator,
+    BaseModel,
+    BeforeValidator,
+    ConfigDict,
+    Field,
+    ValidationError,
+    field_validator,
+    model_validator,
+)
 
+from access.ssh import HostSpec
 from facts.cpulist import MAX_CPUS, CpuListError, parse_cpulist
 from facts.model import normalize_pci
 from plans import values as val
@@ -100,10 +110,6 @@ IrqPattern = Annotated[str, AfterValidator(val.irq_pattern)]
 def _pin(v: Optional[str]) -> Optional[str]:
     """A host key pin checked by the access layer's own rules (the same for hosts, jump hosts and guests)."""
     if v is not None:
-        from pydantic import ValidationError
-
-        from access.ssh import HostSpec
-
         try:
             HostSpec(name="x", address="127.0.0.1", host_key=v)
         except ValidationError as e:
