@@ -353,9 +353,7 @@ def parse(xml: str) -> DomainSpec:
     vcpupin = tuple(pins[i][0] if len(pins.get(i, ())) == 1 else -1 for i in range(nvcpu))
     emu = d.find("cputune/emulatorpin")
     niothreads = int(d.findtext("iothreads") or "0")
-    iopins = {
-        int(_attr(p, "iothread")): parse_cpuset(_attr(p, "cpuset")) for p in d.findall("cputune/iothreadpin")
-    }
+    iopins = {int(_attr(p, "iothread")): parse_cpuset(_attr(p, "cpuset")) for p in d.findall("cputune/iothreadpin")}
     mem = d.find("numatune/memory")
     numa_node = None
     if mem is not None and mem.get("nodeset") is not None:

@@ -342,6 +342,7 @@ def percentile(sorted_values: list[float], q: float) -> float:
 
 def _connection(url: urllib.parse.SplitResult, timeout: float) -> http.client.HTTPConnection:
     cls = http.client.HTTPSConnection if url.scheme == "https" else http.client.HTTPConnection
+    assert url.hostname is not None  # _run_threads refuses a URL without one
     return cls(url.hostname, url.port or (443 if url.scheme == "https" else 80), timeout=timeout)
 
 
@@ -441,6 +442,8 @@ class OversizedResponse(Exception):
 
 def _run_threads(spec: LoadSpec, concurrency: int, max_requests: int, sync, abort=None) -> dict:
     url = urllib.parse.urlsplit(spec.url)
+    if not url.hostname:
+        raise ValueError(f"{spec.url!r} names no host (write http://HOST:PORT/path)")
     path = url.path + (f"?{url.query}" if url.query else "")
     headers = dict(spec.headers)
     if spec.body:

@@ -229,6 +229,7 @@ def load(config: pulumi.Config) -> tuple[Fleet, pulumi.Output[str]]:
             lines += e.lines
     if lines:
         raise ConfigError(lines)
+    assert fleet is not None  # parse_fleet either returned one or added its lines
     return fleet, config.require_secret("sshPrivateKey")
 
 

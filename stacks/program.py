@@ -40,7 +40,12 @@ from stacks.args import host_spec, passthrough_args
 from stacks.errors import ConfigError
 from stacks.schema import Artifact, Fleet, Gateway, Host, Service, ServiceModel, Vm
 
-PRESETS = {"yolov8n": yolov8n, "yolov8n_torch": yolov8n_torch, "resnet50_fp16": resnet50_fp16, "sdxl": sdxl}
+PRESETS: dict[str, Callable[[], ModelSpec]] = {
+    "yolov8n": yolov8n,
+    "yolov8n_torch": yolov8n_torch,
+    "resnet50_fp16": resnet50_fp16,
+    "sdxl": sdxl,
+}
 
 
 # Batching fields a GPU preset decides unless stack config sets them (plans/presets.py, seed 004).
@@ -152,6 +157,7 @@ def cloud_init(h: Host, vm: Vm, guest_keys: tuple[str, ...] = ()) -> Optional[Cl
 def solver_host(h: Host) -> pl.Host:
     """The placement solver's view of a host, from the topology declared in stack config."""
     t = h.topology
+    assert t is not None  # plan_host refuses a host with VMs and no topology
     devices = {g.address: g.numa_node if g.numa_node is not None else -1 for g in h.gpus}
     hp1g = h.hugepages.count // t.nodes if h.hugepages.size == "1G" else 0
     base = pl.Host.uniform(
@@ -427,7 +433,7 @@ def build_vms(
                     bootstrap=bootstrap_config(fleet, h, vm) if gs else None,
                     cloud_init=ci,
                     bridge=h.vm_network.bridge if h.vm_network else None,
-                    mac=ci.network.mac if ci else None,
+                    mac=ci.network.mac if ci and ci.network else None,
                     shutdown_timeout=vm.shutdown_timeout_s,
                     **(
                         # No libvirt NIC: the emulated server has no `default` network running (its only link is
@@ -462,7 +468,9 @@ def build_migs(fleet: Fleet, hosts: dict[str, PassthroughHost], new: New) -> dic
             migs[h.name] = new(
                 MigGpus,
                 h.name,
-                MigGpusArgs(host=host_spec(h), layout={str(order.index(g.address)): list(g.mig) for g in mig_gpus}),
+                MigGpusArgs(
+                    host=host_spec(h), layout={str(order.index(g.address)): list(g.mig or ()) for g in mig_gpus}
+                ),
                 [hosts[h.name]],
                 f"fleet.hosts[{hi}].gpus",
             )
@@ -628,7 +636,8 @@ def monitoring_graph(fleet: Fleet, guests: dict[tuple[str, str], HostSpec]) -> M
             TritonTarget(
                 name=s.name,
                 address=(
-                    guests.get((s.host, s.vm)) or host_spec(next(x for x in fleet.hosts if x.name == s.host))
+                    (guests.get((s.host, s.vm)) if s.vm else None)
+                    or host_spec(next(x for x in fleet.hosts if x.name == s.host))
                 ).address,
                 host=f"{s.host}-{s.vm}" if s.vm else s.host,
                 tenant=s.vm,

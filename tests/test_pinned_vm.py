@@ -3,6 +3,7 @@ host-wide placement; types, parents, inputs, dependencies, unique URNs, no secre
 
 import json
 from pathlib import Path
+from unittest import mock
 
 import pulumi
 import pytest
@@ -102,11 +103,8 @@ def declared():
             seen_depends[name] = list(opts.depends_on or [])
             super().__init__(name, args, opts)
 
-    orig, mod.GuestBootstrap = mod.GuestBootstrap, SpyBootstrap
-    try:
+    with mock.patch.object(mod, "GuestBootstrap", SpyBootstrap):  # the component module's name, for one run
         res, urns = run_program(build)
-    finally:
-        mod.GuestBootstrap = orig
     return plan, res, urns, seen_depends
 
 

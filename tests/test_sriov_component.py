@@ -29,7 +29,7 @@ class Recorder(pulumi.runtime.Mocks):
 def run(build):
     mocks = Recorder()
     pulumi.runtime.set_mocks(mocks, project="gpuhost", stack="test", preview=False)
-    got = {}
+    got: dict = {}
 
     @pulumi.runtime.test
     def program():

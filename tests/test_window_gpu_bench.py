@@ -40,5 +40,5 @@ def test_an_answer_passes_only_against_its_own_images_reference():
     assert check(nudged, num, refs[0]) is None
     moved = det.copy()
     moved[:, :4] += 40.0  # boxes moved: fails
-    assert "IoU" in check(moved, num, refs[0])
-    assert "detections" in check(det, np.array([0], np.int32), refs[0])
+    assert "IoU" in (check(moved, num, refs[0]) or "")
+    assert "detections" in (check(det, np.array([0], np.int32), refs[0]) or "")

@@ -65,7 +65,9 @@ def start_node_exporter(ready_timeout: float = 15.0) -> NodeExporterHandle:
     deadline = time.monotonic() + ready_timeout
     while time.monotonic() < deadline:
         if proc.poll() is not None:
-            raise RuntimeError(f"node exporter exited: {proc.stderr.read().decode(errors='replace')[-2000:]}")
+            raise RuntimeError(
+                f"node exporter exited: {(proc.stderr.read() if proc.stderr else b'').decode(errors='replace')[-2000:]}"
+            )
         try:
             with urllib.request.urlopen(h.url + "/metrics", timeout=2) as r:
                 if r.status == 200:
