@@ -36,7 +36,7 @@ from plans.triton_model import DynamicBatching, InstanceGroup, ModelSpec
 from plans.triton_repo import resnet50_fp16, sdxl, yolov8n, yolov8n_torch
 from plans.triton_runtime import DockerRuntime, ProcessRuntime
 from plans.values import host_port
-from stacks.args import host_spec, passthrough_args
+from stacks.args import host_spec, passthrough_args, same_fields
 from stacks.errors import ConfigError
 from stacks.schema import Artifact, Fleet, Gateway, Host, Service, ServiceModel, Vm
 
@@ -261,23 +261,26 @@ def gateway_spec(fleet: Fleet, g: Gateway, guests: dict[tuple[str, str], HostSpe
         backends.append(GatewayBackend(name=s.name, weight=b.weight, address=where.address, dcgm_port=dcgm))
     models = set.intersection(*({m.name for m in services[b.service].models} for b in g.backends))
     spec = GatewaySpec(
-        name=g.name,
         backends=tuple(backends),
         models=tuple(sorted(models)),
-        workers=g.workers,
-        slots=g.slots,
-        max_depth=g.max_depth,
-        redis_bind=g.redis_bind,
         redis_auth=g.redis_password_secret is not None,
-        front_listen=g.front_listen,
         front_models=front_models(fleet, g, models),
-        redis_port=g.redis_port,
-        metrics_port=g.metrics_port,
-        front_port=g.front_port,
-        claim_idle_ms=g.claim_idle_ms,
-        ramp_s=g.ramp_s,
-        queue_ms_shift=g.queue_ms_shift,
-        queue_ms_drain=g.queue_ms_drain,
+        **same_fields(
+            g,
+            "name",
+            "workers",
+            "slots",
+            "max_depth",
+            "redis_bind",
+            "front_listen",
+            "redis_port",
+            "metrics_port",
+            "front_port",
+            "claim_idle_ms",
+            "ramp_s",
+            "queue_ms_shift",
+            "queue_ms_drain",
+        ),
     )
     return host_spec(next(x for x in fleet.hosts if x.name == g.host)), spec
 
