@@ -119,6 +119,9 @@ def infer_body(input_name: str, shape: list[int], datatype: str = "FP32", value:
 
 # ---------------------------------------------------------------- binary tensors and response checks
 
+# The binary extension's header: where the JSON part of a body ends.
+HEADER_LENGTH = "Inference-Header-Content-Length"
+
 # Bytes per element of the KServe v2 datatypes (BYTES/STRING have no fixed size).
 DTYPE_BYTES = {
     "BOOL": 1,
@@ -157,7 +160,7 @@ def binary_request(inputs: list[tuple[str, str, list[int], bytes]], outputs: Seq
         header["outputs"] = [{"name": o, "parameters": {"binary_data": True}} for o in outputs]
     head = json.dumps(header, separators=(",", ":")).encode()
     body = head + b"".join(data for *_, data in inputs)
-    return body, (("Content-Type", "application/octet-stream"), ("Inference-Header-Content-Length", str(len(head))))
+    return body, (("Content-Type", "application/octet-stream"), (HEADER_LENGTH, str(len(head))))
 
 
 @dataclasses.dataclass(frozen=True)
@@ -473,7 +476,7 @@ def _run_threads(spec: LoadSpec, concurrency: int, max_requests: int, sync, abor
         r = conn.getresponse()
         data = read_limited(r, spec.max_response_bytes)
         if spec.check is not None and 200 <= r.status < 300:
-            return r.status, check_response(data, r.getheader("Inference-Header-Content-Length"), spec.check)
+            return r.status, check_response(data, r.getheader(HEADER_LENGTH), spec.check)
         return r.status, None
 
     def worker(idx: int = 0):
