@@ -4,13 +4,14 @@ from __future__ import annotations
 
 import threading
 import time
-from typing import TYPE_CHECKING
+from typing import Any, Callable, Optional, Protocol
 
 from pulumi.runtime.proto import (
     provider_pb2,
     resource_pb2,
 )
 
+from tools.driver.config import StackConfig
 from tools.driver.plan import SYMBOLS, Plan, Step
 from tools.driver.provider import DynamicProvider, ProviderError
 from tools.driver.state import Resource
@@ -26,8 +27,34 @@ from tools.driver.values import (
     user_props,
 )
 
-if TYPE_CHECKING:  # the driver builds a deployment per run; only its type is needed here
-    from tools.driver.driver import Driver
+
+class Driver(Protocol):
+    """What a deployment uses of the driver that builds it (tools.driver.driver.Driver): the stack's names and
+    config, its output and program logs, the state file, stack references and the delete order. A protocol, so this module imports
+    nothing of the driver's."""
+
+    stack: str
+    project: str
+    passphrase: Optional[str]
+    continue_on_error: bool
+    parallel: int
+    logs: list[str]
+
+    def config(self) -> StackConfig: ...
+
+    def emit(self, line: str) -> None: ...
+
+    def _cipher(self, salt: str | None = None) -> Any: ...
+
+    def _save(self, resources: list[Resource], config: dict | None) -> None: ...
+
+    def read_stack_reference(self, inputs: dict) -> dict: ...
+
+    def read_stack_resource_outputs(self, args: dict) -> dict: ...
+
+    def _delete_all(
+        self, resources: list[Resource], prov: DynamicProvider, plan: Plan, done: Callable[[Resource], None]
+    ) -> None: ...
 
 
 class Deployment:
