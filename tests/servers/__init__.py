@@ -3,6 +3,7 @@
 import os
 import signal
 import subprocess
+from typing import Self
 
 
 def stop_process(proc: subprocess.Popen, timeout: float = 10) -> None:
@@ -27,3 +28,20 @@ def kill_group(pgid: int) -> None:
         os.killpg(pgid, signal.SIGKILL)
     except (ProcessLookupError, PermissionError):
         pass
+
+
+class LaunchedServer:
+    """A launched server's handle: `stop()` ends its process (and what is left of its session), and
+    `with start_x(...) as handle:` stops it on the way out. Subclasses are dataclasses with a `process` field."""
+
+    process: subprocess.Popen
+    STOP_TIMEOUT = 10.0
+
+    def stop(self) -> None:
+        stop_process(self.process, timeout=self.STOP_TIMEOUT)
+
+    def __enter__(self) -> Self:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.stop()

@@ -17,7 +17,7 @@ import urllib.error
 import urllib.request
 from pathlib import Path
 
-from tests.servers import stop_process
+from tests.servers import LaunchedServer
 
 NODE_EXPORTER = shutil.which("prometheus-node-exporter") or "/usr/bin/prometheus-node-exporter"
 
@@ -33,19 +33,10 @@ def free_port() -> int:
 
 
 @dataclasses.dataclass
-class NodeExporterHandle:
+class NodeExporterHandle(LaunchedServer):
     address: str  # host:port, as a scrape target
     url: str
     process: subprocess.Popen
-
-    def stop(self) -> None:
-        stop_process(self.process, timeout=10)
-
-    def __enter__(self) -> "NodeExporterHandle":
-        return self
-
-    def __exit__(self, *exc) -> None:
-        self.stop()
 
 
 def start_node_exporter(ready_timeout: float = 15.0) -> NodeExporterHandle:

@@ -26,7 +26,7 @@ import urllib.request
 from pathlib import Path
 from typing import Any, Optional
 
-from tests.servers import stop_process
+from tests.servers import LaunchedServer
 
 PROMETHEUS = shutil.which("prometheus") or "/usr/bin/prometheus"
 PROMTOOL = shutil.which("promtool") or "/usr/bin/promtool"
@@ -55,12 +55,13 @@ class QueryError(RuntimeError):
 
 
 @dataclasses.dataclass
-class PrometheusHandle:
+class PrometheusHandle(LaunchedServer):
     url: str
     port: int
     workdir: Path
     process: subprocess.Popen
     log_path: Path
+    STOP_TIMEOUT = 15.0  # not a field: Prometheus gets longer to exit
 
     def _get(self, path: str, params: dict[str, str] | None = None, method: str = "GET") -> Any:
         url = self.url + path + ("?" + urllib.parse.urlencode(params) if params else "")
@@ -106,15 +107,6 @@ class PrometheusHandle:
 
     def log(self) -> str:
         return self.log_path.read_text(errors="replace") if self.log_path.exists() else ""
-
-    def stop(self) -> None:
-        stop_process(self.process, timeout=15)
-
-    def __enter__(self) -> "PrometheusHandle":
-        return self
-
-    def __exit__(self, *exc) -> None:
-        self.stop()
 
 
 def start_prometheus(
