@@ -2,8 +2,12 @@
 
 import os
 import signal
+import socket
 import subprocess
-from typing import Self
+import time
+import urllib.error
+import urllib.request
+from typing import Callable, Self
 
 
 def stop_process(proc: subprocess.Popen, timeout: float = 10) -> None:
@@ -45,3 +49,20 @@ class LaunchedServer:
 
     def __exit__(self, *exc) -> None:
         self.stop()
+
+    def wait_ready(self, name: str, url: str, timeout: float, output: Callable[[], str]) -> Self:
+        """Itself once `url` answers 200. RuntimeError if the process exits first; after `timeout`, the server
+        stopped and TimeoutError; both with `output()` (what the server said)."""
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if self.process.poll() is not None:
+                raise RuntimeError(f"{name} exited with {self.process.returncode}:\n{output()}")
+            try:
+                with urllib.request.urlopen(url, timeout=2) as r:
+                    if r.status == 200:
+                        return self
+            except (urllib.error.URLError, ConnectionError, socket.timeout):
+                pass
+            time.sleep(0.2)
+        self.stop()
+        raise TimeoutError(f"{name} not ready after {timeout}s:\n{output()}")

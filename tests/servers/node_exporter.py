@@ -12,9 +12,6 @@ import dataclasses
 import shutil
 import socket
 import subprocess
-import time
-import urllib.error
-import urllib.request
 from pathlib import Path
 
 from tests.servers import LaunchedServer
@@ -53,18 +50,9 @@ def start_node_exporter(ready_timeout: float = 15.0) -> NodeExporterHandle:
     ]
     proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, start_new_session=True)
     h = NodeExporterHandle(address=f"127.0.0.1:{port}", url=f"http://127.0.0.1:{port}", process=proc)
-    deadline = time.monotonic() + ready_timeout
-    while time.monotonic() < deadline:
-        if proc.poll() is not None:
-            raise RuntimeError(
-                f"node exporter exited: {(proc.stderr.read() if proc.stderr else b'').decode(errors='replace')[-2000:]}"
-            )
-        try:
-            with urllib.request.urlopen(h.url + "/metrics", timeout=2) as r:
-                if r.status == 200:
-                    return h
-        except (urllib.error.URLError, ConnectionError, socket.timeout):
-            pass
-        time.sleep(0.2)
-    h.stop()
-    raise TimeoutError("node exporter not ready")
+    return h.wait_ready(
+        "node exporter",
+        h.url + "/metrics",
+        ready_timeout,
+        lambda: (proc.stderr.read() if proc.stderr else b"").decode(errors="replace")[-2000:],
+    )

@@ -138,16 +138,4 @@ def start_prometheus(
     proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
     log.close()
     h = PrometheusHandle(url=f"http://127.0.0.1:{port}", port=port, workdir=workdir, process=proc, log_path=log_path)
-    deadline = time.monotonic() + ready_timeout
-    while time.monotonic() < deadline:
-        if proc.poll() is not None:
-            raise RuntimeError(f"prometheus exited with {proc.returncode}:\n{h.log()[-3000:]}")
-        try:
-            with urllib.request.urlopen(h.url + "/-/ready", timeout=2) as r:
-                if r.status == 200:
-                    return h
-        except (urllib.error.URLError, ConnectionError, socket.timeout):
-            pass
-        time.sleep(0.2)
-    h.stop()
-    raise TimeoutError(f"prometheus not ready:\n{h.log()[-3000:]}")
+    return h.wait_ready("prometheus", h.url + "/-/ready", ready_timeout, lambda: h.log()[-3000:])
