@@ -200,7 +200,19 @@ def fleet_problems(fleet: Fleet, unknown: frozenset[str] = frozenset()) -> list[
     out: list[str] = []
     for i, h in enumerate(fleet.hosts):
         out += host_problems(i, h)
-    hosts = {h.name: h for h in fleet.hosts}
+    out += _host_identity_problems(fleet)
+    out += _address_problems(fleet)
+    out += _service_problems(fleet, unknown)
+    out += _pin_problems(fleet)
+    out += _monitoring_problems(fleet)
+    out += gateway_problems(fleet)
+    out += port_problems(fleet)
+    return out
+
+
+def _host_identity_problems(fleet: Fleet) -> list[str]:
+    """One name and one SSH endpoint per host."""
+    out: list[str] = []
     first_name: dict[str, int] = {}
     endpoints: dict[tuple, str] = {}
     for i, h in enumerate(fleet.hosts):
@@ -214,6 +226,12 @@ def fleet_problems(fleet: Fleet, unknown: frozenset[str] = frozenset()) -> list[
                 "(one SSH endpoint is one machine; two hosts there would undo each other's changes)"
             )
         endpoints.setdefault(ep, h.name)
+    return out
+
+
+def _address_problems(fleet: Fleet) -> list[str]:
+    """Each host's network, and one address per machine across the stack (hosts, jump hosts, guests)."""
+    out: list[str] = []
     # One address, one machine across the stack: every host's SSH address (and jump host) and every guest.
     addresses: dict[str, str] = {}
     for h in fleet.hosts:
@@ -240,6 +258,13 @@ def fleet_problems(fleet: Fleet, unknown: frozenset[str] = frozenset()) -> list[
                         f"fleet.hosts[{i}].vms[{j}].name: monitoring labels the guest "
                         f"{h.name}-{vm.name!s}, longer than 63 characters; shorten the host or VM name"
                     )
+    return out
+
+
+def _service_problems(fleet: Fleet, unknown: frozenset[str]) -> list[str]:
+    """Each service: its name, models and artifacts, its host or VM, its GPUs and MIG device; one per machine."""
+    out: list[str] = []
+    hosts = {h.name: h for h in fleet.hosts}
     services_on: dict[tuple, int] = {}
     svc_names: dict[str, int] = {}
     for i, s in enumerate(fleet.services):
@@ -302,7 +327,13 @@ def fleet_problems(fleet: Fleet, unknown: frozenset[str] = frozenset()) -> list[
                 "serve both models from one service"
             )
         services_on.setdefault(machine, i)
-    out += _pin_problems(fleet)
+    return out
+
+
+def _monitoring_problems(fleet: Fleet) -> list[str]:
+    """The monitoring host and ports, and controllers it can scrape."""
+    out: list[str] = []
+    hosts = {h.name: h for h in fleet.hosts}
     m = fleet.monitoring
     if m:
         if m.host not in hosts:
@@ -315,8 +346,6 @@ def fleet_problems(fleet: Fleet, unknown: frozenset[str] = frozenset()) -> list[
                     f"fleet.services[{i}].adaptive_window.listen: {s.adaptive_window.listen} is loopback only; "
                     "Prometheus on the monitoring host scrapes the controller there (listen on 0.0.0.0:PORT)"
                 )
-    out += gateway_problems(fleet)
-    out += port_problems(fleet)
     return out
 
 
