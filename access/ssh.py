@@ -412,7 +412,9 @@ def _open(spec: HostSpec) -> Conn:
             look_for_keys=False,
             banner_timeout=spec.connect_timeout,
         )
-        sock = jump_client.get_transport().open_channel("direct-tcpip", (spec.address, spec.port), ("127.0.0.1", 0))
+        jump_transport = jump_client.get_transport()
+        assert jump_transport is not None  # connect() succeeded
+        sock = jump_transport.open_channel("direct-tcpip", (spec.address, spec.port), ("127.0.0.1", 0))
     client = _client(spec.name, spec.host_key, spec.insecure_accept_unknown_host_key)
     client.connect(
         spec.address,
@@ -426,7 +428,9 @@ def _open(spec: HostSpec) -> Conn:
         allow_agent=False,
         look_for_keys=False,
     )
-    client.get_transport().set_keepalive(15)
+    transport = client.get_transport()
+    assert transport is not None  # connect() succeeded
+    transport.set_keepalive(15)
     return Conn(spec, client, jump_client)
 
 

@@ -19,6 +19,7 @@ Phases (each host phase boots a fresh copy-on-write overlay of the same cached b
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import platform
@@ -27,7 +28,9 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Sequence
 from pathlib import Path
+from unittest import mock
 
 ROOT = Path(__file__).resolve().parent.parent
 RESULTS = ROOT / "bench" / "results"
@@ -39,7 +42,7 @@ def log(msg: str) -> None:
     print(f"[bench {time.strftime('%H:%M:%S')}] {msg}", file=sys.stderr, flush=True)
 
 
-def stats(samples: list[float]) -> dict:
+def stats(samples: Sequence[float]) -> dict:
     s = sorted(samples)
     return {"median": statistics.median(s), "min": s[0], "max": s[-1], "n": len(s), "samples": samples} if s else {}
 
@@ -243,7 +246,7 @@ def gpuhost_phase(out: dict, work: Path, n: int, n_facts_ansible: int) -> dict:
         out["files"] = host_files(th)
 
         # -- no-op: `pulumi up` (preview then update) on an unchanged host, a fresh provider process each time
-        noop = {"wall_s": [], "roundtrips": [], "preview_changes": [], "up_ops": []}
+        noop: dict[str, list] = {"wall_s": [], "roundtrips": [], "preview_changes": [], "up_ops": []}
         for _i in range(n):
             rtlog.reset()
             t0 = time.monotonic()
@@ -265,7 +268,7 @@ def gpuhost_phase(out: dict, work: Path, n: int, n_facts_ansible: int) -> dict:
         log(f"gpuhost: no-op {out['noop']['wall']}")
 
         # -- no-op with refresh (`pulumi up --refresh`): reads every resource from the host first
-        ref = {"wall_s": [], "roundtrips": [], "preview_changes": [], "changed": []}
+        ref: dict[str, list] = {"wall_s": [], "roundtrips": [], "preview_changes": [], "changed": []}
         for _i in range(max(1, n - 1)):
             rtlog.reset()
             t0 = time.monotonic()
@@ -283,7 +286,7 @@ def gpuhost_phase(out: dict, work: Path, n: int, n_facts_ansible: int) -> dict:
 
         # -- drift: hand edit of /etc/default/grub, then `pulumi preview --refresh` (all resources) n times
         th.ssh("sed -i 's/^GRUB_CMDLINE_LINUX=.*/GRUB_CMDLINE_LINUX=\"quiet\"/' /etc/default/grub")
-        drift = {
+        drift: dict[str, list] = {
             "wall_s": [],
             "roundtrips": [],
             "detected": [],
@@ -360,7 +363,7 @@ def ansible_phase(out: dict, work: Path, n: int) -> dict:
         out["runtime_after"] = runtime(th)
         out["files"] = host_files(th)
 
-        noop = {"wall_s": [], "roundtrips": [], "changed": [], "changed_tasks": []}
+        noop: dict[str, list] = {"wall_s": [], "roundtrips": [], "changed": [], "changed_tasks": []}
         for _i in range(n):
             r = a.playbook()
             noop["wall_s"].append(r.wall_s)
@@ -376,7 +379,7 @@ def ansible_phase(out: dict, work: Path, n: int) -> dict:
         log(f"ansible: no-op {out['noop']['wall']} changed {noop['changed']}")
 
         th.ssh("sed -i 's/^GRUB_CMDLINE_LINUX=.*/GRUB_CMDLINE_LINUX=\"quiet\"/' /etc/default/grub")
-        drift = {"wall_s": [], "roundtrips": [], "changed": [], "detected": []}
+        drift: dict[str, list] = {"wall_s": [], "roundtrips": [], "changed": [], "detected": []}
         for _i in range(n):
             r = a.playbook("--check", "--diff")
             drift["wall_s"].append(r.wall_s)
@@ -437,25 +440,21 @@ def pure_phase(out: dict, n: int) -> dict:
 
     def timed(*a, **kw):  # how much of the program's time is building acceptance-gate request bodies
         t = time.perf_counter()
+        assert real is not None  # patched in only where it exists
         try:
             return real(*a, **kw)
         finally:
             body_time[0] += time.perf_counter() - t
 
     patched = hasattr(ts, "infer_body")  # older TritonService built gate request bodies at program time
-    if patched:
-        ts.infer_body = timed
     walls, bodies = [], []
-    try:
+    with mock.patch.object(ts, "infer_body", timed) if patched else contextlib.nullcontext():
         for _ in range(n):
             body_time[0] = 0.0
             t0 = time.perf_counter()
             rec = run_program(cfg, secret, stack="bench-100")
             walls.append(time.perf_counter() - t0)
             bodies.append(body_time[0])
-    finally:
-        if patched:
-            ts.infer_body = real
     types = rec.types()
     gate_inputs = [len(json.dumps(r.inputs)) for r in rec.registrations if r.type.endswith(":AcceptanceGate")]
     out["mocks"] = {

@@ -69,7 +69,7 @@ def send_all(
     lock = threading.Lock()
 
     def worker():
-        conn = http.client.HTTPConnection(url.hostname, url.port, timeout=timeout_s)
+        conn = http.client.HTTPConnection(url.hostname or "127.0.0.1", url.port, timeout=timeout_s)
         while True:
             with lock:
                 i = nxt[0]
@@ -88,7 +88,7 @@ def send_all(
                 with lock:
                     errors.append(f"image {i}: {e!r}")
                 conn.close()
-                conn = http.client.HTTPConnection(url.hostname, url.port, timeout=timeout_s)
+                conn = http.client.HTTPConnection(url.hostname or "127.0.0.1", url.port, timeout=timeout_s)
         conn.close()
 
     threads = [threading.Thread(target=worker, daemon=True) for _ in range(concurrency)]

@@ -12,18 +12,16 @@ Usage::
 
 from __future__ import annotations
 
-from typing import Any, Literal, Optional
-
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from typing import Any
 
 from access.ssh import HostSpec
 from components.wiring import Child, Wired
-from plans.sriov import SriovWant, VfSettings
+from plans.sriov import SriovWant
 from providers.base import host_input
 from providers.sriov import SriovVfs
 
 
-class SriovNicArgs(BaseModel):
+class SriovNicArgs(SriovWant):
     """Args:
     host: the hypervisor (SSH).
     pf: PCI address or interface name of the physical function.
@@ -34,20 +32,7 @@ class SriovNicArgs(BaseModel):
     irq_cpus: host-reserved CPUs for the PF's IRQs.
     """
 
-    model_config = ConfigDict(extra="forbid", frozen=True)
-    host: HostSpec
-    pf: str
-    num_vfs: int = Field(ge=0)
-    numa_node: Optional[int] = Field(None, ge=0)
-    numa_policy: Literal["require", "prefer"] = "require"
-    vfio: bool = True
-    vfs: list[VfSettings] = Field(default_factory=list)
-    irq_cpus: list[int] = Field(default_factory=list)
-
-    @model_validator(mode="after")
-    def _valid_want(self) -> "SriovNicArgs":
-        self.want()  # pf (address or interface name) and CPU checks live in one place: plans.sriov
-        return self
+    host: HostSpec  # the rest is SriovWant's: one definition of what is asked of a PF, checked in one place
 
     def want(self) -> SriovWant:
         return SriovWant(**self.model_dump(exclude={"host"}))

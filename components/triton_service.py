@@ -62,9 +62,9 @@ from plans.triton_runtime import (
 from providers.base import host_input
 from providers.managed_file import ManagedFile
 from providers.model_artifact import ModelArtifact
-from providers.service_state import ServiceState, SystemPackages
+from providers.service_state import SystemPackages
 from providers.serving_snapshot import MARKER, ServingSnapshot
-from providers.systemd_service import SystemdService
+from providers.systemd_service import ServiceState, SystemdService
 from providers.tensorrt_engine import TensorRTEngine, engine_inputs
 from providers.triton_gate import AcceptanceGate
 from providers.triton_repository import TritonModelRepository, repository_inputs

@@ -355,9 +355,9 @@ def parse_network(default: str, ssh: str, addrs: str, pci: str, session: str = "
     iface_pci = {}
     for line in pci.splitlines():
         p = line.split()
-        addrs = re.findall(r"/([0-9a-f]{4}:[0-9a-f]{2}:[0-9a-f]{2}\.[0-7])(?=/|$)", p[1]) if len(p) == 2 else []
-        if addrs:
-            iface_pci[p[0]] = addrs[-1]
+        found = re.findall(r"/([0-9a-f]{4}:[0-9a-f]{2}:[0-9a-f]{2}\.[0-7])(?=/|$)", p[1]) if len(p) == 2 else []
+        if found:
+            iface_pci[p[0]] = found[-1]
     lower = {}
     for line in links.splitlines():
         p = line.split()

@@ -149,6 +149,7 @@ def edit_grub_default(text: str, add: list[str], remove: list[str]) -> str:
     if new_args == args:
         return text
     m = _LINE.match(lines[last].rstrip("\n"))
+    assert m is not None  # `last` is a line _LINE matched
     end = "\n" if lines[last].endswith("\n") else ""
     lines[last] = f"{m.group('indent')}{m.group('export') or ''}{VAR}={new_line_value}{end}"
     return "".join(lines)

@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import re
 import xml.etree.ElementTree as ET
-from typing import Literal, Optional
+from typing import Any, Literal, Optional
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
@@ -160,7 +160,10 @@ def _sub(parent: ET.Element, tag: str, text: Optional[str] = None, **attrs) -> E
 
 
 def _hostdev(devices: ET.Element, address: str, rom_bar: bool) -> None:
-    dom, bus, slot, fn = PCI_RE.fullmatch(address).groups()
+    m = PCI_RE.fullmatch(address)
+    if m is None:
+        raise ValueError(f"not a PCI address: {address!r}")
+    dom, bus, slot, fn = m.groups()
     h = _sub(devices, "hostdev", mode="subsystem", type="pci", managed="yes")
     _sub(h, "driver", name="vfio")
     src = _sub(h, "source")
@@ -218,13 +221,13 @@ def render_element(spec: DomainSpec, uuid: Optional[str] = None) -> ET.Element:
     if spec.hide_kvm:
         kvm = _sub(feats, "kvm")
         _sub(kvm, "hidden", state="on")
-    cpu = _sub(d, "cpu", mode=spec.cpu_mode, check="none")
+    cpu_el = _sub(d, "cpu", mode=spec.cpu_mode, check="none")
     if spec.cpu_mode == "host-passthrough":
-        cpu.set("migratable", "off")  # pinned to this host's GPU anyway; expose every host feature
+        cpu_el.set("migratable", "off")  # pinned to this host's GPU anyway; expose every host feature
     t = spec.topology
-    _sub(cpu, "topology", sockets=t.sockets, dies=1, cores=t.cores, threads=t.threads)
+    _sub(cpu_el, "topology", sockets=t.sockets, dies=1, cores=t.cores, threads=t.threads)
     if spec.numa_node is not None:
-        numa = _sub(cpu, "numa")
+        numa = _sub(cpu_el, "numa")
         _sub(numa, "cell", id=0, cpus=f"0-{len(spec.vcpupin) - 1}", memory=spec.memory_mib, unit="MiB")
     _sub(d, "on_poweroff", "destroy")
     _sub(d, "on_reboot", "restart")
@@ -299,12 +302,30 @@ def _mib(e: Optional[ET.Element]) -> int:
         "t": 1048576,
         "tib": 1048576,
     }[unit]
-    return int(round(int(e.text) * factor))
+    return int(round(int(e.text or "0") * factor))
+
+
+def _attr(e: ET.Element, key: str) -> str:
+    """An attribute the domain XML must have (libvirt always writes it); a clear error where it is missing."""
+    v = e.get(key)
+    if v is None:
+        raise ValueError(f"domain XML: <{e.tag}> has no {key!r} attribute")
+    return v
+
+
+def _elem(d: ET.Element, path: str) -> ET.Element:
+    e = d.find(path)
+    if e is None:
+        raise ValueError(f"domain XML: no <{path}>")
+    return e
 
 
 def _addr(a: ET.Element) -> str:
     return "{:04x}:{:02x}:{:02x}.{:x}".format(
-        int(a.get("domain", "0"), 0), int(a.get("bus"), 0), int(a.get("slot"), 0), int(a.get("function"), 0)
+        int(a.get("domain", "0"), 0),
+        int(_attr(a, "bus"), 0),
+        int(_attr(a, "slot"), 0),
+        int(_attr(a, "function"), 0),
     )
 
 
@@ -317,7 +338,7 @@ def parse(xml: str) -> DomainSpec:
     page = d.find("memoryBacking/hugepages/page")
     if page is not None:
         kib = (
-            int(page.get("size"))
+            int(_attr(page, "size"))
             * {"kib": 1, "k": 1, "mib": 1024, "m": 1024, "gib": 1048576, "g": 1048576}[
                 (page.get("unit") or "KiB").lower()
             ]
@@ -328,17 +349,17 @@ def parse(xml: str) -> DomainSpec:
     else:
         page_size = "4K"
     nvcpu = int(d.findtext("vcpu") or "1")
-    pins = {int(p.get("vcpu")): parse_cpuset(p.get("cpuset")) for p in d.findall("cputune/vcpupin")}
+    pins = {int(_attr(p, "vcpu")): parse_cpuset(_attr(p, "cpuset")) for p in d.findall("cputune/vcpupin")}
     vcpupin = tuple(pins[i][0] if len(pins.get(i, ())) == 1 else -1 for i in range(nvcpu))
     emu = d.find("cputune/emulatorpin")
     niothreads = int(d.findtext("iothreads") or "0")
-    iopins = {int(p.get("iothread")): parse_cpuset(p.get("cpuset")) for p in d.findall("cputune/iothreadpin")}
+    iopins = {int(_attr(p, "iothread")): parse_cpuset(_attr(p, "cpuset")) for p in d.findall("cputune/iothreadpin")}
     mem = d.find("numatune/memory")
     numa_node = None
     if mem is not None and mem.get("nodeset") is not None:
-        nodes = parse_cpuset(mem.get("nodeset"))
+        nodes = parse_cpuset(_attr(mem, "nodeset"))
         numa_node = nodes[0] if len(nodes) == 1 else None
-    ostype = d.find("os/type")
+    ostype = _elem(d, "os/type")
     machine = ostype.get("machine", "q35")
     if re.match(r"^pc-q35-", machine):
         machine = "q35"
@@ -351,7 +372,9 @@ def parse(xml: str) -> DomainSpec:
         cores=int(topo.get("cores", 1)) if topo is not None else nvcpu,
         threads=int(topo.get("threads", 1)) if topo is not None else 1,
     )
-    disk = seed = network = None
+    disk: str | None = None
+    seed: str | None = None
+    network: str | None = None
     for dk in d.findall("devices/disk"):
         src = dk.find("source")
         path = src.get("file") if src is not None else None
@@ -362,12 +385,15 @@ def parse(xml: str) -> DomainSpec:
     nic = d.find("devices/interface[@type='network']/source")
     if nic is not None:
         network = nic.get("network")
-    bridge = mac = None
+    bridge: str | None = None
+    mac: str | None = None
     br = d.find("devices/interface[@type='bridge']")
     if br is not None:
-        bridge = br.find("source").get("bridge") if br.find("source") is not None else None
-        mac = br.find("mac").get("address") if br.find("mac") is not None else None
-    gpus, vfs = [], []
+        br_source, br_mac = br.find("source"), br.find("mac")
+        bridge = br_source.get("bridge") if br_source is not None else None
+        mac = br_mac.get("address") if br_mac is not None else None
+    gpus: list[str] = []
+    vfs: list[str] = []
     for h in d.findall("devices/hostdev[@type='pci']"):
         a = h.find("source/address")
         if a is None:
@@ -377,7 +403,9 @@ def parse(xml: str) -> DomainSpec:
     serial = d.find("devices/serial[@type='file']/source")
     vendor = d.find("features/hyperv/vendor_id")
     hidden = d.find("features/kvm/hidden")
-    return DomainSpec.model_construct(
+    # model_construct: a live domain is read as it is, unvalidated (libvirt may hold values gpuhost never writes),
+    # so the fields go in as parsed, whatever their declared Literal types allow.
+    fields: dict[str, Any] = dict(
         name=name,
         domain_type=d.get("type"),
         arch=ostype.get("arch", "x86_64"),
@@ -386,7 +414,7 @@ def parse(xml: str) -> DomainSpec:
         memory_mib=memory,
         page_size=page_size,
         vcpupin=vcpupin,
-        emulatorpin=parse_cpuset(emu.get("cpuset")) if emu is not None else (),
+        emulatorpin=parse_cpuset(_attr(emu, "cpuset")) if emu is not None else (),
         iothreadpin=tuple(iopins.get(i, ()) for i in range(1, niothreads + 1)),
         numa_node=numa_node,
         topology=topology,
@@ -407,6 +435,7 @@ def parse(xml: str) -> DomainSpec:
         hide_kvm=hidden is not None and hidden.get("state") == "on",
         hv_vendor_id=vendor.get("value") if vendor is not None and vendor.get("state") == "on" else None,
     )
+    return DomainSpec.model_construct(**fields)
 
 
 def drift(wanted: DomainSpec, live: DomainSpec) -> dict[str, tuple]:

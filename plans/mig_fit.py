@@ -41,45 +41,30 @@ def _table(gpu: str, rows: dict[str, tuple[int, int, int]], compute: int = 7, me
     return Capacity(gpu, compute, memory, {k: Profile(*v) for k, v in rows.items()})
 
 
-# From `nvidia-smi mig -lgip` on empty GPUs (NVIDIA MIG user guide, "Supported MIG profiles").
-_80GB = {
-    "1g.10gb": (1, 1, 7),
-    "1g.10gb+me": (1, 1, 1),
-    "1g.20gb": (1, 2, 4),
-    "2g.20gb": (2, 2, 3),
-    "3g.40gb": (3, 4, 2),
-    "4g.40gb": (4, 4, 1),
-    "7g.80gb": (7, 8, 1),
-}
+def _seven_slices(gpu: str, gb_1: str, gb_2: str, gb_4: str, gb_8: str) -> Capacity:
+    """The profiles of a GPU with 7 compute and 8 memory slices (A100, H100, H200): one shape, named by the memory
+    of 1, 2, 4 and 8 memory slices."""
+    return _table(
+        gpu,
+        {
+            f"1g.{gb_1}gb": (1, 1, 7),
+            f"1g.{gb_1}gb+me": (1, 1, 1),
+            f"1g.{gb_2}gb": (1, 2, 4),
+            f"2g.{gb_2}gb": (2, 2, 3),
+            f"3g.{gb_4}gb": (3, 4, 2),
+            f"4g.{gb_4}gb": (4, 4, 1),
+            f"7g.{gb_8}gb": (7, 8, 1),
+        },
+    )
 
+
+# From `nvidia-smi mig -lgip` on empty GPUs (NVIDIA MIG user guide, "Supported MIG profiles").
 TABLES: tuple[Capacity, ...] = (
-    _table(
-        "A100-40GB",
-        {
-            "1g.5gb": (1, 1, 7),
-            "1g.5gb+me": (1, 1, 1),
-            "1g.10gb": (1, 2, 4),
-            "2g.10gb": (2, 2, 3),
-            "3g.20gb": (3, 4, 2),
-            "4g.20gb": (4, 4, 1),
-            "7g.40gb": (7, 8, 1),
-        },
-    ),
-    _table("A100-80GB", _80GB),
+    _seven_slices("A100-40GB", "5", "10", "20", "40"),
+    _seven_slices("A100-80GB", "10", "20", "40", "80"),
     # H100 80GB has the A100 80GB profiles (same names and slice counts).
-    _table("H100-80GB", _80GB),
-    _table(
-        "H200",
-        {
-            "1g.18gb": (1, 1, 7),
-            "1g.18gb+me": (1, 1, 1),
-            "1g.35gb": (1, 2, 4),
-            "2g.35gb": (2, 2, 3),
-            "3g.71gb": (3, 4, 2),
-            "4g.71gb": (4, 4, 1),
-            "7g.141gb": (7, 8, 1),
-        },
-    ),
+    _seven_slices("H100-80GB", "10", "20", "40", "80"),
+    _seven_slices("H200", "18", "35", "71", "141"),
     _table(
         "A30",
         {

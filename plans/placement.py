@@ -247,21 +247,21 @@ class HostPlacement:
         used_mem = _memory_use(self.vms)
         lines = []
         by_node: dict[int, list[Cpu]] = {}
-        for c in self.host.cpus:
-            by_node.setdefault(c.node, []).append(c)
+        for cpu in self.host.cpus:
+            by_node.setdefault(cpu.node, []).append(cpu)
         for node in self.host.nodes:
             cpus = by_node.get(node.id, [])
-            lines.append(f"node {node.id}  cpus {cpuset_str(c.id for c in cpus)}")
-            for c in sorted(cpus, key=lambda c: c.id):
-                if c.id in owner:
-                    who = owner[c.id]
-                elif not c.online:
+            lines.append(f"node {node.id}  cpus {cpuset_str(cpu.id for cpu in cpus)}")
+            for cpu in sorted(cpus, key=lambda cpu: cpu.id):
+                if cpu.id in owner:
+                    who = owner[cpu.id]
+                elif not cpu.online:
                     who = "off"
-                elif c.id in self.host.reserved_cpus:
-                    who = "host" + (f" (emulator of {', '.join(shared[c.id])})" if c.id in shared else "")
+                elif cpu.id in self.host.reserved_cpus:
+                    who = "host" + (f" (emulator of {', '.join(shared[cpu.id])})" if cpu.id in shared else "")
                 else:
                     who = "-"
-                lines.append(f"  cpu {c.id:>3} core {c.socket}/{c.core:<3} {who}")
+                lines.append(f"  cpu {cpu.id:>3} core {cpu.socket}/{cpu.core:<3} {who}")
             mem = used_mem.get(node.id, {})
             free = [f"4K {node.memory_free_mib - mem.get('4K', 0)} MiB free"]
             for size in ("1G", "2M"):
@@ -421,7 +421,8 @@ def _pick_vcpu_cores(st: _NodeState, req: VmRequest) -> tuple[list[_Core], list[
         return cores, [t for c in cores for t in c.free][:n], tpc
     # prefer: whole cores first (sibling pairs), then partial cores with the most free threads.
     partial = sorted((c for c in free if len(c.free) < c.smt), key=lambda c: -len(c.free))
-    cores, cpus = [], []
+    cores = []
+    cpus: list[int] = []
     for c in full + partial:
         if len(cpus) >= n:
             break
@@ -469,7 +470,7 @@ def _try_node(st: _NodeState, req: VmRequest) -> VmPlacement | list[Shortage]:
     if req.emulator_threads == "isolate":
         emulator = tuple(extra[0].free)
         io_cpus = [t for c in extra[1:] for t in c.free]
-        iothreadpin = tuple((io_cpus[i % len(io_cpus)],) for i in range(req.iothreads))
+        iothreadpin: tuple[tuple[int, ...], ...] = tuple((io_cpus[i % len(io_cpus)],) for i in range(req.iothreads))
     else:
         emulator = tuple(st.reserve) if st.reserve else tuple(sorted(vcpus))
         iothreadpin = tuple(emulator for _ in range(req.iothreads))

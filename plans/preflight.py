@@ -345,7 +345,8 @@ def active_overrides(f: HostFacts) -> dict[str, list[str]]:
 
 
 def _device_safety(f: HostFacts, addr: str, protected: set[str], out: list[Finding]) -> None:
-    for x in f.slot_functions(addr) or [f.device(addr)]:
+    # callers check the device exists, and then its slot's functions include it
+    for x in f.slot_functions(addr):
         if x.boot_vga:
             out.append(
                 Finding(

@@ -301,7 +301,7 @@ def _capable(f: HostFacts) -> str:
 
 def on_cpus(affinity: Optional[list[int]], cpus: list[int]) -> bool:
     """An IRQ is where it should be when its affinity is non-empty and within `cpus`."""
-    return bool(affinity) and set(affinity) <= set(cpus)
+    return bool(affinity) and set(affinity or ()) <= set(cpus)
 
 
 def vf_address(pf: str, offset: int, stride: int, index: int) -> str:

@@ -112,6 +112,7 @@ def trtexec_args(b: EngineBuild) -> list[str]:
     if b.precision in ("fp16", "int8"):
         args.append("--fp16")  # INT8 builds keep FP16 as the fallback for layers without INT8 kernels
     if b.precision == "int8":
+        assert b.calib_dir is not None  # EngineBuild refuses int8 without calib_dir
         args += ["--int8", f"--calib={posixpath.join(b.calib_dir, 'calibration.cache')}"]
     return args
 

@@ -23,6 +23,7 @@ from __future__ import annotations
 import re
 from collections import Counter
 from dataclasses import dataclass, field
+from typing import Optional
 
 from access.shell import sh
 
@@ -57,7 +58,8 @@ class Gpu:
 
 
 def _sections(text: str) -> dict[str, str]:
-    out, current = {}, None
+    out: dict[str, list[str]] = {}
+    current: Optional[str] = None
     for line in text.splitlines():
         if line.startswith("@@") and line[2:] in SECTIONS:
             current = line[2:]

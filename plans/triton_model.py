@@ -285,9 +285,9 @@ def problems(spec: ModelSpec, *, gpu_count: int) -> list[tuple[str, str]]:
             seen.add(t.name)
             if not t.dims and t.reshape is None:
                 bad(f"{where}.dims", "must list at least one dimension (or give reshape)")
-            for j, d in enumerate(t.dims):
-                if d == 0 or d < -1:
-                    bad(f"{where}.dims[{j}]", f"{d} is not a size (>= 1) or -1 (variable)")
+            for j, dim in enumerate(t.dims):
+                if dim == 0 or dim < -1:
+                    bad(f"{where}.dims[{j}]", f"{dim} is not a size (>= 1) or -1 (variable)")
             if t.reshape is not None and -1 not in t.dims and -1 not in t.reshape:
                 if _prod(t.dims) != _prod(t.reshape):
                     bad(f"{where}.reshape", f"{t.reshape} has a different element count than dims {t.dims}")

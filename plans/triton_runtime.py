@@ -176,7 +176,9 @@ def parse_unit_exec(unit_text: str) -> tuple[list[str], dict[str, str]]:
         if line.startswith("ExecStart="):
             argv = [unquote(m.group(1)) for m in word.finditer(line[len("ExecStart=") :])]
         elif line.startswith("Environment="):
-            k, _, v = unquote(word.match(line[len("Environment=") :]).group(1)).partition("=")
+            m = word.match(line[len("Environment=") :])
+            assert m is not None, f"systemd_unit quotes every Environment= value: {line!r}"
+            k, _, v = unquote(m.group(1)).partition("=")
             env[k] = v
     return argv, env
 

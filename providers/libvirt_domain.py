@@ -133,7 +133,9 @@ class _Tunnel:
                 client, _ = self.server.accept()
             except OSError:
                 return
-            chan = self.conn.client.get_transport().open_session()
+            transport = self.conn.client.get_transport()
+            assert transport is not None  # the connection is open while the forward runs
+            chan = transport.open_session()
             chan.exec_command(self.command)
             threading.Thread(
                 target=self._pump, args=(client.recv, chan.sendall, chan.shutdown_write), daemon=True

@@ -140,6 +140,7 @@ class ManagedFileProvider(TemplateProvider):
         content = now.text if now.exists else None
         out = {"content": content, "sha256": sha256(content) if content is not None else None}
         if now.exists and props.get("mode"):
+            assert now.mode is not None  # files_script reports the mode of a file that exists
             out["mode"] = now.mode.zfill(4)
         return out
 

@@ -1,21 +1,14 @@
-"""SystemPackages and ServiceState: a Debian/RHEL package set installed, and a systemd unit gpuhost does not write
-kept enabled and running — nginx in front of Triton, Triton's own unit in the process runtime.
+"""SystemPackages: a Debian/RHEL package set installed. (ServiceState, a systemd unit gpuhost does not write kept
+enabled and running, is the one systemd provider's, providers.systemd_service; importable from here as before.)
 
 SystemPackages installs what is missing (apt-get/dnf, non-interactive, keeping config files gpuhost wrote; from
 `debs_dir`'s .deb files on a host without network). Which packages were missing is recorded on the host the first
 time, so a re-run after a dropped connection does not take the packages it just installed for the host's own;
 delete removes exactly those. Read reports the packages present, so a removed one is drift that `up` repairs.
 
-ServiceState is a SystemdService (providers.systemd_service) without files: `check` first (e.g. `nginx -t -c
-/etc/nginx/nginx.conf`: a bad config never reaches the running server), then `daemon-reload`, `enable`, and
-`restart` (or `reload` when the unit is running and `action` is reload); any change of `trigger` does it again;
-delete puts the unit's enabled and active states back as create found them.
-
 Usage::
 
     SystemPackages("svc-nginx-pkg", {"host": host_input(spec), "packages": ["nginx", "numactl"]})
-    ServiceState("svc-nginx", {"host": host_input(spec), "unit": "nginx", "action": "reload",
-                 "check": ["nginx", "-t", "-c", "/etc/nginx/nginx.conf"], "trigger": conf.sha256})
 """
 
 from __future__ import annotations
@@ -28,7 +21,9 @@ from pulumi.dynamic import CheckFailure
 from access.shell import Script, quote
 from facts.state import Change, Record
 from providers.base import HostResource, TemplateProvider, is_safe_abs_path
-from providers.systemd_service import SystemdService
+from providers.systemd_service import ServiceState
+
+__all__ = ["ServiceState", "SystemPackages", "SystemPackagesProvider"]  # ServiceState lives with its provider
 
 PACKAGE_RE = re.compile(r"^[a-z0-9][a-z0-9+.\-]+$")
 
@@ -114,10 +109,3 @@ class SystemPackagesProvider(TemplateProvider):
 class SystemPackages(HostResource, module="host", name="SystemPackages"):
     PROVIDER = SystemPackagesProvider
     DEFAULTS = {"debs_dir": None}
-
-
-class ServiceState(SystemdService, module="host", name="ServiceState"):
-    """A unit gpuhost does not write: the SystemdService provider with no files (the type name stays, so stacks
-    keep their resources)."""
-
-    DEFAULTS = {**SystemdService.DEFAULTS, "files": {}}

@@ -1,6 +1,6 @@
 """SystemdService: one systemd unit kept enabled and running — its files written when gpuhost owns them, a check
-before every (re)start, restart or reload — and put back as found on delete. ServiceState (providers.service_state)
-is the same provider for a unit gpuhost does not write (a package's nginx, a unit file from a ManagedFile).
+before every (re)start, restart or reload — and put back as found on delete. ServiceState (below) is the same
+provider for a unit gpuhost does not write (a package's nginx, a unit file from a ManagedFile).
 
 Create records on the host, the first time only, what each file held (content, mode, owner, or absence), the
 unit's enabled/active state and whether `user` existed; then, under the host lock: the files written atomically,
@@ -195,3 +195,10 @@ class SystemdService(HostResource, module="host", name="SystemdService"):
 
     PROVIDER = SystemdServiceProvider
     DEFAULTS = {"enabled": True, "active": True, "action": "restart", "check": [], "user": None, "trigger": None}
+
+
+class ServiceState(SystemdService, module="host", name="ServiceState"):
+    """A unit gpuhost does not write (a package's nginx, Triton's unit in the process runtime): this provider with
+    no files. Its own type token stays `host:ServiceState`, so stacks keep their resources."""
+
+    DEFAULTS = {**SystemdService.DEFAULTS, "files": {}}

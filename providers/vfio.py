@@ -71,7 +71,7 @@ def render_files(props: dict, facts: HostFacts) -> dict[str, bytes]:
         written = set(re.findall(r"^softdep (\S+) pre: vfio-pci$", cur.text, re.M))
     host_drivers = sorted(
         {
-            facts.pci[a].driver.replace("-", "_")
+            (facts.pci[a].driver or "").replace("-", "_")  # the filter below keeps only devices with a driver
             for a in devices
             if a in facts.pci and facts.pci[a].driver and facts.pci[a].driver != "vfio-pci"
         }

@@ -23,7 +23,7 @@ from typing import Mapping
 from serving import loadgate
 from serving.loadgate import DTYPE_BYTES
 
-HEADER = "Inference-Header-Content-Length"
+HEADER = loadgate.HEADER_LENGTH
 
 # Bytes per element of each KServe datatype (BYTES, a config's TYPE_STRING: 4-byte length + bytes per element).
 ELEMENT_BYTES = DTYPE_BYTES

@@ -135,6 +135,9 @@ def infer_body(input_name: str, shape: list[int], datatype: str = "FP32", value:
 
 # ---------------------------------------------------------------- binary tensors and response checks
 
+# The binary extension's header: where the JSON part of a body ends.
+HEADER_LENGTH = "Inference-Header-Content-Length"
+
 # Bytes per element of the KServe v2 datatypes (BYTES/STRING have no fixed size).
 DTYPE_BYTES = {
     "BOOL": 1,
@@ -173,7 +176,7 @@ def binary_request(inputs: list[tuple[str, str, list[int], bytes]], outputs: Seq
         header["outputs"] = [{"name": o, "parameters": {"binary_data": True}} for o in outputs]
     head = json.dumps(header, separators=(",", ":")).encode()
     body = head + b"".join(data for *_, data in inputs)
-    return body, (("Content-Type", "application/octet-stream"), ("Inference-Header-Content-Length", str(len(head))))
+    return body, (("Content-Type", "application/octet-stream"), (HEADER_LENGTH, str(len(head))))
 
 
 @dataclasses.dataclass(frozen=True)
@@ -358,6 +361,7 @@ def percentile(sorted_values: list[float], q: float) -> float:
 
 def _connection(url: urllib.parse.SplitResult, timeout: float) -> http.client.HTTPConnection:
     cls = http.client.HTTPSConnection if url.scheme == "https" else http.client.HTTPConnection
+    assert url.hostname is not None  # _run_threads refuses a URL without one
     return cls(url.hostname, url.port or (443 if url.scheme == "https" else 80), timeout=timeout)
 
 
@@ -457,6 +461,8 @@ class OversizedResponse(Exception):
 
 def _run_threads(spec: LoadSpec, concurrency: int, max_requests: int, sync, abort=None) -> dict:
     url = urllib.parse.urlsplit(spec.url)
+    if not url.hostname:
+        raise ValueError(f"{spec.url!r} names no host (write http://HOST:PORT/path)")
     path = url.path + (f"?{url.query}" if url.query else "")
     headers = dict(spec.headers)
     if spec.body:
@@ -494,7 +500,7 @@ def _run_threads(spec: LoadSpec, concurrency: int, max_requests: int, sync, abor
         r = conn.getresponse()
         data = read_limited(r, spec.max_response_bytes)
         if 200 <= r.status < 300 and (spec.check is not None or expect is not None):
-            length = r.getheader("Inference-Header-Content-Length")
+            length = r.getheader(HEADER_LENGTH)
             problem = check_response(data, length, spec.check) if spec.check is not None else None
             return r.status, problem or (expect(data, length) if expect is not None else None)
         return r.status, None

@@ -30,7 +30,7 @@ import dataclasses
 import math
 import threading
 import time
-from typing import Any, Awaitable, Callable, Deque, Generic, Hashable, Iterable, Mapping, Optional, TypeVar
+from typing import Any, Awaitable, Callable, Deque, Generic, Hashable, Iterable, Mapping, Optional, Sequence, TypeVar
 
 import numpy as np
 
@@ -142,7 +142,7 @@ def signature(item: Tensors) -> tuple:
     return tuple(sorted((name, np.asarray(a).dtype.str, np.asarray(a).shape) for name, a in item.items()))
 
 
-def stack(items: list[Tensors]) -> dict[str, np.ndarray]:
+def stack(items: Sequence[Tensors]) -> dict[str, np.ndarray]:
     """One batched request body from items with equal signatures (batch axis first)."""
     return {name: np.stack([np.asarray(item[name]) for item in items]) for name in items[0]}
 

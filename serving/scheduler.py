@@ -33,7 +33,7 @@ from __future__ import annotations
 import dataclasses
 import random
 import threading
-from typing import Iterable, Optional
+from typing import Iterable, Mapping, Optional
 
 
 @dataclasses.dataclass(frozen=True)
@@ -81,7 +81,7 @@ class _State:
 class Scheduler:
     """Thread-safe; ``now`` is any monotonic clock in seconds, supplied by the caller."""
 
-    def __init__(self, weights: dict[str, float], policy: Policy = Policy(), *, rng: Optional[random.Random] = None):
+    def __init__(self, weights: Mapping[str, float], policy: Policy = Policy(), *, rng: Optional[random.Random] = None):
         if not weights:
             raise ValueError("at least one backend")
         bad = {n: w for n, w in weights.items() if not w > 0}

@@ -260,7 +260,7 @@ class TritonPythonModel:
             for k, (i, img) in enumerate(zip(owner, images)):
                 if isinstance(img, frames.FrameError) and i not in errors:
                     errors[i] = f"frame {k - owner.index(i)} of the request: {img}"
-            batch = []
+            batch: list = []
             for i, img in zip(owner, images):
                 if i not in errors:
                     slots.setdefault(i, []).append(len(batch))

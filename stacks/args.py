@@ -17,17 +17,25 @@ from plans.values import param_name
 from stacks.schema import Host
 
 
+def same_fields(src: Any, *names: str) -> dict[str, Any]:
+    """The named fields of a config model, as keyword arguments of a spec whose fields have the same names."""
+    return {n: getattr(src, n) for n in names}
+
+
 def host_spec(h: Host) -> HostSpec:
     j = h.ssh.jump
     return HostSpec(
         name=h.name,
-        address=h.ssh.address,
-        port=h.ssh.port,
-        user=h.ssh.user,
-        host_key=h.ssh.host_key,
-        insecure_accept_unknown_host_key=h.ssh.insecure_accept_unknown_host_key,
-        key_name=h.ssh.key_name,
-        connect_timeout=h.ssh.connect_timeout,
+        **same_fields(
+            h.ssh,
+            "address",
+            "port",
+            "user",
+            "host_key",
+            "insecure_accept_unknown_host_key",
+            "key_name",
+            "connect_timeout",
+        ),
         jump=JumpHost(address=j.address, port=j.port, user=j.user, host_key=j.host_key) if j else None,
     )
 

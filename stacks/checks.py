@@ -15,8 +15,12 @@ from typing import Iterator, Optional
 
 from plans import values as val
 from plans.cmdline import UNSAFE, owned_by
+from plans.gateway import is_loopback
 from plans.mig_fit import layout_problems
-from stacks.schema import Fleet, Host, Topology
+from stacks.args import cmdline_args
+from stacks.errors import ConfigError
+from stacks.program import model_spec, plan_host
+from stacks.schema import Fleet, Host, Jump, Topology
 
 # Presets whose model code gpuhost ships itself (serving/models): the artifact is their weights file.
 WEIGHTS_ONLY = ("yolov8n_torch",)
@@ -134,8 +138,6 @@ def host_problems(i: int, h: Host) -> Iterator[str]:
             )
     # Removing what gpuhost adds on this host would leave the running command line never matching (a reboot due
     # on every run): the field that adds it is the switch.
-    from stacks.args import cmdline_args
-
     own = {val.param_name(a) for a in cmdline_args(h)} - {val.param_name(a) for a in h.kernel.extra_args}
     for k, arg in enumerate(h.kernel.remove_args):
         name = val.param_name(arg)
@@ -198,7 +200,19 @@ def fleet_problems(fleet: Fleet, unknown: frozenset[str] = frozenset()) -> list[
     out: list[str] = []
     for i, h in enumerate(fleet.hosts):
         out += host_problems(i, h)
-    hosts = {h.name: h for h in fleet.hosts}
+    out += _host_identity_problems(fleet)
+    out += _address_problems(fleet)
+    out += _service_problems(fleet, unknown)
+    out += _pin_problems(fleet)
+    out += _monitoring_problems(fleet)
+    out += gateway_problems(fleet)
+    out += port_problems(fleet)
+    return out
+
+
+def _host_identity_problems(fleet: Fleet) -> list[str]:
+    """One name and one SSH endpoint per host."""
+    out: list[str] = []
     first_name: dict[str, int] = {}
     endpoints: dict[tuple, str] = {}
     for i, h in enumerate(fleet.hosts):
@@ -212,6 +226,12 @@ def fleet_problems(fleet: Fleet, unknown: frozenset[str] = frozenset()) -> list[
                 "(one SSH endpoint is one machine; two hosts there would undo each other's changes)"
             )
         endpoints.setdefault(ep, h.name)
+    return out
+
+
+def _address_problems(fleet: Fleet) -> list[str]:
+    """Each host's network, and one address per machine across the stack (hosts, jump hosts, guests)."""
+    out: list[str] = []
     # One address, one machine across the stack: every host's SSH address (and jump host) and every guest.
     addresses: dict[str, str] = {}
     for h in fleet.hosts:
@@ -238,6 +258,13 @@ def fleet_problems(fleet: Fleet, unknown: frozenset[str] = frozenset()) -> list[
                         f"fleet.hosts[{i}].vms[{j}].name: monitoring labels the guest "
                         f"{h.name}-{vm.name!s}, longer than 63 characters; shorten the host or VM name"
                     )
+    return out
+
+
+def _service_problems(fleet: Fleet, unknown: frozenset[str]) -> list[str]:
+    """Each service: its name, models and artifacts, its host or VM, its GPUs and MIG device; one per machine."""
+    out: list[str] = []
+    hosts = {h.name: h for h in fleet.hosts}
     services_on: dict[tuple, int] = {}
     svc_names: dict[str, int] = {}
     for i, s in enumerate(fleet.services):
@@ -305,7 +332,13 @@ def fleet_problems(fleet: Fleet, unknown: frozenset[str] = frozenset()) -> list[
                 "serve both models from one service"
             )
         services_on.setdefault(machine, i)
-    out += _pin_problems(fleet)
+    return out
+
+
+def _monitoring_problems(fleet: Fleet) -> list[str]:
+    """The monitoring host and ports, and controllers it can scrape."""
+    out: list[str] = []
+    hosts = {h.name: h for h in fleet.hosts}
     m = fleet.monitoring
     if m:
         if m.host not in hosts:
@@ -318,8 +351,6 @@ def fleet_problems(fleet: Fleet, unknown: frozenset[str] = frozenset()) -> list[
                     f"fleet.services[{i}].adaptive_window.listen: {s.adaptive_window.listen} is loopback only; "
                     "Prometheus on the monitoring host scrapes the controller there (listen on 0.0.0.0:PORT)"
                 )
-    out += gateway_problems(fleet)
-    out += port_problems(fleet)
     return out
 
 
@@ -349,8 +380,6 @@ def _service_gpu_problems(at: str, s, h: Host) -> list[str]:
         ]
     out = []
     if any(g.mig for g in h.gpus):
-        from stacks.program import model_spec
-
         for k, m in enumerate(s.models):
             if model_spec(m, s.gpu_model).platform == "tensorrt_plan":
                 out.append(
@@ -492,8 +521,6 @@ def port_problems(fleet: Fleet) -> list[str]:
 def gateway_problems(fleet: Fleet) -> list[str]:
     """Seed 001 gateways: on a known host, in front of known services that share a model, ports apart, Redis beyond
     loopback only with a password."""
-    from plans.gateway import is_loopback
-
     out: list[str] = []
     hosts = [h.name for h in fleet.hosts]
     services = {s.name: s for s in fleet.services}
@@ -584,16 +611,11 @@ def _pin_problems(fleet: Fleet) -> list[str]:
 
 def _via_host(h: Host):
     """Guests are reached through their host: the host's own endpoint is the jump."""
-    from stacks.schema import Jump
-
     return Jump(address=h.ssh.address, port=h.ssh.port, user=h.ssh.user)
 
 
 def placement_problems(fleet: Fleet) -> list[str]:
     """The NUMA placement of every host's VMs (the same solver the program uses), as config lines."""
-    from stacks.load import ConfigError
-    from stacks.program import plan_host
-
     out = []
     for i, h in enumerate(fleet.hosts):
         try:

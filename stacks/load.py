@@ -12,6 +12,7 @@ Usage (in __main__.py)::
 from __future__ import annotations
 
 import copy
+import hashlib
 import re
 from typing import Any, Optional
 
@@ -19,13 +20,11 @@ import pulumi
 from pulumi.runtime.config import is_config_secret
 from pydantic import ValidationError
 
+from access.ssh import SshError, _load_pkey
+from stacks.checks import fleet_problems, placement_problems
+from stacks.errors import ConfigError
+from stacks.paths import path_problems
 from stacks.schema import Fleet, _find_private_keys
-
-
-class ConfigError(ValueError):
-    def __init__(self, lines: list[str]):
-        self.lines = lines
-        super().__init__("stack config is invalid:\n" + "\n".join(f"  - {ln}" for ln in lines))
 
 
 def _loc(loc: tuple) -> str:
@@ -103,8 +102,6 @@ def parse_fleet(raw: Any) -> Fleet:
     still cross-checked), and raise one ConfigError with a line per problem."""
     if raw is None:
         raise ConfigError(["gpuhost:fleet: missing (see Pulumi.dev.yaml for the shape)"])
-    from stacks.checks import fleet_problems, placement_problems
-
     lines = [
         f"{where}: looks like a private key in plain config; keys belong in "
         "`pulumi config set --secret gpuhost:sshPrivateKey`"
@@ -136,8 +133,6 @@ def _artifact_problems(fleet: Fleet) -> list[str]:
     pins, and for a yolov8n_torch model the weights' layout (``serving/models/yolov8n_weights.py``: which key or
     node, expected vs found shape). A ``url`` artifact is checked where it lands: its sha256 by ModelArtifact
     before it is moved in, its layout by the Triton backend at load, with the same message."""
-    import hashlib
-
     out = []
     for i, s in enumerate(fleet.services):
         for k, m in enumerate(s.models):
@@ -156,6 +151,7 @@ def _artifact_problems(fleet: Fleet) -> list[str]:
                 out.append(f"{at}.sha256: {a.path} has sha256 {got}, config says {a.sha256} (pin the file's sha256)")
                 continue
             if m.preset == "yolov8n_torch":
+                # imported only here: it imports torch, which a stack without a yolov8n_torch path never needs
                 from serving.models.yolov8n_weights import WeightsError, load_model
 
                 try:
@@ -168,8 +164,6 @@ def _artifact_problems(fleet: Fleet) -> list[str]:
 def _declaration_problems(fleet: Fleet) -> list[str]:
     """What only declaring the program finds (run with a recorder, nothing registered): resources that would write
     one path (`stacks.paths`), and the program's own refusals (a VF shortage, a VM that cannot fit)."""
-    from stacks.paths import path_problems
-
     try:
         return path_problems(fleet)
     except ConfigError as e:
@@ -235,6 +229,7 @@ def load(config: pulumi.Config) -> tuple[Fleet, pulumi.Output[str]]:
             lines += e.lines
     if lines:
         raise ConfigError(lines)
+    assert fleet is not None  # parse_fleet either returned one or added its lines
     return fleet, config.require_secret("sshPrivateKey")
 
 
@@ -266,8 +261,6 @@ def guest_public_key(config: pulumi.Config) -> str:
     gpuhost reaches every guest with that key (through the host as jump), so cloud-init authorizes this line for
     the guest user. Only the public line leaves this function; the private key stays in the secret config value.
     """
-    from access.ssh import SshError, _load_pkey
-
     pem = config.get("sshPrivateKey")
     if pem is None:
         raise ConfigError(

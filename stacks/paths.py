@@ -12,11 +12,13 @@ Usage (in stacks.load.parse_fleet)::
 
 from __future__ import annotations
 
+import re
 import sys
 from dataclasses import dataclass, field
 from typing import Any
 
 from components.wiring import Child, Write, writes
+from stacks.program import build
 from stacks.schema import Fleet
 
 
@@ -46,8 +48,6 @@ class Planned:
 
 def planned(fleet: Fleet) -> list[Planned]:
     """Every component of the fleet with its children, as the program would declare them (nothing registered)."""
-    from stacks.program import build
-
     out: list[Planned] = []
 
     def record(cls: type, name: str, args: Any, after: list, where: str) -> Planned:
@@ -62,8 +62,6 @@ def planned(fleet: Fleet) -> list[Planned]:
 
 def _what(where: str, fleet: Fleet | None) -> str:
     """A config path with the name it holds, for the message (`fleet.gateways[0] (gw-a)`)."""
-    import re
-
     m = fleet and re.fullmatch(r"fleet\.(services|gateways)\[(\d+)\]", where)
     if m:
         return f"{where} ({getattr(fleet, m.group(1))[int(m.group(2))].name})"

@@ -36,11 +36,16 @@ from plans.triton_model import DynamicBatching, InstanceGroup, ModelSpec
 from plans.triton_repo import resnet50_fp16, sdxl, yolov8n, yolov8n_torch
 from plans.triton_runtime import DockerRuntime, ProcessRuntime
 from plans.values import host_port
-from stacks.args import host_spec, passthrough_args
-from stacks.load import ConfigError
+from stacks.args import host_spec, passthrough_args, same_fields
+from stacks.errors import ConfigError
 from stacks.schema import Artifact, Fleet, Gateway, Host, Service, ServiceModel, Vm
 
-PRESETS = {"yolov8n": yolov8n, "yolov8n_torch": yolov8n_torch, "resnet50_fp16": resnet50_fp16, "sdxl": sdxl}
+PRESETS: dict[str, Callable[[], ModelSpec]] = {
+    "yolov8n": yolov8n,
+    "yolov8n_torch": yolov8n_torch,
+    "resnet50_fp16": resnet50_fp16,
+    "sdxl": sdxl,
+}
 
 
 # Batching fields a GPU preset decides unless stack config sets them (plans/presets.py, seed 004).
@@ -64,7 +69,7 @@ def _with_weights(spec: ModelSpec, m: ServiceModel) -> ModelSpec:
 
 def model_spec(m: ServiceModel, gpu_model: str) -> ModelSpec:
     """The model's signature from its preset, batching from the GPU's preset, and what config sets on top."""
-    base = PRESETS[m.preset](input=m.input) if m.preset == "yolov8n_torch" else PRESETS[m.preset]()
+    base = yolov8n_torch(input=m.input) if m.preset == "yolov8n_torch" else PRESETS[m.preset]()
     try:
         gpu_key(gpu_model)
     except KeyError:
@@ -152,6 +157,7 @@ def cloud_init(h: Host, vm: Vm, guest_keys: tuple[str, ...] = ()) -> Optional[Cl
 def solver_host(h: Host) -> pl.Host:
     """The placement solver's view of a host, from the topology declared in stack config."""
     t = h.topology
+    assert t is not None  # plan_host refuses a host with VMs and no topology
     devices = {g.address: g.numa_node if g.numa_node is not None else -1 for g in h.gpus}
     hp1g = h.hugepages.count // t.nodes if h.hugepages.size == "1G" else 0
     base = pl.Host.uniform(
@@ -255,23 +261,26 @@ def gateway_spec(fleet: Fleet, g: Gateway, guests: dict[tuple[str, str], HostSpe
         backends.append(GatewayBackend(name=s.name, weight=b.weight, address=where.address, dcgm_port=dcgm))
     models = set.intersection(*({m.name for m in services[b.service].models} for b in g.backends))
     spec = GatewaySpec(
-        name=g.name,
         backends=tuple(backends),
         models=tuple(sorted(models)),
-        workers=g.workers,
-        slots=g.slots,
-        max_depth=g.max_depth,
-        redis_bind=g.redis_bind,
         redis_auth=g.redis_password_secret is not None,
-        front_listen=g.front_listen,
         front_models=front_models(fleet, g, models),
-        redis_port=g.redis_port,
-        metrics_port=g.metrics_port,
-        front_port=g.front_port,
-        claim_idle_ms=g.claim_idle_ms,
-        ramp_s=g.ramp_s,
-        queue_ms_shift=g.queue_ms_shift,
-        queue_ms_drain=g.queue_ms_drain,
+        **same_fields(
+            g,
+            "name",
+            "workers",
+            "slots",
+            "max_depth",
+            "redis_bind",
+            "front_listen",
+            "redis_port",
+            "metrics_port",
+            "front_port",
+            "claim_idle_ms",
+            "ramp_s",
+            "queue_ms_shift",
+            "queue_ms_drain",
+        ),
     )
     return host_spec(next(x for x in fleet.hosts if x.name == g.host)), spec
 
@@ -305,11 +314,10 @@ def declare_component(cls: type, name: str, args: Any, after: list, where: str) 
     return cls(name, args, ResourceOptions(depends_on=after) if after else None)
 
 
-def build(
-    fleet: Fleet,
-    new: Callable[[type, str, Any, list, str], Any] = declare_component,
-    guest_keys: tuple[str, ...] = (),
-) -> dict:
+New = Callable[[type, str, Any, list, str], Any]
+
+
+def build(fleet: Fleet, new: New = declare_component, guest_keys: tuple[str, ...] = ()) -> dict:
     """Declare the fleet's components in the seeds' order. `new(cls, name, args, after, where)` makes each one
     (`where`: the config path it comes from). `guest_keys`: public keys a new guest's user authorizes (cloud-init);
     __main__ passes the public half of `gpuhost:sshPrivateKey` (`stacks.load.guest_public_key`), the key the
@@ -318,11 +326,20 @@ def build(
     # registered.
     placements = {h.name: plan_host(i, h) for i, h in enumerate(fleet.hosts)}
     exports: dict = {"placement": {}, "pending_reboot": {}, "endpoints": {}}
-    vms: dict[tuple[str, str], PinnedVM] = {}
+    hosts = build_host_prep(fleet, new, exports)
+    nics = build_nics(fleet, hosts, new)
+    vms, guests = build_vms(fleet, placements, hosts, nics, new, guest_keys, exports)
+    migs = build_migs(fleet, hosts, new)
+    services = build_services(fleet, hosts, vms, guests, migs, new, exports)
+    gateways = build_gateways(fleet, hosts, guests, services, new, exports)
+    build_monitoring(fleet, guests, services + gateways + list(vms.values()), new, exports)
+    return exports
+
+
+def build_host_prep(fleet: Fleet, new: New, exports: dict) -> dict[str, PassthroughHost]:
+    """Seed 002 host prep, one PassthroughHost per host, reboots rolled out `max_parallel_reboots` at a time."""
     hosts: dict[str, PassthroughHost] = {}
-    guests: dict[tuple[str, str], HostSpec] = {}
     for hi, h in enumerate(fleet.hosts):
-        spec = host_spec(h)
         # Rollout: with max_parallel_reboots k, host i's reboot waits for host i-k's verified reboot.
         k = fleet.rollout.max_parallel_reboots
         earlier = list(hosts.values())
@@ -330,32 +347,59 @@ def build(
         ph = new(PassthroughHost, h.name, passthrough_args(h, reboot_after=tuple(after)), [], f"fleet.hosts[{hi}]")
         hosts[h.name] = ph
         exports["pending_reboot"][h.name] = ph.pending_reboot
-        nics = []
-        for j, pf in enumerate(h.sriov):
-            nics.append(
-                new(
-                    SriovNic,
-                    f"{h.name}-sriov-{j}",
-                    SriovNicArgs(
-                        host=spec,
-                        pf=pf.pf,
-                        num_vfs=pf.num_vfs,
-                        numa_node=pf.numa_node,
-                        numa_policy=pf.numa_policy,
-                        vfio=pf.vfio,
-                        vfs=[v.model_dump(exclude_none=True) for v in pf.vfs],
-                        irq_cpus=h.reserved_cpus,
-                    ),
-                    [ph],
-                    f"fleet.hosts[{hi}].sriov[{j}]",
-                )
+    return hosts
+
+
+def build_nics(fleet: Fleet, hosts: dict[str, PassthroughHost], new: New) -> dict[str, list[SriovNic]]:
+    """Seed 002 SR-IOV: one SriovNic per PF of each host, after that host's prep."""
+    nics: dict[str, list[SriovNic]] = {}
+    for hi, h in enumerate(fleet.hosts):
+        spec = host_spec(h)
+        nics[h.name] = [
+            new(
+                SriovNic,
+                f"{h.name}-sriov-{j}",
+                SriovNicArgs(
+                    host=spec,
+                    pf=pf.pf,
+                    num_vfs=pf.num_vfs,
+                    numa_node=pf.numa_node,
+                    numa_policy=pf.numa_policy,
+                    vfio=pf.vfio,
+                    vfs=[v.model_dump(exclude_none=True) for v in pf.vfs],
+                    irq_cpus=h.reserved_cpus,
+                ),
+                [hosts[h.name]],
+                f"fleet.hosts[{hi}].sriov[{j}]",
             )
+            for j, pf in enumerate(h.sriov)
+        ]
+    return nics
+
+
+def build_vms(
+    fleet: Fleet,
+    placements: dict[str, Optional[pl.HostPlacement]],
+    hosts: dict[str, PassthroughHost],
+    nics: dict[str, list[SriovNic]],
+    new: New,
+    guest_keys: tuple[str, ...],
+    exports: dict,
+) -> tuple[dict[tuple[str, str], PinnedVM], dict[tuple[str, str], HostSpec]]:
+    """Seed 002 VMs: one PinnedVM per VM at its planned placement, with its VFs and GPUs; and the guests gpuhost
+    reaches over SSH (host, vm) → endpoint, for the services, gateways and monitoring in them."""
+    vms: dict[tuple[str, str], PinnedVM] = {}
+    guests: dict[tuple[str, str], HostSpec] = {}
+    for hi, h in enumerate(fleet.hosts):
+        spec = host_spec(h)
+        ph, host_nics = hosts[h.name], nics[h.name]
         plan = placements[h.name]
         if plan is not None:
             exports["placement"][h.name] = plan.report()
         # VFs come from a PF on the VM's own node (seed 002), each PF sliced on its own.
-        taken = [0] * len(nics)
+        taken = [0] * len(host_nics)
         for vm in h.vms:
+            assert plan is not None  # a host with VMs has a placement (plan_host)
             vfs_out = None
             if vm.vfs:
                 node = plan.vm(vm.name).node
@@ -371,7 +415,7 @@ def build(
                     )
                 start = taken[pfi]
                 taken[pfi] += vm.vfs
-                vfs_out = nics[pfi].vf_addresses.apply(
+                vfs_out = host_nics[pfi].vf_addresses.apply(
                     lambda all_vfs, s=start, n=vm.vfs: list(all_vfs or [])[s : s + n]
                 )
             gs = guest_spec(h, vm)
@@ -392,7 +436,7 @@ def build(
                     bootstrap=bootstrap_config(fleet, h, vm) if gs else None,
                     cloud_init=ci,
                     bridge=h.vm_network.bridge if h.vm_network else None,
-                    mac=ci.network.mac if ci else None,
+                    mac=ci.network.mac if ci and ci.network else None,
                     shutdown_timeout=vm.shutdown_timeout_s,
                     **(
                         # No libvirt NIC: the emulated server has no `default` network running (its only link is
@@ -410,10 +454,14 @@ def build(
                         else {}
                     ),
                 ),
-                [ph, *nics],
+                [ph, *host_nics],
                 f"fleet.hosts[{hi}].vms[{h.vms.index(vm)}]",
             )
+    return vms, guests
 
+
+def build_migs(fleet: Fleet, hosts: dict[str, PassthroughHost], new: New) -> dict[str, MigGpus]:
+    """Seed 001 route A: the MIG layout of each host that keeps MIG GPUs on its own driver."""
     migs: dict[str, MigGpus] = {}
     for hi, h in enumerate(fleet.hosts):
         mig_gpus = [g for g in sorted(h.gpus, key=lambda g: g.address) if g.mig]
@@ -423,57 +471,75 @@ def build(
             migs[h.name] = new(
                 MigGpus,
                 h.name,
-                MigGpusArgs(host=host_spec(h), layout={str(order.index(g.address)): list(g.mig) for g in mig_gpus}),
+                MigGpusArgs(
+                    host=host_spec(h), layout={str(order.index(g.address)): list(g.mig or ()) for g in mig_gpus}
+                ),
                 [hosts[h.name]],
                 f"fleet.hosts[{hi}].gpus",
             )
+    return migs
 
+
+def service_artifacts(s: Service, specs: list[ModelSpec], root: str) -> tuple[list[ArtifactSpec], list[EngineBuild]]:
+    """What a service fetches into its repository (weights, model code, ONNX) and the TensorRT engines it builds."""
+    artifacts, engines = [], []
+    for m, mspec in zip(s.models, specs):
+        if m.artifact is None:  # code gpuhost ships (stacks.checks allows no other case)
+            continue
+        if mspec.platform == "tensorrt_plan":
+            dest = f"/srv/onnx/{m.name}.onnx"
+            inp = mspec.inputs[0]
+            batch = max(1, mspec.max_batch_size)
+            engines.append(
+                EngineBuild(
+                    model=m.name,
+                    onnx_path=dest,
+                    onnx_sha256=m.artifact.sha256,
+                    plan_path=f"{root}/{m.name}/{mspec.version}/model.plan",
+                    shapes={
+                        inp.name: ShapeRange(
+                            min=[1, *inp.dims], opt=[max(1, batch // 2), *inp.dims], max=[batch, *inp.dims]
+                        )
+                    },
+                    precision=m.precision,
+                    calib_dir=m.calib_dir,
+                    gpu_model=s.gpu_model,
+                )
+            )
+        elif m.preset == "yolov8n_torch":  # the weights file, beside the model code gpuhost ships
+            dest = f"{root}/{m.name}/{mspec.version}/{weights_file(m.artifact)}"
+        else:
+            dest = f"{root}/{m.name}/{mspec.version}/model.py"
+        artifacts.append(
+            ArtifactSpec(model=m.name, dest=dest, sha256=m.artifact.sha256, url=m.artifact.url, path=m.artifact.path)
+        )
+    return artifacts, engines
+
+
+def build_services(
+    fleet: Fleet,
+    hosts: dict[str, PassthroughHost],
+    vms: dict[tuple[str, str], PinnedVM],
+    guests: dict[tuple[str, str], HostSpec],
+    migs: dict[str, MigGpus],
+    new: New,
+    exports: dict,
+) -> list[TritonService]:
+    """Seed 001 services: one TritonService per service, on its host (MIG devices) or in its VM."""
     services = []
     for si, s in enumerate(fleet.services):
         h = next(x for x in fleet.hosts if x.name == s.host)
         where = guests.get((s.host, s.vm)) if s.vm else host_spec(h)
         if where is None:
             raise ConfigError([f"services: {s.name} runs in VM {s.vm} which has no address for SSH"])
-        deps = [vms[(s.host, s.vm)]] if s.vm else [hosts[s.host]]
+        deps: list[Any] = [vms[(s.host, s.vm)]] if s.vm else [hosts[s.host]]
         devices = None
         if s.host in migs and not s.vm:
             deps.append(migs[s.host])
             devices = mig_devices(h, s, migs[s.host])
         specs = [model_spec(m, s.gpu_model) for m in s.models]
         root = "/srv/triton-repo"
-        artifacts, engines = [], []
-        for m, mspec in zip(s.models, specs):
-            if m.artifact is None:  # code gpuhost ships (stacks.checks allows no other case)
-                continue
-            if mspec.platform == "tensorrt_plan":
-                dest = f"/srv/onnx/{m.name}.onnx"
-                inp = mspec.inputs[0]
-                batch = max(1, mspec.max_batch_size)
-                engines.append(
-                    EngineBuild(
-                        model=m.name,
-                        onnx_path=dest,
-                        onnx_sha256=m.artifact.sha256,
-                        plan_path=f"{root}/{m.name}/{mspec.version}/model.plan",
-                        shapes={
-                            inp.name: ShapeRange(
-                                min=[1, *inp.dims], opt=[max(1, batch // 2), *inp.dims], max=[batch, *inp.dims]
-                            )
-                        },
-                        precision=m.precision,
-                        calib_dir=m.calib_dir,
-                        gpu_model=s.gpu_model,
-                    )
-                )
-            elif m.preset == "yolov8n_torch":  # the weights file, beside the model code gpuhost ships
-                dest = f"{root}/{m.name}/{mspec.version}/{weights_file(m.artifact)}"
-            else:
-                dest = f"{root}/{m.name}/{mspec.version}/model.py"
-            artifacts.append(
-                ArtifactSpec(
-                    model=m.name, dest=dest, sha256=m.artifact.sha256, url=m.artifact.url, path=m.artifact.path
-                )
-            )
+        artifacts, engines = service_artifacts(s, specs, root)
         svm: Optional[Vm] = next((v for v in h.vms if v.name == s.vm), None)
         svc_gpus = [g for g in h.gpus if (svm and g.address in svm.gpus) or (not svm and not g.passthrough)]
         gpu_count = max(1, len(svm.gpus) if svm else len([g for g in h.gpus if not g.passthrough]) or len(h.gpus))
@@ -516,7 +582,18 @@ def build(
         )
         services.append(svc)
         exports["endpoints"][s.name] = f"http://{host_port(where.address, s.nginx_port)}"
+    return services
 
+
+def build_gateways(
+    fleet: Fleet,
+    hosts: dict[str, PassthroughHost],
+    guests: dict[tuple[str, str], HostSpec],
+    services: list[TritonService],
+    new: New,
+    exports: dict,
+) -> list[InferenceGateway]:
+    """Seed 001 gateways: one InferenceGateway per gateway, after its host and the services behind it."""
     gateways = []
     by_service = dict(zip((s.name for s in fleet.services), services))
     for gi, g in enumerate(fleet.gateways):
@@ -541,65 +618,77 @@ def build(
         )
         redis_at = gw_host.address if gw_spec.redis_bind in ("0.0.0.0", "::") else gw_spec.redis_bind
         exports.setdefault("gateways", {})[g.name] = f"redis://{redis_at}:{gw_spec.redis_port}/0 on {g.host}"
+    return gateways
 
-    if fleet.monitoring:
-        graph = MonitoringGraph(
-            # A host that keeps GPUs on its own NVIDIA driver (MIG, seed 001 route A) runs dcgm-exporter too.
-            hosts=[
-                HostTarget(
-                    name=h.name, address=h.ssh.address, role="host", gpu_driver=any(not g.passthrough for g in h.gpus)
-                )
-                for h in fleet.hosts
-            ],
-            guests=[
-                HostTarget(name=f"{hn}-{vn}", address=g.address, role="guest", tenant=vn, gpu_driver=True)
-                for (hn, vn), g in guests.items()
-            ],
-            services=[
-                TritonTarget(
-                    name=s.name,
-                    address=(
-                        guests.get((s.host, s.vm)) or host_spec(next(x for x in fleet.hosts if x.name == s.host))
-                    ).address,
-                    host=f"{s.host}-{s.vm}" if s.vm else s.host,
-                    tenant=s.vm,
-                    models=tuple(m.name for m in s.models),
-                    window_port=s.adaptive_window.port if s.adaptive_window else None,
-                    slo=ServingSlo(
-                        p95_latency_ms=s.slo.p95_ms,
-                        max_failure_ratio=s.slo.max_error_rate or ServingSlo().max_failure_ratio,
-                    ),
-                )
-                for s in fleet.services
-            ],
-            gateways=[
-                GatewayTarget(
-                    name=g.name,
-                    address=host_spec(next(x for x in fleet.hosts if x.name == g.host)).address,
-                    host=g.host,
-                    metrics_ports=tuple(range(g.metrics_port, g.metrics_port + g.workers)),
-                    p95_latency_s=g.slo_p95_s,
-                    max_depth=g.max_depth,
-                )
-                for g in fleet.gateways
-            ],
-        )
-        mon_host = host_spec(next(x for x in fleet.hosts if x.name == fleet.monitoring.host))
-        machines = {h.name: host_spec(h) for h in fleet.hosts}
-        machines.update({f"{hn}-{vn}": g for (hn, vn), g in guests.items()})
-        mon = new(
-            MonitoringStack,
-            "monitoring",
-            MonitoringStackArgs(
-                graph=graph,
-                monitoring_host=mon_host,
-                machines=machines,
-                prometheus_port=fleet.monitoring.prometheus_port,
-                grafana_port=fleet.monitoring.grafana_port,
-            ),
-            services + gateways + list(vms.values()),
-            "fleet.monitoring",
-        )
-        exports["grafana"] = mon.grafana_url
-        exports["prometheus"] = mon.prometheus_url
-    return exports
+
+def monitoring_graph(fleet: Fleet, guests: dict[tuple[str, str], HostSpec]) -> MonitoringGraph:
+    """Every scrape target of the fleet: hosts, guests, Triton services and gateways."""
+    return MonitoringGraph(
+        # A host that keeps GPUs on its own NVIDIA driver (MIG, seed 001 route A) runs dcgm-exporter too.
+        hosts=[
+            HostTarget(
+                name=h.name, address=h.ssh.address, role="host", gpu_driver=any(not g.passthrough for g in h.gpus)
+            )
+            for h in fleet.hosts
+        ],
+        guests=[
+            HostTarget(name=f"{hn}-{vn}", address=g.address, role="guest", tenant=vn, gpu_driver=True)
+            for (hn, vn), g in guests.items()
+        ],
+        services=[
+            TritonTarget(
+                name=s.name,
+                address=(
+                    (guests.get((s.host, s.vm)) if s.vm else None)
+                    or host_spec(next(x for x in fleet.hosts if x.name == s.host))
+                ).address,
+                host=f"{s.host}-{s.vm}" if s.vm else s.host,
+                tenant=s.vm,
+                models=tuple(m.name for m in s.models),
+                window_port=s.adaptive_window.port if s.adaptive_window else None,
+                slo=ServingSlo(
+                    p95_latency_ms=s.slo.p95_ms,
+                    max_failure_ratio=s.slo.max_error_rate or ServingSlo().max_failure_ratio,
+                ),
+            )
+            for s in fleet.services
+        ],
+        gateways=[
+            GatewayTarget(
+                name=g.name,
+                address=host_spec(next(x for x in fleet.hosts if x.name == g.host)).address,
+                host=g.host,
+                metrics_ports=tuple(range(g.metrics_port, g.metrics_port + g.workers)),
+                p95_latency_s=g.slo_p95_s,
+                max_depth=g.max_depth,
+            )
+            for g in fleet.gateways
+        ],
+    )
+
+
+def build_monitoring(
+    fleet: Fleet, guests: dict[tuple[str, str], HostSpec], after: list, new: New, exports: dict
+) -> Optional[MonitoringStack]:
+    """Seed 003 monitoring: Prometheus and Grafana on the monitoring host, after everything they scrape."""
+    if not fleet.monitoring:
+        return None
+    mon_host = host_spec(next(x for x in fleet.hosts if x.name == fleet.monitoring.host))
+    machines = {h.name: host_spec(h) for h in fleet.hosts}
+    machines.update({f"{hn}-{vn}": g for (hn, vn), g in guests.items()})
+    mon = new(
+        MonitoringStack,
+        "monitoring",
+        MonitoringStackArgs(
+            graph=monitoring_graph(fleet, guests),
+            monitoring_host=mon_host,
+            machines=machines,
+            prometheus_port=fleet.monitoring.prometheus_port,
+            grafana_port=fleet.monitoring.grafana_port,
+        ),
+        after,
+        "fleet.monitoring",
+    )
+    exports["grafana"] = mon.grafana_url
+    exports["prometheus"] = mon.prometheus_url
+    return mon

@@ -22,11 +22,21 @@ Example (YAML)::
 from __future__ import annotations
 
 import re
-from typing import Annotated, Literal, Optional
+from typing import Annotated, Callable, Literal, Optional
 from urllib.parse import parse_qsl, urlsplit
 
-from pydantic import AfterValidator, BaseModel, BeforeValidator, ConfigDict, Field, field_validator, model_validator
+from pydantic import (
+    AfterValidator,
+    BaseModel,
+    BeforeValidator,
+    ConfigDict,
+    Field,
+    ValidationError,
+    field_validator,
+    model_validator,
+)
 
+from access.ssh import HostSpec
 from facts.cpulist import MAX_CPUS, CpuListError, parse_cpulist
 from facts.model import normalize_pci
 from plans import values as val
@@ -92,6 +102,17 @@ def _v(check, *fields: str):
     return field_validator(*fields)(lambda cls, v: check(v))
 
 
+def _matching(regex: re.Pattern, what: str) -> Callable[[str], str]:
+    """A checker: the value itself when `regex` matches all of it, else ValueError `what` (formatted with its repr)."""
+
+    def check(v: str) -> str:
+        if not regex.fullmatch(v):
+            raise ValueError(what.format(repr(v)))
+        return v
+
+    return check
+
+
 KernelArg = Annotated[str, AfterValidator(val.kernel_arg)]
 MigProfile = Annotated[str, AfterValidator(val.mig_profile)]
 IrqPattern = Annotated[str, AfterValidator(val.irq_pattern)]
@@ -100,10 +121,6 @@ IrqPattern = Annotated[str, AfterValidator(val.irq_pattern)]
 def _pin(v: Optional[str]) -> Optional[str]:
     """A host key pin checked by the access layer's own rules (the same for hosts, jump hosts and guests)."""
     if v is not None:
-        from pydantic import ValidationError
-
-        from access.ssh import HostSpec
-
         try:
             HostSpec(name="x", address="127.0.0.1", host_key=v)
         except ValidationError as e:
@@ -307,14 +324,10 @@ class Vm(Strict):
         description="graceful ACPI shutdown time before the domain is destroyed (delete, a change that needs a restart)",
     )
 
-    @field_validator("name")
-    @classmethod
-    def _name(cls, v):
-        if not NAME_RE.fullmatch(v):
-            raise ValueError(
-                f"VM name {v!r}: lower-case letters, digits and '-' (at most 63, no leading or trailing '-')"
-            )
-        return v
+    _name = _v(
+        _matching(NAME_RE, "VM name {}: lower-case letters, digits and '-' (at most 63, no leading or trailing '-')"),
+        "name",
+    )
 
     _gpus = field_validator("gpus")(lambda cls, v: [pci_address(x) for x in v])
     _user = _v(val.unix_user, "guest_user")
@@ -332,12 +345,7 @@ class VmNetwork(Strict):
     gateway: Optional[str] = None
     dns: list[str] = Field(default_factory=list, max_length=3)
 
-    @field_validator("bridge")
-    @classmethod
-    def _bridge(cls, v: str) -> str:
-        if not BRIDGE_RE.fullmatch(v):
-            raise ValueError(f"bridge {v!r}: an interface name of 1-15 letters, digits, _ . : -")
-        return v
+    _bridge = _v(_matching(BRIDGE_RE, "bridge {}: an interface name of 1-15 letters, digits, _ . : -"), "bridge")
 
     @field_validator("gateway", "dns")
     @classmethod
@@ -377,12 +385,9 @@ class Host(Strict):
     _reserved = field_validator("reserved_cpus", mode="before")(lambda cls, v: cpu_list(v))
 
 
-def _check_name(v: str) -> str:
-    if not NAME_RE.fullmatch(v):
-        raise ValueError(
-            f"host name {v!r}: lower-case letters, digits and '-' (at most 63, no leading or trailing '-')"
-        )
-    return v
+_check_name: Callable[[str], str] = _matching(
+    NAME_RE, "host name {}: lower-case letters, digits and '-' (at most 63, no leading or trailing '-')"
+)
 
 
 class Slo(Strict):
@@ -413,12 +418,7 @@ class Artifact(Strict):
     _url = field_validator("url")(lambda cls, v: artifact_url(v) if v is not None else v)
     _path = field_validator("path")(lambda cls, v: val.abs_path(v, "path") if v is not None else v)
 
-    @field_validator("sha256")
-    @classmethod
-    def _sha(cls, v: str) -> str:
-        if not SHA256_RE.fullmatch(v):
-            raise ValueError(f"sha256 {v!r}: 64 lower-case hex digits (`sha256sum FILE`)")
-        return v
+    _sha = _v(_matching(SHA256_RE, "sha256 {}: 64 lower-case hex digits (`sha256sum FILE`)"), "sha256")
 
     @model_validator(mode="after")
     def _one_source(self):

@@ -21,6 +21,18 @@ def local_sshd():
 
 
 @pytest.fixture
+def conn(local_sshd):
+    """A fresh SSH connection to the local sshd with its key (no connection cached from an earlier test)."""
+    from access import keys, ssh
+
+    keys.set_private_key("sshPrivateKey", local_sshd.client_key_pem)
+    ssh.close_all()
+    c = ssh.connect(local_sshd.host_spec())
+    yield c
+    ssh.close_all()
+
+
+@pytest.fixture
 def provider_server_for(local_sshd):
     """Factory: a gRPC dynamic-provider server configured with the local sshd's key as secret config."""
     from tests.engine import ProviderServer

@@ -75,7 +75,7 @@ class ProviderServer:
         self.project = project
         self.proc: subprocess.Popen | None = None
         self.channel = None
-        self.stub = None
+        self.stub: Optional[provider_pb2_grpc.ResourceProviderStub] = None
 
     def __enter__(self) -> "ProviderServer":
         env = dict(
@@ -86,12 +86,13 @@ class ProviderServer:
         self.proc = subprocess.Popen(
             [sys.executable, "-u", "-m", "pulumi.dynamic"], cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=None
         )
+        assert self.proc.stdout is not None  # stdout=PIPE
         port = int(self.proc.stdout.readline().decode().strip())
         self.channel = grpc.insecure_channel(f"127.0.0.1:{port}")
         grpc.channel_ready_future(self.channel).result(timeout=30)
-        self.stub = provider_pb2_grpc.ResourceProviderStub(self.channel)
+        self.stub = stub = provider_pb2_grpc.ResourceProviderStub(self.channel)
         # The engine sends every config value of the stack, secrets included (unwrapped by the server).
-        self.stub.Configure(provider_pb2.ConfigureRequest(args=_ser(self.config), acceptSecrets=True))
+        stub.Configure(provider_pb2.ConfigureRequest(args=_ser(self.config), acceptSecrets=True))
         return self
 
     def __exit__(self, *exc) -> None:
@@ -131,6 +132,11 @@ class DrivenResource:
     def urn(self) -> str:
         return f"urn:pulumi:test::gpuhost::{self.type_}::{self.name}"
 
+    def created_id(self) -> str:
+        """The id create returned: diff, update, read and delete are about a resource that exists."""
+        assert self.id is not None, f"{self.name}: not created yet"
+        return self.id
+
     def _with_provider(self, props: dict) -> dict:
         return {**props, PROVIDER_KEY: self.provider}
 
@@ -154,7 +160,7 @@ class DrivenResource:
         resp = self.server.call(
             "Diff",
             provider_pb2.DiffRequest(
-                id=self.id,
+                id=self.created_id(),
                 urn=self.urn,
                 olds=_ser(self._with_provider(self.outputs)),
                 news=_ser(self._with_provider(checked)),
@@ -180,7 +186,7 @@ class DrivenResource:
         resp = self.server.call(
             "Update",
             provider_pb2.UpdateRequest(
-                id=self.id,
+                id=self.created_id(),
                 urn=self.urn,
                 olds=_ser(self._with_provider(self.outputs)),
                 news=_ser(self._with_provider(checked)),
@@ -195,7 +201,7 @@ class DrivenResource:
         self.server.call(
             "Delete",
             provider_pb2.DeleteRequest(
-                id=self.id,
+                id=self.created_id(),
                 urn=self.urn,
                 properties=_ser(self._with_provider(self.outputs)),
                 old_inputs=_ser(self._with_provider(self.inputs)),
@@ -209,7 +215,7 @@ class DrivenResource:
         resp = self.server.call(
             "Read",
             provider_pb2.ReadRequest(
-                id=self.id,
+                id=self.created_id(),
                 urn=self.urn,
                 properties=_ser(self._with_provider(self.outputs)),
                 inputs=_ser(self._with_provider(self.inputs)),

@@ -155,7 +155,12 @@ def run_program(
     def program():
         out = (body or default_body)()
         rec.exports = out
-        return pulumi.Output.from_input(out).apply(lambda v: setattr(rec, "resolved_exports", v) or v)
+
+        def resolved(v: Any) -> Any:
+            rec.resolved_exports = v
+            return v
+
+        return pulumi.Output.from_input(out).apply(resolved)
 
     try:
         program()

@@ -9,16 +9,6 @@ import pytest
 from access import keys, ssh
 from access.shell import Script, sh
 
-
-@pytest.fixture
-def conn(local_sshd):
-    keys.set_private_key("sshPrivateKey", local_sshd.client_key_pem)
-    ssh.close_all()
-    c = ssh.connect(local_sshd.host_spec())
-    yield c
-    ssh.close_all()
-
-
 NASTY = [
     "two words",
     'it\'s "quoted"',

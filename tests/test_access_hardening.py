@@ -18,15 +18,6 @@ from providers.reboot import wait_for_new_boot
 OTHER_KEY = "ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIL/kSwgf9qVUgtkwpJuQBIIevT94BAXy29qU5XlIfwG3"
 
 
-@pytest.fixture
-def conn(local_sshd):
-    keys.set_private_key("sshPrivateKey", local_sshd.client_key_pem)
-    ssh.close_all()
-    c = ssh.connect(local_sshd.host_spec())
-    yield c
-    ssh.close_all()
-
-
 def test_a_wrong_pin_never_reuses_a_good_pooled_connection(conn, local_sshd):
     assert conn.run("echo ok").stdout == "ok\n"
     with pytest.raises(ssh.HostKeyMismatch):

@@ -444,7 +444,8 @@ def _models():
     from plans.adaptive_window import AdaptiveWindow
     from plans.sriov import VfSettings
 
-    seen, todo = [], [schema.Fleet]
+    seen: list[type[BaseModel]] = []
+    todo: list[type[BaseModel]] = [schema.Fleet]
     while todo:
         m = todo.pop()
         if m in seen:

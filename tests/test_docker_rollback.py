@@ -167,8 +167,8 @@ def test_docker_service_writes_its_run_script_and_rolls_back_with_it():
     container is declared with, the snapshot keeps it, and every gate's rollback restarts from it."""
     from components.triton_service import ArtifactSpec, TritonService, TritonServiceArgs
     from plans.triton_repo import sdxl, yolov8n
-    from tests.stackfiles import throwaway_key
-    from tests.test_triton_component import HOST, Recorder
+    from tests.componentmocks import docker_outputs, use_mocks
+    from tests.test_triton_component import HOST
 
     mig = "MIG-1f4c6b1e-3c1a-5d55-9a3e-0b8d2f6a7c10"
     args = TritonServiceArgs(
@@ -184,9 +184,7 @@ def test_docker_service_writes_its_run_script_and_rolls_back_with_it():
             )
         ],
     )
-    mocks = Recorder()
-    pulumi.runtime.set_mocks(mocks, project="gpuhost", stack="test", preview=False)
-    pulumi.runtime.set_all_config({"gpuhost:sshPrivateKey": throwaway_key()}, ["gpuhost:sshPrivateKey"])
+    mocks = use_mocks(docker_outputs, stack_key=True)
 
     @pulumi.runtime.test
     def program():

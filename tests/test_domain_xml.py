@@ -19,6 +19,13 @@ FIX = Path(__file__).parent / "fixtures" / "placement"
 VALIDATOR = shutil.which("virt-xml-validate") or "/usr/bin/virt-xml-validate"
 
 
+def at(e: ET.Element, path: str) -> ET.Element:
+    """The element at `path`, which the test expects to be there."""
+    found = e.find(path)
+    assert found is not None, f"no <{path}>"
+    return found
+
+
 def validate(xml: str, tmp_path: Path) -> None:
     f = tmp_path / "domain.xml"
     f.write_text(xml)
@@ -48,22 +55,22 @@ def test_seed002_domain_has_every_piece_and_validates(tmp_path):
     xml = render(spec)
     validate(xml, tmp_path)
     d = ET.fromstring(xml)
-    assert d.find("os/type").get("machine") == "q35"
-    assert d.find("os/loader").get("type") == "pflash" and d.find("os/nvram").get("template")
-    assert d.find("cpu").get("mode") == "host-passthrough"
-    topo = d.find("cpu/topology")
+    assert at(d, "os/type").get("machine") == "q35"
+    assert at(d, "os/loader").get("type") == "pflash" and at(d, "os/nvram").get("template")
+    assert at(d, "cpu").get("mode") == "host-passthrough"
+    topo = at(d, "cpu/topology")
     assert (topo.get("cores"), topo.get("threads")) == ("8", "2")
-    assert d.find("memoryBacking/hugepages/page").get("size") == "1048576"
-    assert d.find("numatune/memory").attrib == {"mode": "strict", "nodeset": "1"}
-    pins = {int(p.get("vcpu")): int(p.get("cpuset")) for p in d.findall("cputune/vcpupin")}
+    assert at(d, "memoryBacking/hugepages/page").get("size") == "1048576"
+    assert at(d, "numatune/memory").attrib == {"mode": "strict", "nodeset": "1"}
+    pins = {int(p.get("vcpu", "")): int(p.get("cpuset", "")) for p in d.findall("cputune/vcpupin")}
     assert [pins[i] for i in range(16)] == list(vm.vcpupin)
-    assert d.find("cputune/emulatorpin").get("cpuset") == ",".join(map(str, vm.emulatorpin))
+    assert at(d, "cputune/emulatorpin").get("cpuset") == ",".join(map(str, vm.emulatorpin))
     assert len(d.findall("cputune/iothreadpin")) == 2 and d.findtext("iothreads") == "2"
-    assert d.find("devices/disk[@device='disk']/driver").get("iothread") == "1"
+    assert at(d, "devices/disk[@device='disk']/driver").get("iothread") == "1"
     hostdevs = d.findall("devices/hostdev")
     assert [h.get("managed") for h in hostdevs] == ["yes"] * 3
     assert [h.find("rom") is not None for h in hostdevs] == [True, True, False]  # rom bar on GPU functions only
-    assert [h.find("source/address").get("function") for h in hostdevs] == ["0x0", "0x1", "0x0"]
+    assert [at(h, "source/address").get("function") for h in hostdevs] == ["0x0", "0x1", "0x0"]
     assert d.find("features/kvm") is None  # datacenter card: nothing hidden
 
 
@@ -72,8 +79,8 @@ def test_consumer_card_hides_kvm_and_sets_vendor_id(tmp_path):
     xml = render(spec)
     validate(xml, tmp_path)
     d = ET.fromstring(xml)
-    assert d.find("features/kvm/hidden").get("state") == "on"
-    assert d.find("features/hyperv/vendor_id").get("value") == "gpuhost0"
+    assert at(d, "features/kvm/hidden").get("state") == "on"
+    assert at(d, "features/hyperv/vendor_id").get("value") == "gpuhost0"
     assert parse(xml) == spec
 
 
@@ -89,10 +96,10 @@ def test_live_xml_additions_fold_back():
     """libvirt's live XML expands the machine type and adds uuid/controllers/guest addresses: not drift."""
     _, spec = seed002_spec()
     d = ET.fromstring(render(spec))
-    d.find("os/type").set("machine", "pc-q35-8.2")
+    at(d, "os/type").set("machine", "pc-q35-8.2")
     ET.SubElement(d, "uuid").text = "c7a5fdbd-cdaf-9455-926a-d65c16db1809"
-    ET.SubElement(d.find("devices"), "controller", type="pci", index="0", model="pcie-root")
-    h = d.find("devices/hostdev")
+    ET.SubElement(at(d, "devices"), "controller", type="pci", index="0", model="pcie-root")
+    h = at(d, "devices/hostdev")
     ET.SubElement(h, "address", type="pci", domain="0x0000", bus="0x05", slot="0x00", function="0x0")
     assert drift(spec, parse(ET.tostring(d, encoding="unicode"))) == {}
 

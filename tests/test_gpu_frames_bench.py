@@ -33,13 +33,13 @@ def test_the_same_boxes_within_the_tolerance_pass_in_either_order():
 
 def test_a_moved_missing_extra_or_reclassified_box_fails():
     check = MatchesReference([A, B, Z], 2, tol_px=3.0)
-    assert "not in the reference" in check(*_answer([(110.0, 50.0, 300.0, 250.0, 0.9, 2.0), B, Z], 2))
-    assert "missing" in check(*_answer([A, Z, Z], 1))
-    assert "not in the reference" in check(*_answer([A, B, (1.0, 1.0, 9.0, 9.0, 0.7, 1.0)], 3))
-    assert "not in the reference" in check(*_answer([A, (*B[:5], 3.0), Z], 2))
+    assert "not in the reference" in (check(*_answer([(110.0, 50.0, 300.0, 250.0, 0.9, 2.0), B, Z], 2)) or "")
+    assert "missing" in (check(*_answer([A, Z, Z], 1)) or "")
+    assert "not in the reference" in (check(*_answer([A, B, (1.0, 1.0, 9.0, 9.0, 0.7, 1.0)], 3)) or "")
+    assert "not in the reference" in (check(*_answer([A, (*B[:5], 3.0), Z], 2)) or "")
     # a box at the confidence threshold may appear on one side only (FP16 against the eager reference)
     assert check(*_answer([A, B, (1.0, 1.0, 9.0, 9.0, 0.26, 1.0)], 3)) is None
-    assert "not readable" in check(b"{}", "2")
+    assert "not readable" in (check(b"{}", "2") or "")
 
 
 def test_a_box_that_rounding_decides_may_be_on_one_side_only():
@@ -48,4 +48,4 @@ def test_a_box_that_rounding_decides_may_be_on_one_side_only():
     near = (172.0, 50.0, 372.0, 250.0, 0.85, 2.0)  # IoU with A ≈ 0.47
     assert check(*_answer([A, near, Z], 2)) is None
     far = (250.0, 50.0, 450.0, 250.0, 0.85, 2.0)  # IoU with A ≈ 0.14: a real difference
-    assert "not in the reference" in check(*_answer([A, far, Z], 2))
+    assert "not in the reference" in (check(*_answer([A, far, Z], 2)) or "")

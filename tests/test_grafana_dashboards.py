@@ -31,6 +31,17 @@ def _load(text: str) -> model.Dashboard:
     return model.Dashboard.from_json(json.loads(text))
 
 
+def _panels(d: model.Dashboard) -> list[model.Panel]:
+    """The dashboard's panels (rows left out)."""
+    return [p for p in d.panels or [] if isinstance(p, model.Panel)]
+
+
+def _steps(p: model.Panel) -> list:
+    """The threshold steps of a panel that has thresholds."""
+    assert p.field_config is not None and p.field_config.defaults.thresholds is not None, p.title
+    return p.field_config.defaults.thresholds.steps
+
+
 def test_datasource_file_provisions_the_fixed_uid(files):
     ds = yaml.safe_load(files["datasources/gpuhost.yaml"])["datasources"]
     assert [(d["uid"], d["type"], d["url"]) for d in ds] == [
@@ -45,17 +56,18 @@ def test_dashboards_load_back_and_every_query_uses_the_provisioned_uid(files):
     seen = {}
     for name in ("json/gpuhost-gpu.json", "json/gpuhost-serving.json"):
         d = _load(files[name])
-        panels = [p for p in d.panels if isinstance(p, model.Panel)]
+        panels = _panels(d)
         assert panels, name
         for p in panels:
             assert p.datasource is not None and p.datasource.uid == uid, (name, p.title)
             assert p.targets, (name, p.title)
             for t in p.targets:
                 assert isinstance(t, prom_model.Dataquery), (name, p.title, type(t))
-                assert t.datasource["uid"] == uid if isinstance(t.datasource, dict) else t.datasource.uid == uid
+                ds = t.datasource
+                assert ds is not None and (ds["uid"] if isinstance(ds, dict) else getattr(ds, "uid", None)) == uid
                 assert t.expr
-        for v in d.templating.list_val:
-            assert v.datasource.uid == uid
+        for v in d.templating.list_val or []:
+            assert v.datasource is not None and v.datasource.uid == uid
         seen[d.uid] = {p.title for p in panels}
         # Round trip: the model re-encodes to the same JSON.
         assert grafana.dashboard_json(d) == files[name]
@@ -80,21 +92,21 @@ def test_a_panel_on_another_datasource_is_caught(files):
     data = json.loads(files["json/gpuhost-gpu.json"])
     data["panels"][1]["datasource"] = {"type": "prometheus", "uid": "someone-elses"}
     d = _load(json.dumps(data))
-    wrong = [p.title for p in d.panels if isinstance(p, model.Panel) and p.datasource.uid != grafana.DATASOURCE_UID]
+    wrong = [p.title for p in _panels(d) if p.datasource is None or p.datasource.uid != grafana.DATASOURCE_UID]
     assert wrong == [data["panels"][1]["title"]]
 
 
 def test_thresholds_come_from_the_slos(graph):
     serving = grafana.serving_dashboard(graph).build()
-    by_title = {p.title: p for p in serving.panels}
-    steps = by_title["Request latency p50 / p95 / p99"].field_config.defaults.thresholds.steps
+    by_title = {p.title: p for p in _panels(serving)}
+    steps = _steps(by_title["Request latency p50 / p95 / p99"])
     # The strictest service SLO in the graph (yolo, 50 ms) is the line on the shared dashboard.
     assert [s.value for s in steps] == [None, min(s.slo.p95_latency_ms for s in graph.services)]
-    queue = by_title["Queue vs compute time per request"].field_config.defaults.thresholds.steps
+    queue = _steps(by_title["Queue vs compute time per request"])
     assert queue[-1].value == 20.0
     tighter = graph.model_copy(update={"gpu": graph.gpu.model_copy(update={"fb_free_min_mib": 2048})})
-    fb = {p.title: p for p in grafana.gpu_dashboard(tighter).build().panels}["Frame buffer free"]
-    assert fb.field_config.defaults.thresholds.steps[-1].value == 2048
+    fb = {p.title: p for p in _panels(grafana.gpu_dashboard(tighter).build())}["Frame buffer free"]
+    assert _steps(fb)[-1].value == 2048
 
 
 def test_every_dashboard_and_rule_expression_parses_with_promtool(graph, tmp_path):

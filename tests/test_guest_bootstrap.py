@@ -55,7 +55,7 @@ def test_h200_guest_needs_docker_toolkit_runtime_and_mps_but_not_driver_or_persi
     ]
     assert p.checks["driver"] == "ok" and p.checks["persistence"] == "ok"
     env_a = next(s for s in p.steps if s.name == "mps-env:triton-a")
-    assert b"CUDA_MPS_ACTIVE_THREAD_PERCENTAGE=60\n" in env_a.input
+    assert b"CUDA_MPS_ACTIVE_THREAD_PERCENTAGE=60\n" in (env_a.input or b"")
     assert "apt-get install -y --no-install-recommends docker.io" in p.steps[0].script
     assert "nvidia-ctk runtime configure --runtime=docker" in p.steps[3].script
     assert "curl" not in p.steps[0].script, "no curl | sh installers (seed 000's get.docker.com)"

@@ -215,6 +215,7 @@ def test_records_survive_a_rerun_and_release_puts_both_paths_back(local_sshd, ho
     props = _host_inputs(local_sshd, tmp_path, keep_disk=False)
     inp, p = DomainInputs.model_validate(props), LibvirtDomainProvider()
     seed, disk = inp.domain.seed_iso, inp.domain.disk
+    assert seed is not None and disk is not None  # _host_inputs declares both
     if found:
         for path, data in ((seed, b"operator's seed\n"), (disk, b"operator's disk\n")):
             open(path, "wb").write(data)
@@ -249,6 +250,7 @@ def test_records_survive_a_rerun_and_release_puts_both_paths_back(local_sshd, ho
 def test_a_create_refused_by_another_owners_record_leaves_no_record_of_its_own(local_sshd, host_conn, tmp_path):
     props = _host_inputs(local_sshd, tmp_path)
     inp, p = DomainInputs.model_validate(props), LibvirtDomainProvider()
+    assert inp.domain.seed_iso is not None  # _host_inputs declares it
     theirs = Record("test/someone-else", files=[inp.domain.seed_iso])
     host_conn.run(theirs.script().render())
     ours = p._record(props, inp)

@@ -154,7 +154,8 @@ def test_added_latency_stays_within_the_window_plus_a_small_bound(triton):
     async def paced():
         # Direct and batched requests alternate, so the shared machine's load drifts over both alike.
         client = grpcaio.InferenceServerClient(triton.grpc_url)
-        direct, batched = [], []
+        direct: list[float] = []
+        batched: list[float] = []
         mb = MicroBatcher(TritonBatchInfer(client, "standin", outputs=["OUTPUT0"]), BatchPolicy(window_us, 8))
         try:
             async with mb:

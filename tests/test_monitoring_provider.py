@@ -7,6 +7,7 @@ never reaches the live paths; delete restores the operator's own prometheus.yml 
 import json
 import os
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -40,7 +41,7 @@ def test_place_validate_reload_in_place_and_restore(local_sshd, provider_server_
         pid = prom.process.pid
         srv = provider_server_for()
         r = srv.resource(MonitoringFilesProvider(), "gpuhost:monitoring:MonitoringFiles", "mon-files")
-        inputs = {
+        inputs: dict[str, Any] = {
             "host": host_input(local_sshd.host_spec()),
             "files": {cfg_path: prometheus.render_config(graph), rules_path: rules.render_rules(graph)},
             "config_path": cfg_path,

@@ -14,24 +14,9 @@ import yaml
 from access.ssh import HostSpec
 from plans.monitoring import dcgm
 from plans.monitoring.model import MonitoringGraph
-from tests.stackfiles import throwaway_key
+from tests.componentmocks import docker_outputs, use_mocks
 
 FIXTURES = Path(__file__).parent / "fixtures" / "monitoring"
-
-
-class Recorder(pulumi.runtime.Mocks):
-    def __init__(self):
-        self.resources = []
-
-    def new_resource(self, args: pulumi.runtime.MockResourceArgs):
-        self.resources.append(args)
-        outs = dict(args.inputs)
-        if args.typ == "docker:index/remoteImage:RemoteImage":
-            outs["imageId"] = "sha256:" + "0" * 64
-        return [f"{args.name}-id", outs]
-
-    def call(self, args: pulumi.runtime.MockCallArgs):
-        return {}
 
 
 def _spec(name, address):
@@ -50,10 +35,7 @@ def _run(args):
     """Run a fresh program under mocks; returns the recorded resource registrations."""
     from components.monitoring_stack import MonitoringStack
 
-    mocks = Recorder()
-    pulumi.runtime.set_mocks(mocks, project="gpuhost", stack="test", preview=False)
-    # The Docker engines reach machines with the stack's key (access/docker_ssh.py), as the program would.
-    pulumi.runtime.set_all_config({"gpuhost:sshPrivateKey": throwaway_key()}, ["gpuhost:sshPrivateKey"])
+    mocks = use_mocks(docker_outputs, stack_key=True)
 
     @pulumi.runtime.test
     def program():

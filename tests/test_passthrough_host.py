@@ -133,7 +133,10 @@ def test_reading_all_facts_is_one_round_trip(testhost):
     before = access_ssh.ROUNDTRIPS.by_host[conn.spec.name]
     f = read_host_facts(conn, sysctls=["vm.nr_hugepages"], files=["/etc/default/grub"])
     assert access_ssh.ROUNDTRIPS.by_host[conn.spec.name] == before + 1
-    assert f.device(GPU).numa_node == 1 and f.files["/etc/default/grub"].exists and f.sysctls["vm.nr_hugepages"]
+    gpu = f.device(GPU)
+    assert (
+        gpu is not None and gpu.numa_node == 1 and f.files["/etc/default/grub"].exists and f.sysctls["vm.nr_hugepages"]
+    )
 
 
 def test_preflight_failures_change_nothing(testhost, server, pristine):

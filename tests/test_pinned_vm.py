@@ -3,6 +3,7 @@ host-wide placement; types, parents, inputs, dependencies, unique URNs, no secre
 
 import json
 from pathlib import Path
+from unittest import mock
 
 import pulumi
 import pytest
@@ -11,31 +12,22 @@ from access.ssh import HostSpec
 from plans.domain_xml import CloudInit
 from plans.guest_bootstrap import BootstrapConfig, MpsConfig
 from plans.placement import VmRequest, host_from_dict, place
+from tests.componentmocks import use_mocks
 
 FIX = Path(__file__).parent / "fixtures" / "placement"
 HOST = HostSpec(name="hk-gpu01", address="10.0.0.5", user="ops", host_key="ssh-ed25519 " + "A" * 68)
 
 
-class Recorder(pulumi.runtime.Mocks):
-    def __init__(self):
-        self.resources = []
-
-    def new_resource(self, args):
-        self.resources.append(args)
-        outs = dict(args.inputs)
-        outs.setdefault("uuid", f"uuid-{args.name}")
-        outs.setdefault("state", "running")
-        outs.setdefault("done", True)
-        return [f"{args.name}-id", outs]
-
-    def call(self, args):
-        return {}
+def _domain_outputs(args, outs: dict) -> None:
+    """What LibvirtDomain and GuestBootstrap return."""
+    outs.setdefault("uuid", f"uuid-{args.name}")
+    outs.setdefault("state", "running")
+    outs.setdefault("done", True)
 
 
 def run_program(build):
     """Run a fresh program under mocks; returns (registrations, every child's URN by name)."""
-    mocks = Recorder()
-    pulumi.runtime.set_mocks(mocks, project="gpuhost", stack="test", preview=False)
+    mocks = use_mocks(_domain_outputs)
     urns = {}
 
     @pulumi.runtime.test
@@ -102,11 +94,8 @@ def declared():
             seen_depends[name] = list(opts.depends_on or [])
             super().__init__(name, args, opts)
 
-    orig, mod.GuestBootstrap = mod.GuestBootstrap, SpyBootstrap
-    try:
+    with mock.patch.object(mod, "GuestBootstrap", SpyBootstrap):  # the component module's name, for one run
         res, urns = run_program(build)
-    finally:
-        mod.GuestBootstrap = orig
     return plan, res, urns, seen_depends
 
 

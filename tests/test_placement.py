@@ -22,7 +22,7 @@ def load(name):
 
 
 def siblings_of(host):
-    groups = {}
+    groups: dict[tuple, set] = {}
     for c in host.cpus:
         groups.setdefault((c.socket, c.core), set()).add(c.id)
     return {cpu: frozenset(g) for g in groups.values() for cpu in g}

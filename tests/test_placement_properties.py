@@ -82,8 +82,8 @@ def check_invariants(host: Host, reqs, plan):
     core_of = {c.id: (c.socket, c.core) for c in host.cpus}
     dev_node = {d.address: d.numa_node for d in host.devices}
     any_isolated = any(c.isolated for c in host.cpus)
-    owner = {}
-    core_owner = {}
+    owner: dict[int, str] = {}
+    core_owner: dict[tuple[int, int], str] = {}
     assert [v.name for v in plan.vms] == [r.name for r in reqs]
     for r, v in zip(reqs, plan.vms):
         held = set(v.held_cpus)

@@ -7,15 +7,15 @@ counters file in test_grafana_dashboards.py, since no DCGM can run here (no GPU)
 """
 
 import threading
-import time
 
 import numpy as np
 import pytest
 
 from plans.monitoring import grafana, prometheus, promql, rules
 from plans.monitoring import triton as triton_plan
-from plans.monitoring.model import HostTarget, MonitoringGraph, ServingSlo, TritonTarget
+from plans.monitoring.model import MonitoringGraph, ServingSlo
 from serving import adaptive_window as aw
+from tests.promlive import infer_load, local_graph
 from tests.servers import node_exporter as ne_server
 from tests.servers import prometheus as prom_server
 from tests.servers.triton import triton_fixture, write_sleep_model
@@ -32,48 +32,10 @@ triton = triton_fixture(
 )
 
 
-def _graph(triton_port: int, node_port: int, prom_port: int, workdir, window_port: int) -> MonitoringGraph:
-    return MonitoringGraph(
-        hosts=[HostTarget(name="local", address="127.0.0.1", role="host", node_exporter_port=node_port)],
-        services=[
-            TritonTarget(
-                name="sleepsvc",
-                address="127.0.0.1",
-                host="local",
-                tenant="tenant-a",
-                metrics_port=triton_port,
-                window_port=window_port,
-                models=(MODEL,),
-                slo=ServingSlo(p95_latency_ms=50),
-            )
-        ],
-        scrape_interval="1s",
-        evaluation_interval="1s",
-        rules_path=str(workdir / "gpuhost.rules.yml"),
-        self_address=f"127.0.0.1:{prom_port}",
-    )
-
-
-def _send_load(url: str, seconds: float, threads: int = 4) -> int:
-    import tritonclient.http as httpclient
-
-    sent = [0]
-    stop = time.monotonic() + seconds
-
-    def worker():
-        c = httpclient.InferenceServerClient(url.replace("http://", ""))
-        while time.monotonic() < stop:
-            x = httpclient.InferInput("INPUT0", [1, 4], "FP32")
-            x.set_data_from_numpy(np.ones((1, 4), np.float32))
-            c.infer(MODEL, [x])
-            sent[0] += 1
-
-    ts = [threading.Thread(target=worker) for _ in range(threads)]
-    for t in ts:
-        t.start()
-    for t in ts:
-        t.join()
-    return sent[0]
+def _inputs(httpclient) -> list:
+    x = httpclient.InferInput("INPUT0", [1, 4], "FP32")
+    x.set_data_from_numpy(np.ones((1, 4), np.float32))
+    return [x]
 
 
 @pytest.fixture(scope="module")
@@ -91,7 +53,15 @@ def stack(triton, tmp_path_factory):
     runner.start()
     with ne_server.start_node_exporter() as ne:
         port = prom_server.free_port()
-        graph = _graph(triton.ports["metrics"], int(ne.address.rsplit(":", 1)[1]), port, workdir, window_port)
+        graph = local_graph(
+            "sleepsvc",
+            MODEL,
+            metrics_port=triton.ports["metrics"],
+            prom_port=port,
+            workdir=workdir,
+            node_exporter_port=int(ne.address.rsplit(":", 1)[1]),
+            window_port=window_port,
+        )
         with prom_server.start_prometheus(
             prometheus.render_config(graph),
             workdir=workdir,
@@ -99,7 +69,7 @@ def stack(triton, tmp_path_factory):
             extra_files={"gpuhost.rules.yml": rules.render_rules(graph)},
         ) as prom:
             prom.wait_for('up{job="triton"} == 1', timeout=20)
-            sent = _send_load(triton.http_url, seconds=3, threads=3)
+            sent = infer_load(triton.http_url, MODEL, _inputs, seconds=3, threads=3)
             # rate()[1m] needs two samples with traffic between them, then one rule evaluation.
             prom.wait_for(f"{rules.REC_BATCH_AVG} > 0", timeout=20)
             # A decision taken on that traffic (2 ms model, 50 ms target: widen), scraped.

@@ -11,16 +11,16 @@ series, hence all of these, never exist (checked against a plain start too).
 from __future__ import annotations
 
 import re
-import threading
 import time
 
 import numpy as np
 import pytest
 
 from plans.monitoring import grafana, prometheus, promql, rules
-from plans.monitoring.model import HostTarget, MonitoringGraph, ServingSlo, TritonTarget
+from plans.monitoring.model import MonitoringGraph
 from plans.triton_repo import repository_files, resnet50_fp16, standin
 from plans.triton_runtime import ServerOptions, server_args
+from tests.promlive import infer_load, local_graph
 from tests.servers import prometheus as prom_server
 from tests.servers.triton import STANDIN_MODEL, start_triton, triton_available
 
@@ -57,47 +57,10 @@ def _populate(repo):
         (repo / path).write_bytes(content)
 
 
-def _graph(metrics_port: int, prom_port: int, workdir) -> MonitoringGraph:
-    return MonitoringGraph(
-        hosts=[HostTarget(name="local", address="127.0.0.1", role="host")],
-        services=[
-            TritonTarget(
-                name="resnet-svc",
-                address="127.0.0.1",
-                host="local",
-                tenant="tenant-a",
-                metrics_port=metrics_port,
-                models=(MODEL,),
-                slo=ServingSlo(p95_latency_ms=50),
-            )
-        ],
-        scrape_interval="1s",
-        evaluation_interval="1s",
-        rules_path=str(workdir / "gpuhost.rules.yml"),
-        self_address=f"127.0.0.1:{prom_port}",
-    )
-
-
-def _load(url: str, seconds: float, threads: int = 3) -> int:
-    import tritonclient.http as httpclient
-
-    sent = [0]
-    stop = time.monotonic() + seconds
-
-    def worker():
-        c = httpclient.InferenceServerClient(url.replace("http://", ""))
-        while time.monotonic() < stop:
-            x = httpclient.InferInput("input", [1, 3, 224, 224], "FP16")
-            x.set_data_from_numpy(np.zeros((1, 3, 224, 224), np.float16), binary_data=True)
-            c.infer(MODEL, [x])
-            sent[0] += 1
-
-    ts = [threading.Thread(target=worker) for _ in range(threads)]
-    for t in ts:
-        t.start()
-    for t in ts:
-        t.join()
-    return sent[0]
+def _inputs(httpclient) -> list:
+    x = httpclient.InferInput("input", [1, 3, 224, 224], "FP16")
+    x.set_data_from_numpy(np.zeros((1, 3, 224, 224), np.float16), binary_data=True)
+    return [x]
 
 
 @pytest.fixture(scope="module")
@@ -109,7 +72,9 @@ def served(tmp_path_factory):
     with start_triton(base / "models", workdir=base / "triton", extra_args=args) as triton:
         port = prom_server.free_port()
         (base / "prom").mkdir()
-        graph = _graph(triton.ports["metrics"], port, base / "prom")  # the rules file lands in Prometheus's workdir
+        graph = local_graph(
+            "resnet-svc", MODEL, metrics_port=triton.ports["metrics"], prom_port=port, workdir=base / "prom"
+        )  # the rules file lands in Prometheus's workdir
         with prom_server.start_prometheus(
             prometheus.render_config(graph),
             workdir=base / "prom",
@@ -118,7 +83,7 @@ def served(tmp_path_factory):
         ) as prom:
             prom.wait_for('up{job="triton"} == 1', timeout=30)
             t0 = time.monotonic()
-            sent = _load(triton.http_url, seconds=4)
+            sent = infer_load(triton.http_url, MODEL, _inputs, seconds=4, threads=3)
             prom.wait_for(f"{rules.REC_P95} > 0", timeout=30)
             prom.wait_for(f"{rules.REC_QUEUE_AVG} >= 0", timeout=30)
             yield {
@@ -188,7 +153,7 @@ def test_without_the_flag_the_summaries_do_not_exist(tmp_path):
     _populate(tmp_path / "models")
     plain = [a for a in generated_args(_specs()) if not a.startswith("--metrics-config")]
     with start_triton(tmp_path / "models", workdir=tmp_path / "t", extra_args=plain) as triton:
-        _load(triton.http_url, seconds=1, threads=1)
+        infer_load(triton.http_url, MODEL, _inputs, seconds=1, threads=1)
         text = urllib.request.urlopen(triton.metrics_url + "/metrics", timeout=5).read().decode()
     assert "nv_inference_request_success" in text and "nv_inference_request_summary_us" not in text
 
@@ -207,7 +172,7 @@ def test_with_the_response_cache_triton_exports_no_request_summary(tmp_path):
     args = generated_args(cached)
     assert any(a.startswith("--cache-config=") for a in args)
     with start_triton(tmp_path / "models", workdir=tmp_path / "t", extra_args=args) as triton:
-        _load(triton.http_url, seconds=1, threads=1)
+        infer_load(triton.http_url, MODEL, _inputs, seconds=1, threads=1)
         text = urllib.request.urlopen(triton.metrics_url + "/metrics", timeout=5).read().decode()
     assert "nv_cache_num_hits" in text and "nv_inference_queue_summary_us" in text
     assert "nv_inference_request_summary_us" not in text

@@ -127,7 +127,10 @@ def test_bad_weights_and_policy_refused():
 
 
 def test_result_codec_round_trip():
-    out = {"OUTPUT0": np.arange(12, dtype=np.float32).reshape(3, 4), "IDX": np.array([[1, 2]], dtype=np.int64)}
+    out: dict[str, np.ndarray] = {
+        "OUTPUT0": np.arange(12, dtype=np.float32).reshape(3, 4),
+        "IDX": np.array([[1, 2]], dtype=np.int64),
+    }
     r = Result(
         key="k",
         status="ok",

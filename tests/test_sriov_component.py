@@ -6,30 +6,20 @@ import pytest
 from pydantic import ValidationError
 
 from access.ssh import HostSpec
+from tests.componentmocks import use_mocks
 
 HOST = HostSpec(name="hk-gpu01", address="10.0.0.5", user="ops", host_key="ssh-ed25519 " + "A" * 68)
 
 
-class Recorder(pulumi.runtime.Mocks):
-    def __init__(self):
-        self.resources = []
-
-    def new_resource(self, args):
-        self.resources.append(args)
-        outs = dict(args.inputs)
-        if "num_vfs" in outs:  # what SriovVfs' create returns: the VFs it made
-            outs["vf_addresses"] = [f"0000:41:00.{2 + i}" for i in range(int(outs["num_vfs"]))]
-            outs["pf_address"] = "0000:41:00.0"
-        return [f"{args.name}-id", outs]
-
-    def call(self, args):
-        return {}
+def _vf_outputs(args, outs: dict) -> None:
+    if "num_vfs" in outs:  # what SriovVfs' create returns: the VFs it made
+        outs["vf_addresses"] = [f"0000:41:00.{2 + i}" for i in range(int(outs["num_vfs"]))]
+        outs["pf_address"] = "0000:41:00.0"
 
 
 def run(build):
-    mocks = Recorder()
-    pulumi.runtime.set_mocks(mocks, project="gpuhost", stack="test", preview=False)
-    got = {}
+    mocks = use_mocks(_vf_outputs)
+    got: dict = {}
 
     @pulumi.runtime.test
     def program():

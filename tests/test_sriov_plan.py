@@ -9,28 +9,29 @@ from plans import sriov
 from plans.sriov import SriovWant, VfSettings, parse_pf_detail, plan_sriov
 
 CX = dict(vendor="0x15b3", device="0x101d", class_code="0x020000")
+
+
+def _pf(address: str, node: int, group: int, net: str, vfs: tuple[str, ...] = (), **over) -> PciDevice:
+    """A ConnectX PF with 8 VFs possible (``over``: another NIC's fields)."""
+    return PciDevice(
+        **{
+            "address": address,
+            "numa_node": node,
+            "sriov_totalvfs": 8,
+            "sriov_numvfs": len(vfs),
+            "driver": "mlx5_core",
+            "iommu_group": group,
+            "net": [net],
+            "vfs": list(vfs),
+            **CX,
+            **over,
+        }
+    )
+
+
 SEED_PCI = [
-    PciDevice(
-        address="0000:41:00.0",
-        numa_node=0,
-        sriov_totalvfs=8,
-        sriov_numvfs=0,
-        driver="mlx5_core",
-        iommu_group=30,
-        net=["ens1f0"],
-        **CX,
-    ),
-    PciDevice(
-        address="0000:41:00.1",
-        numa_node=0,
-        sriov_totalvfs=8,
-        sriov_numvfs=2,
-        driver="mlx5_core",
-        iommu_group=31,
-        net=["ens1f1"],
-        vfs=["0000:41:03.2", "0000:41:03.3"],
-        **CX,
-    ),
+    _pf("0000:41:00.0", 0, 30, "ens1f0"),
+    _pf("0000:41:00.1", 0, 31, "ens1f1", vfs=("0000:41:03.2", "0000:41:03.3")),
     PciDevice(
         address="0000:41:03.2",
         numa_node=0,
@@ -61,28 +62,8 @@ SEED_PCI = [
         device="0x2335",
         class_code="0x030200",
     ),
-    PciDevice(
-        address="0000:c1:00.0",
-        numa_node=1,
-        sriov_totalvfs=8,
-        sriov_numvfs=0,
-        driver="mlx5_core",
-        iommu_group=70,
-        net=["ens2f0"],
-        **CX,
-    ),
-    PciDevice(
-        address="0000:c2:00.0",
-        numa_node=1,
-        sriov_totalvfs=0,
-        sriov_numvfs=0,
-        driver="igb",
-        iommu_group=71,
-        net=["eno1"],
-        vendor="0x8086",
-        device="0x1521",
-        class_code="0x020000",
-    ),
+    _pf("0000:c1:00.0", 1, 70, "ens2f0"),
+    _pf("0000:c2:00.0", 1, 71, "eno1", sriov_totalvfs=0, driver="igb", vendor="0x8086", device="0x1521"),
 ]
 
 

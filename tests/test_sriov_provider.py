@@ -6,7 +6,7 @@ import pytest
 from pulumi.output import Unknown
 
 from providers.base import host_input
-from providers.sriov import UNKNOWN, SriovVfsProvider
+from providers.sriov import UNKNOWN, SriovVfs, SriovVfsProvider
 from tests.engine import ProviderError
 
 TYPE = "gpuhost:host:SriovVfs"
@@ -17,12 +17,7 @@ def _inputs(spec, **over):
         "host": host_input(spec),
         "pf": "0000:82:00.0",
         "num_vfs": 2,
-        "numa_node": None,
-        "numa_policy": "require",
-        "vfio": True,
-        "vfs": [],
-        "irq_cpus": [],
-        "persist": True,
+        **SriovVfs.DEFAULTS,  # what the resource fills in for fields the stack leaves out
         **{k: None for k in SriovVfsProvider.OUTPUT_ONLY},
         "version": SriovVfsProvider.VERSION,
         **over,

@@ -138,12 +138,13 @@ def test_check_refuses_what_the_hardware_rules_out_and_nothing_changes(testhost,
 
     def refuse(r):
         got = {}
-        for label, over in {
+        overs: dict[str, dict[str, object]] = {
             "too_many": {"num_vfs": 5},
             "no_sriov": {"pf": GPU_FN0},
             "wrong_node": {"numa_node": 0},
             "unknown": {"pf": "0000:9a:00.0"},
-        }.items():
+        }
+        for label, over in overs.items():
             with pytest.raises(ProviderError) as e:
                 r.preview(inputs(stack.spec, **over))
             got[label] = e.value.details

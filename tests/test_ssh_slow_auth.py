@@ -15,6 +15,7 @@ import time
 
 import paramiko
 import pytest
+from paramiko.common import AUTH_FAILED, AUTH_SUCCESSFUL
 
 from access import keys, ssh
 from providers.reboot import wait_for_new_boot
@@ -29,7 +30,7 @@ class _Auth(paramiko.ServerInterface):
 
     def check_auth_publickey(self, username, key):
         time.sleep(self.delay)
-        return paramiko.AUTH_SUCCESSFUL if self.accept else paramiko.AUTH_FAILED
+        return AUTH_SUCCESSFUL if self.accept else AUTH_FAILED
 
 
 class SlowSshd:

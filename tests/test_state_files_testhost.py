@@ -11,11 +11,13 @@ from __future__ import annotations
 
 import base64
 import hashlib
+from typing import Any
 
 import pytest
 
 import tests.test_state_testhost as harness
 from plans.host_runtime import Runtime, read_script
+from providers.base import Provider
 from providers.host_runtime import HostRuntimeProvider
 from providers.managed_file import ManagedFileProvider
 from providers.model_artifact import ModelArtifactProvider, prior_path
@@ -60,7 +62,7 @@ def file_prior(o: dict) -> list[str]:
     ]
 
 
-CASES = {
+CASES: dict[str, tuple[type[Provider], dict[str, Any], list[str], str]] = {
     # An operator's file (0640, group 4) replaced by gpuhost's (0644 root:root).
     "managed_file": (
         ManagedFileProvider,

@@ -12,10 +12,12 @@ from __future__ import annotations
 import base64
 import hashlib
 import time
+from typing import Any
 
 import pytest
 
 from facts.cpulist import format_cpulist
+from providers.base import Provider
 from providers.hugepages import Hugepages2MProvider
 from providers.irq import IrqIsolationProvider
 from providers.kernel_cmdline import KernelCmdlineProvider
@@ -24,7 +26,7 @@ from providers.sysctls import SysctlsProvider
 from providers.triton_repository import TritonModelRepositoryProvider, repository_inputs
 from providers.tuning import HostTuningProvider
 from tests.dropharness import assert_no_records, drop_first_apply, undo
-from tests.engine import ProviderServer
+from tests.engine import ProviderError, ProviderServer
 from tests.testhost.machine import NVME_PF
 
 pytestmark = pytest.mark.testhost
@@ -43,7 +45,7 @@ REPO = "/srv/gpuhost-drop-repo"
 
 # VfioBinding records its drivers the same way; its case is not here yet: update-initramfs under TCG outlasts the
 # test's wait for the epilogue (240 s).
-CASES = {
+CASES: dict[str, tuple[type[Provider], dict[str, Any], list[str], str]] = {
     "sysctls": (
         SysctlsProvider,
         {"values": {"net.core.somaxconn": "3333", "vm.swappiness": "7"}},
@@ -177,7 +179,7 @@ def test_drop_after_the_write_then_rerun_then_destroy_restores_the_pristine_host
         )
         testhost.ssh("rm -f /usr/local/sbin/date")
         assert changed != pristine, "the drop must land after the change"
-        assert testhost.name in errors[0].details
+        assert isinstance(errors[0], ProviderError) and testhost.name in errors[0].details
 
         op, outs = r.up(inputs)
         assert op == "create"

@@ -8,23 +8,7 @@ import pytest
 from access.ssh import HostSpec
 from plans.triton_repo import sdxl, yolov8n
 from plans.triton_runtime import DockerRuntime
-from tests.stackfiles import throwaway_key
-
-
-class Recorder(pulumi.runtime.Mocks):
-    def __init__(self):
-        self.resources = []
-
-    def new_resource(self, args):
-        self.resources.append(args)
-        outs = dict(args.inputs)
-        if args.typ == "docker:index/remoteImage:RemoteImage":
-            outs["imageId"] = "sha256:" + "0" * 64
-        return [f"{args.name}-id", outs]
-
-    def call(self, args):
-        return {}
-
+from tests.componentmocks import docker_outputs, use_mocks
 
 HOST = HostSpec(name="gpu-a-guest", address="10.0.0.5", user="ops", host_key="ssh-ed25519 " + "A" * 68)
 
@@ -50,10 +34,7 @@ def _run(**over):
             **over,
         }
     )
-    mocks = Recorder()
-    pulumi.runtime.set_mocks(mocks, project="gpuhost", stack="test", preview=False)
-    # The Docker engines reach machines with the stack's key (access/docker_ssh.py), as the program would.
-    pulumi.runtime.set_all_config({"gpuhost:sshPrivateKey": throwaway_key()}, ["gpuhost:sshPrivateKey"])
+    mocks = use_mocks(docker_outputs, stack_key=True)
 
     @pulumi.runtime.test
     def program():

@@ -183,12 +183,15 @@ def test_presets_follow_the_seeds_and_explicit_fields_win():
         outputs=[Tensor(name="y", data_type="FP16", dims=[1000])],
     )
     l40s, a10 = apply_preset(bare, "NVIDIA L40S"), apply_preset(bare, "NVIDIA A10")
+    assert l40s.dynamic_batching and a10.dynamic_batching
     # seed 004: L40S bigger batches, fewer instances; A10 smaller batches, more instances
     assert max(l40s.dynamic_batching.preferred_batch_size) > max(a10.dynamic_batching.preferred_batch_size)
     assert l40s.instance_group[0].count < a10.instance_group[0].count
     for s in (l40s, a10):
+        assert s.dynamic_batching
         assert 500 <= s.dynamic_batching.max_queue_delay_microseconds <= 1000
     diffusion = apply_preset(sdxl(), "NVIDIA H200")
+    assert diffusion.dynamic_batching
     assert 2000 <= diffusion.dynamic_batching.max_queue_delay_microseconds <= 6000
     # sdxl sets max_batch_size, dynamic_batching and instance_group itself: kept as given
     assert diffusion.max_batch_size == 2 and diffusion.instance_group == sdxl().instance_group
@@ -200,6 +203,7 @@ def test_presets_follow_the_seeds_and_explicit_fields_win():
         dynamic_batching=DynamicBatching(max_queue_delay_microseconds=700),
     )
     got = apply_preset(partial, "A10")
+    assert got.dynamic_batching
     assert got.dynamic_batching.max_queue_delay_microseconds == 700
     assert got.dynamic_batching.preferred_batch_size == preset_for("A10").preferred_batch_size
     assert render_config(got, gpu_count=1)

@@ -76,7 +76,7 @@ def nginx(triton, tmp_path_factory):
         )
     )
     handle = start_nginx(conf, work, wait_port=http_port)
-    handle.http = f"http://127.0.0.1:{http_port}"
+    handle.http = f"http://127.0.0.1:{http_port}"  # where this module's tests reach it
     handle.grpc = f"127.0.0.1:{grpc_port}"
     yield handle
     handle.stop()
@@ -104,6 +104,7 @@ def test_real_triton_loads_generated_standins_with_the_real_signatures(triton):
             (t.name, "TYPE_" + t.data_type, t.dims) for t in real.inputs
         ]
         assert cfg["max_batch_size"] == real.max_batch_size
+        assert real.dynamic_batching
         assert [
             int(b) for b in cfg["dynamic_batching"]["preferred_batch_size"]
         ] == real.dynamic_batching.preferred_batch_size

@@ -108,18 +108,22 @@ def test_addresses_are_ips_or_dns_names(s):
         assert not (set(a) & (SHELL_SPECIAL | {"%", "@", "/"}))
 
 
+# The checkers of names that land in files and commands.
+NAME_CHECKS = (
+    val.unix_user,
+    val.dns_label,
+    val.tuned_profile,
+    val.governor,
+    val.model_name,
+    val.sysctl_name,
+    val.mig_profile,
+    val.config_key,
+)
+
+
 @given(st.text(max_size=30))
 def test_names_that_land_in_files_hold_no_special_characters(s):
-    for check in (
-        val.unix_user,
-        val.dns_label,
-        val.tuned_profile,
-        val.governor,
-        val.model_name,
-        val.sysctl_name,
-        val.mig_profile,
-        val.config_key,
-    ):
+    for check in NAME_CHECKS:
         if not _refused(check, s):
             assert not (set(s) & SHELL_SPECIAL), (check.__name__, s)
             assert s not in (".", "..")
@@ -137,14 +141,7 @@ def test_sysctl_values_are_one_line_without_shell_characters(s):
 def test_no_allow_list_takes_a_value_with_a_line_break_or_nul_after_it(s, tail):
     """fullmatch: `re.match(r"...$")` would let `name\\n` through."""
     for check in (
-        val.unix_user,
-        val.dns_label,
-        val.tuned_profile,
-        val.governor,
-        val.model_name,
-        val.sysctl_name,
-        val.mig_profile,
-        val.config_key,
+        *NAME_CHECKS,
         val.kernel_arg,
         val.gpu_model,
         val.image_ref,

@@ -14,7 +14,7 @@ import pytest
 
 from providers.vfio import BLACKLIST, MODPROBE_VFIO, MODULES_LOAD, VfioBindingProvider, driverctl_file
 from tests.dropharness import assert_no_records, drop_first_apply, undo
-from tests.engine import ProviderServer
+from tests.engine import ProviderError, ProviderServer
 from tests.test_state_testhost import SLOW_DATE
 
 pytestmark = pytest.mark.testhost
@@ -66,7 +66,7 @@ def test_vfio_drop_after_the_write_then_rerun_then_destroy_restores_the_pristine
         th.ssh("rm -f /usr/local/sbin/date")
         assert changed["runtime"][:2] == ["vfio-pci", "vfio-pci"], "the drop must land after the binding"
         assert changed["runtime"][2:] == pristine["runtime"][2:]  # the initramfs was not rebuilt
-        assert th.name in errors[0].details
+        assert isinstance(errors[0], ProviderError) and th.name in errors[0].details
 
         op, outs = r.up(inputs)
         assert op == "create"

@@ -60,10 +60,12 @@ def test_h200_preset_from_the_gpu_sweep_fills_what_the_spec_leaves_open():
         assert p.preferred_batch_size == [1, 2, 4, 8]
     deployed = apply_preset(yolov8n_torch(), "NVIDIA H200")
     assert deployed.max_batch_size == 8 and deployed.instance_group[0].count == 3
+    assert deployed.dynamic_batching
     assert deployed.dynamic_batching.max_queue_delay_microseconds == 200
     assert deployed.parameters["model_code"] == "yolov8n"
     mine = apply_preset(yolov8n_torch(window_us=0, instances=2, max_batch_size=16), "NVIDIA H200")
     assert mine.max_batch_size == 16 and mine.instance_group[0].count == 2
+    assert mine.dynamic_batching
     assert mine.dynamic_batching.max_queue_delay_microseconds == 0
 
 
@@ -88,6 +90,7 @@ def test_fused_conv_bn_gives_the_same_outputs():
     yolo, m = _model()
     for mod in m.modules():
         if isinstance(mod, torch.nn.BatchNorm2d):  # non-trivial statistics, else fusing is the identity
+            assert mod.running_mean is not None and mod.running_var is not None  # track_running_stats
             mod.running_mean.uniform_(-0.2, 0.2)
             mod.running_var.uniform_(0.5, 1.5)
             mod.weight.data.uniform_(0.5, 1.5)
@@ -111,7 +114,7 @@ def test_preprocess_is_channels_last_and_scaled():
 
 def _reference_nms(boxes, scores, classes, iou_thr):
     """Plain greedy NMS per class, for comparison."""
-    keep = []
+    keep: list[int] = []
     for i in scores.argsort(descending=True).tolist():
         ok = True
         for j in keep:

@@ -273,9 +273,9 @@ def test_boxes_in_frame_check_tells_a_right_answer_from_a_wrong_one():
     check = BoxesInFrame(1280, 720)
     zero = (0.0,) * 6
     assert check(*answer(1, [(10, 20, 1280, 720, 0.9, 3), zero])) is None
-    assert "not inside the 1280x720 frame" in check(*answer(1, [(10, 20, 1281, 700, 0.9, 3), zero]))
-    assert "not inside" in check(*answer(1, [(10, 20, 5, 700, 0.9, 3), zero]))  # x2 < x1
-    assert "past the count" in check(*answer(1, [(10, 20, 30, 40, 0.9, 3), (1, 1, 2, 2, 0.5, 1)]))
-    assert "not within" in check(*answer(3, [zero, zero]))
-    assert "score" in check(*answer(1, [(10, 20, 30, 40, 0.0, 3), zero]))
-    assert "not readable" in check(b"{}", "2")
+    assert "not inside the 1280x720 frame" in (check(*answer(1, [(10, 20, 1281, 700, 0.9, 3), zero])) or "")
+    assert "not inside" in (check(*answer(1, [(10, 20, 5, 700, 0.9, 3), zero])) or "")  # x2 < x1
+    assert "past the count" in (check(*answer(1, [(10, 20, 30, 40, 0.9, 3), (1, 1, 2, 2, 0.5, 1)])) or "")
+    assert "not within" in (check(*answer(3, [zero, zero])) or "")
+    assert "score" in (check(*answer(1, [(10, 20, 30, 40, 0.0, 3), zero])) or "")
+    assert "not readable" in (check(b"{}", "2") or "")

@@ -12,6 +12,7 @@ import io
 import json
 import urllib.error
 import urllib.request
+from typing import Any
 
 import numpy as np
 import pytest
@@ -36,7 +37,7 @@ from tests.servers.triton import start_triton, triton_available
 
 N, CONCURRENCY = 64, 8
 PRESET = preset_for("NVIDIA H200")
-NMS = dict(max_det=100, candidates=256, conf=0.25, iou=0.45)
+NMS: dict[str, Any] = dict(max_det=100, candidates=256, conf=0.25, iou=0.45)
 
 
 def _spec(name: str, output: str):

@@ -28,6 +28,7 @@ from grafana_foundation_sdk.builders import stat, timeseries
 from grafana_foundation_sdk.cog.encoder import JSONEncoder
 from grafana_foundation_sdk.models import common as common_m
 from grafana_foundation_sdk.models import dashboard as model
+from grafana_foundation_sdk.models import prometheus as prom_m
 
 from plans.monitoring import rules as r
 from plans.monitoring.model import MonitoringGraph
@@ -444,7 +445,7 @@ def queries(graph: MonitoringGraph) -> list[str]:
     out: list[str] = []
     for d in dashboards(graph):
         for p in _panels(d):
-            out += [t.expr for t in (p.targets or [])]
+            out += [t.expr for t in (p.targets or []) if isinstance(t, prom_m.Dataquery)]  # every target is PromQL
     return out
 
 

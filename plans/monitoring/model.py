@@ -20,9 +20,9 @@ metal host that keeps the GPU (MIG plan of seed 001). `gpu_driver` says which.
 from __future__ import annotations
 
 import re
-from typing import Literal, Optional
+from typing import Annotated, Literal, Optional
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, field_validator, model_validator
 
 _NAME = re.compile(r"^[a-z0-9]([a-z0-9._-]{0,61}[a-z0-9])?$")
 _DURATION = re.compile(r"^([0-9]+(ms|s|m|h|d))+$")
@@ -32,6 +32,10 @@ def _check_name(v: str) -> str:
     if not _NAME.match(v):
         raise ValueError(f"not a DNS-style name: {v!r}")
     return v
+
+
+# A target's name, a label value in every series and alert: checked where the field is declared.
+Name = Annotated[str, AfterValidator(_check_name)]
 
 
 def _check_duration(v: str) -> str:
@@ -88,18 +92,13 @@ class HostTarget(BaseModel):
     """
 
     model_config = ConfigDict(extra="forbid", frozen=True)
-    name: str
+    name: Name
     address: str
     role: Literal["host", "guest"]
     tenant: Optional[str] = None
     gpu_driver: bool = False
     node_exporter_port: int = Field(9100, ge=1, le=65535)
     dcgm_exporter_port: int = Field(9400, ge=1, le=65535)
-
-    @field_validator("name")
-    @classmethod
-    def _name(cls, v: str) -> str:
-        return _check_name(v)
 
 
 class TritonTarget(BaseModel):
@@ -114,7 +113,7 @@ class TritonTarget(BaseModel):
     """
 
     model_config = ConfigDict(extra="forbid", frozen=True)
-    name: str
+    name: Name
     address: str
     host: str
     tenant: Optional[str] = None
@@ -122,11 +121,6 @@ class TritonTarget(BaseModel):
     window_port: Optional[int] = Field(None, ge=1, le=65535)
     models: tuple[str, ...] = ()
     slo: ServingSlo = ServingSlo()
-
-    @field_validator("name")
-    @classmethod
-    def _name(cls, v: str) -> str:
-        return _check_name(v)
 
 
 class GatewayTarget(BaseModel):
@@ -141,7 +135,7 @@ class GatewayTarget(BaseModel):
     """
 
     model_config = ConfigDict(extra="forbid", frozen=True)
-    name: str
+    name: Name
     address: str
     host: str
     metrics_ports: tuple[int, ...]
@@ -151,11 +145,6 @@ class GatewayTarget(BaseModel):
     backlog_ratio: float = Field(0.8, gt=0, le=1)
     backlog_for: str = "1m"
     drained_for: str = "1m"
-
-    @field_validator("name")
-    @classmethod
-    def _name(cls, v: str) -> str:
-        return _check_name(v)
 
     @field_validator("p95_for", "backlog_for", "drained_for")
     @classmethod

@@ -85,9 +85,11 @@ def metric_names(expr: str) -> set[str]:
             i = m.end() if m else i + 1
         elif c.isdigit() or (c == "." and i + 1 < len(s) and s[i + 1].isdigit()):
             m = re.compile(r"[0-9.]+([eE][+-]?[0-9]+)?[A-Za-z0-9_]*").match(s, i)
+            assert m is not None  # s[i] is a digit or ".digit": the pattern matches at least that
             i = m.end()
         elif _IDENT_START.match(c):
             m = _IDENT.match(s, i + 1)
+            assert m is not None  # _IDENT matches the empty string too
             word = s[i : m.end()]
             i = m.end()
             j = _next_nonspace(s, i)

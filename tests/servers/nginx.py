@@ -52,6 +52,8 @@ class NginxHandle:
     process: subprocess.Popen
     conf_path: Path
     workdir: Path
+    http: str = ""  # set by tests that front Triton with it: the URL of its HTTP listener
+    grpc: str = ""  # and the host:port of its gRPC listener
 
     def stop(self) -> None:
         if self.process.poll() is None:

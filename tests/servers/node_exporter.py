@@ -12,12 +12,9 @@ import dataclasses
 import shutil
 import socket
 import subprocess
-import time
-import urllib.error
-import urllib.request
 from pathlib import Path
 
-from tests.servers import stop_process
+from tests.servers import LaunchedServer
 
 NODE_EXPORTER = shutil.which("prometheus-node-exporter") or "/usr/bin/prometheus-node-exporter"
 
@@ -33,19 +30,10 @@ def free_port() -> int:
 
 
 @dataclasses.dataclass
-class NodeExporterHandle:
+class NodeExporterHandle(LaunchedServer):
     address: str  # host:port, as a scrape target
     url: str
     process: subprocess.Popen
-
-    def stop(self) -> None:
-        stop_process(self.process, timeout=10)
-
-    def __enter__(self) -> "NodeExporterHandle":
-        return self
-
-    def __exit__(self, *exc) -> None:
-        self.stop()
 
 
 def start_node_exporter(ready_timeout: float = 15.0) -> NodeExporterHandle:
@@ -62,16 +50,9 @@ def start_node_exporter(ready_timeout: float = 15.0) -> NodeExporterHandle:
     ]
     proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, start_new_session=True)
     h = NodeExporterHandle(address=f"127.0.0.1:{port}", url=f"http://127.0.0.1:{port}", process=proc)
-    deadline = time.monotonic() + ready_timeout
-    while time.monotonic() < deadline:
-        if proc.poll() is not None:
-            raise RuntimeError(f"node exporter exited: {proc.stderr.read().decode(errors='replace')[-2000:]}")
-        try:
-            with urllib.request.urlopen(h.url + "/metrics", timeout=2) as r:
-                if r.status == 200:
-                    return h
-        except (urllib.error.URLError, ConnectionError, socket.timeout):
-            pass
-        time.sleep(0.2)
-    h.stop()
-    raise TimeoutError("node exporter not ready")
+    return h.wait_ready(
+        "node exporter",
+        h.url + "/metrics",
+        ready_timeout,
+        lambda: (proc.stderr.read() if proc.stderr else b"").decode(errors="replace")[-2000:],
+    )

@@ -26,7 +26,7 @@ import urllib.request
 from pathlib import Path
 from typing import Any, Optional
 
-from tests.servers import stop_process
+from tests.servers import LaunchedServer
 
 PROMETHEUS = shutil.which("prometheus") or "/usr/bin/prometheus"
 PROMTOOL = shutil.which("promtool") or "/usr/bin/promtool"
@@ -55,12 +55,13 @@ class QueryError(RuntimeError):
 
 
 @dataclasses.dataclass
-class PrometheusHandle:
+class PrometheusHandle(LaunchedServer):
     url: str
     port: int
     workdir: Path
     process: subprocess.Popen
     log_path: Path
+    STOP_TIMEOUT = 15.0  # not a field: Prometheus gets longer to exit
 
     def _get(self, path: str, params: dict[str, str] | None = None, method: str = "GET") -> Any:
         url = self.url + path + ("?" + urllib.parse.urlencode(params) if params else "")
@@ -107,15 +108,6 @@ class PrometheusHandle:
     def log(self) -> str:
         return self.log_path.read_text(errors="replace") if self.log_path.exists() else ""
 
-    def stop(self) -> None:
-        stop_process(self.process, timeout=15)
-
-    def __enter__(self) -> "PrometheusHandle":
-        return self
-
-    def __exit__(self, *exc) -> None:
-        self.stop()
-
 
 def start_prometheus(
     config_text: str,
@@ -146,16 +138,4 @@ def start_prometheus(
     proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
     log.close()
     h = PrometheusHandle(url=f"http://127.0.0.1:{port}", port=port, workdir=workdir, process=proc, log_path=log_path)
-    deadline = time.monotonic() + ready_timeout
-    while time.monotonic() < deadline:
-        if proc.poll() is not None:
-            raise RuntimeError(f"prometheus exited with {proc.returncode}:\n{h.log()[-3000:]}")
-        try:
-            with urllib.request.urlopen(h.url + "/-/ready", timeout=2) as r:
-                if r.status == 200:
-                    return h
-        except (urllib.error.URLError, ConnectionError, socket.timeout):
-            pass
-        time.sleep(0.2)
-    h.stop()
-    raise TimeoutError(f"prometheus not ready:\n{h.log()[-3000:]}")
+    return h.wait_ready("prometheus", h.url + "/-/ready", ready_timeout, lambda: h.log()[-3000:])

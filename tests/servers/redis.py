@@ -20,7 +20,7 @@ import time
 from pathlib import Path
 from typing import Literal, Optional
 
-from tests.servers import stop_process
+from tests.servers import LaunchedServer
 
 REDIS_SERVER = shutil.which("redis-server") or "/usr/bin/redis-server"
 
@@ -36,7 +36,7 @@ def free_port() -> int:
 
 
 @dataclasses.dataclass
-class RedisHandle:
+class RedisHandle(LaunchedServer):
     port: int
     workdir: Path
     process: subprocess.Popen
@@ -48,15 +48,6 @@ class RedisHandle:
 
     def log(self) -> str:
         return self.log_path.read_text(errors="replace") if self.log_path.exists() else ""
-
-    def stop(self) -> None:
-        stop_process(self.process, timeout=10)
-
-    def __enter__(self) -> "RedisHandle":
-        return self
-
-    def __exit__(self, *exc) -> None:
-        self.stop()
 
 
 def start_redis(workdir: Optional[Path] = None, *, ready_timeout: float = 15.0) -> RedisHandle:

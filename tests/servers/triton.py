@@ -36,7 +36,7 @@ import time
 import urllib.error
 import urllib.request
 from pathlib import Path
-from typing import Callable, Iterable, Sequence
+from typing import Callable, Iterable, Literal, Sequence
 
 from tests.servers import stop_process
 
@@ -259,8 +259,10 @@ def write_sleep_model(repository: Path, name: str = "sleep", **kwargs) -> Path:
 
 # ---------------------------------------------------------------- pytest
 
+_Scope = Literal["session", "package", "module", "class", "function"]
 
-def triton_fixture(populate: Callable[[Path], object], *, scope: str = "module", extra_args: Sequence[str] = ()):
+
+def triton_fixture(populate: Callable[[Path], object], *, scope: _Scope = "module", extra_args: Sequence[str] = ()):
     """A pytest fixture: a model repository filled by ``populate(repo)`` served by one Triton.
 
     Example (module scope: one Triton for the whole test module)::

@@ -209,7 +209,7 @@ def _run(cmd: list[str], **kw) -> subprocess.CompletedProcess:
     except subprocess.CalledProcessError as e:
         out = (e.stdout or b"")[-4000:] if isinstance(e.stdout, bytes) else (e.stdout or "")[-4000:]
         err = (e.stderr or b"")[-4000:] if isinstance(e.stderr, bytes) else (e.stderr or "")[-4000:]
-        raise RuntimeError(f"command failed ({e.returncode}): {' '.join(cmd)[:300]}\n{out}\n{err}") from None
+        raise RuntimeError(f"command failed ({e.returncode}): {' '.join(cmd)[:300]}\n{out!s}\n{err!s}") from None
 
 
 @dataclass(frozen=True)

@@ -325,7 +325,7 @@ class TestHost:
         self.proc: Optional[subprocess.Popen] = None
         self.pid: Optional[int] = None
         self.reboots = 0
-        self.timings: dict[str, float] = {}
+        self.timings: dict[str, float | list[float]] = {}
 
     # ---- properties tests and stacks use -------------------------------------------------------------------
     address = "127.0.0.1"
@@ -514,7 +514,9 @@ class TestHost:
         self.wait_ssh(timeout, not_boot_id=before)
         self.reboots += 1
         took = round(time.monotonic() - t0, 1)
-        self.timings.setdefault("reboots_s", []).append(took)  # type: ignore[union-attr]
+        reboots = self.timings.setdefault("reboots_s", [])
+        assert isinstance(reboots, list)
+        reboots.append(took)
         return took
 
     def poweroff(self, timeout: float = 300) -> None:
