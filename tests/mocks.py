@@ -22,6 +22,7 @@ from dataclasses import dataclass, field
 from typing import Any, Callable, Optional
 
 import pulumi
+from google.protobuf import struct_pb2
 from pulumi.runtime import mocks as pm
 from pulumi.runtime import resource as sdk_resource
 from pulumi.runtime import rpc
@@ -77,8 +78,17 @@ class RecordingMonitor(pm.MockMonitor):
             custom=request.custom or False,
             transforms=pm._resolve_callbacks(request.transforms),
         )
-        id_, state = self.mocks.new_resource(args)
-        obj = _run_now(rpc.serialize_properties(state, {}))
+        if isinstance(self.mocks, EchoMocks):
+            # outputs = the inputs (already serialized: the request's struct) + what the mock computes
+            computed = self.mocks.computed(args)
+            id_, state = f"{request.name}-id", {**inputs, **computed}
+            obj = struct_pb2.Struct()
+            obj.CopyFrom(request.object)
+            for k, v in _run_now(rpc.serialize_properties(computed, {})).fields.items():
+                obj.fields[k].CopyFrom(v)
+        else:
+            id_, state = self.mocks.new_resource(args)
+            obj = _run_now(rpc.serialize_properties(state, {}))
         self.resources[urn] = pm.MockMonitor.ResourceRegistration(urn, id_, state)
         self.registrations.append(
             Registration(
@@ -99,7 +109,11 @@ class EchoMocks(pulumi.runtime.Mocks):
     """Outputs are the inputs, plus what providers compute that the program reads back."""
 
     def new_resource(self, args: pulumi.runtime.MockResourceArgs):
-        outs = dict(args.inputs)
+        return [f"{args.name}-id", {**args.inputs, **self.computed(args)}]
+
+    def computed(self, args: pulumi.runtime.MockResourceArgs) -> dict:
+        """The outputs that are not inputs."""
+        outs: dict = {}
         if args.typ == "docker:index/remoteImage:RemoteImage":
             outs["imageId"] = "sha256:" + "0" * 64
         if args.typ == "gpuhost:net:SriovVfs" or args.typ.endswith(":SriovVfs"):
@@ -116,7 +130,7 @@ class EchoMocks(pulumi.runtime.Mocks):
                 ]
                 for gpu, profiles in (args.inputs.get("layout") or {}).items()
             }
-        return [f"{args.name}-id", outs]
+        return outs
 
     def call(self, args: pulumi.runtime.MockCallArgs):
         return {}
