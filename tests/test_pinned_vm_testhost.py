@@ -166,15 +166,20 @@ def test_pinned_domain_on_node1_with_gpu_hostdevs_lifecycle(testhost, prepared):
         iso = conn.run(sh("head", "-c", "40000", f"{POOL_DIR}/{NAME}-seed.iso")).stdout
         assert "CIDATA" in iso.upper()
 
-        # started: the running QEMU holds both GPU functions through vfio-pci, its memory is node 1's 2M hugepages
-        # (256 MiB = 128 pages taken there), its vCPUs run where the plan put them
+        # started: the running QEMU holds both GPU functions through vfio-pci, its memory is hugepage-backed and bound
+        # to node 1 (strict), its vCPUs run where the plan put them
         assert outs["state"] == "running", outs["state"]
         assert conn.run(sh("virsh", "domstate", NAME)).stdout.strip() == "running"
         pid = conn.run(sh("cat", f"/run/libvirt/qemu/{NAME}.pid")).stdout.strip()
         qemu = conn.run(sh("cat", f"/proc/{pid}/cmdline")).stdout.replace("\0", " ")
         print(qemu)
         assert qemu.count("vfio-pci") == 2 and GPU_FN0 in qemu and GPU_FN1 in qemu, qemu
-        assert "/dev/hugepages" in qemu and "bind" in qemu, qemu
+        assert "/dev/hugepages" in qemu, qemu
+        numatune = conn.run(sh("virsh", "numatune", NAME)).stdout
+        assert [ln.split() for ln in numatune.splitlines() if ln.strip()] == [
+            ["numa_mode", ":", "strict"],
+            ["numa_nodeset", ":", "1"],
+        ], numatune
         taken = free_before - int(conn.run(sh("cat", free_hp)).stdout)
         print(f"2M pages taken on node 1: {taken}")
         live = conn.run(sh("virsh", "vcpupin", NAME)).stdout
