@@ -189,7 +189,7 @@ def test_pinned_domain_on_node1_with_gpu_hostdevs_lifecycle(testhost, prepared):
 
         # refresh: no drift; a hand edit shows as drift
         assert r.refresh()["domain"] == r.inputs["domain"]
-        conn.run(sh("virsh", "emulatorpin", NAME, "4", "--config"))
+        conn.run(sh("virsh", "emulatorpin", NAME, "4", "--live", "--config"))
         assert r.refresh()["domain"]["emulatorpin"] == [4]
         r.outputs["domain"] = r.inputs["domain"]
 
