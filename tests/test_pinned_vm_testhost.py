@@ -7,11 +7,11 @@ server, reaching libvirtd over the project's SSH (tunnelled `virt-ssh-helper`).
 
 Setup done directly over SSH and undone afterwards (PassthroughHost's job in production): the GPU stand-in's two
 functions bound to vfio-pci with driver_override, 2M hugepages on node 1, a `gpuhost` dir pool with a small blank
-base image. No KVM in the emulated host, so the domain is `type='qemu'` with `cpu mode='maximum'` and SeaBIOS (OVMF
-under two levels of TCG costs minutes and adds nothing this test checks); production keeps kvm/host-passthrough/OVMF.
+base image. No KVM in the emulated host, so the domain is `type='qemu'` with `cpu mode='maximum'`; production keeps
+kvm/host-passthrough.
 
-The guest has nothing to boot (a blank disk, a seed ISO that is no boot medium): its firmware waits, the same in
-every run, so what the test asserts is what gpuhost and libvirt did — the running QEMU holds both GPU functions
+The guest has nothing to boot (a blank disk, a seed ISO that is no boot medium): its firmware (OVMF, from the spec's
+NVRAM template) finds nothing and waits, the same in every run, so what the test asserts is what gpuhost and libvirt did — the running QEMU holds both GPU functions
 through vfio-pci and its memory in node 1's 2M hugepages, its vCPUs pinned as planned — never how fast a guest OS
 boots under nested emulation on a busy machine. It never answers the ACPI shutdown either, so every stop takes the
 provider's `shutdown_timeout` (2 s here) and then the destroy path.
