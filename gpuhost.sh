@@ -45,23 +45,36 @@ case "${1:-}" in
     if [ $# -gt 0 ] || [ "${GPUHOST_TEST_SERIAL:-}" = 1 ]; then
       exec .venv/bin/python -m pytest -ra "$@"
     fi
-    # An emulated server runs single-threaded TCG (one core). On a 2-core machine the emulated-server tests run side
-    # by side with all the others, and once those are done the whole-stack runs (the dev stack end to end, the two-host
-    # rollout: their own emulated servers) take their core. One pytest session each, output prefixed. GPUHOST_TEST_SERIAL=1: one session.
-    run_part() {  # name, marker expression
+    # An emulated server runs single-threaded TCG (one core), so at most two run at once on a 2-core machine. Four
+    # pytest sessions in two chains of about equal length (output prefixed with the session's name):
+    #   [rollout]  the two-host rollout (two servers) ... then [emulated]: the emulated-server tests (one server)
+    #   [rest]     every test without an emulated server ... then, once [rollout] is done, [devstack]: the dev stack end
+    #              to end and the tests marked second_session (tests/test_testhost.py: one server at a time)
+    # The rollout's two servers overlap only [rest], which boots none. GPUHOST_TEST_SERIAL=1: one session.
+    run_part() {  # name, pytest arguments
+      local name=$1
+      shift
       set +e
-      .venv/bin/python -m pytest -ra -m "$2" --basetemp="/tmp/gpuhost-pytest-$1" 2>&1 | sed -u "s/^/[$1] /"
-      echo "${PIPESTATUS[0]}" > "/tmp/gpuhost-pytest-$1.rc"
+      .venv/bin/python -m pytest -ra --durations=25 --basetemp="/tmp/gpuhost-pytest-$name" "$@" 2>&1 | sed -u "s/^/[$name] /"
+      echo "${PIPESTATUS[0]}" > "/tmp/gpuhost-pytest-$name.rc"
     }
-    rm -f /tmp/gpuhost-pytest-{emulated,rest,devstack}.rc
-    run_part emulated "testhost and not devstack" &
-    emulated=$!
-    { run_part rest "not testhost"; run_part devstack "devstack"; } &
-    rest=$!
-    wait "$emulated" "$rest"
-    rcs=$(cat /tmp/gpuhost-pytest-{emulated,rest,devstack}.rc | tr '\n' ' ')
-    echo "== exit status of the emulated-server tests, all other tests, the dev stack end to end: $rcs"
-    [ "$rcs" = "0 0 0 " ]
+    parts=(rollout emulated rest devstack)
+    for p in "${parts[@]}"; do rm -f "/tmp/gpuhost-pytest-$p.rc"; done
+    {
+      run_part rollout -m devstack tests/test_rollout_testhost.py
+      run_part emulated -m "testhost and not devstack and not second_session"
+    } &
+    first=$!
+    {
+      run_part rest -m "not testhost"
+      while [ ! -e /tmp/gpuhost-pytest-rollout.rc ]; do sleep 5; done
+      run_part devstack -m "devstack or second_session" --ignore=tests/test_rollout_testhost.py
+    } &
+    second=$!
+    wait "$first" "$second"
+    rcs=$(for p in "${parts[@]}"; do cat "/tmp/gpuhost-pytest-$p.rc"; done | tr '\n' ' ')
+    echo "== exit status of ${parts[*]}: $rcs"
+    [ "$rcs" = "0 0 0 0 " ]
     ;;
   lint)
     lint

@@ -6,18 +6,19 @@ the tenant on node 1 (the GPU stand-in's node, CPUs 4-7) → `DomainSpec` → Li
 server, reaching libvirtd over the project's SSH (tunnelled `virt-ssh-helper`).
 
 Setup done directly over SSH and undone afterwards (PassthroughHost's job in production): the GPU stand-in's two
-functions bound to vfio-pci with driver_override, 2M hugepages on node 1, a `gpuhost` dir pool with a small base
-image, and a tiny guest: the host's own kernel with a busybox initramfs whose init prints a marker and powers off.
-No KVM in the emulated host, so the domain is `type='qemu'` with `cpu mode='maximum'` and SeaBIOS (OVMF under
-two levels of TCG costs minutes and adds nothing this test checks); production keeps kvm/host-passthrough/OVMF.
+functions bound to vfio-pci with driver_override, 2M hugepages on node 1, a `gpuhost` dir pool with a small blank
+base image. No KVM in the emulated host, so the domain is `type='qemu'` with `cpu mode='maximum'`; production keeps
+kvm/host-passthrough.
+
+The guest has nothing to boot (a blank disk, a seed ISO that is no boot medium): its firmware (OVMF, from the spec's
+NVRAM template) finds nothing and waits, the same in every run, so what the test asserts is what gpuhost and libvirt did — the running QEMU holds both GPU functions
+through vfio-pci and its memory in node 1's 2M hugepages, its vCPUs pinned as planned — never how fast a guest OS
+boots under nested emulation on a busy machine. It never answers the ACPI shutdown either, so every stop takes the
+provider's `shutdown_timeout` (2 s here) and then the destroy path.
 """
 
 from __future__ import annotations
 
-import gzip
-import os
-import shutil
-import subprocess
 import time
 
 import pytest
@@ -35,30 +36,6 @@ pytestmark = pytest.mark.testhost
 TYPE = "gpuhost:vm:LibvirtDomain"
 POOL_DIR = "/var/lib/libvirt/images"
 NAME = "tenant-stand-in"
-MARKER = "GPUHOST-TINY-GUEST-UP"
-
-
-def tiny_initramfs() -> bytes:
-    """newc cpio (gzip) with a static busybox and an /init that prints MARKER and powers off."""
-    busybox = shutil.which("busybox") or "/bin/busybox"
-    init = (
-        "#!/bin/busybox sh\n/bin/busybox mkdir -p /proc /dev\n"
-        "/bin/busybox mount -t devtmpfs dev /dev\n/bin/busybox mount -t proc proc /proc\n"
-        f"echo {MARKER} > /dev/ttyS0\n/bin/busybox poweroff -f\n"
-    )
-    work = "/tmp/gpuhost-tiny-initramfs"
-    shutil.rmtree(work, ignore_errors=True)
-    os.makedirs(work + "/bin")
-    shutil.copy(busybox, work + "/bin/busybox")
-    with open(work + "/init", "w") as f:
-        f.write(init)
-    os.chmod(work + "/init", 0o755)
-    names = "\n".join(["bin", "bin/busybox", "init"]) + "\n"
-    cpio = subprocess.run(
-        ["cpio", "-o", "-H", "newc", "--quiet"], input=names.encode(), cwd=work, capture_output=True, check=True
-    ).stdout
-    shutil.rmtree(work, ignore_errors=True)
-    return gzip.compress(cpio)
 
 
 def bind_vfio(addr: str) -> Script:
@@ -93,7 +70,6 @@ def prepared(testhost):
         ).stdout.strip()
         for a in (GPU_FN0, GPU_FN1)
     }
-    kernel = conn.run("ls -1 /boot/vmlinuz-* | sort | tail -n1").stdout.strip()
     setup = Script().raw("set -e").add("modprobe", "vfio-pci")
     for a in (GPU_FN0, GPU_FN1):
         setup.lines += bind_vfio(a).lines
@@ -105,9 +81,7 @@ def prepared(testhost):
     )
     setup.raw("virsh pool-start gpuhost >/dev/null 2>&1 || true")
     setup.add("qemu-img", "create", "-q", "-f", "qcow2", f"{POOL_DIR}/base.qcow2", "64M")
-    setup.add("install", "-m", "0644", kernel, f"{POOL_DIR}/gpuhost-vmlinuz")
     conn.run(setup.render())
-    conn.put(f"{POOL_DIR}/gpuhost-initrd.gz", tiny_initramfs(), mode="0644")
     drivers = {
         a: conn.run(f'basename "$(readlink {sh("/sys/bus/pci/devices/" + a + "/driver")})"').stdout.strip()
         for a in (GPU_FN0, GPU_FN1)
@@ -128,8 +102,6 @@ def prepared(testhost):
         f"{POOL_DIR}/base.qcow2",
         f"{POOL_DIR}/{NAME}.qcow2",
         f"{POOL_DIR}/{NAME}-seed.iso",
-        f"{POOL_DIR}/gpuhost-vmlinuz",
-        f"{POOL_DIR}/gpuhost-initrd.gz",
     )
     conn.run(undo.render(), check=False)
     after = {
@@ -139,16 +111,6 @@ def prepared(testhost):
         for a in (GPU_FN0, GPU_FN1)
     }
     assert after == prior_drv, f"GPU stand-in drivers not restored: {after} != {prior_drv}"
-
-
-def wait_inactive(conn, name: str, timeout: float) -> float:
-    t0 = time.monotonic()
-    while time.monotonic() - t0 < timeout:
-        state = conn.run(sh("virsh", "domstate", name), check=False).stdout.strip()
-        if state == "shut off":
-            return time.monotonic() - t0
-        time.sleep(2)
-    raise AssertionError(f"{name} still {state!r} after {timeout}s")
 
 
 def test_pinned_domain_on_node1_with_gpu_hostdevs_lifecycle(testhost, prepared):
@@ -166,9 +128,6 @@ def test_pinned_domain_on_node1_with_gpu_hostdevs_lifecycle(testhost, prepared):
         network=None,
         disk=f"{POOL_DIR}/{NAME}.qcow2",
         seed_iso=f"{POOL_DIR}/{NAME}-seed.iso",
-        kernel=f"{POOL_DIR}/gpuhost-vmlinuz",
-        initrd=f"{POOL_DIR}/gpuhost-initrd.gz",
-        cmdline="console=ttyS0 panic=-1 quiet",
         console_log=f"/var/log/libvirt/qemu/{NAME}-console.log",
         gpus=(GPU_FN0, GPU_FN1),
     )
@@ -178,9 +137,11 @@ def test_pinned_domain_on_node1_with_gpu_hostdevs_lifecycle(testhost, prepared):
         "domain": spec_in,
         "storage": {"base_image": f"{POOL_DIR}/base.qcow2", "capacity_gib": 1},
         "cloud_init": {"user": "ops", "ssh_authorized_keys": ["ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAI ops@x"]},
-        "shutdown_timeout": 20,
+        "shutdown_timeout": 2,
         "version": LibvirtDomainProvider.VERSION,
     }
+    free_hp = "/sys/devices/system/node/node1/hugepages/hugepages-2048kB/free_hugepages"
+    free_before = int(conn.run(sh("cat", free_hp)).stdout)
     with ProviderServer(config={"gpuhost:sshPrivateKey": testhost.private_key_pem}) as srv:
         r = srv.resource(LibvirtDomainProvider(), TYPE, NAME)
         t0 = time.monotonic()
@@ -205,17 +166,30 @@ def test_pinned_domain_on_node1_with_gpu_hostdevs_lifecycle(testhost, prepared):
         iso = conn.run(sh("head", "-c", "40000", f"{POOL_DIR}/{NAME}-seed.iso")).stdout
         assert "CIDATA" in iso.upper()
 
-        # the tiny guest boots (TCG inside TCG) and powers itself off
-        ran_s = wait_inactive(conn, NAME, timeout=900)
-        log = conn.run(sh("tail", "-n", "5", f"/var/log/libvirt/qemu/{NAME}.log"), check=False).stdout
-        assert "shutting down, reason=shutdown" in log, log
-        console = conn.run(sh("cat", f"/var/log/libvirt/qemu/{NAME}-console.log"), check=False).stdout
-        assert MARKER in console, console[-2000:]
-        print(f"create {create_s:.1f}s, guest ran until poweroff in {ran_s:.1f}s")
+        # started: the running QEMU holds both GPU functions through vfio-pci, its memory is hugepage-backed and bound
+        # to node 1 (strict), its vCPUs run where the plan put them
+        assert outs["state"] == "running", outs["state"]
+        assert conn.run(sh("virsh", "domstate", NAME)).stdout.strip() == "running"
+        pid = conn.run(sh("cat", f"/run/libvirt/qemu/{NAME}.pid")).stdout.strip()
+        qemu = conn.run(sh("cat", f"/proc/{pid}/cmdline")).stdout.replace("\0", " ")
+        print(qemu)
+        assert qemu.count("vfio-pci") == 2 and GPU_FN0 in qemu and GPU_FN1 in qemu, qemu
+        assert "/dev/hugepages" in qemu, qemu
+        numatune = conn.run(sh("virsh", "numatune", NAME)).stdout
+        assert [ln.split() for ln in numatune.splitlines() if ln.strip()] == [
+            ["numa_mode", ":", "strict"],
+            ["numa_nodeset", ":", "1"],
+        ], numatune
+        taken = free_before - int(conn.run(sh("cat", free_hp)).stdout)
+        print(f"2M pages taken on node 1: {taken}")
+        live = conn.run(sh("virsh", "vcpupin", NAME)).stdout
+        for i, cpu in enumerate(vm.vcpupin):
+            assert any(line.replace(":", " ").split() == [str(i), str(cpu)] for line in live.splitlines()), live
+        print(f"create (define + start) {create_s:.1f}s")
 
         # refresh: no drift; a hand edit shows as drift
         assert r.refresh()["domain"] == r.inputs["domain"]
-        conn.run(sh("virsh", "emulatorpin", NAME, "4", "--config"))
+        conn.run(sh("virsh", "emulatorpin", NAME, "4", "--live", "--config"))
         assert r.refresh()["domain"]["emulatorpin"] == [4]
         r.outputs["domain"] = r.inputs["domain"]
 
@@ -226,10 +200,12 @@ def test_pinned_domain_on_node1_with_gpu_hostdevs_lifecycle(testhost, prepared):
         xml_after = conn.run(sh("virsh", "dumpxml", NAME, "--inactive")).stdout
         assert "bus='0x8f'" not in xml_after and xml_after.count("<hostdev ") == 2
 
-        # delete leaves no domain; the disk stays (keep_disk default), the seed goes
+        # delete stops the guest (destroyed once the ACPI request went unanswered), then leaves no domain; its
+        # hugepages are free again; the disk stays (keep_disk default), the seed goes
         r.destroy()
         names = conn.run(sh("virsh", "list", "--all", "--name")).stdout.split()
         assert NAME not in names
+        assert int(conn.run(sh("cat", free_hp)).stdout) == free_before
         left = conn.run(sh("ls", POOL_DIR)).stdout.split()
         assert f"{NAME}.qcow2" in left and f"{NAME}-seed.iso" not in left
 

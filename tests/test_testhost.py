@@ -14,7 +14,8 @@ import pytest
 from access.shell import Script, sh
 from facts.host import read_host_facts
 
-pytestmark = pytest.mark.testhost
+# second_session: ./gpuhost.sh test runs this file in the dev stack's session (its booted server, the other chain)
+pytestmark = [pytest.mark.testhost, pytest.mark.second_session]
 
 HDA_CLASS = 0x0403
 

@@ -20,7 +20,6 @@ import json
 from dataclasses import dataclass
 from typing import Optional
 
-import yaml
 from grafana_foundation_sdk.builders import common as common_b
 from grafana_foundation_sdk.builders import dashboard as dash
 from grafana_foundation_sdk.builders import prometheus as prom
@@ -31,6 +30,7 @@ from grafana_foundation_sdk.models import dashboard as model
 from grafana_foundation_sdk.models import prometheus as prom_m
 
 from plans.monitoring import rules as r
+from plans.monitoring import yaml_text
 from plans.monitoring.model import MonitoringGraph
 
 DATASOURCE_UID = "gpuhost-prometheus"
@@ -401,7 +401,7 @@ def datasource_yaml(prometheus_url: str) -> str:
             }
         ],
     }
-    return yaml.safe_dump(data, sort_keys=False)
+    return yaml_text(data, sort_keys=False)
 
 
 def dashboard_provider_yaml(dashboards_dir: str) -> str:
@@ -420,7 +420,7 @@ def dashboard_provider_yaml(dashboards_dir: str) -> str:
             }
         ],
     }
-    return yaml.safe_dump(data, sort_keys=False)
+    return yaml_text(data, sort_keys=False)
 
 
 def provisioning_files(
