@@ -42,7 +42,9 @@ def reads_script(reads: Any) -> str:
         return ""
     for name, spec in sorted(reads.items()):
         s.raw(f"printf '@@read %s ' {quote(name)}")
-        s.raw(f"( {facts_script(**spec)}\n) </dev/null 2>/dev/null | base64 -w0; echo")
+        # Every key given explicitly: the engine may drop an empty list on the way (no sections is not all of them).
+        read = facts_script(spec.get("sysctls") or [], spec.get("files") or [], spec.get("sections") or [])
+        s.raw(f"( {read}\n) </dev/null 2>/dev/null | base64 -w0; echo")
     return s.render()
 
 
