@@ -432,11 +432,12 @@ def table(r: dict) -> str:
             f"| Reboots (serial console kernel starts − 1) | {ga['reboots_serial']} | {aa['reboots_serial']} | – | 1 |",
         ]
         if r.get("compare"):
-            same = all(v == "identical" for v in r["compare"].values())
+            same = [k for k, v in r["compare"].items() if v == "identical"]
+            other = "; ".join(f"`{k}`: {v}" for k, v in r["compare"].items() if v != "identical")
             lines.append(
-                f"| Files both wrote ({len(r['compare'])}), runtime state after | "
-                + ("byte-identical" if same else "; ".join(f"{k}: {v}" for k, v in r["compare"].items()))
-                + f", runtime {r.get('runtime_compare', '?')} | – | – | identical |"
+                f"| Files both wrote, runtime state after (bench/run.py's comparison) | {len(same)} of "
+                f"{len(r['compare'])} byte-identical{' (' + other + ')' if other else ''}; runtime state "
+                f"{r.get('runtime_compare', '?')} | – | – | identical |"
             )
     if g.get("noop"):
         lines.append(
