@@ -120,16 +120,44 @@ class LockWatch:
 
 
 def parse_lock_log(lines: list[str]) -> list[tuple[float, str, str]]:
-    """`<epoch> waiting|acquired|released <holder>` lines; anything else (a line cut by the reboot) is skipped."""
+    """`<epoch> waiting|acquired|released <holder> [<classes>]` lines as (epoch, event, holder); anything else (a
+    line cut by the reboot) is skipped. The classes are in `lock_classes`."""
+    return [(ts, ev, who) for ts, ev, who, _ in parse_lock_events(lines)]
+
+
+def parse_lock_events(lines: list[str]) -> list[tuple[float, str, str, str]]:
+    """(epoch, event, holder, classes): classes "host" for the host lock alone (taken exclusively), else the
+    resource classes joined by "+" (facts/state.py `locked`)."""
     out = []
     for ln in lines:
         parts = ln.split()
-        if len(parts) == 3 and parts[1] in ("waiting", "acquired", "released"):
+        if len(parts) in (3, 4) and parts[1] in ("waiting", "acquired", "released"):
             try:
-                out.append((float(parts[0]), parts[1], parts[2]))
+                out.append((float(parts[0]), parts[1], parts[2], parts[3] if len(parts) == 4 else "host"))
             except ValueError:
                 continue
     return out
+
+
+def lock_classes(lines: list[str]) -> dict[str, str]:
+    """holder -> the classes its last hold named."""
+    return {who: cls for _, _, who, cls in parse_lock_events(lines)}
+
+
+def conflicts(a: str, b: str) -> bool:
+    """Two holds exclude each other: either took the host lock alone, or they share a class."""
+    return a == "host" or b == "host" or bool(set(a.split("+")) & set(b.split("+")))
+
+
+def union_s(spans: list[tuple[float, float]]) -> float:
+    """Seconds covered by at least one of the (start, end) spans."""
+    total, end = 0.0, float("-inf")
+    for a, b in sorted(spans):
+        if b <= end:
+            continue
+        total += b - max(a, end)
+        end = b
+    return total
 
 
 def lock_holds(events: list[tuple[float, str, str]]) -> list[dict]:
@@ -149,13 +177,22 @@ def lock_holds(events: list[tuple[float, str, str]]) -> list[dict]:
     return holds
 
 
-def lock_account(steps: list[dict], holds: list[dict], host_t0: float, reboot_start_s: float) -> dict:
-    """Each step's seconds split into waiting for the host lock, holding it and the rest; the critical path.
+def lock_account(
+    steps: list[dict], holds: list[dict], host_t0: float, reboot_start_s: float, classes: dict | None = None
+) -> dict:
+    """Each step's seconds split into waiting for the host's locks, holding them and the rest; the critical path.
 
     `steps`: step_records(); `holds`: lock_holds() in host epoch seconds; `host_t0`: the host's clock at the start
-    of the `up` (local start + measured offset). A hold belongs to the step its holder names ("<stack>/<name>")."""
+    of the `up` (local start + measured offset); `classes`: lock_classes() (holder -> "boot", "sysctl", ...; "host"
+    when absent: the host lock alone). A hold belongs to the step its holder names ("<stack>/<name>"); a step waited
+    behind the holds that conflict with its own (the host lock alone, or a shared class)."""
+    classes = classes or {}
     rel: list[dict[str, Any]] = [
-        {k: (round(v - host_t0, 2) if isinstance(v, float) else v) for k, v in h.items()} for h in holds
+        {
+            **{k: (round(v - host_t0, 2) if isinstance(v, float) else v) for k, v in h.items()},
+            "classes": classes.get(h["holder"], "host"),
+        }
+        for h in holds
     ]
     per: dict[str, dict] = {}
     for s in steps:
@@ -168,7 +205,10 @@ def lock_account(steps: list[dict], holds: list[dict], host_t0: float, reboot_st
                 for h in mine
                 if h["waiting"] is not None
                 for o in rel
-                if o is not h and o["acquired"] < h["acquired"] and (o["released"] or 1e18) > h["waiting"]
+                if o is not h
+                and o["acquired"] < h["acquired"]
+                and (o["released"] or 1e18) > h["waiting"]
+                and conflicts(o["classes"], h["classes"])
             }
         )
         per[s["name"]] = {
@@ -178,12 +218,17 @@ def lock_account(steps: list[dict], holds: list[dict], host_t0: float, reboot_st
             "holds": mine,
             "waited_behind": behind,
             "cut_off": any(h["released"] is None for h in mine),
+            "classes": "+".join(sorted({h["classes"] for h in mine})),
         }
     before = [s for s in steps if s["type"] != "HostReboot" and s["start_s"] < reboot_start_s]
     last = max(before, key=lambda s: s["start_s"] + s["seconds"]) if before else None
     done = [h for h in rel if h["released"] is not None and h["acquired"] < reboot_start_s]
-    # The lock's busy time before the reboot decision (holds never overlap: it is a lock).
-    busy = sum(min(h["released"], reboot_start_s) - h["acquired"] for h in done)
+    # The time at least one lock was held before the reboot decision (holds of different classes overlap).
+    busy = union_s([(h["acquired"], min(h["released"], reboot_start_s)) for h in done])
+    by_class: dict[str, float] = {}
+    for h in done:
+        for c in h["classes"].split("+"):
+            by_class[c] = round(by_class.get(c, 0.0) + min(h["released"], reboot_start_s) - h["acquired"], 2)
     first = min((h["acquired"] for h in done), default=0.0)
     named = {s["name"] for s in steps}
     return {
@@ -201,6 +246,7 @@ def lock_account(steps: list[dict], holds: list[dict], host_t0: float, reboot_st
             else None
         ),
         "lock_busy_s": round(busy, 2),
+        "held_by_class_s": by_class,
         "lock_first_acquired_s": round(first, 2),
         "lock_busy_share": round(busy / max(1e-9, reboot_start_s - first), 3) if done else None,
         "holds_sum_s": round(sum(p["hold_s"] for p in per.values()), 2),
@@ -280,9 +326,14 @@ def gpuhost_phase(out: dict, work: Path) -> dict:
                 "stream_delay_s": [
                     round(at + offset - ev[0], 3) for at, ln in watch.lines for ev in parse_lock_log([ln])
                 ],
-                **lock_account(steps, holds, t0_wall + offset, reboot["start_s"]),
+                **lock_account(steps, holds, t0_wall + offset, reboot["start_s"], lock_classes(lines)),
             }
             log(f"gpuhost (driver): up {wall:.0f} s, reboot decision at {reboot['start_s']:.0f} s")
+            from bench.run import host_files
+            from tests.test_passthrough_host import runtime
+
+            out["runtime_after"] = runtime(th)
+            out["files"] = host_files(th)
             rtlog.reset()
             t0 = time.monotonic()
             noop = d.up()
@@ -307,8 +358,22 @@ def gpuhost_phase(out: dict, work: Path) -> dict:
 def ansible_phase(out: dict, work: Path) -> dict:
     from bench import run
 
+    out["loadavg_before_up"] = Path("/proc/loadavg").read_text().split()[:3]
     run.ansible_phase(out, work, 0)  # first apply only (no-op and drift: bench/run.py)
+    out["loadavg_end"] = Path("/proc/loadavg").read_text().split()[:3]
     return out
+
+
+def compare(results: dict) -> None:
+    """Files and runtime state after both first applies (bench/run.py's comparison)."""
+    from bench.run import compare_files
+
+    g, a = results.get("gpuhost", {}), results.get("ansible", {})
+    if "files" in g and "files" in a:
+        results["compare"] = compare_files(g["files"], a["files"])
+        gr, ar = dict(g["runtime_after"]), dict(a["runtime_after"])
+        gr.pop("boot_id", None), ar.pop("boot_id", None)
+        results["runtime_compare"] = "identical" if gr == ar else f"gpuhost {gr} vs ansible {ar}"
 
 
 def ansible_from_run_results(path: Path = RESULTS / "results.json") -> dict | None:
@@ -332,15 +397,22 @@ def table(r: dict) -> str:
     m = r["machine"]
     g, a = r.get("gpuhost", {}), r.get("ansible", {})
     lines = [
-        f"Machine: {m['nproc']} CPUs ({m['cpu_model']}), emulated host under {m['accel'].upper()}, load average at "
-        f"start of each phase: gpuhost {' '.join(g.get('machine', {}).get('loadavg_start', ['?']))}, ansible "
-        f"{' '.join(a.get('machine', {}).get('loadavg_start', ['?']))} (shared with other work); {m['date']}; "
-        f"gpuhost at commit {g.get('commit', '?')}, ansible at commit {a.get('commit', '?')}."
+        f"Machine: {m['nproc']} CPUs ({m['cpu_model']}), emulated host under {m['accel'].upper()}, load average (1, 5, "
+        f"15 min) at the start of each phase: gpuhost {' '.join(g.get('machine', {}).get('loadavg_start', ['?']))}, "
+        f"ansible {' '.join(a.get('machine', {}).get('loadavg_start', ['?']))} (shared with other work); {m['date']}; "
+        f"gpuhost at commit {g.get('commit', '?')}, ansible at commit {a.get('commit', '?')}"
+        + (f"; phases in this order: {', '.join(r['order'])}" if r.get("order") else "")
+        + "."
         + (f" Ansible not re-run: its first apply is taken from {a['from']}." if a.get("from") else "")
         + (
             f" Load average (1, 5, 15 min) before the gpuhost `up` {' '.join(g['loadavg_before_up'])}, after it "
             f"{' '.join(g['loadavg_after_up'])}."
             if g.get("loadavg_after_up")
+            else ""
+        )
+        + (
+            f" Before Ansible's playbook {' '.join(a['loadavg_before_up'])}, after it {' '.join(a['loadavg_end'])}."
+            if a.get("loadavg_end")
             else ""
         ),
         "",
@@ -353,12 +425,20 @@ def table(r: dict) -> str:
         ratio = aa["excluding_reboot_s"] / ga["excluding_reboot_s"]
         lines += [
             f"| Excluding the reboot (to the reboot decision) | {ga['excluding_reboot_s']:.0f} s | "
-            f"{aa['excluding_reboot_s']:.0f} s | {ratio:.1f}× | ≥ 3× |",
+            f"{aa['excluding_reboot_s']:.0f} s | {ratio:.2f}× | ≥ 3.5× |",
             f"| Total incl. reboot | {ga['total_s']:.0f} s | {aa['total_s']:.0f} s | "
             f"{aa['total_s'] / ga['total_s']:.1f}× | – |",
             f"| SSH round trips | {ga['roundtrips']} | {aa['roundtrips']} | – | – |",
             f"| Reboots (serial console kernel starts − 1) | {ga['reboots_serial']} | {aa['reboots_serial']} | – | 1 |",
         ]
+        if r.get("compare"):
+            same = [k for k, v in r["compare"].items() if v == "identical"]
+            other = "; ".join(f"`{k}`: {v}" for k, v in r["compare"].items() if v != "identical")
+            lines.append(
+                f"| Files both wrote, runtime state after (bench/run.py's comparison) | {len(same)} of "
+                f"{len(r['compare'])} byte-identical{' (' + other + ')' if other else ''}; runtime state "
+                f"{r.get('runtime_compare', '?')} | – | – | identical |"
+            )
     if g.get("noop"):
         lines.append(
             f"| No-op `up` right after (preview + up, {g['noop']['changes']} changes) | {g['noop']['wall_s']:.0f} s, "
@@ -370,8 +450,9 @@ def table(r: dict) -> str:
         lines += [
             "",
             "gpuhost's steps as the driver ran them (seconds from the start of the `up`), each split by the host "
-            "lock's log into waiting for the lock, holding it (the host's own commands) and the rest (gpuhost's "
-            "own: provider call, connect, reads, checks):",
+            "lock's log into waiting for the locks, holding them (the host's own commands; in brackets the lock: "
+            "`host` alone excludes every other change, a class — boot, hugepages, sysctl, vfio — only changes of "
+            "that class) and the rest (gpuhost's own: provider call, connect, reads, checks):",
             "",
             "| Step | Resource | Starts at | Ends at | Takes | Waiting for the lock | Holding it | Rest |",
             "|---|---|---|---|---|---|---|---|",
@@ -381,7 +462,8 @@ def table(r: dict) -> str:
             split = (
                 f"{a_['wait_s']:.1f} s"
                 + (f" (behind {', '.join(a_['waited_behind'])})" if a_["waited_behind"] else "")
-                + f" | {a_['hold_s']:.1f} s{' (cut off by the reboot)' if a_['cut_off'] else ''} | {a_['rest_s']:.1f} s"
+                + f" | {a_['hold_s']:.1f} s{' (' + a_['classes'] + ')' if a_.get('classes') else ''}"
+                + f"{' (cut off by the reboot)' if a_['cut_off'] else ''} | {a_['rest_s']:.1f} s"
                 if a_
                 else "– | – | –"
             )
@@ -398,7 +480,14 @@ def table(r: dict) -> str:
                 f"{c['hold_s']:.1f} s, rest {c['rest_s']:.1f} s); the HostReboot step started at "
                 f"{c['reboot_starts_s']:.1f} s. The lock was held {lk['lock_busy_s']:.1f} s of the "
                 f"{c['reboot_starts_s'] - lk['lock_first_acquired_s']:.1f} s from its first acquisition "
-                f"({lk['lock_first_acquired_s']:.1f} s) to the reboot decision ({100 * (lk['lock_busy_share'] or 0):.0f} %); "
+                f"({lk['lock_first_acquired_s']:.1f} s) to the reboot decision ({100 * (lk['lock_busy_share'] or 0):.0f} %)"
+                + (
+                    "; held per class (holds of different classes overlap): "
+                    + ", ".join(f"{k} {v:.1f} s" for k, v in sorted(lk["held_by_class_s"].items()))
+                    if lk.get("held_by_class_s")
+                    else ""
+                )
+                + "; "
                 f"host clock − local {lk['host_minus_local_s']:+.3f} s (smallest-RTT `date` of "
                 f"{len(lk['clock_samples'])}).",
             ]
@@ -424,6 +513,11 @@ def main(argv=None) -> None:
         prog="python -m bench.driver_bench", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
     ap.add_argument("--only", default="gpuhost,ansible", help="phases, comma-separated")
+    ap.add_argument(
+        "--order",
+        default="gpuhost,ansible",
+        help="the order the phases run in (alternate it between runs: the machine's load drifts)",
+    )
     ap.add_argument("--keep", action="store_true", help="merge into the existing bench/results/driver.json")
     a = ap.parse_args(argv)
     results: dict = {}
@@ -434,7 +528,9 @@ def main(argv=None) -> None:
     work = Path(tempfile.mkdtemp(prefix="gpuhost-driver-bench-"))
     log(f"work dir {work}")
     runs = {"gpuhost": lambda o: gpuhost_phase(o, work), "ansible": lambda o: ansible_phase(o, work)}
-    for phase in ("gpuhost", "ansible"):
+    order = [p for p in a.order.split(",") if p in runs]
+    results["order"] = [p for p in order if p in a.only.split(",")]
+    for phase in order + [p for p in runs if p not in order]:
         if phase not in a.only.split(","):
             continue
         commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True, text=True)
@@ -450,6 +546,8 @@ def main(argv=None) -> None:
             results[phase]["error"] = traceback.format_exc()
             log(f"{phase} phase failed:\n{results[phase]['error']}")
         write(results)
+    compare(results)
+    write(results)
     if "apply" not in results.get("ansible", {}):
         prior = ansible_from_run_results()
         if prior:

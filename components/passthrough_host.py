@@ -12,6 +12,7 @@ Usage::
 
 from __future__ import annotations
 
+from dataclasses import dataclass, replace
 from typing import Any, Literal, Optional
 
 from pulumi import Output
@@ -71,6 +72,22 @@ def _vfio_pci(drivers: Any) -> dict[str, str]:
     return {a: "vfio-pci" for a in (drivers or {})}
 
 
+def _read_spec(c: Child) -> Optional[dict]:
+    """What the step plans its change from (its provider's `read_spec`), or None: it reads the host itself."""
+    spec = getattr(getattr(c.kind, "PROVIDER", None), "read_spec", None)
+    return spec(dict(c.inputs)) if spec else None
+
+
+@dataclass(frozen=True)
+class _Pick:
+    """One step's read out of HostPreflight's `read_out` (None when it has none: the step reads for itself)."""
+
+    suffix: str
+
+    def __call__(self, read_out: Any) -> Optional[str]:
+        return (read_out or {}).get(self.suffix) if isinstance(read_out, dict) else None
+
+
 def children(name: str, args: PassthroughHostArgs) -> list[Child]:
     """PassthroughHost's resources in declaration order (HostReboot after all host prep, IRQs after the reboot)."""
     conn = host_input(args.host)
@@ -128,6 +145,17 @@ def children(name: str, args: PassthroughHostArgs) -> list[Child]:
             ("preflight",),
         )
     )
+    # One read of the host per `up`: preflight reads what each prep step plans from (`reads`), each step gets it
+    # back (`host_read`) and checks it again inside its own change before changing anything.
+    steps = [c for c in out if c.suffix != "preflight"]
+    reads = {c.suffix: _read_spec(c) for c in steps if _read_spec(c) is not None}
+    out[0] = replace(out[0], inputs={**out[0].inputs, "reads": reads})
+    out[1:] = [
+        replace(c, inputs={**c.inputs, "host_read": Ref("preflight", "read_out", _Pick(c.suffix))})
+        if c.suffix in reads
+        else c
+        for c in steps
+    ]
     # The reboot waits for ALL host prep, not only the boot-time resources: under the engine every step runs as
     # soon as its dependencies are done, so a sysctl or tuned change ordered only after preflight would run in
     # parallel with the reboot (and its SSH session die with it).

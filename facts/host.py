@@ -82,8 +82,43 @@ for n in /sys/class/net/*; do l=; for x in "$n"/lower_*; do [ -e "$x" ] && l="$l
 """.replace("__MODULE_CONFIG_GLOBS__", MODULE_CONFIG_GLOBS)
 
 
-def facts_script(sysctls: Iterable[str] = (), files: Iterable[str] = ()) -> str:
-    s = Script().raw(_SECTIONS.strip())
+def _split_sections(text: str) -> dict[str, str]:
+    """_SECTIONS as {name: its shell text} in order; `D=$(dmesg ...)` (shared by two sections) goes to neither."""
+    out: dict[str, list[str]] = {}
+    cur = ""
+    for line in text.strip().splitlines():
+        m = re.match(r"^echo @@([a-z0-9-]+)", line)
+        if m:
+            cur = m.group(1)
+        if not line.startswith("D="):
+            out.setdefault(cur, []).append(line)
+    return {k: "\n".join(v) for k, v in out.items()}
+
+
+SECTIONS = _split_sections(_SECTIONS)
+_DMESG = "D=$(dmesg 2>/dev/null)"
+# Narrow sections that the full read does not print (a step's plan reads these instead of a volatile whole one).
+EXTRA_SECTIONS = {
+    # 2 MiB page counts per node (the `nodes` section also has free pages and free memory, which move all the time)
+    "hugepages-nr": "echo @@nodes\n(cd /sys/devices/system/node && grep -H . "
+    "node[0-9]*/hugepages/hugepages-2048kB/nr_hugepages 2>/dev/null)",
+}
+
+
+def facts_script(sysctls: Iterable[str] = (), files: Iterable[str] = (), sections: Iterable[str] | None = None) -> str:
+    """The read: every section (or only `sections`, in the order given), then `sysctls` and `files`; parsed by
+    parse_host_facts either way (a section not read parses as empty)."""
+    if sections is None:
+        body = _SECTIONS.strip()
+    else:
+        names = list(sections)
+        unknown = [n for n in names if n not in SECTIONS and n not in EXTRA_SECTIONS]
+        if unknown:
+            raise ValueError(f"no such facts section: {', '.join(unknown)}")
+        dmesg = [_DMESG] if {"intremap", "pci-errors"} & set(names) else []
+        pci = ["P=/sys/bus/pci/devices"] if any(n.startswith("pci") for n in names) else []
+        body = "\n".join([*dmesg, *pci, *(SECTIONS.get(n) or EXTRA_SECTIONS[n] for n in names)])
+    s = Script().raw(body) if body else Script()
     s.raw("echo @@sysctls")
     for name in sysctls:
         s.raw(f"printf '%s=%s\\n' {quote(name)} \"$(sysctl -n {quote(name)} 2>/dev/null)\"")

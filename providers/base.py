@@ -27,6 +27,9 @@ Usage::
 
 from __future__ import annotations
 
+import base64
+import functools
+import hashlib
 from collections.abc import Callable, Iterable
 from typing import Any, ClassVar
 
@@ -54,6 +57,10 @@ from plans.plan import Plan
 
 # Inputs that are bookkeeping, never a reason to touch the host.
 _IGNORED = {"__provider", "version", "owner_tag"}
+# Hints for the first change, never diffed, never validated, never stored in the outputs (unknown in preview,
+# absent when a resource is used on its own): what HostPreflight reads for the prep steps (`reads`), what its own
+# check read (`checked`), and a step's read as HostPreflight made it (`host_read`, see HostProvider.converge).
+HINTS = ("host_read", "checked", "reads")
 
 
 def is_unknown(value: Any) -> bool:
@@ -116,7 +123,7 @@ class Provider(ResourceProvider):
         return []
 
     def check(self, olds: dict[str, Any], news: dict[str, Any]) -> CheckResult:
-        unknown = {p[0] for p in unknown_paths(news) if p}
+        unknown = {p[0] for p in unknown_paths(news) if p and p[0] not in HINTS}
         if not unknown:
             return self.check_known(olds, news)
         # Preview with values from other resources not known yet: `up` checks again with the real values before
@@ -134,10 +141,10 @@ class Provider(ResourceProvider):
 
     # -- diff -------------------------------------------------------------------------------------------------
     def diffed_keys(self, news: dict) -> list[str]:
-        return [k for k in news if k not in _IGNORED and k not in self.OUTPUT_ONLY]
+        return [k for k in news if k not in _IGNORED and k not in HINTS and k not in self.OUTPUT_ONLY]
 
     def changed_keys(self, olds: dict, news: dict, keys_: Iterable[str] | None = None) -> list[str]:
-        names = set(keys_) if keys_ is not None else (set(olds) | set(news)) - _IGNORED
+        names = set(keys_) if keys_ is not None else (set(olds) | set(news)) - _IGNORED - set(HINTS)
         return sorted(k for k in names if k not in _IGNORED and olds.get(k) != news.get(k))
 
     def replaces(self, olds: dict, news: dict, changed: Iterable[str]) -> list[str]:
@@ -167,9 +174,13 @@ class Provider(ResourceProvider):
 
     @staticmethod
     def outputs(props: dict, **extra: Any) -> dict:
-        out = {k: v for k, v in props.items() if k != "__provider"}
+        out = {k: v for k, v in props.items() if k != "__provider" and k not in HINTS}
         out.update(extra)
         return out
+
+
+def _stdout(conn: Conn, script: str, stdin: bytes | None) -> str:
+    return conn.run(script, input=stdin).stdout
 
 
 def _one_attempt(method: Callable[..., Any]) -> Callable[..., Any]:
@@ -255,17 +266,83 @@ class HostProvider(Provider):
     ) -> Change:
         """Run `change` (if given), the plan's actions, then the lines `then` (a check of the result): one script,
         one round trip, under the host lock."""
-        ch = change or Change(self.owner(props))
+        ch = self.to_change(props, plan, change, then)
+        if not ch.empty:
+            self.guarded(conn, ch.why, lambda: ch.run(conn), changing=True)
+        return ch
+
+    def to_change(
+        self, props: dict, plan: Plan, change: Change | None = None, then: Iterable[str] = (), classes: tuple = ()
+    ) -> Change:
+        """`change` (or a new one, locking `classes`) with the plan's actions and the lines `then` added."""
+        ch = change or Change(self.owner(props), classes=tuple(classes))
         for a in plan.actions:
             if a.write is not None:
                 ch.write(a.write.path, a.write.content, a.write.mode, a.write.owner)
             if a.command:
                 ch.add([a.command])
         ch.add(then)
-        if not ch.empty:
-            why = "; ".join(a.why for a in plan.actions) or "restoring what gpuhost found"
-            self.guarded(conn, why, lambda: ch.run(conn), changing=True)
+        ch.why = "; ".join(a.why for a in plan.actions) or ch.why or "restoring what gpuhost found"
         return ch
+
+    def converge(
+        self,
+        conn: Conn,
+        props: dict,
+        rec: Record,
+        read: str,
+        plan: Callable[[bytes, dict | None, dict | None], Change | None],
+    ) -> tuple[str, dict, dict, bytes, Change | None]:
+        """Record, check and change in ONE round trip per try, planned from what was read before (no read phase).
+
+        `read`: the script whose output the plan is made from (facts.host.facts_script with the step's sections,
+        files and sysctls); `props["host_read"]`: that output as HostPreflight read it (base64), when the component
+        wired it. `plan(read_output, pristine_files, prior_values)` returns the Change (with its lock classes), or
+        None when it needs the records first (they are None on the first try). Each try runs facts.state.guarded:
+        the records, the read again under the change's locks, the change only if the read is unchanged; otherwise
+        the host's fresh read comes back in the same round trip and the plan is made again from it. A refusal
+        raised by `plan` (an SSH NIC, an unknown node) comes before any change, so the attempt leaves no records.
+
+        Returns (the last round trip's output, pristine files, prior values, the read the plan used, the Change)."""
+        known = props.get("host_read")
+        seen: bytes | None = None
+        if isinstance(known, str) and known and not is_unknown(known):
+            try:
+                seen = base64.b64decode(known, validate=True)
+            except ValueError:
+                seen = None
+        files: dict | None = None
+        values: dict | None = None
+        for _ in range(4):
+            ch = plan(seen, files, values) if seen is not None else None
+            sha = hashlib.sha256(seen).hexdigest() if seen is not None and ch is not None else None
+            body = ch.script.render() if ch is not None else "true"
+            script = state.guarded(rec, read, sha, body)
+            # Only a change takes the locks; recording and reading alone never waited for them (the record itself
+            # is under the pristine store's lock).
+            whole = state.locked(script, rec.owner, ch.classes) if ch is not None else script
+            stdin = bytes(ch.stdin) if ch is not None else None
+            was = state.attempt_changed()
+            out = self.guarded(
+                conn,
+                (ch.why or "changing the host") if ch is not None else "recording and reading the host",
+                functools.partial(_stdout, conn, whole, stdin),
+                changing=ch is not None,
+            )
+            if "\n@@changing\n" not in "\n" + out:
+                state.reset_changed(was)
+            state.note_fresh(conn, rec.owner, out)
+            files, values = rec.parse(out, conn.spec.name)
+            fresh = state.stale_read(out)
+            if fresh is None:
+                return out, files, values, seen or b"", ch
+            seen = fresh
+        raise HostError(
+            conn.spec.name,
+            "the host kept changing between gpuhost's read and its change (4 tries)",
+            fix="find what else is changing it (another tool, a hand edit in progress), then run `pulumi up` again",
+            changed=state.attempt_changed(),
+        )
 
     @staticmethod
     def guarded(conn: Conn, doing: str, fn: Callable[[], Any], changing: bool = False) -> Any:

@@ -33,7 +33,7 @@ def _counts(facts, nodes) -> dict[str, int]:
 
 
 class Hugepages2MProvider(TemplateProvider):
-    VERSION = "2"
+    VERSION = "3"  # 3: planned from HostPreflight's read; record, check and change in one round trip
     KIND = "hugepages-2M"
     INPUTS = ("host", "per_node")
     OUTPUT_ONLY = ("prior", "prior_counts", "plan")
@@ -56,34 +56,54 @@ class Hugepages2MProvider(TemplateProvider):
             values={f"hugepages-2M/node{int(n)}": sh("cat", plan.nr_path(n)) for n in sorted(nodes, key=int)},
         )
 
+    @classmethod
+    def read_spec(cls, inputs: dict) -> dict:
+        """What the plan is made from (HostPreflight reads it too): the 2 MiB page counts and the unit files."""
+        return {"sections": ["hugepages-nr"], "files": [UNIT, WANTS]}
+
     def apply(self, props: dict, prior: Optional[dict]) -> dict:
         conn = self.conn(props)
         per = {str(k): int(v) for k, v in props["per_node"].items()}
         dropped = sorted(set((prior or {}).get("prior_counts") or {}) - set(per))
         rec = self._record(props, [*per, *dropped])
-        out, files, values = self.record_and_read(conn, props, rec, facts_script(files=[UNIT, WANTS]))
-        facts = parse_host_facts(out)
-        firsts = {k.removeprefix("hugepages-2M/node"): int(v or 0) for k, v in values.items()}
-        unit = facts.files[UNIT]
-        try:
-            p = plan.plan_hugepages(
-                per,
-                list(facts.nodes),
-                _counts(facts, per),
-                unit.text if unit.exists else None,
-                facts.files[WANTS].exists,
-            )
-        except plan.NoSuchNode as e:
-            raise HostError(conn.spec.name, str(e), fix="use a node the host has (`numactl -H`)") from None
-        ch = Change(self.owner(props)).add(plan.set_counts({n: firsts[n] for n in dropped}))
-        ch.forget(Record(rec.owner, values={f"hugepages-2M/node{n}": "" for n in dropped}))
-        got = _counts(facts, per)
-        if not p.noop or dropped:
+        made: dict = {}
+
+        def plan_from(read: bytes, _files, values) -> Optional[Change]:
+            if dropped and values is None:
+                return None  # the dropped nodes go back to their first-found counts: read the records first
+            facts = parse_host_facts(read.decode(errors="replace"))
+            firsts = {k.removeprefix("hugepages-2M/node"): int(v or 0) for k, v in (values or {}).items()}
+            unit = facts.files[UNIT]
+            try:
+                p = plan.plan_hugepages(
+                    per,
+                    list(facts.nodes),
+                    _counts(facts, per),
+                    unit.text if unit.exists else None,
+                    facts.files[WANTS].exists,
+                )
+            except plan.NoSuchNode as e:
+                raise HostError(
+                    conn.spec.name, str(e), fix="use a node the host has (`numactl -H`)", changed=False
+                ) from None
+            made.update(p=p, got=_counts(facts, per))
+            # Forgetting records (dropped nodes) takes the host lock alone: the store's clean-up must not interleave.
+            ch = Change(self.owner(props), classes=() if dropped else ("hugepages",))
+            ch.add(plan.set_counts({n: firsts[n] for n in dropped}))
+            ch.forget(Record(rec.owner, values={f"hugepages-2M/node{n}": "" for n in dropped}))
+            if p.noop and not dropped:
+                return ch
             then = [
                 f"printf 'got %s %s\\n' {quote(n)} \"$(cat {quote(plan.nr_path(n))})\"" for n in sorted(per, key=int)
             ]
-            ran = self.run_plan(conn, props, p, ch, then)
-            got = {ln.split()[1]: int(ln.split()[2]) for ln in ran.last_stdout.splitlines() if ln.startswith("got ")}
+            return self.to_change(props, p, ch, then)
+
+        spec = self.read_spec(props)
+        out, files, values, _, _ = self.converge(conn, props, rec, facts_script(**spec), plan_from)
+        firsts = {k.removeprefix("hugepages-2M/node"): int(v or 0) for k, v in values.items()}
+        p, got = made["p"], made["got"]
+        if not p.noop or dropped:
+            got = {ln.split()[1]: int(ln.split()[2]) for ln in out.splitlines() if ln.startswith("got ")}
         short = {n: (got.get(n, 0), per[n]) for n in per if got.get(n, 0) < per[n]}
         if short:
             undo = Change(self.owner(props)).add(plan.set_counts({n: firsts[n] for n in per}))

@@ -26,7 +26,7 @@ GRUB = plan.GRUB
 
 
 class KernelCmdlineProvider(TemplateProvider):
-    VERSION = "2"
+    VERSION = "3"  # 3: planned from HostPreflight's read; record, check and change in one round trip
     KIND = "kernel-cmdline"
     INPUTS = ("host", "add", "remove", "acknowledged", "family")
     OUTPUT_ONLY = ("prior", "configured", "running", "pending_reboot", "plan")
@@ -46,22 +46,37 @@ class KernelCmdlineProvider(TemplateProvider):
     def _record(self, props: dict) -> Record:
         return Record(self.owner(props), files=[GRUB])
 
+    # What the plan is made from: HostPreflight reads it too (`host_read`), so the first change needs no read.
+    READ = {"sections": ["os-release", "cmdline"], "files": [GRUB]}
+
+    @classmethod
+    def read_spec(cls, inputs: dict) -> dict:
+        return cls.READ
+
     def apply(self, props: dict, prior: Optional[dict]) -> dict:
         conn = self.conn(props)
         rec = self._record(props)
-        out, files, _ = self.record_and_read(conn, props, rec, facts_script(files=[GRUB]))
-        facts = parse_host_facts(out)
-        current = facts.files[GRUB]
-        if not current.exists:
-            Change(rec.owner).forget(rec).run(conn)
-            raise HostError(conn.spec.name, f"{GRUB} does not exist", fix="is this a GRUB-booted host?")
         add, remove = list(props.get("add") or []), list(props.get("remove") or [])
-        cp = plan.plan_cmdline(current.text, facts.cmdline, add, remove)
-        self.run_plan(conn, props, plan.boot_plan(cp, current, facts.os.family))
+        made: dict = {}
+
+        def plan_from(read: bytes, _files, _values) -> Change:
+            facts = parse_host_facts(read.decode(errors="replace"))
+            current = facts.files[GRUB]
+            if not current.exists:
+                raise HostError(
+                    conn.spec.name, f"{GRUB} does not exist", fix="is this a GRUB-booted host?", changed=False
+                )
+            cp = plan.plan_cmdline(current.text, facts.cmdline, add, remove)
+            made.update(cp=cp, running=facts.cmdline)
+            # update-grub / grubby: the boot loader's config, which tuned's [bootloader] and initramfs tools touch too
+            return self.to_change(props, plan.boot_plan(cp, current, facts.os.family), classes=("boot",))
+
+        _, files, _, _, _ = self.converge(conn, props, rec, facts_script(**self.READ), plan_from)
+        cp = made["cp"]
         return {
             "prior": files[GRUB].model_dump(),
             "configured": cp.configured,
-            "running": facts.cmdline,
+            "running": made["running"],
             "pending_reboot": cp.pending_reboot,
             "plan": cp.sentence,
         }

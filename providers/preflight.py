@@ -1,21 +1,24 @@
 """HostPreflight: the seeds' BIOS/IOMMU/slot checks, run in `check` so `pulumi preview` fails before any change.
 
 Inputs: host, gpus, devices, enables_iommu, acs_override_acknowledged, allow_unsafe_interrupts_acknowledged,
-bind_by_ids, version. Outputs: report (one line per check), failed (bool).
+bind_by_ids, reads (the host-prep steps' own reads: {step: facts_script arguments}; not diffed), version.
+Outputs: report (one line per check), failed (bool), read_out ({step: that read's output, base64}: each step plans
+its first change from it and checks it again, in the change's own round trip, before changing anything).
 """
 
 from __future__ import annotations
 
-from typing import Optional
+from typing import Any, Optional
 
 import pulumi
-from pulumi.dynamic import CheckFailure
+from pulumi.dynamic import CheckFailure, CheckResult
 
 from access.errors import HostError
-from facts.host import read_host_facts
+from access.shell import Script, quote
+from facts.host import facts_script, parse_host_facts
 from facts.state import Change
 from plans.preflight import PreflightWant, failures, preflight, report
-from providers.base import HostResource, TemplateProvider
+from providers.base import HostResource, TemplateProvider, unknown_paths
 
 WANT_KEYS = (
     "gpus",
@@ -31,24 +34,63 @@ def want_of(props: dict) -> PreflightWant:
     return PreflightWant(**{k: props[k] for k in WANT_KEYS if props.get(k) is not None})
 
 
+def reads_script(reads: Any) -> str:
+    """The steps' own reads (`reads`: {step: facts_script keyword arguments}), each printed as one line
+    `@@read <step> <its output, base64>`: the bytes a step's guard compares before its change."""
+    s = Script()
+    if not isinstance(reads, dict) or unknown_paths(reads):
+        return ""
+    for name, spec in sorted(reads.items()):
+        s.raw(f"printf '@@read %s ' {quote(name)}")
+        # Every key given explicitly: the engine may drop an empty list on the way (no sections is not all of them).
+        read = facts_script(spec.get("sysctls") or [], spec.get("files") or [], spec.get("sections") or [])
+        s.raw(f"( {read}\n) </dev/null 2>/dev/null | base64 -w0; echo")
+    return s.render()
+
+
+def parse_reads(out: str) -> dict[str, str]:
+    res = {}
+    for ln in out.splitlines():
+        if ln.startswith("@@read "):
+            parts = ln.split(" ", 2)
+            res[parts[1]] = parts[2] if len(parts) > 2 else ""
+    return res
+
+
 class HostPreflightProvider(TemplateProvider):
-    VERSION = "2"  # 2: on the template
+    VERSION = "3"  # 3: one read in check, used by create, with the steps' reads; 2: on the template
     KIND = "preflight"
     INPUTS = ("host", *WANT_KEYS)
-    OUTPUT_ONLY = ("report", "failed")
+    OUTPUT_ONLY = ("report", "failed", "read_out")
+
+    def _read(self, props: dict) -> tuple[list, dict[str, str]]:
+        """The findings and the steps' reads, in one round trip."""
+        conn = self.conn(props)
+        out = self.guarded(
+            conn, "reading the host", lambda: conn.run(facts_script() + "\n" + reads_script(props.get("reads"))).stdout
+        )
+        return preflight(parse_host_facts(out), want_of(props)), parse_reads(out)
 
     def _run(self, props: dict):
-        conn = self.conn(props)
-        return preflight(self.guarded(conn, "reading the host", lambda: read_host_facts(conn)), want_of(props))
+        return self._read(props)[0]
 
-    def validate(self, news: dict) -> list[CheckFailure]:
-        # Run in check, so `pulumi preview` fails before any change anywhere.
-        if self.check_host(news):
-            return []
-        return [CheckFailure("preflight", str(f)) for f in failures(self._run(news))]
+    def check_known(self, olds: dict[str, Any], news: dict[str, Any]) -> CheckResult:
+        # Run in check, so `pulumi preview` fails before any change anywhere. The read made here is the `up`'s one
+        # read of the host: create reports these findings and hands on these reads (`checked`, a hint: never diffed).
+        res = super().check_known(olds, news)
+        if res.failures or unknown_paths(news.get("reads")):
+            return res  # `reads` is computed from config, known in every real preview: never read with a placeholder
+        findings, reads = self._read(news)
+        bad = failures(findings)
+        if bad:
+            return CheckResult(news, [CheckFailure("preflight", str(f)) for f in bad])
+        return CheckResult({**news, "checked": {"report": [str(f) for f in findings], "read_out": reads}}, [])
 
     def apply(self, props: dict, prior: Optional[dict]) -> dict:
-        findings = self._run(props)
+        checked = props.get("checked")
+        if isinstance(checked, dict) and not unknown_paths(checked):
+            return {"report": checked["report"], "failed": False, "read_out": checked["read_out"]}
+        findings, reads = self._read(props)
         if failures(findings):
             raise HostError(
                 self.spec(props).name,
@@ -56,7 +98,7 @@ class HostPreflightProvider(TemplateProvider):
                 fix="each line above says what to change (BIOS, kernel, slot); then run `pulumi up` again",
                 changed=False,
             )
-        return {"report": [str(f) for f in findings], "failed": False}
+        return {"report": [str(f) for f in findings], "failed": False, "read_out": reads}
 
     def observe(self, props: dict) -> dict:
         findings = self._run(props)
@@ -68,5 +110,6 @@ class HostPreflightProvider(TemplateProvider):
 
 class HostPreflight(HostResource, module="host", name="HostPreflight"):
     report: pulumi.Output[list]
+    read_out: pulumi.Output[dict]
 
     PROVIDER = HostPreflightProvider

@@ -26,7 +26,7 @@ FILE = plan.FILE
 
 
 class SysctlsProvider(TemplateProvider):
-    VERSION = "2"
+    VERSION = "3"  # 3: planned from HostPreflight's read; record, check and change in one round trip
     KIND = "sysctls"
     INPUTS = ("host", "values")
     OUTPUT_ONLY = ("prior", "prior_values", "plan")
@@ -50,30 +50,46 @@ class SysctlsProvider(TemplateProvider):
             self.owner(props), files=[FILE], values={f"sysctl/{k}": sh("sysctl", "-n", k) for k in sorted(names)}
         )
 
+    @classmethod
+    def read_spec(cls, inputs: dict) -> dict:
+        """What the plan is made from (HostPreflight reads it too): the values now and the file."""
+        return {"sections": [], "sysctls": sorted(inputs.get("values") or {}), "files": [FILE]}
+
     def apply(self, props: dict, prior: Optional[dict]) -> dict:
         conn = self.conn(props)
         dropped = sorted(set((prior or {}).get("prior_values") or {}) - set(props["values"]))
         rec = self._record(props, [*props["values"], *dropped])
-        out, files, values = self.record_and_read(conn, props, rec, facts_script(sorted(rec_names(rec)), [FILE]))
-        facts = parse_host_facts(out)
+        made: dict = {}
+
+        def plan_from(read: bytes, _files, values) -> Optional[Change]:
+            if dropped and values is None:
+                return None  # the dropped names go back to their first-found values: read the records first
+            facts = parse_host_facts(read.decode(errors="replace"))
+            priors = {k.removeprefix("sysctl/"): v for k, v in (values or {}).items()}
+            try:
+                p = plan.plan_sysctls(
+                    props["values"],
+                    facts.sysctls,
+                    facts.files[FILE].text if facts.files[FILE].exists else None,
+                    restore={k: priors[k] for k in dropped},
+                )
+            except plan.UnknownSysctl as e:
+                raise HostError(
+                    conn.spec.name, str(e), fix="check the name (`sysctl -a`) or drop it", changed=False
+                ) from None
+            made["p"] = p
+            # Forgetting records (dropped names) takes the host lock alone: the store's clean-up must not interleave.
+            ch = Change(self.owner(props), classes=() if dropped else ("sysctl",))
+            ch.forget(Record(rec.owner, values={f"sysctl/{k}": "" for k in dropped}))
+            return self.to_change(props, p, ch)
+
+        spec = {"sections": [], "sysctls": sorted(rec_names(rec)), "files": [FILE]}
+        _, files, values, _, _ = self.converge(conn, props, rec, facts_script(**spec), plan_from)
         priors = {k.removeprefix("sysctl/"): v for k, v in values.items()}
-        try:
-            p = plan.plan_sysctls(
-                props["values"],
-                facts.sysctls,
-                facts.files[FILE].text if facts.files[FILE].exists else None,
-                restore={k: priors[k] for k in dropped},
-            )
-        except plan.UnknownSysctl as e:
-            raise HostError(
-                conn.spec.name, str(e), fix="check the name (`sysctl -a`) or drop it", changed=False
-            ) from None
-        ch = Change(self.owner(props)).forget(Record(rec.owner, values={f"sysctl/{k}": "" for k in dropped}))
-        self.run_plan(conn, props, p, ch)
         return {
             "prior": files[FILE].model_dump(),
             "prior_values": {k: priors[k] for k in props["values"]},
-            "plan": p.sentences,
+            "plan": made["p"].sentences,
         }
 
     def observe(self, props: dict) -> dict:

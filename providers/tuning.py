@@ -32,8 +32,33 @@ def _facts(f: HostFacts) -> plan.TuningFacts:
     return plan.TuningFacts(has_tuned="tuned-adm" in f.tools, profile=f.tuned_profile, governors=dict(f.governors))
 
 
+# tuned's own profiles without a [bootloader] section: applying one never rewrites the boot loader's config. Any
+# other profile (realtime, cpu-partitioning, a site's own) may, so it also takes the "boot" lock (update-grub).
+NO_BOOTLOADER = frozenset(
+    {
+        "accelerator-performance",
+        "balanced",
+        "desktop",
+        "hpc-compute",
+        "latency-performance",
+        "network-latency",
+        "network-throughput",
+        "powersave",
+        "throughput-performance",
+        "virtual-guest",
+        "virtual-host",
+    }
+)
+
+
+def _classes(props: dict) -> tuple[str, ...]:
+    # tuned's [sysctl] and [vm] plugins write the runtime sysctls that Sysctls records and sets.
+    profile = props.get("tuned_profile")
+    return ("sysctl",) if profile is None or profile in NO_BOOTLOADER else ("boot", "sysctl")
+
+
 class HostTuningProvider(TemplateProvider):
-    VERSION = "4"  # 4: tuned's profile mode recorded; auto mode restored as auto
+    VERSION = "5"  # 5: planned from HostPreflight's read, one round trip per change; 4: tuned's profile mode recorded; auto mode restored as auto
     KIND = "tuning"
     INPUTS = ("host", "tuned_profile", "governor")
     OUTPUT_ONLY = ("applied", "skipped", "prior_profile", "prior_mode", "prior_mode_file", "prior_governors", "plan")
@@ -62,20 +87,40 @@ class HostTuningProvider(TemplateProvider):
             },
         )
 
+    READ = {"sections": ["tools", "tuned", "governors"], "files": []}
+
+    @classmethod
+    def read_spec(cls, inputs: dict) -> dict:
+        """What the plan is made from (HostPreflight reads it too): tuned-adm present, the profile, the governors."""
+        return cls.READ
+
     def apply(self, props: dict, prior: Optional[dict]) -> dict:
         conn = self.conn(props)
-        out, files, first = self.record_and_read(conn, props, self._record(props), facts_script())
+        made: dict = {}
+
+        def plan_from(read: bytes, files, first) -> Optional[Change]:
+            t = plan.plan_tuning(_want(props), _facts(parse_host_facts(read.decode(errors="replace"))))
+            # What an earlier apply set and this one no longer manages goes back to what was first found.
+            dropped = {k: v for k, v in ((prior or {}).get("applied") or {}).items() if k not in t.applied}
+            if dropped and first is None:
+                return None  # it goes back to the first-found profile and governors: read the records first
+            made.update(t=t, undo=plan.restore_plan({}, "", {}, ""))
+            ch = Change(self.owner(props), classes=() if dropped else _classes(props))
+            if dropped:
+                prior_mode = files[MODE_FILE].text.strip() if files[MODE_FILE].exists else ""
+                prior_govs = {str(c): g for c, g in parse_governors(first.get("cpufreq/governors", "")).items()}
+                undo = plan.restore_plan(dropped, first.get("tuned/profile", "").strip(), prior_govs, prior_mode)
+                made["undo"] = undo
+                ch.add(a.command for a in undo.actions)
+                if "tuned_profile" in dropped:
+                    ch.restore({MODE_FILE: files[MODE_FILE]})
+            return self.to_change(props, t.plan, ch)
+
+        _, files, first, _, _ = self.converge(conn, props, self._record(props), facts_script(**self.READ), plan_from)
+        t, undo = made["t"], made["undo"]
         prior_profile = first.get("tuned/profile", "").strip()
         prior_mode = files[MODE_FILE].text.strip() if files[MODE_FILE].exists else ""
         prior_govs = {str(c): g for c, g in parse_governors(first.get("cpufreq/governors", "")).items()}
-        t = plan.plan_tuning(_want(props), _facts(parse_host_facts(out)))
-        # What an earlier apply set and this one no longer manages goes back to what was first found.
-        dropped = {k: v for k, v in ((prior or {}).get("applied") or {}).items() if k not in t.applied}
-        undo = plan.restore_plan(dropped, prior_profile, prior_govs, prior_mode)
-        ch = Change(self.owner(props)).add(a.command for a in undo.actions)
-        if "tuned_profile" in dropped:
-            ch.restore({MODE_FILE: files[MODE_FILE]})
-        self.run_plan(conn, props, t.plan, ch)
         return {
             "applied": t.applied,
             "skipped": t.skipped,

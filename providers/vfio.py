@@ -127,7 +127,7 @@ def expand_functions(facts: HostFacts, addresses: list[str]) -> list[str]:
 
 
 class VfioBindingProvider(HostProvider):
-    VERSION = "3"  # 2: device-safety checks right before binding; 3: drivers/overrides recorded on the host
+    VERSION = "4"  # 4: the drivers after binding printed by the change itself; 2: device-safety checks right before binding; 3: drivers/overrides recorded on the host
     KIND = "vfio"
     OUTPUT_ONLY = ("prior", "prior_drivers", "prior_overrides", "drivers", "pending_reboot", "initramfs")
 
@@ -215,10 +215,20 @@ class VfioBindingProvider(HostProvider):
         ).plan
         for action in initramfs.actions:
             s.raw(action.command)
+        # The PCI drivers (and the modprobe/driverctl files) are the vfio class's; an initramfs rebuild is the boot
+        # class's too (update-grub lists /boot while update-initramfs writes it).
+        ch.classes = ("boot", "vfio") if initramfs.actions else ("vfio",)
+        drivers = {a: facts.pci[a].driver for a in devices if a in facts.pci}
         if not ch.empty:
+            # The drivers as they are after the change, printed by the change itself (no second read).
+            for a in devices:
+                link = quote(f"/sys/bus/pci/devices/{a}/driver")
+                s.raw(f"printf '@@driver %s %s\\n' {quote(a)} \"$(readlink {link} 2>/dev/null || true)\"")
             ch.run(conn)
-        after = read_host_facts(conn)
-        drivers = {a: after.pci[a].driver for a in devices if a in after.pci}
+            for ln in ch.last_stdout.splitlines():
+                parts = ln.split()
+                if len(parts) >= 2 and parts[0] == "@@driver" and parts[1] in drivers:
+                    drivers[parts[1]] = parts[2].rsplit("/", 1)[-1] if len(parts) > 2 else None
         pending = not live or any(d != "vfio-pci" for d in drivers.values())
         if live and pending:
             bad = {a: d for a, d in drivers.items() if d != "vfio-pci"}

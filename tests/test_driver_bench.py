@@ -55,6 +55,33 @@ def test_lock_account_splits_each_step_and_finds_the_critical_path():
     assert acc["lock_busy_share"] == round(10.0 / 12.0, 3)
 
 
+def test_lock_account_with_classes_lets_other_classes_overlap():
+    """boot and sysctl holds overlap (different classes): sysctl waited behind nothing; the second boot hold waited
+    behind the first; the busy time is their union."""
+    log = [
+        "1001.0 acquired bench/g boot",
+        "1001.5 waiting bench/h boot",
+        "1002.0 acquired bench/s sysctl",
+        "1003.0 released bench/s sysctl",
+        "1005.0 released bench/g boot",
+        "1005.0 acquired bench/h boot",
+        "1006.0 released bench/h boot",
+    ]
+    from bench.driver_bench import lock_classes
+
+    steps = [
+        {"name": "g", "type": "KernelCmdline", "start_s": 0.5, "seconds": 4.6},
+        {"name": "h", "type": "VfioBinding", "start_s": 0.5, "seconds": 5.6},
+        {"name": "s", "type": "Sysctls", "start_s": 1.5, "seconds": 1.6},
+        {"name": "reboot", "type": "HostReboot", "start_s": 6.5, "seconds": 9.0},
+    ]
+    acc = lock_account(steps, lock_holds(parse_lock_log(log)), 1000.0, 6.5, lock_classes(log))
+    assert acc["steps"]["h"]["waited_behind"] == ["g"] and acc["steps"]["h"]["wait_s"] == 3.5
+    assert acc["steps"]["s"]["waited_behind"] == [] and acc["steps"]["s"]["classes"] == "sysctl"
+    assert acc["lock_busy_s"] == 5.0 and acc["held_by_class_s"] == {"boot": 5.0, "sysctl": 1.0}
+    assert acc["critical"]["step"] == "h"
+
+
 class _Host:
     def __init__(self, srv):
         self.srv, self.name = srv, "lockwatch-test"

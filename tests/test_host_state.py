@@ -17,6 +17,7 @@ from access import keys, ssh
 from access.errors import HostError
 from access.shell import sh
 from facts.state import LOCK, Change, Record, locked
+from providers.base import HostProvider
 
 
 @pytest.fixture
@@ -192,3 +193,125 @@ def test_a_provider_refusing_after_its_read_leaves_no_record(local_sshd, provide
     with pytest.raises(ProviderError, match="unknown PCI address"):
         r.create(r.check(inputs))
     assert _records(rec) == []
+
+
+class _Step(HostProvider):
+    """A prep step reduced to converge: its plan appends a line to one file."""
+
+    KIND = "test-step"
+
+
+def _hits(conn) -> int:
+    return ssh.ROUNDTRIPS.by_host.get(conn.spec.name, 0)
+
+
+def test_a_change_planned_from_preflights_read_is_one_round_trip_and_a_stale_read_is_planned_again(
+    conn, local_sshd, tmp_path
+):
+    """HostPreflight's read of a step's inputs (reads_script) → the step's plan → one round trip that records, checks
+    the read still holds and changes. After a hand edit the check fails: nothing changes in that round trip, the
+    fresh read comes back with it, and the plan is made again from it."""
+    from facts.host import facts_script, parse_host_facts
+    from facts.state import attempt
+    from providers.preflight import parse_reads, reads_script
+
+    f = str(tmp_path / "managed.conf")
+    open(f, "w").write("before\n")
+    spec = {"sections": ["os-release"], "files": [f]}
+    host_read = parse_reads(conn.run(reads_script({"step": spec})).stdout)["step"]
+    rec = Record(owner=f"test/{tmp_path.name}", files=[f])
+    seen: list[str] = []
+
+    def plan(read_out, _files, _values):
+        text = parse_host_facts(read_out.decode()).files[f].text
+        seen.append(text)
+        return Change(rec.owner, classes=("sysctl",)).write(f, (text + "gpuhost\n").encode())
+
+    props = {"host": local_sshd.host_spec().model_dump(mode="json"), "host_read": host_read, "owner_tag": rec.owner}
+    n = _hits(conn)
+    with attempt():
+        _, files, _, _, _ = _Step().converge(conn, props, rec, facts_script(**spec), plan)
+    assert _hits(conn) - n == 1 and seen == ["before\n"]
+    assert open(f).read() == "before\ngpuhost\n" and files[f].text == "before\n"
+
+    open(f, "w").write("hand edit\n")
+    n = _hits(conn)
+    with attempt():
+        _, files, _, _, _ = _Step().converge(conn, props, rec, facts_script(**spec), plan)
+    assert _hits(conn) - n == 2 and seen[1:] == ["before\n", "hand edit\n"]
+    assert open(f).read() == "hand edit\ngpuhost\n" and files[f].text == "before\n"  # the first record stays
+    Change(rec.owner).restore(files).forget(rec).run(conn)
+    assert open(f).read() == "before\n" and _records(rec) == []
+
+
+def test_a_guarded_change_refused_by_another_owners_record_changes_nothing_and_keeps_no_record(
+    conn, local_sshd, tmp_path
+):
+    from facts.host import facts_script
+    from facts.state import attempt
+    from providers.preflight import parse_reads, reads_script
+
+    mine, theirs = str(tmp_path / "mine.conf"), str(tmp_path / "theirs.conf")
+    for p in (mine, theirs):
+        open(p, "w").write("original\n")
+    other = Record(owner=f"other/{tmp_path.name}", files=[theirs])
+    other.parse(conn.run(other.script().render()).stdout)
+    rec = Record(owner=f"test/{tmp_path.name}", files=[mine, theirs])
+    spec = {"sections": [], "files": [mine]}
+    host_read = parse_reads(conn.run(reads_script({"step": spec})).stdout)["step"]
+    props = {"host": local_sshd.host_spec().model_dump(mode="json"), "host_read": host_read, "owner_tag": rec.owner}
+
+    def plan(_read, _files, _values):
+        return Change(rec.owner, classes=("sysctl",)).write(mine, b"gpuhost\n").write(theirs, b"gpuhost\n")
+
+    with pytest.raises(HostError, match=f"other/{tmp_path.name}"), attempt():
+        _Step().converge(conn, props, rec, facts_script(**spec), plan)
+    assert open(mine).read() == open(theirs).read() == "original\n"
+    assert _records(Record(rec.owner, files=[mine])) == []  # made fresh by the refused attempt: dropped again
+    Change(other.owner).forget(other).run(conn)
+
+
+def test_lock_classes_let_other_classes_through_and_hold_the_same_class_and_exclusive_changes(
+    conn, local_sshd, tmp_path
+):
+    """A "boot" change holds its lock until the test lets go: a "sysctl" change runs meanwhile; a second "boot" change
+    and a change naming no class (the host lock, exclusively) wait for it. Ordering is read from the lock log."""
+    tag = uuid.uuid4().hex
+    go = tmp_path / "go"
+    owner = f"test/{tag}"
+    spec = local_sshd.host_spec()
+
+    def run(name, classes, lines):
+        c = ssh.connect(spec)
+        Change(f"{owner}-{name}", classes=classes).add(lines).run(c)
+
+    hold = threading.Thread(target=run, args=("boot1", ("boot",), [f"while [ ! -e {go} ]; do sleep 0.1; done"]))
+    hold.start()
+    deadline = time.monotonic() + 60
+    while not any(ln.split()[1:3] == ["acquired", f"{owner}-boot1"] for ln in open(LOCK + ".log").read().splitlines()):
+        assert time.monotonic() < deadline
+        time.sleep(0.1)
+    side = threading.Thread(target=run, args=("sysctl", ("sysctl",), ["true"]))
+    side.start()
+    side.join(60)
+    assert not side.is_alive(), "a change of another class waited for the boot lock"
+    waiters = [
+        threading.Thread(target=run, args=("boot2", ("boot",), ["true"])),
+        threading.Thread(target=run, args=("host", (), ["true"])),
+    ]
+    for t in waiters:
+        t.start()
+    deadline = time.monotonic() + 60
+    while sum(f"waiting {owner}-" in ln for ln in open(LOCK + ".log").read().splitlines()) < 2:
+        assert time.monotonic() < deadline, "the second boot change and the exclusive change did not wait"
+        time.sleep(0.1)
+    go.touch()
+    for t in [hold, *waiters]:
+        t.join(60)
+    log = [ln.split() for ln in open(LOCK + ".log").read().splitlines() if f" {owner}-" in ln]
+    at = {(ev, who.rsplit("-", 1)[1]): float(ts) for ts, ev, who, *_ in log}
+    assert at[("acquired", "sysctl")] < at[("released", "boot1")]
+    assert at[("acquired", "boot2")] >= at[("released", "boot1")]
+    assert at[("acquired", "host")] >= at[("released", "boot1")]
+    assert at[("acquired", "host")] >= at[("released", "sysctl")]
+    assert [ln[3] for ln in log if ln[2].endswith("-boot1")] == ["boot", "boot"]  # acquired/released name the class

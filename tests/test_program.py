@@ -551,3 +551,52 @@ def test_docker_services_write_their_run_script_after_the_snapshot_and_roll_back
         for g in gates:
             assert path in g.inputs["rollback"]["files"]
             assert docker_rollback_restart(path, c.inputs["name"]) in g.inputs["rollback"]["restart"]
+
+
+def test_preflight_reads_what_each_prep_step_plans_from(hk):
+    """One read of the host per `up`: HostPreflight's `reads` is each prep step's own read_spec (the script the step's
+    guard runs again before its change), and every step that plans from it depends on the preflight."""
+    from providers.hugepages import Hugepages2MProvider
+    from providers.kernel_cmdline import KernelCmdlineProvider
+    from providers.sysctls import SysctlsProvider
+    from providers.tuning import HostTuningProvider
+
+    kinds = {
+        "KernelCmdline": KernelCmdlineProvider,
+        "Hugepages2M": Hugepages2MProvider,
+        "Sysctls": SysctlsProvider,
+        "HostTuning": HostTuningProvider,
+    }
+    preflights = [r for r in hk.registrations if r.type.endswith(":HostPreflight")]
+    assert preflights
+    for pf in preflights:
+        host = pf.name.removesuffix("-preflight")
+        steps = {
+            r.name.removeprefix(f"{host}-"): r
+            for r in hk.registrations
+            if r.name.startswith(f"{host}-") and r.type.split(":")[-1] in kinds
+        }
+        assert set(pf.inputs["reads"]) == set(steps), host
+        for suffix, r in steps.items():
+            spec = kinds[r.type.split(":")[-1]].read_spec(r.inputs)
+            assert pf.inputs["reads"][suffix] == spec, (r.name, pf.inputs["reads"][suffix], spec)
+            assert pf.urn in r.dependencies, r.name
+    # The wiring itself (under mocks the preflight's read_out is None, and a None input is not registered).
+    from components.passthrough_host import PassthroughHostArgs, children
+    from components.wiring import Ref
+
+    args = PassthroughHostArgs.model_validate(
+        {
+            "host": {"name": "h", "address": "10.0.0.1"},
+            "gpus": ["0000:81:00.0"],
+            "hugepages_2m_per_node": {"1": 64},
+            "sysctls": {"net.core.somaxconn": "4096"},
+            "tuned_profile": "latency-performance",
+        }
+    )
+    made = {c.suffix: c for c in children("h", args)}
+    for suffix in ("cmdline", "hugepages", "sysctls", "tuning"):
+        ref = made[suffix].inputs["host_read"]
+        assert isinstance(ref, Ref) and (ref.child, ref.output) == ("preflight", "read_out"), suffix
+        assert ref.then is not None and ref.then({suffix: "b64", "other": "x"}) == "b64" and ref.then(None) is None
+    assert "host_read" not in made["vfio"].inputs  # VfioBinding reads for itself, right before it binds
