@@ -6,6 +6,7 @@ matter, secrets and URNs.
 """
 
 import json
+from typing import Any
 
 import pytest
 
@@ -561,7 +562,7 @@ def test_preflight_reads_what_each_prep_step_plans_from(hk):
     from providers.sysctls import SysctlsProvider
     from providers.tuning import HostTuningProvider
 
-    kinds = {
+    kinds: dict[str, Any] = {  # each has a read_spec classmethod (the providers that plan from the preflight's read)
         "KernelCmdline": KernelCmdlineProvider,
         "Hugepages2M": Hugepages2MProvider,
         "Sysctls": SysctlsProvider,
