@@ -21,7 +21,7 @@ from typing import Optional
 from pulumi.dynamic import CheckFailure
 
 from access.shell import Script, quote, sh
-from facts.state import Change
+from facts.state import Change, prune_lines
 from providers.base import HostResource, TemplateProvider
 
 PRIOR_DIR = "/var/lib/gpuhost/pristine/artifacts"
@@ -123,7 +123,9 @@ class ModelArtifactProvider(TemplateProvider):
     def restore(self, props: dict) -> Change:
         dest, kept = props["dest"], prior_path(props["dest"])
         put_back = sh("mv", "-f", "--", kept, dest) if props.get("prior_existed") else sh("rm", "-f", "--", dest)
-        return Change(self.owner(props)).add([put_back, sh("rm", "-f", "--", kept, kept + ".absent")])
+        return Change(self.owner(props)).add(
+            [put_back, sh("rm", "-f", "--", kept, kept + ".absent"), *prune_lines([kept])]
+        )
 
 
 class ModelArtifact(HostResource, module="serving", name="ModelArtifact"):

@@ -223,7 +223,7 @@ def test_records_survive_a_rerun_and_release_puts_both_paths_back(local_sshd, ho
     before = {seed: _file(seed), disk: _file(disk)}
     try:
         with state.attempt():
-            seed_found, disk_found, disk_there = p._found(host_conn, props, inp, disk)
+            seed_found, disk_found, disk_there, made_dirs = p._found(host_conn, props, inp, disk)
             assert p._write_seed(None, props, inp, host_conn) is True  # over SSH: no libvirt connection needed
         assert disk_there is found and disk_found == ("640 0 4" if found else "absent")
         written = _file(seed)  # the ISO's own timestamps differ from a second build: the label and the mode
@@ -232,7 +232,7 @@ def test_records_survive_a_rerun_and_release_puts_both_paths_back(local_sshd, ho
             open(disk, "wb").write(b"the overlay gpuhost made\n")
         # a re-run after a dropped connection: the first record wins, not what the first run left
         again = p._found(host_conn, props, inp, disk)
-        assert again == (seed_found, disk_found, True)
+        assert again == (seed_found, disk_found, True, made_dirs)
         assert FileState.model_validate(seed_found).content == (before[seed] or (b"",))[0]
         os.chmod(disk, 0o600)  # libvirt's DAC labelling changed it while the VM ran
         p._release(None, {**props, "seed_found": seed_found, "disk_found": disk_found, "disk_created": not found}, True)
