@@ -17,6 +17,10 @@ A create or update that fails before it changes anything (a refusal after readin
 missing tool) leaves no record behind: the records it made fresh are removed again (`attempt`). Otherwise they would
 outlive the failed resource, which the engine never stores, and refuse the next owner of those paths.
 
+Forgetting a record (on delete, or a failed attempt dropping its fresh ones) also removes the store's directories
+it leaves empty, deepest first, up to and including /var/lib/gpuhost: after the last destroy nothing of gpuhost is
+left on the host. A directory holding anything else (another record, a file that is not gpuhost's) stays.
+
 Every mutating script runs under the host lock (`flock` on LOCK), so two runs, or two resources of one run, never
 edit one host at the same time; who holds it is in LOCK.holder, and each hold is logged in LOCK.log ("<epoch> waiting|acquired|released
 <holder>"; a "waiting" line only when the lock was taken and the script had to wait for it).
@@ -33,6 +37,7 @@ Usage::
 from __future__ import annotations
 
 import base64
+import posixpath
 from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
 from contextvars import ContextVar
@@ -43,7 +48,8 @@ from access.errors import HostError
 from access.shell import Script, quote
 from facts.files import FileState
 
-ROOT = "/var/lib/gpuhost/pristine"
+BASE = "/var/lib/gpuhost"  # everything gpuhost keeps on a host; removed when the last of it goes
+ROOT = BASE + "/pristine"
 LOCK = "/run/gpuhost.lock"
 LOCK_WAIT_S = 900
 
@@ -55,8 +61,12 @@ _FUNCTIONS = r"""gp_new() {
     fi
     return 1
   fi
-  mkdir -p "$(dirname "$1")"
-  printf '%s\t%s\n' "$2" "$(date -u +%Y-%m-%dT%H:%M:%SZ)" > "$1.owner"
+  # The owner tag first: it keeps its directories non-empty, so a forget pruning them under the host lock (this
+  # read does not hold it) never removes one between the mkdir and the write; if it did, make them again.
+  gp_i=0
+  until { mkdir -p "$(dirname "$1")" && printf '%s\t%s\n' "$2" "$(date -u +%Y-%m-%dT%H:%M:%SZ)" > "$1.owner"; } 2>/dev/null; do
+    gp_i=$((gp_i + 1)); [ "$gp_i" -lt 20 ] || { echo "gpuhost: cannot record $1" >&2; exit 75; }
+  done
   printf '@@fresh %s\n' "$1"
   return 0
 }
@@ -129,14 +139,36 @@ class Record:
             )
         return parse_pristine(out), parse_priors(out)
 
+    def entries(self) -> list[str]:
+        """The record entries of this record on the host (each with its `.owner`, `.absent`, `.tmp` siblings)."""
+        return [ROOT + "/files" + p for p in self.files] + [_entry(key) for key in sorted(self.values)]
+
     def forget_lines(self) -> list[str]:
+        """Remove the records, then the store's directories they leave empty (`prune_lines`)."""
         lines = []
         for p in self.files:
             c = ROOT + "/files" + p
             lines.append(f"rm -f -- {quote(c)} {quote(c + '.absent')} {quote(c + '.owner')}")
         for key in sorted(self.values):
             lines.append(f"rm -f -- {quote(_entry(key))} {quote(_entry(key) + '.owner')}")
-        return lines
+        return lines + prune_lines(self.entries())
+
+
+def prune_lines(entries: Iterable[str]) -> list[str]:
+    """After records are removed: the directories of the store that held them, deepest first, each removed only
+    when empty, up to and including BASE (/var/lib/gpuhost) once nothing of gpuhost is left in it. A directory
+    that still holds anything (another record, a file of someone else) stays, and so do all above it. Run under
+    the host lock; a record being made meanwhile (not under the lock) re-makes its directories (`gp_new`)."""
+    dirs: set[str] = set()
+    for e in entries:
+        d = posixpath.dirname(e)
+        while d == BASE or d.startswith(BASE + "/"):
+            dirs.add(d)
+            d = posixpath.dirname(d)
+    if not dirs:
+        return []
+    ordered = sorted(dirs, key=lambda d: (-d.count("/"), d))
+    return [f"rmdir -- {' '.join(quote(d) for d in ordered)} 2>/dev/null || true"]
 
 
 def fresh_entries(out: str) -> list[str]:
@@ -156,8 +188,9 @@ class Attempt:
         """Best effort: the host may be gone, and then the records stay (a re-run finds and keeps them)."""
         for conn, owner, entries in self.fresh:
             names = " ".join(quote(e + sfx) for e in entries for sfx in ("", ".owner", ".absent", ".tmp"))
+            script = "\n".join([f"rm -f -- {names}", *prune_lines(entries)])
             try:
-                conn.run(locked(f"rm -f -- {names}", owner), timeout=60)
+                conn.run(locked(script, owner), timeout=60)
             except Exception:  # noqa: BLE001 - the attempt's own error is what the user needs to see
                 pass
 

@@ -16,6 +16,7 @@ Usage::
 
 from __future__ import annotations
 
+import posixpath
 from functools import partial
 from typing import Optional
 
@@ -24,10 +25,11 @@ import pulumi
 from facts.state import Change
 from plans.guest_bootstrap import MPS_ENV_DIR, MPS_UNIT, BootstrapConfig, parse_facts, plan, read_script
 from providers.base import HostResource, TemplateProvider
+from providers.managed_file import remove_dirs_lines
 
 
 class GuestBootstrapProvider(TemplateProvider):
-    VERSION = "2"  # 2: on the template; a guest no longer bootstrapped reads as drift
+    VERSION = "3"  # 2: on the template; a guest no longer bootstrapped reads as drift; 3: /etc/gpuhost removed
     KIND = "guest-bootstrap"
     INPUTS = ("host", "config")
     MODELS = {"config": BootstrapConfig}
@@ -62,7 +64,8 @@ class GuestBootstrapProvider(TemplateProvider):
             ch.add(["systemctl disable --now nvidia-mps 2>/dev/null || true"])
             ch.script.add("rm", "-f", MPS_UNIT, *[f"{MPS_ENV_DIR}/{n}.env" for n in sorted(cfg.mps.instances)])
             ch.add(["systemctl daemon-reload 2>/dev/null || true"])
-            ch.script.add("rmdir", "--ignore-fail-on-non-empty", MPS_ENV_DIR)
+            # the directories the env files made (/etc/gpuhost is gpuhost's own), when nothing else is in them
+            ch.add(remove_dirs_lines([posixpath.dirname(MPS_ENV_DIR), MPS_ENV_DIR]))
         return ch
 
 

@@ -10,6 +10,10 @@ dropped connection still knows the real original. A file found at the seed ISO p
 path that was empty is emptied; a disk that was there is never removed (`keep_disk: false` removes only the overlay
 this resource made) and gets its mode and owner back. With `uri` only there is no host record: a seed ISO volume
 already there is refused (it could not be put back), and `disk_created` is what this create saw.
+Through `host`, whether libvirt's autostart directory (/etc/libvirt/qemu/autostart, which libvirtd makes when a
+domain is first set to autostart) existed is recorded too, before anything changes; the `made_dirs` output names
+it when it did not, and delete removes it after the domain is undefined, only when empty (another domain's
+autostart link keeps it), as ManagedFile does with the parent directories it made.
 read = the live domain XML parsed back into the `domain` input's terms, so refresh shows drift.
 
 How libvirt is reached:
@@ -45,7 +49,7 @@ import pulumi
 from pulumi.dynamic import CheckFailure, CheckResult, CreateResult, ReadResult, UpdateResult
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from access.shell import sh
+from access.shell import quote, sh
 from access.ssh import Conn, HostSpec, connect
 from facts import state
 from facts.files import FileState
@@ -53,9 +57,13 @@ from facts.state import Change, Record
 from plans import vm_storage
 from plans.domain_xml import CloudInit, DomainSpec, cpuset_str, parse, render_element, seed_iso
 from providers.base import HostProvider, HostResource, is_safe_abs_path, validation_failures
+from providers.managed_file import remove_dirs_lines
 
 # Changes libvirt applies to a running domain without a restart.
 LIVE_FIELDS = {"vcpupin", "emulatorpin", "iothreadpin"}
+
+# libvirtd makes it (0755 root) when a domain of qemu:///system is first set to autostart.
+AUTOSTART_DIR = "/etc/libvirt/qemu/autostart"
 
 # The domain's <metadata> names the resource that defined it (its `owner_tag`): a create whose result never came
 # back (a dropped connection) leaves the domain defined and running, and the re-run adopts that one domain instead
@@ -385,7 +393,9 @@ class UpdateFailed(RuntimeError):
 
 
 class LibvirtDomainProvider(HostProvider):
-    VERSION = "3"  # 3: the seed ISO path and the disk recorded on the host and put back as found on delete
+    # 3: the seed ISO path and the disk recorded on the host and put back as found on delete; 4: the autostart
+    # directory libvirtd made on gpuhost's request removed on delete
+    VERSION = "4"
     # A new name or another host is another domain: delete the old one first (it holds the GPU).
     REPLACE_ON = ("host", "uri", "remote_uri")
     OUTPUT_ONLY = (
@@ -398,6 +408,8 @@ class LibvirtDomainProvider(HostProvider):
         # what the seed ISO path held and the disk's `disk_stat` when first recorded (through `host` only)
         "seed_found",
         "disk_found",
+        # libvirt's autostart directory when it did not exist before the first create (through `host` only)
+        "made_dirs",
     )
 
     def check_known(self, olds: dict, news: dict) -> CheckResult:
@@ -449,17 +461,25 @@ class LibvirtDomainProvider(HostProvider):
         disk = inp.domain.disk if inp.storage.base_image else None
         return seed, disk
 
-    def _record(self, props: dict, inp: DomainInputs) -> Record:
+    @staticmethod
+    def _dirs_key(inp: DomainInputs) -> str:
+        return f"libvirt-domain/{inp.domain.name}/missing-dirs"
+
+    def _record(self, props: dict, inp: DomainInputs, dirs: bool = True) -> Record:
+        """The seed ISO path, the disk and (`dirs`) whether the autostart directory was missing, as first found."""
         seed, disk = self._paths(inp)
         values = {vm_storage.disk_key(disk): vm_storage.disk_stat(disk)} if disk else {}
+        if dirs:
+            values[self._dirs_key(inp)] = f"[ -e {quote(AUTOSTART_DIR)} ] || echo {quote(AUTOSTART_DIR)}"
         return Record(self.owner(props), files=[seed] if seed else [], values=values)
 
     def _found(
         self, conn: Conn, props: dict, inp: DomainInputs, disk: Optional[str]
-    ) -> tuple[Optional[dict], Optional[str], bool]:
-        """Record the seed ISO path and the disk of `inp` the first time, before anything changes (one round trip;
-        not a change yet: a create refused here drops the records it made fresh). Returns (seed path as first found,
-        disk as first found, whether the disk at `disk` is there now)."""
+    ) -> tuple[Optional[dict], Optional[str], bool, list[str]]:
+        """Record the seed ISO path, the disk of `inp` and whether the autostart directory is missing the first
+        time, before anything changes (one round trip; not a change yet: a create refused here drops the records it
+        made fresh). Returns (seed path as first found, disk as first found, whether the disk at `disk` is there
+        now, the directories that were missing)."""
         seed, rec_disk = self._paths(inp)
         out, files, values = self.record_and_read(
             conn, props, self._record(props, inp), vm_storage.disk_now(disk) if disk else ""
@@ -468,6 +488,7 @@ class LibvirtDomainProvider(HostProvider):
             files[seed].model_dump() if seed else None,
             values.get(vm_storage.disk_key(rec_disk)) if rec_disk else None,
             bool(disk) and vm_storage.parse_disk_now(out),
+            [d for d in values.get(self._dirs_key(inp), "").splitlines() if d == AUTOSTART_DIR],
         )
 
     def _write_seed(self, lv: libvirt.virConnect, props: dict, inp: DomainInputs, conn: Optional[Conn]) -> bool:
@@ -481,8 +502,9 @@ class LibvirtDomainProvider(HostProvider):
         self.guarded(conn, f"writing the cloud-init seed ISO {path}", lambda: ch.run(conn), changing=True)
         return True
 
-    def _release(self, lv: libvirt.virConnect, props: dict, delete_disk: bool) -> None:
-        """Put the seed ISO path and the disk back as create found them, after the domain is gone."""
+    def _release(self, lv: libvirt.virConnect, props: dict, delete_disk: bool, gone: bool = True) -> None:
+        """Put the seed ISO path and the disk back as create found them. `gone`: the domain is undefined (delete,
+        a failed create), so the autostart directory it made goes too when empty, and its record."""
         inp = DomainInputs.model_validate(props)
         seed, disk = self._paths(inp)
         disk_created = bool(props.get("disk_created"))
@@ -499,7 +521,8 @@ class LibvirtDomainProvider(HostProvider):
         )
         plan = vm_storage.release_plan(seed, seed_found, disk, disk_found, delete_disk)
         conn = self.conn(props)
-        self.run_plan(conn, props, plan, then=self._record(props, inp).forget_lines())
+        made = remove_dirs_lines(list(props.get("made_dirs") or [])) if gone else []
+        self.run_plan(conn, props, plan, then=made + self._record(props, inp, dirs=gone).forget_lines())
 
     # -- create ---------------------------------------------------------------------------------------------------
     def create(self, props: dict) -> CreateResult:
@@ -514,9 +537,10 @@ class LibvirtDomainProvider(HostProvider):
         conn = self.conn(props) if self._on_host(inp) else None
         seed_found: Optional[dict] = None
         disk_found: Optional[str] = None
+        made_dirs: list[str] = []
         if conn is not None:
             # the first record wins: a re-run after a dropped connection reads what the first create found
-            seed_found, disk_found, disk_there = self._found(conn, props, inp, disk)
+            seed_found, disk_found, disk_there, made_dirs = self._found(conn, props, inp, disk)
             disk_created = disk_found == "absent"
         else:
             if seed and left is None and _volume(lv, seed) is not None:
@@ -552,7 +576,12 @@ class LibvirtDomainProvider(HostProvider):
                     if dom.isActive():
                         dom.destroy()
                     _undefine(dom)
-                made_by = {"disk_created": disk_created, "seed_found": seed_found, "disk_found": disk_found}
+                made_by = {
+                    "disk_created": disk_created,
+                    "seed_found": seed_found,
+                    "disk_found": disk_found,
+                    "made_dirs": made_dirs,
+                }
                 self._release(lv, {**props, **made_by}, delete_disk=True)
             except Exception as undo:  # noqa: BLE001 - the create's own error is the one to raise
                 e.add_note(f"undoing the failed create failed too: {undo}")
@@ -560,7 +589,16 @@ class LibvirtDomainProvider(HostProvider):
         assert dom is not None
         return CreateResult(
             dom.UUIDString(),
-            self._outs(props, dom, disk_created, seed_uploaded, xml, seed_found=seed_found, disk_found=disk_found),
+            self._outs(
+                props,
+                dom,
+                disk_created,
+                seed_uploaded,
+                xml,
+                seed_found=seed_found,
+                disk_found=disk_found,
+                made_dirs=made_dirs,
+            ),
         )
 
     def _outs(self, props, dom, disk_created, seed_uploaded, xml, **found) -> dict:
@@ -585,7 +623,7 @@ class LibvirtDomainProvider(HostProvider):
         (old_seed, old_disk), (seed, disk) = self._paths(old), self._paths(new)
         new_seed, new_disk = (seed if seed != old_seed else None), (disk if disk != old_disk else None)
         conn = self.conn(news) if self._on_host(new) else None
-        found = {k: olds.get(k) for k in ("seed_found", "disk_found")}
+        found = {k: olds.get(k) for k in ("seed_found", "disk_found", "made_dirs")}
         disk_created = bool(olds.get("disk_created"))
         disk_there = False
         if conn is not None and (new_seed or disk):
@@ -597,7 +635,7 @@ class LibvirtDomainProvider(HostProvider):
                     "storage": new.storage if new_disk else Storage(base_image=None),
                 }
             )
-            seed_found, disk_found, disk_there = self._found(conn, news, part, disk)
+            seed_found, disk_found, disk_there, _ = self._found(conn, news, part, disk)
             if new_seed:
                 found["seed_found"] = seed_found
             if new_disk:
@@ -652,7 +690,7 @@ class LibvirtDomainProvider(HostProvider):
             gone = {**olds, "cloud_init": olds.get("cloud_init") if gone_seed else None}
             if not gone_disk:
                 gone["storage"] = {**(olds.get("storage") or {}), "base_image": None}
-            self._release(lv, gone, delete_disk=False)
+            self._release(lv, gone, delete_disk=False, gone=False)
         if not seed:
             found["seed_found"] = None
         if not disk:

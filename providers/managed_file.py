@@ -45,10 +45,11 @@ def parent_dirs(path: str) -> list[str]:
     return ["/" + "/".join(parts[: i + 1]) for i in range(len(parts))]
 
 
-def dirs_key(path: str) -> str:
+def dirs_key(path: str, kind: str = "managed-file") -> str:
     """The record (facts/state.py runtime value) of which of `path`'s parents were missing; one per file, so two
-    ManagedFiles in one directory never share (and so never refuse) a record."""
-    return f"managed-file{path}/missing-dirs"
+    ManagedFiles in one directory never share (and so never refuse) a record. `kind`: another provider that makes
+    the parents of the files it writes the same way (MonitoringFiles) keeps its records apart."""
+    return f"{kind}{path}/missing-dirs"
 
 
 def missing_dirs_command(path: str) -> str:

@@ -3,8 +3,10 @@
 The file comes from `url` (fetched on the guest with curl or wget) or from `path` on the machine running Pulumi
 (streamed over SSH). It lands in a temporary file next to `dest`, and only a matching sha256 moves it into place: a
 wrong download fails `up` naming both hashes and leaves what was there. Create keeps what `dest` held before
-(under /var/lib/gpuhost/pristine/artifacts); delete puts that back byte for byte, or removes the file when there
-was none. Read returns the sha256 on the guest, so a hand-replaced model shows as drift.
+(under /var/lib/gpuhost/pristine/artifacts), and which of `dest`'s parent directories were missing (the fetch makes
+them); delete puts that back byte for byte, or removes the file when there was none, then removes those directories
+(deepest first, only when empty) and the store's directories the record leaves empty. Read returns the sha256 on
+the guest, so a hand-replaced model shows as drift.
 
 Usage::
 
@@ -21,8 +23,9 @@ from typing import Optional
 from pulumi.dynamic import CheckFailure
 
 from access.shell import Script, quote, sh
-from facts.state import Change
+from facts.state import Change, prune_lines
 from providers.base import HostResource, TemplateProvider
+from providers.managed_file import missing_dirs_command
 
 PRIOR_DIR = "/var/lib/gpuhost/pristine/artifacts"
 
@@ -42,6 +45,7 @@ def record_script(dest: str) -> str:
     kept = prior_path(dest)
     s = Script().add("mkdir", "-p", PRIOR_DIR)
     s.raw(f"if [ ! -e {quote(kept)} ] && [ ! -e {quote(kept + '.absent')} ]; then")
+    s.raw(f"  {{ {missing_dirs_command(dest)}; }} > {quote(kept + '.dirs')}")
     s.raw(
         f"  if [ -f {quote(dest)} ]; then cp -a -- {quote(dest)} {quote(kept + '.tmp')} && mv -f {quote(kept + '.tmp')} {quote(kept)};"
     )
@@ -73,7 +77,9 @@ def fetch_script(dest: str, sha256: str, url: Optional[str]) -> str:
 
 
 class ModelArtifactProvider(TemplateProvider):
-    VERSION = "2"  # 2: on the template; what dest held is kept on the host the first time only
+    # 2: on the template; what dest held is kept on the host the first time only; 3: dest's parent directories it
+    # made removed on delete
+    VERSION = "3"
     KIND = "artifact"
     # Another dest is another file: the old one goes back as found.
     REPLACE_ON = ("host", "dest")
@@ -123,7 +129,12 @@ class ModelArtifactProvider(TemplateProvider):
     def restore(self, props: dict) -> Change:
         dest, kept = props["dest"], prior_path(props["dest"])
         put_back = sh("mv", "-f", "--", kept, dest) if props.get("prior_existed") else sh("rm", "-f", "--", dest)
-        return Change(self.owner(props)).add([put_back, sh("rm", "-f", "--", kept, kept + ".absent")])
+        # the directories the fetch made for dest, deepest first (a path's ancestors in reverse order), when empty
+        made = (
+            f'sort -r {quote(kept + ".dirs")} 2>/dev/null | while read -r d; do rmdir -- "$d" 2>/dev/null || true; done'
+        )
+        forget = sh("rm", "-f", "--", kept, kept + ".absent", kept + ".dirs")
+        return Change(self.owner(props)).add([put_back, made, forget, *prune_lines([kept])])
 
 
 class ModelArtifact(HostResource, module="serving", name="ModelArtifact"):

@@ -4,7 +4,9 @@ Create and update write every file staged next to its target, run `promtool chec
 on the staged copies, and only then move them into place and reload Prometheus without a restart (POST /-/reload, or
 `systemctl reload`, which sends SIGHUP). A bad rule never reaches the running Prometheus. Grafana picks dashboards up
 by polling its file provider; a changed datasource file restarts the Grafana unit when one is named. Delete puts
-back exactly what create found (byte for byte, or absence) and reloads again.
+back exactly what create found (byte for byte, or absence) and reloads again. Missing parent directories are made
+(0755 root:root) and recorded with the files, the first time, as ManagedFile does (`made_dirs`); delete removes them
+after the files, deepest first and only when empty.
 
 Usage::
 
@@ -30,6 +32,7 @@ from access.shell import Script, sh
 from facts.files import FileState, files_script, parse_files
 from facts.state import Change, Record
 from providers.base import HostResource, TemplateProvider, is_safe_abs_path
+from providers.managed_file import dirs_key, make_dirs_lines, missing_dirs_command, parse_missing, remove_dirs_lines
 
 STAGED = ".gpuhost-staged"
 
@@ -78,10 +81,10 @@ def apply_lines(props: dict, changed: list[str]) -> list[str]:
 
 
 class MonitoringFilesProvider(TemplateProvider):
-    VERSION = "2"  # 2: on the template
+    VERSION = "3"  # 2: on the template; 3: the parent directories it makes recorded and removed on delete
     KIND = "monitoring-files"
     INPUTS = ("host", "files", "config_path", "rules_paths", "reload", "grafana_unit", "grafana_restart_on", "promtool")
-    OUTPUT_ONLY = ("prior", "sha256")
+    OUTPUT_ONLY = ("prior", "sha256", "made_dirs")
 
     def validate(self, news: dict) -> list[CheckFailure]:
         failures = []
@@ -106,20 +109,22 @@ class MonitoringFilesProvider(TemplateProvider):
         return failures
 
     def _record(self, props: dict, paths) -> Record:
-        return Record(self.owner(props), files=sorted(paths))
+        values = {dirs_key(p, "monitoring-files"): missing_dirs_command(p) for p in paths}
+        return Record(self.owner(props), files=sorted(paths), values=values)
 
     def apply(self, props: dict, prior: Optional[dict]) -> dict:
         conn, files = self.conn(props), props["files"]
         # The files as gpuhost first found them, recorded on the host (first time only) so a re-run after a dropped
         # connection does not take its own files for the originals.
-        _, found, _ = self.record_and_read(conn, props, self._record(props, files), "")
+        _, found, values = self.record_and_read(conn, props, self._record(props, files), "")
         old = prior or {}
         priors = {p: st.model_dump() for p, st in found.items()}
         priors.update({p: v for p, v in (old.get("prior") or {}).items() if p in files})
         changed = [p for p, c in files.items() if (old.get("files") or {}).get(p) != c]
-        ch = Change(self.owner(props)).add(
-            [sh("mkdir", "-p", "--", *sorted({p.rsplit("/", 1)[0] or "/" for p in files}))]
-        )
+        made = set(old.get("made_dirs") or [])
+        for p in files:
+            made.update(parse_missing(values.get(dirs_key(p, "monitoring-files"), ""), p))
+        ch = Change(self.owner(props)).add(make_dirs_lines(sorted(made, key=lambda d: (d.count("/"), d))))
         for p, content in sorted(files.items()):
             ch.write(p + STAGED, content.encode())
         ch.add(apply_lines(props, changed))
@@ -127,7 +132,7 @@ class MonitoringFilesProvider(TemplateProvider):
         ch.restore({p: FileState.model_validate(old["prior"][p]) for p in dropped if p in (old.get("prior") or {})})
         ch.forget(self._record(props, dropped))
         self.guarded(conn, "placing the monitoring files", lambda: ch.run(conn), changing=True)
-        return {"prior": priors, "sha256": _sha(files)}
+        return {"prior": priors, "sha256": _sha(files), "made_dirs": sorted(made)}
 
     def observe(self, props: dict) -> dict:
         now = parse_files(self.conn(props).run(files_script(sorted(props["files"])).render()).stdout)
@@ -136,7 +141,9 @@ class MonitoringFilesProvider(TemplateProvider):
 
     def restore(self, props: dict) -> Change:
         priors = {p: FileState.model_validate(st) for p, st in (props.get("prior") or {}).items()}
-        ch = Change(self.owner(props)).restore(priors).forget(self._record(props, priors))
+        ch = Change(self.owner(props)).restore(priors)
+        # After the files: a directory made for them is empty again unless something else lives there now.
+        ch.add(remove_dirs_lines(list(props.get("made_dirs") or []))).forget(self._record(props, priors))
         cfg = props.get("config_path")
         # With no config before us there is nothing for Prometheus to go back to: it keeps what it runs.
         if cfg and priors.get(cfg) and priors[cfg].exists:

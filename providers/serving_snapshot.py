@@ -6,7 +6,8 @@ engines, the `.gpuhost-digest` marker) and the server's files (the systemd unit,
 `restore` (called by the AcceptanceGate on failure) puts them back and restarts the server; `served_digest` reads
 the marker, so a gate can tell whether the guest serves this deploy or a rolled-back one. `prepare`: commands run
 before the snapshot is taken (the Docker runtime undoes an earlier rollback's container swap there, so what runs is
-what Pulumi recorded). Delete removes the snapshot directory (it is gpuhost's own).
+what Pulumi recorded). Delete removes the snapshot directory (it is gpuhost's own), and under /var/lib/gpuhost the
+directories above it that it leaves empty.
 
 Usage::
 
@@ -23,7 +24,7 @@ from typing import Optional
 
 from access.shell import Script, quote, sh
 from access.ssh import HostSpec, connect
-from facts.state import Change
+from facts.state import Change, prune_lines
 from providers.base import HostResource, TemplateProvider
 
 MARKER = ".gpuhost-digest"
@@ -87,7 +88,7 @@ def served_digest(rb: dict) -> str:
 
 
 class ServingSnapshotProvider(TemplateProvider):
-    VERSION = "2"  # 2: on the template
+    VERSION = "3"  # 2: on the template; 3: the empty directories above the snapshot removed
     KIND = "snapshot"
     REPLACE_ON = ("host", "snapshot")
     INPUTS = ("host", "root", "snapshot", "files", "restart", "trigger", "prepare")
@@ -113,7 +114,10 @@ class ServingSnapshotProvider(TemplateProvider):
         return {}
 
     def restore(self, props: dict) -> Change:
-        return Change(self.owner(props)).add([sh("rm", "-rf", "--", props["snapshot"])])
+        # and the directories of gpuhost's own tree above it that it leaves empty (/var/lib/gpuhost/serving, ...)
+        return Change(self.owner(props)).add(
+            [sh("rm", "-rf", "--", props["snapshot"]), *prune_lines([props["snapshot"]])]
+        )
 
 
 class ServingSnapshot(HostResource, module="serving", name="ServingSnapshot"):

@@ -2,8 +2,11 @@
 
 Inputs: host, tuned_profile ("latency-performance"), governor ("performance"), version.
 Outputs: applied (what was really set), skipped (what the host cannot do, and why), prior_profile, prior_mode,
-prior_governors (as first found, also recorded on the host), prior_mode_file (/etc/tuned/profile_mode as first found,
-put back byte for byte after `tuned-adm` rewrote it), plan. Decisions are in plans/tuning.py.
+prior_governors (as first found, also recorded on the host), prior_mode_file and prior_active_file
+(/etc/tuned/profile_mode and /etc/tuned/active_profile as first found, put back byte for byte after `tuned-adm`
+rewrote them: tuned reads both at boot, so the next boot chooses as it did before gpuhost; with only the mode file
+back, an `auto_profile` left the recommended profile in active_profile and the next boot pinned it as "manual"),
+plan. Decisions are in plans/tuning.py.
 """
 
 from __future__ import annotations
@@ -22,6 +25,7 @@ from plans import values as allowed
 from providers.base import HostResource, TemplateProvider
 
 MODE_FILE = "/etc/tuned/profile_mode"
+ACTIVE_FILE = "/etc/tuned/active_profile"
 
 
 def _want(props: dict) -> plan.TuningWant:
@@ -58,10 +62,21 @@ def _classes(props: dict) -> tuple[str, ...]:
 
 
 class HostTuningProvider(TemplateProvider):
-    VERSION = "5"  # 5: planned from HostPreflight's read, one round trip per change; 4: tuned's profile mode recorded; auto mode restored as auto
+    # 4: tuned's profile mode recorded, auto restored as auto; 5: planned from HostPreflight's read, one round trip per
+    # change; 6: active_profile put back byte for byte too
+    VERSION = "6"
     KIND = "tuning"
     INPUTS = ("host", "tuned_profile", "governor")
-    OUTPUT_ONLY = ("applied", "skipped", "prior_profile", "prior_mode", "prior_mode_file", "prior_governors", "plan")
+    OUTPUT_ONLY = (
+        "applied",
+        "skipped",
+        "prior_profile",
+        "prior_mode",
+        "prior_mode_file",
+        "prior_active_file",
+        "prior_governors",
+        "plan",
+    )
 
     def validate(self, news: dict) -> list[CheckFailure]:
         # The stack loader refuses these first; a provider used on its own refuses them too (tuned writes the
@@ -80,7 +95,7 @@ class HostTuningProvider(TemplateProvider):
         # must not take the profile it just set for the original.
         return Record(
             self.owner(props),
-            files=[MODE_FILE],
+            files=[MODE_FILE, ACTIVE_FILE],
             values={
                 "tuned/profile": "cat /etc/tuned/active_profile",
                 "cpufreq/governors": "cd /sys/devices/system/cpu && grep -H . cpu[0-9]*/cpufreq/scaling_governor",
@@ -113,7 +128,7 @@ class HostTuningProvider(TemplateProvider):
                 made["undo"] = undo
                 ch.add(a.command for a in undo.actions)
                 if "tuned_profile" in dropped:
-                    ch.restore({MODE_FILE: files[MODE_FILE]})
+                    ch.restore({MODE_FILE: files[MODE_FILE], ACTIVE_FILE: files[ACTIVE_FILE]})
             return self.to_change(props, t.plan, ch)
 
         _, files, first, _, _ = self.converge(conn, props, self._record(props), facts_script(**self.READ), plan_from)
@@ -127,6 +142,7 @@ class HostTuningProvider(TemplateProvider):
             "prior_profile": prior_profile,
             "prior_mode": prior_mode,
             "prior_mode_file": files[MODE_FILE].model_dump(),
+            "prior_active_file": files[ACTIVE_FILE].model_dump(),
             "prior_governors": prior_govs,
             "plan": [a.why for a in undo.actions] + t.plan.sentences,
         }
@@ -142,9 +158,10 @@ class HostTuningProvider(TemplateProvider):
             props.get("prior_mode"),
         )
         ch = Change(self.owner(props)).add(a.command for a in p.actions)
-        mode_file = props.get("prior_mode_file")
-        if mode_file and "tuned_profile" in (props.get("applied") or {}):
-            ch.restore({MODE_FILE: FileState.model_validate(mode_file)})  # tuned-adm wrote "manual" or "auto"
+        if "tuned_profile" in (props.get("applied") or {}):
+            # tuned-adm wrote both ("manual" or "auto", the profile it set); state of version 4 has no active file
+            kept = {MODE_FILE: props.get("prior_mode_file"), ACTIVE_FILE: props.get("prior_active_file")}
+            ch.restore({p: FileState.model_validate(st) for p, st in kept.items() if st})
         return ch.forget(self._record(props))
 
 

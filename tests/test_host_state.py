@@ -315,3 +315,83 @@ def test_lock_classes_let_other_classes_through_and_hold_the_same_class_and_excl
     assert at[("acquired", "host")] >= at[("released", "boot1")]
     assert at[("acquired", "host")] >= at[("released", "sysctl")]
     assert [ln[3] for ln in log if ln[2].endswith("-boot1")] == ["boot", "boot"]  # acquired/released name the class
+
+
+def _gone_or_held(path: str) -> bool:
+    """`path` was removed, or it still holds something (rmdir semantics: only an empty directory goes). Other runs on
+    this machine may hold records of their own under the store at the same time, so "held" is all one can ask of a
+    directory the test does not own alone."""
+    return not os.path.lexists(path) or bool(os.listdir(path))
+
+
+def _store_dirs(path: str) -> list[str]:
+    """The store's directories above the record of `path`, deepest first, up to and including BASE."""
+    from facts.state import BASE, ROOT
+
+    d, out = os.path.dirname(f"{ROOT}/files{path}"), []
+    while d.startswith(BASE):
+        out.append(d)
+        d = os.path.dirname(d)
+    return out
+
+
+def test_forgetting_the_last_record_removes_the_directories_that_only_held_records(conn, tmp_path):
+    from facts.state import BASE, ROOT
+
+    near, deep = tmp_path / "a" / "x.conf", tmp_path / "a" / "b" / "c" / "y.conf"
+    first = Record(owner=f"test/{tmp_path.name}", files=[str(near)], values={f"test{tmp_path}/a/v": "echo 1"})
+    second = Record(owner=f"test/{tmp_path.name}", files=[str(deep)])
+    for rec in (first, second):
+        rec.parse(conn.run(rec.script().render()).stdout)
+    shared = f"{ROOT}/files{tmp_path}/a"
+    assert os.path.isdir(f"{shared}/b/c") and os.path.isdir(f"{ROOT}/runtime/test{tmp_path}/a")
+
+    # Forget the nested one: its own directories go, the one it shared with the other record stays (and so every
+    # directory above it).
+    Change(second.owner).forget(second).run(conn)
+    assert not os.path.lexists(f"{shared}/b")
+    assert sorted(os.listdir(shared)) == ["x.conf.absent", "x.conf.owner"]
+    assert os.path.isdir(f"{ROOT}/runtime/test{tmp_path}/a")
+
+    # Forget the last: the whole tree under the store goes, /var/lib/gpuhost too unless something else is in it.
+    Change(first.owner).forget(first).run(conn)
+    assert not os.path.lexists(f"{ROOT}/files{tmp_path}") and not os.path.lexists(f"{ROOT}/runtime/test{tmp_path}")
+    left = [d for d in _store_dirs(str(near)) + [f"{ROOT}/runtime/test{tmp_path}"] if not _gone_or_held(d)]
+    assert left == [], left
+    assert _gone_or_held(BASE) and _gone_or_held(ROOT)
+
+
+def test_a_directory_holding_a_file_that_is_not_a_record_stays(conn, tmp_path):
+    from facts.state import BASE, ROOT, prune_lines
+
+    rec = Record(owner=f"test/{tmp_path.name}", files=[str(tmp_path / "f.conf")])
+    rec.parse(conn.run(rec.script().render()).stdout)
+    foreign = f"{BASE}/operator-notes-{tmp_path.name}.txt"
+    open(foreign, "w").write("not gpuhost's\n")
+    try:
+        Change(rec.owner).forget(rec).run(conn)
+        assert open(foreign).read() == "not gpuhost's\n"  # kept, and so its directory
+        assert not os.path.lexists(f"{ROOT}/files{tmp_path}")
+        assert _gone_or_held(ROOT)
+    finally:
+        os.remove(foreign)
+        Change(rec.owner).add(prune_lines([f"{ROOT}/files"])).run(conn)  # the store's own dirs, now empty
+
+
+def test_a_refused_attempt_drops_its_fresh_records_and_the_directories_they_made(conn, tmp_path):
+    from facts.state import ROOT, attempt, note_fresh
+
+    rec = Record(
+        owner=f"test/{tmp_path.name}",
+        files=[str(tmp_path / "d" / "e" / "new.conf")],
+        values={f"test{tmp_path}/d/v": "echo 1"},
+    )
+    with pytest.raises(RuntimeError, match="refused"), attempt():
+        out = conn.run(rec.script().render()).stdout
+        note_fresh(conn, rec.owner, out)
+        assert os.path.isdir(f"{ROOT}/files{tmp_path}/d/e")
+        raise RuntimeError("refused after reading the host")
+    assert _records(rec) == []
+    assert not os.path.lexists(f"{ROOT}/files{tmp_path}") and not os.path.lexists(f"{ROOT}/runtime/test{tmp_path}")
+    left = [d for d in _store_dirs(str(tmp_path / "d" / "e" / "new.conf")) if not _gone_or_held(d)]
+    assert left == [], left

@@ -18,7 +18,7 @@ from facts import state
 from facts.files import FileState
 from facts.state import ROOT, Change, Record
 from plans.domain_xml import DomainSpec, Topology
-from providers.libvirt_domain import DomainInputs, LibvirtDomainProvider, _lookup, open_libvirt
+from providers.libvirt_domain import AUTOSTART_DIR, DomainInputs, LibvirtDomainProvider, _lookup, open_libvirt
 from tests.engine import ProviderError, ProviderServer
 
 TYPE = "gpuhost:vm:LibvirtDomain"
@@ -222,22 +222,27 @@ def test_records_survive_a_rerun_and_release_puts_both_paths_back(local_sshd, ho
             os.chmod(path, 0o640)
             os.chown(path, 0, 4)
     before = {seed: _file(seed), disk: _file(disk)}
+    autostart_was = os.path.isdir(AUTOSTART_DIR)
     try:
         with state.attempt():
-            seed_found, disk_found, disk_there = p._found(host_conn, props, inp, disk)
+            seed_found, disk_found, disk_there, made_dirs = p._found(host_conn, props, inp, disk)
             assert p._write_seed(None, props, inp, host_conn) is True  # over SSH: no libvirt connection needed
         assert disk_there is found and disk_found == ("640 0 4" if found else "absent")
+        assert made_dirs == ([] if autostart_was else [AUTOSTART_DIR])
+        os.makedirs(AUTOSTART_DIR, exist_ok=True)  # what libvirtd does when the domain is set to autostart
         written = _file(seed)  # the ISO's own timestamps differ from a second build: the label and the mode
         assert b"CIDATA" in written[0].upper() and written[1:] == ("0o600", 0, 0)
         if not found:
             open(disk, "wb").write(b"the overlay gpuhost made\n")
         # a re-run after a dropped connection: the first record wins, not what the first run left
         again = p._found(host_conn, props, inp, disk)
-        assert again == (seed_found, disk_found, True)
+        assert again == (seed_found, disk_found, True, made_dirs)
         assert FileState.model_validate(seed_found).content == (before[seed] or (b"",))[0]
         os.chmod(disk, 0o600)  # libvirt's DAC labelling changed it while the VM ran
-        p._release(None, {**props, "seed_found": seed_found, "disk_found": disk_found, "disk_created": not found}, True)
+        made = {"seed_found": seed_found, "disk_found": disk_found, "disk_created": not found, "made_dirs": made_dirs}
+        p._release(None, {**props, **made}, True)
         assert {seed: _file(seed), disk: _file(disk)} == before
+        assert os.path.isdir(AUTOSTART_DIR) == autostart_was  # the directory made for the domain goes with it
         assert not any(
             os.path.exists(f"{ROOT}/{d}{x}")
             for d in ("files" + seed, "runtime/libvirt-disk" + disk)

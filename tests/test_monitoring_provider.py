@@ -38,6 +38,7 @@ def test_place_validate_reload_in_place_and_restore(local_sshd, provider_server_
     with prom_server.start_prometheus(OPERATOR_CONFIG, workdir=etc) as prom:
         graph = graph.model_copy(update={"self_address": f"127.0.0.1:{prom.port}"})
         before = (etc / "prometheus.yml").read_bytes()
+        rules_dir_was = (etc / "rules").exists()  # the rules file's directory: made by create when missing
         pid = prom.process.pid
         srv = provider_server_for()
         r = srv.resource(MonitoringFilesProvider(), "gpuhost:monitoring:MonitoringFiles", "mon-files")
@@ -57,6 +58,7 @@ def test_place_validate_reload_in_place_and_restore(local_sshd, provider_server_
         op, outs = r.up(inputs)
         assert op == "create"
         assert outs["prior"][cfg_path]["exists"] and not outs["prior"][rules_path]["exists"]
+        assert outs["made_dirs"] == ([] if rules_dir_was else [str(etc / "rules")])
         assert "gpuhost: monitoring" in prom.config_text()
         groups = _rule_groups(prom)
         assert any('service="yolo"} > 50000' in q for q in groups["gpuhost-serving-yolo"])
@@ -91,7 +93,7 @@ def test_place_validate_reload_in_place_and_restore(local_sshd, provider_server_
 
         r.destroy()
         assert (etc / "prometheus.yml").read_bytes() == before
-        assert not os.path.exists(rules_path)
+        assert not os.path.exists(rules_path) and (etc / "rules").exists() == rules_dir_was
         assert "gpuhost: monitoring" not in prom.config_text()  # reloaded back onto the operator's config
         assert prom.process.pid == pid
 

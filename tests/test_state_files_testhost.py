@@ -39,6 +39,8 @@ IRQB = Runtime(conflicts=("irqbalance.service",))
 MODEL = "/srv/gpuhost-drop-model/model.onnx"
 MODEL_BYTES = b"gpuhost drop-test model\n" * 64
 MODEL_SHA = hashlib.sha256(MODEL_BYTES).hexdigest()
+NEW_MODEL_DIRS = ["/srv/gpuhost-drop-model-new", "/srv/gpuhost-drop-model-new/a"]  # absent: the fetch makes them
+NEW_MODEL = f"{NEW_MODEL_DIRS[-1]}/model.onnx"
 
 
 def file_runtime(path: str) -> str:
@@ -119,6 +121,15 @@ CASES: dict[str, tuple[type[Provider], dict[str, Any], list[str], str]] = {
         [MODEL, prior_path(MODEL), prior_path(MODEL) + ".absent"],
         f"test -e {MODEL} && echo existed || echo absent; sha256sum < {MODEL} | cut -c1-64",
     ),
+    # A model where there was none, in directories that did not exist: destroy removes the model, the directories
+    # the fetch made and the records (the store's directories they leave empty with them).
+    "model_artifact_dirs": (
+        ModelArtifactProvider,
+        {"dest": NEW_MODEL, "sha256": MODEL_SHA, "url": None, "path": None},
+        [*NEW_MODEL_DIRS, NEW_MODEL, prior_path(NEW_MODEL) + ".absent", prior_path(NEW_MODEL) + ".dirs"],
+        f"if [ -e {NEW_MODEL} ]; then echo existed; sha256sum < {NEW_MODEL} | cut -c1-64; else echo absent; echo absent; "
+        f"fi; {missing_runtime(NEW_MODEL_DIRS)}",
+    ),
     # A conflicting unit (irqbalance, enabled and running on the pristine host) stopped and disabled; destroy
     # enables and starts it again.
     "host_runtime": (
@@ -137,6 +148,7 @@ PRIORS = {
     "systemd_service": lambda o: [f"enabled={o['prior']['enabled']}", f"active={o['prior']['active']}"],
     # The kept copy is the prior (its bytes are checked by destroy's file comparison too).
     "model_artifact": lambda o: ["existed" if o["prior_existed"] else "absent", o["found_sha256"]],
+    "model_artifact_dirs": lambda o: ["existed" if o["prior_existed"] else "absent", o["found_sha256"]],
     "host_runtime": lambda o: [
         "unit",
         "irqbalance.service",
@@ -161,6 +173,10 @@ SETUP = {
         "> /run/gpuhost-drop-when",
         "rm -rf /srv/gpuhost-drop-model /run/gpuhost-drop-when",
     ),
+    "model_artifact_dirs": (
+        f"printf '[ \"$(sha256sum < {NEW_MODEL} 2>/dev/null | cut -c1-64)\" = {MODEL_SHA} ]\\n' > /run/gpuhost-drop-when",
+        f"rm -rf {NEW_MODEL_DIRS[0]} /run/gpuhost-drop-when",
+    ),
 }
 
 # The harness's hook, with one more condition when /run/gpuhost-drop-when exists (a case's own moment).
@@ -174,7 +190,7 @@ assert SLOW_DATE != harness.SLOW_DATE
 @pytest.mark.parametrize("case", sorted(CASES))
 def test_drop_after_the_write_then_rerun_then_destroy_restores_the_pristine_host(testhost, case, tmp_path, monkeypatch):
     cls, args, paths, runtime_cmd = CASES[case]
-    if case == "model_artifact":
+    if case.startswith("model_artifact"):
         src = tmp_path / "model.onnx"
         src.write_bytes(MODEL_BYTES)
         args = {**args, "path": str(src)}

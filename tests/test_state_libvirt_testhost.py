@@ -7,9 +7,11 @@ result; libvirtd then finishes the start, so the re-run finds the domain defined
 The re-run is a create against a host that already runs the domain: it must adopt that one domain (its owner mark),
 not fail with "already exists" nor define a second one, and report what the first create found (`disk_created`
 true); destroy must leave no domain and none of the files it made (overlay, seed ISO, definition, autostart link,
-its pristine records). A second case puts an operator's disk and a file at the seed ISO path there first (0640,
-owner 0:4, content of their own): create replaces only the seed ISO, and destroy with `keep_disk: false` leaves
-both exactly as found; the same case with both paths empty leaves them empty. Uses the session's shared `testhost`.
+its pristine records, libvirt's autostart directory when it did not exist before). A second case puts an operator's
+disk and a file at the seed ISO path there first (0640, owner 0:4, content of their own) and another domain's
+autostart link: create replaces only the seed ISO, and destroy with `keep_disk: false` leaves both exactly as
+found, and the autostart directory with the other link in it; the same case with both paths empty and no autostart
+directory leaves them empty and no directory. Uses the session's shared `testhost`.
 """
 
 from __future__ import annotations
@@ -20,7 +22,7 @@ import time
 import pytest
 
 from plans.domain_xml import DomainSpec, Topology
-from providers.libvirt_domain import LibvirtDomainProvider
+from providers.libvirt_domain import AUTOSTART_DIR, LibvirtDomainProvider
 from tests.dropharness import drop_first_apply
 from tests.engine import ProviderError, ProviderServer
 from tests.test_state_testhost import snapshot
@@ -55,10 +57,16 @@ PATHS = [
     f"{RECORDS}/files{SEED}.owner",
     f"{RECORDS}/runtime/libvirt-disk{DISK}",
     f"{RECORDS}/runtime/libvirt-disk{DISK}.owner",
+    # made by libvirtd when the domain is set to autostart (when it was missing): gone after destroy
+    AUTOSTART_DIR,
+    f"{RECORDS}/runtime/libvirt-domain/{NAME}/missing-dirs",
 ]
+OTHER_LINK = f"{AUTOSTART_DIR}/gpuhost-operator-vm.xml"
 RUNTIME = f"echo domains; virsh list --all --name | grep -c '^{NAME}$'; virsh domstate {NAME} 2>/dev/null || echo none"
 SETUP = (
     "set -e; mkdir -p /etc/libvirt/hooks " + DIR + f"; cat > {HOOK} && chmod 755 {HOOK}; systemctl restart libvirtd; "
+    # the first case on a host without an autostart directory (one that earlier tests left empty goes)
+    f"rmdir {AUTOSTART_DIR} 2>/dev/null || true; "
     f"virsh pool-define-as {POOL} dir --target {DIR} >/dev/null; virsh pool-start {POOL} >/dev/null; "
     f"qemu-img create -q -f qcow2 {DIR}/base.qcow2 64M"
 )
@@ -66,13 +74,15 @@ SETUP = (
 OPERATOR_FILES = (
     f"set -e; printf 'operator disk data\\n' > {DIR}/op.raw; truncate -s 1M {DIR}/op.raw; "
     f"qemu-img convert -q -f raw -O qcow2 {DIR}/op.raw {DISK}; rm -f {DIR}/op.raw; "
-    f"printf 'an operator file at the seed ISO path\\n' > {SEED}; chmod 0640 {DISK} {SEED}; chown 0:4 {DISK} {SEED}"
+    f"printf 'an operator file at the seed ISO path\\n' > {SEED}; chmod 0640 {DISK} {SEED}; chown 0:4 {DISK} {SEED}; "
+    f"mkdir -p {AUTOSTART_DIR}; ln -sfn /etc/libvirt/qemu/gpuhost-operator-vm.xml {OTHER_LINK}"
 )
 TEARDOWN = (
     f"virsh destroy {NAME} >/dev/null 2>&1; virsh undefine --nvram {NAME} >/dev/null 2>&1; "
     f"virsh pool-destroy {POOL} >/dev/null 2>&1; virsh pool-undefine {POOL} >/dev/null 2>&1; rm -rf {DIR} {HOOK}; "
     f"rm -rf {RECORDS}/files{DIR} {RECORDS}/runtime/libvirt-disk{DIR}; "
-    "rm -f /run/gpuhost-drop-armed /run/gpuhost-drop-now; systemctl restart libvirtd"
+    f"rm -f /run/gpuhost-drop-armed /run/gpuhost-drop-now {OTHER_LINK}; rmdir {AUTOSTART_DIR} 2>/dev/null; "
+    "systemctl restart libvirtd"
 )
 
 
@@ -136,6 +146,7 @@ def test_libvirt_domain_drop_after_start_then_rerun_adopts_then_destroy_restores
         # what the first create found (from its records on the host), not the overlay and seed it left
         assert outs["disk_created"] is True and outs["disk_found"] == "absent", outs
         assert outs["seed_found"]["exists"] is False and outs["seed_uploaded"] is True, outs
+        assert outs["made_dirs"] == ([AUTOSTART_DIR] if pristine["files"][AUTOSTART_DIR] == "ABSENT\n" else [])
         after = snapshot(testhost, PATHS, RUNTIME)
         assert after["runtime"] == ["domains", "1", "running"], after  # adopted: still one domain
         # the overlay the dropped run made is kept (same bytes; libvirt's DAC labelling owns it while the VM runs)
@@ -177,10 +188,14 @@ def test_libvirt_domain_destroy_puts_back_the_disk_and_seed_iso_path_as_found(te
             assert base64.b64decode(seed["content_b64"]) == b"an operator file at the seed ISO path\n"
             # the operator's disk is the domain's disk, its data untouched
             assert up["files"][DISK].splitlines()[1] == pristine["files"][DISK].splitlines()[1], up
+            assert outs["made_dirs"] == [], outs  # the operator's domain had made it
         else:
             assert outs["disk_created"] is True and outs["disk_found"] == "absent", outs
             assert outs["seed_found"]["exists"] is False, outs
             assert up["files"][DISK] != "ABSENT\n", "create made the overlay"
+            assert pristine["files"][AUTOSTART_DIR] == "ABSENT\n", pristine
+            assert up["files"][AUTOSTART_DIR].startswith("directory "), up
+            assert outs["made_dirs"] == [AUTOSTART_DIR], outs
         r.destroy()
         after = snapshot(testhost, PATHS, RUNTIME)
         print(f"after destroy: disk {after['files'][DISK]!r}, seed {after['files'][SEED]!r}")
