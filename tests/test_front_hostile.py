@@ -20,7 +20,7 @@ from hypothesis import strategies as st
 
 from serving.front import BadRequest, Front, InputSig, Limits, ModelSig, parse_request
 from serving.queue import JobQueue, QueueConfig, Result
-from tests.hostile import wait_threads
+from tests.hostile import live_threads, threads_left
 from tests.servers import redis as redis_server
 
 redis = pytest.importorskip("redis")
@@ -73,7 +73,7 @@ class EchoConsumer:
 
 @pytest.fixture
 def front(redis_srv):
-    before = threading.active_count()
+    before = live_threads()
     r = redis.Redis(port=redis_srv.port)
     r.flushall()
     echo = EchoConsumer(redis_srv.port)
@@ -91,7 +91,7 @@ def front(redis_srv):
         echo.close()
         r.close()
         r.connection_pool.disconnect()
-        assert wait_threads(before) == before, "threads left behind"
+        assert threads_left(before) == [], "threads left behind"
 
 
 def _port(srv) -> int:

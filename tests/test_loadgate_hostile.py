@@ -15,7 +15,7 @@ from hypothesis import strategies as st
 
 from serving import kserve, loadgate
 from serving.loadgate import ExpectedOutput, LoadSpec, ResponseCheck, Slo, check_response
-from tests.hostile import HostileServer, wait_threads
+from tests.hostile import HostileServer, live_threads, threads_left
 
 CHECK = ResponseCheck((ExpectedOutput("scores", "FP32", (1, 4)), ExpectedOutput("label", "BYTES", (1, 2))))
 HEADER = "Inference-Header-Content-Length"
@@ -245,13 +245,13 @@ def _spec(url: str, **kw) -> LoadSpec:
 
 @pytest.fixture
 def server():
-    before = threading.active_count()
+    before = live_threads()
     srv = HostileServer().start()
     try:
         yield srv
     finally:
         srv.stop()
-        assert wait_threads(before) == before, "threads left behind"
+        assert threads_left(before) == [], "threads left behind"
 
 
 @settings(max_examples=12, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
@@ -260,12 +260,12 @@ def test_load_run_fails_on_any_bad_answer_and_loses_no_thread(server, bad, durin
     kind, body, header = bad
     good_body, good_hl = _answer([1, 2, 3, 4], [b"a", b"b"])
     headers = {} if header == "none" else {HEADER: header}
-    before = threading.active_count()
+    before = live_threads()
     server.answer(200, body, headers)
     if during == "load-only":
         server.script = [(200, good_body, {HEADER: good_hl})] * 6  # every warmup request answered well
     result = loadgate.run(_spec(server.url))
-    assert wait_threads(before) == before
+    assert threads_left(before) == []
     assert result.failures == (), result.failures
     assert result.requests > 0 and result.invalid == result.errors == result.requests, (kind, result)
     found = loadgate.violations(result, Slo())
