@@ -48,7 +48,9 @@ WANT_KEYS = ("pf", "num_vfs", "numa_node", "numa_policy", "vfio", "vfs", "irq_cp
 
 
 def want_of(props: dict) -> plan.SriovWant:
-    return plan.SriovWant.model_validate({k: props[k] for k in WANT_KEYS if props.get(k) is not None})
+    # Not strict here: the engine hands numbers over as floats (protobuf Struct), so a VLAN of 100 arrives as 100.0;
+    # the stack loader checked the config's own types strictly before any resource.
+    return plan.SriovWant.model_validate({k: props[k] for k in WANT_KEYS if props.get(k) is not None}, strict=False)
 
 
 def read_state(conn, pf_ref: str) -> tuple[HostFacts, plan.PfDetail, Optional[str], str]:
