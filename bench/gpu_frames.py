@@ -49,7 +49,7 @@ from bench.gpu import (  # noqa: E402
     start_servers,
     stats_delta,
 )
-from bench.yolo_check import WEIGHTS_FILE, match_detections, weights_file  # noqa: E402
+from bench.yolo_check import WEIGHTS_FILE, set_problem, weights_file  # noqa: E402
 from plans.presets import apply_preset  # noqa: E402
 from plans.triton_repo import repository_files, yolov8n_torch  # noqa: E402
 from serving import kserve, loadgate, sample_frames  # noqa: E402
@@ -194,17 +194,11 @@ class MatchesAsSets:
 
     def __call__(self, body: bytes, header_length) -> Optional[str]:
         try:
-            count, rows = self.rows(body, header_length)
+            _, rows = self.rows(body, header_length)
         except (KeyError, TypeError, ValueError) as e:
             return f"detections not readable: {type(e).__name__}: {e}"
         got = np.asarray([list(r) for r in rows], dtype=np.float32).reshape(-1, 6)
-        _, ug, uw = match_detections(got, self.ref)
-        loose = [got[i] for i in ug] + [self.ref[i] for i in uw]
-        unmatched = sum(1 for d in loose if abs(float(d[4]) - self.conf) > 0.05)
-        allowed = max(3, int(0.3 * max(count, self.count)))
-        if unmatched > allowed:
-            return f"{unmatched} of {count} boxes (reference {self.count}) unmatched by class and IoU >= 0.5"
-        return None
+        return set_problem(got, self.ref, self.conf)
 
 
 def _iou(a, b) -> float:

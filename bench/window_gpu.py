@@ -45,7 +45,7 @@ ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
-from bench.yolo_check import match_detections  # noqa: E402
+from bench.yolo_check import set_problem  # noqa: E402
 from plans.presets import apply_preset  # noqa: E402
 from plans.triton_model import InstanceGroup  # noqa: E402
 from plans.triton_repo import repository_files, yolov8n_torch  # noqa: E402
@@ -190,13 +190,7 @@ def check(det: np.ndarray, num: np.ndarray, ref: tuple[np.ndarray, np.ndarray], 
     ref_det, ref_num = ref
     n, rn = int(np.asarray(num).reshape(-1)[0]), int(np.asarray(ref_num).reshape(-1)[0])
     got, want = np.asarray(det, dtype=np.float32)[:n], np.asarray(ref_det, dtype=np.float32)[:rn]
-    _, ug, uw = match_detections(got, want)
-    loose = [got[i] for i in ug] + [want[i] for i in uw]
-    unmatched = sum(1 for d in loose if abs(float(d[4]) - conf) > 0.05)
-    allowed = max(3, int(0.3 * max(n, rn)))
-    if unmatched > allowed:
-        return f"{unmatched} of {n} detections (reference {rn}) unmatched by class and IoU >= 0.5 (allowed {allowed})"
-    return None
+    return set_problem(got, want, conf)
 
 
 # ---------------------------------------------------------------- Triton

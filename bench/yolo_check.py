@@ -176,6 +176,19 @@ def match_detections(got: np.ndarray, want: np.ndarray, iou: float = 0.5) -> tup
     return pairs, [i for i in range(len(got)) if i not in mg], [i for i in range(len(want)) if i not in mw]
 
 
+def set_problem(got: np.ndarray, want: np.ndarray, conf: float) -> Optional[str]:
+    """None when two detection sets ([n, 6] each) are one image's answer: matched one to one by class and IoU >= 0.5,
+    at most max(3, 30 %) of the larger set left unmatched, not counting boxes whose score is within 0.05 of the
+    confidence threshold (served FP16 and an eager FP16 reference round those differently); else what differs."""
+    _, ug, uw = match_detections(got, want)
+    loose = [got[i] for i in ug] + [want[i] for i in uw]
+    unmatched = sum(1 for d in loose if abs(float(d[4]) - conf) > 0.05)
+    allowed = max(3, int(0.3 * max(len(got), len(want))))
+    if unmatched > allowed:
+        return f"{unmatched} of {len(got)} detections (reference {len(want)}) unmatched by class and IoU >= 0.5"
+    return None
+
+
 def detection_report(
     got: list[np.ndarray], want: list[np.ndarray], conf: float = 0.25, margin: float = 0.02, iou: float = 0.5
 ) -> dict:
