@@ -184,7 +184,7 @@ def _no_stack_trace() -> source_pb2.StackTrace:
 def _contains_unknowns(val: Any) -> bool:
     """rpc.contains_unknowns without its per-call closure: the SDK defines a nested recursive `impl` (annotated
     `set[int]`) on every call, some 170,000 calls in a 100-host run, and each leaves a function, its cell, a
-    GenericAlias and two tuples in a reference cycle for the collector (half the objects the run leaves behind)."""
+    GenericAlias and two tuples in a reference cycle for the collector (two thirds of what the run left behind)."""
     if isinstance(val, Unknown):
         return True
     return isinstance(val, dict | list) and _unknowns_in(val, set())
@@ -220,15 +220,21 @@ def _reachable(from_resource: Any, to_resource: Any) -> bool:
     return False
 
 
-_resource_types: dict[type, dict[str, type]] = {}
+def _once_per_type(fn: Callable[[Any], Any]) -> Callable[[Any], Any]:
+    """`fn` of a type (a pure function of it), computed once per type: the SDK asks again for every resource or
+    property. An unhashable argument is passed through uncached."""
+    answers: dict[Any, Any] = {}
 
+    def once(t: Any) -> Any:
+        try:
+            return answers[t]
+        except KeyError:
+            answers[t] = fn(t)
+            return answers[t]
+        except TypeError:
+            return fn(t)
 
-def _memo_resource_types(resource_cls: type) -> dict[str, type]:
-    """_types.resource_types once per resource class: the SDK recomputes it for every resource it resolves, making
-    a throwaway class and resolving its type hints each time; the answer depends on the class alone."""
-    if resource_cls not in _resource_types:
-        _resource_types[resource_cls] = _sdk_resource_types(resource_cls)
-    return _resource_types[resource_cls]
+    return once
 
 
 _provider_bytes: dict[type, str] = {}
@@ -276,13 +282,15 @@ def _untrack_done(lock: Any, outputs: set, fut: Any) -> None:
 
 
 _sdk_debug = pulumi.log.debug
-_sdk_resource_types = sdk_types.resource_types
 _sdk_serialize_provider = sdk_dynamic.serialize_provider
 # (module, attribute, stand-in): SDK functions that lean_runtime replaces with ones that answer the same, cheaper
 _SHORTCUTS = (
     (rpc, "contains_unknowns", _contains_unknowns),
     (sdk_cycles, "_reachable", _reachable),
-    (sdk_types, "resource_types", _memo_resource_types),
+    # a resource class's output types: the SDK makes a throwaway class and resolves its type hints per resource
+    (sdk_types, "resource_types", _once_per_type(sdk_types.resource_types)),
+    # Output[T], Input[T], Optional[...] unwrapped to T, once per annotation instead of once per property value
+    (sdk_types, "unwrap_type", _once_per_type(sdk_types.unwrap_type)),
     (sdk_dynamic, "serialize_provider", _memo_serialize_provider),
     (pulumi.log, "debug", _debug),
     (pulumi.Output, "_track", _track),
@@ -291,7 +299,7 @@ _SHORTCUTS = (
 
 @contextmanager
 def lean_runtime() -> Iterator[None]:
-    """While the program runs under mocks, skip two things that cost time and change nothing it registers:
+    """While the program runs under mocks, skip what costs time and changes nothing it registers:
 
     - the cyclic garbage collector: the SDK makes some 35 Outputs, futures and tasks per resource, all alive until
       the run ends, and each full collection walks every one of them again (half the time of a 100-host run);
@@ -299,8 +307,10 @@ def lean_runtime() -> Iterator[None]:
     - the stack trace the SDK takes at each resource for the engine's diagnostics (source positions): the mock
       monitor drops it, and walking the stack with a file URI per frame was a tenth of the run;
     - per-resource work of the SDK whose answer is the same every time or cheaper to reach (`_SHORTCUTS`: the
-      unknowns check, the dependency-cycle check, a resource class's output types, a stateless provider's pickle,
-      debug messages nobody logs, the pending-output bookkeeping) and the loop's debug-mode question.
+      unknowns check, the dependency-cycle check, a resource class's output types and unwrapped annotations, a
+      stateless provider's pickle, debug messages nobody logs, the pending-output bookkeeping) and the loop's
+      debug-mode question. The registrations are the same byte for byte (docs/benchmarks.md says how that was
+      checked).
     """
     enabled = gc.isenabled()
     stack_trace = sdk_resource._get_stack_trace
