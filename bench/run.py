@@ -601,8 +601,9 @@ def _pure_rows(rows: list, p: dict) -> None:
             f"| 5. Whole program under Pulumi mocks, {mk['hosts']} hosts ({mk['resources']} resources) | "
             f"{fmt(mk['wall'])}"
             + (
-                f", CPU {fmt(mk['cpu'])}, {1000 * mk['wall']['median'] / mk['resources']:.2f} ms per resource "
-                f"(1-min load {', '.join(mk['loadavg_1min'])})"
+                f", CPU {fmt(mk['cpu'])}; per resource {1000 * mk['wall']['median'] / mk['resources']:.2f} ms "
+                f"(CPU {1000 * mk['cpu']['median'] / mk['resources']:.2f} ms); 1-min load at each run "
+                f"{', '.join(mk['loadavg_1min'])}"
                 if mk.get("cpu")
                 else ""
             )
