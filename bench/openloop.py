@@ -135,7 +135,10 @@ async def drive(
     problems: Optional[list[str]] = None,
 ) -> np.ndarray:
     """Issue ``share`` open loop from ``start`` (a ``clock`` reading); one ``RECORD`` per arrival, times relative to
-    ``start``. ``infer(i)`` answers request ``i``; ``check(i, outputs)`` says what is wrong with it (None: right)."""
+    ``start``. ``infer(i)`` answers request ``i``; ``check(i, outputs)`` says what is wrong with it (None: right).
+
+    Arrivals already due are issued back to back (a client running late catches up at once); an arrival finding
+    ``max_outstanding`` requests in flight is shed."""
     rec = np.zeros(len(share), dtype=RECORD)
     rec["proc"] = proc
     rec["sent"] = rec["done"] = math.nan
@@ -143,6 +146,7 @@ async def drive(
 
     async def one(row: int, i: int) -> None:
         nonlocal outstanding
+        rec["sent"][row] = clock() - start  # when it really starts: a busy loop runs a new task late
         try:
             out = await infer(i)
             problem = check(i, out)
@@ -167,7 +171,6 @@ async def drive(
             rec["status"][row] = SHED
             continue
         outstanding += 1
-        rec["sent"][row] = clock() - start
         tasks.append(asyncio.ensure_future(one(row, i)))
     if tasks:
         await asyncio.gather(*tasks)
