@@ -372,7 +372,7 @@ def run_config(config: str, spec: ClientSpec, phases: list[Phase], args: argpars
     }
 
 
-def verdict(runs: list[dict], capacity: dict[str, float], target_ms: float) -> list[str]:
+def verdict(runs: list[dict], probes: dict[str, dict], target_ms: float) -> list[str]:
     """The issue's goal, read off the runs: (a) misses the target, (d) keeps it in every phase with ≥ 2× (a)'s
     sustainable throughput, (d)'s p95 never worse than (c)'s by more than noise. Nothing is claimed from a run with
     a wrong answer, a failed request or a client that could not keep its schedule."""
@@ -380,7 +380,10 @@ def verdict(runs: list[dict], capacity: dict[str, float], target_ms: float) -> l
         f"({r['config']}) {r['wrong_answers']} wrong, {r['failed']} failed"
         for r in runs
         if r["wrong_answers"] or r["failed"]
+    ] + [
+        f"({c}) probe {p['wrong']} wrong, {p['failed']} failed" for c, p in probes.items() if p["wrong"] or p["failed"]
     ]
+    capacity = {c: p["right_per_s"] for c, p in probes.items()}
     bound = [f"({r['config']}) " + "; ".join(r["client_bound"]) for r in runs if r["client_bound"]]
     if bad:
         return ["INVALID: not every answer was right: " + "; ".join(bad)]
@@ -654,14 +657,14 @@ def main(argv: Optional[list[str]] = None) -> int:
     result = {
         "meta": meta,
         "runs": runs,
-        "verdict": verdict(runs, {c: p["right_per_s"] for c, p in probes.items()}, args.target_ms),
+        "verdict": verdict(runs, probes, args.target_ms),
     }
     (out / "window_gpu.json").write_text(json.dumps(result, indent=2) + "\n")
     (out / "window_gpu.md").write_text(markdown(result))
     (out / "triton.log").write_bytes((workdir / "triton.log").read_bytes()[-2_000_000:])
     log(f"wrote {out}/window_gpu.json and .md in {meta['wall_s']} s")
     print(markdown(result))
-    bad = sum(r["wrong_answers"] + r["failed"] for r in runs)
+    bad = sum(r["wrong_answers"] + r["failed"] for r in runs) + sum(p["wrong"] + p["failed"] for p in probes.values())
     return 1 if bad else (3 if any(r["client_bound"] for r in runs) else 0)
 
 

@@ -83,7 +83,7 @@ def test_verdict_reads_the_goal_off_the_runs_and_claims_nothing_from_a_bad_run()
     a = _run("a", [8, 900, 700, 9], [20, 400, 380, 20])
     c = _run("c", [9, 14, 12, 9], [20, 880, 530, 20])
     d = _run("d", [9, 14.5, 12, 9], [20, 880, 530, 20])
-    assert verdict([a, c, d], {"a": 410.0}, 25) == [
+    assert verdict([a, c, d], {"a": {"right_per_s": 410.0, "wrong": 0, "failed": 0}}, 25) == [
         "(a) sustained 20/s (highest phase served with p95 ≤ 25 ms, nothing shed)",
         "(c) sustained 880/s (highest phase served with p95 ≤ 25 ms, nothing shed)",
         "(d) sustained 880/s (highest phase served with p95 ≤ 25 ms, nothing shed)",
@@ -93,7 +93,7 @@ def test_verdict_reads_the_goal_off_the_runs_and_claims_nothing_from_a_bad_run()
         "(d) never worse than (c) by more than noise: yes",
     ]
     worse = _run("d", [9, 20, 12, 9], [20, 880, 530, 20], halves=[19.5, 20.0])
-    assert verdict([a, c, worse], {"a": 500.0}, 25)[-2:] == [
+    assert verdict([a, c, worse], {"a": {"right_per_s": 500.0, "wrong": 0, "failed": 0}}, 25)[-2:] == [
         "(d) sustained / (a)'s capacity (500.0/s): 1.76× (< 2×)",
         "(d) never worse than (c) by more than noise: no: p1 20 vs 14 ms (noise 1.00)",
     ]
@@ -103,4 +103,7 @@ def test_verdict_reads_the_goal_off_the_runs_and_claims_nothing_from_a_bad_run()
     ]
     assert verdict([a, _run("d", [9], [20], wrong=2)], {}, 25) == [
         "INVALID: not every answer was right: (d) 2 wrong, 0 failed"
+    ]
+    assert verdict([a], {"b": {"right_per_s": 9.0, "wrong": 1, "failed": 0}}, 25) == [
+        "INVALID: not every answer was right: (b) probe 1 wrong, 0 failed"
     ]
