@@ -231,7 +231,10 @@ async def _client(spec: ClientSpec, proc: int, job: dict, ready: Any, go: Any, s
 
     async def infer(i: int) -> Mapping[str, np.ndarray]:
         if spec.batching:
-            return await asyncio.wait_for(mb.submit({spec.input_name: items[i % n]}), spec.timeout_s)
+            try:
+                return await asyncio.wait_for(mb.submit({spec.input_name: items[i % n]}), spec.timeout_s)
+            except asyncio.TimeoutError:
+                raise TimeoutError(f"no answer within {spec.timeout_s:g} s") from None
         r = await client.infer(spec.model, [singles[i % n]], outputs=wanted, client_timeout=spec.timeout_s)
         return {o: r.as_numpy(o)[0] for o in spec.outputs}
 
