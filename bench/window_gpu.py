@@ -22,10 +22,12 @@ image's own reference (the same weights run in this process before Triton starts
 class, IoU and score. A 200 with a wrong answer counts as an error, never as served.
 
 Recorded per configuration: per phase offered/served rate, shed, errors, p50/p95/p99; per time bucket p95 against the
-target, served rate and (d)'s window; (d)'s every decision. Written to OUT/window_gpu.json and OUT/window_gpu.md.
+target, served rate and (d)'s windows; (d)'s decisions per period. Written to OUT/window_gpu.json and OUT/window_gpu.md,
+every request's record (due, sent, done, right/wrong/failed/shed) to OUT/records_<config>.npz.
 
     python3 -m bench.window_gpu --out OUT                      # on the GPU machine (bench/window_gpu.sh OUT)
-    .venv/bin/python -m bench.window_gpu --cpu --tiny --out /tmp/w   # smoke test here (CPU, seconds)
+    .venv/bin/python -m bench.window_gpu --cpu --tiny --out /tmp/w   # smoke test here (CPU, minutes)
+    .venv/bin/python -m bench.window_gpu --cpu --tiny --phases auto --auto-seconds 2,4,3,2 --probe-s 3 --out /tmp/w
 """
 
 from __future__ import annotations
@@ -345,6 +347,8 @@ def run_config(config: str, spec: ClientSpec, phases: list[Phase], args: argpars
     plan = schedule(phases, poisson=args.arrivals == "poisson", seed=args.seed)
     run = openloop.run_open_loop(spec, plan, args.procs, seed=args.seed)
     recs = run.records
+    # Every request's record (openloop.RECORD), to read again without the GPU.
+    np.savez_compressed(Path(args.out) / f"records_{config}.npz", records=recs)
     c = openloop.counts(recs)
     late = openloop.lag(recs)
     return {
