@@ -26,6 +26,7 @@ import pytest
 from access.shell import sh
 from providers.libvirt_domain import AUTOSTART_DIR
 from tests.hostmanifest import differences, manifest
+from tests.servers import free_port
 from tests.test_passthrough_host import snapshot
 from tests.testhost.fixtures import kernel_starts
 from tools.driver import Driver, StackConfig
@@ -92,12 +93,6 @@ def qmp(th, command: str) -> str:
         reply = json.loads(f.readline())
     s.close()
     return reply.get("return", "")
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def initrds(th) -> str:

@@ -38,7 +38,7 @@ import urllib.request
 from pathlib import Path
 from typing import Callable, Iterable, Literal, Sequence
 
-from tests.servers import stop_process
+from tests.servers import free_port, stop_process
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 STANDIN_MODEL = REPO_ROOT / "serving" / "standin_model.py"
@@ -60,12 +60,6 @@ def triton_available() -> bool:
         return False
     stub = dist / "python_backend_stubs" / f"{sys.version_info[0]}.{sys.version_info[1]}" / "triton_python_backend_stub"
     return (dist / "bin" / "tritonserver").exists() and libs.is_dir() and stub.exists()
-
-
-def free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def prepare_backend_dir(workdir: Path) -> Path:
