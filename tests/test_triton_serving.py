@@ -21,7 +21,7 @@ import tritonclient.http as httpclient
 from plans.triton_repo import repository_files, resnet50_fp16, sdxl, standin, yolov8n
 from serving import loadgate
 from serving.health import NotReady, wait_ready, warmup
-from tests.servers.nginx import front_triton, nginx_available
+from tests.servers.nginx import front_triton_fixture
 from tests.servers.triton import (
     STANDIN_MODEL,
     gate_inputs,
@@ -55,12 +55,7 @@ def triton(tmp_path_factory):
     handle.stop()
 
 
-@pytest.fixture(scope="module")
-def nginx(triton, tmp_path_factory):
-    if not nginx_available():
-        pytest.skip("nginx is not installed")
-    with front_triton(triton.ports, tmp_path_factory.mktemp("nginx"), default_model="sleep20") as handle:
-        yield handle
+nginx = front_triton_fixture("sleep20")
 
 
 def _metric(text: str, name: str, model: str) -> float:

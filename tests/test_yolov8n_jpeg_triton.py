@@ -21,6 +21,7 @@ pytest.importorskip("PIL")
 from plans.triton_repo import repository_files, yolov8n_torch  # noqa: E402
 from serving import loadgate, sample_frames  # noqa: E402
 from serving.models import frames, yolov8n_files  # noqa: E402
+from tests.servers.nginx import front_triton_fixture  # noqa: E402
 
 MAX_DET, CONF = 100, 0.1
 SIZES = [(1280, 720), (1920, 1080), (640, 480), (480, 640), (32, 32)]
@@ -186,14 +187,7 @@ def test_a_corrupt_frame_in_a_batch_fails_alone_and_the_instance_keeps_answering
     assert status == 200 and _same(det, reference(good[2]))
 
 
-@pytest.fixture(scope="module")
-def nginx(triton, tmp_path_factory):
-    from tests.servers.nginx import front_triton, nginx_available
-
-    if not nginx_available():
-        pytest.skip("nginx is not installed")
-    with front_triton(triton.ports, tmp_path_factory.mktemp("nginx"), default_model="det") as handle:
-        yield handle
+nginx = front_triton_fixture("det")
 
 
 def test_the_gate_sends_jpeg_frames_of_three_sizes_through_nginx_and_checks_each_answer(triton, nginx):
@@ -209,19 +203,10 @@ def test_the_gate_sends_jpeg_frames_of_three_sizes_through_nginx_and_checks_each
     sig = gate_signature(spec)
     assert sig["inputs"] == [{"name": "images", "datatype": "UINT8", "shape": [1, 1], "content": "jpeg"}]
     before = _stats(triton.http_url)
-    inputs = gate_inputs(
-        nginx.http,
-        "det",
-        request=sig,
-        concurrency=1,
-        maxRequests=6,
-        warmupRequests=1,
-        checkRequests=1,
-        # CPU model on a shared 2-core machine: the SLO here is only that every answer is right.
-        p95Ms=600_000,
-        requestTimeoutS=120,
-        version="1",
-    )
+    load = {"concurrency": 1, "maxRequests": 6, "warmupRequests": 1, "checkRequests": 1}
+    # CPU model on a shared 2-core machine: the SLO here is only that every answer is right.
+    slo = {"p95Ms": 600_000, "requestTimeoutS": 120}
+    inputs = gate_inputs(nginx.http, "det", request=sig, version="1", **load, **slo)
     with ProviderServer({}) as srv:
         gate = srv.resource(AcceptanceGateProvider(), "gpuhost:serving:AcceptanceGate", "gate-det")
         op, outs = gate.up(inputs)

@@ -122,3 +122,18 @@ def front_triton(triton_ports: dict[str, int], workdir: Path, default_model: str
     handle = start_nginx(conf, workdir, wait_port=http_port)
     handle.http, handle.grpc = f"http://127.0.0.1:{http_port}", f"127.0.0.1:{grpc_port}"
     return handle
+
+
+def front_triton_fixture(default_model: str):
+    """A module-scoped pytest fixture: `front_triton` before the module's `triton` fixture (skips where nginx is not
+    installed)."""
+    import pytest
+
+    @pytest.fixture(scope="module")
+    def _nginx(triton, tmp_path_factory):
+        if not nginx_available():
+            pytest.skip("nginx is not installed")
+        with front_triton(triton.ports, tmp_path_factory.mktemp("nginx"), default_model) as handle:
+            yield handle
+
+    return _nginx
