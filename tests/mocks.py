@@ -295,6 +295,7 @@ _SHORTCUTS = (
     (pulumi.log, "debug", _debug),
     (pulumi.Output, "_track", _track),
 )
+_SDK = {name: getattr(module, name) for module, name, _ in _SHORTCUTS}  # the SDK's own, by name
 
 
 @contextmanager
