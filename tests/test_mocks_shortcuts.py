@@ -57,7 +57,7 @@ def test_reachable_answers_as_the_sdk_on_every_pair():
     n = {k: _Node(k) for k in "abcdefg"}
     edges = [("a", "b"), ("b", "c"), ("c", "d"), ("a", "e"), ("e", "d"), ("f", "g"), ("d", "b")]
     for src, dst in edges:
-        sdk_cycles._add_dep(n[src], n[dst])
+        sdk_cycles._add_dep(n[src], n[dst])  # type: ignore[arg-type]
     answers = []
     for x in n.values():
         for y in n.values():
@@ -109,7 +109,7 @@ def test_once_per_type_answers_as_the_sdk():
     for cls in (Container, RemoteImage, pulumi.CustomResource):
         assert mocks._once_per_type(mocks._SDK["resource_types"])(cls) == mocks._SDK["resource_types"](cls)
     once = mocks._once_per_type(mocks._SDK["unwrap_type"])
-    for t in (pulumi.Output[int], pulumi.Input[str], int, list[int]):
+    for t in (pulumi.Output[int], pulumi.Input[str], int, list[int]):  # type: ignore[misc]
         assert once(t) == once(t) == mocks._SDK["unwrap_type"](t)
 
 
