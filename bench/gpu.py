@@ -20,7 +20,6 @@ Usage (on the GPU machine; ``--quick`` for a pipeline check; ``--cpu`` runs the 
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import platform
@@ -175,10 +174,7 @@ def grpc_run(
             req.raw_input_contents.append(image)
             reqs.append(req)
         want = {o.name: o for o in check.outputs}
-        lock = threading.Lock()
-        lat: list[float] = []
-        errs = [0, 0]
-        first = [""]
+        tallies: list[dict] = []  # one per thread, appended when it is done
         t0s = [0.0, 0.0]
 
         def _gate():
@@ -224,11 +220,7 @@ def grpc_run(
                     why = why or f"gRPC {e.code()}"
                 mine.append((time.perf_counter() - t0) * 1000)
             channel.close()
-            with lock:
-                lat.extend(mine)
-                errs[0] += bad
-                errs[1] += wrong
-                first[0] = first[0] or why
+            tallies.append({"lat": mine, "errors": bad, "invalid": wrong, "first_invalid": why})
 
         threads = [threading.Thread(target=worker, args=(7 * i,), daemon=True) for i in range(n)]
         for th in threads:
@@ -236,16 +228,7 @@ def grpc_run(
         gate.wait()
         for th in threads:
             th.join(duration_s + 120)
-        queue.put(
-            {
-                "lat": lat,
-                "errors": errs[0],
-                "invalid": errs[1],
-                "first_invalid": first[0],
-                "start": t0s[0],
-                "end": time.perf_counter(),
-            }
-        )
+        queue.put({"tallies": tallies, "start": t0s[0], "end": time.perf_counter()})
 
     children = [ctx.Process(target=child, args=(n,), daemon=True) for n in shares]
     for c in children:
@@ -253,18 +236,16 @@ def grpc_run(
     outs = [queue.get(timeout=duration_s + 300) for _ in children]
     for c in children:
         c.join(10)
-    lat = [x for o in outs for x in o["lat"]]
-    first_invalid = next((o["first_invalid"] for o in outs if o["first_invalid"]), "")
-    r = loadgate._result(
+    tallies = [t for o in outs for t in o["tallies"]]
+    return loadgate._result(
         "grpc",
         concurrency,
-        lat,
-        sum(o["errors"] for o in outs),
+        [x for t in tallies for x in t["lat"]],
+        sum(t["errors"] for t in tallies),
         max(o["end"] for o in outs) - min(o["start"] for o in outs),
-        sum(o["invalid"] for o in outs),
-        first_invalid,
+        sum(t["invalid"] for t in tallies),
+        next((t["first_invalid"] for t in tallies if t["first_invalid"]), ""),
     )
-    return r
 
 
 # ---------------------------------------------------------------- the GPU's own floor
@@ -387,6 +368,34 @@ def finish(results: dict, s: Servers, out: str, log_name: str, report_prefixes: 
     results["finished"] = time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime())
 
 
+def http_load(
+    s: Servers,
+    via: str,
+    model: str,
+    check: loadgate.ResponseCheck,
+    concurrency: int,
+    duration: float,
+    processes: int,
+    *,
+    warmup: int,
+    timeout_s: float,
+) -> Callable[..., loadgate.LoadSpec]:
+    """The gate's closed-loop HTTP load against ``model`` through ``via``: call it with the requests (``bodies``
+    and ``headers``, or ``payloads``) for the ``loadgate.LoadSpec``."""
+    return partial(
+        loadgate.LoadSpec,
+        url=f"{s.base(via)}/v2/models/{model}/infer",
+        concurrency=concurrency,
+        duration_s=duration,
+        max_requests=10**7,
+        warmup_requests=warmup,
+        timeout_s=timeout_s,
+        tool="python",
+        check=check,
+        processes=processes,
+    )
+
+
 def measure(
     s: Servers,
     name: str,
@@ -405,20 +414,8 @@ def measure(
             return grpc_run(target, model, images, check, concurrency, duration, processes), extra
         outs = [o.name for o in check.outputs]
         bodies = [loadgate.binary_request([("images", "UINT8", IMAGE_SHAPE, im)], outs) for im in images]
-        spec = loadgate.LoadSpec(
-            url=f"{s.base(via)}/v2/models/{model}/infer",
-            bodies=tuple(b for b, _ in bodies),
-            headers=bodies[0][1],
-            concurrency=concurrency,
-            duration_s=duration,
-            max_requests=10**7,
-            warmup_requests=5,
-            timeout_s=30,
-            tool="python",
-            check=check,
-            processes=processes,
-        )
-        return loadgate.run(spec), extra
+        load = http_load(s, via, model, check, concurrency, duration, processes, warmup=5, timeout_s=30)
+        return loadgate.run(load(bodies=tuple(b for b, _ in bodies), headers=bodies[0][1])), extra
 
     return point(s, name, model, via, load)
 
@@ -453,16 +450,10 @@ def run(args) -> dict:
     specs += [model(f"yolov8n_w{w}", window_us=w) for w in windows]
     extras = _extras(args.extra)
 
-    def fixed(name: str, window_us: int, instances: int, max_batch: int, preferred: Optional[list[int]] = None):
-        """A model that does not take the preset."""
+    def fixed(name: str, w: int, n: int, b: int, p: Optional[list[int]] = None):
+        """A model that does not take the preset: window ``w`` µs, ``n`` instances, max batch ``b``, preferred ``p``."""
         return yolov8n_torch(
-            name=name,
-            window_us=window_us,
-            instances=instances,
-            max_batch_size=max_batch,
-            preferred_batch_size=preferred,
-            gpu=gpu,
-            weights=WEIGHTS_FILE,
+            name=name, window_us=w, instances=n, max_batch_size=b, preferred_batch_size=p, gpu=gpu, weights=WEIGHTS_FILE
         )
 
     specs += [fixed(f"yolov8n_i{n}_w{w}_b{b}", w, n, b) for n, w, b in extras]
@@ -728,18 +719,8 @@ def table(results: dict) -> str:
 REPORT = Report("gpu", table, "## GPU serving: YOLOv8n through Triton, nginx and the gate (H200)")
 
 
-def quick(args: argparse.Namespace) -> None:
-    args.duration, args.concurrency, args.windows = 1.0, "1,4", "0,500"
-
-
 def main(argv=None) -> int:
-    ap = REPORT.parser(
-        __doc__,
-        cpu_help="KIND_CPU instances, FP32 (pipeline check without a GPU)",
-        quick_help="1 s per point, concurrency 1,4, windows 0,500",
-    )
-    ap.add_argument("--duration", type=float, default=5.0)
-    ap.add_argument("--concurrency", default="1,4,8,16")
+    ap = REPORT.parser(__doc__, duration=5.0, concurrency="1,4,8,16")
     ap.add_argument("--windows", default="0,200,500,1000")
     ap.add_argument("--instances", type=int, default=None, help="default: the GPU's preset")
     ap.add_argument("--max-batch", type=int, default=None, help="default: the GPU's preset")
@@ -750,7 +731,9 @@ def main(argv=None) -> int:
     ap.add_argument("--compare-old-preset", action="store_true", help="also the H200 preset before issue 18")
     ap.add_argument("--nginx-workers", default="", help="more nginx fronts with these worker_processes, e.g. 4,8")
     ap.add_argument("--images", type=int, default=64, help="distinct images sent in turn (one per request)")
-    return REPORT.main(ap, argv, run, quick)
+    ap.add_argument("--cpu", action="store_true", help="KIND_CPU instances, FP32 (pipeline check without a GPU)")
+    ap.add_argument("--quick", action="store_true", help="1 s per point, concurrency 1,4, windows 0,500")
+    return REPORT.main(ap, argv, run, quick={"duration": 1.0, "concurrency": "1,4", "windows": "0,500"})
 
 
 if __name__ == "__main__":

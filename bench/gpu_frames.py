@@ -24,7 +24,6 @@ Usage (on the GPU machine through ``bench/gpu_device.sh``; ``--cpu --quick`` che
 
 from __future__ import annotations
 
-import argparse
 import array
 import json
 import shutil
@@ -39,7 +38,7 @@ import numpy as np
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from bench.gpu import finish, guarded, machine, on_preset, point, preset_key, serve  # noqa: E402
+from bench.gpu import finish, guarded, http_load, machine, on_preset, point, preset_key, serve  # noqa: E402
 from bench.report import Report, git_commit  # noqa: E402
 from bench.servers import Servers, log  # noqa: E402
 from bench.yolo_check import WEIGHTS_FILE, repository, set_problem, weights_file, with_parameters  # noqa: E402
@@ -246,19 +245,8 @@ def _preferred(b: int, least: int) -> list[int]:
 
 def measure(s: Servers, name: str, model: str, via: str, c: int, duration: float, pl, processes: int) -> dict:
     def load(check: loadgate.ResponseCheck) -> tuple[loadgate.LoadResult, dict]:
-        spec = loadgate.LoadSpec(
-            url=f"{s.base(via)}/v2/models/{model}/infer",
-            payloads=pl,
-            concurrency=c,
-            duration_s=duration,
-            max_requests=10**7,
-            warmup_requests=3,
-            timeout_s=60,
-            tool="python",
-            check=check,
-            processes=max(1, min(processes, c)),
-        )
-        return loadgate.run(spec), {"request_bytes": round(sum(len(p.body) for p in pl) / len(pl))}
+        load = http_load(s, via, model, check, c, duration, max(1, min(processes, c)), warmup=3, timeout_s=60)
+        return loadgate.run(load(payloads=pl)), {"request_bytes": round(sum(len(p.body) for p in pl) / len(pl))}
 
     return point(s, name, model, via, load)
 
@@ -515,22 +503,13 @@ def table(results: dict) -> str:
     return "\n".join(lines) + "\n"
 
 
+QUICK = {"duration": 1.0, "concurrency": "1,2", "per_size": 1, "nginx_workers": "1", "report_every": 2}
+QUICK.update(jpeg_variants="1:2:1000:2", raw_variants="1:2:1000")
 REPORT = Report("gpu_frames", table, "### JPEG frames against raw uint8 input (issue 26)")
 
 
-def quick(args: argparse.Namespace) -> None:
-    args.duration, args.concurrency, args.per_size = 1.0, "1,2", 1
-    args.jpeg_variants, args.raw_variants, args.nginx_workers, args.report_every = "1:2:1000:2", "1:2:1000", "1", 2
-
-
 def main(argv=None) -> int:
-    ap = REPORT.parser(
-        __doc__,
-        cpu_help="KIND_CPU instances, FP32, CPU decode (pipeline check)",
-        quick_help="1 s per point, 1 frame per size, c=1,2, one variant each",
-    )
-    ap.add_argument("--duration", type=float, default=4.0)
-    ap.add_argument("--concurrency", default="1,8,16,32,64")
+    ap = REPORT.parser(__doc__, duration=4.0, concurrency="1,8,16,32,64")
     ap.add_argument("--per-size", type=int, default=8, help="distinct frames per size")
     ap.add_argument(
         "--jpeg-variants",
@@ -542,7 +521,9 @@ def main(argv=None) -> int:
     ap.add_argument("--processes", type=int, default=8, help="client processes at most")
     ap.add_argument("--http-threads", type=int, default=32)
     ap.add_argument("--report-every", type=int, default=200)
-    return REPORT.main(ap, argv, run, quick)
+    ap.add_argument("--cpu", action="store_true", help="KIND_CPU instances, FP32, CPU decode (pipeline check)")
+    ap.add_argument("--quick", action="store_true", help="1 s per point, 1 frame per size, c=1,2, one variant each")
+    return REPORT.main(ap, argv, run, quick=QUICK)
 
 
 if __name__ == "__main__":

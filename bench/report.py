@@ -70,9 +70,10 @@ class Report:
 
         REPORT = Report("gpu", table, "## GPU serving: ...")
         def main(argv=None):
-            ap = REPORT.parser(__doc__, "KIND_CPU instances, FP32 (pipeline check without a GPU)", ...)
+            ap = REPORT.parser(__doc__, duration=5.0, concurrency="1,4,8,16")
             ap.add_argument("--windows", default="0,200,500,1000")
-            return REPORT.main(ap, argv, run, quick)
+            ap.add_argument("--quick", action="store_true", help="1 s per point, concurrency 1,4")
+            return REPORT.main(ap, argv, run, quick={"duration": 1.0, "concurrency": "1,4"})
     """
 
     stem: str
@@ -87,14 +88,15 @@ class Report:
     def render_doc(self, results: dict) -> None:
         put_block(DOC, f"bench/{self.stem}.py", self.table(results), self.heading)
 
-    def parser(self, doc: str, cpu_help: str, quick_help: str) -> argparse.ArgumentParser:
-        """The options every GPU benchmark has; the caller adds its own."""
+    def parser(self, doc: str, duration: float, concurrency: str) -> argparse.ArgumentParser:
+        """The options every GPU benchmark has (``--duration`` and ``--concurrency`` with these defaults); the caller
+        adds its own, ``--cpu`` and ``--quick`` among them."""
         ap = argparse.ArgumentParser(description=doc.splitlines()[0])
         ap.add_argument("--out", default=str(ROOT / "bench" / "results"))
+        ap.add_argument("--duration", type=float, default=duration)
+        ap.add_argument("--concurrency", default=concurrency)
         ap.add_argument("--gpu-model", default="", help="preset key (default: nvidia-smi's name)")
         ap.add_argument("--nginx", default="")
-        ap.add_argument("--cpu", action="store_true", help=cpu_help)
-        ap.add_argument("--quick", action="store_true", help=quick_help)
         ap.add_argument("--commit", default="")
         ap.add_argument("--render", default="", help=f"only rewrite docs/benchmarks.md from this {self.stem}.json")
         return ap
@@ -104,16 +106,16 @@ class Report:
         ap: argparse.ArgumentParser,
         argv: Optional[list[str]],
         run: Callable[[argparse.Namespace], dict],
-        quick: Callable[[argparse.Namespace], None],
+        quick: dict[str, Any],
     ) -> int:
-        """Parse; ``--render``: the docs block only; else ``quick(args)`` where ``--quick``, ``run(args)``, the
-        files written and the table printed."""
+        """Parse; ``--render``: the docs block only; else the ``quick`` settings where ``--quick``, ``run(args)``,
+        the files written and the table printed."""
         args = ap.parse_args(argv)
         if args.render:
             self.render_doc(json.loads(Path(args.render).read_text()))
             return 0
         if args.quick:
-            quick(args)
+            vars(args).update(quick)
         results = run(args)
         results["command"] = f"python -m bench.{self.stem} " + " ".join(argv if argv is not None else sys.argv[1:])
         self.write(results, Path(args.out))

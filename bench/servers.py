@@ -25,7 +25,6 @@ Usage::
 from __future__ import annotations
 
 import dataclasses
-import http.client
 import importlib.util
 import json
 import os
@@ -36,13 +35,13 @@ import subprocess
 import sys
 import sysconfig
 import time
-import urllib.error
 import urllib.request
 from pathlib import Path
-from typing import Any, Callable, Mapping, Optional, Sequence
+from typing import Any, Callable, Mapping, Optional, Self, Sequence
 
 from plans.nginx import NginxSpec, render
 from plans.triton_runtime import ServerOptions, server_args
+from serving.health import status
 
 
 def log(msg: str) -> None:
@@ -58,17 +57,6 @@ def free_port() -> int:
 def get_json(url: str, timeout: float = 10.0) -> Any:
     with urllib.request.urlopen(url, timeout=timeout) as r:
         return json.loads(r.read())
-
-
-def status(url: str, timeout: float = 2.0) -> int:
-    """The HTTP status of a GET, 0 when nothing answers."""
-    try:
-        with urllib.request.urlopen(url, timeout=timeout) as r:
-            return r.status
-    except urllib.error.HTTPError as e:
-        return e.code
-    except (OSError, http.client.HTTPException):
-        return 0
 
 
 # ---------------------------------------------------------------- processes
@@ -211,6 +199,10 @@ class Triton:
     def grpc(self) -> str:
         return f"127.0.0.1:{self.ports['grpc']}"  # host:port, as tritonclient.grpc wants it
 
+    @property
+    def metrics(self) -> str:
+        return f"http://127.0.0.1:{self.ports['metrics']}"
+
     def log(self) -> str:
         try:
             return self.log_path.read_text(errors="replace")
@@ -219,6 +211,12 @@ class Triton:
 
     def stop(self, timeout: float = 20.0) -> None:
         stop_process(self.process, timeout=timeout)
+
+    def __enter__(self) -> Self:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
 
 
 def start_triton(
@@ -260,24 +258,29 @@ def start_triton(
 # ---------------------------------------------------------------- nginx in front
 
 
+def front_conf(prefix: Path, model: str, http_port: int, grpc_port: int, workers: str) -> tuple[str, int, int]:
+    """gpuhost's rendered nginx.conf in front of a loopback Triton (``model`` the default), listening on free
+    loopback ports; returns (conf, HTTP port, gRPC port)."""
+    listen_http, listen_grpc = free_port(), free_port()
+    spec = NginxSpec(
+        default_model=model,
+        listen_address="127.0.0.1",
+        listen_http=listen_http,
+        listen_grpc=listen_grpc,
+        upstream_http=f"127.0.0.1:{http_port}",
+        upstream_grpc=f"127.0.0.1:{grpc_port}",
+        prefix=str(prefix),
+        user="root" if os.geteuid() == 0 else None,  # as root, workers stay root so they can use the temp dir
+        worker_processes=workers,
+    )
+    return render(spec), listen_http, listen_grpc
+
+
 def start_nginx(
     prefix: Path, nginx_bin: str, model: str, http_port: int, grpc_port: int, workers: str
 ) -> tuple[subprocess.Popen, str, str]:
     """nginx with gpuhost's rendered config in front of Triton; returns (process, http URL, gRPC target)."""
-    listen_http, listen_grpc = free_port(), free_port()
-    conf = render(
-        NginxSpec(
-            default_model=model,
-            listen_address="127.0.0.1",
-            listen_http=listen_http,
-            listen_grpc=listen_grpc,
-            upstream_http=f"127.0.0.1:{http_port}",
-            upstream_grpc=f"127.0.0.1:{grpc_port}",
-            prefix=str(prefix),
-            user="root" if os.geteuid() == 0 else None,
-            worker_processes=workers,
-        )
-    )
+    conf, listen_http, listen_grpc = front_conf(prefix, model, http_port, grpc_port, workers)
     prefix.mkdir(exist_ok=True)
     (prefix / "nginx.conf").write_text(conf)
     cmd = [nginx_bin, "-p", str(prefix), "-c", str(prefix / "nginx.conf"), "-e", str(prefix / "error.log")]
@@ -296,19 +299,13 @@ def start_nginx(
 class Servers:
     triton: Triton
     nginx: subprocess.Popen
+    http: str  # Triton itself
+    grpc: str
     nginx_http: str
     nginx_grpc: str
     workdir: Path
     # More nginx fronts by worker_processes (A/B of the rendered config's one knob that depends on the host).
     extra: dict = dataclasses.field(default_factory=dict)
-
-    @property
-    def http(self) -> str:
-        return self.triton.http
-
-    @property
-    def grpc(self) -> str:
-        return self.triton.grpc
 
     def base(self, via: str) -> str:
         """The HTTP URL of ``via``: ``nginx``, ``direct`` (Triton) or ``nginx-w<workers>``."""
@@ -355,7 +352,7 @@ def start_servers(
     except BaseException:
         t.stop()
         raise
-    return Servers(t, nginx, nhttp, ngrpc, workdir, extra)
+    return Servers(t, nginx, t.http, t.grpc, nhttp, ngrpc, workdir, extra)
 
 
 # ---------------------------------------------------------------- Triton's statistics

@@ -18,14 +18,13 @@ import pytest
 import tritonclient.grpc as grpcclient
 import tritonclient.http as httpclient
 
-from plans.nginx import NginxSpec, render
+from bench.servers import front_conf, write_repository
 from plans.triton_repo import repository_files, resnet50_fp16, sdxl, standin, yolov8n
 from serving import loadgate
 from serving.health import NotReady, wait_ready, warmup
-from tests.servers.nginx import nginx_available, run_user, start_nginx
+from tests.servers.nginx import nginx_available, start_nginx
 from tests.servers.triton import (
     STANDIN_MODEL,
-    free_port,
     start_triton,
     triton_available,
     write_sleep_model,
@@ -37,9 +36,7 @@ REAL = [yolov8n(), resnet50_fp16(), sdxl()]
 
 def _populate(repo):
     models = [standin(yolov8n()), standin(resnet50_fp16(), sleep_ms=25), standin(sdxl())]
-    for path, content in repository_files(models, gpu_count=0, model_py=STANDIN_MODEL.read_bytes()).items():
-        (repo / path).parent.mkdir(parents=True, exist_ok=True)
-        (repo / path).write_bytes(content)
+    write_repository(repo, repository_files(models, gpu_count=0, model_py=STANDIN_MODEL.read_bytes()))
     write_sleep_model(repo, "sleep20", sleep_ms=SLEEP_MS, dynamic_batching=False)
     write_sleep_model(repo, "zero", sleep_ms=0, dynamic_batching=False)
 
@@ -61,20 +58,7 @@ def nginx(triton, tmp_path_factory):
     if not nginx_available():
         pytest.skip("nginx is not installed")
     work = tmp_path_factory.mktemp("nginx")
-    http_port, grpc_port = free_port(), free_port()
-    conf = render(
-        NginxSpec(
-            default_model="sleep20",
-            listen_address="127.0.0.1",
-            listen_http=http_port,
-            listen_grpc=grpc_port,
-            upstream_http=f"127.0.0.1:{triton.ports['http']}",
-            upstream_grpc=f"127.0.0.1:{triton.ports['grpc']}",
-            prefix=str(work),
-            user=run_user(),
-            worker_processes="1",
-        )
-    )
+    conf, http_port, grpc_port = front_conf(work, "sleep20", triton.ports["http"], triton.ports["grpc"], "1")
     handle = start_nginx(conf, work, wait_port=http_port)
     handle.http = f"http://127.0.0.1:{http_port}"  # where this module's tests reach it
     handle.grpc = f"127.0.0.1:{grpc_port}"

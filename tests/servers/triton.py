@@ -25,13 +25,12 @@ from __future__ import annotations
 
 import dataclasses
 import shutil
-import subprocess
 import tempfile
 from pathlib import Path
 from typing import Callable, Iterable, Literal, Sequence
 
+from bench.servers import Triton, launch_triton, wait_ready
 from bench.servers import free_port as free_port
-from bench.servers import launch_triton, stop_process, wait_ready
 from bench.servers import prepare_backend_dir as prepare_backend_dir
 from bench.servers import pytriton_dirs as _pytriton_dirs
 from bench.servers import triton_available as triton_available
@@ -42,32 +41,29 @@ STANDIN_MODEL = REPO_ROOT / "serving" / "standin_model.py"
 
 
 @dataclasses.dataclass
-class TritonHandle:
-    http_url: str
-    grpc_url: str  # host:port, as tritonclient.grpc wants it
-    metrics_url: str
-    ports: dict[str, int]
-    process: subprocess.Popen
-    workdir: Path
-    log_path: Path
+class TritonHandle(Triton):
+    """``bench.servers.Triton`` with the names the tests use and, where it made one, its work directory removed on
+    stop."""
+
+    workdir: Path = Path(".")
     _owns_workdir: bool = False
 
-    def log(self) -> str:
-        try:
-            return self.log_path.read_text(errors="replace")
-        except FileNotFoundError:
-            return ""
+    @property
+    def http_url(self) -> str:
+        return self.http
+
+    @property
+    def grpc_url(self) -> str:
+        return self.grpc
+
+    @property
+    def metrics_url(self) -> str:
+        return self.metrics
 
     def stop(self, timeout: float = 15.0) -> None:
-        stop_process(self.process, timeout=timeout)
+        super().stop(timeout)
         if self._owns_workdir:
             shutil.rmtree(self.workdir, ignore_errors=True)
-
-    def __enter__(self) -> "TritonHandle":
-        return self
-
-    def __exit__(self, *exc) -> None:
-        self.stop()
 
 
 def start_triton(
@@ -115,16 +111,7 @@ def start_triton(
         f"--log-verbose={1 if verbose else 0}",
         *extra_args,
     ]
-    handle = TritonHandle(
-        http_url=f"http://127.0.0.1:{ports['http']}",
-        grpc_url=f"127.0.0.1:{ports['grpc']}",
-        metrics_url=f"http://127.0.0.1:{ports['metrics']}",
-        ports=ports,
-        process=launch_triton(args, log_path),
-        workdir=workdir,
-        log_path=log_path,
-        _owns_workdir=owns,
-    )
+    handle = TritonHandle(launch_triton(args, log_path), ports, log_path, workdir, owns)
     # Triton opens its metrics port after HTTP is ready: tests read /metrics first thing, so wait for both.
     ready = [handle.http_url + "/v2/health/ready", handle.metrics_url + "/metrics"]
     wait_ready("tritonserver", handle.process, ready, ready_timeout, lambda: handle.log()[-4000:], handle.stop)
