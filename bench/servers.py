@@ -11,6 +11,7 @@ goes first there. Runs on the GPU device machine too: only the standard library,
   fronts by ``worker_processes``;
 * ``launch_triton`` / ``wait_ready`` / ``stop_process``: the parts, for a caller with its own arguments
   (``tests/servers/triton.py``);
+* ``worker_backends``: ``serving.worker``'s backends config for such Tritons;
 * ``get_json``, ``model_stats``, ``batch_sizes``, ``stats_delta``: Triton's statistics over a run.
 
 Usage::
@@ -253,6 +254,21 @@ def start_triton(
     tail = lambda: triton.log()[-6000:]  # noqa: E731
     wait_ready("tritonserver", triton.process, [triton.http + "/v2/health/ready"], ready_timeout, tail, triton.stop)
     return triton
+
+
+def worker_backends(tritons: Mapping[str, Triton], weights: Mapping[str, int]) -> list[dict]:
+    """``serving.worker``'s ``backends`` config for loopback Tritons: each name in ``weights`` with its weight and
+    its Triton's gRPC, HTTP and metrics endpoints."""
+    return [
+        {
+            "name": n,
+            "weight": w,
+            "grpc": tritons[n].grpc,
+            "http": tritons[n].http,
+            "metrics": tritons[n].metrics + "/metrics",
+        }
+        for n, w in weights.items()
+    ]
 
 
 # ---------------------------------------------------------------- nginx in front
