@@ -414,8 +414,8 @@ def measure(
             return grpc_run(target, model, images, check, concurrency, duration, processes), extra
         outs = [o.name for o in check.outputs]
         bodies = [loadgate.binary_request([("images", "UINT8", IMAGE_SHAPE, im)], outs) for im in images]
-        load = http_load(s, via, model, check, concurrency, duration, processes, warmup=5, timeout_s=30)
-        return loadgate.run(load(bodies=tuple(b for b, _ in bodies), headers=bodies[0][1])), extra
+        spec = http_load(s, via, model, check, concurrency, duration, processes, warmup=5, timeout_s=30)
+        return loadgate.run(spec(bodies=tuple(b for b, _ in bodies), headers=bodies[0][1])), extra
 
     return point(s, name, model, via, load)
 

@@ -245,8 +245,8 @@ def _preferred(b: int, least: int) -> list[int]:
 
 def measure(s: Servers, name: str, model: str, via: str, c: int, duration: float, pl, processes: int) -> dict:
     def load(check: loadgate.ResponseCheck) -> tuple[loadgate.LoadResult, dict]:
-        load = http_load(s, via, model, check, c, duration, max(1, min(processes, c)), warmup=3, timeout_s=60)
-        return loadgate.run(load(payloads=pl)), {"request_bytes": round(sum(len(p.body) for p in pl) / len(pl))}
+        spec = http_load(s, via, model, check, c, duration, max(1, min(processes, c)), warmup=3, timeout_s=60)
+        return loadgate.run(spec(payloads=pl)), {"request_bytes": round(sum(len(p.body) for p in pl) / len(pl))}
 
     return point(s, name, model, via, load)
 
