@@ -96,7 +96,8 @@ def wait_ready(
     stop: Callable[[], None],
 ) -> None:
     """Back once every one of ``urls`` answers 200. When the process exits first: RuntimeError; after
-    ``timeout``: ``stop()`` and TimeoutError; both with ``output()`` (what the server said)."""
+    ``timeout``: TimeoutError; both with ``output()`` (what the server said), after ``stop()`` (what is left of
+    its session ends too)."""
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         if proc.poll() is not None:

@@ -25,7 +25,7 @@ class LaunchedServer:
         self.stop()
 
     def wait_ready(self, name: str, url: str, timeout: float, output: Callable[[], str]) -> Self:
-        """Itself once `url` answers 200. RuntimeError if the process exits first; after `timeout`, the server
-        stopped and TimeoutError; both with `output()` (what the server said)."""
+        """Itself once `url` answers 200. RuntimeError if the process exits first, TimeoutError after `timeout`;
+        both with `output()` (what the server said), the server stopped (`bench.servers.wait_ready`)."""
         wait_ready(name, self.process, [url], timeout, output, self.stop)
         return self
