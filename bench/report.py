@@ -1,6 +1,6 @@
 """What the benchmarks write: latency summaries, markdown tables, the json/md results and docs/benchmarks.md's blocks.
 
-* ``latency``: p50/p95/p99 (nearest rank, ``serving.microbatch.percentile``) of latencies in ms, rounded;
+* ``latency``: p50/p95/p99 (nearest rank, ``serving.adaptive_window.percentile``: the one rule) of latencies in ms, rounded;
 * ``md_table``: a markdown table's lines from a header and rows;
 * ``put_block``: a benchmark's table in ``docs/benchmarks.md`` between its BEGIN/END markers (appended with a
   heading the first time);
@@ -24,7 +24,7 @@ import sys
 from pathlib import Path
 from typing import Any, Callable, Iterable, Optional, Sequence
 
-from serving.microbatch import percentile
+from serving.adaptive_window import percentile
 
 ROOT = Path(__file__).resolve().parents[1]
 DOC = ROOT / "docs" / "benchmarks.md"

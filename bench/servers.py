@@ -42,7 +42,7 @@ from typing import Any, Callable, Mapping, Optional, Self, Sequence
 
 from plans.nginx import NginxSpec, render
 from plans.triton_runtime import ServerOptions, server_args
-from serving.health import status
+from serving.health import http_status
 
 
 def log(msg: str) -> None:
@@ -50,6 +50,7 @@ def log(msg: str) -> None:
 
 
 def free_port() -> int:
+    """A TCP port on 127.0.0.1 that nothing listens on now (the kernel's pick)."""
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
@@ -104,7 +105,7 @@ def wait_ready(
             tail = output()
             stop()
             raise RuntimeError(f"{name} exited with {proc.returncode}:\n{tail}")
-        if all(status(u) == 200 for u in urls):
+        if all(http_status(u) == 200 for u in urls):
             return
         time.sleep(0.2)
     tail = output()

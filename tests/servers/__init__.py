@@ -3,6 +3,7 @@
 import subprocess
 from typing import Callable, Self
 
+from bench.servers import free_port as free_port
 from bench.servers import kill_group as kill_group
 from bench.servers import stop_process as stop_process
 from bench.servers import wait_ready

@@ -199,3 +199,17 @@ def triton_fixture(populate: Callable[[Path], object], *, scope: _Scope = "modul
             handle.stop()
 
     return _triton
+
+
+def gate_inputs(url: str, model: str, **over) -> dict:
+    """AcceptanceGate's inputs for `model` served behind `url`: one second of load, no error allowed (``over``: the
+    request, the load's shape, the SLO and the rest)."""
+    return {
+        "url": url,
+        "models": [model],
+        "model": model,
+        "durationS": 1,
+        "maxErrorRate": 0.0,
+        "trigger": "digest-1",
+        **over,
+    }
