@@ -32,6 +32,8 @@ from pathlib import Path
 
 import numpy as np
 
+from bench.report import md_table
+
 ROOT = Path(__file__).resolve().parent.parent
 RESULTS = ROOT / "bench" / "results"
 DOC = ROOT / "docs" / "benchmarks.md"
@@ -125,6 +127,7 @@ def main(argv: list[str] | None = None) -> int:
     import redis
     import tritonclient.grpc as grpcclient
 
+    from bench.servers import worker_backends
     from serving.queue import JobQueue, QueueConfig
     from tests.servers import stop_process
     from tests.servers.redis import start_redis
@@ -154,16 +157,7 @@ def main(argv: list[str] | None = None) -> int:
             "queue": {"max_depth": 10_000},
             "slots": a.slots,
             "models": ["gen"],
-            "backends": [
-                {
-                    "name": n,
-                    "weight": w,
-                    "grpc": handles[n].grpc_url,
-                    "http": handles[n].http_url,
-                    "metrics": handles[n].metrics_url + "/metrics",
-                }
-                for n, w in WEIGHTS.items()
-            ],
+            "backends": worker_backends(handles, WEIGHTS),
         }
         (base / "worker.json").write_text(json.dumps(cfg))
         for i in range(a.workers):
@@ -265,19 +259,10 @@ def render(result: dict) -> str:
         f"Tritons, stand-in with {s['batch_ms']:g} ms per batch (max batch {s['max_batch_size']}), weights 3:2, "
         f"{s['workers']} workers x {s['slots']} slots, closed loop {s['duration_s']:g} s per row.",
         "",
-        "| clients | path | jobs/s | p50 ms | p95 ms | p99 ms | errors | split mig-a:vm-b |",
-        "|---:|---|---:|---:|---:|---:|---:|---|",
     ]
     by = {(r["path"], r["concurrency"]): r for r in result["rows"]}
-    for r in result["rows"]:
-        split = ""
-        if r.get("served"):
-            a, b = r["served"].get("mig-a", 0), r["served"].get("vm-b", 0)
-            split = f"{a}:{b} ({a / b:.2f})" if b else f"{a}:0"
-        lines.append(
-            f"| {r['concurrency']} | {r['path']} | {r['jobs_per_s']:.1f} | {r['p50_ms']:.1f} | "
-            f"{r['p95_ms']:.1f} | {r['p99_ms']:.1f} | {r['errors']} | {split} |"
-        )
+    head = ["clients", "path", "jobs/s", "p50 ms", "p95 ms", "p99 ms", "errors", "split mig-a:vm-b"]
+    lines += md_table(head, (_row(r) for r in result["rows"]), align="r-rrrrr-")
     lines.append("")
     for c in sorted({r["concurrency"] for r in result["rows"]}):
         d, q = by.get(("direct", c)), by.get(("queue", c))
@@ -288,6 +273,15 @@ def render(result: dict) -> str:
                 f"{q['jobs_per_s'] / d['jobs_per_s']:.0%} of the direct rate."
             )
     return "\n".join(lines) + "\n"
+
+
+def _row(r: dict) -> list:
+    split = ""
+    if r.get("served"):
+        a, b = r["served"].get("mig-a", 0), r["served"].get("vm-b", 0)
+        split = f"{a}:{b} ({a / b:.2f})" if b else f"{a}:0"
+    ms = [f"{r[k]:.1f}" for k in ("p50_ms", "p95_ms", "p99_ms")]
+    return [r["concurrency"], r["path"], f"{r['jobs_per_s']:.1f}", *ms, r["errors"], split]
 
 
 if __name__ == "__main__":

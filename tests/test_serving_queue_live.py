@@ -20,6 +20,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from bench.servers import worker_backends
 from serving.queue import JobQueue, QueueConfig, QueueFull, Result
 from tests.servers import redis as redis_server
 from tests.servers import stop_process
@@ -94,16 +95,7 @@ def workers(tmp_path, redis_srv):
         cfg = {
             "redis": {"host": "127.0.0.1", "port": redis_srv.port},
             "queue": {"max_depth": max_depth},
-            "backends": [
-                {
-                    "name": n,
-                    "weight": w,
-                    "grpc": handles[n].grpc_url,
-                    "http": handles[n].http_url,
-                    "metrics": handles[n].metrics_url + "/metrics",
-                }
-                for n, w in WEIGHTS.items()
-            ],
+            "backends": worker_backends(handles, WEIGHTS),
             "slots": 5,
             "claim_idle_ms": 1000,
             "probe_interval_s": 0.25,
