@@ -9,7 +9,8 @@ triton-a (weight 3) and triton-b (weight 2); Redis (Debian's redis-server); ``--
 Paths compared (each request one distinct image ``i mod --images`` as UINT8 [1, 640, 640, 3], 1.2 MB):
   * direct:  the load process calls a Triton over gRPC (tritonclient, as the worker does), the backend by smooth
     weighted round robin 3:2;
-  * gateway: ``JobQueue.submit`` (the submit script: XADD with the depth check) and ``JobQueue.result`` (BLPOP),
+  * gateway: ``JobQueue.submit`` (the image SET beside the submit script's XADD with the depth check, one round
+    trip) and ``JobQueue.result`` (BLPOP),
     what ``serving.front`` does per request after parsing its HTTP body; the workers XREADGROUP, pick a backend
     (``serving.scheduler``), call it over gRPC and store the result once.
 The front's HTTP/JSON parsing is not in the path: KServe v2 JSON of a 640x640x3 image is ~4 MB of text per job,
@@ -440,8 +441,8 @@ def summarise(path: str, mode: str, spec: dict, parts: list[dict]) -> dict:
     if path == "gateway":
         out["parts_ms_p50"] = {
             "client_total": med([x[9] for x in ok]),
-            "submit (EVALSHA + XADD, 1.2 MB)": med([x[10] for x in ok]),
-            "in stream until dispatch (XREADGROUP, decode, pick)": med([x[11] - x[10] for x in ok]),
+            "client's submit call (SET 1.2 MB + EVALSHA, one round trip)": med([x[10] for x in ok]),
+            "submit to dispatch (submit, XREADGROUP + MGET, decode, pick)": med([x[11] for x in ok]),
             "Triton call from the worker (gRPC)": med([x[12] for x in ok]),
             "stored to caller (encode, complete script, BLPOP, decode)": med([x[9] - x[13] for x in ok]),
         }

@@ -5,8 +5,8 @@ set -euo pipefail
 carry=${1:-.gpucarry}
 mkdir -p "$carry/deb-redis" "$carry/whl-redis"
 (cd "$carry/deb-redis" && apt-get download redis-server redis-tools libjemalloc2 liblzf1 libatomic1)
-# Plain names (no %3a epoch): the device copies only files with ordinary names.
-for f in "$carry"/deb-redis/*%3a*.deb; do [ -e "$f" ] && mv "$f" "${f/\%3a/-}"; done
+# Plain names (package.deb: no epoch's %3a, no ~), which any copy takes as they are.
+for f in "$carry"/deb-redis/*_*.deb; do mv "$f" "$carry/deb-redis/$(dpkg-deb -f "$f" Package).deb"; done
 python3 -m pip download -q --no-deps --only-binary=:all: --python-version 3.12 --platform manylinux2014_x86_64 \
   -d "$carry/whl-redis" "redis==8.1.0"
 du -sh "$carry"/*
