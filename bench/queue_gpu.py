@@ -162,7 +162,7 @@ class Redis:
             kill_group(self.proc, signal.SIGTERM)
 
 
-def worker_config(redis_port: int, backends: dict[str, Backend], a: argparse.Namespace) -> dict:
+def gateway_config(redis_port: int, backends: dict[str, Backend], a: argparse.Namespace) -> dict:
     return {
         "redis": {"host": "127.0.0.1", "port": redis_port},
         "queue": {"max_depth": a.max_depth},
@@ -174,20 +174,6 @@ def worker_config(redis_port: int, backends: dict[str, Backend], a: argparse.Nam
         "call_timeout_s": 30.0,
         "job_timeout_s": 60.0,
     }
-
-
-def start_worker(cfg_path: Path, consumer: str, logdir: Path) -> subprocess.Popen:
-    env = dict(os.environ)
-    env["PYTHONPATH"] = os.pathsep.join(x for x in (str(ROOT), env.get("PYTHONPATH", "")) if x)
-    with open(logdir / f"worker-{consumer}.log", "ab") as logf:
-        return subprocess.Popen(
-            [sys.executable, "-m", "serving.worker", "--config", str(cfg_path), "--consumer", consumer],
-            cwd=ROOT,
-            env=env,
-            stdout=logf,
-            stderr=subprocess.STDOUT,
-            start_new_session=True,
-        )
 
 
 # ---------------------------------------------------------------- the load processes
@@ -373,7 +359,8 @@ class LoadPool:
     def run(self, spec: dict) -> list[dict]:
         for c in self.conns:
             c.send({**spec, "procs": len(self.conns)})
-        out = [c.recv() for c in self.conns]
+        wait = spec["duration"] + spec["drain_s"] + 180
+        out = [c.recv() if c.poll(wait) else {"crash": f"no answer within {wait:g} s"} for c in self.conns]
         crashed = [o["crash"] for o in out if "crash" in o]
         if crashed:
             raise RuntimeError(f"load process failed: {crashed[0]}")
@@ -541,6 +528,7 @@ def main(argv: Optional[list[str]] = None) -> int:
 
     from bench.window_gpu import detector_weights, machine_line, pick_images
     from serving.queue import JobQueue, QueueConfig
+    from tests.servers.gateway import spawn_worker
 
     gpu_name, machine = machine_line(gpu)
     base = Path(os.environ.get("TMPDIR", "/tmp")) / f"gpuhost-queue-gpu-{os.getpid()}"
@@ -565,13 +553,12 @@ def main(argv: Optional[list[str]] = None) -> int:
     try:
         backends = start_backends(base, spec, weights, gpu)
         log(f"Tritons ready after {time.monotonic() - t_main:.1f} s: {[(b.name, b.grpc) for b in backends.values()]}")
-        cfg_path = base / "worker.json"
-        cfg_path.write_text(json.dumps(worker_config(rs.port, backends, a)))
+        cfg = gateway_config(rs.port, backends, a)
         r = redispy.Redis(port=rs.port, socket_timeout=10)
         q = JobQueue(r, QueueConfig(max_depth=a.max_depth))
         q.ensure_group()
         for i in range(a.workers):
-            workers[f"w{i}"] = start_worker(cfg_path, f"w{i}", base)
+            workers[f"w{i}"] = spawn_worker(cfg, f"w{i}", base)
         wait_consumers(r, q, a.workers)
         setup = {
             "images": str(base / "images.npy"),
@@ -655,7 +642,7 @@ def main(argv: Optional[list[str]] = None) -> int:
             if f == "worker":
                 ev["pending_of_killed_after"] = len(q.pending_of(VICTIM_WORKER))
                 ev["claim_idle_ms"] = a.claim_idle_ms
-                workers[VICTIM_WORKER] = start_worker(cfg_path, VICTIM_WORKER, base)  # back for the next runs
+                workers[VICTIM_WORKER] = spawn_worker(cfg, VICTIM_WORKER, base)  # back for the next runs
             elif f == "redis":
                 ev["aof_bytes"] = sum(x.stat().st_size for x in (base / "redis").rglob("*.aof"))
                 r.config_set("appendonly", "no")
@@ -671,6 +658,11 @@ def main(argv: Optional[list[str]] = None) -> int:
             ev["run"] = res
             log(f"fault {f}: {json.dumps({k: v for k, v in ev.items() if k != 'run'})}")
             result["faults"].append(ev)
+    except Exception:  # noqa: BLE001 - what was measured is still written, with the error
+        import traceback
+
+        result["error"] = traceback.format_exc()
+        log("FAILED:\n" + result["error"])
     finally:
         if pool is not None:
             pool.close()
@@ -679,7 +671,7 @@ def main(argv: Optional[list[str]] = None) -> int:
         for b in backends.values():
             kill_group(b.proc, signal.SIGTERM)
         rs.stop()
-        for f in base.glob("worker-*.log"):
+        for f in base.glob("w*.log"):
             shutil.copy2(f, out / f.name)
         for b in backends.values():
             (out / f"triton-{b.name}.log").write_bytes((b.workdir / "triton.log").read_bytes()[-1_000_000:])
@@ -719,7 +711,8 @@ def main(argv: Optional[list[str]] = None) -> int:
     md = markdown(result)
     (out / "queue_gpu.md").write_text(md)
     print(md)
-    bad = sum(x["wrong"] + x["errors"] + x["lost"] for x in result["runs"])
+    bad = 1 if "error" in result else 0
+    bad += sum(x["wrong"] + x["errors"] + x["lost"] for x in result["runs"])
     bad += sum(f["run"]["wrong"] + f["run"]["lost"] + f["run"]["redis"]["answered_twice"] for f in result["faults"])
     return 1 if bad else 0
 
@@ -744,6 +737,9 @@ class Fault:
         time.sleep(max(0.0, start + self.after_s - time.time()))
         ev = self.ev
         if self.kind == "worker":
+            deadline = time.monotonic() + 3.0  # killed while it holds jobs, so there is something to reclaim
+            while not self.q.pending_of(VICTIM_WORKER) and time.monotonic() < deadline:
+                time.sleep(0.005)
             ev["pending_at_kill"] = len(self.q.pending_of(VICTIM_WORKER))
             ev["at_s"] = time.time() - start
             kill_group(self.workers[VICTIM_WORKER])
@@ -801,7 +797,10 @@ def wait_aof(r: Any, timeout: float = 60) -> None:
 def markdown(result: dict) -> str:
     m = result["meta"]
     s = m["setup"]
-    lines = [
+    lines = (
+        [f"**The run stopped early:** `{result['error'].strip().splitlines()[-1]}`", ""] if "error" in result else []
+    )
+    lines += [
         f"Machine: {m['machine']}; commit {m['commit']}; {m['when']}.",
         "",
         f"Command: `{m['command']}`. Two Tritons on the one GPU, each `{MODEL}` (yolov8n_torch, test weights; "
