@@ -815,13 +815,11 @@ def markdown(result: dict) -> str:
         "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|",
     ]
     for x in result["runs"]:
-        load = f"open {x['rate']:g}/s" if x["mode"] == "open" else f"closed {x['concurrency']} clients"
         a, b = x["split"].get("triton-a", 0), x["split"].get("triton-b", 0)
-        split = f"{a}:{b} ({a / b:.2f})" if b else f"{a}:{b}"
-        lines.append(
-            f"| {x['path']} | {load} | {x['jobs_per_s']} | {x['p50_ms']} | {x['p95_ms']} | {x['p99_ms']} | "
-            f"{x['sent']} | {x['answered_right']} | {x['wrong']} | {x['errors']} | {x['lost']} | {split} |"
-        )
+        cells = [x["path"], "open {:g}/s".format(x["rate"]) if x["mode"] == "open" else f"closed {x['concurrency']}"]
+        cells += [x[k] for k in ("jobs_per_s", "p50_ms", "p95_ms", "p99_ms", "sent", "answered_right", "wrong")]
+        cells += [x["errors"], x["lost"], f"{a}:{b}" + (f" ({a / b:.2f})" if b else "")]
+        lines.append("| " + " | ".join(str(c) for c in cells) + " |")
     lines.append("")
     by = {(x["path"], x["mode"], x["rate"] if x["mode"] == "open" else x["concurrency"]): x for x in result["runs"]}
     for (path, mode, load), g in sorted(by.items(), key=lambda kv: str(kv[0])):

@@ -19,10 +19,17 @@ redis_srv = redis_server.redis_fixture()
 
 
 @pytest.fixture
-def r(redis_srv):
+def queue(redis_srv):
+    """queue(**config): a JobQueue with its group, on a flushed server (its client: ``.r``)."""
     client = redis.Redis(port=redis_srv.port)
     client.flushall()
-    yield client
+
+    def make(**config) -> JobQueue:
+        q = JobQueue(client, QueueConfig(**config))
+        q.ensure_group()
+        return q
+
+    yield make
     client.close()
 
 
@@ -34,9 +41,9 @@ def done(job, backend: str = "a") -> Result:
     return Result(job.key, "ok", backend, "w", 1.0, 0.5, 0.4, outputs={"n": np.array([job.inputs["images"].sum()])})
 
 
-def test_large_inputs_travel_beside_the_entry_and_go_with_the_job(r):
-    q = JobQueue(r, QueueConfig(max_depth=10))
-    q.ensure_group()
+def test_large_inputs_travel_beside_the_entry_and_go_with_the_job(queue):
+    q = queue(max_depth=10)
+    r = q.r
     keys = [q.submit("m", {"images": image(i), "small": np.array([i], np.int32)}) for i in range(3)]
     entries = r.xrange(q.cfg.stream)
     assert len(entries) == 3
@@ -56,18 +63,18 @@ def test_large_inputs_travel_beside_the_entry_and_go_with_the_job(r):
         assert q.result(key, timeout_s=2).outputs["n"].tolist() == [int(image(i).sum())]
 
 
-def test_small_inputs_stay_in_the_entry(r):
-    q = JobQueue(r, QueueConfig())
-    q.ensure_group()
+def test_small_inputs_stay_in_the_entry(queue):
+    q = queue()
+    r = q.r
     q.submit("m", {"x": np.arange(4, dtype=np.float32)})
     [(_, fields)] = r.xrange(q.cfg.stream)
     assert b"in:x" in fields and b"payload" not in fields
     assert not r.keys("gen:in:*")
 
 
-def test_a_refused_job_leaves_no_inputs_and_a_resubmit_is_not_queued_twice(r):
-    q = JobQueue(r, QueueConfig(max_depth=1))
-    q.ensure_group()
+def test_a_refused_job_leaves_no_inputs_and_a_resubmit_is_not_queued_twice(queue):
+    q = queue(max_depth=1)
+    r = q.r
     first = q.submit("m", {"images": image(1)}, key="k1")
     assert q.submit("m", {"images": image(1)}, key="k1") == first
     assert q.depth() == 1
@@ -76,9 +83,9 @@ def test_a_refused_job_leaves_no_inputs_and_a_resubmit_is_not_queued_twice(r):
     assert r.exists("gen:in:k2") == 0 and r.exists("gen:in:k1") == 1
 
 
-def test_a_reclaimed_job_brings_its_inputs_and_a_restarted_redis_loses_no_script(r):
-    q = JobQueue(r, QueueConfig())
-    q.ensure_group()
+def test_a_reclaimed_job_brings_its_inputs_and_a_restarted_redis_loses_no_script(queue):
+    q = queue()
+    r = q.r
     q.submit("m", {"images": image(7)}, key="k7")
     [held] = q.read("dead", count=1, block_ms=100)
     r.script_flush()  # as after a restart: the submit script is loaded again on NOSCRIPT
@@ -90,9 +97,9 @@ def test_a_reclaimed_job_brings_its_inputs_and_a_restarted_redis_loses_no_script
     assert other.key == "k8" and np.array_equal(other.inputs["images"], image(8))
 
 
-def test_inputs_that_expired_give_a_job_without_inputs(r):
-    q = JobQueue(r, QueueConfig())
-    q.ensure_group()
+def test_inputs_that_expired_give_a_job_without_inputs(queue):
+    q = queue()
+    r = q.r
     q.submit("m", {"images": image(3)}, key="k3")
     r.delete("gen:in:k3")
     [job] = q.read("w", count=1, block_ms=100)
