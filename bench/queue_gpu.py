@@ -378,6 +378,80 @@ class LoadPool:
                 p.kill()
 
 
+class WorkerSampler:
+    """Every worker's /metrics every ``period_s`` during a run: how often each backend was unhealthy (a failed call
+    or probe drains it, and it ramps back over ``ramp_s``), its effective weight, and the calls by outcome."""
+
+    def __init__(self, ports: dict[str, int], period_s: float = 0.5):
+        self.ports, self.period_s = ports, period_s
+        self.stop = threading.Event()
+        self.samples: list[dict[tuple[str, str], float]] = []
+        self.thread = threading.Thread(target=self._loop, daemon=True)
+
+    def scrape(self) -> dict[tuple[str, str], float]:
+        import urllib.request
+
+        from serving.metrics import parse_samples
+
+        got: dict[tuple[str, str], float] = {}
+        for port in self.ports.values():
+            try:
+                with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=1.0) as resp:
+                    text = resp.read().decode()
+            except OSError:
+                continue
+            for name, labels, value in parse_samples(text):
+                b = labels.get("backend", "")
+                if name in ("gpuhost_gateway_backend_healthy", "gpuhost_gateway_backend_effective_weight"):
+                    got[(name, b)] = min(got.get((name, b), value), value)  # the least healthy worker's view
+                elif name == "gpuhost_gateway_backend_calls_total":
+                    k = (f"calls:{labels.get('outcome', '')}", b)
+                    got[k] = got.get(k, 0.0) + value
+        return got
+
+    def _loop(self) -> None:
+        while not self.stop.is_set():
+            self.samples.append(self.scrape())
+            self.stop.wait(self.period_s)
+
+    def __enter__(self) -> "WorkerSampler":
+        self.thread.start()
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.stop.set()
+        self.thread.join(10)
+        self.samples.append(self.scrape())
+
+    def summary(self) -> dict[str, dict[str, Any]]:
+        out: dict[str, dict[str, Any]] = {}
+        first, last = (self.samples[0], self.samples[-1]) if self.samples else ({}, {})
+        for b in WEIGHTS:
+            health = [
+                x[("gpuhost_gateway_backend_healthy", b)]
+                for x in self.samples
+                if ("gpuhost_gateway_backend_healthy", b) in x
+            ]
+            weight = [
+                x[("gpuhost_gateway_backend_effective_weight", b)]
+                for x in self.samples
+                if ("gpuhost_gateway_backend_effective_weight", b) in x
+            ]
+            calls = {
+                k[0].split(":", 1)[1]: round(v - first.get(k, 0.0))
+                for k, v in last.items()
+                if k[0].startswith("calls:") and k[1] == b
+            }
+            out[b] = {
+                "samples": len(health),
+                "unhealthy_samples": sum(1 for h in health if h < 1),
+                "min_effective_weight": round(min(weight), 3) if weight else None,
+                "mean_effective_weight": round(sum(weight) / len(weight), 3) if weight else None,
+                "calls": {k: v for k, v in calls.items() if v},
+            }
+        return out
+
+
 # ---------------------------------------------------------------- one run and its numbers
 
 
@@ -554,11 +628,18 @@ def main(argv: Optional[list[str]] = None) -> int:
         backends = start_backends(base, spec, weights, gpu)
         log(f"Tritons ready after {time.monotonic() - t_main:.1f} s: {[(b.name, b.grpc) for b in backends.values()]}")
         cfg = gateway_config(rs.port, backends, a)
+        from tests.servers.redis import free_port
+
+        metrics_ports = {f"w{i}": free_port() for i in range(a.workers)}
+
+        def worker_cfg(consumer: str) -> dict:
+            return {**cfg, "metrics_port": metrics_ports[consumer]}
+
         r = redispy.Redis(port=rs.port, socket_timeout=10)
         q = JobQueue(r, QueueConfig(max_depth=a.max_depth))
         q.ensure_group()
         for i in range(a.workers):
-            workers[f"w{i}"] = spawn_worker(cfg, f"w{i}", base)
+            workers[f"w{i}"] = spawn_worker(worker_cfg(f"w{i}"), f"w{i}", base)
         wait_consumers(r, q, a.workers)
         setup = {
             "images": str(base / "images.npy"),
@@ -600,13 +681,16 @@ def main(argv: Optional[list[str]] = None) -> int:
             if fault is not None:
                 timer = threading.Thread(target=fault, args=(s["start"],), daemon=True)
                 timer.start()
-            parts = pool.run(s)  # type: ignore[union-attr]
+            sampler = WorkerSampler(metrics_ports if path == "gateway" else {})
+            with sampler:
+                parts = pool.run(s)  # type: ignore[union-attr]
             if timer is not None:
                 timer.join(120)
             res = summarise(path, mode, s, parts)
             if path == "gateway":
                 wait_drained(q, 60)
                 res["redis"] = queue_accounting(r, q, prefix, res)
+                res["backends_seen_by_workers"] = sampler.summary()
                 res["redis"]["per_job"] = {
                     c.removeprefix("cmdstat_"): {
                         "calls": round(v["calls"] / max(1, res["sent"]), 3),
@@ -642,7 +726,7 @@ def main(argv: Optional[list[str]] = None) -> int:
             if f == "worker":
                 ev["pending_of_killed_after"] = len(q.pending_of(VICTIM_WORKER))
                 ev["claim_idle_ms"] = a.claim_idle_ms
-                workers[VICTIM_WORKER] = spawn_worker(cfg, VICTIM_WORKER, base)  # back for the next runs
+                workers[VICTIM_WORKER] = spawn_worker(worker_cfg(VICTIM_WORKER), VICTIM_WORKER, base)  # back
             elif f == "redis":
                 ev["aof_bytes"] = sum(x.stat().st_size for x in (base / "redis").rglob("*.aof"))
                 r.config_set("appendonly", "no")
@@ -843,6 +927,10 @@ def markdown(result: dict) -> str:
             lines.append(
                 "  Redis commands per job (calls, main-thread µs): "
                 + ", ".join(f"{c} {v['calls']} ({v['usec']} µs)" for c, v in sorted(per.items()))
+            )
+        if x.get("backends_seen_by_workers"):
+            lines.append(
+                "  Backends as the workers saw them (0.5 s samples): " + json.dumps(x["backends_seen_by_workers"])
             )
     if result["faults"]:
         lines += [
