@@ -533,6 +533,64 @@ def queue_accounting(r: Any, q: Any, prefix: str, res: dict) -> dict:
     }
 
 
+def front_run(cfg: dict, base: Path, images: np.ndarray, refs: list, n: int) -> dict:
+    """``n`` requests, one at a time, through the whole gateway: ``serving.front`` (KServe v2 JSON over HTTP), Redis,
+    the workers, a Triton; each answer against its own image's reference. JSON of one image is ~4 MB of text: this
+    shows the chain works with the real detector and what the JSON costs, not the rate (the queue runs do)."""
+    import http.client
+    import urllib.request
+
+    from bench.window_gpu import check
+    from tests.servers.redis import free_port
+
+    path = base / "front.json"
+    path.write_text(json.dumps(cfg))
+    port = free_port()
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join(x for x in (str(ROOT), env.get("PYTHONPATH", "")) if x)
+    cmd = [sys.executable, "-m", "serving.front", "--config", str(path), "--port", str(port), "--timeout", "60"]
+    with open(base / "front.log", "ab") as flog:
+        proc = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=flog, stderr=subprocess.STDOUT, start_new_session=True)
+    out: dict[str, Any] = {"requests": n, "right": 0, "wrong": 0, "failed": 0, "first_problem": ""}
+    lat: list[float] = []
+    try:
+        deadline = time.monotonic() + 60
+        while True:
+            try:
+                if urllib.request.urlopen(f"http://127.0.0.1:{port}/v2/health/ready", timeout=2).status == 200:
+                    break
+            except OSError:
+                if time.monotonic() > deadline or proc.poll() is not None:
+                    raise RuntimeError("serving.front did not become ready") from None
+                time.sleep(0.2)
+        conn = http.client.HTTPConnection("127.0.0.1", port, timeout=120)
+        for i in range(n):
+            img = images[i % len(images)]
+            data = {"name": "images", "datatype": "UINT8", "shape": [1, *img.shape], "data": img.ravel().tolist()}
+            body = json.dumps({"id": f"front-{i}", "inputs": [data]}).encode()
+            t0 = time.perf_counter()
+            conn.request("POST", f"/v2/models/{MODEL}/infer", body=body, headers={"Content-Type": "application/json"})
+            resp = conn.getresponse()
+            doc = json.loads(resp.read())
+            lat.append((time.perf_counter() - t0) * 1000)
+            if resp.status != 200:
+                out["failed"] += 1
+                out["first_problem"] = out["first_problem"] or f"HTTP {resp.status}: {str(doc)[:300]}"
+                continue
+            got = {o["name"]: np.asarray(o["data"], dtype=np.float32) for o in doc["outputs"]}
+            problem = check(got["detections"].reshape(-1, 6), got["num_detections"].reshape(-1), refs[i % len(refs)])
+            out["right" if problem is None else "wrong"] += 1
+            if problem:
+                out["first_problem"] = out["first_problem"] or f"request {i}: {problem}"
+        conn.close()
+    finally:
+        kill_group(proc, signal.SIGTERM)
+    lat.sort()
+    out["body_bytes"] = len(body) if n else 0
+    out["p50_ms"], out["max_ms"] = round(pct(lat, 50), 1), round(lat[-1], 1) if lat else None
+    return out
+
+
 # ---------------------------------------------------------------- main
 
 
@@ -554,7 +612,8 @@ def main(argv: Optional[list[str]] = None) -> int:
     p.add_argument("--fault-rate", type=float, default=None, help="jobs/s of the fault runs (default: the first rate)")
     p.add_argument("--fault-duration", type=float, default=None, help="seconds per fault run (default 10; --cpu 8)")
     p.add_argument("--faults", default="worker,redis,backend", help="fault runs, in order (or 'none')")
-    p.add_argument("--skip", default="", help="runs to leave out: rate, saturation")
+    p.add_argument("--skip", default="", help="runs to leave out: rate, saturation, front")
+    p.add_argument("--front-requests", type=int, default=8, help="requests through serving.front (KServe JSON)")
     p.add_argument("--redis-server", default=shutil.which("redis-server") or "/usr/bin/redis-server")
     p.add_argument("--redis-io-threads", type=int, default=None, help="Redis I/O threads (default 4; --cpu 1)")
     p.add_argument("--gpu-model", default="", help="preset key (default: from nvidia-smi)")
@@ -715,7 +774,9 @@ def main(argv: Optional[list[str]] = None) -> int:
         if "saturation" not in a.skip:
             for path in ("direct", "gateway"):
                 result["runs"].append(strip(go(path, "closed", conc=a.concurrency)))
-        rate = rates[0]
+        if "front" not in a.skip:
+            result["front"] = front_run(cfg, base, images, refs, a.front_requests)
+            log(f"front: {json.dumps(result['front'])}")
         for f in faults:
             ev: dict[str, Any] = {"fault": f}
             if f == "redis":
@@ -796,6 +857,7 @@ def main(argv: Optional[list[str]] = None) -> int:
     (out / "queue_gpu.md").write_text(md)
     print(md)
     bad = 1 if "error" in result else 0
+    bad += result["front"]["wrong"] + result["front"]["failed"] if result.get("front") else 0
     bad += sum(x["wrong"] + x["errors"] + x["lost"] for x in result["runs"])
     bad += sum(f["run"]["wrong"] + f["run"]["lost"] + f["run"]["redis"]["answered_twice"] for f in result["faults"])
     return 1 if bad else 0
@@ -932,6 +994,15 @@ def markdown(result: dict) -> str:
             lines.append(
                 "  Backends as the workers saw them (0.5 s samples): " + json.dumps(x["backends_seen_by_workers"])
             )
+    if result.get("front"):
+        fr = result["front"]
+        lines += [
+            "",
+            f"Through the whole gateway (serving.front, KServe v2 JSON over HTTP, {fr.get('body_bytes', 0):,} bytes a "
+            f"request; one at a time): {fr['requests']} requests, {fr['right']} right, {fr['wrong']} wrong, "
+            f"{fr['failed']} failed; p50 {fr['p50_ms']} ms, max {fr['max_ms']} ms (mostly JSON)."
+            + (f" First problem: {fr['first_problem']}" if fr["first_problem"] else ""),
+        ]
     if result["faults"]:
         lines += [
             "",
