@@ -604,8 +604,8 @@ def main(argv: Optional[list[str]] = None) -> int:
     p.add_argument("--images", type=int, default=None, help="distinct images (default 64; --cpu 4)")
     p.add_argument("--procs", type=int, default=None, help="load processes (default 8; --cpu 2)")
     p.add_argument("--threads", type=int, default=None, help="threads per load process (default 24; --cpu 4)")
-    p.add_argument("--workers", type=int, default=None, help="gateway worker processes (default 4; --cpu 2)")
-    p.add_argument("--slots", type=int, default=None, help="jobs in flight per worker (default 16; --cpu 4)")
+    p.add_argument("--workers", type=int, default=None, help="gateway worker processes (default 6; --cpu 2)")
+    p.add_argument("--slots", type=int, default=None, help="jobs in flight per worker (default 12; --cpu 4)")
     p.add_argument("--read-count", type=int, default=8, help="stream entries per XREADGROUP")
     p.add_argument("--claim-idle-ms", type=int, default=2000, help="a pending entry idle this long is reclaimed")
     p.add_argument("--max-depth", type=int, default=4000, help="queue depth at which submits are refused")
@@ -640,8 +640,8 @@ def main(argv: Optional[list[str]] = None) -> int:
             "images": 64,
             "procs": 8,
             "threads": 24,
-            "workers": 4,
-            "slots": 16,
+            "workers": 6,
+            "slots": 12,
             "redis_io_threads": 4,
             "fault_duration": 10.0,
         }
