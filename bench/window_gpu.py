@@ -6,27 +6,33 @@
 (d) the preset + client micro-batching + the adaptive window moved in process (``serving.adaptive_window``:
     ±step per period toward the p95 target from the client's own records, clamp [200, 1500] µs; no reload).
 
-Each runs alone under the same open-loop load, phase by phase at a fixed arrival rate (idle → burst → steady → idle by
-default; Poisson arrivals at that rate, or evenly spaced with ``--arrivals even``; the same schedule for every
-configuration, issued on time whatever the server does, so queueing shows). A client holds at
-most ``--max-outstanding`` requests; an arrival beyond that is shed and counted (the load the configuration could not
-take). The model is ``yolov8n_torch`` (python backend, FP16 + CUDA graphs on a GPU) with the test detector's weights
+Each runs alone under the same open-loop load, phase by phase at a fixed arrival rate (idle → burst → steady → idle;
+Poisson arrivals at that rate, or evenly spaced with ``--arrivals even``; the same schedule for every configuration,
+issued on time whatever the server does, so queueing shows). By default the rates come from short closed-loop
+capacity probes of (a) and (b) (``sized_phases``: a burst at 2.5× (a)'s capacity, at most 80 % of the preset's), so
+(a) saturates and the preset does not. The load comes from ``--procs`` client processes (``bench.openloop``): each
+issues its own share of the arrivals over its own gRPC connection and, in (c)/(d), through its own micro-batcher and
+controller, as real clients would; each request's latency counts from its scheduled time, and how late the client
+issued it (issue lag) is recorded. A process holds at most ``--max-outstanding`` requests; an arrival beyond that is
+shed and counted (the load the configuration could not take). A run whose clients issued late (issue lag past
+``--max-lag-p99-ms``/``--max-lag-ms``) or were busy all the time says CLIENT-BOUND instead of a verdict. The model is ``yolov8n_torch`` (python backend, FP16 + CUDA graphs on a GPU) with the test detector's weights
 (``serving.models.yolov8n_synthetic.make_test_weights``: input-dependent, tens of detections per image) and
 ``--images`` distinct synthetic images; request ``i`` sends image ``i mod N`` and its answer is compared with that
 image's own reference (the same weights run in this process before Triton starts): detection count and the top boxes'
 class, IoU and score. A 200 with a wrong answer counts as an error, never as served.
 
 Recorded per configuration: per phase offered/served rate, shed, errors, p50/p95/p99; per time bucket p95 against the
-target, served rate and (d)'s window; (d)'s every decision. Written to OUT/window_gpu.json and OUT/window_gpu.md.
+target, served rate and (d)'s windows; (d)'s decisions per period. Written to OUT/window_gpu.json and OUT/window_gpu.md,
+every request's record (due, sent, done, right/wrong/failed/shed) to OUT/records_<config>.npz.
 
     python3 -m bench.window_gpu --out OUT                      # on the GPU machine (bench/window_gpu.sh OUT)
-    .venv/bin/python -m bench.window_gpu --cpu --tiny --out /tmp/w   # smoke test here (CPU, seconds)
+    .venv/bin/python -m bench.window_gpu --cpu --tiny --out /tmp/w   # smoke test here (CPU, minutes)
+    .venv/bin/python -m bench.window_gpu --cpu --tiny --phases auto --auto-seconds 2,4,3,2 --probe-s 3 --out /tmp/w
 """
 
 from __future__ import annotations
 
 import argparse
-import asyncio
 import dataclasses
 import io
 import json
@@ -37,7 +43,7 @@ import sys
 import time
 import urllib.request
 from pathlib import Path
-from typing import Any, Optional
+from typing import Any, Mapping, Optional
 
 import numpy as np
 
@@ -45,13 +51,14 @@ ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
+from bench import openloop  # noqa: E402
+from bench.openloop import ClientSpec  # noqa: E402
 from bench.yolo_check import set_problem  # noqa: E402
 from plans.presets import apply_preset  # noqa: E402
 from plans.triton_model import InstanceGroup  # noqa: E402
 from plans.triton_repo import repository_files, yolov8n_torch  # noqa: E402
 from plans.triton_runtime import ServerOptions, server_args  # noqa: E402
-from serving.adaptive_window import WindowPolicy, in_process  # noqa: E402
-from serving.microbatch import BatchPolicy, MicroBatcher, TritonBatchInfer, percentile  # noqa: E402
+from serving.adaptive_window import WindowPolicy  # noqa: E402
 from serving.models import yolov8n_files  # noqa: E402
 
 CONFIGS = {
@@ -60,7 +67,10 @@ CONFIGS = {
     "c": "preset + micro-batching, window fixed 600 µs",
     "d": "preset + micro-batching + adaptive window (in process)",
 }
-DEFAULT_PHASES = "idle:6:20,burst:20:900,steady:20:450,idle:6:20"
+# Default: the phases sized by closed-loop probes of (a) and (b) (``sized_phases``), these seconds each.
+AUTO_SECONDS = (8.0, 24.0, 20.0, 8.0)
+# The goal asks for ≥ 2× (a)'s sustainable throughput: a burst at 2.5× tests it with a margin for the probe's error.
+BURST_OVER_A, PRESET_HEADROOM = 2.5, 0.8
 TINY_PHASES = "idle:2:2,burst:3:6,steady:3:3,idle:2:2"
 OUTPUTS = ["detections", "num_detections"]
 WEIGHTS_FILE = "weights.pt"  # torch.save(state_dict): serving/models/yolov8n_weights.py loads it beside model.py
@@ -280,173 +290,143 @@ def model_loads(workdir: Path, model: str) -> int:
 # ---------------------------------------------------------------- one configuration
 
 
-async def run_config(
-    config: str,
-    model: str,
-    grpc_url: str,
-    images: np.ndarray,
-    refs: list,
-    phases: list[Phase],
-    args: argparse.Namespace,
-) -> dict:
-    import tritonclient.grpc.aio as grpcaio
+def answer_problem(out: Mapping[str, np.ndarray], ref: tuple[np.ndarray, np.ndarray]) -> Optional[str]:
+    """``check`` on one served answer (the load generator's form: this image's outputs, its reference)."""
+    return check(out["detections"], out["num_detections"], ref)
 
-    client = grpcaio.InferenceServerClient(grpc_url)
-    batching = config in ("c", "d")
-    mb = MicroBatcher(TritonBatchInfer(client, model, outputs=OUTPUTS), BatchPolicy(START_WINDOW_US, 8))
-    policy = WindowPolicy(
-        target_p95_ms=args.target_ms,
-        step_us=args.step_us,
-        period_s=args.period_s,
-        min_us=200,
-        max_us=1500,
-        min_requests=args.min_requests,
+
+def client_spec(config: str, model: str, grpc_url: str, payload: str, args: argparse.Namespace) -> ClientSpec:
+    """What each client process of configuration ``config`` does: (a)/(b) one request per image, (c) through its
+    own micro-batcher, (d) and its own adaptive window."""
+    return ClientSpec(
+        grpc_url=grpc_url,
+        model=model,
+        input_name="images",
+        outputs=tuple(OUTPUTS),
+        payload=payload,
+        check=answer_problem,
+        batching=config in ("c", "d"),
+        adaptive=config == "d",
+        window_us=START_WINDOW_US,
+        max_batch=8,
+        policy=WindowPolicy(
+            target_p95_ms=args.target_ms,
+            step_us=args.step_us,
+            period_s=args.period_s,
+            min_us=200,
+            max_us=1500,
+            min_requests=args.min_requests,
+        ),
+        max_outstanding=args.max_outstanding,
+        timeout_s=args.timeout_s,
     )
-    controller = in_process({model: mb}, policy)
-    # Prebuilt single-image inputs (direct calls): the client's cost per request is the RPC, not a copy.
-    singles = []
-    for img in images:
-        t = grpcaio.InferInput("images", [1, *img.shape], "UINT8")
-        t.set_data_from_numpy(img[None])
-        singles.append(t)
-    wanted = [grpcaio.InferRequestedOutput(n) for n in OUTPUTS]
 
-    async def infer(i: int) -> tuple[np.ndarray, np.ndarray]:
-        k = i % len(images)
-        if batching:
-            out = await mb.submit({"images": images[k]})
-            return out["detections"], out["num_detections"]
-        r = await client.infer(model, [singles[k]], outputs=wanted, client_timeout=args.timeout_s)
-        return r.as_numpy("detections")[0], r.as_numpy("num_detections")[0]
 
-    # Warm-up, checked too: the channel, the first batches.
-    for i in range(min(16, len(images))):
-        det, num = await infer(i)
-        problem = check(det, num, refs[i % len(images)])
-        if problem:
-            await client.close()
-            raise RuntimeError(f"({config}) warm-up answer for image {i} is not its own: {problem}")
-    mb.stats.records.clear()
+def sized_phases(capacity_a: float, capacity_preset: float, seconds: tuple[float, ...] = AUTO_SECONDS) -> list[Phase]:
+    """The schedule from the closed-loop capacities: a burst at 2.5× (a)'s capacity, but at most 80 % of what the
+    preset serves (so (a) saturates and the preset does not), a steady phase at 60 % of the burst and at least
+    1.2× (a)'s capacity, idle at 20/s (at most a tenth of the burst) around them; rates of 100/s and more rounded
+    to tens, smaller ones to tenths (a CPU smoke test's)."""
+    burst = min(BURST_OVER_A * capacity_a, PRESET_HEADROOM * capacity_preset)
+    steady = min(burst, max(1.2 * capacity_a, 0.6 * burst))
+    idle = min(20.0, 0.1 * burst)
 
+    def rounded(x: float) -> float:
+        return float(round(x, -1)) if x >= 100 else max(0.1, round(x, 1))
+
+    s = seconds
+    return [
+        Phase("idle", s[0], rounded(idle)),
+        Phase("burst", s[1], rounded(burst)),
+        Phase("steady", s[2], rounded(steady)),
+        Phase("idle", s[3], rounded(idle)),
+    ]
+
+
+def run_config(config: str, spec: ClientSpec, phases: list[Phase], args: argparse.Namespace) -> dict:
     plan = schedule(phases, poisson=args.arrivals == "poisson", seed=args.seed)
-    done: list[tuple[float, float, int, bool]] = []  # (submitted rel s, latency s, phase, answer right)
-    shed = [0] * len(phases)
-    failed = [0] * len(phases)
-    problems: list[str] = []
-    outstanding = 0
-    window_at: list[tuple[float, int]] = [(0.0, mb.window_us)]
-    start = time.perf_counter()
-
-    lag = [0.0]  # how late the client issued an arrival (its own CPU), worst case
-
-    async def one(i: int, at: float, ph: int) -> None:
-        nonlocal outstanding
-        # Latency counts from the scheduled arrival (open loop): a client that issues late is not let off.
-        t0 = start + at
-        lag[0] = max(lag[0], time.perf_counter() - t0)
-        try:
-            det, num = await infer(i)
-            problem = check(det, num, refs[i % len(images)])
-            if problem and len(problems) < 10:
-                problems.append(f"request {i} (image {i % len(images)}): {problem}")
-            done.append((t0 - start, time.perf_counter() - t0, ph, problem is None))
-        except Exception as e:  # noqa: BLE001 — counted per phase
-            failed[ph] += 1
-            if len(problems) < 10:
-                problems.append(f"request {i}: {type(e).__name__}: {str(e)[:200]}")
-        finally:
-            outstanding -= 1
-
-    tasks = []
-    async with mb:
-        control = asyncio.ensure_future(controller.run_async()) if config == "d" else None
-
-        def on_decision(d) -> None:
-            window_at.append((time.perf_counter() - start, d.window_us))
-
-        controller.on_decision = on_decision
-        for i, (at, ph) in enumerate(plan):
-            delay = start + at - time.perf_counter()
-            if delay > 0:
-                await asyncio.sleep(delay)
-            if outstanding >= args.max_outstanding:
-                shed[ph] += 1
-                continue
-            outstanding += 1
-            tasks.append(asyncio.create_task(one(i, at, ph)))
-        await asyncio.gather(*tasks)
-        if control is not None:
-            control.cancel()
-    elapsed = time.perf_counter() - start
-    await client.close()
-
-    t = sum(phase.seconds for phase in phases)
-    per_phase = []
-    for k, phase in enumerate(phases):
-        rows = [r for r in done if r[2] == k]
-        good = [r[1] * 1e3 for r in rows if r[3]]
-        offered = sum(1 for _, p in plan if p == k)
-        per_phase.append(
-            {
-                "phase": phase.name,
-                "seconds": phase.seconds,
-                "rate": phase.rate,
-                "offered": offered,
-                "served_right": len(good),
-                "wrong_answers": sum(1 for r in rows if not r[3]),
-                "failed": failed[k],
-                "shed": shed[k],
-                "served_per_s": round(len(good) / phase.seconds, 1),
-                "p50_ms": round(percentile(good, 50), 2),
-                "p95_ms": round(percentile(good, 95), 2),
-                "p99_ms": round(percentile(good, 99), 2),
-                "p95_under_target": bool(percentile(good, 95) <= args.target_ms) if good else None,
-            }
-        )
-    timeline = []
-    b = 0.0
-    while b < t:
-        rows = [r for r in done if b <= r[0] < b + args.bucket_s and r[3]]
-        window = [w for at, w in window_at if at <= b + args.bucket_s][-1]
-        p95 = percentile([r[1] * 1e3 for r in rows], 95)
-        timeline.append(
-            {
-                "t_s": round(b, 1),
-                "submitted_right": len(rows),
-                "p95_ms": None if np.isnan(p95) else round(p95, 2),
-                "window_us": window if batching else None,
-            }
-        )
-        b += args.bucket_s
-    right = sum(1 for r in done if r[3])
+    run = openloop.run_open_loop(spec, plan, args.procs, seed=args.seed)
+    recs = run.records
+    # Every request's record (openloop.RECORD), to read again without the GPU.
+    np.savez_compressed(Path(args.out) / f"records_{config}.npz", records=recs)
+    c = openloop.counts(recs)
+    late = openloop.lag(recs)
     return {
         "config": config,
         "what": CONFIGS[config],
-        "model": model,
-        "elapsed_s": round(elapsed, 2),
+        "model": spec.model,
+        "elapsed_s": round(run.elapsed_s, 2),
         "requests": len(plan),
-        "served_right": right,
-        "wrong_answers": len(done) - right,
-        "failed": sum(failed),
-        "shed": sum(shed),
-        "max_issue_lag_ms": round(lag[0] * 1e3, 2),
-        "batches_sent": mb.batches_sent if batching else None,
-        "batch_sizes": mb.stats.batch_sizes() if batching else None,
-        "phases": per_phase,
-        "timeline": timeline,
-        "decisions": [
-            {
-                "t_s": round(d.at - (time.time() - (time.perf_counter() - start)), 1),
-                "action": d.action,
-                "from_us": d.previous_us,
-                "to_us": d.window_us,
-                "p95_ms": None if np.isnan(d.p95_ms) else round(d.p95_ms, 2),
-                "requests": d.requests,
-            }
-            for d in controller.decisions
-        ],
-        "problems": problems,
+        "served_right": c["right"],
+        "wrong_answers": c["wrong"],
+        "failed": c["failed"],
+        "shed": c["shed"],
+        "issue_lag_ms": late,
+        "max_issue_lag_ms": late["max_ms"],
+        "client_cpu_share": run.cpu_share,
+        "client_bound": openloop.client_bound(recs, run.cpu_share, args.max_lag_p99_ms, args.max_lag_ms),
+        "batch_sizes": run.batch_sizes,
+        "phases": openloop.phase_rows(recs, phases, args.target_ms),
+        "timeline": openloop.timeline(
+            recs,
+            sum(ph.seconds for ph in phases),
+            args.bucket_s,
+            run.decisions if spec.batching else None,
+            START_WINDOW_US,
+        ),
+        "decisions": openloop.decision_rounds(run.decisions, args.period_s) if spec.adaptive else [],
+        "problems": run.problems,
     }
+
+
+def verdict(runs: list[dict], probes: dict[str, dict], target_ms: float) -> list[str]:
+    """The issue's goal, read off the runs: (a) misses the target, (d) keeps it in every phase with ≥ 2× (a)'s
+    sustainable throughput, (d)'s p95 never worse than (c)'s by more than noise. Nothing is claimed from a run with
+    a wrong answer, a failed request or a client that could not keep its schedule."""
+    bad = [
+        f"({r['config']}) {r['wrong_answers']} wrong, {r['failed']} failed"
+        for r in runs
+        if r["wrong_answers"] or r["failed"]
+    ] + [
+        f"({c}) probe {p['wrong']} wrong, {p['failed']} failed" for c, p in probes.items() if p["wrong"] or p["failed"]
+    ]
+    capacity = {c: p["right_per_s"] for c, p in probes.items()}
+    bound = [f"({r['config']}) " + "; ".join(r["client_bound"]) for r in runs if r["client_bound"]]
+    if bad:
+        return ["INVALID: not every answer was right: " + "; ".join(bad)]
+    if bound:
+        return ["CLIENT-BOUND: the load generator did not keep its schedule, no result: " + "; ".join(bound)]
+    by = {r["config"]: r for r in runs}
+    out = []
+
+    def sustained(r: dict) -> float:
+        ok = [p["served_per_s"] for p in r["phases"] if p["p95_under_target"] and p["shed"] == 0 and p["failed"] == 0]
+        return max(ok, default=0.0)
+
+    for c in by:
+        out.append(
+            f"({c}) sustained {sustained(by[c])}/s (highest phase served with p95 ≤ {target_ms:g} ms, nothing shed)"
+        )
+    if "a" in by:
+        missed = [p["phase"] for p in by["a"]["phases"] if p["p95_under_target"] is False]
+        out.append(f"(a) misses the target: {'yes, in ' + ', '.join(missed) if missed else 'no'}")
+    if "d" in by:
+        over = [p["phase"] for p in by["d"]["phases"] if p["p95_under_target"] is False]
+        out.append(f"(d) p95 ≤ target in every phase: {'no, over in ' + ', '.join(over) if over else 'yes'}")
+        cap_a = capacity.get("a") or (sustained(by["a"]) if "a" in by else 0.0)
+        if cap_a:
+            ratio = sustained(by["d"]) / cap_a
+            out.append(f"(d) sustained / (a)'s capacity ({cap_a}/s): {ratio:.2f}× ({'≥' if ratio >= 2 else '<'} 2×)")
+    if "c" in by and "d" in by:
+        worse = []
+        for pc, pd in zip(by["c"]["phases"], by["d"]["phases"]):
+            if pc["p95_ms"] is None or pd["p95_ms"] is None:
+                continue
+            noise = max(abs(h[0] - h[1]) for h in (pc["p95_halves_ms"], pd["p95_halves_ms"]) if None not in h)
+            if pd["p95_ms"] - pc["p95_ms"] > max(2 * noise, 1.0):
+                worse.append(f"{pd['phase']} {pd['p95_ms']} vs {pc['p95_ms']} ms (noise {noise:.2f})")
+        out.append("(d) never worse than (c) by more than noise: " + ("no: " + "; ".join(worse) if worse else "yes"))
+    return out
 
 
 # ---------------------------------------------------------------- report
@@ -460,25 +440,43 @@ def markdown(result: dict) -> str:
         f"Command: `{m['command']}`. Load (open loop, {m['arrivals']} arrivals, the same schedule for every "
         "configuration): "
         + ", ".join(f"{p['name']} {p['seconds']:g} s at {p['rate']:g}/s" for p in m["phases"])
-        + f"; at most {m['max_outstanding']} outstanding per client, beyond that an arrival is shed. "
+        + f"; {m['procs']} client processes (each its own share of the arrivals, its own gRPC connection and, in "
+        f"(c)/(d), its own micro-batcher and controller); latency from each request's scheduled time; at most "
+        f"{m['max_outstanding']} outstanding per process, beyond that an arrival is shed. "
         f"Target p95 {m['target_ms']:g} ms; adaptive window ±{m['step_us']} µs every {m['period_s']:g} s, clamp "
         f"[200, 1500] µs, start {START_WINDOW_US} µs. {m['images']} distinct images; every answer checked against its "
         f"own image's reference. Models: {m['models']}.",
         "",
-        "| config | phase | offered/s | served right/s | shed | wrong | failed | p50 ms | p95 ms | p99 ms | p95 ≤ target |",
-        "|---|---|---|---|---|---|---|---|---|---|---|",
+    ]
+    for c, pr in m["probes"].items():
+        lines.append(
+            f"Capacity probe ({c}), closed loop, {pr['procs']}×{pr['concurrency']} in flight for {pr['seconds']:g} s: "
+            f"{pr['right_per_s']}/s right (wrong {pr['wrong']}, failed {pr['failed']}), p50 {pr['p50_ms']} ms, "
+            f"p95 {pr['p95_ms']} ms."
+        )
+    lines += ["", "Verdict:", ""] + [f"- {v}" for v in result["verdict"]]
+    lines += [
+        "",
+        "| config | phase | offered/s | served right/s | shed | wrong | failed | p50 ms | p95 ms | p99 ms | p95 ≤ target "
+        "| issue lag p99 ms |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for r in result["runs"]:
         for p in r["phases"]:
             ok = "–" if p["p95_under_target"] is None else ("yes" if p["p95_under_target"] else "**no**")
             lines.append(
                 f"| ({r['config']}) {r['what']} | {p['phase']} | {p['rate']:g} | {p['served_per_s']} | {p['shed']} | "
-                f"{p['wrong_answers']} | {p['failed']} | {p['p50_ms']} | {p['p95_ms']} | {p['p99_ms']} | {ok} |"
+                f"{p['wrong_answers']} | {p['failed']} | {p['p50_ms']} | {p['p95_ms']} | {p['p99_ms']} | {ok} "
+                f"| {p['lag_p99_ms']} |"
             )
-    lines += ["", f"p95 over time (ms, per {m['bucket_s']:g} s bucket of submission; target {m['target_ms']:g}):", ""]
+    lines += [
+        "",
+        f"p95 over time (ms, per {m['bucket_s']:g} s bucket of scheduled time; target {m['target_ms']:g}):",
+        "",
+    ]
     runs = result["runs"]
     if runs:
-        lines.append("| t s | " + " | ".join(f"({r['config']})" for r in runs) + " | (d) window µs |")
+        lines.append("| t s | " + " | ".join(f"({r['config']})" for r in runs) + " | (d) window µs, mean (min–max) |")
         lines.append("|---" * (len(runs) + 2) + "|")
         d = next((r for r in runs if r["config"] == "d"), None)
         for i, row in enumerate(runs[0]["timeline"]):
@@ -486,20 +484,28 @@ def markdown(result: dict) -> str:
             for r in runs:
                 v = r["timeline"][i]["p95_ms"] if i < len(r["timeline"]) else None
                 cells.append("–" if v is None else (f"**{v}**" if v > m["target_ms"] else str(v)))
-            w = d["timeline"][i]["window_us"] if d and i < len(d["timeline"]) else "–"
+            w = "–"
+            if d and i < len(d["timeline"]):
+                w = "{} ({}–{})".format(d["timeline"][i]["window_us"], *d["timeline"][i]["window_range_us"])
             lines.append(f"| {row['t_s']} | " + " | ".join(cells) + f" | {w} |")
     d = next((r for r in runs if r["config"] == "d"), None)
     if d:
-        lines += ["", "(d)'s decisions, one per period:", "", "| t s | action | window µs | p95 ms | requests |"]
-        lines.append("|---|---|---|---|---|")
+        lines += [
+            "",
+            "(d)'s decisions per period, over its client processes (each decides from its own records):",
+            "",
+            "| t s | actions | window after, µs (min–max) | p95 ms (min–max) | requests |",
+            "|---|---|---|---|---|",
+        ]
         for x in d["decisions"]:
-            lines.append(
-                f"| {x['t_s']} | {x['action']} | {x['from_us']} → {x['to_us']} | {x['p95_ms']} | {x['requests']} |"
-            )
+            acts = ", ".join(f"{a} ×{n}" for a, n in x["actions"].items())
+            p95 = "–" if x["p95_ms"] is None else "{}–{}".format(*x["p95_ms"])
+            lines.append(f"| {x['t_s']} | {acts} | {x['window_us'][0]}–{x['window_us'][1]} | {p95} | {x['requests']} |")
     lines += [""] + [
         f"({r['config']}) requests {r['requests']}, served right {r['served_right']}, wrong {r['wrong_answers']}, "
-        f"failed {r['failed']}, shed {r['shed']}, model reloads {r['model_reloads']}, client issue lag ≤ "
-        f"{r['max_issue_lag_ms']} ms, batch sizes {r['batch_sizes']}"
+        f"failed {r['failed']}, shed {r['shed']}, model reloads {r['model_reloads']}, client issue lag p50 "
+        f"{r['issue_lag_ms']['p50_ms']} / p99 {r['issue_lag_ms']['p99_ms']} / max {r['max_issue_lag_ms']} ms, client "
+        f"processes busy {max(r['client_cpu_share']):.0%} at most, batch sizes {r['batch_sizes']}"
         for r in runs
     ]
     for r in runs:
@@ -531,7 +537,22 @@ def main(argv: Optional[list[str]] = None) -> int:
     p.add_argument("--out", required=True)
     p.add_argument("--cpu", action="store_true", help="no GPU: KIND_CPU, FP32 (smoke test)")
     p.add_argument("--tiny", action="store_true", help="seconds-long phases and 4 images (smoke test)")
-    p.add_argument("--phases", default=None, help=f"name:seconds:rate,... (default {DEFAULT_PHASES})")
+    p.add_argument(
+        "--phases",
+        default=None,
+        help="name:seconds:rate,... or auto: sized from closed-loop probes of (a) and (b) (default; tiny: "
+        f"{TINY_PHASES})",
+    )
+    p.add_argument(
+        "--auto-seconds",
+        default=",".join(f"{x:g}" for x in AUTO_SECONDS),
+        help="seconds of the sized phases: idle,burst,steady,idle",
+    )
+    p.add_argument("--procs", type=int, default=None, help="client processes (default 8; tiny: 2)")
+    p.add_argument("--probe-s", type=float, default=5.0, help="seconds of each closed-loop capacity probe")
+    p.add_argument("--probe-concurrency", type=int, default=4, help="requests in flight per process in a probe")
+    p.add_argument("--max-lag-p99-ms", type=float, default=10.0, help="issue lag p99 past this: client-bound")
+    p.add_argument("--max-lag-ms", type=float, default=100.0, help="issue lag past this: client-bound")
     p.add_argument("--configs", default="a,b,c,d")
     p.add_argument(
         "--arrivals",
@@ -546,7 +567,7 @@ def main(argv: Optional[list[str]] = None) -> int:
     p.add_argument("--period-s", type=float, default=2.0, help="seconds between window decisions (seed: 10)")
     p.add_argument("--min-requests", type=int, default=20)
     p.add_argument("--bucket-s", type=float, default=2.0)
-    p.add_argument("--max-outstanding", type=int, default=256)
+    p.add_argument("--max-outstanding", type=int, default=64, help="per client process")
     p.add_argument("--timeout-s", type=float, default=30.0)
     p.add_argument("--gpu-model", default="", help="preset key (default: from nvidia-smi)")
     p.add_argument("--commit", default="")
@@ -555,8 +576,18 @@ def main(argv: Optional[list[str]] = None) -> int:
     if args.tiny:
         args.phases = args.phases or TINY_PHASES
         args.images = args.images or 4
+        args.procs = args.procs or 2
         args.period_s, args.min_requests, args.bucket_s = min(args.period_s, 1.0), 2, 1.0
-    phases = parse_phases(args.phases or DEFAULT_PHASES)
+    args.procs = args.procs or 8
+    if args.procs < 1:
+        raise SystemExit("--procs: at least 1")
+    phases = [] if args.phases in (None, "auto") else parse_phases(args.phases)
+    try:
+        auto_seconds = tuple(float(x) for x in args.auto_seconds.split(","))
+    except ValueError:
+        auto_seconds = ()
+    if len(auto_seconds) != 4 or min(auto_seconds) <= 0:
+        raise SystemExit(f"--auto-seconds: {args.auto_seconds!r} is not four durations > 0 (idle,burst,steady,idle)")
     n_images = args.images or 64
     configs = args.configs.split(",")
     if any(c not in CONFIGS for c in configs):
@@ -576,18 +607,30 @@ def main(argv: Optional[list[str]] = None) -> int:
     workdir.mkdir(parents=True, exist_ok=True)
     proc, _http, grpc_url = start_triton(workdir, list(specs.values()), weights, gpu)
     log(f"Triton ready after {time.monotonic() - t0:.1f} s")
+    payload = openloop.write_payload(workdir, images, refs)
     runs = []
+    probes: dict[str, dict] = {}
     try:
+        for c in ("a", "b") if not phases else ():
+            name = specs["default"].name if c == "a" else specs["preset"].name
+            probes[c] = openloop.probe(
+                client_spec(c, name, grpc_url, payload, args), args.procs, args.probe_concurrency, args.probe_s
+            )
+            log(f"({c}) capacity probe: {probes[c]}")
+        if not phases:
+            phases = sized_phases(probes["a"]["right_per_s"], probes["b"]["right_per_s"], auto_seconds)
+            log("phases: " + ",".join(f"{ph.name}:{ph.seconds:g}:{ph.rate:g}" for ph in phases))
         for c in configs:
             name = specs["default"].name if c == "a" else specs["preset"].name
             loads = model_loads(workdir, name)
             log(f"({c}) {CONFIGS[c]}: {name}")
-            r = asyncio.run(run_config(c, name, grpc_url, images, refs, phases, args))
+            r = run_config(c, client_spec(c, name, grpc_url, payload, args), phases, args)
             r["model_reloads"] = model_loads(workdir, name) - loads
             summary = ", ".join(f"{p['phase']} {p['served_per_s']}/s p95 {p['p95_ms']} ms" for p in r["phases"])
             log(
                 f"({c}) {summary}; wrong {r['wrong_answers']} failed {r['failed']} shed {r['shed']}, "
-                f"client issue lag ≤ {r['max_issue_lag_ms']} ms, reloads {r['model_reloads']}"
+                f"client issue lag {r['issue_lag_ms']}, client busy {r['client_cpu_share']}, "
+                f"reloads {r['model_reloads']}{', CLIENT-BOUND: ' + '; '.join(r['client_bound']) if r['client_bound'] else ''}"
             )
             runs.append(r)
     finally:
@@ -611,6 +654,8 @@ def main(argv: Optional[list[str]] = None) -> int:
         "arrivals": args.arrivals,
         "seed": args.seed,
         "max_outstanding": args.max_outstanding,
+        "procs": args.procs,
+        "probes": probes,
         "target_ms": args.target_ms,
         "step_us": args.step_us,
         "period_s": args.period_s,
@@ -628,14 +673,18 @@ def main(argv: Optional[list[str]] = None) -> int:
         },
         "wall_s": round(time.monotonic() - t0, 1),
     }
-    result = {"meta": meta, "runs": runs}
+    result = {
+        "meta": meta,
+        "runs": runs,
+        "verdict": verdict(runs, probes, args.target_ms),
+    }
     (out / "window_gpu.json").write_text(json.dumps(result, indent=2) + "\n")
     (out / "window_gpu.md").write_text(markdown(result))
     (out / "triton.log").write_bytes((workdir / "triton.log").read_bytes()[-2_000_000:])
     log(f"wrote {out}/window_gpu.json and .md in {meta['wall_s']} s")
     print(markdown(result))
-    bad = sum(r["wrong_answers"] + r["failed"] for r in runs)
-    return 1 if bad else 0
+    bad = sum(r["wrong_answers"] + r["failed"] for r in runs) + sum(p["wrong"] + p["failed"] for p in probes.values())
+    return 1 if bad else (3 if any(r["client_bound"] for r in runs) else 0)
 
 
 if __name__ == "__main__":

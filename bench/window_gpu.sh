@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
 # Seed 004 on the GPU (issue 27): bench/window_gpu.py's four configurations under one changing open-loop load, on a
 # machine that cannot download (the wheels carried in .gpucarry/whl, as bench/gpu_device.sh does; no nginx needed).
-# About 5 minutes on one H200. Usage: bash bench/window_gpu.sh OUTDIR [bench.window_gpu args...]
+# About 6 minutes on one H200 (Triton's start ~40 s, two 5 s capacity probes, 4 × 60 s of load, 8 client
+# processes). Exit status: 0 a result, 1 a wrong answer or a failed request, 3 client-bound (no result).
+# Usage: bash bench/window_gpu.sh OUTDIR [bench.window_gpu args...]
 set -uo pipefail
 out=${1:?usage: window_gpu.sh OUTDIR [args]}; shift
 mkdir -p "$out"

@@ -60,7 +60,7 @@ import time
 import urllib.error
 import urllib.parse
 import urllib.request
-from typing import Any, Callable, Mapping, Optional, Protocol
+from typing import Any, Callable, Iterable, Mapping, Optional, Protocol
 
 log = logging.getLogger("gpuhost.adaptive_window")
 
@@ -233,8 +233,8 @@ class TritonP95:
         return p95, count if previous is None or count < previous else count - previous
 
 
-def percentile(values: list[float], q: float) -> float:
-    """Nearest-rank percentile (q in 0..100); NaN for no values (the same rule as serving.microbatch)."""
+def percentile(values: Iterable[float], q: float) -> float:
+    """Nearest-rank percentile (q in 0..100); NaN for no values (serving.microbatch's latency records use it too)."""
     ordered = sorted(values)
     if not ordered:
         return math.nan
@@ -328,24 +328,23 @@ def render_metrics(policy: WindowPolicy, states: dict[str, ModelState]) -> str:
         out.extend(f"{name}{{{labels}}} {value:g}" for labels, value in samples)
 
     ms = sorted(states.items())
-    family(
+
+    def per_model(name: str, kind: str, help_: str, value: Callable[[ModelState], Optional[float]]) -> None:
+        family(name, kind, help_, [(f'model="{_esc(m)}"', v) for m, s in ms if (v := value(s)) is not None])
+
+    per_model(
         "gpuhost_adaptive_window_us",
         "gauge",
         "Batching window the controller last set or read (µs).",
-        [(f'model="{_esc(m)}"', s.window_us) for m, s in ms if s.window_us is not None],
+        lambda s: s.window_us,
     )
-    family(
+    per_model(
         "gpuhost_adaptive_window_p95_ms",
         "gauge",
         "p95 latency the last decision was based on (ms).",
-        [(f'model="{_esc(m)}"', s.p95_ms) for m, s in ms],
+        lambda s: s.p95_ms,
     )
-    family(
-        "gpuhost_adaptive_window_target_p95_ms",
-        "gauge",
-        "p95 target (ms).",
-        [(f'model="{_esc(m)}"', policy.target_p95_ms) for m, _ in ms],
-    )
+    per_model("gpuhost_adaptive_window_target_p95_ms", "gauge", "p95 target (ms).", lambda s: policy.target_p95_ms)
     family(
         "gpuhost_adaptive_window_bound_us",
         "gauge",
@@ -366,17 +365,17 @@ def render_metrics(policy: WindowPolicy, states: dict[str, ModelState]) -> str:
             for a in ("widen", "narrow", "hold", "clamp")
         ],
     )
-    family(
+    per_model(
         "gpuhost_adaptive_window_errors_total",
         "counter",
         "Periods that failed (metrics, config or load).",
-        [(f'model="{_esc(m)}"', s.errors) for m, s in ms],
+        lambda s: s.errors,
     )
-    family(
+    per_model(
         "gpuhost_adaptive_window_last_decision_timestamp_seconds",
         "gauge",
         "Unix time of the last decision.",
-        [(f'model="{_esc(m)}"', s.last_decision_s) for m, s in ms],
+        lambda s: s.last_decision_s,
     )
     return "\n".join(out) + "\n"
 

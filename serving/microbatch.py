@@ -27,12 +27,15 @@ from __future__ import annotations
 import asyncio
 import collections
 import dataclasses
-import math
 import threading
 import time
-from typing import Any, Awaitable, Callable, Deque, Generic, Hashable, Iterable, Mapping, Optional, Sequence, TypeVar
+from typing import Any, Awaitable, Callable, Deque, Generic, Hashable, Mapping, Optional, Sequence, TypeVar
 
 import numpy as np
+
+# One percentile rule for the client and its window controller; the controller's module is standard library only
+# (it also runs alone as the unit beside Triton), so the rule lives there.
+from serving.adaptive_window import percentile
 
 Tensors = Mapping[str, np.ndarray]
 BatchInfer = Callable[[dict[str, np.ndarray]], Awaitable[Mapping[str, np.ndarray]]]
@@ -169,14 +172,6 @@ class RequestRecord:
     latency_s: float  # submit → result (or error) handed to the caller
     batch_size: int
     ok: bool
-
-
-def percentile(values: Iterable[float], q: float) -> float:
-    """Nearest-rank percentile (q in 0..100); NaN for no values."""
-    ordered = sorted(values)
-    if not ordered:
-        return math.nan
-    return ordered[max(1, math.ceil(q / 100.0 * len(ordered))) - 1]
 
 
 class LatencyStats:

@@ -38,12 +38,14 @@ from typing import Iterable, Mapping, Optional
 
 @dataclasses.dataclass(frozen=True)
 class Policy:
-    ramp_s: float = 10.0
-    ramp_floor: float = 0.1
-    retry_after_s: float = 1.0
-    queue_ms_shift: float = 20.0
-    queue_ms_drain: float = 100.0
-    jitter: float = 0.1
+    """The numbers of the rules above."""
+
+    ramp_s: float = 10.0  # a backend back from a drain reaches its full weight over this many seconds,
+    ramp_floor: float = 0.1  # starting from this share of it
+    retry_after_s: float = 1.0  # a backend whose call failed stays drained at least this long
+    queue_ms_shift: float = 20.0  # Triton's queue time (ms) above which weight moves away, linearly,
+    queue_ms_drain: float = 100.0  # down to none at this queue time (drained)
+    jitter: float = 0.1  # backends scoring within this fraction of the best share the pick, by weight
 
     def __post_init__(self) -> None:
         if not (0 < self.ramp_floor <= 1):

@@ -4,7 +4,16 @@ its own image. The whole bench runs here with ``python -m bench.window_gpu --cpu
 import numpy as np
 import pytest
 
-from bench.window_gpu import Phase, check, detector_weights, parse_phases, pick_images, schedule
+from bench.window_gpu import (
+    Phase,
+    check,
+    detector_weights,
+    parse_phases,
+    pick_images,
+    schedule,
+    sized_phases,
+    verdict,
+)
 
 
 def test_phases_and_open_loop_schedule():
@@ -42,3 +51,60 @@ def test_an_answer_passes_only_against_its_own_images_reference():
     moved[:, :4] += 400.0  # boxes moved: fails
     assert "unmatched" in (check(moved, num, refs[0]) or "")
     assert "unmatched" in (check(det, np.array([0], np.int32), refs[0]) or "")
+
+
+def test_phases_sized_so_a_saturates_and_the_preset_does_not():
+    assert sized_phases(400.0, 1300.0) == [
+        Phase("idle", 8.0, 20.0),
+        Phase("burst", 24.0, 1000.0),  # 2.5× (a)'s 400/s, under 80 % of the preset's 1300/s
+        Phase("steady", 20.0, 600.0),  # 60 % of the burst, above (a)'s capacity
+        Phase("idle", 8.0, 20.0),
+    ]
+    assert [p.rate for p in sized_phases(400.0, 900.0)] == [20.0, 720.0, 480.0, 20.0]  # the preset's 80 % caps it
+    assert [p.rate for p in sized_phases(6.0, 40.0, (1, 2, 3, 4))] == [1.5, 15.0, 9.0, 1.5]  # CPU: idle a tenth
+
+
+def _run(config, p95s, served, wrong=0, lag_problems=(), halves=None):
+    phases = [
+        {
+            "phase": f"p{k}",
+            "served_per_s": s,
+            "p95_ms": p,
+            "p95_under_target": p <= 25,
+            "shed": 0 if p <= 25 else 9,
+            "failed": 0,
+            "p95_halves_ms": halves or [p - 0.5, p + 0.5],
+        }
+        for k, (p, s) in enumerate(zip(p95s, served))
+    ]
+    return {"config": config, "phases": phases, "wrong_answers": wrong, "failed": 0, "client_bound": list(lag_problems)}
+
+
+def test_verdict_reads_the_goal_off_the_runs_and_claims_nothing_from_a_bad_run():
+    a = _run("a", [8, 900, 700, 9], [20, 400, 380, 20])
+    c = _run("c", [9, 14, 12, 9], [20, 880, 530, 20])
+    d = _run("d", [9, 14.5, 12, 9], [20, 880, 530, 20])
+    assert verdict([a, c, d], {"a": {"right_per_s": 410.0, "wrong": 0, "failed": 0}}, 25) == [
+        "(a) sustained 20/s (highest phase served with p95 ≤ 25 ms, nothing shed)",
+        "(c) sustained 880/s (highest phase served with p95 ≤ 25 ms, nothing shed)",
+        "(d) sustained 880/s (highest phase served with p95 ≤ 25 ms, nothing shed)",
+        "(a) misses the target: yes, in p1, p2",
+        "(d) p95 ≤ target in every phase: yes",
+        "(d) sustained / (a)'s capacity (410.0/s): 2.15× (≥ 2×)",
+        "(d) never worse than (c) by more than noise: yes",
+    ]
+    worse = _run("d", [9, 20, 12, 9], [20, 880, 530, 20], halves=[19.5, 20.0])
+    assert verdict([a, c, worse], {"a": {"right_per_s": 500.0, "wrong": 0, "failed": 0}}, 25)[-2:] == [
+        "(d) sustained / (a)'s capacity (500.0/s): 1.76× (< 2×)",
+        "(d) never worse than (c) by more than noise: no: p1 20 vs 14 ms (noise 1.00)",
+    ]
+    bound = _run("b", [9], [20], lag_problems=["issue lag p99 40 ms > 10 ms"])
+    assert verdict([a, bound, d], {}, 25) == [
+        "CLIENT-BOUND: the load generator did not keep its schedule, no result: (b) issue lag p99 40 ms > 10 ms"
+    ]
+    assert verdict([a, _run("d", [9], [20], wrong=2)], {}, 25) == [
+        "INVALID: not every answer was right: (d) 2 wrong, 0 failed"
+    ]
+    assert verdict([a], {"b": {"right_per_s": 9.0, "wrong": 1, "failed": 0}}, 25) == [
+        "INVALID: not every answer was right: (b) probe 1 wrong, 0 failed"
+    ]
