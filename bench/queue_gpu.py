@@ -835,6 +835,7 @@ def main(argv: Optional[list[str]] = None) -> int:
             "triton_window_us": spec.dynamic_batching.max_queue_delay_microseconds if spec.dynamic_batching else None,
         },
         "weights": WEIGHTS,
+        "redis_parser": "hiredis" if redispy.utils.HIREDIS_AVAILABLE else "redis-py's Python parser",
         "setup": {
             k: getattr(a, k)
             for k in (
@@ -953,7 +954,7 @@ def markdown(result: dict) -> str:
         f"{m['model']['instances']} instances, max batch {m['model']['max_batch']}, window "
         f"{m['model']['triton_window_us']} µs), weights triton-a 3 : triton-b 2. Gateway: Redis + {s['workers']} "
         f"workers x {s['slots']} slots ({s['read_count']} entries per XREADGROUP, reclaim after "
-        f"{s['claim_idle_ms']} ms idle). Load: {s['procs']} processes; {s['images']} distinct images, each answer "
+        f"{s['claim_idle_ms']} ms idle; {m.get('redis_parser', '?')}). Load: {s['procs']} processes; {s['images']} distinct images, each answer "
         f"checked against its own image's reference; {s['duration']:g} s per run; open loop: latency from the "
         "scheduled arrival.",
         "",

@@ -22,6 +22,8 @@ printf '#!/bin/sh\nLD_LIBRARY_PATH=/tmp/redis/usr/lib/x86_64-linux-gnu exec /tmp
   > /tmp/redis/redis-server
 chmod +x /tmp/redis/redis-server
 /tmp/redis/redis-server --version 2>&1 | tee -a "$out/probe.txt"
+python3 -c 'import redis, redis.utils; print("redis-py", redis.__version__, "hiredis", redis.utils.HIREDIS_AVAILABLE)' \
+  2>&1 | tee -a "$out/probe.txt"
 PYTHONUNBUFFERED=1 python3 -m bench.queue_gpu --redis-server /tmp/redis/redis-server --out "$out" "$@" 2>&1 \
   | tee "$out/log.txt"
 exit "${PIPESTATUS[0]}"
