@@ -404,6 +404,8 @@ class WorkerSampler:
                 b = labels.get("backend", "")
                 if name in ("gpuhost_gateway_backend_healthy", "gpuhost_gateway_backend_effective_weight"):
                     got[(name, b)] = min(got.get((name, b), value), value)  # the least healthy worker's view
+                elif name == "gpuhost_gateway_backend_in_flight":
+                    got[("in_flight", b)] = got.get(("in_flight", b), 0.0) + value
                 elif name == "gpuhost_gateway_backend_calls_total":
                     k = (f"calls:{labels.get('outcome', '')}", b)
                     got[k] = got.get(k, 0.0) + value
@@ -782,7 +784,7 @@ def main(argv: Optional[list[str]] = None) -> int:
             if f == "redis":
                 r.config_set("appendonly", "yes")
                 wait_aof(r)
-            act = Fault(f, ev, a.duration / 3, q, workers, backends, rs)
+            act = Fault(f, ev, a.fault_duration / 3, q, workers, backends, rs, WorkerSampler(metrics_ports))
             res = go("gateway", "open", rate=a.fault_rate or rates[0], duration=a.fault_duration, fault=act.run)
             if f == "worker":
                 ev["pending_of_killed_after"] = len(q.pending_of(VICTIM_WORKER))
@@ -879,6 +881,7 @@ class Fault:
     workers: dict[str, subprocess.Popen]
     backends: dict[str, Backend]
     rs: Redis
+    sampler: WorkerSampler
 
     def run(self, start: float) -> None:
         time.sleep(max(0.0, start + self.after_s - time.time()))
@@ -897,6 +900,11 @@ class Fault:
             ev["down_s"] = round(self.rs.start(aof=True), 3)
             ev["restarted_at_s"] = time.time() - start
         else:
+            deadline = time.monotonic() + 3.0  # killed while it runs jobs, so some must go elsewhere
+            while time.monotonic() < deadline:
+                ev["in_flight_on_it_at_kill"] = self.sampler.scrape().get(("in_flight", VICTIM_BACKEND), 0.0)
+                if ev["in_flight_on_it_at_kill"] > 0:
+                    break
             ev["at_s"] = time.time() - start
             kill_group(self.backends[VICTIM_BACKEND].proc)
             ev["killed"] = VICTIM_BACKEND
