@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Seed 001's queue gateway on the GPU (issue 27): bench/queue_gpu.py on a machine that cannot download. Carried:
-# the wheels in .gpucarry/whl (pytriton's tritonserver, tritonclient, ...), redis-py in .gpucarry/whl-redis and
+# the wheels in .gpucarry/whl (pytriton's tritonserver, tritonclient, ...), redis-py and hiredis in .gpucarry/whl-redis and
 # Debian's redis-server with the libraries it needs in .gpucarry/deb-redis (bench/queue_gpu_carry.sh fetches those
 # two). About 5 minutes on one H200. Usage: bash bench/queue_gpu.sh OUTDIR [bench.queue_gpu args...]
 set -uo pipefail
@@ -22,6 +22,8 @@ printf '#!/bin/sh\nLD_LIBRARY_PATH=/tmp/redis/usr/lib/x86_64-linux-gnu exec /tmp
   > /tmp/redis/redis-server
 chmod +x /tmp/redis/redis-server
 /tmp/redis/redis-server --version 2>&1 | tee -a "$out/probe.txt"
+LD_LIBRARY_PATH=/tmp/redis/usr/lib/x86_64-linux-gnu ldd /tmp/redis/usr/bin/redis-check-rdb | grep -E 'not found' \
+  | tee -a "$out/probe.txt"
 python3 -c 'import redis, redis.utils; print("redis-py", redis.__version__, "hiredis", redis.utils.HIREDIS_AVAILABLE)' \
   2>&1 | tee -a "$out/probe.txt"
 PYTHONUNBUFFERED=1 python3 -m bench.queue_gpu --redis-server /tmp/redis/redis-server --out "$out" "$@" 2>&1 \
