@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Optional
+from typing import Iterable, Optional
 
 from pydantic import BaseModel, Field
 
@@ -14,6 +14,16 @@ IORESOURCE_MEM = 0x200
 IORESOURCE_PREFETCH = 0x2000
 
 
+def os_family(os_id: str, id_like: Iterable[str]) -> str:
+    """`debian`, `rhel` or `unknown`, from os-release's ID and ID_LIKE (a host's or a guest's)."""
+    ids = {os_id, *id_like}
+    if ids & {"debian", "ubuntu"}:
+        return "debian"
+    if ids & {"rhel", "centos", "fedora", "rocky", "almalinux"}:
+        return "rhel"
+    return "unknown"
+
+
 class OsInfo(BaseModel):
     id: str = ""
     id_like: list[str] = Field(default_factory=list)
@@ -22,12 +32,7 @@ class OsInfo(BaseModel):
 
     @property
     def family(self) -> str:
-        ids = {self.id, *self.id_like}
-        if ids & {"debian", "ubuntu"}:
-            return "debian"
-        if ids & {"rhel", "centos", "fedora", "rocky", "almalinux"}:
-            return "rhel"
-        return "unknown"
+        return os_family(self.id, self.id_like)
 
 
 class Bar(BaseModel):

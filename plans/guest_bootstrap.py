@@ -31,6 +31,7 @@ from typing import Optional
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from access.shell import Script, quote, sh
+from facts.model import os_family
 
 MPS_PIPE = "/tmp/nvidia-mps"
 MPS_LOG = "/var/log/nvidia-mps"
@@ -91,12 +92,7 @@ class GuestFacts:
 
     @property
     def family(self) -> str:
-        ids = {self.os_id, *self.os_like}
-        if ids & {"debian", "ubuntu"}:
-            return "debian"
-        if ids & {"rhel", "fedora", "centos", "rocky", "almalinux"}:
-            return "rhel"
-        return "unknown"
+        return os_family(self.os_id, self.os_like)
 
 
 @dataclass(frozen=True)

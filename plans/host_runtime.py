@@ -26,13 +26,18 @@ import re
 from dataclasses import dataclass
 from typing import Optional
 
-from pydantic import BaseModel, ConfigDict, field_validator
+from pydantic import BaseModel, ConfigDict, ValidationInfo, field_validator
 
 from access.shell import Script, quote
 
 _UNIT = re.compile(r"^[A-Za-z0-9@_.:-]+\.service$")
 _PKG = re.compile(r"^[a-z0-9][a-z0-9.+-]*$")
 _REQ = re.compile(r"^[A-Za-z0-9_.\-\[\],]+==[A-Za-z0-9_.!+-]+$")
+# Each item of these fields must match its pattern; what the error says when one does not.
+_EACH = {
+    "conflicts": (_UNIT, "not a systemd service unit name"),
+    "requirements": (_REQ, "requirements must be pinned (name==version)"),
+}
 
 
 class Runtime(BaseModel):
@@ -41,20 +46,13 @@ class Runtime(BaseModel):
     requirements: tuple[str, ...] = ()
     conflicts: tuple[str, ...] = ()
 
-    @field_validator("conflicts")
+    @field_validator("conflicts", "requirements")
     @classmethod
-    def _units(cls, v: tuple[str, ...]) -> tuple[str, ...]:
-        for u in v:
-            if not _UNIT.match(u):
-                raise ValueError(f"not a systemd service unit name: {u!r}")
-        return v
-
-    @field_validator("requirements")
-    @classmethod
-    def _reqs(cls, v: tuple[str, ...]) -> tuple[str, ...]:
-        for r in v:
-            if not _REQ.match(r):
-                raise ValueError(f"requirements must be pinned (name==version): {r!r}")
+    def _each_well_formed(cls, v: tuple[str, ...], info: ValidationInfo) -> tuple[str, ...]:
+        pattern, problem = _EACH[info.field_name or ""]
+        for item in v:
+            if not pattern.match(item):
+                raise ValueError(f"{problem}: {item!r}")
         return v
 
     @field_validator("venv")

@@ -20,14 +20,14 @@ Usage::
 
 from __future__ import annotations
 
-from typing import Literal, Optional
+from typing import Annotated, Literal, Optional
 
 from google.protobuf import text_format
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Field
 from tritonclient.grpc import model_config_pb2 as pb
 
 Platform = Literal["tensorrt_plan", "onnxruntime_onnx", "python"]
-DataType = Literal[
+DataTypeName = Literal[
     "BOOL",
     "UINT8",
     "UINT16",
@@ -43,6 +43,14 @@ DataType = Literal[
     "STRING",
     "BF16",
 ]
+
+
+def _without_type_prefix(v: object) -> object:
+    return v.removeprefix("TYPE_") if isinstance(v, str) else v
+
+
+# Triton's own spelling (`TYPE_FP32`, as config.pbtxt writes it) is taken too.
+DataType = Annotated[DataTypeName, BeforeValidator(_without_type_prefix)]
 Kind = Literal["KIND_GPU", "KIND_CPU", "KIND_AUTO", "KIND_MODEL"]
 
 # Model file Triton looks for in <model>/<version>/ per platform.
@@ -69,11 +77,6 @@ class Tensor(_Strict):
     optional: bool = False  # inputs only
     # Inputs only: requests whose variable dims differ still batch together (each request keeps its own shape).
     allow_ragged_batch: bool = False
-
-    @field_validator("data_type", mode="before")
-    @classmethod
-    def _strip_prefix(cls, v):
-        return v.removeprefix("TYPE_") if isinstance(v, str) else v
 
 
 class RateLimiterResource(_Strict):
@@ -116,11 +119,6 @@ class WarmupInput(_Strict):
     data_type: DataType
     dims: list[int]
     data: Literal["zero", "random"] = "zero"
-
-    @field_validator("data_type", mode="before")
-    @classmethod
-    def _strip_prefix(cls, v):
-        return v.removeprefix("TYPE_") if isinstance(v, str) else v
 
 
 class Warmup(_Strict):

@@ -38,6 +38,11 @@ class Hugepages2MProvider(TemplateProvider):
     INPUTS = ("host", "per_node")
     OUTPUT_ONLY = ("prior", "prior_counts", "plan")
 
+    @classmethod
+    def read_spec(cls, inputs: dict) -> dict:
+        """What the plan is made from (HostPreflight reads it too): the 2 MiB page counts and the unit files."""
+        return {"sections": ["hugepages-nr"], "files": [UNIT, WANTS]}
+
     def validate(self, news: dict) -> list[CheckFailure]:
         failures: list[CheckFailure] = []
         per = news.get("per_node") or {}
@@ -55,11 +60,6 @@ class Hugepages2MProvider(TemplateProvider):
             files=[UNIT, WANTS],
             values={f"hugepages-2M/node{int(n)}": sh("cat", plan.nr_path(n)) for n in sorted(nodes, key=int)},
         )
-
-    @classmethod
-    def read_spec(cls, inputs: dict) -> dict:
-        """What the plan is made from (HostPreflight reads it too): the 2 MiB page counts and the unit files."""
-        return {"sections": ["hugepages-nr"], "files": [UNIT, WANTS]}
 
     def apply(self, props: dict, prior: Optional[dict]) -> dict:
         conn = self.conn(props)

@@ -32,10 +32,10 @@ class SysctlsProvider(TemplateProvider):
     OUTPUT_ONLY = ("prior", "prior_values", "plan")
 
     def validate(self, news: dict) -> list[CheckFailure]:
-        failures: list[CheckFailure] = []
         values = news.get("values")
         if not isinstance(values, dict) or not values:
             return [CheckFailure("values", "a map of sysctl name -> value")]
+        failures: list[CheckFailure] = []
         for k, v in values.items():
             # The loader's allow-lists (plans/values.py), again: the file is parsed by systemd-sysctl.
             for check, x in ((allowed.sysctl_name, k), (allowed.sysctl_value, v)):

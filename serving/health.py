@@ -23,7 +23,8 @@ class NotReady(RuntimeError):
     pass
 
 
-def _status(url: str, timeout: float = 2.0) -> int:
+def http_status(url: str, timeout: float = 2.0) -> int:
+    """The status a GET of `url` answers; 0 when nothing answers (refused, timed out, not HTTP)."""
     try:
         with urllib.request.urlopen(url, timeout=timeout) as r:
             return r.status
@@ -39,7 +40,7 @@ def wait_ready(base_url: str, models: list[str], *, timeout_s: float = 120.0, in
     start = time.monotonic()
     pending = ["/v2/health/ready"] + [f"/v2/models/{m}/ready" for m in models]
     while True:
-        pending = [p for p in pending if _status(base + p) != 200]
+        pending = [p for p in pending if http_status(base + p) != 200]
         if not pending:
             return time.monotonic() - start
         if time.monotonic() - start > timeout_s:

@@ -31,6 +31,8 @@ from pulumi.dynamic.dynamic import serialize_provider
 from pulumi.runtime import rpc
 from pulumi.runtime.proto import provider_pb2, provider_pb2_grpc
 
+from tests.servers import stop_process
+
 ROOT = Path(__file__).resolve().parent.parent
 PROVIDER_KEY = "__provider"
 
@@ -99,11 +101,7 @@ class ProviderServer:
         if self.channel:
             self.channel.close()
         if self.proc:
-            self.proc.terminate()
-            try:
-                self.proc.wait(5)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
+            stop_process(self.proc, timeout=5)
 
     def resource(self, provider, type_: str, name: str) -> "DrivenResource":
         return DrivenResource(self, serialize_provider(provider), type_, name)
@@ -140,6 +138,11 @@ class DrivenResource:
     def _with_provider(self, props: dict) -> dict:
         return {**props, PROVIDER_KEY: self.provider}
 
+    def _existing(self, kind: Any, **props: dict) -> Any:
+        """A request about the created resource (Diff, Update, Read, Delete): its id and URN, and each property
+        set given, with the provider in it as the engine sends it."""
+        return kind(id=self.created_id(), urn=self.urn, **{k: _ser(self._with_provider(v)) for k, v in props.items()})
+
     def check(self, news: dict) -> dict:
         self.calls.append("check")
         req = provider_pb2.CheckRequest(
@@ -157,16 +160,8 @@ class DrivenResource:
 
     def diff(self, checked: dict) -> DiffOutcome:
         self.calls.append("diff")
-        resp = self.server.call(
-            "Diff",
-            provider_pb2.DiffRequest(
-                id=self.created_id(),
-                urn=self.urn,
-                olds=_ser(self._with_provider(self.outputs)),
-                news=_ser(self._with_provider(checked)),
-                old_inputs=_ser(self._with_provider(self.inputs)),
-            ),
-        )
+        req = self._existing(provider_pb2.DiffRequest, olds=self.outputs, news=checked, old_inputs=self.inputs)
+        resp = self.server.call("Diff", req)
         changes = {provider_pb2.DiffResponse.DIFF_SOME: True, provider_pb2.DiffResponse.DIFF_NONE: False}.get(
             resp.changes
         )
@@ -183,29 +178,15 @@ class DrivenResource:
 
     def update(self, checked: dict) -> dict:
         self.calls.append("update")
-        resp = self.server.call(
-            "Update",
-            provider_pb2.UpdateRequest(
-                id=self.created_id(),
-                urn=self.urn,
-                olds=_ser(self._with_provider(self.outputs)),
-                news=_ser(self._with_provider(checked)),
-                old_inputs=_ser(self._with_provider(self.inputs)),
-            ),
-        )
+        req = self._existing(provider_pb2.UpdateRequest, olds=self.outputs, news=checked, old_inputs=self.inputs)
+        resp = self.server.call("Update", req)
         self.inputs, self.outputs = checked, _strip(_de(resp.properties))
         return self.outputs
 
     def delete(self) -> None:
         self.calls.append("delete")
         self.server.call(
-            "Delete",
-            provider_pb2.DeleteRequest(
-                id=self.created_id(),
-                urn=self.urn,
-                properties=_ser(self._with_provider(self.outputs)),
-                old_inputs=_ser(self._with_provider(self.inputs)),
-            ),
+            "Delete", self._existing(provider_pb2.DeleteRequest, properties=self.outputs, old_inputs=self.inputs)
         )
         self.id, self.inputs, self.outputs = None, {}, {}
 
@@ -213,13 +194,7 @@ class DrivenResource:
         """`pulumi refresh`: the engine passes prior outputs and inputs and takes back what the host has."""
         self.calls.append("read")
         resp = self.server.call(
-            "Read",
-            provider_pb2.ReadRequest(
-                id=self.created_id(),
-                urn=self.urn,
-                properties=_ser(self._with_provider(self.outputs)),
-                inputs=_ser(self._with_provider(self.inputs)),
-            ),
+            "Read", self._existing(provider_pb2.ReadRequest, properties=self.outputs, inputs=self.inputs)
         )
         return _strip(_de(resp.properties))
 

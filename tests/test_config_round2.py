@@ -294,17 +294,19 @@ _param = st.sampled_from(
 )
 
 
+def _load_artifact_url(url: str) -> list[str]:
+    """The loader's lines for BASE with its first service's first model fetched from `url`."""
+
+    def mutate(d):
+        d["services"][0]["models"][0] = {"name": "m", "preset": "yolov8n", "artifact": {"url": url, "sha256": "a" * 64}}
+
+    return _load(mutate)
+
+
 @settings(max_examples=80, deadline=None)
 @given(_param, st.text(alphabet=string.ascii_letters + string.digits, min_size=1, max_size=12))
 def test_an_artifact_url_with_a_credential_in_its_query_is_refused(name, value):
-    def mutate(d):
-        d["services"][0]["models"][0] = {
-            "name": "m",
-            "preset": "yolov8n",
-            "artifact": {"url": f"https://store.example/m.onnx?v=2&{name}={value}", "sha256": "a" * 64},
-        }
-
-    lines = _load(mutate)
+    lines = _load_artifact_url(f"https://store.example/m.onnx?v=2&{name}={value}")
     assert len(lines) == 1 and lines[0].startswith(
         "fleet.services[0].models[0].artifact.url: url carries a credential ("
     )
@@ -313,14 +315,7 @@ def test_an_artifact_url_with_a_credential_in_its_query_is_refused(name, value):
 @settings(max_examples=80, deadline=None)
 @given(st.integers(0, 200000), st.sampled_from(["user@", "user:pw@", ":pw@", ""]))
 def test_an_artifact_url_port_and_userinfo(port, userinfo):
-    def mutate(d):
-        d["services"][0]["models"][0] = {
-            "name": "m",
-            "preset": "yolov8n",
-            "artifact": {"url": f"https://{userinfo}store.example:{port}/m.onnx", "sha256": "a" * 64},
-        }
-
-    lines = _load(mutate)
+    lines = _load_artifact_url(f"https://{userinfo}store.example:{port}/m.onnx")
     if userinfo:
         assert lines == [
             "fleet.services[0].models[0].artifact.url: url holds credentials (user:password@), which belong in "

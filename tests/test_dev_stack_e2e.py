@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import json
 import os
-import socket
 import sys
 import time
 from pathlib import Path
@@ -26,8 +25,10 @@ import pytest
 from access.shell import sh
 from providers.libvirt_domain import AUTOSTART_DIR
 from tests.hostmanifest import differences, manifest
+from tests.servers import free_port
 from tests.test_passthrough_host import snapshot
 from tests.testhost.fixtures import kernel_starts
+from tests.testhost.machine import hmp
 from tools.driver import Driver, StackConfig
 
 # Part of `./gpuhost.sh test` (about 13 min under TCG), on its own emulated server (marker devstack, see gpuhost.sh).
@@ -79,25 +80,7 @@ def dev_config(th, port: int) -> StackConfig:
 
 def qmp(th, command: str) -> str:
     """A human-monitor command through the host's QMP socket (hostfwd_add/remove)."""
-    s = socket.socket(socket.AF_UNIX)
-    s.connect(str(th.workdir / "qmp.sock"))
-    f = s.makefile("rw")
-    f.readline()
-    for msg in (
-        {"execute": "qmp_capabilities"},
-        {"execute": "human-monitor-command", "arguments": {"command-line": command}},
-    ):
-        f.write(json.dumps(msg) + "\n")
-        f.flush()
-        reply = json.loads(f.readline())
-    s.close()
-    return reply.get("return", "")
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+    return hmp(th.workdir / "qmp.sock", command).get("return", "")
 
 
 def initrds(th) -> str:

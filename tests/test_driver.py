@@ -226,13 +226,20 @@ def test_an_unknown_diff_is_the_engine_s_own_comparison_of_the_inputs(tmp_path):
     assert (tmp_path / "u").read_text().startswith("U2|")
 
 
-def test_create_before_delete_replacement_deletes_the_old_one_at_the_end_of_the_run(tmp_path):
+def _replace_a_under_d(tmp_path: Path, d_content: str) -> tuple[list[dict[str, Any]], Driver, Plan]:
+    """File a and file d that comes after it, up; then a renamed to a2 (a replacement, created before the old a is
+    deleted) and d's content set to `d_content`, up again: the files, that driver and its plan (calls.log holds
+    only the second up's calls)."""
     files: list[dict[str, Any]] = [{"name": "a", "content": "A"}, {"name": "d", "content": "D", "after": ["a"]}]
     driver(tmp_path, files).up()
     (tmp_path / "calls.log").unlink()
-    files[0]["file"], files[1]["content"] = "a2", "D2"
+    files[0]["file"], files[1]["content"] = "a2", d_content
     d = driver(tmp_path, files)
-    plan = d.up()
+    return files, d, d.up()
+
+
+def test_create_before_delete_replacement_deletes_the_old_one_at_the_end_of_the_run(tmp_path):
+    files, d, plan = _replace_a_under_d(tmp_path, "D2")
     assert not plan.errors, plan.errors
     # the new a first, then what depends on it, the old a last (step_generator.go: pending delete at the end)
     assert [(m, n) for m, n, _, _ in calls(tmp_path)] == [("create", "a2"), ("update", "d"), ("delete", "a")]
@@ -241,12 +248,7 @@ def test_create_before_delete_replacement_deletes_the_old_one_at_the_end_of_the_
 
 
 def test_the_old_half_of_a_replacement_outlives_a_failed_run_and_goes_at_the_next_up(tmp_path):
-    files: list[dict[str, Any]] = [{"name": "a", "content": "A"}, {"name": "d", "content": "D", "after": ["a"]}]
-    driver(tmp_path, files).up()
-    (tmp_path / "calls.log").unlink()
-    files[0]["file"], files[1]["content"] = "a2", "please fail"
-    d = driver(tmp_path, files)
-    plan = d.up()
+    files, d, plan = _replace_a_under_d(tmp_path, "please fail")
     assert any("refusing to write d" in e for e in plan.errors), plan.errors
     assert [(m, n) for m, n, _, _ in calls(tmp_path)] == [("create", "a2")]  # no delete after a failed step
     halves = sorted((r.inputs["name"], r.pending_delete) for r in d.resources() if r.name == "a")

@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
-from tools.driver.display import SECRET_SIG, SIG, UNKNOWN, primitive, print_object, print_object_diff
+from tools.driver.display import primitive, print_object, print_object_diff
 from tools.driver.engine import Plan, Step
+from tools.driver.values import SECRET_SIG, SIG, UNKNOWN
 
 SECRET = {SIG: SECRET_SIG, "value": "hunter2"}
 LONG = "x" * 300

@@ -298,8 +298,13 @@ def test_connections_are_bounded_and_the_extra_one_answered_503(front):
             time.sleep(0.1)
 
 
+def _body(name: str, dt: str, shape: list[int], data: list) -> bytes:
+    """A KServe v2 JSON infer request with one input."""
+    return json.dumps({"inputs": [{"name": name, "datatype": dt, "shape": shape, "data": data}]}).encode()
+
+
 def _typed(dt: str, value) -> bytes:
-    return json.dumps({"inputs": [{"name": "v", "datatype": dt, "shape": [1], "data": [value]}]}).encode()
+    return _body("v", dt, [1], [value])
 
 
 HOSTILE_VALUES = [
@@ -321,40 +326,35 @@ HOSTILE_VALUES = [
     (
         "nested deeper than shape",
         "m",
-        json.dumps({"inputs": [{"name": "x", "datatype": "FP32", "shape": [1, 4], "data": [[[[[1]]]] * 4]}]}).encode(),
+        _body("x", "FP32", [1, 4], [[[[[1]]]] * 4]),
         "input 'x': data nested deeper than shape [1, 4]",
     ),
     ("nesting bomb", "t-fp32", b'{"inputs": ' + b"[" * 50000 + b"]" * 50000 + b"}", "RecursionError"),
     (
         "shape bomb",
         "t-fp32",
-        json.dumps({"inputs": [{"name": "v", "datatype": "FP32", "shape": [10**9, 10**9], "data": []}]}).encode(),
+        _body("v", "FP32", [10**9, 10**9], []),
         "input 'v': shape [1000000000, 1000000000] is more than the",
     ),
     (
         "wrong shape",
         "m",
-        json.dumps({"inputs": [{"name": "x", "datatype": "FP32", "shape": [1, 5], "data": [1] * 5}]}).encode(),
+        _body("x", "FP32", [1, 5], [1] * 5),
         "input 'x': shape [5] but the model takes [4] (-1: any size)",
     ),
     (
         "batch over max",
         "m",
-        json.dumps({"inputs": [{"name": "x", "datatype": "FP32", "shape": [3, 4], "data": [1] * 12}]}).encode(),
+        _body("x", "FP32", [3, 4], [1] * 12),
         "input 'x': shape [3, 4]: the batch (first) dimension must be 1..2",
     ),
     (
         "datatype not the model's",
         "m",
-        json.dumps({"inputs": [{"name": "x", "datatype": "FP64", "shape": [1, 4], "data": [1] * 4}]}).encode(),
+        _body("x", "FP64", [1, 4], [1] * 4),
         "input 'x': datatype FP64 but the model takes FP32",
     ),
-    (
-        "unknown input",
-        "m",
-        json.dumps({"inputs": [{"name": "z", "datatype": "FP32", "shape": [1, 4], "data": [1] * 4}]}).encode(),
-        "input 'z': the model has no such input (inputs: x)",
-    ),
+    ("unknown input", "m", _body("z", "FP32", [1, 4], [1] * 4), "input 'z': the model has no such input (inputs: x)"),
     ("JSON null", "m", b"null", "not a KServe v2 JSON infer request: an object with an inputs list"),
     ("JSON list", "m", b"[1, 2]", "not a KServe v2 JSON infer request: an object with an inputs list"),
     ("not JSON", "m", b"\xff\xfe", "not a KServe v2 JSON infer request: JSONDecodeError: Expecting value"),

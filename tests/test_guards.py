@@ -113,24 +113,27 @@ def test_parameter_set_to_off_is_not_an_override(fresh):
     assert active_overrides(f) == {}
 
 
-def test_vm_guest_is_told_it_is_a_guest_not_to_fix_its_bios(fresh):
+def _without_iommu_table(fresh, virt: str):
+    """Preflight's findings, and its iommu-firmware one, for a machine (`virt`: the read's virt section) whose
+    firmware shows no DMAR or IVRS table."""
     f = fresh.model_copy(deep=True)
-    f.virt = parse_virt("detect=kvm\nsys_vendor=QEMU\nproduct_name=Standard PC (Q35 + ICH9, 2009)\ncpu_hypervisor=1")
+    f.virt = parse_virt(virt)
     f.iommu.dmar_table = False
     f.iommu.ivrs_table = False
     findings = preflight(f, PreflightWant(gpus=["0000:81:00.0"]))
-    fw = next(x for x in findings if x.check == "iommu-firmware")
+    return findings, next(x for x in findings if x.check == "iommu-firmware")
+
+
+def test_vm_guest_is_told_it_is_a_guest_not_to_fix_its_bios(fresh):
+    findings, fw = _without_iommu_table(
+        fresh, "detect=kvm\nsys_vendor=QEMU\nproduct_name=Standard PC (Q35 + ICH9, 2009)\ncpu_hypervisor=1"
+    )
     assert fw.status == "FAIL" and "VM guest (kvm, QEMU Standard PC" in fw.message and "BIOS" not in fw.fix
     assert next(x for x in findings if x.check == "machine").status == "WARN"
 
 
 def test_bare_metal_without_the_table_is_told_to_enable_vt_d(fresh):
-    f = fresh.model_copy(deep=True)
-    f.virt = parse_virt("detect=none\nsys_vendor=Supermicro\nproduct_name=SYS-420GP-TNR")
-    f.iommu.dmar_table = False
-    f.iommu.ivrs_table = False
-    findings = preflight(f, PreflightWant(gpus=["0000:81:00.0"]))
-    fw = next(x for x in findings if x.check == "iommu-firmware")
+    findings, fw = _without_iommu_table(fresh, "detect=none\nsys_vendor=Supermicro\nproduct_name=SYS-420GP-TNR")
     assert fw.status == "FAIL" and "off in firmware" in fw.message and "enable VT-d" in fw.fix
     assert not any(x.check == "machine" for x in findings)
 

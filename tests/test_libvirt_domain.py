@@ -64,6 +64,13 @@ def server():
         yield srv
 
 
+def _read_by_uuid(server, outs: dict) -> dict:
+    """What a refresh of tenant-a with these last outputs reads (its domain looked up by their uuid)."""
+    gone = server.resource(LibvirtDomainProvider(), TYPE, "tenant-a")
+    gone.id, gone.inputs, gone.outputs = outs["uuid"], inputs(), outs
+    return gone.read()
+
+
 def test_create_read_same_live_update_restart_update_delete(server):
     r = server.resource(LibvirtDomainProvider(), TYPE, "tenant-a")
     op, outs = r.up(inputs())
@@ -86,9 +93,7 @@ def test_create_read_same_live_update_restart_update_delete(server):
     assert r.refresh()["domain"]["memory_mib"] == 4096
 
     r.destroy()
-    gone = server.resource(LibvirtDomainProvider(), TYPE, "tenant-a")
-    gone.id, gone.inputs, gone.outputs = outs["uuid"], inputs(), outs
-    assert gone.read() == {}, "delete leaves no domain"
+    assert _read_by_uuid(server, outs) == {}, "delete leaves no domain"
 
 
 def test_update_that_libvirt_refuses_restores_the_previous_definition(server):
@@ -171,9 +176,7 @@ def test_a_create_whose_result_was_lost_is_adopted_by_its_own_rerun_only(server)
     assert op == "create" and outs["uuid"] == first["uuid"] and outs["state"] == "running"
     assert outs["domid"] == first["domid"], "the running domain was adopted, not restarted"
     r.destroy()
-    gone = server.resource(LibvirtDomainProvider(), TYPE, "tenant-a")
-    gone.id, gone.inputs, gone.outputs = outs["uuid"], inputs(), outs
-    assert gone.read() == {}, "one domain, and destroy removed it"
+    assert _read_by_uuid(server, outs) == {}, "one domain, and destroy removed it"
 
 
 def test_check_refuses_bad_inputs(server):

@@ -35,6 +35,18 @@ def target(tmp_path):
     return p
 
 
+def _inputs(local_sshd, path: str, content: str, **more) -> dict:
+    """ManagedFile's inputs: `content` at `path` on the local sshd, mode 0644 (``more``: other inputs)."""
+    return {
+        "host": host_input(local_sshd.host_spec()),
+        "path": path,
+        "content": content,
+        "mode": "0644",
+        "version": "1",
+        **more,
+    }
+
+
 def test_create_noop_drift_and_byte_exact_restore(local_sshd, provider_server_for, target):
     path = str(target / "vfio.conf")
     original = b"# hand-written by an operator\noptions vfio-pci ids=10de:26b5\n"
@@ -46,16 +58,8 @@ def test_create_noop_drift_and_byte_exact_restore(local_sshd, provider_server_fo
 
     srv = provider_server_for()
     r = srv.resource(ManagedFileProvider(), "gpuhost:host:ManagedFile", "vfio-conf")
-    inputs = {
-        "host": host_input(local_sshd.host_spec()),
-        "path": path,
-        "content": "options vfio-pci ids=10de:26b5,10de:228e disable_vga=1\n",
-        "mode": "0644",
-        "owner": "root:root",
-        "prior": None,
-        "sha256": None,
-        "version": "1",
-    }
+    content = "options vfio-pci ids=10de:26b5,10de:228e disable_vga=1\n"
+    inputs = _inputs(local_sshd, path, content, owner="root:root", prior=None, sha256=None)
     op, outs = r.up(inputs)
     assert op == "create"
     assert open(path).read() == inputs["content"]
@@ -100,14 +104,7 @@ def test_recreate_after_lost_state_keeps_the_real_original(local_sshd, provider_
     os.chmod(path, 0o600)
     before = _snap(path)
     srv = provider_server_for()
-    inputs = {
-        "host": host_input(local_sshd.host_spec()),
-        "path": path,
-        "content": "gpuhost's content\n",
-        "mode": "0644",
-        "owner_tag": "test/limits",
-        "version": "1",
-    }
+    inputs = _inputs(local_sshd, path, "gpuhost's content\n", owner_tag="test/limits")
     lost = srv.resource(ManagedFileProvider(), "gpuhost:host:ManagedFile", "limits")
     lost.up(inputs)  # the engine never learns of this one
     assert _snap(path) != before

@@ -38,20 +38,13 @@ POOL_DIR = "/var/lib/libvirt/images"
 NAME = "tenant-stand-in"
 
 
-def bind_vfio(addr: str) -> Script:
+def rebind(addr: str, override: str) -> Script:
+    """The PCI function `addr` unbound from its driver and probed again with driver_override `override`: "vfio-pci"
+    binds it to vfio-pci, "" clears the override so its own driver takes it back (the override is read at probe)."""
     dev = f"/sys/bus/pci/devices/{addr}"
     s = Script()
-    s.raw(f"echo vfio-pci > {sh(dev + '/driver_override')}")
+    s.raw(f"echo {sh(override)} > {sh(dev + '/driver_override')}")
     s.raw(f"if [ -e {sh(dev + '/driver')} ]; then echo {sh(addr)} > {sh(dev + '/driver/unbind')}; fi")
-    s.raw(f"echo {sh(addr)} > /sys/bus/pci/drivers_probe")
-    return s
-
-
-def unbind_vfio(addr: str) -> Script:
-    dev = f"/sys/bus/pci/devices/{addr}"
-    s = Script()
-    s.raw(f"if [ -e {sh(dev + '/driver')} ]; then echo {sh(addr)} > {sh(dev + '/driver/unbind')}; fi")
-    s.raw(f"echo > {sh(dev + '/driver_override')}")
     s.raw(f"echo {sh(addr)} > /sys/bus/pci/drivers_probe")
     return s
 
@@ -72,7 +65,7 @@ def prepared(testhost):
     }
     setup = Script().raw("set -e").add("modprobe", "vfio-pci")
     for a in (GPU_FN0, GPU_FN1):
-        setup.lines += bind_vfio(a).lines
+        setup.lines += rebind(a, "vfio-pci").lines
     setup.raw(f"echo 160 > {sh(HP)}")
     setup.add("systemctl", "start", "libvirtd")
     setup.add("mkdir", "-p", POOL_DIR)
@@ -92,7 +85,7 @@ def prepared(testhost):
     undo.raw(f"virsh destroy {sh(NAME)} >/dev/null 2>&1 || true")
     undo.raw(f"virsh undefine --nvram {sh(NAME)} >/dev/null 2>&1 || true")
     for a in (GPU_FN0, GPU_FN1):
-        undo.lines += unbind_vfio(a).lines
+        undo.lines += rebind(a, "").lines
     undo.raw(f"echo {sh(prior_hp)} > {sh(HP)}")
     undo.raw("virsh pool-destroy gpuhost >/dev/null 2>&1 || true; virsh pool-undefine gpuhost >/dev/null 2>&1 || true")
     undo.add(

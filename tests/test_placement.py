@@ -40,27 +40,26 @@ def assert_sibling_paired(host, vm):
         assert a != b and b in sib[a], f"vcpu {k},{k + 1} on {a},{b}: not siblings"
 
 
+def _seed002_tenant(name: str, gpu_bus: str, nic_bus: str) -> VmRequest:
+    """Seed 002's tenant: 16 vCPUs, 64 GiB, both functions of the H200 on `gpu_bus`, the first VF of the ConnectX
+    on `nic_bus`, two IO threads."""
+    return VmRequest(
+        name,
+        vcpus=16,
+        memory_mib=64 * 1024,
+        gpus=(f"0000:{gpu_bus}:00.0", f"0000:{gpu_bus}:00.1"),
+        vfs=(f"0000:{nic_bus}:02.0",),
+        iothreads=2,
+    )
+
+
 def test_two_tenants_seed002_each_on_its_gpu_node_disjoint_and_sibling_paired():
     host = load("seed002_2x16c")
     plan = place(
         host,
         [
-            VmRequest(
-                "tenant-a",
-                vcpus=16,
-                memory_mib=64 * 1024,
-                gpus=("0000:65:00.0", "0000:65:00.1"),
-                vfs=("0000:41:02.0",),
-                iothreads=2,
-            ),
-            VmRequest(
-                "tenant-b",
-                vcpus=16,
-                memory_mib=64 * 1024,
-                gpus=("0000:ca:00.0", "0000:ca:00.1"),
-                vfs=("0000:c1:02.0",),
-                iothreads=2,
-            ),
+            _seed002_tenant("tenant-a", gpu_bus="65", nic_bus="41"),
+            _seed002_tenant("tenant-b", gpu_bus="ca", nic_bus="c1"),
         ],
     )
     a, b = plan.vm("tenant-a"), plan.vm("tenant-b")

@@ -137,16 +137,21 @@ def _collect(q: JobQueue, keys: dict[str, int], timeout: float = 60) -> dict[str
     return out
 
 
-def test_weighted_split_3_to_2(tritons, r, workers):
+def _two_workers_warmed(tritons, r, workers, n_warm: int) -> tuple[JobQueue, dict]:
+    """The queue and the live backends' handles, with workers w1 and w2 joined, both backends' python stubs warmed
+    by `n_warm` jobs before anything is counted, and the stats reset."""
     handles = tritons.live()
     q = _queue(r)
     for c in ("w1", "w2"):
         workers(c, handles)
     _wait_ready(q, 2)
-    # warm both backends' python stubs before counting
-    warm = {q.submit("gen", _input(i)): i for i in range(20)}
-    _collect(q, warm)
+    _collect(q, {q.submit("gen", _input(i)): i for i in range(n_warm)})
     r.delete(q.cfg.stats_key)
+    return q, handles
+
+
+def test_weighted_split_3_to_2(tritons, r, workers):
+    q, _ = _two_workers_warmed(tritons, r, workers, n_warm=20)
     n = 400
     keys = {q.submit("gen", _input(i)): i for i in range(n)}
     t0 = time.monotonic()
@@ -163,14 +168,7 @@ def test_weighted_split_3_to_2(tritons, r, workers):
 
 
 def test_backend_killed_share_moves_nothing_lost(tritons, r, workers):
-    handles = tritons.live()
-    q = _queue(r)
-    for c in ("w1", "w2"):
-        workers(c, handles)
-    _wait_ready(q, 2)
-    warm = {q.submit("gen", _input(i)): i for i in range(10)}
-    _collect(q, warm)
-    r.delete(q.cfg.stats_key)
+    q, handles = _two_workers_warmed(tritons, r, workers, n_warm=10)
     rate, duration, kill_after = 40.0, 8.0, 3.0
     submitted: dict[str, tuple[int, float]] = {}
     t_kill = [0.0]

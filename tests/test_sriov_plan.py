@@ -29,30 +29,28 @@ def _pf(address: str, node: int, group: int, net: str, vfs: tuple[str, ...] = ()
     )
 
 
+def _vf(address: str, group: int, **over) -> PciDevice:
+    """A VF of the ConnectX PF 41:00.1, bound to vfio-pci (``over``: other fields)."""
+    return PciDevice(
+        **{
+            "address": address,
+            "numa_node": 0,
+            "driver": "vfio-pci",
+            "iommu_group": group,
+            "physfn": "0000:41:00.1",
+            "vendor": "0x15b3",
+            "device": "0x101e",
+            "class_code": "0x020000",
+            **over,
+        }
+    )
+
+
 SEED_PCI = [
     _pf("0000:41:00.0", 0, 30, "ens1f0"),
     _pf("0000:41:00.1", 0, 31, "ens1f1", vfs=("0000:41:03.2", "0000:41:03.3")),
-    PciDevice(
-        address="0000:41:03.2",
-        numa_node=0,
-        driver="mlx5_core",
-        iommu_group=40,
-        physfn="0000:41:00.1",
-        net=["ens1f1v0"],
-        vendor="0x15b3",
-        device="0x101e",
-        class_code="0x020000",
-    ),
-    PciDevice(
-        address="0000:41:03.3",
-        numa_node=0,
-        driver="vfio-pci",
-        iommu_group=41,
-        physfn="0000:41:00.1",
-        vendor="0x15b3",
-        device="0x101e",
-        class_code="0x020000",
-    ),
+    _vf("0000:41:03.2", 40, driver="mlx5_core", net=["ens1f1v0"]),
+    _vf("0000:41:03.3", 41),
     PciDevice(
         address="0000:65:00.0",
         numa_node=0,

@@ -9,9 +9,7 @@ Set GPUHOST_CAPTURE_DIR to keep the raw facts of each topology (tests/fixtures/f
 
 from __future__ import annotations
 
-import json
 import os
-import socket
 import time
 from contextlib import contextmanager
 from pathlib import Path
@@ -26,6 +24,8 @@ from providers.base import host_input
 from providers.preflight import HostPreflightProvider
 from providers.vfio import VfioBindingProvider
 from tests.engine import ProviderError, ProviderServer
+from tests.servers import free_port
+from tests.testhost.machine import hmp
 
 pytestmark = pytest.mark.testhost
 
@@ -195,32 +195,12 @@ def test_nic_under_a_bridge_or_bond_is_refused(testhost, server, kind):
         _unchanged(th)
 
 
-def _qmp(path: Path, command_line: str) -> str:
-    with socket.socket(socket.AF_UNIX) as s:
-        s.connect(str(path))
-        f = s.makefile("rw")
-        f.readline()
-        for cmd in (
-            {"execute": "qmp_capabilities"},
-            {"execute": "human-monitor-command", "arguments": {"command-line": command_line}},
-        ):
-            f.write(json.dumps(cmd) + "\n")
-            f.flush()
-            while True:
-                reply = json.loads(f.readline())
-                if "return" in reply or "error" in reply:
-                    break
-        return str(reply)
-
-
 def test_sshd_on_another_port_is_refused(testhost, server):
     th = testhost
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
+    port = free_port()
     th.ssh("/usr/sbin/sshd -p 2022 -o PidFile=/run/sshd-2022.pid")
-    reply = _qmp(th.workdir / "qmp.sock", f"hostfwd_add net0 tcp:127.0.0.1:{port}-:2022")
-    assert "error" not in reply, reply
+    reply = hmp(th.workdir / "qmp.sock", f"hostfwd_add net0 tcp:127.0.0.1:{port}-:2022")
+    assert "error" not in str(reply), reply
     try:
         spec = th.host_spec(key_name=KEY, port=port)
         access_ssh.close_all()  # no session of ours on port 22 while the host is read
@@ -241,6 +221,6 @@ def test_sshd_on_another_port_is_refused(testhost, server):
         access_ssh.close_all()
         _unchanged(th)
     finally:
-        _qmp(th.workdir / "qmp.sock", f"hostfwd_remove net0 tcp:127.0.0.1:{port}")
+        hmp(th.workdir / "qmp.sock", f"hostfwd_remove net0 tcp:127.0.0.1:{port}")
         access_ssh.close_all()
         th.ssh("kill $(cat /run/sshd-2022.pid)")

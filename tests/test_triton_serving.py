@@ -18,14 +18,13 @@ import pytest
 import tritonclient.grpc as grpcclient
 import tritonclient.http as httpclient
 
-from plans.nginx import NginxSpec, render
 from plans.triton_repo import repository_files, resnet50_fp16, sdxl, standin, yolov8n
 from serving import loadgate
 from serving.health import NotReady, wait_ready, warmup
-from tests.servers.nginx import nginx_available, run_user, start_nginx
+from tests.servers.nginx import front_triton_fixture
 from tests.servers.triton import (
     STANDIN_MODEL,
-    free_port,
+    gate_inputs,
     start_triton,
     triton_available,
     write_sleep_model,
@@ -56,30 +55,7 @@ def triton(tmp_path_factory):
     handle.stop()
 
 
-@pytest.fixture(scope="module")
-def nginx(triton, tmp_path_factory):
-    if not nginx_available():
-        pytest.skip("nginx is not installed")
-    work = tmp_path_factory.mktemp("nginx")
-    http_port, grpc_port = free_port(), free_port()
-    conf = render(
-        NginxSpec(
-            default_model="sleep20",
-            listen_address="127.0.0.1",
-            listen_http=http_port,
-            listen_grpc=grpc_port,
-            upstream_http=f"127.0.0.1:{triton.ports['http']}",
-            upstream_grpc=f"127.0.0.1:{triton.ports['grpc']}",
-            prefix=str(work),
-            user=run_user(),
-            worker_processes="1",
-        )
-    )
-    handle = start_nginx(conf, work, wait_port=http_port)
-    handle.http = f"http://127.0.0.1:{http_port}"  # where this module's tests reach it
-    handle.grpc = f"127.0.0.1:{grpc_port}"
-    yield handle
-    handle.stop()
+nginx = front_triton_fixture("sleep20")
 
 
 def _metric(text: str, name: str, model: str) -> float:
@@ -305,18 +281,7 @@ def test_gate_fails_a_200_with_wrong_or_missing_outputs(nginx):
 
     wrong = {**SLEEP_SIG, "outputs": [{"name": "OUTPUT0", "datatype": "FP32", "shape": [1, 8]}]}
     missing = {**SLEEP_SIG, "outputs": [{"name": "output0", "datatype": "FP32", "shape": [1, 84, 8400]}]}
-    base = {
-        "url": nginx.http,
-        "models": ["sleep20"],
-        "model": "sleep20",
-        "concurrency": 1,
-        "durationS": 1,
-        "maxRequests": 10,
-        "p95Ms": 10_000,
-        "maxErrorRate": 0.0,
-        "trigger": "t",
-        "version": "1",
-    }
+    base = gate_inputs(nginx.http, "sleep20", concurrency=1, maxRequests=10, p95Ms=10_000, trigger="t", version="1")
     with ProviderServer({}) as srv:
         for i, (sig, words) in enumerate(((wrong, "shape [1, 4] but the config says [1, 8]"), (missing, "output0"))):
             gate = srv.resource(AcceptanceGateProvider(), "gpuhost:serving:AcceptanceGate", f"gate-wrong-{i}")
@@ -330,19 +295,9 @@ def test_acceptance_gate_provider_fails_up_with_numbers_and_passes_above(nginx):
     from providers.triton_gate import AcceptanceGateProvider
     from tests.engine import ProviderError, ProviderServer
 
-    inputs = {
-        "url": nginx.http,
-        "models": ["sleep20"],
-        "model": "sleep20",
-        "request": SLEEP_SIG,
-        "concurrency": 2,
-        "durationS": 1,
-        "maxRequests": 1000,
-        "warmupRequests": 4,
-        "maxErrorRate": 0.0,
-        "trigger": "digest-1",
-        "version": "1",
-    }
+    inputs = gate_inputs(
+        nginx.http, "sleep20", request=SLEEP_SIG, concurrency=2, maxRequests=1000, warmupRequests=4, version="1"
+    )
     with ProviderServer({}) as srv:
         failing = srv.resource(AcceptanceGateProvider(), "gpuhost:serving:AcceptanceGate", "gate-low")
         with pytest.raises(ProviderError) as e:
@@ -402,19 +357,9 @@ def test_acceptance_gate_provider_binary_body_and_checked_outputs(nginx):
     spec = {"input": "INPUT0", "shape": [1, 4], "datatype": "FP32", "binary": True}
     body, headers = request_body({"bodySpec": spec})
     assert dict(headers)["Content-Type"] == "application/octet-stream" and len(body) > 16
-    inputs = {
-        "url": nginx.http,
-        "models": ["zero"],
-        "model": "zero",
-        "bodySpec": spec,
-        "concurrency": 2,
-        "durationS": 1,
-        "maxRequests": 1000,
-        "warmupRequests": 4,
-        "maxErrorRate": 0.0,
-        "p95Ms": 1000.0,
-        "trigger": "digest-1",
-    }
+    inputs = gate_inputs(
+        nginx.http, "zero", bodySpec=spec, concurrency=2, maxRequests=1000, warmupRequests=4, p95Ms=1000.0
+    )
     with ProviderServer({}) as srv:
         op, outs = srv.resource(AcceptanceGateProvider(), "gpuhost:serving:AcceptanceGate", "gate-bin").up(inputs)
     assert op == "create" and outs["result"]["requests"] > 0

@@ -21,6 +21,7 @@ pytest.importorskip("PIL")
 from plans.triton_repo import repository_files, yolov8n_torch  # noqa: E402
 from serving import loadgate, sample_frames  # noqa: E402
 from serving.models import frames, yolov8n_files  # noqa: E402
+from tests.servers.nginx import front_triton_fixture  # noqa: E402
 
 MAX_DET, CONF = 100, 0.1
 SIZES = [(1280, 720), (1920, 1080), (640, 480), (480, 640), (32, 32)]
@@ -186,33 +187,7 @@ def test_a_corrupt_frame_in_a_batch_fails_alone_and_the_instance_keeps_answering
     assert status == 200 and _same(det, reference(good[2]))
 
 
-@pytest.fixture(scope="module")
-def nginx(triton, tmp_path_factory):
-    from plans.nginx import NginxSpec, render
-    from tests.servers.nginx import nginx_available, run_user, start_nginx
-    from tests.servers.triton import free_port
-
-    if not nginx_available():
-        pytest.skip("nginx is not installed")
-    work = tmp_path_factory.mktemp("nginx")
-    http_port = free_port()
-    conf = render(
-        NginxSpec(
-            default_model="det",
-            listen_address="127.0.0.1",
-            listen_http=http_port,
-            listen_grpc=free_port(),
-            upstream_http=f"127.0.0.1:{triton.ports['http']}",
-            upstream_grpc=f"127.0.0.1:{triton.ports['grpc']}",
-            prefix=str(work),
-            user=run_user(),
-            worker_processes="1",
-        )
-    )
-    handle = start_nginx(conf, work, wait_port=http_port)
-    handle.http = f"http://127.0.0.1:{http_port}"
-    yield handle
-    handle.stop()
+nginx = front_triton_fixture("det")
 
 
 def test_the_gate_sends_jpeg_frames_of_three_sizes_through_nginx_and_checks_each_answer(triton, nginx):
@@ -222,28 +197,16 @@ def test_the_gate_sends_jpeg_frames_of_three_sizes_through_nginx_and_checks_each
     from components.triton_service import gate_signature
     from providers.triton_gate import AcceptanceGateProvider
     from tests.engine import ProviderServer
+    from tests.servers.triton import gate_inputs
 
     spec = yolov8n_torch(name="det", input="jpeg", gpu=False, max_batch_size=4, max_det=MAX_DET, weights="w.pt")
     sig = gate_signature(spec)
     assert sig["inputs"] == [{"name": "images", "datatype": "UINT8", "shape": [1, 1], "content": "jpeg"}]
     before = _stats(triton.http_url)
-    inputs = {
-        "url": nginx.http,
-        "models": ["det"],
-        "model": "det",
-        "request": sig,
-        "concurrency": 1,
-        "durationS": 1,
-        "maxRequests": 6,
-        "warmupRequests": 1,
-        "checkRequests": 1,
-        "maxErrorRate": 0.0,
-        # CPU model on a shared 2-core machine: the SLO here is only that every answer is right.
-        "p95Ms": 600_000,
-        "requestTimeoutS": 120,
-        "trigger": "digest-1",
-        "version": "1",
-    }
+    load = {"concurrency": 1, "maxRequests": 6, "warmupRequests": 1, "checkRequests": 1}
+    # CPU model on a shared 2-core machine: the SLO here is only that every answer is right.
+    slo = {"p95Ms": 600_000, "requestTimeoutS": 120}
+    inputs = gate_inputs(nginx.http, "det", request=sig, version="1", **load, **slo)
     with ProviderServer({}) as srv:
         gate = srv.resource(AcceptanceGateProvider(), "gpuhost:serving:AcceptanceGate", "gate-det")
         op, outs = gate.up(inputs)

@@ -2,7 +2,8 @@
 
 Modules: `model` (targets and SLOs), `prometheus` (prometheus.yml), `rules` (recording/alerting rules and their
 promtool unit tests), `dcgm` (dcgm-exporter counters and container), `grafana` (datasource and dashboards as code),
-`promql` (metric names an expression reads), `files` (the set of files placed on the monitoring host).
+`promql` (metric names an expression reads), `files` (the set of files placed on the monitoring host),
+`alerting` (what `rules` and `gateway` share: number and label notation, the promtool test case).
 """
 
 from typing import Any

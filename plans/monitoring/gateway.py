@@ -20,6 +20,7 @@ from __future__ import annotations
 from typing import Any
 
 from plans import values as val
+from plans.monitoring.alerting import fmt, promtool_case, series_labels
 from plans.monitoring.model import GatewayTarget, MonitoringGraph
 from serving.metrics import BUCKETS
 
@@ -58,31 +59,27 @@ def recording_rules() -> list[dict[str, str]]:
     ]
 
 
-def _fmt(x: float) -> str:
-    return f"{x:g}"
-
-
 def alerts(g: GatewayTarget) -> list[dict[str, Any]]:
     sel = f'{{gateway="{g.name}"}}'
     backlog = g.max_depth * g.backlog_ratio
     return [
         {
             "alert": "GatewayP95AboveSlo",
-            "expr": f"{REC_P95}{sel} > {_fmt(g.p95_latency_s)}",
+            "expr": f"{REC_P95}{sel} > {fmt(g.p95_latency_s)}",
             "for": g.p95_for,
             "labels": {"severity": "warning", "slo": "p95_latency", "gateway": g.name},
             "annotations": {
-                "summary": f"{g.name}: p95 including queueing above {_fmt(g.p95_latency_s)} s for {g.p95_for}",
+                "summary": f"{g.name}: p95 including queueing above {fmt(g.p95_latency_s)} s for {g.p95_for}",
                 "description": "Add backends or weight, or lower max_depth so callers see 429 sooner (seed 001).",
             },
         },
         {
             "alert": "GatewayQueueBacklog",
-            "expr": f"{REC_DEPTH}{sel} > {_fmt(backlog)}",
+            "expr": f"{REC_DEPTH}{sel} > {fmt(backlog)}",
             "for": g.backlog_for,
             "labels": {"severity": "warning", "gateway": g.name},
             "annotations": {
-                "summary": f"{g.name}: queue above {_fmt(backlog)} of {g.max_depth} jobs; new jobs are refused at "
+                "summary": f"{g.name}: queue above {fmt(backlog)} of {g.max_depth} jobs; new jobs are refused at "
                 f"{g.max_depth}",
             },
         },
@@ -121,10 +118,6 @@ def rule_groups(graph: MonitoringGraph) -> list[dict[str, Any]]:
 # ------------------------------------------------------------------ promtool test cases
 
 
-def _labels(d: dict[str, str]) -> str:
-    return "{" + ",".join(f'{k}="{v}"' for k, v in d.items()) + "}"
-
-
 def _rule(g: GatewayTarget, name: str) -> dict[str, Any]:
     return next(r for r in alerts(g) if r["alert"] == name)
 
@@ -153,85 +146,39 @@ def rule_tests(g: GatewayTarget) -> list[dict[str, Any]]:
     # p95: 10 jobs/s, all in the bucket just above (fires) or just below (does not) the SLO.
     above = [b for b in BUCKETS if b > g.p95_latency_s]
     below = [b for b in BUCKETS if b < g.p95_latency_s]
-    bounds = [(_fmt(b), b) for b in BUCKETS] + [("+Inf", float("inf"))]
+    bounds = [(fmt(b), b) for b in BUCKETS] + [("+Inf", float("inf"))]
     # An SLO beyond the histogram's range cannot be tested from buckets; the rule still renders.
     pairs = [(above[0], True), (below[-1], False)] if above and below else []
+    gateway = {"gateway": g.name}
     for upper, fires in pairs:
         series = [
-            {
-                "series": "gpuhost_gateway_job_latency_seconds_bucket"
-                + _labels({**worker, "backend": "b", "le": le_text}),
-                "values": f"0+{600 if le >= upper else 0}x15",
-            }
+            (
+                "gpuhost_gateway_job_latency_seconds_bucket" + series_labels({**worker, "backend": "b", "le": le_text}),
+                f"0+{600 if le >= upper else 0}x15",
+            )
             for le_text, le in bounds
         ]
         rule = _rule(g, "GatewayP95AboveSlo")
-        cases.append(
-            {
-                "interval": "1m",
-                "input_series": series,
-                "alert_rule_test": [
-                    {
-                        "eval_time": "12m",
-                        "alertname": rule["alert"],
-                        "exp_alerts": [_exp(rule, {"gateway": g.name})] if fires else [],
-                    }
-                ],
-            }
-        )
+        cases.append(promtool_case("1m", series, rule, [("12m", [_exp(rule, gateway)] if fires else [])]))
     backlog = g.max_depth * g.backlog_ratio
     rule = _rule(g, "GatewayQueueBacklog")
     for depth, fires in ((min(g.max_depth, int(backlog) + 1), True), (int(backlog) - 1, False)):
-        cases.append(
-            {
-                "interval": "15s",
-                "input_series": [{"series": "gpuhost_gateway_queue_depth" + _labels(worker), "values": f"{depth}x10"}],
-                "alert_rule_test": [
-                    {
-                        "eval_time": "2m",
-                        "alertname": rule["alert"],
-                        "exp_alerts": [_exp(rule, {"gateway": g.name})] if fires else [],
-                    }
-                ],
-            }
-        )
+        series = [("gpuhost_gateway_queue_depth" + series_labels(worker), f"{depth}x10")]
+        cases.append(promtool_case("15s", series, rule, [("2m", [_exp(rule, gateway)] if fires else [])]))
     rule = _rule(g, "GatewayBackendDrained")
     healthy = {**worker, "backend": "vm-b"}
+    series = [("gpuhost_gateway_backend_healthy" + series_labels(healthy), "1 1 0x10")]
     cases.append(
-        {
-            "interval": "15s",
-            "input_series": [{"series": "gpuhost_gateway_backend_healthy" + _labels(healthy), "values": "1 1 0x10"}],
-            "alert_rule_test": [
-                {"eval_time": "30s", "alertname": rule["alert"], "exp_alerts": []},
-                {
-                    "eval_time": "2m",
-                    "alertname": rule["alert"],
-                    "exp_alerts": [_exp(rule, {"gateway": g.name, "backend": "vm-b"})],
-                },
-            ],
-        }
+        promtool_case("15s", series, rule, [("30s", []), ("2m", [_exp(rule, {**gateway, "backend": "vm-b"})])])
     )
     rule = _rule(g, "GatewayJobsRefused")
-    cases.append(
-        {
-            "interval": "1m",
-            "input_series": [{"series": "gpuhost_gateway_jobs_refused" + _labels(worker), "values": "0 0 0 4 4"}],
-            "alert_rule_test": [
-                {"eval_time": "2m", "alertname": rule["alert"], "exp_alerts": []},
-                {"eval_time": "4m", "alertname": rule["alert"], "exp_alerts": [_exp(rule, {"gateway": g.name})]},
-            ],
-        }
-    )
+    series = [("gpuhost_gateway_jobs_refused" + series_labels(worker), "0 0 0 4 4")]
+    cases.append(promtool_case("1m", series, rule, [("2m", []), ("4m", [_exp(rule, gateway)])]))
     rule = _rule(g, "GatewayWorkerDown")
     up = {"job": JOB_GATEWAY, "instance": worker["instance"], "host": g.host, "gateway": g.name}
     cases.append(
-        {
-            "interval": "30s",
-            "input_series": [{"series": "up" + _labels(up), "values": "1 1 0 0 0 0 0"}],
-            "alert_rule_test": [
-                {"eval_time": "1m", "alertname": rule["alert"], "exp_alerts": []},
-                {"eval_time": "3m", "alertname": rule["alert"], "exp_alerts": [_exp(rule, up)]},
-            ],
-        }
+        promtool_case(
+            "30s", [("up" + series_labels(up), "1 1 0 0 0 0 0")], rule, [("1m", []), ("3m", [_exp(rule, up)])]
+        )
     )
     return cases

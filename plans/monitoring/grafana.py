@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass
-from typing import Optional
+from typing import Any, Iterable, Optional
 
 from grafana_foundation_sdk.builders import common as common_b
 from grafana_foundation_sdk.builders import dashboard as dash
@@ -120,6 +120,17 @@ def _variable(v: VariableQuery, label: str) -> dash.QueryVariable:
     )
 
 
+def _dashboard(
+    title: str, uid: str, tags: list[str], since: str, variables: Iterable[tuple[VariableQuery, str]]
+) -> dash.Dashboard:
+    """A read-only gpuhost dashboard refreshed every 30 s, showing from `since` (e.g. "now-3h") to now, with its
+    query variables, each with its label."""
+    d = dash.Dashboard(title).uid(uid).tags(["gpuhost", *tags]).refresh("30s").time(since, "now").readonly()
+    for v, label in variables:
+        d = d.with_variable(_variable(v, label))
+    return d
+
+
 # --------------------------------------------------------------------------------------------- GPU dashboard
 
 GPU_VARIABLES = (
@@ -132,56 +143,48 @@ _NODE = '{host=~"$node"}'
 _PER_GPU = "{{host}} GPU{{gpu}}"
 
 
+def _gpu_ts(title: str, unit: str, *fields: str | tuple[str, str], **panel: Any) -> timeseries.Panel:
+    """A time series of DCGM fields, one line per GPU of the chosen hosts; a field given as (field, word) has the
+    word in its legend. ``panel``: _ts's keywords."""
+    named = [(f, "") if isinstance(f, str) else f for f in fields]
+    targets = [(f"{f}{_GPU}", f"{_PER_GPU} {word}" if word else _PER_GPU) for f, word in named]
+    return _ts(title, unit, targets, **panel)
+
+
 def gpu_dashboard(graph: MonitoringGraph) -> dash.Dashboard:
     g = graph.gpu
+    labels = ("Host", "GPU", "Machine (node exporter)")
     d = (
-        dash.Dashboard("gpuhost / GPUs")
-        .uid(GPU_DASHBOARD_UID)
-        .tags(["gpuhost", "gpu", "dcgm"])
-        .refresh("30s")
-        .time("now-3h", "now")
-        .readonly()
-        .with_variable(_variable(GPU_VARIABLES[0], "Host"))
-        .with_variable(_variable(GPU_VARIABLES[1], "GPU"))
-        .with_variable(_variable(GPU_VARIABLES[2], "Machine (node exporter)"))
+        _dashboard("gpuhost / GPUs", GPU_DASHBOARD_UID, ["gpu", "dcgm"], "now-3h", zip(GPU_VARIABLES, labels))
         .with_row(dash.Row("GPU (DCGM)"))
-        .with_panel(_ts("GPU utilization", "percent", [(f"DCGM_FI_DEV_GPU_UTIL{_GPU}", _PER_GPU)]))
+        .with_panel(_gpu_ts("GPU utilization", "percent", "DCGM_FI_DEV_GPU_UTIL"))
         .with_panel(
-            _ts(
+            _gpu_ts(
                 "SM occupancy / SM active",
                 "percentunit",
-                [
-                    (f"DCGM_FI_PROF_SM_OCCUPANCY{_GPU}", _PER_GPU + " occupancy"),
-                    (f"DCGM_FI_PROF_SM_ACTIVE{_GPU}", _PER_GPU + " active"),
-                ],
+                ("DCGM_FI_PROF_SM_OCCUPANCY", "occupancy"),
+                ("DCGM_FI_PROF_SM_ACTIVE", "active"),
                 description="Seed 001 §8 SM_OCCUPANCY, seed 004 sm_util.",
             )
         )
         .with_panel(
-            _ts(
+            _gpu_ts(
                 "Frame buffer free",
                 "mbytes",
-                [(f"DCGM_FI_DEV_FB_FREE{_GPU}", _PER_GPU)],
+                "DCGM_FI_DEV_FB_FREE",
                 limit=g.fb_free_min_mib,
                 description="Alert below 1.5 GB free (seed 001 §8).",
             )
         )
-        .with_panel(_ts("Frame buffer used", "mbytes", [(f"DCGM_FI_DEV_FB_USED{_GPU}", _PER_GPU)]))
+        .with_panel(_gpu_ts("Frame buffer used", "mbytes", "DCGM_FI_DEV_FB_USED"))
         .with_panel(
-            _ts(
-                "PCIe throughput",
-                "Bps",
-                [
-                    (f"DCGM_FI_PROF_PCIE_TX_BYTES{_GPU}", _PER_GPU + " TX"),
-                    (f"DCGM_FI_PROF_PCIE_RX_BYTES{_GPU}", _PER_GPU + " RX"),
-                ],
+            _gpu_ts(
+                "PCIe throughput", "Bps", ("DCGM_FI_PROF_PCIE_TX_BYTES", "TX"), ("DCGM_FI_PROF_PCIE_RX_BYTES", "RX")
             )
         )
-        .with_panel(_ts("Memory copy utilization", "percent", [(f"DCGM_FI_DEV_MEM_COPY_UTIL{_GPU}", _PER_GPU)]))
-        .with_panel(_ts("Power", "watt", [(f"DCGM_FI_DEV_POWER_USAGE{_GPU}", _PER_GPU)]))
-        .with_panel(
-            _ts("Temperature", "celsius", [(f"DCGM_FI_DEV_GPU_TEMP{_GPU}", _PER_GPU)], limit=g.temperature_max_c)
-        )
+        .with_panel(_gpu_ts("Memory copy utilization", "percent", "DCGM_FI_DEV_MEM_COPY_UTIL"))
+        .with_panel(_gpu_ts("Power", "watt", "DCGM_FI_DEV_POWER_USAGE"))
+        .with_panel(_gpu_ts("Temperature", "celsius", "DCGM_FI_DEV_GPU_TEMP", limit=g.temperature_max_c))
         .with_panel(_ts("SM clock", "hertz", [(f"DCGM_FI_DEV_SM_CLOCK{_GPU} * 1000000", _PER_GPU)]))
         .with_panel(
             stat.Panel()
@@ -259,16 +262,11 @@ def serving_dashboard(graph: MonitoringGraph) -> dash.Dashboard:
     queue_ms = _strictest(graph, "queue_duration_ms")
     failure_ratio = _strictest(graph, "max_failure_ratio")
     summary = "nv_inference_request_summary_us"
+    labels = ("Service", "Model", "Instance")
     d = (
-        dash.Dashboard("gpuhost / Serving (Triton)")
-        .uid(SERVING_DASHBOARD_UID)
-        .tags(["gpuhost", "triton"])
-        .refresh("30s")
-        .time("now-1h", "now")
-        .readonly()
-        .with_variable(_variable(SERVING_VARIABLES[0], "Service"))
-        .with_variable(_variable(SERVING_VARIABLES[1], "Model"))
-        .with_variable(_variable(SERVING_VARIABLES[2], "Instance"))
+        _dashboard(
+            "gpuhost / Serving (Triton)", SERVING_DASHBOARD_UID, ["triton"], "now-1h", zip(SERVING_VARIABLES, labels)
+        )
         .with_panel(_ts("QPS", "reqps", [(f"sum by (service, model) ({r.REC_QPS}{_SEL})", _PER_MODEL)]))
         .with_panel(
             _ts(

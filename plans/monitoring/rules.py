@@ -31,6 +31,7 @@ import re
 from typing import Any
 
 from plans.monitoring import gateway, yaml_text
+from plans.monitoring.alerting import fmt, promtool_case, series_labels
 from plans.monitoring.model import MonitoringGraph, TritonTarget, tenant_label
 from plans.monitoring.prometheus import JOB_DCGM, JOB_NODE, JOB_TRITON
 from plans.values import host_port
@@ -63,10 +64,6 @@ def recording_rules() -> list[dict[str, str]]:
     ]
 
 
-def _fmt(x: float) -> str:
-    return f"{x:g}"
-
-
 def _service_selector(s: TritonTarget) -> str:
     return f'{{job="{JOB_TRITON}",service="{s.name}"}}'
 
@@ -79,31 +76,31 @@ def service_alerts(s: TritonTarget) -> list[dict[str, Any]]:
     return [
         {
             "alert": "TritonP95LatencyAboveSlo",
-            "expr": f"{REC_P95}{sel} > {_fmt(slo.p95_latency_ms * 1000)}",
+            "expr": f"{REC_P95}{sel} > {fmt(slo.p95_latency_ms * 1000)}",
             "for": slo.p95_for,
             "labels": {"severity": "warning", "slo": "p95_latency", "service": s.name},
             "annotations": {
-                "summary": f"{s.name}: p95 of {{{{ $labels.model }}}} above {_fmt(slo.p95_latency_ms)} ms for {slo.p95_for}",
+                "summary": f"{s.name}: p95 of {{{{ $labels.model }}}} above {fmt(slo.p95_latency_ms)} ms for {slo.p95_for}",
                 "description": "Tighten max_queue_delay_microseconds by 100-200us (seed 004).",
             },
         },
         {
             "alert": "TritonQueueDurationHigh",
-            "expr": f"{REC_QUEUE_AVG}{sel} > {_fmt(slo.queue_duration_ms * 1000)}",
+            "expr": f"{REC_QUEUE_AVG}{sel} > {fmt(slo.queue_duration_ms * 1000)}",
             "for": slo.queue_for,
             "labels": {"severity": "warning", "slo": "queue_duration", "service": s.name},
             "annotations": {
-                "summary": f"{s.name}: {{{{ $labels.model }}}} requests queue over {_fmt(slo.queue_duration_ms)} ms",
+                "summary": f"{s.name}: {{{{ $labels.model }}}} requests queue over {fmt(slo.queue_duration_ms)} ms",
                 "description": "Add instances or shift weight to other instances (seed 001).",
             },
         },
         {
             "alert": "TritonFailureRatioHigh",
-            "expr": f"{REC_FAILURE_RATIO}{sel} > {_fmt(slo.max_failure_ratio)}",
+            "expr": f"{REC_FAILURE_RATIO}{sel} > {fmt(slo.max_failure_ratio)}",
             "for": "5m",
             "labels": {"severity": "critical", "slo": "failures", "service": s.name},
             "annotations": {
-                "summary": f"{s.name}: {{{{ $labels.model }}}} fails over {_fmt(slo.max_failure_ratio * 100)}% of requests",
+                "summary": f"{s.name}: {{{{ $labels.model }}}} fails over {fmt(slo.max_failure_ratio * 100)}% of requests",
             },
         },
     ]
@@ -114,7 +111,7 @@ def gpu_alerts(graph: MonitoringGraph) -> list[dict[str, Any]]:
     return [
         {
             "alert": "GpuFramebufferFreeLow",
-            "expr": f"DCGM_FI_DEV_FB_FREE < {_fmt(g.fb_free_min_mib)}",
+            "expr": f"DCGM_FI_DEV_FB_FREE < {fmt(g.fb_free_min_mib)}",
             "for": g.fb_free_for,
             "labels": {"severity": "warning"},
             "annotations": {
@@ -130,7 +127,7 @@ def gpu_alerts(graph: MonitoringGraph) -> list[dict[str, Any]]:
         },
         {
             "alert": "GpuTemperatureHigh",
-            "expr": f"DCGM_FI_DEV_GPU_TEMP > {_fmt(g.temperature_max_c)}",
+            "expr": f"DCGM_FI_DEV_GPU_TEMP > {fmt(g.temperature_max_c)}",
             "for": g.temperature_for,
             "labels": {"severity": "warning"},
             "annotations": {"summary": "GPU {{ $labels.gpu }} on {{ $labels.host }} at {{ $value }} C"},
@@ -190,7 +187,7 @@ def expand_annotations(rule: dict[str, Any], labels: dict[str, str], value: floa
     """Expand the two template forms the rules use ({{ $labels.x }}, {{ $value }}) as Prometheus would."""
 
     def one(text: str) -> str:
-        out = _TEMPLATE.sub(lambda m: labels[m.group(2)] if m.group(2) else _fmt(value), text)
+        out = _TEMPLATE.sub(lambda m: labels[m.group(2)] if m.group(2) else fmt(value), text)
         if "{{" in out:
             raise ValueError(f"template form not supported by the test generator: {text!r}")
         return out
@@ -205,10 +202,6 @@ def _rule(rules_: list[dict[str, Any]], alert: str) -> dict[str, Any]:
 def _expected(rule: dict[str, Any], labels: dict[str, str], value: float) -> dict[str, Any]:
     exp = {**labels, **rule.get("labels", {})}
     return {"exp_labels": exp, "exp_annotations": expand_annotations(rule, exp, value)}
-
-
-def _labels(d: dict[str, str]) -> str:
-    return "{" + ",".join(f'{k}="{v}"' for k, v in d.items()) + "}"
 
 
 def _triton_series_labels(s: TritonTarget, model: str) -> dict[str, str]:
@@ -235,45 +228,20 @@ def _service_cases(s: TritonTarget) -> list[dict[str, Any]]:
     for factor, fires in ((1.1, True), (0.9, False)):
         p95_us = slo.p95_latency_ms * 1000 * factor
         labels = {**base, "quantile": "0.95"}
-        cases.append(
-            {
-                "interval": "1m",
-                "input_series": [
-                    {"series": "nv_inference_request_summary_us" + _labels(labels), "values": f"{_fmt(p95_us)}x10"}
-                ],
-                "alert_rule_test": [
-                    {
-                        "eval_time": "6m",
-                        "alertname": p95_rule["alert"],
-                        "exp_alerts": [_expected(p95_rule, labels, p95_us)] if fires else [],
-                    }
-                ],
-            }
-        )
+        series = [("nv_inference_request_summary_us" + series_labels(labels), f"{fmt(p95_us)}x10")]
+        expected = [_expected(p95_rule, labels, p95_us)] if fires else []
+        cases.append(promtool_case("1m", series, p95_rule, [("6m", expected)]))
 
     # Queue: 10 requests per 15 s, each waiting 1.25x / 0.75x the threshold.
     queue_rule = _rule(alerts, "TritonQueueDurationHigh")
     for factor, fires in ((1.25, True), (0.75, False)):
         per_request_us = slo.queue_duration_ms * 1000 * factor
-        cases.append(
-            {
-                "interval": "15s",
-                "input_series": [
-                    {"series": "nv_inference_request_success" + _labels(base), "values": "0+10x20"},
-                    {
-                        "series": "nv_inference_queue_duration_us" + _labels(base),
-                        "values": f"0+{_fmt(10 * per_request_us)}x20",
-                    },
-                ],
-                "alert_rule_test": [
-                    {
-                        "eval_time": "4m",
-                        "alertname": queue_rule["alert"],
-                        "exp_alerts": [_expected(queue_rule, base, per_request_us)] if fires else [],
-                    }
-                ],
-            }
-        )
+        series = [
+            ("nv_inference_request_success" + series_labels(base), "0+10x20"),
+            ("nv_inference_queue_duration_us" + series_labels(base), f"0+{fmt(10 * per_request_us)}x20"),
+        ]
+        expected = [_expected(queue_rule, base, per_request_us)] if fires else []
+        cases.append(promtool_case("15s", series, queue_rule, [("4m", expected)]))
     return cases
 
 
@@ -292,42 +260,15 @@ def _gpu_cases(graph: MonitoringGraph) -> list[dict[str, Any]]:
     cases: list[dict[str, Any]] = []
     fb_rule = _rule(gpu_rules, "GpuFramebufferFreeLow")
     for free, fires in ((g.fb_free_min_mib - 100, True), (g.fb_free_min_mib + 100, False)):
-        cases.append(
-            {
-                "interval": "1m",
-                "input_series": [{"series": "DCGM_FI_DEV_FB_FREE" + _labels(gpu), "values": f"{_fmt(free)}x10"}],
-                "alert_rule_test": [
-                    {
-                        "eval_time": "6m",
-                        "alertname": fb_rule["alert"],
-                        "exp_alerts": [_expected(fb_rule, gpu, free)] if fires else [],
-                    }
-                ],
-            }
-        )
+        series = [("DCGM_FI_DEV_FB_FREE" + series_labels(gpu), f"{fmt(free)}x10")]
+        cases.append(promtool_case("1m", series, fb_rule, [("6m", [_expected(fb_rule, gpu, free)] if fires else [])]))
     xid_rule = _rule(gpu_rules, "GpuXidError")
-    cases.append(
-        {
-            "interval": "1m",
-            "input_series": [{"series": "DCGM_FI_DEV_XID_ERRORS" + _labels(gpu), "values": "0 0 79 79"}],
-            "alert_rule_test": [
-                {"eval_time": "1m", "alertname": xid_rule["alert"], "exp_alerts": []},
-                {"eval_time": "2m", "alertname": xid_rule["alert"], "exp_alerts": [_expected(xid_rule, gpu, 79)]},
-            ],
-        }
-    )
+    series = [("DCGM_FI_DEV_XID_ERRORS" + series_labels(gpu), "0 0 79 79")]
+    cases.append(promtool_case("1m", series, xid_rule, [("1m", []), ("2m", [_expected(xid_rule, gpu, 79)])]))
     down_rule = _rule(target_alerts(), "ScrapeTargetDown")
     node = {"job": JOB_NODE, "instance": "gpu-vm:9100", "host": "gpu-vm", "tenant": "shared", "role": "guest"}
-    cases.append(
-        {
-            "interval": "30s",
-            "input_series": [{"series": "up" + _labels(node), "values": "1 1 0 0 0 0 0"}],
-            "alert_rule_test": [
-                {"eval_time": "1m", "alertname": down_rule["alert"], "exp_alerts": []},
-                {"eval_time": "3m", "alertname": down_rule["alert"], "exp_alerts": [_expected(down_rule, node, 0)]},
-            ],
-        }
-    )
+    series = [("up" + series_labels(node), "1 1 0 0 0 0 0")]
+    cases.append(promtool_case("30s", series, down_rule, [("1m", []), ("3m", [_expected(down_rule, node, 0)])]))
     return cases
 
 

@@ -10,6 +10,13 @@ import urllib.request
 from typing import Callable, Self
 
 
+def free_port() -> int:
+    """A TCP port on 127.0.0.1 that nothing listens on now (the kernel's pick)."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
 def stop_process(proc: subprocess.Popen, timeout: float = 10) -> None:
     """Terminate a launched server, kill it if it does not exit in time; idempotent.
 

@@ -20,6 +20,9 @@ import time
 from pathlib import Path
 from typing import Optional
 
+from plans.nginx import NginxSpec, render
+from tests.servers import free_port, stop_process
+
 NGINX = shutil.which("nginx") or "/usr/sbin/nginx"
 
 
@@ -56,13 +59,7 @@ class NginxHandle:
     grpc: str = ""  # and the host:port of its gRPC listener
 
     def stop(self) -> None:
-        if self.process.poll() is None:
-            self.process.terminate()  # SIGTERM = fast shutdown
-            try:
-                self.process.wait(timeout=10)
-            except subprocess.TimeoutExpired:
-                self.process.kill()
-                self.process.wait(timeout=5)
+        stop_process(self.process)  # SIGTERM = fast shutdown
 
     def error_log(self) -> str:
         p = self.workdir / "error.log"
@@ -103,3 +100,40 @@ def start_nginx(conf: str, workdir: Path, *, wait_port: Optional[int] = None, ti
         handle.stop()
         raise TimeoutError(f"nginx did not listen on {wait_port}: {handle.error_log()[-2000:]}")
     return handle
+
+
+def front_triton(triton_ports: dict[str, int], workdir: Path, default_model: str) -> NginxHandle:
+    """nginx as production renders it (plans/nginx.py), one worker, on free loopback ports in front of the Triton
+    listening on `triton_ports` (its "http" and "grpc"); the handle's `http` and `grpc` say where nginx listens."""
+    http_port, grpc_port = free_port(), free_port()
+    conf = render(
+        NginxSpec(
+            default_model=default_model,
+            listen_address="127.0.0.1",
+            listen_http=http_port,
+            listen_grpc=grpc_port,
+            upstream_http=f"127.0.0.1:{triton_ports['http']}",
+            upstream_grpc=f"127.0.0.1:{triton_ports['grpc']}",
+            prefix=str(workdir),
+            user=run_user(),
+            worker_processes="1",
+        )
+    )
+    handle = start_nginx(conf, workdir, wait_port=http_port)
+    handle.http, handle.grpc = f"http://127.0.0.1:{http_port}", f"127.0.0.1:{grpc_port}"
+    return handle
+
+
+def front_triton_fixture(default_model: str):
+    """A module-scoped pytest fixture: `front_triton` before the module's `triton` fixture (skips where nginx is not
+    installed)."""
+    import pytest
+
+    @pytest.fixture(scope="module")
+    def _nginx(triton, tmp_path_factory):
+        if not nginx_available():
+            pytest.skip("nginx is not installed")
+        with front_triton(triton.ports, tmp_path_factory.mktemp("nginx"), default_model) as handle:
+            yield handle
+
+    return _nginx

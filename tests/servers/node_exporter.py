@@ -10,23 +10,16 @@ from __future__ import annotations
 
 import dataclasses
 import shutil
-import socket
 import subprocess
 from pathlib import Path
 
-from tests.servers import LaunchedServer
+from tests.servers import LaunchedServer, free_port
 
 NODE_EXPORTER = shutil.which("prometheus-node-exporter") or "/usr/bin/prometheus-node-exporter"
 
 
 def available() -> bool:
     return Path(NODE_EXPORTER).exists()
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 @dataclasses.dataclass

@@ -16,7 +16,6 @@ from __future__ import annotations
 import dataclasses
 import json
 import shutil
-import socket
 import subprocess
 import tempfile
 import time
@@ -26,7 +25,7 @@ import urllib.request
 from pathlib import Path
 from typing import Any, Optional
 
-from tests.servers import LaunchedServer
+from tests.servers import LaunchedServer, free_port
 
 PROMETHEUS = shutil.which("prometheus") or "/usr/bin/prometheus"
 PROMTOOL = shutil.which("promtool") or "/usr/bin/promtool"
@@ -34,12 +33,6 @@ PROMTOOL = shutil.which("promtool") or "/usr/bin/promtool"
 
 def available() -> bool:
     return Path(PROMETHEUS).exists() and Path(PROMTOOL).exists()
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def promtool(*args: str, cwd: Optional[Path] = None, timeout: float = 60) -> tuple[int, str]:

@@ -20,19 +20,13 @@ import time
 from pathlib import Path
 from typing import Literal, Optional
 
-from tests.servers import LaunchedServer
+from tests.servers import LaunchedServer, free_port
 
 REDIS_SERVER = shutil.which("redis-server") or "/usr/bin/redis-server"
 
 
 def available() -> bool:
     return Path(REDIS_SERVER).exists()
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 @dataclasses.dataclass
@@ -109,10 +103,7 @@ def redis_fixture(scope: Literal["session", "module", "function"] = "module"):
     def _redis(tmp_path_factory):
         if not available():
             pytest.skip("redis-server is not installed (APT_PACKAGES in gpuhost.sh)")
-        h = start_redis(tmp_path_factory.mktemp("redis"))
-        try:
+        with start_redis(tmp_path_factory.mktemp("redis")) as h:
             yield h
-        finally:
-            h.stop()
 
     return _redis

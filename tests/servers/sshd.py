@@ -18,13 +18,9 @@ import tempfile
 import time
 from pathlib import Path
 
+from tests.servers import free_port, stop_process
+
 SSHD = shutil.which("sshd") or "/usr/sbin/sshd"
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def keygen(path: Path, kind: str = "ed25519") -> None:
@@ -85,12 +81,8 @@ class LocalSshd:
         raise RuntimeError("sshd did not start listening")
 
     def stop(self) -> None:
-        if self.proc and self.proc.poll() is None:
-            self.proc.terminate()
-            try:
-                self.proc.wait(5)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
+        if self.proc:
+            stop_process(self.proc, timeout=5)
         shutil.rmtree(self.dir, ignore_errors=True)
 
     def host_spec(self, **over):

@@ -28,17 +28,15 @@ from __future__ import annotations
 import dataclasses
 import os
 import shutil
-import socket
 import subprocess
 import sys
 import tempfile
 import time
-import urllib.error
-import urllib.request
 from pathlib import Path
 from typing import Callable, Iterable, Literal, Sequence
 
-from tests.servers import stop_process
+from serving.health import http_status
+from tests.servers import free_port, stop_process
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 STANDIN_MODEL = REPO_ROOT / "serving" / "standin_model.py"
@@ -60,12 +58,6 @@ def triton_available() -> bool:
         return False
     stub = dist / "python_backend_stubs" / f"{sys.version_info[0]}.{sys.version_info[1]}" / "triton_python_backend_stub"
     return (dist / "bin" / "tritonserver").exists() and libs.is_dir() and stub.exists()
-
-
-def free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def prepare_backend_dir(workdir: Path) -> Path:
@@ -122,16 +114,6 @@ class TritonHandle:
 
     def __exit__(self, *exc) -> None:
         self.stop()
-
-
-def _get(url: str, timeout: float = 2.0) -> int:
-    try:
-        with urllib.request.urlopen(url, timeout=timeout) as r:
-            return r.status
-    except urllib.error.HTTPError as e:
-        return e.code
-    except (urllib.error.URLError, ConnectionError, socket.timeout, TimeoutError):
-        return 0
 
 
 def start_triton(
@@ -200,7 +182,10 @@ def start_triton(
             handle.stop()
             raise RuntimeError(f"tritonserver exited with {process.returncode}:\n{tail}")
         # Triton opens its metrics port after HTTP is ready: tests read /metrics first thing, so wait for both.
-        if _get(handle.http_url + "/v2/health/ready") == 200 and _get(handle.metrics_url + "/metrics") == 200:
+        if (
+            http_status(handle.http_url + "/v2/health/ready") == 200
+            and http_status(handle.metrics_url + "/metrics") == 200
+        ):
             return handle
         time.sleep(0.2)
     tail = handle.log()[-4000:]
@@ -289,3 +274,17 @@ def triton_fixture(populate: Callable[[Path], object], *, scope: _Scope = "modul
             handle.stop()
 
     return _triton
+
+
+def gate_inputs(url: str, model: str, **over) -> dict:
+    """AcceptanceGate's inputs for `model` served behind `url`: one second of load, no error allowed (``over``: the
+    request, the load's shape, the SLO and the rest)."""
+    return {
+        "url": url,
+        "models": [model],
+        "model": model,
+        "durationS": 1,
+        "maxErrorRate": 0.0,
+        "trigger": "digest-1",
+        **over,
+    }

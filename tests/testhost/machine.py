@@ -37,6 +37,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Optional
 
+from tests.servers import free_port
+
 QEMU = shutil.which("qemu-system-x86_64") or "/usr/bin/qemu-system-x86_64"
 OVMF_CODE = Path("/usr/share/OVMF/OVMF_CODE_4M.fd")
 OVMF_VARS = Path("/usr/share/OVMF/OVMF_VARS_4M.fd")
@@ -106,10 +108,36 @@ def accel() -> str:
     return _ACCEL
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+def _firmware_and_serial(vars_fd: Path, serial_log: Path) -> list[str]:
+    """UEFI (OVMF's code read-only, this machine's own copy of its variables) and the serial console into a file."""
+    return [
+        "-drive",
+        f"if=pflash,format=raw,unit=0,readonly=on,file={OVMF_CODE}",
+        "-drive",
+        f"if=pflash,format=raw,unit=1,file={vars_fd}",
+        "-serial",
+        f"file:{serial_log}",
+    ]
+
+
+def hmp(qmp_sock: Path, command_line: str) -> dict:
+    """A human-monitor command (`hostfwd_add ...`, `info version`) through the machine's QMP socket: QMP's reply to
+    it, `{"return": "<the monitor's text>"}` or `{"error": {...}}`; events QEMU sends meanwhile are passed over."""
+    with socket.socket(socket.AF_UNIX) as s:
+        s.connect(str(qmp_sock))
+        f = s.makefile("rw")
+        f.readline()  # the greeting
+        for cmd in (
+            {"execute": "qmp_capabilities"},
+            {"execute": "human-monitor-command", "arguments": {"command-line": command_line}},
+        ):
+            f.write(json.dumps(cmd) + "\n")
+            f.flush()
+            while True:
+                reply = json.loads(f.readline())
+                if "return" in reply or "error" in reply:
+                    break
+        return reply
 
 
 def machine_args(
@@ -148,12 +176,7 @@ def machine_args(
         "node,nodeid=0,cpus=0-3,memdev=mem0",
         "-numa",
         "node,nodeid=1,cpus=4-7,memdev=mem1",
-        "-drive",
-        f"if=pflash,format=raw,unit=0,readonly=on,file={OVMF_CODE}",
-        "-drive",
-        f"if=pflash,format=raw,unit=1,file={vars_fd}",
-        "-serial",
-        f"file:{serial_log}",
+        *_firmware_and_serial(vars_fd, serial_log),
         # The boot display on the root complex, so one VGA-class device reports boot_vga=1. Cirrus, not QEMU's
         # std VGA: that shares 1234:1111 with the bochs-display GPU stand-in, and on a real server the BMC's
         # display never has the GPU's vendor:device either (binding by ids must not take the console).
@@ -236,12 +259,7 @@ def build_boot(disk: Path, serial_log: Path, timeout: float = 900) -> None:
         "-no-reboot",
         "-accel",
         "kvm" if accel() == "kvm" else "tcg,thread=multi",
-        "-drive",
-        f"if=pflash,format=raw,unit=0,readonly=on,file={OVMF_CODE}",
-        "-drive",
-        f"if=pflash,format=raw,unit=1,file={vars_fd}",
-        "-serial",
-        f"file:{serial_log}",
+        *_firmware_and_serial(vars_fd, serial_log),
         "-drive",
         f"if=none,id=root,file={disk},format=qcow2",
         "-device",

@@ -20,16 +20,11 @@ import json
 import math
 from typing import Any
 
-UNKNOWN = "04da6b54-80e4-46f7-96ec-b56ff0331ba9"  # sdk/go/common/resource/plugin/rpc.go UnknownStringValue
-SIG = "4dabf18193072939515e22adb298388d"
-SECRET_SIG = "1b47061264138c4ac30d75fd1eb44270"
-RESOURCE_SIG = "5cf8f73096256a8f31e491e813e4eb8e"
+from tools.driver.values import RESOURCE_SIG, SIG, UNKNOWN
+from tools.driver.values import is_secret as _is_secret
+from tools.driver.values import norm as _norm
 
 _MISSING = object()
-
-
-def _is_secret(v: Any) -> bool:
-    return isinstance(v, dict) and v.get(SIG) == SECRET_SIG
 
 
 def _is_resource(v: Any) -> bool:
@@ -105,16 +100,6 @@ def print_object(props: dict, indent: int = 2, mark: str = "") -> list[str]:
 def _worth_showing(v: Any) -> bool:
     # shouldPrintPropertyValue: nulls, empty strings, empty arrays and objects are left out of a diff's sides.
     return not (v is None or v == "" or v == [] or v == {})
-
-
-def _norm(v: Any) -> Any:
-    if isinstance(v, float) and v.is_integer():
-        return int(v)
-    if isinstance(v, dict):
-        return {k: _norm(x) for k, x in v.items()}
-    if isinstance(v, list):
-        return [_norm(x) for x in v]
-    return v
 
 
 def _value_diff(old: Any, new: Any, indent: int, title: str, same_title: str) -> list[str]:

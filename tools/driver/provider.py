@@ -95,17 +95,7 @@ class DynamicProvider:
         return annotate_secrets(to_py(r.inputs), news)
 
     def diff(self, urn: str, id_: str, old_outputs: dict, old_inputs: dict, news: dict) -> DiffResult:
-        r = self._call(
-            "Diff",
-            urn,
-            provider_pb2.DiffRequest(
-                id=id_,
-                urn=urn,
-                olds=to_struct(plain(old_outputs)),
-                news=to_struct(plain(news)),
-                old_inputs=to_struct(plain(old_inputs)),
-            ),
-        )
+        r = self._call("Diff", urn, _change_request(provider_pb2.DiffRequest, urn, id_, old_outputs, old_inputs, news))
         return DiffResult(r.changes, list(r.replaces), bool(r.deleteBeforeReplace))
 
     def create(self, urn: str, news: dict) -> tuple[str, dict]:
@@ -114,15 +104,7 @@ class DynamicProvider:
 
     def update(self, urn: str, id_: str, old_outputs: dict, old_inputs: dict, news: dict) -> dict:
         r = self._call(
-            "Update",
-            urn,
-            provider_pb2.UpdateRequest(
-                id=id_,
-                urn=urn,
-                olds=to_struct(plain(old_outputs)),
-                news=to_struct(plain(news)),
-                old_inputs=to_struct(plain(old_inputs)),
-            ),
+            "Update", urn, _change_request(provider_pb2.UpdateRequest, urn, id_, old_outputs, old_inputs, news)
         )
         return annotate_secrets(to_py(r.properties), news)
 
@@ -145,6 +127,17 @@ class DynamicProvider:
         )
         ins = annotate_secrets(to_py(r.inputs), inputs) if r.HasField("inputs") else None
         return r.id, annotate_secrets(to_py(r.properties), outputs), ins
+
+
+def _change_request(kind: Any, urn: str, id_: str, old_outputs: dict, old_inputs: dict, news: dict) -> Any:
+    """A DiffRequest or an UpdateRequest: both carry the old state and the new inputs, plain."""
+    return kind(
+        id=id_,
+        urn=urn,
+        olds=to_struct(plain(old_outputs)),
+        news=to_struct(plain(news)),
+        old_inputs=to_struct(plain(old_inputs)),
+    )
 
 
 @dataclass

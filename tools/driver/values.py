@@ -53,14 +53,19 @@ def plain(v: Any) -> Any:
     return v
 
 
-def has_secret(v: Any) -> bool:
-    if is_secret(v):
+def _anywhere(v: Any, found: Callable[[Any], bool]) -> bool:
+    """Whether `found` holds for v or for any value nested in its objects and arrays."""
+    if found(v):
         return True
     if isinstance(v, dict):
-        return any(has_secret(x) for x in v.values())
+        return any(_anywhere(x, found) for x in v.values())
     if isinstance(v, list):
-        return any(has_secret(x) for x in v)
+        return any(_anywhere(x, found) for x in v)
     return False
+
+
+def has_secret(v: Any) -> bool:
+    return _anywhere(v, is_secret)
 
 
 def annotate_secrets(outs: dict, ins: dict) -> dict:
@@ -108,13 +113,7 @@ def unseal_secrets(v: Any, decrypt: Callable[[str], str]) -> Any:
 
 
 def has_unknown(v: Any) -> bool:
-    if v == UNKNOWN:
-        return True
-    if isinstance(v, dict):
-        return any(has_unknown(x) for x in v.values())
-    if isinstance(v, list):
-        return any(has_unknown(x) for x in v)
-    return False
+    return _anywhere(v, lambda x: x == UNKNOWN)
 
 
 def norm(v: Any) -> Any:
