@@ -131,7 +131,7 @@ class Redis:
     """redis-server on a loopback port with its data in ``workdir``; AOF on (appendfsync everysec) when asked."""
 
     def __init__(self, binary: str, workdir: Path, io_threads: int):
-        from tests.servers.redis import free_port
+        from tests.servers import free_port
 
         self.binary, self.workdir, self.io_threads = binary, workdir, io_threads
         self.port = free_port()
@@ -543,7 +543,7 @@ def front_run(cfg: dict, base: Path, images: np.ndarray, refs: list, n: int) -> 
     import urllib.request
 
     from bench.window_gpu import check
-    from tests.servers.redis import free_port
+    from tests.servers import free_port
 
     path = base / "front.json"
     path.write_text(json.dumps(cfg))
@@ -689,7 +689,7 @@ def main(argv: Optional[list[str]] = None) -> int:
         backends = start_backends(base, spec, weights, gpu)
         log(f"Tritons ready after {time.monotonic() - t_main:.1f} s: {[(b.name, b.grpc) for b in backends.values()]}")
         cfg = gateway_config(rs.port, backends, a)
-        from tests.servers.redis import free_port
+        from tests.servers import free_port
 
         metrics_ports = {f"w{i}": free_port() for i in range(a.workers)}
 
