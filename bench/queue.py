@@ -32,8 +32,6 @@ from pathlib import Path
 
 import numpy as np
 
-from bench.report import md_table
-
 ROOT = Path(__file__).resolve().parent.parent
 RESULTS = ROOT / "bench" / "results"
 DOC = ROOT / "docs" / "benchmarks.md"
@@ -127,9 +125,9 @@ def main(argv: list[str] | None = None) -> int:
     import redis
     import tritonclient.grpc as grpcclient
 
-    from bench.servers import worker_backends
     from serving.queue import JobQueue, QueueConfig
     from tests.servers import stop_process
+    from tests.servers.gateway import spawn_worker, worker_config
     from tests.servers.redis import start_redis
     from tests.servers.triton import sleep_model_config, start_triton, write_python_model
 
@@ -152,34 +150,8 @@ def main(argv: list[str] | None = None) -> int:
             i.set_data_from_numpy(x)
             return clients[rr.next()].infer("gen", [i], client_timeout=30).as_numpy("OUTPUT0")
 
-        cfg = {
-            "redis": {"port": rs.port},
-            "queue": {"max_depth": 10_000},
-            "slots": a.slots,
-            "models": ["gen"],
-            "backends": worker_backends(handles, WEIGHTS),
-        }
-        (base / "worker.json").write_text(json.dumps(cfg))
-        for i in range(a.workers):
-            logf = open(base / f"worker-{i}.log", "ab")
-            workers.append(
-                subprocess.Popen(
-                    [
-                        sys.executable,
-                        "-m",
-                        "serving.worker",
-                        "--config",
-                        str(base / "worker.json"),
-                        "--consumer",
-                        f"bench-{i}",
-                    ],
-                    cwd=ROOT,
-                    stdout=logf,
-                    stderr=subprocess.STDOUT,
-                    start_new_session=True,
-                )
-            )
-            logf.close()
+        cfg = worker_config(rs.port, handles, WEIGHTS, queue={"max_depth": 10_000}, slots=a.slots, models=["gen"])
+        workers += [spawn_worker(cfg, f"bench-{i}", base) for i in range(a.workers)]
         r = redis.Redis(port=rs.port)
         q = JobQueue(r, QueueConfig(max_depth=10_000))
         q.ensure_group()
@@ -259,29 +231,28 @@ def render(result: dict) -> str:
         f"Tritons, stand-in with {s['batch_ms']:g} ms per batch (max batch {s['max_batch_size']}), weights 3:2, "
         f"{s['workers']} workers x {s['slots']} slots, closed loop {s['duration_s']:g} s per row.",
         "",
+        "| clients | path | jobs/s | p50 ms | p95 ms | p99 ms | errors | split mig-a:vm-b |",
+        "|---:|---|---:|---:|---:|---:|---:|---|",
     ]
     by = {(r["path"], r["concurrency"]): r for r in result["rows"]}
-    head = ["clients", "path", "jobs/s", "p50 ms", "p95 ms", "p99 ms", "errors", "split mig-a:vm-b"]
-    lines += md_table(head, (_row(r) for r in result["rows"]), align="r-rrrrr-")
+    for r in result["rows"]:
+        split = ""
+        if r.get("served"):
+            a, b = r["served"].get("mig-a", 0), r["served"].get("vm-b", 0)
+            split = f"{a}:{b} ({a / b:.2f})" if b else f"{a}:0"
+        lines.append(
+            f"| {r['concurrency']} | {r['path']} | {r['jobs_per_s']:.1f} | {r['p50_ms']:.1f} | "
+            f"{r['p95_ms']:.1f} | {r['p99_ms']:.1f} | {r['errors']} | {split} |"
+        )
     lines.append("")
     for c in sorted({r["concurrency"] for r in result["rows"]}):
         d, q = by.get(("direct", c)), by.get(("queue", c))
         if d and q:
+            p95, p50, share = q["p95_ms"] - d["p95_ms"], q["p50_ms"] - d["p50_ms"], q["jobs_per_s"] / d["jobs_per_s"]
             lines.append(
-                f"- {c} clients: the queue adds {q['p95_ms'] - d['p95_ms']:+.1f} ms at p95 "
-                f"({q['p50_ms'] - d['p50_ms']:+.1f} ms at p50) and serves "
-                f"{q['jobs_per_s'] / d['jobs_per_s']:.0%} of the direct rate."
+                f"- {c} clients: the queue adds {p95:+.1f} ms at p95 ({p50:+.1f} ms at p50) and serves {share:.0%} of the direct rate."
             )
     return "\n".join(lines) + "\n"
-
-
-def _row(r: dict) -> list:
-    split = ""
-    if r.get("served"):
-        a, b = r["served"].get("mig-a", 0), r["served"].get("vm-b", 0)
-        split = f"{a}:{b} ({a / b:.2f})" if b else f"{a}:0"
-    ms = [f"{r[k]:.1f}" for k in ("p50_ms", "p95_ms", "p99_ms")]
-    return [r["concurrency"], r["path"], f"{r['jobs_per_s']:.1f}", *ms, r["errors"], split]
 
 
 if __name__ == "__main__":

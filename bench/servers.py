@@ -258,7 +258,7 @@ def start_triton(
     return triton
 
 
-def worker_backends(tritons: Mapping[str, Triton], weights: Mapping[str, int]) -> list[dict]:
+def worker_backends(tritons: Mapping[str, Triton], weights: Mapping[str, float]) -> list[dict]:
     """``serving.worker``'s ``backends`` config for loopback Tritons: each name in ``weights`` with its weight and
     its Triton's gRPC, HTTP and metrics endpoints."""
     return [
