@@ -20,8 +20,6 @@ Usage (on the GPU machine; ``--quick`` for a pipeline check; ``--cpu`` runs the 
 
 from __future__ import annotations
 
-import argparse
-import dataclasses
 import json
 import os
 import platform
@@ -31,33 +29,22 @@ import sys
 import tempfile
 import threading
 import time
-import urllib.request
+from functools import partial
 from pathlib import Path
-from typing import Optional
+from typing import Callable, Optional
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from bench.yolo_check import WEIGHTS_FILE, weights_file  # noqa: E402
-from plans.nginx import NginxSpec, render  # noqa: E402
+from bench.report import Report, git_commit  # noqa: E402
+from bench.servers import Servers, get_json, log, model_stats, start_servers, stats_delta  # noqa: E402
+from bench.yolo_check import WEIGHTS_FILE, repository, weights_file, with_parameters  # noqa: E402
 from plans.presets import apply_preset  # noqa: E402
-from plans.triton_repo import repository_files, yolov8n_torch  # noqa: E402
-from plans.triton_runtime import ServerOptions, server_args  # noqa: E402
+from plans.triton_repo import yolov8n_torch  # noqa: E402
 from serving import loadgate  # noqa: E402
-from serving.models import yolov8n_files  # noqa: E402
 
-DOC = ROOT / "docs" / "benchmarks.md"
 IMAGE_SHAPE = [1, 640, 640, 3]
 TARGETS = {"c1_p95_ms": 6.0, "c16_images_per_s": 1000.0, "c16_p95_ms": 25.0, "seed000_p95_ms": 8.0}
-
-
-def log(msg: str) -> None:
-    print(f"[{time.strftime('%H:%M:%S')}] {msg}", flush=True)
-
-
-def get_json(url: str, timeout: float = 10.0) -> dict:
-    with urllib.request.urlopen(url, timeout=timeout) as r:
-        return json.loads(r.read())
 
 
 # ---------------------------------------------------------------- machine and versions
@@ -147,37 +134,6 @@ class GpuSampler:
         }
 
 
-# ---------------------------------------------------------------- Triton statistics
-
-
-def model_stats(http: str, model: str) -> dict:
-    return get_json(f"{http}/v2/models/{model}/stats")["model_stats"][0]
-
-
-def stats_delta(before: dict, after: dict) -> dict:
-    """Per-request averages (µs) of Triton's phases over a run, executions and the average batch."""
-    b, a = before["inference_stats"], after["inference_stats"]
-    out: dict = {}
-    n = int(a["success"]["count"]) - int(b["success"]["count"])
-    out["requests"] = n
-    for key in ("success", "queue", "compute_input", "compute_infer", "compute_output"):
-        dn = int(a[key]["ns"]) - int(b[key]["ns"])
-        dc = int(a[key]["count"]) - int(b[key]["count"])
-        out[f"{key}_us"] = round(dn / dc / 1000, 1) if dc else None
-    ex = int(after.get("execution_count", 0)) - int(before.get("execution_count", 0))
-    inf = int(after.get("inference_count", 0)) - int(before.get("inference_count", 0))
-    out["executions"] = ex
-    out["avg_batch"] = round(inf / ex, 2) if ex else None
-    sizes = {}
-    before_b = {int(x["batch_size"]): int(x["compute_infer"]["count"]) for x in before.get("batch_stats", [])}
-    for x in after.get("batch_stats", []):
-        d = int(x["compute_infer"]["count"]) - before_b.get(int(x["batch_size"]), 0)
-        if d:
-            sizes[int(x["batch_size"])] = d
-    out["batch_sizes"] = sizes
-    return out
-
-
 # ---------------------------------------------------------------- gRPC load (same shape as loadgate's)
 
 
@@ -218,10 +174,7 @@ def grpc_run(
             req.raw_input_contents.append(image)
             reqs.append(req)
         want = {o.name: o for o in check.outputs}
-        lock = threading.Lock()
-        lat: list[float] = []
-        errs = [0, 0]
-        first = [""]
+        tallies: list[dict] = []  # one per thread, appended when it is done
         t0s = [0.0, 0.0]
 
         def _gate():
@@ -267,11 +220,7 @@ def grpc_run(
                     why = why or f"gRPC {e.code()}"
                 mine.append((time.perf_counter() - t0) * 1000)
             channel.close()
-            with lock:
-                lat.extend(mine)
-                errs[0] += bad
-                errs[1] += wrong
-                first[0] = first[0] or why
+            tallies.append({"lat": mine, "errors": bad, "invalid": wrong, "first_invalid": why})
 
         threads = [threading.Thread(target=worker, args=(7 * i,), daemon=True) for i in range(n)]
         for th in threads:
@@ -279,16 +228,7 @@ def grpc_run(
         gate.wait()
         for th in threads:
             th.join(duration_s + 120)
-        queue.put(
-            {
-                "lat": lat,
-                "errors": errs[0],
-                "invalid": errs[1],
-                "first_invalid": first[0],
-                "start": t0s[0],
-                "end": time.perf_counter(),
-            }
-        )
+        queue.put({"tallies": tallies, "start": t0s[0], "end": time.perf_counter()})
 
     children = [ctx.Process(target=child, args=(n,), daemon=True) for n in shares]
     for c in children:
@@ -296,18 +236,16 @@ def grpc_run(
     outs = [queue.get(timeout=duration_s + 300) for _ in children]
     for c in children:
         c.join(10)
-    lat = [x for o in outs for x in o["lat"]]
-    first_invalid = next((o["first_invalid"] for o in outs if o["first_invalid"]), "")
-    r = loadgate._result(
+    tallies = [t for o in outs for t in o["tallies"]]
+    return loadgate._result(
         "grpc",
         concurrency,
-        lat,
-        sum(o["errors"] for o in outs),
+        [x for t in tallies for x in t["lat"]],
+        sum(t["errors"] for t in tallies),
         max(o["end"] for o in outs) - min(o["start"] for o in outs),
-        sum(o["invalid"] for o in outs),
-        first_invalid,
+        sum(t["invalid"] for t in tallies),
+        next((t["first_invalid"] for t in tallies if t["first_invalid"]), ""),
     )
-    return r
 
 
 # ---------------------------------------------------------------- the GPU's own floor
@@ -364,166 +302,98 @@ def gpu_floor(max_batch: int) -> dict:
     return out
 
 
-# ---------------------------------------------------------------- servers
-
-
-def pytriton_dist() -> Path:
-    """The wheel's tritonserver tree, found without importing pytriton (its client needs packages we do not)."""
-    import importlib.util
-
-    spec = importlib.util.find_spec("pytriton")
-    if spec is None or not spec.submodule_search_locations:
-        raise RuntimeError("nvidia-pytriton is not installed (pip install the wheel, or put it on PYTHONPATH)")
-    return Path(list(spec.submodule_search_locations)[0]).resolve() / "tritonserver"
-
-
-@dataclasses.dataclass
-class Servers:
-    triton: subprocess.Popen
-    nginx: subprocess.Popen
-    http: str
-    grpc: str
-    nginx_http: str
-    nginx_grpc: str
-    workdir: Path
-    # More nginx fronts by worker_processes (A/B of the rendered config's one knob that depends on the host).
-    extra: dict = dataclasses.field(default_factory=dict)
-
-    def stop(self) -> None:
-        for p in (*(x[0] for x in self.extra.values()), self.nginx, self.triton):
-            if p.poll() is None:
-                p.terminate()
-                try:
-                    p.wait(20)
-                except subprocess.TimeoutExpired:
-                    p.kill()
-
-
-def free_port() -> int:
-    import socket
-
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def start_servers(
-    workdir: Path,
-    specs,
-    files: dict[str, bytes],
-    nginx_bin: str,
-    gpu_count: int,
-    http_threads: int,
-    nginx_workers: tuple[str, ...] = (),
-) -> Servers:
-    repo = workdir / "models"
-    for rel, content in files.items():
-        p = repo / rel
-        p.parent.mkdir(parents=True, exist_ok=True)
-        p.write_bytes(content)
-    dist = pytriton_dist()
-    libs = dist.parent.parent / "nvidia_pytriton.libs"
-    backends = workdir / "backends" / "python"
-    backends.mkdir(parents=True, exist_ok=True)
-    for name in ("libtriton_python.so", "triton_python_backend_utils.py"):
-        shutil.copy2(dist / "backends" / "python" / name, backends / name)
-    ver = f"{sys.version_info[0]}.{sys.version_info[1]}"
-    shutil.copy2(
-        dist / "python_backend_stubs" / ver / "triton_python_backend_stub", backends / "triton_python_backend_stub"
-    )
-    ports = {k: free_port() for k in ("http", "grpc", "metrics")}
-    opts = ServerOptions(
-        model_repository=str(repo),
-        http_port=ports["http"],
-        grpc_port=ports["grpc"],
-        metrics_port=ports["metrics"],
-        exit_on_error=True,
-        backend_directory=str(workdir / "backends"),
-        extra=[
-            "--http-address=127.0.0.1",
-            "--grpc-address=127.0.0.1",
-            f"--http-thread-count={http_threads}",
-            f"--cache-directory={dist / 'caches'}",
-            "--log-verbose=0",
-        ],
-    )
-    cmd = [str(dist / "bin" / "tritonserver"), *server_args(opts, specs)]
-    env = dict(os.environ)
-    # The stub links libpython3.X.so: take it from this interpreter's own LIBDIR (a venv's base Python).
-    import sysconfig
-
-    pylib = sysconfig.get_config_var("LIBDIR") or ""
-    env["LD_LIBRARY_PATH"] = os.pathsep.join(x for x in (str(libs), pylib, env.get("LD_LIBRARY_PATH", "")) if x)
-    # The stub embeds libpython in isolated mode and takes its prefix (torch, numpy) from python3 on PATH.
-    env["PATH"] = os.pathsep.join([str(Path(sys.executable).parent), env.get("PATH", "")])
-    log("tritonserver " + " ".join(cmd[1:]))
-    tlog = open(workdir / "triton.log", "ab")
-    triton = subprocess.Popen(cmd, stdout=tlog, stderr=subprocess.STDOUT, env=env, start_new_session=True)
-    http = f"http://127.0.0.1:{ports['http']}"
-    deadline = time.monotonic() + 600
-    while True:
-        if triton.poll() is not None:
-            raise RuntimeError("tritonserver exited:\n" + (workdir / "triton.log").read_text(errors="replace")[-6000:])
-        try:
-            if urllib.request.urlopen(http + "/v2/health/ready", timeout=2).status == 200:
-                break
-        except OSError:
-            pass
-        if time.monotonic() > deadline:
-            raise TimeoutError((workdir / "triton.log").read_text(errors="replace")[-6000:])
-        time.sleep(0.5)
-    nginx, nhttp, ngrpc = start_nginx(workdir / "nginx", nginx_bin, specs[0].name, ports["http"], ports["grpc"], "auto")
-    extra = {
-        w: start_nginx(workdir / f"nginx-{w}", nginx_bin, specs[0].name, ports["http"], ports["grpc"], w)
-        for w in nginx_workers
-    }
-    return Servers(triton, nginx, http, f"127.0.0.1:{ports['grpc']}", nhttp, ngrpc, workdir, extra)
-
-
-def start_nginx(prefix: Path, nginx_bin: str, model: str, http_port: int, grpc_port: int, workers: str):
-    """nginx with gpuhost's rendered config in front of Triton; returns (process, http URL, gRPC target)."""
-    listen_http, listen_grpc = free_port(), free_port()
-    conf = render(
-        NginxSpec(
-            default_model=model,
-            listen_address="127.0.0.1",
-            listen_http=listen_http,
-            listen_grpc=listen_grpc,
-            upstream_http=f"127.0.0.1:{http_port}",
-            upstream_grpc=f"127.0.0.1:{grpc_port}",
-            prefix=str(prefix),
-            user="root" if os.geteuid() == 0 else None,
-            worker_processes=workers,
-        )
-    )
-    prefix.mkdir(exist_ok=True)
-    (prefix / "nginx.conf").write_text(conf)
-    ncmd = [
-        nginx_bin,
-        "-p",
-        str(prefix),
-        "-c",
-        str(prefix / "nginx.conf"),
-        "-e",
-        str(prefix / "error.log"),
-        "-g",
-        "daemon off;",
-    ]
-    t = subprocess.run([*ncmd[:-2], "-t"], capture_output=True, text=True)
-    if t.returncode:
-        raise RuntimeError(f"nginx -t failed: {t.stderr}")
-    proc = subprocess.Popen(ncmd, stdout=subprocess.DEVNULL, stderr=subprocess.STDOUT, start_new_session=True)
-    nhttp = f"http://127.0.0.1:{listen_http}"
-    for _ in range(100):
-        try:
-            urllib.request.urlopen(nhttp + "/nginx-health", timeout=1)
-            break
-        except OSError:
-            time.sleep(0.1)
-    return proc, nhttp, f"127.0.0.1:{listen_grpc}"
-
-
 # ---------------------------------------------------------------- the run
+
+
+def preset_key(info: dict, override: str) -> str:
+    """The GPU's preset key: ``override`` where given, else the first GPU's name from nvidia-smi ("" without)."""
+    return override or (info.get("gpus") or [""])[0].split(",")[0]
+
+
+def on_preset(spec, gpu_name: str):
+    """What TritonService deploys: the GPU's preset fills what the spec leaves open (a GPU without one: the spec)."""
+    try:
+        return apply_preset(spec, gpu_name)
+    except KeyError:
+        return spec
+
+
+def point(
+    s: Servers,
+    name: str,
+    model: str,
+    via: str,
+    load: Callable[[loadgate.ResponseCheck], tuple[loadgate.LoadResult, dict]],
+) -> dict:
+    """One point: ``load(check)`` against ``model`` (the check from the config Triton reports) with Triton's
+    per-request phases and the GPU's utilisation over it; returns the row (``load``'s own fields added)."""
+    check = loadgate.ResponseCheck.from_config(get_json(f"{s.http}/v2/models/{model}/config"), batch=1)
+    before = model_stats(s.http, model)
+    with GpuSampler() as gpu:
+        r, extra = load(check)
+    after = model_stats(s.http, model)
+    row = {"name": name, "model": model, "via": via, **r.as_dict(), **gpu.summary()}
+    row.update(triton=stats_delta(before, after), **extra)
+    log(f"{name}: {r.summary()} | triton {row['triton']} | gpu {gpu.summary()}")
+    return row
+
+
+def guarded(name: str, row: dict, measure: Callable[[], dict]) -> dict:
+    """``measure()``'s row; where it fails, ``row`` (what the point was) with the failure."""
+    try:
+        return measure()
+    except Exception as e:  # noqa: BLE001 - one failed point must not lose the others
+        log(f"{name}: FAILED {e!r}")
+        return {"name": name, **row, "failed": repr(e)}
+
+
+def serve(results: dict, prefix: str, specs: list, files: dict[str, bytes], nginx_bin: str, args) -> Servers:
+    """``start_servers`` in a new work directory (``args.http_threads``, ``args.nginx_workers``); into ``results``:
+    how long the start took, Triton's version, the main model's config.pbtxt and nginx.conf."""
+    workdir = Path(tempfile.mkdtemp(prefix=prefix))
+    t0 = time.monotonic()
+    workers = tuple(w for w in args.nginx_workers.split(",") if w)
+    s = start_servers(workdir, specs, files, nginx_bin, http_threads=args.http_threads, nginx_workers=workers)
+    results["startup_s"] = round(time.monotonic() - t0, 1)
+    results["triton"] = get_json(f"{s.http}/v2")
+    results["config_pbtxt"] = files[f"{specs[0].name}/config.pbtxt"].decode()
+    results["nginx_conf"] = (workdir / "nginx" / "nginx.conf").read_text()
+    log(f"servers up in {results['startup_s']} s: {results['triton'].get('version')}")
+    return s
+
+
+def finish(results: dict, s: Servers, out: str, log_name: str, report_prefixes: tuple[str, ...]) -> None:
+    """Servers stopped; Triton's log kept in ``out``, its tail and the backend's reports into ``results``."""
+    results["triton_log_tail"], results["backend_reports"] = s.finish(Path(out), log_name, report_prefixes)
+    results["finished"] = time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime())
+
+
+def http_load(
+    s: Servers,
+    via: str,
+    model: str,
+    check: loadgate.ResponseCheck,
+    concurrency: int,
+    duration: float,
+    processes: int,
+    *,
+    warmup: int,
+    timeout_s: float,
+) -> Callable[..., loadgate.LoadSpec]:
+    """The gate's closed-loop HTTP load against ``model`` through ``via``: call it with the requests (``bodies``
+    and ``headers``, or ``payloads``) for the ``loadgate.LoadSpec``."""
+    return partial(
+        loadgate.LoadSpec,
+        url=f"{s.base(via)}/v2/models/{model}/infer",
+        concurrency=concurrency,
+        duration_s=duration,
+        max_requests=10**7,
+        warmup_requests=warmup,
+        timeout_s=timeout_s,
+        tool="python",
+        check=check,
+        processes=processes,
+    )
 
 
 def measure(
@@ -537,50 +407,17 @@ def measure(
     images: list[bytes],
     processes: int,
 ) -> dict:
-    config = get_json(f"{s.http}/v2/models/{model}/config")
-    check = loadgate.ResponseCheck.from_config(config, batch=1)
-    before = model_stats(s.http, model)
-    with GpuSampler() as gpu:
-        if proto == "http":
-            base = {"nginx": s.nginx_http, "direct": s.http}.get(via) or s.extra[via.removeprefix("nginx-w")][1]
-            outs = [o.name for o in check.outputs]
-            bodies = [loadgate.binary_request([("images", "UINT8", IMAGE_SHAPE, im)], outs) for im in images]
-            headers = bodies[0][1]
-            spec = loadgate.LoadSpec(
-                url=f"{base}/v2/models/{model}/infer",
-                bodies=tuple(b for b, _ in bodies),
-                headers=headers,
-                concurrency=concurrency,
-                duration_s=duration,
-                max_requests=10**7,
-                warmup_requests=5,
-                timeout_s=30,
-                tool="python",
-                check=check,
-                processes=processes,
-            )
-            r = loadgate.run(spec)
-        else:
+    def load(check: loadgate.ResponseCheck) -> tuple[loadgate.LoadResult, dict]:
+        extra = {"proto": proto, "response_bytes": sum(o.nbytes or 0 for o in check.outputs)}
+        if proto != "http":
             target = s.nginx_grpc if via == "nginx" else s.grpc
-            r = grpc_run(target, model, images, check, concurrency, duration, processes)
-    after = model_stats(s.http, model)
-    row = {
-        "name": name,
-        "model": model,
-        "via": via,
-        "proto": proto,
-        **r.as_dict(),
-        **gpu.summary(),
-        "triton": stats_delta(before, after),
-        "response_bytes": sum(o.nbytes or 0 for o in check.outputs),
-    }
-    log(f"{name}: {r.summary()} | triton {row['triton']} | gpu {gpu.summary()}")
-    return row
+            return grpc_run(target, model, images, check, concurrency, duration, processes), extra
+        outs = [o.name for o in check.outputs]
+        bodies = [loadgate.binary_request([("images", "UINT8", IMAGE_SHAPE, im)], outs) for im in images]
+        spec = http_load(s, via, model, check, concurrency, duration, processes, warmup=5, timeout_s=30)
+        return loadgate.run(spec(bodies=tuple(b for b, _ in bodies), headers=bodies[0][1])), extra
 
-
-def _git_commit() -> str:
-    r = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True, cwd=ROOT)
-    return r.stdout.strip()
+    return point(s, name, model, via, load)
 
 
 def _extras(text: str) -> list[tuple[int, int, int]]:
@@ -598,73 +435,42 @@ def run(args) -> dict:
 
     weights = weights_file()  # the test detector: answers depend on the image, NMS does real work
     gpu = not args.cpu
-    gpu_count = 1 if gpu else 0
     windows = [int(w) for w in args.windows.split(",")]
     conc = [int(c) for c in args.concurrency.split(",")]
-    smi = machine(nginx_bin).get("gpus") or [""]
-    gpu_name = args.gpu_model or smi[0].split(",")[0]
-
-    def product(spec):
-        """What TritonService deploys: the GPU's preset fills what the spec leaves open."""
-        if not gpu:
-            return spec
-        try:
-            return apply_preset(spec, gpu_name)
-        except KeyError:
-            return spec
+    gpu_name = preset_key(machine(nginx_bin), args.gpu_model)
 
     def model(name: str, **kw):
-        return product(
-            yolov8n_torch(
-                name=name, instances=args.instances, max_batch_size=args.max_batch, gpu=gpu, weights=WEIGHTS_FILE, **kw
-            )
+        spec = yolov8n_torch(
+            name=name, instances=args.instances, max_batch_size=args.max_batch, gpu=gpu, weights=WEIGHTS_FILE, **kw
         )
+        return on_preset(spec, gpu_name) if gpu else spec
 
     # The main model: the GPU's preset as shipped (window, instances, max batch), unless given on the command line.
     specs = [model("yolov8n_preset")]
     specs += [model(f"yolov8n_w{w}", window_us=w) for w in windows]
     extras = _extras(args.extra)
-    for n, w, b in extras:
-        specs.append(
-            yolov8n_torch(
-                name=f"yolov8n_i{n}_w{w}_b{b}",
-                window_us=w,
-                instances=n,
-                gpu=gpu,
-                max_batch_size=b,
-                weights=WEIGHTS_FILE,
-            )
+
+    def fixed(name: str, w: int, n: int, b: int, p: Optional[list[int]] = None):
+        """A model that does not take the preset: window ``w`` µs, ``n`` instances, max batch ``b``, preferred ``p``."""
+        return yolov8n_torch(
+            name=name, window_us=w, instances=n, max_batch_size=b, preferred_batch_size=p, gpu=gpu, weights=WEIGHTS_FILE
         )
+
+    specs += [fixed(f"yolov8n_i{n}_w{w}_b{b}", w, n, b) for n, w, b in extras]
     specs.append(model("yolov8n_raw", output="raw"))
     if args.compare_old_preset:
         # gpuhost's H100/H200 low-latency preset before this sweep: max batch 32, preferred 4/8/16/32, 1 ms, 2 inst.
-        specs.append(
-            yolov8n_torch(
-                name="yolov8n_old_preset",
-                window_us=1000,
-                instances=2,
-                max_batch_size=32,
-                preferred_batch_size=[4, 8, 16, 32],
-                gpu=gpu,
-                weights=WEIGHTS_FILE,
-            )
-        )
+        specs.append(fixed("yolov8n_old_preset", 1000, 2, 32, [4, 8, 16, 32]))
     # Each instance prints its execute phases every 500 executes (gather, GPU, respond) to Triton's log.
-    specs = [
-        x.model_copy(update={"parameters": {**x.parameters, "report_every": str(args.report_every)}}) for x in specs
-    ]
-    files = repository_files(
-        specs,
-        gpu_count=gpu_count,
-        model_files={k: v for s in specs for k, v in yolov8n_files(s.name, s.version, weights, WEIGHTS_FILE).items()},
-    )
+    specs = [with_parameters(x, report_every=str(args.report_every)) for x in specs]
+    files = repository(specs, weights, gpu)
     results: dict = {
         "machine": machine(nginx_bin),
         "args": vars(args),
         "targets": TARGETS,
         "points": [],
         "started": time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime()),
-        "commit": args.commit or _git_commit(),
+        "commit": args.commit or git_commit(),
         "weights": "the test detector (serving/models/yolov8n_synthetic.py, seed 0: BatchNorm recalibrated on "
         "synthetic images, class-head bias +7; tens of detections per image)",
         "images": f"{args.images} distinct synthetic images, sent in turn (serving/models/yolov8n_synthetic.py)",
@@ -681,16 +487,9 @@ def run(args) -> dict:
     if gpu:
         results["gpu_floor"] = gpu_floor(max(specs[0].max_batch_size, *(b for _, _, b in extras), 8))
         log(f"GPU floor: {results['gpu_floor']}")
-    workdir = Path(tempfile.mkdtemp(prefix="gpuhost-gpu-bench-"))
-    t0 = time.monotonic()
     workers = tuple(w for w in args.nginx_workers.split(",") if w)
-    s = start_servers(workdir, specs, files, nginx_bin, gpu_count, args.http_threads, workers)
-    results["startup_s"] = round(time.monotonic() - t0, 1)
-    results["triton"] = get_json(f"{s.http}/v2")
+    s = serve(results, "gpuhost-gpu-bench-", specs, files, nginx_bin, args)
     results["model_config"] = get_json(f"{s.http}/v2/models/{specs[0].name}/config")
-    results["config_pbtxt"] = files[f"{specs[0].name}/config.pbtxt"].decode()
-    results["nginx_conf"] = (workdir / "nginx" / "nginx.conf").read_text()
-    log(f"servers up in {results['startup_s']} s: {results['triton'].get('version')}")
     images = [synthetic_image(i, seed=3).tobytes() for i in range(args.images)]
     w0 = specs[0].name
     d = args.duration
@@ -718,12 +517,9 @@ def run(args) -> dict:
         plan.append((f"raw-output nginx-http c={c}", "yolov8n_raw", "nginx", "http", c))
     try:
         for name, target, via, proto, c in plan:
-            try:
-                row = measure(s, name, target, via, proto, c, d, images, args.processes)
-            except Exception as e:  # noqa: BLE001 - one failed point must not lose the others
-                log(f"{name}: FAILED {e!r}")
-                row = {"name": name, "model": target, "via": via, "proto": proto, "concurrency": c, "failed": repr(e)}
-            results["points"].append(row)
+            row = {"model": target, "via": via, "proto": proto, "concurrency": c}
+            point_ = partial(measure, s, name, target, via, proto, c, d, images, args.processes)
+            results["points"].append(guarded(name, row, point_))
         for c in conc:
             spec = loadgate.LoadSpec(
                 url=f"{s.nginx_http}/nginx-health",
@@ -737,18 +533,7 @@ def run(args) -> dict:
             log(f"gate floor c={c}: {floor.summary()}")
             results.setdefault("gate_floor", []).append(floor.as_dict())
     finally:
-        s.stop()
-        text = (workdir / "triton.log").read_text(errors="replace")
-        results["triton_log_tail"] = text[-3000:]
-        Path(args.out).mkdir(parents=True, exist_ok=True)
-        (Path(args.out) / "triton.log").write_text(text[-4_000_000:])
-        shutil.rmtree(workdir, ignore_errors=True)
-        results["backend_reports"] = [
-            json.loads(line.split(" ", 1)[1])
-            for line in text.splitlines()
-            if line.startswith(("gpuhost-graph-ms ", "gpuhost-execute-ms "))
-        ]
-    results["finished"] = time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime())
+        finish(results, s, args.out, "triton.log", ("gpuhost-graph-ms ", "gpuhost-execute-ms "))
     return results
 
 
@@ -931,55 +716,24 @@ def table(results: dict) -> str:
     return "\n".join(lines) + "\n"
 
 
-def write(results: dict, out: Path) -> None:
-    out.mkdir(parents=True, exist_ok=True)
-    (out / "gpu.json").write_text(json.dumps(results, indent=1, sort_keys=True))
-    (out / "gpu.md").write_text(table(results))
-
-
-def render_doc(results: dict) -> None:
-    begin, end = "<!-- BEGIN bench/gpu.py table -->", "<!-- END bench/gpu.py table -->"
-    text = DOC.read_text()
-    block = f"{begin}\n{table(results)}{end}"
-    if begin in text:
-        text = text[: text.index(begin)] + block + text[text.index(end) + len(end) :]
-    else:
-        text += "\n## GPU serving: YOLOv8n through Triton, nginx and the gate (H200)\n\n" + block + "\n"
-    DOC.write_text(text)
+REPORT = Report("gpu", table, "## GPU serving: YOLOv8n through Triton, nginx and the gate (H200)")
 
 
 def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--out", default=str(ROOT / "bench" / "results"))
-    ap.add_argument("--duration", type=float, default=5.0)
-    ap.add_argument("--concurrency", default="1,4,8,16")
+    ap = REPORT.parser(__doc__, duration=5.0, concurrency="1,4,8,16")
     ap.add_argument("--windows", default="0,200,500,1000")
     ap.add_argument("--instances", type=int, default=None, help="default: the GPU's preset")
     ap.add_argument("--max-batch", type=int, default=None, help="default: the GPU's preset")
-    ap.add_argument("--gpu-model", default="", help="preset key (default: nvidia-smi's name)")
     ap.add_argument("--processes", type=int, default=4, help="client processes (threads split between them)")
     ap.add_argument("--http-threads", type=int, default=16)
     ap.add_argument("--extra", default="", help="more models through nginx: instances:window:max_batch,...")
     ap.add_argument("--report-every", type=int, default=500, help="backend phase report every N executes")
     ap.add_argument("--compare-old-preset", action="store_true", help="also the H200 preset before issue 18")
     ap.add_argument("--nginx-workers", default="", help="more nginx fronts with these worker_processes, e.g. 4,8")
-    ap.add_argument("--nginx", default="")
     ap.add_argument("--images", type=int, default=64, help="distinct images sent in turn (one per request)")
     ap.add_argument("--cpu", action="store_true", help="KIND_CPU instances, FP32 (pipeline check without a GPU)")
     ap.add_argument("--quick", action="store_true", help="1 s per point, concurrency 1,4, windows 0,500")
-    ap.add_argument("--commit", default="")
-    ap.add_argument("--render", default="", help="only rewrite docs/benchmarks.md from this gpu.json")
-    args = ap.parse_args(argv)
-    if args.render:
-        render_doc(json.loads(Path(args.render).read_text()))
-        return 0
-    if args.quick:
-        args.duration, args.concurrency, args.windows = 1.0, "1,4", "0,500"
-    results = run(args)
-    results["command"] = "python -m bench.gpu " + " ".join(argv if argv is not None else sys.argv[1:])
-    write(results, Path(args.out))
-    print(table(results))
-    return 0
+    return REPORT.main(ap, argv, run, quick={"duration": 1.0, "concurrency": "1,4", "windows": "0,500"})
 
 
 if __name__ == "__main__":

@@ -35,44 +35,39 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from bench.gpu import log, machine, start_servers  # noqa: E402
+from bench.gpu import machine, on_preset, preset_key  # noqa: E402
+from bench.report import md_table  # noqa: E402
+from bench.servers import batch_sizes, log, model_stats, start_servers  # noqa: E402
 from bench.yolo_check import (  # noqa: E402
     WEIGHTS_FILE,
-    batch_sizes,
     detection_report,
-    model_stats,
+    h200_on_cpu,
     raw_report,
+    references,
+    repository,
     send_all,
     weights_file,
 )
-from plans.presets import apply_preset, preset_for  # noqa: E402
-from plans.triton_repo import repository_files, yolov8n_torch  # noqa: E402
-from serving.models import yolov8n_files  # noqa: E402
+from plans.triton_repo import yolov8n_torch  # noqa: E402
 
 NMS = dict(max_det=100, candidates=256, conf=0.25, iou=0.45)
-
-
-def references(weights: bytes, images, device: str, dtype_name: str):
-    """Eager batch-1 answers of the weights file: raw [N, 84, 8400] (on ``device``) and NMS sets (numpy)."""
-    import torch
-
-    from serving.models import yolov8n as yolo
-    from serving.models.yolov8n_weights import load_model
-
-    dtype = torch.float16 if dtype_name == "fp16" else torch.float32
-    model = yolo.fuse(load_model(weights)).to(device, dtype)
-    if device != "cpu":
-        model = model.to(memory_format=torch.channels_last)  # type: ignore[call-overload]
-    pre = yolo.Preprocess(dtype)
-    raws = []
-    with torch.no_grad():
-        for i in range(len(images)):
-            x = torch.from_numpy(images[i : i + 1]).to(device)
-            raws.append(model(pre(x))[0])
-        raw = torch.stack(raws)
-        det, count = yolo.fast_nms(raw, **NMS)  # type: ignore[arg-type]
-    sets = [det[i, : int(count[i, 0])].cpu().numpy() for i in range(len(images))]
-    return raw, sets
+RAW_HEAD = [
+    "model",
+    "batch sizes Triton formed (size: executions)",
+    "compared with",
+    "own max diff (boxes px / boxes above conf px / scores)",
+    "min diff to another image's (max / mean abs)",
+    "nearest reference is own",
+]
+NMS_HEAD = [
+    "model",
+    "batch sizes",
+    "compared with",
+    "served / reference detections",
+    "matched (max box px, score)",
+    "unmatched near conf / other",
+    "identical sets",
+]
 
 
 def run(args) -> dict:
@@ -85,34 +80,19 @@ def run(args) -> dict:
     device = "cuda:0" if gpu else "cpu"
     nginx_bin = args.nginx or shutil.which("nginx") or "/usr/sbin/nginx"
     info = machine(nginx_bin)
-    gpu_name = args.gpu_model or ((info.get("gpus") or [""])[0].split(",")[0])
+    gpu_name = preset_key(info, args.gpu_model)
     t0 = time.monotonic()
     weights = weights_file(args.seed)
     images = synthetic_images(args.n, seed=args.image_seed)
     log(f"weights ({len(weights)} B) and {args.n} images in {time.monotonic() - t0:.1f} s")
 
     def spec(name, output):
-        s = yolov8n_torch(name=name, output=output, gpu=gpu, weights=WEIGHTS_FILE)
-        if gpu:
-            try:
-                return apply_preset(s, gpu_name)
-            except KeyError:
-                return s
-        p = preset_for("NVIDIA H200")  # CPU check: the H200 preset's batching on KIND_CPU instances
-        s = yolov8n_torch(
-            name=name,
-            output=output,
-            gpu=False,
-            weights=WEIGHTS_FILE,
-            instances=p.instance_count,
-            max_batch_size=p.max_batch_size,
-            window_us=p.max_queue_delay_microseconds,
-        )
-        return s.model_copy(update={"parameters": {**s.parameters, "torch_threads": "1"}})
+        if not gpu:  # CPU check: the H200 preset's batching on KIND_CPU instances
+            return h200_on_cpu(name, output)
+        return on_preset(yolov8n_torch(name=name, output=output, gpu=gpu, weights=WEIGHTS_FILE), gpu_name)
 
     specs = [spec("yolov8n_raw", "raw"), spec("yolov8n_nms", "nms")]
-    code = {k: v for s in specs for k, v in yolov8n_files(s.name, s.version, weights, WEIGHTS_FILE).items()}
-    files = repository_files(specs, gpu_count=1 if gpu else 0, model_files=code)
+    files = repository(specs, weights, gpu)
     out: dict = {
         "machine": info,
         "args": vars(args),
@@ -132,13 +112,13 @@ def run(args) -> dict:
         "started": time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime()),
     }
     prec = "fp16" if gpu else "fp32"
-    ref, ref_sets = references(weights, images, device, prec)
-    ref32, ref32_sets = references(weights, images, device, "fp32") if gpu else (ref, ref_sets)
+    ref, ref_sets = references(weights, images, device, prec, **NMS)
+    ref32, ref32_sets = references(weights, images, device, "fp32", **NMS) if gpu else (ref, ref_sets)
     if gpu:
         torch.cuda.empty_cache()
     log("references done")
     workdir = Path(tempfile.mkdtemp(prefix="gpuhost-accuracy-"))
-    s = start_servers(workdir, specs, files, nginx_bin, 1 if gpu else 0, args.http_threads)
+    s = start_servers(workdir, specs, files, nginx_bin, http_threads=args.http_threads)
     try:
         for name, outputs in (("yolov8n_raw", ["output0"]), ("yolov8n_nms", ["detections", "num_detections"])):
             before = model_stats(s.http, name)
@@ -166,10 +146,7 @@ def run(args) -> dict:
             out[name] = row
             log(f"{name}: {json.dumps(row)}")
     finally:
-        s.stop()
-        text = (workdir / "triton.log").read_text(errors="replace")
-        out["triton_log_tail"] = text[-3000:]
-        shutil.rmtree(workdir, ignore_errors=True)
+        out["triton_log_tail"], _ = s.finish()
     out["finished"] = time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime())
     return out
 
@@ -177,41 +154,41 @@ def run(args) -> dict:
 def report(r: dict) -> str:
     prec = "fp16" if not r["args"]["cpu"] else "fp32"
     raw, nms = r["yolov8n_raw"], r["yolov8n_nms"]
+    raw_rows, nms_rows = [], []
+    for key in dict.fromkeys((f"vs_eager_{prec}_batch1", "vs_eager_fp32_batch1", "eager_fp16_vs_eager_fp32")):
+        if (x := raw.get(key)) is not None:
+            eager = key.startswith("eager")
+            raw_rows.append(
+                [
+                    "yolov8n_raw",
+                    raw["batches"]["sizes"] if not eager else "–",
+                    "eager FP16 vs eager FP32" if eager else key.replace("vs_", "").replace("_", " "),
+                    f"{x['own_max_box_px']:.3g} / {x['own_max_box_px_above_conf']:.3g} / {x['own_max_score']:.3g}",
+                    f"{x['other_min']:.3g} / {x['other_min_mean_abs']:.3g}",
+                    f"{x['nearest_reference_is_own']}/{x['images']}",
+                ]
+            )
+    for key in dict.fromkeys((f"vs_eager_{prec}_batch1", "vs_eager_fp32_batch1", "vs_next_images_reference")):
+        if (x := nms.get(key)) is not None:
+            nms_rows.append(
+                [
+                    "yolov8n_nms",
+                    nms["batches"]["sizes"],
+                    key.replace("vs_", "").replace("_", " "),
+                    f"{x['served_detections']} / {x['reference_detections']}",
+                    f"{x['matched']} ({x['matched_max_box_px']:.3g}, {x['matched_max_score']:.3g})",
+                    f"{x['unmatched_near_threshold']} / {x['unmatched']}",
+                    f"{x['images_identical_sets']}/{x['images']}",
+                ]
+            )
     lines = [
         f"Every answer is its own image's: {r['images']}, each sent once through nginx at concurrency "
         f"{raw['concurrency']}; weights: {r['weights']}; {r['gpu_model'] or 'CPU'}; {r['started']}.",
         "",
-        "| model | batch sizes Triton formed (size: executions) | compared with | own max diff (boxes px / boxes "
-        "above conf px / scores) | min diff to another image's (max / mean abs) | nearest reference is own |",
-        "|---|---|---|---|---|---|",
-    ]
-    for key in dict.fromkeys((f"vs_eager_{prec}_batch1", "vs_eager_fp32_batch1", "eager_fp16_vs_eager_fp32")):
-        x = raw.get(key)
-        if x is None:
-            continue
-        who = "eager FP16 vs eager FP32" if key.startswith("eager") else key.replace("vs_", "").replace("_", " ")
-        sizes = raw["batches"]["sizes"] if not key.startswith("eager") else "–"
-        lines.append(
-            f"| yolov8n_raw | {sizes} | {who} | {x['own_max_box_px']:.3g} / {x['own_max_box_px_above_conf']:.3g} / "
-            f"{x['own_max_score']:.3g} | {x['other_min']:.3g} / {x['other_min_mean_abs']:.3g} | "
-            f"{x['nearest_reference_is_own']}/{x['images']} |"
-        )
-    lines += [
+        *md_table(RAW_HEAD, raw_rows),
         "",
-        "| model | batch sizes | compared with | served / reference detections | matched (max box px, score) | "
-        "unmatched near conf / other | identical sets |",
-        "|---|---|---|---|---|---|---|",
+        *md_table(NMS_HEAD, nms_rows),
     ]
-    for key in dict.fromkeys((f"vs_eager_{prec}_batch1", "vs_eager_fp32_batch1", "vs_next_images_reference")):
-        x = nms.get(key)
-        if x is None:
-            continue
-        lines.append(
-            f"| yolov8n_nms | {nms['batches']['sizes']} | {key.replace('vs_', '').replace('_', ' ')} | "
-            f"{x['served_detections']} / {x['reference_detections']} | {x['matched']} "
-            f"({x['matched_max_box_px']:.3g}, {x['matched_max_score']:.3g}) | {x['unmatched_near_threshold']} / "
-            f"{x['unmatched']} | {x['images_identical_sets']}/{x['images']} |"
-        )
     lines.append("")
     lines.append(f"Rows past num_detections not zero: {nms['stale_rows']}. Own-reference check: "
                  f"{'PASS' if verdict(r) else 'FAIL'} ({verdict_text(r)}).")  # fmt: skip

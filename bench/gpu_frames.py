@@ -24,13 +24,12 @@ Usage (on the GPU machine through ``bench/gpu_device.sh``; ``--cpu --quick`` che
 
 from __future__ import annotations
 
-import argparse
 import array
 import json
 import shutil
 import sys
-import tempfile
 import time
+from functools import partial
 from pathlib import Path
 from typing import Optional
 
@@ -39,23 +38,13 @@ import numpy as np
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from bench.gpu import (  # noqa: E402
-    GpuSampler,
-    _git_commit,
-    get_json,
-    log,
-    machine,
-    model_stats,
-    start_servers,
-    stats_delta,
-)
-from bench.yolo_check import WEIGHTS_FILE, set_problem, weights_file  # noqa: E402
-from plans.presets import apply_preset  # noqa: E402
-from plans.triton_repo import repository_files, yolov8n_torch  # noqa: E402
+from bench.gpu import finish, guarded, http_load, machine, on_preset, point, preset_key, serve  # noqa: E402
+from bench.report import Report, git_commit  # noqa: E402
+from bench.servers import Servers, log  # noqa: E402
+from bench.yolo_check import WEIGHTS_FILE, repository, set_problem, weights_file, with_parameters  # noqa: E402
+from plans.triton_repo import yolov8n_torch  # noqa: E402
 from serving import kserve, loadgate, sample_frames  # noqa: E402
-from serving.models import yolov8n_files  # noqa: E402
 
-DOC = ROOT / "docs" / "benchmarks.md"
 RAW_BYTES = 640 * 640 * 3
 GOALS = {"c1_hd_p95_ms": 4.0, "frames_per_s": 2000.0, "at_p95_ms": 25.0, "vs_raw": 1.6}
 MAX_DET = 100
@@ -254,68 +243,26 @@ def _preferred(b: int, least: int) -> list[int]:
     return [p for p in (1, 2, 4, 8, 16, 32, 64) if least <= p <= b] or [b]
 
 
-def measure(s, name: str, model: str, via: str, c: int, duration: float, pl, processes: int) -> dict:
-    config = get_json(f"{s.http}/v2/models/{model}/config")
-    check = loadgate.ResponseCheck.from_config(config, batch=1)
-    base = {"nginx": s.nginx_http, "direct": s.http}.get(via) or s.extra[via.removeprefix("nginx-w")][1]
-    before = model_stats(s.http, model)
-    with GpuSampler() as gpu:
-        r = loadgate.run(
-            loadgate.LoadSpec(
-                url=f"{base}/v2/models/{model}/infer",
-                payloads=pl,
-                concurrency=c,
-                duration_s=duration,
-                max_requests=10**7,
-                warmup_requests=3,
-                timeout_s=60,
-                tool="python",
-                check=check,
-                processes=max(1, min(processes, c)),
-            )
-        )
-    after = model_stats(s.http, model)
-    row = {
-        "name": name,
-        "model": model,
-        "via": via,
-        **r.as_dict(),
-        **gpu.summary(),
-        "triton": stats_delta(before, after),
-        "request_bytes": round(sum(len(p.body) for p in pl) / len(pl)),
-    }
-    log(f"{name}: {r.summary()} | triton {row['triton']} | gpu {gpu.summary()}")
-    return row
+def measure(s: Servers, name: str, model: str, via: str, c: int, duration: float, pl, processes: int) -> dict:
+    def load(check: loadgate.ResponseCheck) -> tuple[loadgate.LoadResult, dict]:
+        spec = http_load(s, via, model, check, c, duration, max(1, min(processes, c)), warmup=3, timeout_s=60)
+        return loadgate.run(spec(payloads=pl)), {"request_bytes": round(sum(len(p.body) for p in pl) / len(pl))}
+
+    return point(s, name, model, via, load)
 
 
 def run(args) -> dict:
     nginx_bin = args.nginx or shutil.which("nginx") or "/usr/sbin/nginx"
     gpu = not args.cpu
     conc = [int(c) for c in args.concurrency.split(",")]
-    smi = machine(nginx_bin).get("gpus") or [""]
-    gpu_name = args.gpu_model or smi[0].split(",")[0]
-
-    def product(spec):
-        if not gpu:
-            return spec
-        try:
-            return apply_preset(spec, gpu_name)
-        except KeyError:
-            return spec
+    gpu_name = preset_key(machine(nginx_bin), args.gpu_model)
 
     def model(name, input, n=None, b=None, w=None, least=1):
-        return product(
-            yolov8n_torch(
-                name=name,
-                input=input,
-                instances=n,
-                max_batch_size=b,
-                window_us=w,
-                gpu=gpu,
-                preferred_batch_size=_preferred(b, least) if b else None,
-                weights=WEIGHTS_FILE,
-            )
+        batching = dict(
+            instances=n, max_batch_size=b, window_us=w, preferred_batch_size=_preferred(b, least) if b else None
         )
+        spec = yolov8n_torch(name=name, input=input, gpu=gpu, weights=WEIGHTS_FILE, **batching)
+        return on_preset(spec, gpu_name) if gpu else spec
 
     def vname(m, n, b, w, least):
         return f"det_{m}_i{n}_b{b}_w{w}_p{least}"
@@ -324,16 +271,9 @@ def run(args) -> dict:
     jpeg_variants, raw_variants = _settings(args.jpeg_variants), _settings(args.raw_variants)
     specs += [model(vname("jpeg", *v), "jpeg", *v) for v in jpeg_variants]
     specs += [model(vname("raw", *v), "raw", *v) for v in raw_variants]
-    specs = [
-        x.model_copy(update={"parameters": {**x.parameters, "report_every": str(args.report_every), "conf": str(CONF)}})
-        for x in specs
-    ]
+    specs = [with_parameters(x, report_every=str(args.report_every), conf=str(CONF)) for x in specs]
     weights = weights_file()
-    files = repository_files(
-        specs,
-        gpu_count=1 if gpu else 0,
-        model_files={k: v for x in specs for k, v in yolov8n_files(x.name, x.version, weights, WEIGHTS_FILE).items()},
-    )
+    files = repository(specs, weights, gpu)
     frames = make_frames(args.per_size)
     results: dict = {
         "mode": "frames",
@@ -341,7 +281,7 @@ def run(args) -> dict:
         "args": vars(args),
         "goals": GOALS,
         "gpu_model": gpu_name,
-        "commit": args.commit or _git_commit(),
+        "commit": args.commit or git_commit(),
         "started": time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime()),
         "weights": "the test detector (serving/models/yolov8n_synthetic.py, seed 0) as the weights file; conf 0.1",
         "points": [],
@@ -367,15 +307,8 @@ def run(args) -> dict:
     results["reference"] = references(frames, gpu, weights)
     results["reference"]["counts"] = [f["count"] for f in frames]
     log(f"reference answers: {results['reference']}; wire bytes {results['wire_bytes']}")
-    workdir = Path(tempfile.mkdtemp(prefix="gpuhost-frames-bench-"))
-    t0 = time.monotonic()
     workers = tuple(w for w in args.nginx_workers.split(",") if w)
-    s = start_servers(workdir, specs, files, nginx_bin, 1 if gpu else 0, args.http_threads, workers)
-    results["startup_s"] = round(time.monotonic() - t0, 1)
-    results["triton"] = get_json(f"{s.http}/v2")
-    results["config_pbtxt"] = files["det_jpeg/config.pbtxt"].decode()
-    results["nginx_conf"] = (workdir / "nginx" / "nginx.conf").read_text()
-    log(f"servers up in {results['startup_s']} s")
+    s = serve(results, "gpuhost-frames-bench-", specs, files, nginx_bin, args)
     pl = {m: payloads(frames, m) for m in ("jpeg", "raw")}
     hd = {m: payloads(frames, m, only=(1280, 720)) for m in ("jpeg", "raw")}
     d = args.duration
@@ -404,25 +337,12 @@ def run(args) -> dict:
             plan.append((f"jpeg nginx workers {wk} c={c}", "det_jpeg", f"nginx-w{wk}", c, pl["jpeg"]))
     try:
         for name, target, via, c, p in plan:
-            try:
-                row = measure(s, name, target, via, c, d, p, args.processes)
-            except Exception as e:  # noqa: BLE001 - one failed point must not lose the others
-                log(f"{name}: FAILED {e!r}")
-                row = {"name": name, "model": target, "via": via, "concurrency": c, "failed": repr(e)}
-            results["points"].append(row)
+            row = {"model": target, "via": via, "concurrency": c}
+            point_ = partial(measure, s, name, target, via, c, d, p, args.processes)
+            results["points"].append(guarded(name, row, point_))
     finally:
-        s.stop()
-        text = (workdir / "triton.log").read_text(errors="replace")
-        Path(args.out).mkdir(parents=True, exist_ok=True)
-        (Path(args.out) / "triton_frames.log").write_text(text[-4_000_000:])
-        results["triton_log_tail"] = text[-3000:]
-        shutil.rmtree(workdir, ignore_errors=True)
-        results["backend_reports"] = [
-            json.loads(line.split(" ", 1)[1])
-            for line in text.splitlines()
-            if line.startswith(("gpuhost-graph-ms ", "gpuhost-execute-ms ", "gpuhost-frames "))
-        ]
-    results["finished"] = time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime())
+        prefixes = ("gpuhost-graph-ms ", "gpuhost-execute-ms ", "gpuhost-frames ")
+        finish(results, s, args.out, "triton_frames.log", prefixes)
     results["best"] = best(results)
     return results
 
@@ -583,28 +503,13 @@ def table(results: dict) -> str:
     return "\n".join(lines) + "\n"
 
 
-def write(results: dict, out: Path) -> None:
-    out.mkdir(parents=True, exist_ok=True)
-    (out / "gpu_frames.json").write_text(json.dumps(results, indent=1, sort_keys=True))
-    (out / "gpu_frames.md").write_text(table(results))
-
-
-def render_doc(results: dict) -> None:
-    begin, end = "<!-- BEGIN bench/gpu_frames.py table -->", "<!-- END bench/gpu_frames.py table -->"
-    text = DOC.read_text()
-    block = f"{begin}\n{table(results)}{end}"
-    if begin in text:
-        text = text[: text.index(begin)] + block + text[text.index(end) + len(end) :]
-    else:
-        text += "\n### JPEG frames against raw uint8 input (issue 26)\n\n" + block + "\n"
-    DOC.write_text(text)
+QUICK = {"duration": 1.0, "concurrency": "1,2", "per_size": 1, "nginx_workers": "1", "report_every": 2}
+QUICK.update(jpeg_variants="1:2:1000:2", raw_variants="1:2:1000")
+REPORT = Report("gpu_frames", table, "### JPEG frames against raw uint8 input (issue 26)")
 
 
 def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--out", default=str(ROOT / "bench" / "results"))
-    ap.add_argument("--duration", type=float, default=4.0)
-    ap.add_argument("--concurrency", default="1,8,16,32,64")
+    ap = REPORT.parser(__doc__, duration=4.0, concurrency="1,8,16,32,64")
     ap.add_argument("--per-size", type=int, default=8, help="distinct frames per size")
     ap.add_argument(
         "--jpeg-variants",
@@ -616,24 +521,9 @@ def main(argv=None) -> int:
     ap.add_argument("--processes", type=int, default=8, help="client processes at most")
     ap.add_argument("--http-threads", type=int, default=32)
     ap.add_argument("--report-every", type=int, default=200)
-    ap.add_argument("--gpu-model", default="")
-    ap.add_argument("--nginx", default="")
     ap.add_argument("--cpu", action="store_true", help="KIND_CPU instances, FP32, CPU decode (pipeline check)")
     ap.add_argument("--quick", action="store_true", help="1 s per point, 1 frame per size, c=1,2, one variant each")
-    ap.add_argument("--commit", default="")
-    ap.add_argument("--render", default="", help="only rewrite docs/benchmarks.md from this gpu_frames.json")
-    args = ap.parse_args(argv)
-    if args.render:
-        render_doc(json.loads(Path(args.render).read_text()))
-        return 0
-    if args.quick:
-        args.duration, args.concurrency, args.per_size = 1.0, "1,2", 1
-        args.jpeg_variants, args.raw_variants, args.nginx_workers, args.report_every = "1:2:1000:2", "1:2:1000", "1", 2
-    results = run(args)
-    results["command"] = "python -m bench.gpu_frames " + " ".join(argv if argv is not None else sys.argv[1:])
-    write(results, Path(args.out))
-    print(table(results))
-    return 0
+    return REPORT.main(ap, argv, run, quick=QUICK)
 
 
 if __name__ == "__main__":

@@ -30,8 +30,9 @@ from pathlib import Path
 import numpy as np
 import tritonclient.grpc.aio as grpcaio
 
+from bench.report import latency, md_table
 from serving.adaptive_window import WindowPolicy, in_process
-from serving.microbatch import BatchPolicy, MicroBatcher, TritonBatchInfer, percentile
+from serving.microbatch import BatchPolicy, MicroBatcher, TritonBatchInfer
 from tests.servers.triton import start_triton, write_sleep_model
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -40,6 +41,7 @@ DOC = ROOT / "docs" / "benchmarks.md"
 SECTION = "## Client micro-batching and the adaptive window (seed 004)"
 COST_A_MS, COST_B_MS, START_WINDOW_US = 4.0, 0.3, 600
 MODES = ("direct", "fixed", "adaptive")
+MEDIANS = ("p50_ms", "p95_ms", "p99_ms", "throughput_rps", "grpc_requests", "executions")
 LABEL = {"direct": "off (direct)", "fixed": "600 µs fixed, ≤ 8", "adaptive": "adaptive in process, ≤ 8"}
 
 
@@ -120,9 +122,7 @@ async def one_run(triton, arrivals, *, mode: str, policy: WindowPolicy) -> dict:
         "model_reloads": model_loads(triton) - loads_before,
         "elapsed_s": round(elapsed, 2),
         "throughput_rps": round(len(values) / elapsed, 1),
-        "p50_ms": round(percentile(values, 50), 2),
-        "p95_ms": round(percentile(values, 95), 2),
-        "p99_ms": round(percentile(values, 99), 2),
+        **latency(values),
         "grpc_requests": int(after["nv_inference_request_success"] - before["nv_inference_request_success"]),
         "executions": int(after["nv_inference_exec_count"] - before["nv_inference_exec_count"]),
         "windows_us": [START_WINDOW_US] + [d.window_us for d in controller.decisions],
@@ -139,42 +139,29 @@ def _path(r: dict) -> str:
 
 
 def table(rows: list[dict]) -> str:
-    lines = [
-        "| round | client micro-batching | p50 ms | p95 ms | p99 ms | throughput req/s | gRPC requests | "
-        "executions | model reloads | errors | load avg | window path (µs) |",
-        "|---|---|---|---|---|---|---|---|---|---|---|---|",
-    ]
-    for r in rows:
-        lines.append(
-            f"| {r.get('repeat', 1)} | {LABEL[r['mode']]} | {r['p50_ms']} | {r['p95_ms']} | {r['p99_ms']} | "
-            f"{r['throughput_rps']} | {r['grpc_requests']} | {r['executions']} | {r['model_reloads']} | "
-            f"{r['errors']} | {r['loadavg_1m']} | {_path(r)} |"
-        )
-    return "\n".join(lines) + "\n"
+    head = ["round", "client micro-batching", "p50 ms", "p95 ms", "p99 ms", "throughput req/s", "gRPC requests"]
+    head += ["executions", "model reloads", "errors", "load avg", "window path (µs)"]
+    keys = ("p50_ms", "p95_ms", "p99_ms", "throughput_rps", "grpc_requests", "executions", "model_reloads", "errors")
+    cells = ([r.get("repeat", 1), LABEL[r["mode"]], *(r[k] for k in keys), r["loadavg_1m"], _path(r)] for r in rows)
+    return "\n".join(md_table(head, cells)) + "\n"
 
 
 def summary(rows: list[dict]) -> str:
     """Median over the rounds of each configuration (the machine is shared: single runs are noisy)."""
-    lines = [
-        "| client micro-batching | median p50 ms | median p95 ms | p95 range ms | median p99 ms | "
-        "median throughput req/s | gRPC requests per run | executions per run | model reloads | errors |",
-        "|---|---|---|---|---|---|---|---|---|---|",
-    ]
+    head = ["client micro-batching", "median p50 ms", "median p95 ms", "p95 range ms", "median p99 ms"]
+    head += ["median throughput req/s", "gRPC requests per run", "executions per run", "model reloads", "errors"]
+    cells = []
     for mode in MODES:
         rs = [r for r in rows if r["mode"] == mode]
-        if not rs:
-            continue
-
-        def med(k, rs=rs):
-            return round(float(np.median([r[k] for r in rs])), 2)
-
-        p95s = [r["p95_ms"] for r in rs]
-        lines.append(
-            f"| {LABEL[mode]} | {med('p50_ms')} | {med('p95_ms')} | {min(p95s)}–{max(p95s)} | {med('p99_ms')} | "
-            f"{med('throughput_rps')} | {int(med('grpc_requests'))} | {int(med('executions'))} | "
-            f"{sum(r['model_reloads'] for r in rs)} | {sum(r['errors'] for r in rs)} |"
-        )
-    return "\n".join(lines) + "\n"
+        if rs:
+            med = {k: round(float(np.median([r[k] for r in rs])), 2) for k in MEDIANS}
+            p95s = [r["p95_ms"] for r in rs]
+            cells.append(
+                [LABEL[mode], med["p50_ms"], med["p95_ms"], f"{min(p95s)}–{max(p95s)}", med["p99_ms"]]
+                + [med["throughput_rps"], int(med["grpc_requests"]), int(med["executions"])]
+                + [sum(r["model_reloads"] for r in rs), sum(r["errors"] for r in rs)]
+            )
+    return "\n".join(md_table(head, cells)) + "\n"
 
 
 def write_doc(meta: dict, rows: list[dict]) -> None:

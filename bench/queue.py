@@ -127,6 +127,7 @@ def main(argv: list[str] | None = None) -> int:
 
     from serving.queue import JobQueue, QueueConfig
     from tests.servers import stop_process
+    from tests.servers.gateway import spawn_worker, worker_config
     from tests.servers.redis import start_redis
     from tests.servers.triton import sleep_model_config, start_triton, write_python_model
 
@@ -149,43 +150,8 @@ def main(argv: list[str] | None = None) -> int:
             i.set_data_from_numpy(x)
             return clients[rr.next()].infer("gen", [i], client_timeout=30).as_numpy("OUTPUT0")
 
-        cfg = {
-            "redis": {"port": rs.port},
-            "queue": {"max_depth": 10_000},
-            "slots": a.slots,
-            "models": ["gen"],
-            "backends": [
-                {
-                    "name": n,
-                    "weight": w,
-                    "grpc": handles[n].grpc_url,
-                    "http": handles[n].http_url,
-                    "metrics": handles[n].metrics_url + "/metrics",
-                }
-                for n, w in WEIGHTS.items()
-            ],
-        }
-        (base / "worker.json").write_text(json.dumps(cfg))
-        for i in range(a.workers):
-            logf = open(base / f"worker-{i}.log", "ab")
-            workers.append(
-                subprocess.Popen(
-                    [
-                        sys.executable,
-                        "-m",
-                        "serving.worker",
-                        "--config",
-                        str(base / "worker.json"),
-                        "--consumer",
-                        f"bench-{i}",
-                    ],
-                    cwd=ROOT,
-                    stdout=logf,
-                    stderr=subprocess.STDOUT,
-                    start_new_session=True,
-                )
-            )
-            logf.close()
+        cfg = worker_config(rs.port, handles, WEIGHTS, queue={"max_depth": 10_000}, slots=a.slots, models=["gen"])
+        workers += [spawn_worker(cfg, f"bench-{i}", base) for i in range(a.workers)]
         r = redis.Redis(port=rs.port)
         q = JobQueue(r, QueueConfig(max_depth=10_000))
         q.ensure_group()
@@ -282,10 +248,9 @@ def render(result: dict) -> str:
     for c in sorted({r["concurrency"] for r in result["rows"]}):
         d, q = by.get(("direct", c)), by.get(("queue", c))
         if d and q:
+            p95, p50, share = q["p95_ms"] - d["p95_ms"], q["p50_ms"] - d["p50_ms"], q["jobs_per_s"] / d["jobs_per_s"]
             lines.append(
-                f"- {c} clients: the queue adds {q['p95_ms'] - d['p95_ms']:+.1f} ms at p95 "
-                f"({q['p50_ms'] - d['p50_ms']:+.1f} ms at p50) and serves "
-                f"{q['jobs_per_s'] / d['jobs_per_s']:.0%} of the direct rate."
+                f"- {c} clients: the queue adds {p95:+.1f} ms at p95 ({p50:+.1f} ms at p50) and serves {share:.0%} of the direct rate."
             )
     return "\n".join(lines) + "\n"
 

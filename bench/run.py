@@ -205,6 +205,19 @@ def facts_phase(th, work: Path, n_gpuhost: int, n_ansible: int) -> dict:
     }
 
 
+def refreshed_preview(th, rtlog: RoundTripLog, flow):
+    """``pulumi preview --refresh`` as the engine runs it: a fresh provider process (round trips counted from zero),
+    every resource read from the host, then the preview; returns (seconds, the preview, the provider server, still
+    open for what the caller does next)."""
+    rtlog.reset()
+    t0 = time.monotonic()
+    srv = provider_server(th, rtlog)
+    rebind(flow, srv)
+    flow.refresh()
+    pv = flow.preview()
+    return time.monotonic() - t0, pv, srv
+
+
 def gpuhost_phase(out: dict, work: Path, n: int, n_facts_ansible: int) -> dict:
     from tests.test_passthrough_host import host_config, host_flow, runtime
 
@@ -270,13 +283,8 @@ def gpuhost_phase(out: dict, work: Path, n: int, n_facts_ansible: int) -> dict:
         # -- no-op with refresh (`pulumi up --refresh`): reads every resource from the host first
         ref: dict[str, list] = {"wall_s": [], "roundtrips": [], "preview_changes": [], "changed": []}
         for _i in range(max(1, n - 1)):
-            rtlog.reset()
-            t0 = time.monotonic()
-            srv = provider_server(th, rtlog)
-            rebind(flow, srv)
-            flow.refresh()
-            pv = flow.preview()
-            ref["wall_s"].append(time.monotonic() - t0)
+            wall, pv, srv = refreshed_preview(th, rtlog, flow)
+            ref["wall_s"].append(wall)
             srv.__exit__(None, None, None)
             ref["roundtrips"].append(rtlog.count())
             ref["changed"].append(sorted(s for s, d in pv.items() if d.changes))
@@ -295,13 +303,8 @@ def gpuhost_phase(out: dict, work: Path, n: int, n_facts_ansible: int) -> dict:
             "target_roundtrips": [],
         }
         for _i in range(n):
-            rtlog.reset()
-            t0 = time.monotonic()
-            srv = provider_server(th, rtlog)
-            rebind(flow, srv)
-            flow.refresh()
-            pv = flow.preview()
-            drift["wall_s"].append(time.monotonic() - t0)
+            wall, pv, srv = refreshed_preview(th, rtlog, flow)
+            drift["wall_s"].append(wall)
             drift["roundtrips"].append(rtlog.count())
             drift["changed"].append(sorted(s for s, d in pv.items() if d.changes))
             drift["detected"].append(

@@ -41,7 +41,6 @@ import platform
 import subprocess
 import sys
 import time
-import urllib.request
 from pathlib import Path
 from typing import Any, Mapping, Optional
 
@@ -51,15 +50,13 @@ ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
-from bench import openloop  # noqa: E402
+from bench import openloop, servers  # noqa: E402
 from bench.openloop import ClientSpec  # noqa: E402
-from bench.yolo_check import set_problem  # noqa: E402
+from bench.yolo_check import repository, set_problem  # noqa: E402
 from plans.presets import apply_preset  # noqa: E402
 from plans.triton_model import InstanceGroup  # noqa: E402
-from plans.triton_repo import repository_files, yolov8n_torch  # noqa: E402
-from plans.triton_runtime import ServerOptions, server_args  # noqa: E402
+from plans.triton_repo import yolov8n_torch  # noqa: E402
 from serving.adaptive_window import WindowPolicy  # noqa: E402
-from serving.models import yolov8n_files  # noqa: E402
 
 CONFIGS = {
     "a": "no micro-batching, Triton defaults (1 instance, no dynamic batching)",
@@ -223,64 +220,8 @@ def model_specs(gpu: bool, gpu_name: str) -> dict[str, Any]:
 
 
 def start_triton(workdir: Path, specs: list[Any], weights: bytes, gpu: bool) -> tuple[subprocess.Popen, str, str]:
-    from bench.gpu import free_port, pytriton_dist
-
-    files = repository_files(
-        specs,
-        gpu_count=1 if gpu else 0,
-        model_files={k: v for s in specs for k, v in yolov8n_files(s.name, s.version, weights, WEIGHTS_FILE).items()},
-    )
-    repo = workdir / "models"
-    for rel, content in files.items():
-        p = repo / rel
-        p.parent.mkdir(parents=True, exist_ok=True)
-        p.write_bytes(content)
-    dist = pytriton_dist()
-    backends = workdir / "backends" / "python"
-    backends.mkdir(parents=True, exist_ok=True)
-    import shutil
-    import sysconfig
-
-    for name in ("libtriton_python.so", "triton_python_backend_utils.py"):
-        shutil.copy2(dist / "backends" / "python" / name, backends / name)
-    ver = f"{sys.version_info[0]}.{sys.version_info[1]}"
-    shutil.copy2(
-        dist / "python_backend_stubs" / ver / "triton_python_backend_stub", backends / "triton_python_backend_stub"
-    )
-    ports = {k: free_port() for k in ("http", "grpc", "metrics")}
-    opts = ServerOptions(
-        model_repository=str(repo),
-        http_port=ports["http"],
-        grpc_port=ports["grpc"],
-        metrics_port=ports["metrics"],
-        exit_on_error=True,
-        backend_directory=str(workdir / "backends"),
-        extra=["--http-address=127.0.0.1", "--grpc-address=127.0.0.1", f"--cache-directory={dist / 'caches'}"],
-    )
-    cmd = [str(dist / "bin" / "tritonserver"), *server_args(opts, specs)]
-    env = dict(os.environ)
-    libs = dist.parent.parent / "nvidia_pytriton.libs"
-    pylib = sysconfig.get_config_var("LIBDIR") or ""
-    env["LD_LIBRARY_PATH"] = os.pathsep.join(x for x in (str(libs), pylib, env.get("LD_LIBRARY_PATH", "")) if x)
-    env["PATH"] = os.pathsep.join([str(Path(sys.executable).parent), env.get("PATH", "")])
-    log("tritonserver " + " ".join(cmd[1:]))
-    tlog = open(workdir / "triton.log", "ab")
-    proc = subprocess.Popen(cmd, stdout=tlog, stderr=subprocess.STDOUT, env=env, start_new_session=True)
-    http = f"http://127.0.0.1:{ports['http']}"
-    deadline = time.monotonic() + 300
-    while True:
-        if proc.poll() is not None:
-            raise RuntimeError("tritonserver exited:\n" + (workdir / "triton.log").read_text(errors="replace")[-6000:])
-        try:
-            if urllib.request.urlopen(http + "/v2/health/ready", timeout=2).status == 200:
-                break
-        except OSError:
-            pass
-        if time.monotonic() > deadline:
-            proc.kill()
-            raise TimeoutError((workdir / "triton.log").read_text(errors="replace")[-6000:])
-        time.sleep(0.5)
-    return proc, http, f"127.0.0.1:{ports['grpc']}"
+    t = servers.start_triton(workdir, specs, repository(specs, weights, gpu), ready_timeout=300)
+    return t.process, t.http, t.grpc
 
 
 def model_loads(workdir: Path, model: str) -> int:

@@ -4,7 +4,9 @@ Shared by the CPU test (``tests/test_yolov8n_triton.py``: real Triton, KIND_CPU)
 (``bench/gpu_accuracy.py``) and ``bench.gpu``'s load (distinct images per request):
 
 * ``weights_file``: the test detector's weights (``serving/models/yolov8n_synthetic.py``) as a state_dict file,
-  shipped beside ``model.py`` as ``weights.pt``;
+  shipped beside ``model.py`` as ``weights.pt``; ``repository``: the model repository's files for YOLOv8n specs
+  with those weights; ``h200_on_cpu``: a spec with the H200 preset's batching on KIND_CPU instances;
+* ``references``: each image's eager batch-1 answer of a weights file (raw and NMS sets), the reference loop;
 * ``send_all``: each image once, over HTTP with binary tensors, ``concurrency`` requests in flight (one keep-alive
   connection per worker); answers by image index;
 * ``raw_report``: served ``output0`` vs the references: per image the maximum difference to its own reference
@@ -13,7 +15,7 @@ Shared by the CPU test (``tests/test_yolov8n_triton.py``: real Triton, KIND_CPU)
 * ``detection_report``: NMS detections compared as sets (matched by class and IoU: near-threshold score ties
   reorder rows, so row-by-row comparison would be wrong); a detection left unmatched counts as near-threshold
   only when its score is within ``margin`` of ``conf``;
-* ``batch_sizes``: the batch sizes Triton formed between two ``/v2/models/<m>/stats`` readings.
+* the batch sizes Triton formed between two ``/v2/models/<m>/stats`` readings: ``bench.servers.batch_sizes``.
 """
 
 from __future__ import annotations
@@ -23,8 +25,7 @@ import io
 import json
 import threading
 import urllib.parse
-import urllib.request
-from typing import Optional, Sequence
+from typing import Any, Optional, Sequence
 
 import numpy as np
 
@@ -43,6 +44,59 @@ def weights_file(seed: int = 0) -> bytes:
     buf = io.BytesIO()
     torch.save(make_test_weights(seed).state_dict(), buf)
     return buf.getvalue()
+
+
+def with_parameters(spec: Any, **params: str) -> Any:
+    """``spec`` (a ``plans.triton_model.ModelSpec``) with more backend parameters."""
+    return spec.model_copy(update={"parameters": {**spec.parameters, **params}})
+
+
+def repository(specs: Sequence[Any], weights: bytes, gpu: bool) -> dict[str, bytes]:
+    """The model repository's files: each spec's config, the fast path's code and ``weights`` as its weights file."""
+    from plans.triton_repo import repository_files
+    from serving.models import yolov8n_files
+
+    code = {k: v for s in specs for k, v in yolov8n_files(s.name, s.version, weights, WEIGHTS_FILE).items()}
+    return repository_files(list(specs), gpu_count=1 if gpu else 0, model_files=code)
+
+
+def h200_on_cpu(name: str, output: str) -> Any:
+    """A YOLOv8n spec with the H200 preset's instances, max batch, window and preferred sizes on KIND_CPU
+    instances, one torch thread each: the GPU's batching checked on a machine without a GPU."""
+    from plans.presets import preset_for
+    from plans.triton_repo import yolov8n_torch
+
+    p = preset_for("NVIDIA H200")
+    spec = yolov8n_torch(
+        name=name,
+        output=output,
+        gpu=False,
+        weights=WEIGHTS_FILE,
+        instances=p.instance_count,
+        max_batch_size=p.max_batch_size,
+        window_us=p.max_queue_delay_microseconds,
+        preferred_batch_size=p.preferred_batch_size,
+    )
+    return with_parameters(spec, torch_threads="1")
+
+
+def references(weights: bytes, images: np.ndarray, device: str = "cpu", dtype_name: str = "fp32", **nms: Any):
+    """Each image's eager batch-1 answer of the weights file (fused; channels_last off the CPU; ``Preprocess`` from
+    uint8 as the backend does): raw [N, 84, 8400] (torch, on ``device``) and NMS sets (numpy, counted rows only)."""
+    import torch
+
+    from serving.models import yolov8n as yolo
+    from serving.models.yolov8n_weights import load_model
+
+    dtype = torch.float16 if dtype_name == "fp16" else torch.float32
+    model = yolo.fuse(load_model(weights)).to(device, dtype)
+    if device != "cpu":
+        model = model.to(memory_format=torch.channels_last)  # type: ignore[call-overload]
+    pre = yolo.Preprocess(dtype)
+    with torch.no_grad():
+        raw = torch.stack([model(pre(torch.from_numpy(images[i : i + 1]).to(device)))[0] for i in range(len(images))])
+        det, count = yolo.fast_nms(raw, **nms)
+    return raw, [det[i, : int(count[i, 0])].cpu().numpy() for i in range(len(images))]
 
 
 def parse_response(body: bytes, header_length: Optional[str]) -> dict[str, np.ndarray]:
@@ -224,21 +278,3 @@ def detection_report(
             out["first_unmatched"] = f"image {k}: served {len(g)}, reference {len(w)}, unmatched {len(loose) - near}"
         out["images_identical_sets"] += int(not loose)
     return out
-
-
-def model_stats(http_url: str, model: str) -> dict:
-    with urllib.request.urlopen(f"{http_url}/v2/models/{model}/stats", timeout=10) as r:
-        return json.loads(r.read())["model_stats"][0]
-
-
-def batch_sizes(before: dict, after: dict) -> dict:
-    """{batch size: executions} Triton formed between two stats readings, with executions and inferences."""
-    prev = {int(x["batch_size"]): int(x["compute_infer"]["count"]) for x in before.get("batch_stats", [])}
-    sizes = {}
-    for x in after.get("batch_stats", []):
-        d = int(x["compute_infer"]["count"]) - prev.get(int(x["batch_size"]), 0)
-        if d:
-            sizes[int(x["batch_size"])] = d
-    ex = int(after.get("execution_count", 0)) - int(before.get("execution_count", 0))
-    inf = int(after.get("inference_count", 0)) - int(before.get("inference_count", 0))
-    return {"sizes": dict(sorted(sizes.items())), "executions": ex, "inferences": inf}

@@ -11,7 +11,6 @@ from __future__ import annotations
 import json
 import signal
 import subprocess
-import sys
 import threading
 import time
 import urllib.request
@@ -23,10 +22,10 @@ import pytest
 from serving.queue import JobQueue, QueueConfig, QueueFull, Result
 from tests.servers import redis as redis_server
 from tests.servers import stop_process
+from tests.servers.gateway import spawn_worker, worker_config
 from tests.servers.triton import TritonHandle, sleep_model_config, start_triton, triton_available, write_python_model
 
 redis = pytest.importorskip("redis")
-ROOT = Path(__file__).resolve().parents[1]
 WEIGHTS = {"mig-a": 3, "vm-b": 2}
 BATCH_MS = 40
 EXPLICIT = ("--model-control-mode=explicit", "--load-model=*")
@@ -91,35 +90,9 @@ def workers(tmp_path, redis_srv):
     procs: list[subprocess.Popen] = []
 
     def spawn(consumer: str, handles: dict, *, max_depth: int = 1000, **overrides) -> subprocess.Popen:
-        cfg = {
-            "redis": {"host": "127.0.0.1", "port": redis_srv.port},
-            "queue": {"max_depth": max_depth},
-            "backends": [
-                {
-                    "name": n,
-                    "weight": w,
-                    "grpc": handles[n].grpc_url,
-                    "http": handles[n].http_url,
-                    "metrics": handles[n].metrics_url + "/metrics",
-                }
-                for n, w in WEIGHTS.items()
-            ],
-            "slots": 5,
-            "claim_idle_ms": 1000,
-            "probe_interval_s": 0.25,
-            **overrides,
-        }
-        path = tmp_path / f"{consumer}.json"
-        path.write_text(json.dumps(cfg))
-        log = open(tmp_path / f"{consumer}.log", "ab")
-        p = subprocess.Popen(
-            [sys.executable, "-m", "serving.worker", "--config", str(path), "--consumer", consumer],
-            cwd=ROOT,
-            stdout=log,
-            stderr=subprocess.STDOUT,
-            start_new_session=True,
-        )
-        log.close()
+        fields = {"queue": {"max_depth": max_depth}, "slots": 5, "claim_idle_ms": 1000, "probe_interval_s": 0.25}
+        cfg = worker_config(redis_srv.port, handles, WEIGHTS, **{**fields, **overrides})
+        p = spawn_worker(cfg, consumer, tmp_path)
         procs.append(p)
         return p
 

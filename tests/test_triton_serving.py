@@ -18,6 +18,7 @@ import pytest
 import tritonclient.grpc as grpcclient
 import tritonclient.http as httpclient
 
+from bench.servers import write_repository
 from plans.triton_repo import repository_files, resnet50_fp16, sdxl, standin, yolov8n
 from serving import loadgate
 from serving.health import NotReady, wait_ready, warmup
@@ -36,9 +37,7 @@ REAL = [yolov8n(), resnet50_fp16(), sdxl()]
 
 def _populate(repo):
     models = [standin(yolov8n()), standin(resnet50_fp16(), sleep_ms=25), standin(sdxl())]
-    for path, content in repository_files(models, gpu_count=0, model_py=STANDIN_MODEL.read_bytes()).items():
-        (repo / path).parent.mkdir(parents=True, exist_ok=True)
-        (repo / path).write_bytes(content)
+    write_repository(repo, repository_files(models, gpu_count=0, model_py=STANDIN_MODEL.read_bytes()))
     write_sleep_model(repo, "sleep20", sleep_ms=SLEEP_MS, dynamic_batching=False)
     write_sleep_model(repo, "zero", sleep_ms=0, dynamic_batching=False)
 

@@ -18,21 +18,23 @@ import numpy as np
 import pytest
 import torch
 
+from bench.servers import batch_sizes, model_stats, write_repository
 from bench.yolo_check import (
     WEIGHTS_FILE,
-    batch_sizes,
     detection_report,
-    model_stats,
+    h200_on_cpu,
     raw_report,
     send_all,
     weights_file,
+    with_parameters,
+)
+from bench.yolo_check import (
+    references as eager_references,
 )
 from plans.presets import preset_for
-from plans.triton_repo import repository_files, yolov8n_torch
-from serving.models import yolov8n as yolo
+from plans.triton_repo import repository_files
 from serving.models import yolov8n_files
-from serving.models.yolov8n_synthetic import synthetic_images, to_tensor
-from serving.models.yolov8n_weights import load_model
+from serving.models.yolov8n_synthetic import synthetic_images
 from tests.servers.triton import start_triton, triton_available
 
 N, CONCURRENCY = 64, 8
@@ -40,29 +42,15 @@ PRESET = preset_for("NVIDIA H200")
 NMS: dict[str, Any] = dict(max_det=100, candidates=256, conf=0.25, iou=0.45)
 
 
-def _spec(name: str, output: str):
-    spec = yolov8n_torch(
-        name=name,
-        output=output,
-        gpu=False,
-        weights=WEIGHTS_FILE,
-        instances=PRESET.instance_count,
-        max_batch_size=PRESET.max_batch_size,
-        window_us=PRESET.max_queue_delay_microseconds,
-        preferred_batch_size=PRESET.preferred_batch_size,
-    )
-    return spec.model_copy(update={"parameters": {**spec.parameters, "torch_threads": "1"}})
-
-
 @pytest.fixture(scope="module")
 def served(tmp_path_factory):
     assert triton_available(), "tritonserver from the nvidia-pytriton wheel is needed (requirements.txt)"
     weights = weights_file()
-    specs = [_spec("yolov8n_raw", "raw"), _spec("yolov8n_nms", "nms")]
+    specs = [h200_on_cpu("yolov8n_raw", "raw"), h200_on_cpu("yolov8n_nms", "nms")]
     code = {k: v for s in specs for k, v in yolov8n_files(s.name, s.version, weights, WEIGHTS_FILE).items()}
     # Two models the backend must refuse at load (loaded on demand below): no weights, weights of another layout.
-    bad = _spec("yolov8n_bad", "nms")
-    none = bad.model_copy(update={"name": "yolov8n_none", "parameters": {**bad.parameters, "weights": ""}})
+    bad = h200_on_cpu("yolov8n_bad", "nms")
+    none = with_parameters(bad.model_copy(update={"name": "yolov8n_none"}), weights="")
     state = torch.load(io.BytesIO(weights), weights_only=True)
     state["detect.cv3.1.2.weight"] = state["detect.cv3.1.2.weight"][:, :64].contiguous()
     buf = io.BytesIO()
@@ -70,9 +58,7 @@ def served(tmp_path_factory):
     code.update(yolov8n_files("yolov8n_bad", 1, buf.getvalue(), WEIGHTS_FILE))
     code.update(yolov8n_files("yolov8n_none", 1))
     base = tmp_path_factory.mktemp("yolo-triton")
-    for rel, content in repository_files([*specs, bad, none], gpu_count=0, model_files=code).items():
-        (base / "models" / rel).parent.mkdir(parents=True, exist_ok=True)
-        (base / "models" / rel).write_bytes(content)
+    write_repository(base / "models", repository_files([*specs, bad, none], gpu_count=0, model_files=code))
     explicit = ["--model-control-mode=explicit", "--load-model=yolov8n_raw", "--load-model=yolov8n_nms"]
     with start_triton(base / "models", workdir=base / "work", ready_timeout=300, extra_args=explicit) as triton:
         yield triton, weights
@@ -81,15 +67,8 @@ def served(tmp_path_factory):
 @pytest.fixture(scope="module")
 def references(served):
     """Eager FP32 batch-1 answers of the same weights file, per image: raw [N, 84, 8400] and NMS sets."""
-    model = yolo.fuse(load_model(served[1]))
     images = synthetic_images(N, seed=1)
-    raws = []
-    with torch.no_grad():
-        for i in range(N):
-            raws.append(model(to_tensor(images[i : i + 1]))[0])
-    raw = torch.stack(raws)
-    det, count = yolo.fast_nms(raw, **NMS)
-    sets = [det[i, : int(count[i, 0])].numpy() for i in range(N)]
+    raw, sets = eager_references(served[1], images, **NMS)
     return images, raw, sets
 
 

@@ -1,44 +1,12 @@
 """Launchers for the real local servers tests use (sshd, Triton, nginx, Prometheus, node exporter)."""
 
-import os
-import signal
-import socket
 import subprocess
-import time
-import urllib.error
-import urllib.request
 from typing import Callable, Self
 
-
-def free_port() -> int:
-    """A TCP port on 127.0.0.1 that nothing listens on now (the kernel's pick)."""
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def stop_process(proc: subprocess.Popen, timeout: float = 10) -> None:
-    """Terminate a launched server, kill it if it does not exit in time; idempotent.
-
-    Servers are launched with ``start_new_session=True``; whatever is left of the session's process group
-    afterwards (Triton's python-backend stubs outlive a SIGKILLed server) is killed too.
-    """
-    if proc.poll() is None:
-        proc.terminate()
-        try:
-            proc.wait(timeout=timeout)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait(timeout=5)
-    kill_group(proc.pid)
-
-
-def kill_group(pgid: int) -> None:
-    """SIGKILL every process left in the group ``pgid`` (a launched server's session); no-op when none is."""
-    try:
-        os.killpg(pgid, signal.SIGKILL)
-    except (ProcessLookupError, PermissionError):
-        pass
+from bench.servers import free_port as free_port
+from bench.servers import kill_group as kill_group
+from bench.servers import stop_process as stop_process
+from bench.servers import wait_ready
 
 
 class LaunchedServer:
@@ -58,18 +26,7 @@ class LaunchedServer:
         self.stop()
 
     def wait_ready(self, name: str, url: str, timeout: float, output: Callable[[], str]) -> Self:
-        """Itself once `url` answers 200. RuntimeError if the process exits first; after `timeout`, the server
-        stopped and TimeoutError; both with `output()` (what the server said)."""
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            if self.process.poll() is not None:
-                raise RuntimeError(f"{name} exited with {self.process.returncode}:\n{output()}")
-            try:
-                with urllib.request.urlopen(url, timeout=2) as r:
-                    if r.status == 200:
-                        return self
-            except (urllib.error.URLError, ConnectionError, socket.timeout):
-                pass
-            time.sleep(0.2)
-        self.stop()
-        raise TimeoutError(f"{name} not ready after {timeout}s:\n{output()}")
+        """Itself once `url` answers 200. RuntimeError if the process exits first, TimeoutError after `timeout`;
+        both with `output()` (what the server said), the server stopped (`bench.servers.wait_ready`)."""
+        wait_ready(name, self.process, [url], timeout, output, self.stop)
+        return self

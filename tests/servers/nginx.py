@@ -20,8 +20,8 @@ import time
 from pathlib import Path
 from typing import Optional
 
-from plans.nginx import NginxSpec, render
-from tests.servers import free_port, stop_process
+from bench.servers import front_conf
+from tests.servers import stop_process
 
 NGINX = shutil.which("nginx") or "/usr/sbin/nginx"
 
@@ -105,20 +105,7 @@ def start_nginx(conf: str, workdir: Path, *, wait_port: Optional[int] = None, ti
 def front_triton(triton_ports: dict[str, int], workdir: Path, default_model: str) -> NginxHandle:
     """nginx as production renders it (plans/nginx.py), one worker, on free loopback ports in front of the Triton
     listening on `triton_ports` (its "http" and "grpc"); the handle's `http` and `grpc` say where nginx listens."""
-    http_port, grpc_port = free_port(), free_port()
-    conf = render(
-        NginxSpec(
-            default_model=default_model,
-            listen_address="127.0.0.1",
-            listen_http=http_port,
-            listen_grpc=grpc_port,
-            upstream_http=f"127.0.0.1:{triton_ports['http']}",
-            upstream_grpc=f"127.0.0.1:{triton_ports['grpc']}",
-            prefix=str(workdir),
-            user=run_user(),
-            worker_processes="1",
-        )
-    )
+    conf, http_port, grpc_port = front_conf(workdir, default_model, triton_ports["http"], triton_ports["grpc"], "1")
     handle = start_nginx(conf, workdir, wait_port=http_port)
     handle.http, handle.grpc = f"http://127.0.0.1:{http_port}", f"127.0.0.1:{grpc_port}"
     return handle

@@ -1,11 +1,9 @@
 """A real Triton Inference Server on loopback, for tests (CPU, python backend).
 
-The ``tritonserver`` binary comes from the ``nvidia-pytriton`` wheel: its shared libraries
-live in the wheel's ``nvidia_pytriton.libs`` and the python backend's stub is shipped per
-Python version beside it. We copy the backend (``libtriton_python.so`` and its utils) plus
-the stub for this interpreter into a private backend directory so site-packages stays
-untouched, and put this venv's ``bin`` first on PATH: the stub embeds the system
-``libpython3.11`` in isolated mode and takes its prefix (hence numpy) from ``python3`` on PATH.
+The ``tritonserver`` binary comes from the ``nvidia-pytriton`` wheel, launched the way the benchmarks launch it
+(``bench/servers.py``: the python backend and this interpreter's stub in a private backend directory, this venv's
+``bin`` first on PATH), here with the tests' own flags (metrics every 200 ms, a short exit timeout, strict
+readiness) and waited for until both HTTP and metrics answer.
 
 Usage::
 
@@ -26,94 +24,46 @@ that sleeps ``sleep_ms`` once per (dynamic) batch.
 from __future__ import annotations
 
 import dataclasses
-import os
 import shutil
-import subprocess
-import sys
 import tempfile
-import time
 from pathlib import Path
 from typing import Callable, Iterable, Literal, Sequence
 
-from serving.health import http_status
-from tests.servers import free_port, stop_process
+from bench.servers import Triton, launch_triton, wait_ready
+from bench.servers import free_port as free_port
+from bench.servers import prepare_backend_dir as prepare_backend_dir
+from bench.servers import pytriton_dirs as _pytriton_dirs
+from bench.servers import triton_available as triton_available
+from bench.servers import triton_env as triton_env
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 STANDIN_MODEL = REPO_ROOT / "serving" / "standin_model.py"
 
 
-def _pytriton_dirs() -> tuple[Path, Path]:
-    import pytriton
-
-    dist = Path(pytriton.__file__).resolve().parent / "tritonserver"
-    libs = dist.parent.parent / "nvidia_pytriton.libs"
-    return dist, libs
-
-
-def triton_available() -> bool:
-    """True when the wheel's tritonserver and the stub for this Python exist."""
-    try:
-        dist, libs = _pytriton_dirs()
-    except ImportError:
-        return False
-    stub = dist / "python_backend_stubs" / f"{sys.version_info[0]}.{sys.version_info[1]}" / "triton_python_backend_stub"
-    return (dist / "bin" / "tritonserver").exists() and libs.is_dir() and stub.exists()
-
-
-def prepare_backend_dir(workdir: Path) -> Path:
-    """Copy the python backend and this interpreter's stub into ``workdir/backends``."""
-    dist, _ = _pytriton_dirs()
-    backends = workdir / "backends"
-    python = backends / "python"
-    python.mkdir(parents=True, exist_ok=True)
-    for name in ("libtriton_python.so", "triton_python_backend_utils.py"):
-        shutil.copy2(dist / "backends" / "python" / name, python / name)
-    version = f"{sys.version_info[0]}.{sys.version_info[1]}"
-    stub = dist / "python_backend_stubs" / version / "triton_python_backend_stub"
-    shutil.copy2(stub, python / "triton_python_backend_stub")
-    # The stub finds libcudart through a relative RUNPATH ($ORIGIN/../../../../nvidia_pytriton.libs);
-    # LD_LIBRARY_PATH covers it from the copied location.
-    return backends
-
-
-def triton_env() -> dict[str, str]:
-    """Environment for tritonserver and its python stubs."""
-    _, libs = _pytriton_dirs()
-    env = dict(os.environ)
-    env["LD_LIBRARY_PATH"] = os.pathsep.join(p for p in (str(libs), env.get("LD_LIBRARY_PATH", "")) if p)
-    # The stub embeds libpython with an isolated config (PYTHONPATH is ignored) and finds its
-    # prefix by looking up ``python3`` on PATH; a venv's bin first makes that this venv.
-    env["PATH"] = os.pathsep.join([str(Path(sys.prefix) / "bin"), env.get("PATH", "")])
-    return env
-
-
 @dataclasses.dataclass
-class TritonHandle:
-    http_url: str
-    grpc_url: str  # host:port, as tritonclient.grpc wants it
-    metrics_url: str
-    ports: dict[str, int]
-    process: subprocess.Popen
-    workdir: Path
-    log_path: Path
+class TritonHandle(Triton):
+    """``bench.servers.Triton`` with the names the tests use and, where it made one, its work directory removed on
+    stop."""
+
+    workdir: Path = Path(".")
     _owns_workdir: bool = False
 
-    def log(self) -> str:
-        try:
-            return self.log_path.read_text(errors="replace")
-        except FileNotFoundError:
-            return ""
+    @property
+    def http_url(self) -> str:
+        return self.http
+
+    @property
+    def grpc_url(self) -> str:
+        return self.grpc
+
+    @property
+    def metrics_url(self) -> str:
+        return self.metrics
 
     def stop(self, timeout: float = 15.0) -> None:
-        stop_process(self.process, timeout=timeout)
+        super().stop(timeout)
         if self._owns_workdir:
             shutil.rmtree(self.workdir, ignore_errors=True)
-
-    def __enter__(self) -> "TritonHandle":
-        return self
-
-    def __exit__(self, *exc) -> None:
-        self.stop()
 
 
 def start_triton(
@@ -140,8 +90,7 @@ def start_triton(
     dist, _ = _pytriton_dirs()
     log_path = Path(log_path or workdir / "triton.log")
     ports = {"http": free_port(), "grpc": free_port(), "metrics": free_port()}
-    cmd = [
-        str(dist / "bin" / "tritonserver"),
+    args = [
         f"--model-repository={Path(model_repository).resolve()}",
         f"--backend-directory={backends}",
         f"--cache-directory={dist / 'caches'}",
@@ -162,35 +111,11 @@ def start_triton(
         f"--log-verbose={1 if verbose else 0}",
         *extra_args,
     ]
-    log = open(log_path, "ab")
-    process = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=triton_env(), start_new_session=True)
-    log.close()
-    handle = TritonHandle(
-        http_url=f"http://127.0.0.1:{ports['http']}",
-        grpc_url=f"127.0.0.1:{ports['grpc']}",
-        metrics_url=f"http://127.0.0.1:{ports['metrics']}",
-        ports=ports,
-        process=process,
-        workdir=workdir,
-        log_path=log_path,
-        _owns_workdir=owns,
-    )
-    deadline = time.monotonic() + ready_timeout
-    while time.monotonic() < deadline:
-        if process.poll() is not None:
-            tail = handle.log()[-4000:]
-            handle.stop()
-            raise RuntimeError(f"tritonserver exited with {process.returncode}:\n{tail}")
-        # Triton opens its metrics port after HTTP is ready: tests read /metrics first thing, so wait for both.
-        if (
-            http_status(handle.http_url + "/v2/health/ready") == 200
-            and http_status(handle.metrics_url + "/metrics") == 200
-        ):
-            return handle
-        time.sleep(0.2)
-    tail = handle.log()[-4000:]
-    handle.stop()
-    raise TimeoutError(f"tritonserver not ready after {ready_timeout}s:\n{tail}")
+    handle = TritonHandle(launch_triton(args, log_path), ports, log_path, workdir, owns)
+    # Triton opens its metrics port after HTTP is ready: tests read /metrics first thing, so wait for both.
+    ready = [handle.http_url + "/v2/health/ready", handle.metrics_url + "/metrics"]
+    wait_ready("tritonserver", handle.process, ready, ready_timeout, lambda: handle.log()[-4000:], handle.stop)
+    return handle
 
 
 # ---------------------------------------------------------------- model repositories

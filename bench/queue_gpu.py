@@ -1,0 +1,1053 @@
+"""Seed 001's queue gateway in front of the real detector: direct calls vs the gateway, and its faults (issue 27).
+
+Setup (all real, on one machine): two Tritons on the one GPU, each serving ``yolov8n`` (the ``yolov8n_torch``
+python-backend model with the test detector's weights, the GPU's preset: instances, max batch, Triton window), named
+triton-a (weight 3) and triton-b (weight 2); Redis (Debian's redis-server); ``--workers`` processes of
+``python -m serving.worker`` (the gateway's workers, ``--slots`` each); the load from ``--procs`` processes of
+``--threads`` threads each, started once and reused, so the load generator is not the bottleneck.
+
+Paths compared (each request one distinct image ``i mod --images`` as UINT8 [1, 640, 640, 3], 1.2 MB):
+  * direct:  the load process calls a Triton over gRPC (tritonclient, as the worker does), the backend by smooth
+    weighted round robin 3:2;
+  * gateway: ``JobQueue.submit`` (the image SET beside the submit script's XADD with the depth check, one round
+    trip) and ``JobQueue.result`` (BLPOP),
+    what ``serving.front`` does per request after parsing its HTTP body; the workers XREADGROUP, pick a backend
+    (``serving.scheduler``), call it over gRPC and store the result once.
+The front's HTTP/JSON parsing is not in the path: KServe v2 JSON of a 640x640x3 image is ~4 MB of text per job,
+which no Python front parses at 1,000 jobs/s; the queue is the gateway's part that is measured here.
+
+Runs: open loop at each ``--rates`` (evenly spaced arrivals, issued on time whatever the server does; latency from
+the scheduled arrival, so queueing shows) direct then gateway; closed loop at ``--concurrency`` (saturation: jobs/s
+and the served split); then the faults at the first rate, each counted (sent, accepted, answered once and right,
+wrong, lost, answered twice): a worker SIGKILLed (its pending entries reclaimed after ``claim_idle_ms``), Redis
+SIGKILLed and restarted with AOF on (clients resubmit with the same job key until accepted), a backend SIGKILLed
+(its in-flight calls fail and the worker sends the job to the other backend at once). Every answer is compared
+with its own image's reference (``bench.window_gpu.check``). Writes OUT/queue_gpu.json and OUT/queue_gpu.md.
+
+    python3 -m bench.queue_gpu --out OUT                         # on the GPU machine (bench/queue_gpu.sh OUT)
+    .venv/bin/python -m bench.queue_gpu --cpu --out /tmp/q       # the whole thing on CPU at a few jobs/s
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import multiprocessing
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+from typing import Any, Optional
+
+import numpy as np
+
+ROOT = Path(__file__).resolve().parents[1]
+if str(ROOT) not in sys.path:
+    sys.path.insert(0, str(ROOT))
+
+from bench.queue import WeightedRoundRobin, pct  # noqa: E402
+
+MODEL = "yolov8n"
+WEIGHTS = {"triton-a": 3, "triton-b": 2}
+GRPC_OPTS = [("grpc.max_send_message_length", 64 << 20), ("grpc.max_receive_message_length", 64 << 20)]
+
+
+def log(msg: str) -> None:
+    print(time.strftime("%H:%M:%S ") + msg, flush=True)
+
+
+# ---------------------------------------------------------------- servers
+
+
+@dataclasses.dataclass
+class Backend:
+    name: str
+    weight: int
+    proc: subprocess.Popen
+    http: str
+    grpc: str
+    workdir: Path
+
+
+def model_spec(gpu: bool, gpu_name: str) -> Any:
+    from bench.window_gpu import WEIGHTS_FILE
+    from plans.presets import apply_preset
+    from plans.triton_repo import yolov8n_torch
+
+    if gpu:
+        return apply_preset(yolov8n_torch(name=MODEL, gpu=True, weights=WEIGHTS_FILE), gpu_name)
+    # No GPU, no preset: the H200's window and batch on one CPU instance (the proof run only).
+    return yolov8n_torch(name=MODEL, gpu=False, instances=1, window_us=200, max_batch_size=8, weights=WEIGHTS_FILE)
+
+
+def start_backends(base: Path, spec: Any, weights: bytes, gpu: bool) -> dict[str, Backend]:
+    """Both Tritons, started side by side (each captures its CUDA graphs on load)."""
+    from bench.window_gpu import start_triton
+
+    out: dict[str, Backend] = {}
+    errors: list[BaseException] = []
+
+    def one(name: str) -> None:
+        try:
+            wd = base / name
+            wd.mkdir(parents=True, exist_ok=True)
+            proc, http, grpc = start_triton(wd, [spec], weights, gpu)
+            out[name] = Backend(name, WEIGHTS[name], proc, http, grpc, wd)
+        except BaseException as e:  # noqa: BLE001 - raised below
+            errors.append(e)
+
+    threads = [threading.Thread(target=one, args=(n,)) for n in WEIGHTS]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    if errors:
+        for b in out.values():
+            kill_group(b.proc)
+        raise errors[0]
+    return out
+
+
+def kill_group(proc: subprocess.Popen, sig: int = signal.SIGKILL) -> None:
+    """The process and what it started (Triton's python backend stubs), by its session's process group."""
+    if proc.poll() is None:
+        try:
+            os.killpg(proc.pid, sig)
+        except ProcessLookupError:
+            pass
+    try:
+        proc.wait(30)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait(10)
+
+
+class Redis:
+    """redis-server on a loopback port with its data in ``workdir``; AOF on (appendfsync everysec) when asked."""
+
+    def __init__(self, binary: str, workdir: Path, io_threads: int):
+        from tests.servers import free_port
+
+        self.binary, self.workdir, self.io_threads = binary, workdir, io_threads
+        self.port = free_port()
+        self.proc: Optional[subprocess.Popen] = None
+        workdir.mkdir(parents=True, exist_ok=True)
+
+    def start(self, aof: bool) -> float:
+        from tests.servers.redis import wait_ping
+
+        t0 = time.monotonic()
+        cmd = [self.binary, "--bind", "127.0.0.1", "--port", str(self.port), "--save", "", "--dir", str(self.workdir)]
+        cmd += ["--appendonly", "yes" if aof else "no", "--appendfsync", "everysec", "--daemonize", "no"]
+        cmd += ["--logfile", str(self.workdir / "redis.log"), "--maxmemory", "0"]
+        # At 1.2 MB a job the AOF grows ~1.2 GB/s: rewritten every GB, so a restart replays at most a few GB.
+        cmd += ["--auto-aof-rewrite-min-size", "1gb"]
+        if self.io_threads > 1:
+            cmd += ["--io-threads", str(self.io_threads), "--io-threads-do-reads", "yes"]
+        self.proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.STDOUT, start_new_session=True)
+        wait_ping(self.port, self.proc, 120)
+        return time.monotonic() - t0
+
+    def kill(self) -> None:
+        if self.proc is not None:
+            kill_group(self.proc)
+
+    def stop(self) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            kill_group(self.proc, signal.SIGTERM)
+
+
+def gateway_config(redis_port: int, backends: dict[str, Backend], a: argparse.Namespace) -> dict:
+    return {
+        "redis": {"host": "127.0.0.1", "port": redis_port},
+        "queue": {"max_depth": a.max_depth},
+        "backends": [{"name": b.name, "weight": b.weight, "grpc": b.grpc, "http": b.http} for b in backends.values()],
+        "slots": a.slots,
+        "read_count": a.read_count,
+        "claim_idle_ms": a.claim_idle_ms,
+        "models": [MODEL],
+        "call_timeout_s": 30.0,
+        "job_timeout_s": 60.0,
+    }
+
+
+# ---------------------------------------------------------------- the load processes
+
+
+def load_main(conn: Any, setup: dict, k: int) -> None:
+    """One load process: waits for a run's spec, runs it with its threads, sends back its rows."""
+    images = np.load(setup["images"])
+    arrays = [np.ascontiguousarray(images[i][None]) for i in range(len(images))]
+    with np.load(setup["refs"]) as z:
+        refs = [(z[f"det{i}"], z[f"num{i}"]) for i in range(len(images))]
+    import redis  # noqa: F401 - imported before the first run, not inside its clock
+    import tritonclient.grpc  # noqa: F401
+
+    from bench.window_gpu import check  # noqa: F401
+
+    conn.send("ready")
+    while True:
+        spec = conn.recv()
+        if spec is None:
+            return
+        try:
+            conn.send(run_spec(spec, setup, k, arrays, refs))
+        except Exception as e:  # noqa: BLE001 - the parent reports it
+            conn.send({"crash": f"{type(e).__name__}: {e}"})
+
+
+def run_spec(spec: dict, setup: dict, k: int, arrays: list[np.ndarray], refs: list) -> dict:
+    import redis
+    import tritonclient.grpc as grpcclient
+
+    from bench.window_gpu import check
+    from serving.queue import JobQueue, QueueConfig, QueueFull, ResultTimeout
+
+    procs, threads, duration = spec["procs"], spec["threads"], spec["duration"]
+    start, open_loop = spec["start"], spec["mode"] == "open"
+    give_up = start + duration + spec["drain_s"]
+    n_img = len(arrays)
+    r = redis.Redis(port=setup["redis_port"], socket_timeout=10, socket_connect_timeout=2)
+    q = JobQueue(r, QueueConfig(max_depth=setup["max_depth"]))
+    clients = {n: grpcclient.InferenceServerClient(u, channel_args=GRPC_OPTS) for n, u in setup["grpc"].items()}
+    rr = WeightedRoundRobin(dict(WEIGHTS))
+    lock = threading.Lock()
+    nxt = [k]
+    rows: list[list] = []
+    answers: list[tuple[int, Any, Any]] = []
+    counters = {"submit_retries": 0, "refused": 0, "result_retries": 0}
+    parts = threading.local()  # the gateway's parts of the current job, ms: submit, to dispatch, service, stored
+
+    def direct(j: int, arr: np.ndarray) -> tuple[str, Any, Any, str, int, bool]:
+        name = rr.next()
+        i = grpcclient.InferInput("images", list(arr.shape), "UINT8")
+        i.set_data_from_numpy(arr)
+        t0 = time.time()
+        res = clients[name].infer(spec["model"], [i], client_timeout=30)
+        parts.times = (0.0, 0.0, (time.time() - t0) * 1000, 0.0)
+        return "ok", res.as_numpy("detections"), res.as_numpy("num_detections"), name, 1, False
+
+    def queued(j: int, arr: np.ndarray) -> tuple[str, Any, Any, str, int, bool]:
+        key = f"{spec['key_prefix']}-{j}"
+        t0 = time.time()
+        while True:  # accepted once submit returns; a retry with the same key is never queued twice
+            if time.time() > give_up:
+                return "unaccepted", None, None, "", 0, False
+            try:
+                q.submit(spec["model"], {"images": arr}, key=key)
+                submitted = time.time()
+                break
+            except QueueFull:
+                with lock:
+                    counters["refused"] += 1
+                time.sleep(0.01)
+            except redis.RedisError:
+                with lock:
+                    counters["submit_retries"] += 1
+                time.sleep(0.05)
+        while True:
+            left = give_up - time.time()
+            if left <= 0:
+                return "lost", None, None, "", 0, False
+            try:
+                res = q.result(key, timeout_s=min(5.0, max(1.0, left)))
+                break
+            except ResultTimeout:
+                continue
+            except redis.RedisError:
+                with lock:
+                    counters["result_retries"] += 1
+                time.sleep(0.05)
+        parts.times = ((submitted - t0) * 1000, res.queue_ms, res.service_ms, res.latency_ms)
+        if res.status != "ok":
+            return "error:" + res.error[:200], None, None, res.backend, res.attempts, res.reclaimed
+        o = res.outputs
+        return "ok", o["detections"], o["num_detections"], res.backend, res.attempts, res.reclaimed
+
+    call = direct if spec["path"] == "direct" else queued
+    n_open = int(round(duration * spec["rate"])) if open_loop else 0
+
+    def thread_main() -> None:
+        while True:
+            with lock:
+                j = nxt[0]
+                nxt[0] += procs
+            if open_loop:
+                if j >= n_open:
+                    return
+                t_sched = start + j / spec["rate"]
+                wait = t_sched - time.time()
+                if wait > 0:
+                    time.sleep(wait)
+            else:
+                t_sched = time.time()
+                if t_sched >= start + duration:
+                    return
+            t_issue = time.time()
+            img = j % n_img
+            parts.times = (0.0, 0.0, 0.0, 0.0)
+            try:
+                status, det, num, backend, attempts, reclaimed = call(j, arrays[img])
+            except Exception as e:  # noqa: BLE001 - a failed call is counted, the loop goes on
+                status, det, num, backend, attempts, reclaimed = (
+                    f"error:{type(e).__name__}: {e}"[:200],
+                    None,
+                    None,
+                    "",
+                    0,
+                    False,
+                )
+            t_end = time.time()
+            with lock:
+                rows.append(
+                    [
+                        j,
+                        t_sched - start,
+                        (t_end - t_sched) * 1000,
+                        (t_issue - t_sched) * 1000,
+                        status,
+                        backend,
+                        attempts,
+                        reclaimed,
+                        t_end - start,
+                        (t_end - t_issue) * 1000,
+                        *parts.times,
+                    ]
+                )
+                if det is not None:
+                    answers.append((len(rows) - 1, det, num))
+
+    pool = [threading.Thread(target=thread_main, daemon=True) for _ in range(threads)]
+    time.sleep(max(0.0, start - time.time()))
+    for t in pool:
+        t.start()
+    for t in pool:
+        t.join(duration + spec["drain_s"] + 60)
+    first_wrong = ""
+    for idx, det, num in answers:  # after the timed part: checking costs no load time
+        problem = check(det.reshape(-1, 6), num.reshape(-1), refs[rows[idx][0] % n_img])
+        if problem:
+            rows[idx][4] = "wrong"
+            first_wrong = first_wrong or f"job {rows[idx][0]} (image {rows[idx][0] % n_img}): {problem}"
+    for c in clients.values():
+        c.close()
+    r.close()
+    return {"rows": rows, "first_wrong": first_wrong, **counters}
+
+
+class LoadPool:
+    """``procs`` spawned load processes (no CUDA, no gRPC channel across a fork), reused for every run."""
+
+    def __init__(self, procs: int, setup: dict):
+        ctx = multiprocessing.get_context("spawn")
+        self.conns, self.procs = [], []
+        for k in range(procs):
+            parent, child = ctx.Pipe()
+            p = ctx.Process(target=load_main, args=(child, setup, k), daemon=True)
+            p.start()
+            self.conns.append(parent)
+            self.procs.append(p)
+        for c in self.conns:
+            if not c.poll(300) or c.recv() != "ready":
+                raise RuntimeError("a load process did not start")
+
+    def run(self, spec: dict) -> list[dict]:
+        for c in self.conns:
+            c.send({**spec, "procs": len(self.conns)})
+        wait = spec["duration"] + spec["drain_s"] + 180
+        out = [c.recv() if c.poll(wait) else {"crash": f"no answer within {wait:g} s"} for c in self.conns]
+        crashed = [o["crash"] for o in out if "crash" in o]
+        if crashed:
+            raise RuntimeError(f"load process failed: {crashed[0]}")
+        return out
+
+    def close(self) -> None:
+        for c in self.conns:
+            try:
+                c.send(None)
+            except OSError:
+                pass
+        for p in self.procs:
+            p.join(10)
+            if p.is_alive():
+                p.kill()
+
+
+class WorkerSampler:
+    """Every worker's /metrics every ``period_s`` during a run: how often each backend was unhealthy (a failed call
+    or probe drains it, and it ramps back over ``ramp_s``), its effective weight, and the calls by outcome."""
+
+    def __init__(self, ports: dict[str, int], period_s: float = 0.5):
+        self.ports, self.period_s = ports, period_s
+        self.stop = threading.Event()
+        self.samples: list[dict[tuple[str, str], float]] = []
+        self.thread = threading.Thread(target=self._loop, daemon=True)
+
+    def scrape(self) -> dict[tuple[str, str], float]:
+        import urllib.request
+
+        from serving.metrics import parse_samples
+
+        got: dict[tuple[str, str], float] = {}
+        for port in self.ports.values():
+            try:
+                with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=1.0) as resp:
+                    text = resp.read().decode()
+            except OSError:
+                continue
+            for name, labels, value in parse_samples(text):
+                b = labels.get("backend", "")
+                if name in ("gpuhost_gateway_backend_healthy", "gpuhost_gateway_backend_effective_weight"):
+                    got[(name, b)] = min(got.get((name, b), value), value)  # the least healthy worker's view
+                elif name == "gpuhost_gateway_backend_in_flight":
+                    got[("in_flight", b)] = got.get(("in_flight", b), 0.0) + value
+                elif name == "gpuhost_gateway_backend_calls_total":
+                    k = (f"calls:{labels.get('outcome', '')}", b)
+                    got[k] = got.get(k, 0.0) + value
+        return got
+
+    def _loop(self) -> None:
+        while not self.stop.is_set():
+            self.samples.append(self.scrape())
+            self.stop.wait(self.period_s)
+
+    def __enter__(self) -> "WorkerSampler":
+        self.thread.start()
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.stop.set()
+        self.thread.join(10)
+        self.samples.append(self.scrape())
+
+    def summary(self) -> dict[str, dict[str, Any]]:
+        out: dict[str, dict[str, Any]] = {}
+        first, last = (self.samples[0], self.samples[-1]) if self.samples else ({}, {})
+        for b in WEIGHTS:
+            health = [
+                x[("gpuhost_gateway_backend_healthy", b)]
+                for x in self.samples
+                if ("gpuhost_gateway_backend_healthy", b) in x
+            ]
+            weight = [
+                x[("gpuhost_gateway_backend_effective_weight", b)]
+                for x in self.samples
+                if ("gpuhost_gateway_backend_effective_weight", b) in x
+            ]
+            calls = {
+                k[0].split(":", 1)[1]: round(v - first.get(k, 0.0))
+                for k, v in last.items()
+                if k[0].startswith("calls:") and k[1] == b
+            }
+            out[b] = {
+                "samples": len(health),
+                "unhealthy_samples": sum(1 for h in health if h < 1),
+                "min_effective_weight": round(min(weight), 3) if weight else None,
+                "mean_effective_weight": round(sum(weight) / len(weight), 3) if weight else None,
+                "calls": {k: v for k, v in calls.items() if v},
+            }
+        return out
+
+
+# ---------------------------------------------------------------- one run and its numbers
+
+
+def summarise(path: str, mode: str, spec: dict, parts: list[dict]) -> dict:
+    rows = [r for p in parts for r in p["rows"]]
+    ok = [r for r in rows if r[4] == "ok"]
+    lat = sorted(r[2] for r in ok)
+    end = max((r[8] for r in rows), default=spec["duration"])
+    seconds = end if mode == "closed" else max(spec["duration"], end)
+    by_status: dict[str, int] = {}
+    for r in rows:
+        s = r[4] if not r[4].startswith("error") else "error"
+        by_status[s] = by_status.get(s, 0) + 1
+    split: dict[str, int] = {}
+    for r in ok:
+        split[r[5]] = split.get(r[5], 0) + 1
+    out = {
+        "path": path,
+        "mode": mode,
+        "rate": spec.get("rate"),
+        "concurrency": spec.get("concurrency"),
+        "duration_s": spec["duration"],
+        "sent": len(rows),
+        "answered_right": len(ok),
+        "wrong": by_status.get("wrong", 0),
+        "errors": by_status.get("error", 0),
+        "lost": by_status.get("lost", 0),
+        "unaccepted": by_status.get("unaccepted", 0),
+        "jobs_per_s": round(len(ok) / seconds, 1) if seconds > 0 else 0.0,
+        "p50_ms": round(pct(lat, 50), 2),
+        "p95_ms": round(pct(lat, 95), 2),
+        "p99_ms": round(pct(lat, 99), 2),
+        "max_ms": round(lat[-1], 2) if lat else None,
+        "max_issue_lag_ms": round(max((r[3] for r in rows), default=0.0), 2),
+        "split": split,
+        "retried_elsewhere": sum(1 for r in ok if r[6] > 1),
+        "reclaimed": sum(1 for r in ok if r[7]),
+        "submit_retries": sum(p["submit_retries"] for p in parts),
+        "refused_full": sum(p["refused"] for p in parts),
+        "result_retries": sum(p["result_retries"] for p in parts),
+        "first_wrong": next((p["first_wrong"] for p in parts if p["first_wrong"]), ""),
+        "first_error": next((r[4] for r in rows if r[4].startswith("error")), ""),
+    }
+
+    def med(values: list[float]) -> float:
+        return round(pct(sorted(values), 50), 3)
+
+    if path == "gateway":
+        out["parts_ms_p50"] = {
+            "client_total": med([x[9] for x in ok]),
+            "client's submit call (SET 1.2 MB + EVALSHA, one round trip)": med([x[10] for x in ok]),
+            "submit to dispatch (submit, XREADGROUP + MGET, decode, pick)": med([x[11] for x in ok]),
+            "Triton call from the worker (gRPC)": med([x[12] for x in ok]),
+            "stored to caller (encode, complete script, BLPOP, decode)": med([x[9] - x[13] for x in ok]),
+        }
+    else:
+        out["parts_ms_p50"] = {"client_total": med([x[9] for x in ok]), "Triton call (gRPC)": med([x[12] for x in ok])}
+    out["_rows"] = rows
+    return out
+
+
+def queue_accounting(r: Any, q: Any, prefix: str, res: dict) -> dict:
+    """What Redis says after a gateway run: results stored (served + failed), completions dropped as duplicates,
+    result lists left unread (a second answer, or one nobody took), entries still in the stream or pending."""
+    st = q.stats()
+    stored = sum(v for k, v in st.items() if k.startswith("served:")) + st.get("failed", 0)
+    left = 0
+    for key in r.scan_iter(match=f"{q.cfg.prefix}:result:{prefix}-*", count=1000):
+        left += int(r.llen(key))
+    answered = res["answered_right"] + res["wrong"] + res["errors"]
+    return {
+        "results_stored": stored,
+        "served": {k.split(":", 1)[1]: v for k, v in st.items() if k.startswith("served:")},
+        "duplicate_completions_dropped": st.get("duplicates", 0),
+        "results_unread": left,
+        "answered_twice": max(0, stored - answered) if left == 0 else left,
+        "stream_depth_after": q.depth(),
+        "pending_after": q.group_info()["pending"],
+    }
+
+
+def front_run(cfg: dict, base: Path, images: np.ndarray, refs: list, n: int) -> dict:
+    """``n`` requests, one at a time, through the whole gateway: ``serving.front`` (KServe v2 JSON over HTTP), Redis,
+    the workers, a Triton; each answer against its own image's reference. JSON of one image is ~4 MB of text: this
+    shows the chain works with the real detector and what the JSON costs, not the rate (the queue runs do)."""
+    import http.client
+    import urllib.request
+
+    from bench.window_gpu import check
+    from tests.servers import free_port
+
+    path = base / "front.json"
+    path.write_text(json.dumps(cfg))
+    port = free_port()
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join(x for x in (str(ROOT), env.get("PYTHONPATH", "")) if x)
+    cmd = [sys.executable, "-m", "serving.front", "--config", str(path), "--port", str(port), "--timeout", "60"]
+    with open(base / "front.log", "ab") as flog:
+        proc = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=flog, stderr=subprocess.STDOUT, start_new_session=True)
+    out: dict[str, Any] = {"requests": n, "right": 0, "wrong": 0, "failed": 0, "first_problem": ""}
+    lat: list[float] = []
+    try:
+        deadline = time.monotonic() + 60
+        while True:
+            try:
+                if urllib.request.urlopen(f"http://127.0.0.1:{port}/v2/health/ready", timeout=2).status == 200:
+                    break
+            except OSError:
+                if time.monotonic() > deadline or proc.poll() is not None:
+                    raise RuntimeError("serving.front did not become ready") from None
+                time.sleep(0.2)
+        conn = http.client.HTTPConnection("127.0.0.1", port, timeout=120)
+        for i in range(n):
+            img = images[i % len(images)]
+            data = {"name": "images", "datatype": "UINT8", "shape": [1, *img.shape], "data": img.ravel().tolist()}
+            body = json.dumps({"id": f"front-{i}", "inputs": [data]}).encode()
+            t0 = time.perf_counter()
+            conn.request("POST", f"/v2/models/{MODEL}/infer", body=body, headers={"Content-Type": "application/json"})
+            resp = conn.getresponse()
+            doc = json.loads(resp.read())
+            lat.append((time.perf_counter() - t0) * 1000)
+            if resp.status != 200:
+                out["failed"] += 1
+                out["first_problem"] = out["first_problem"] or f"HTTP {resp.status}: {str(doc)[:300]}"
+                continue
+            got = {o["name"]: np.asarray(o["data"], dtype=np.float32) for o in doc["outputs"]}
+            problem = check(got["detections"].reshape(-1, 6), got["num_detections"].reshape(-1), refs[i % len(refs)])
+            out["right" if problem is None else "wrong"] += 1
+            if problem:
+                out["first_problem"] = out["first_problem"] or f"request {i}: {problem}"
+        conn.close()
+    finally:
+        kill_group(proc, signal.SIGTERM)
+    lat.sort()
+    out["body_bytes"] = len(body) if n else 0
+    out["p50_ms"], out["max_ms"] = round(pct(lat, 50), 1), round(lat[-1], 1) if lat else None
+    return out
+
+
+# ---------------------------------------------------------------- main
+
+
+def main(argv: Optional[list[str]] = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--out", required=True)
+    p.add_argument("--cpu", action="store_true", help="no GPU: KIND_CPU, FP32, a few jobs/s (the proof run)")
+    p.add_argument("--rates", default=None, help="open-loop rates, jobs/s (default 1000; --cpu 3)")
+    p.add_argument("--concurrency", type=int, default=None, help="closed-loop clients (default 32; --cpu 4)")
+    p.add_argument("--duration", type=float, default=None, help="seconds per run (default 15; --cpu 8)")
+    p.add_argument("--images", type=int, default=None, help="distinct images (default 64; --cpu 4)")
+    p.add_argument("--procs", type=int, default=None, help="load processes (default 8; --cpu 2)")
+    p.add_argument("--threads", type=int, default=None, help="threads per load process (default 24; --cpu 4)")
+    p.add_argument("--workers", type=int, default=None, help="gateway worker processes (default 6; --cpu 2)")
+    p.add_argument("--slots", type=int, default=None, help="jobs in flight per worker (default 12; --cpu 4)")
+    p.add_argument("--read-count", type=int, default=8, help="stream entries per XREADGROUP")
+    p.add_argument("--claim-idle-ms", type=int, default=2000, help="a pending entry idle this long is reclaimed")
+    p.add_argument("--max-depth", type=int, default=4000, help="queue depth at which submits are refused")
+    p.add_argument("--fault-rate", type=float, default=None, help="jobs/s of the fault runs (default: the first rate)")
+    p.add_argument("--fault-duration", type=float, default=None, help="seconds per fault run (default 10; --cpu 8)")
+    p.add_argument("--faults", default="worker,redis,backend", help="fault runs, in order (or 'none')")
+    p.add_argument("--skip", default="", help="runs to leave out: rate, saturation, front")
+    p.add_argument("--front-requests", type=int, default=8, help="requests through serving.front (KServe JSON)")
+    p.add_argument("--redis-server", default=shutil.which("redis-server") or "/usr/bin/redis-server")
+    p.add_argument("--redis-io-threads", type=int, default=None, help="Redis I/O threads (default 4; --cpu 1)")
+    p.add_argument("--gpu-model", default="", help="preset key (default: from nvidia-smi)")
+    a = p.parse_args(argv)
+    gpu = not a.cpu
+    d = (
+        {
+            "rates": "3",
+            "concurrency": 4,
+            "duration": 8.0,
+            "images": 4,
+            "procs": 2,
+            "threads": 4,
+            "workers": 2,
+            "slots": 4,
+            "redis_io_threads": 1,
+            "fault_duration": 8.0,
+        }
+        if a.cpu
+        else {
+            "rates": "1000",
+            "concurrency": 32,
+            "duration": 15.0,
+            "images": 64,
+            "procs": 8,
+            "threads": 24,
+            "workers": 6,
+            "slots": 12,
+            "redis_io_threads": 4,
+            "fault_duration": 10.0,
+        }
+    )
+    for k, v in d.items():
+        if getattr(a, k) is None:
+            setattr(a, k, v)
+    rates = [float(x) for x in a.rates.split(",")]
+    faults = [] if a.faults == "none" else a.faults.split(",")
+    if any(f not in ("worker", "redis", "backend") for f in faults):
+        raise SystemExit("--faults: worker, redis, backend (comma-separated) or none")
+    out = Path(a.out)
+    out.mkdir(parents=True, exist_ok=True)
+    t_main = time.monotonic()
+
+    import redis as redispy
+
+    from bench.window_gpu import detector_weights, machine_line, pick_images
+    from serving.queue import JobQueue, QueueConfig
+    from tests.servers.gateway import spawn_worker
+
+    gpu_name, machine = machine_line(gpu)
+    base = Path(os.environ.get("TMPDIR", "/tmp")) / f"gpuhost-queue-gpu-{os.getpid()}"
+    base.mkdir(parents=True, exist_ok=True)
+    log(f"test weights, {a.images} images and their references")
+    model, weights = detector_weights()
+    images, refs = pick_images(model, a.images, gpu)
+    np.save(base / "images.npy", images)
+    np.savez(
+        base / "refs.npz",
+        **{f"det{i}": r[0] for i, r in enumerate(refs)},
+        **{f"num{i}": r[1] for i, r in enumerate(refs)},
+    )
+    del model
+    spec = model_spec(gpu, a.gpu_model or gpu_name)
+    rs = Redis(a.redis_server, base / "redis", a.redis_io_threads)
+    rs.start(aof=False)
+    backends: dict[str, Backend] = {}
+    workers: dict[str, subprocess.Popen] = {}
+    pool: Optional[LoadPool] = None
+    result: dict[str, Any] = {"runs": [], "faults": []}
+    try:
+        backends = start_backends(base, spec, weights, gpu)
+        log(f"Tritons ready after {time.monotonic() - t_main:.1f} s: {[(b.name, b.grpc) for b in backends.values()]}")
+        cfg = gateway_config(rs.port, backends, a)
+        from tests.servers import free_port
+
+        metrics_ports = {f"w{i}": free_port() for i in range(a.workers)}
+
+        def worker_cfg(consumer: str) -> dict:
+            return {**cfg, "metrics_port": metrics_ports[consumer]}
+
+        r = redispy.Redis(port=rs.port, socket_timeout=10)
+        q = JobQueue(r, QueueConfig(max_depth=a.max_depth))
+        q.ensure_group()
+        for i in range(a.workers):
+            workers[f"w{i}"] = spawn_worker(worker_cfg(f"w{i}"), f"w{i}", base)
+        wait_consumers(r, q, a.workers)
+        setup = {
+            "images": str(base / "images.npy"),
+            "refs": str(base / "refs.npz"),
+            "redis_port": rs.port,
+            "grpc": {b.name: b.grpc for b in backends.values()},
+            "max_depth": a.max_depth,
+        }
+        pool = LoadPool(a.procs, setup)
+        seq = [0]
+
+        def go(
+            path: str,
+            mode: str,
+            *,
+            rate: float = 0.0,
+            conc: int = 0,
+            duration: float = a.duration,
+            fault: Optional[Any] = None,
+        ) -> dict:
+            seq[0] += 1
+            prefix = f"r{seq[0]}"
+            threads = a.threads if mode == "open" else max(1, conc // a.procs)
+            s = {
+                "path": path,
+                "mode": mode,
+                "rate": rate,
+                "concurrency": threads * a.procs if mode == "closed" else None,
+                "threads": threads,
+                "duration": duration,
+                "start": time.time() + 1.0,
+                "model": MODEL,
+                "drain_s": max(30.0, duration * 2),
+                "key_prefix": prefix,
+            }
+            r.delete(q.cfg.stats_key)
+            r.config_resetstat()
+            timer = None
+            if fault is not None:
+                timer = threading.Thread(target=fault, args=(s["start"],), daemon=True)
+                timer.start()
+            sampler = WorkerSampler(metrics_ports if path == "gateway" else {})
+            with sampler:
+                parts = pool.run(s)  # type: ignore[union-attr]
+            if timer is not None:
+                timer.join(120)
+            res = summarise(path, mode, s, parts)
+            if path == "gateway":
+                wait_drained(q, 60)
+                res["redis"] = queue_accounting(r, q, prefix, res)
+                res["backends_seen_by_workers"] = sampler.summary()
+                res["redis"]["per_job"] = {
+                    c.removeprefix("cmdstat_"): {
+                        "calls": round(v["calls"] / max(1, res["sent"]), 3),
+                        "usec": round(v["usec"] / max(1, res["sent"]), 1),
+                    }
+                    for c, v in r.info("commandstats").items()
+                    if c.removeprefix("cmdstat_") not in ("config", "info", "scan", "llen", "hgetall", "del")
+                }
+            rows = res.pop("_rows")
+            res["_rows"] = rows
+            shown = {k: v for k, v in res.items() if k != "_rows"}
+            log(f"{path} {mode} {rate or conc}: {json.dumps(shown)}")
+            return res
+
+        log("warm-up")
+        for path in ("direct", "gateway"):
+            go(path, "open", rate=rates[0] / 4, duration=3.0)
+        if "rate" not in a.skip:
+            for rate in rates:
+                for path in ("direct", "gateway"):
+                    result["runs"].append(strip(go(path, "open", rate=rate)))
+        if "saturation" not in a.skip:
+            for path in ("direct", "gateway"):
+                result["runs"].append(strip(go(path, "closed", conc=a.concurrency)))
+        if "front" not in a.skip:
+            result["front"] = front_run(cfg, base, images, refs, a.front_requests)
+            log(f"front: {json.dumps(result['front'])}")
+        for f in faults:
+            ev: dict[str, Any] = {"fault": f}
+            if f == "redis":
+                r.config_set("appendonly", "yes")
+                wait_aof(r)
+            act = Fault(f, ev, a.fault_duration / 3, q, workers, backends, rs, WorkerSampler(metrics_ports))
+            res = go("gateway", "open", rate=a.fault_rate or rates[0], duration=a.fault_duration, fault=act.run)
+            if f == "worker":
+                ev["pending_of_killed_after"] = len(q.pending_of(VICTIM_WORKER))
+                ev["claim_idle_ms"] = a.claim_idle_ms
+                workers[VICTIM_WORKER] = spawn_worker(worker_cfg(VICTIM_WORKER), VICTIM_WORKER, base)  # back
+            elif f == "redis":
+                ev["aof_bytes"] = sum(x.stat().st_size for x in (base / "redis").rglob("*.aof"))
+                r.config_set("appendonly", "no")
+                shutil.rmtree(base / "redis" / "appendonlydir", ignore_errors=True)
+            rows = res.pop("_rows")
+            at = ev.get("at_s", 0.0)
+            moved = [x for x in rows if x[4] == "ok" and (x[6] > 1 or x[7])]
+            ev["jobs_moved"] = len(moved)
+            ev["moved_max_latency_ms"] = round(max((x[2] for x in moved), default=0.0), 1)
+            ev["moved_done_by_s_after_fault"] = round(max((x[8] - at for x in moved), default=0.0), 3)
+            ev["in_flight_at_fault"] = sum(1 for x in rows if x[1] < at < x[8])
+            ev["after_fault_p99_ms"] = round(pct(sorted(x[2] for x in rows if x[4] == "ok" and x[1] >= at), 99), 1)
+            ev["run"] = res
+            log(f"fault {f}: {json.dumps({k: v for k, v in ev.items() if k != 'run'})}")
+            result["faults"].append(ev)
+    except Exception:  # noqa: BLE001 - what was measured is still written, with the error
+        import traceback
+
+        result["error"] = traceback.format_exc()
+        log("FAILED:\n" + result["error"])
+    finally:
+        if pool is not None:
+            pool.close()
+        for w in workers.values():
+            kill_group(w, signal.SIGTERM)
+        for b in backends.values():
+            kill_group(b.proc, signal.SIGTERM)
+        rs.stop()
+        for f in base.glob("w*.log"):
+            shutil.copy2(f, out / f.name)
+        for b in backends.values():
+            (out / f"triton-{b.name}.log").write_bytes((b.workdir / "triton.log").read_bytes()[-1_000_000:])
+        if (base / "redis" / "redis.log").exists():
+            shutil.copy2(base / "redis" / "redis.log", out / "redis.log")
+    result["meta"] = {
+        "machine": machine,
+        "when": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
+        "commit": subprocess.run(
+            ["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True, cwd=ROOT
+        ).stdout.strip(),
+        "command": "python3 -m bench.queue_gpu " + " ".join(argv if argv is not None else sys.argv[1:]),
+        "model": {
+            "instances": spec.instance_group[0].count,
+            "max_batch": spec.max_batch_size,
+            "triton_window_us": spec.dynamic_batching.max_queue_delay_microseconds if spec.dynamic_batching else None,
+        },
+        "weights": WEIGHTS,
+        "redis_parser": "hiredis" if redispy.utils.HIREDIS_AVAILABLE else "redis-py's Python parser",
+        "setup": {
+            k: getattr(a, k)
+            for k in (
+                "procs",
+                "threads",
+                "workers",
+                "slots",
+                "read_count",
+                "claim_idle_ms",
+                "max_depth",
+                "images",
+                "duration",
+                "redis_io_threads",
+            )
+        },
+        "wall_s": round(time.monotonic() - t_main, 1),
+    }
+    (out / "queue_gpu.json").write_text(json.dumps(result, indent=2) + "\n")
+    md = markdown(result)
+    (out / "queue_gpu.md").write_text(md)
+    print(md)
+    bad = 1 if "error" in result else 0
+    bad += result["front"]["wrong"] + result["front"]["failed"] if result.get("front") else 0
+    bad += sum(x["wrong"] + x["errors"] + x["lost"] for x in result["runs"])
+    bad += sum(f["run"]["wrong"] + f["run"]["lost"] + f["run"]["redis"]["answered_twice"] for f in result["faults"])
+    return 1 if bad else 0
+
+
+VICTIM_WORKER = "w0"
+VICTIM_BACKEND = "triton-b"
+
+
+@dataclasses.dataclass
+class Fault:
+    """One fault, ``after_s`` into a run: a worker, Redis (restarted with AOF) or a backend SIGKILLed."""
+
+    kind: str
+    ev: dict
+    after_s: float
+    q: Any
+    workers: dict[str, subprocess.Popen]
+    backends: dict[str, Backend]
+    rs: Redis
+    sampler: WorkerSampler
+
+    def run(self, start: float) -> None:
+        time.sleep(max(0.0, start + self.after_s - time.time()))
+        ev = self.ev
+        if self.kind == "worker":
+            deadline = time.monotonic() + 3.0  # killed while it holds jobs, so there is something to reclaim
+            while not self.q.pending_of(VICTIM_WORKER) and time.monotonic() < deadline:
+                time.sleep(0.005)
+            ev["pending_at_kill"] = len(self.q.pending_of(VICTIM_WORKER))
+            ev["at_s"] = time.time() - start
+            kill_group(self.workers[VICTIM_WORKER])
+            ev["killed"] = VICTIM_WORKER
+        elif self.kind == "redis":
+            ev["at_s"] = time.time() - start
+            self.rs.kill()
+            ev["down_s"] = round(self.rs.start(aof=True), 3)
+            ev["restarted_at_s"] = time.time() - start
+        else:
+            deadline = time.monotonic() + 3.0  # killed while it runs jobs, so some must go elsewhere
+            while time.monotonic() < deadline:
+                ev["in_flight_on_it_at_kill"] = self.sampler.scrape().get(("in_flight", VICTIM_BACKEND), 0.0)
+                if ev["in_flight_on_it_at_kill"] > 0:
+                    break
+            ev["at_s"] = time.time() - start
+            kill_group(self.backends[VICTIM_BACKEND].proc)
+            ev["killed"] = VICTIM_BACKEND
+
+
+def strip(res: dict) -> dict:
+    res.pop("_rows", None)
+    return res
+
+
+def wait_consumers(r: Any, q: Any, n: int, timeout: float = 120) -> None:
+    deadline = time.monotonic() + timeout
+    while int(r.xinfo_groups(q.cfg.stream)[0]["consumers"]) < n:
+        if time.monotonic() > deadline:
+            raise TimeoutError("gateway workers did not join the group")
+        time.sleep(0.1)
+
+
+def wait_drained(q: Any, timeout: float) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        try:
+            if q.depth() == 0:
+                return
+        except Exception:  # noqa: BLE001 - Redis restarting
+            pass
+        time.sleep(0.1)
+
+
+def wait_aof(r: Any, timeout: float = 60) -> None:
+    """Until the AOF turned on by CONFIG SET has been written (its rewrite done)."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        info = r.info("persistence")
+        if int(info.get("aof_enabled", 0)) == 1 and not int(info.get("aof_rewrite_in_progress", 0)):
+            if not int(info.get("aof_rewrite_scheduled", 0)):
+                return
+        time.sleep(0.1)
+    raise TimeoutError("AOF not enabled")
+
+
+# ---------------------------------------------------------------- report
+
+
+def markdown(result: dict) -> str:
+    m = result["meta"]
+    s = m["setup"]
+    lines = (
+        [f"**The run stopped early:** `{result['error'].strip().splitlines()[-1]}`", ""] if "error" in result else []
+    )
+    lines += [
+        f"Machine: {m['machine']}; commit {m['commit']}; {m['when']}.",
+        "",
+        f"Command: `{m['command']}`. Two Tritons on the one GPU, each `{MODEL}` (yolov8n_torch, test weights; "
+        f"{m['model']['instances']} instances, max batch {m['model']['max_batch']}, window "
+        f"{m['model']['triton_window_us']} µs), weights triton-a 3 : triton-b 2. Gateway: Redis + {s['workers']} "
+        f"workers x {s['slots']} slots ({s['read_count']} entries per XREADGROUP, reclaim after "
+        f"{s['claim_idle_ms']} ms idle; {m.get('redis_parser', '?')}). Load: {s['procs']} processes; {s['images']} distinct images, each answer "
+        f"checked against its own image's reference; {s['duration']:g} s per run; open loop: latency from the "
+        "scheduled arrival.",
+        "",
+        "| path | load | jobs/s | p50 ms | p95 ms | p99 ms | sent | right | wrong | errors | lost | split a:b |",
+        "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|",
+    ]
+    for x in result["runs"]:
+        a, b = x["split"].get("triton-a", 0), x["split"].get("triton-b", 0)
+        cells = [x["path"], "open {:g}/s".format(x["rate"]) if x["mode"] == "open" else f"closed {x['concurrency']}"]
+        cells += [x[k] for k in ("jobs_per_s", "p50_ms", "p95_ms", "p99_ms", "sent", "answered_right", "wrong")]
+        cells += [x["errors"], x["lost"], f"{a}:{b}" + (f" ({a / b:.2f})" if b else "")]
+        lines.append("| " + " | ".join(str(c) for c in cells) + " |")
+    lines.append("")
+    by = {(x["path"], x["mode"], x["rate"] if x["mode"] == "open" else x["concurrency"]): x for x in result["runs"]}
+    for (path, mode, load), g in sorted(by.items(), key=lambda kv: str(kv[0])):
+        dr = by.get(("direct", mode, load))
+        if path != "gateway" or dr is None:
+            continue
+        a, b = g["split"].get("triton-a", 0), g["split"].get("triton-b", 0)
+        share = a / (a + b) if a + b else 0.0
+        lines.append(
+            f"- {mode} {load:g}: the gateway adds {g['p50_ms'] - dr['p50_ms']:+.2f} ms at p50 (goal ≤ 1), "
+            f"{g['p95_ms'] - dr['p95_ms']:+.2f} ms at p95 (goal ≤ 2), {g['p99_ms'] - dr['p99_ms']:+.2f} ms at p99; "
+            f"{g['jobs_per_s'] / dr['jobs_per_s']:.1%} of the direct jobs/s (goal ≥ 95 %); triton-a's share "
+            f"{share:.1%} (3:2 is 60 %, ±10 %: 54–66 %)."
+        )
+    lines += ["", "Where the time goes (medians of the answered jobs, ms; client total from the call's issue):", ""]
+    for x in result["runs"]:
+        load = f"open {x['rate']:g}/s" if x["mode"] == "open" else f"closed {x['concurrency']}"
+        lines.append(f"- {x['path']} {load}: " + ", ".join(f"{k} {v}" for k, v in x["parts_ms_p50"].items()))
+        if "redis" in x:
+            per = x["redis"]["per_job"]
+            lines.append(
+                "  Redis commands per job (calls, main-thread µs): "
+                + ", ".join(f"{c} {v['calls']} ({v['usec']} µs)" for c, v in sorted(per.items()))
+            )
+        if x.get("backends_seen_by_workers"):
+            lines.append(
+                "  Backends as the workers saw them (0.5 s samples): " + json.dumps(x["backends_seen_by_workers"])
+            )
+    if result.get("front"):
+        fr = result["front"]
+        lines += [
+            "",
+            f"Through the whole gateway (serving.front, KServe v2 JSON over HTTP, {fr.get('body_bytes', 0):,} bytes a "
+            f"request; one at a time): {fr['requests']} requests, {fr['right']} right, {fr['wrong']} wrong, "
+            f"{fr['failed']} failed; p50 {fr['p50_ms']} ms, max {fr['max_ms']} ms (mostly JSON)."
+            + (f" First problem: {fr['first_problem']}" if fr["first_problem"] else ""),
+        ]
+    if result["faults"]:
+        lines += [
+            "",
+            "| fault | at s | sent | accepted | answered once, right | wrong | lost | answered twice | completions "
+            "dropped as duplicates | in flight at the fault | jobs moved | moved done by (s after fault) | p99 ms after "
+            "fault |",
+            "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
+        ]
+        for f in result["faults"]:
+            x = f["run"]
+            red = x["redis"]
+            lines.append(
+                f"| {fault_label(f)} | {f.get('at_s', 0):.1f} | {x['sent']} | {x['sent'] - x['unaccepted']} | "
+                f"{x['answered_right']} | {x['wrong']} | {x['lost']} | {red['answered_twice']} | "
+                f"{red['duplicate_completions_dropped']} | {f['in_flight_at_fault']} | {f['jobs_moved']} | {f['moved_done_by_s_after_fault']} | "
+                f"{f['after_fault_p99_ms']} |"
+            )
+        lines.append("")
+        for f in result["faults"]:
+            x = f["run"]
+            extra = {k: v for k, v in f.items() if k not in ("run", "fault")}
+            lines.append(
+                f"- {fault_label(f)}: {json.dumps(extra)}; submit retries {x['submit_retries']}, result retries "
+                f"{x['result_retries']}, stream depth after {x['redis']['stream_depth_after']}, pending after "
+                f"{x['redis']['pending_after']}."
+            )
+    return "\n".join(lines) + "\n"
+
+
+def fault_label(f: dict) -> str:
+    return {
+        "worker": "worker SIGKILLed",
+        "redis": "Redis SIGKILLed, restarted (AOF)",
+        "backend": "backend triton-b SIGKILLed",
+    }[f["fault"]]
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

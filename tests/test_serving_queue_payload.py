@@ -1,0 +1,106 @@
+"""Large job inputs beside the stream entry (serving.queue: ``gen:in:<key>``), against a real redis-server.
+
+An image (640x640x3 UINT8, 1.2 MB) goes in its own key, SET in the same round trip as the submit script, so Redis
+never copies it through Lua; a worker gets a whole read's inputs with one MGET. Each test sends distinct arrays and
+compares every job's inputs with its own.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from serving.queue import JobQueue, QueueConfig, QueueFull, Result
+from tests.servers import redis as redis_server
+
+redis = pytest.importorskip("redis")
+
+redis_srv = redis_server.redis_fixture()
+
+
+@pytest.fixture
+def queue(redis_srv):
+    """queue(**config): a JobQueue with its group, on a flushed server (its client: ``.r``)."""
+    client = redis.Redis(port=redis_srv.port)
+    client.flushall()
+
+    def make(**config) -> JobQueue:
+        q = JobQueue(client, QueueConfig(**config))
+        q.ensure_group()
+        return q
+
+    yield make
+    client.close()
+
+
+def image(i: int) -> np.ndarray:
+    return np.random.default_rng(i).integers(0, 256, (1, 640, 640, 3), dtype=np.uint8)
+
+
+def done(job, backend: str = "a") -> Result:
+    return Result(job.key, "ok", backend, "w", 1.0, 0.5, 0.4, outputs={"n": np.array([job.inputs["images"].sum()])})
+
+
+def test_large_inputs_travel_beside_the_entry_and_go_with_the_job(queue):
+    q = queue(max_depth=10)
+    r = q.r
+    keys = [q.submit("m", {"images": image(i), "small": np.array([i], np.int32)}) for i in range(3)]
+    entries = r.xrange(q.cfg.stream)
+    assert len(entries) == 3
+    for (_, fields), key in zip(entries, keys):
+        assert fields[b"payload"] == f"gen:in:{key}".encode()
+        assert not [f for f in fields if f.startswith(b"in:")]  # no tensor bytes in the stream
+        assert r.strlen(f"gen:in:{key}") == 640 * 640 * 3 + 4
+    jobs = q.read("w1", count=8, block_ms=100)
+    assert [j.key for j in jobs] == keys
+    for i, job in enumerate(jobs):
+        assert np.array_equal(job.inputs["images"], image(i))
+        assert job.inputs["small"].tolist() == [i]
+        assert q.complete(job, done(job))
+        assert r.exists(f"gen:in:{job.key}") == 0
+    assert q.depth() == 0
+    for i, key in enumerate(keys):
+        assert q.result(key, timeout_s=2).outputs["n"].tolist() == [int(image(i).sum())]
+
+
+def test_small_inputs_stay_in_the_entry(queue):
+    q = queue()
+    r = q.r
+    q.submit("m", {"x": np.arange(4, dtype=np.float32)})
+    [(_, fields)] = r.xrange(q.cfg.stream)
+    assert b"in:x" in fields and b"payload" not in fields
+    assert not r.keys("gen:in:*")
+
+
+def test_a_refused_job_leaves_no_inputs_and_a_resubmit_is_not_queued_twice(queue):
+    q = queue(max_depth=1)
+    r = q.r
+    first = q.submit("m", {"images": image(1)}, key="k1")
+    assert q.submit("m", {"images": image(1)}, key="k1") == first
+    assert q.depth() == 1
+    with pytest.raises(QueueFull):
+        q.submit("m", {"images": image(2)}, key="k2")
+    assert r.exists("gen:in:k2") == 0 and r.exists("gen:in:k1") == 1
+
+
+def test_a_reclaimed_job_brings_its_inputs_and_a_restarted_redis_loses_no_script(queue):
+    q = queue()
+    r = q.r
+    q.submit("m", {"images": image(7)}, key="k7")
+    [held] = q.read("dead", count=1, block_ms=100)
+    r.script_flush()  # as after a restart: the submit script is loaded again on NOSCRIPT
+    q.submit("m", {"images": image(8)}, key="k8")
+    [again] = q.autoclaim("alive", min_idle_ms=0, count=1)
+    assert again.key == "k7" and again.reclaimed
+    assert np.array_equal(again.inputs["images"], image(7)) and np.array_equal(held.inputs["images"], image(7))
+    [other] = q.read("alive", count=1, block_ms=100)
+    assert other.key == "k8" and np.array_equal(other.inputs["images"], image(8))
+
+
+def test_inputs_that_expired_give_a_job_without_inputs(queue):
+    q = queue()
+    r = q.r
+    q.submit("m", {"images": image(3)}, key="k3")
+    r.delete("gen:in:k3")
+    [job] = q.read("w", count=1, block_ms=100)
+    assert job.key == "k3" and job.inputs == {}
