@@ -13,6 +13,7 @@ Usage::
 
 from __future__ import annotations
 
+import asyncio
 import concurrent.futures
 import functools
 import gc
@@ -27,7 +28,7 @@ import pulumi
 import pulumi._types as sdk_types
 import pulumi.dynamic.dynamic as sdk_dynamic
 from google.protobuf import struct_pb2
-from pulumi.output import Unknown
+from pulumi.output import Unknown, _OutputData
 from pulumi.runtime import _serialization as sdk_serialization
 from pulumi.runtime import mocks as pm
 from pulumi.runtime import resource as sdk_resource
@@ -281,6 +282,45 @@ def _untrack_done(lock: Any, outputs: set, fut: Any) -> None:
         outputs.discard(fut)
 
 
+def _transfer_properties(res: pulumi.Resource, props: dict, custom: bool) -> dict[str, Callable[..., None]]:
+    """rpc.transfer_properties (an Output attribute per property, and the resolver the registration calls) with one
+    future per property holding the Output's data: the SDK makes four futures (value, known, secret, dependencies)
+    and a task that awaits them into the same data, per property, set or not (pulumi-docker's Container has 78)."""
+    resolvers: dict[str, Callable[..., None]] = {}
+    for name in props:
+        if name == "urn" or (name == "id" and custom):
+            continue  # handled by the SDK elsewhere
+        data: Any = asyncio.Future()
+        resolvers[name] = functools.partial(_resolve_data, res, data)
+        res.__dict__[name] = pulumi.Output._from_data(data)
+    return resolvers
+
+
+def _resolve_data(
+    r: pulumi.Resource, data: Any, value: Any, is_known: bool, is_secret: bool, deps: Any, failed: Any
+) -> None:
+    """transfer_properties's `do_resolve`: the property's dependencies are `deps` and the resource itself. The data
+    is settled one loop turn later, where the SDK's task would wake to gather its four futures, so everything
+    waiting on the property runs in the same order as with the SDK's own (the registrations keep their order)."""
+    deps_union = set(deps) if deps else set()
+    deps_union.add(r)
+    outcome = (
+        None
+        if failed is not None
+        else _OutputData(resources=deps_union, value=value, is_known=is_known, is_secret=is_secret)
+    )
+    data.get_loop().call_soon(_settle, data, outcome, failed)
+
+
+def _settle(data: Any, outcome: Any, failed: Any) -> None:
+    if data.cancelled():  # as the SDK's task would be: nothing left to settle
+        return
+    if failed is not None:
+        data.set_exception(failed)
+    else:
+        data.set_result(outcome)
+
+
 _sdk_debug = pulumi.log.debug
 _sdk_serialize_provider = sdk_dynamic.serialize_provider
 # (module, attribute, stand-in): SDK functions that lean_runtime replaces with ones that answer the same, cheaper
@@ -294,6 +334,7 @@ _SHORTCUTS = (
     (sdk_dynamic, "serialize_provider", _memo_serialize_provider),
     (pulumi.log, "debug", _debug),
     (pulumi.Output, "_track", _track),
+    (rpc, "transfer_properties", _transfer_properties),
 )
 _SDK = {name: getattr(module, name) for module, name, _ in _SHORTCUTS}  # the SDK's own, by name
 

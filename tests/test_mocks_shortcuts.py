@@ -121,3 +121,57 @@ def test_the_sdks_functions_are_back_after_a_run():
         assert getattr(module, name) is mocks._SDK[name], name
     assert sdk_types.resource_types is mocks._SDK["resource_types"]
     assert sdk_dynamic.serialize_provider is mocks._SDK["serialize_provider"]
+
+
+def _settled(transfer, resolve_args: tuple) -> tuple:
+    """What an Output made by `transfer` holds after its resolver is called with `resolve_args`: (value, known,
+    secret, dependency names) or the error's text. On a thread of its own, whose event loop it may set and close
+    (this thread's loop is the one the mocks' programs run on)."""
+    import concurrent.futures
+
+    with concurrent.futures.ThreadPoolExecutor(max_workers=1) as pool:
+        return pool.submit(_settled_here, transfer, resolve_args).result()
+
+
+def _settled_here(transfer, resolve_args: tuple) -> tuple:
+    import asyncio
+
+    loop = asyncio.new_event_loop()
+    try:
+        asyncio.set_event_loop(loop)
+        res = pulumi.CustomResource.__new__(pulumi.CustomResource)
+        res._name = "r"  # type: ignore[attr-defined]
+        dep = _Node("dep")
+        resolvers = transfer(res, {"urn": None, "id": None, "size": None}, True)
+        assert sorted(resolvers) == ["size"]
+        value, known, secret, failed = resolve_args
+        resolvers["size"](value, known, secret, {dep}, failed)
+
+        async def read():
+            data = await res.size._data  # type: ignore[attr-defined]
+            names = sorted("self" if d is res else d.name for d in data.resources)
+            return data.value, data.is_known, data.is_secret, names
+
+        try:
+            return loop.run_until_complete(read())
+        except RuntimeError as e:
+            return ("error", str(e))
+    finally:
+        asyncio.set_event_loop(None)
+        loop.close()
+
+
+@pytest.mark.parametrize(
+    "resolve_args",
+    [
+        (3, True, False, None),
+        ({"a": UNKNOWN}, True, True, None),
+        (None, False, False, None),
+        (0, True, False, RuntimeError("x")),
+    ],
+    ids=["known", "unknown-inside-secret", "not-known", "failed"],
+)
+def test_transfer_properties_settles_as_the_sdk(resolve_args):
+    got = _settled(mocks._transfer_properties, resolve_args)
+    assert got == _settled(mocks._SDK["transfer_properties"], resolve_args)
+    assert got != _settled(mocks._SDK["transfer_properties"], (4, True, False, None))
