@@ -20,6 +20,7 @@ Usage::
 
 from __future__ import annotations
 
+from functools import lru_cache
 from typing import Annotated, Literal, Optional
 
 from google.protobuf import text_format
@@ -230,11 +231,19 @@ def _field_from_parse_error(message: str) -> str:
     return "config.pbtxt"
 
 
+@lru_cache(maxsize=256)
+def _parsed_back(text: str, model: str) -> pb.ModelConfig:
+    """`parse_config` of a rendered text, once per text (a program renders each service's repository three times;
+    the pure-Python text parser was the costliest part). Only compared against, never handed out."""
+    return parse_config(text, model)
+
+
 def render_config(spec: ModelSpec, *, gpu_count: int) -> str:
     """``config.pbtxt`` text for ``spec`` after ``validate``; parsed back with ModelConfig before returning."""
     validate(spec, gpu_count=gpu_count)
-    text = text_format.MessageToString(to_message(spec))
-    if parse_config(text, spec.name) != to_message(spec):  # pragma: no cover - protobuf round trip guard
+    message = to_message(spec)
+    text = text_format.MessageToString(message)
+    if _parsed_back(text, spec.name) != message:  # pragma: no cover - protobuf round trip guard
         raise ModelConfigError(spec.name, "config.pbtxt", "does not round-trip through ModelConfig")
     return text
 
