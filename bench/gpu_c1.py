@@ -1,4 +1,4 @@
-"""Where the c=1 time of one 1280×720 JPEG frame goes (issue 26's 4 ms p95 goal): stage by stage, then the serving floor.
+"""Where the c=1 time of one 1280×720 JPEG frame goes (issue 26's 4 ms p95 goal): by stage, then the serving floor.
 
 Command (on the GPU machine; ≤ 4 minutes; writes OUT/gpu_c1.json and OUT/gpu_c1.md)::
 
@@ -13,16 +13,17 @@ Three parts, each for the same 1280×720 frame (``serving.sample_frames``, seed 
    graph for the fixed frame size), the product's graph (preprocess + model + NMS) and its parts, box mapping, the
    device → host copy, and end to end: the batched path as ``_execute_frames`` runs it for a batch (letterbox_batch,
    the batch size's graph, unletterbox), and the lone frame's path (decode, then one graph of
-   ``frames.letterboxed_forward``: letterbox + model + NMS + boxes back, captured for the frame's size). Each stage: host time until the call returns
-   (launch), wall time to a synchronize, GPU time (CUDA events); p50/p95/p99 over ``--reps``. The host syncs of
-   the product's path are counted with ``torch.cuda.set_sync_debug_mode``.
+   ``frames.letterboxed_forward``: letterbox + model + NMS + boxes back, captured for the frame's size). Each stage:
+   host time until the call returns (launch), wall time to a synchronize, GPU time (CUDA events); p50/p95/p99 over
+   ``--reps``. The host syncs of both paths are counted with ``torch.cuda.set_sync_debug_mode``.
 2. ``floor``: Triton with a python-backend model that reads the frame and answers a zero ``detections`` /
    ``num_detections`` of the real shapes (the product's config.pbtxt, same instances, batching, window), for the
    same body: HTTP direct and through nginx, gRPC direct and through nginx; and nginx's ``/nginx-health`` (the
    client's and nginx's own floor).
-3. ``served``: the real model (the GPU's preset) at c=1, the same four ways, and a variant with 1 instance and no
-   batching window; every answer checked against the device's eager reference of the frame. Triton's per-request
-   phases and the backend's own (decode, letterbox, GPU, respond) per point.
+3. ``served``: the real model (the GPU's preset) at c=1, the same four ways, and over HTTP variants with 2 and 1
+   instances and one without the lone-frame graphs (``frame_graphs: none``); every answer checked against the
+   device's eager reference of the frame (after the clock stops, as the gate does). Triton's per-request phases
+   and the backend's own (decode, launch, GPU, respond) per point.
 """
 
 from __future__ import annotations
@@ -412,7 +413,12 @@ def served(args, gpu: bool, weights: bytes, frame: dict) -> dict:
             s = apply_preset(s, gpu_name) if gpu else s
         return s.model_copy(update={"parameters": {**s.parameters, "report_every": "100", "conf": str(CONF)}})
 
-    specs = [spec("det_jpeg"), spec("echo"), spec("det_jpeg_i1_w0", instances=1, window_us=0)]
+    # The preset's instance count against fewer (each request of a c=1 run lands on the instance that has waited
+    # longest: the coldest process and GPU context), same batching otherwise; and the lone-frame graphs off.
+    variants = {"det_jpeg_i2": dict(instances=2), "det_jpeg_i1": dict(instances=1)}
+    specs = [spec("det_jpeg"), spec("echo"), *(spec(k, **v) for k, v in variants.items())]
+    nograph = spec("det_jpeg_nofg")
+    specs.append(nograph.model_copy(update={"parameters": {**nograph.parameters, "frame_graphs": "none"}}))
     files = repository_files(specs, gpu_count=1 if gpu else 0)
     for s in specs:
         if s.name == "echo":
@@ -445,11 +451,11 @@ def served(args, gpu: bool, weights: bytes, frame: dict) -> dict:
         )
         out["points"].append({"name": "nginx /nginx-health (client + nginx floor)", **_ms_of(r)})
         log(f"nginx-health: {r.summary()}")
-        for model in ("echo", "det_jpeg", "det_jpeg_i1_w0"):
+        for model in ("echo", "det_jpeg", *variants, "det_jpeg_nofg"):
             pl = pl_echo if model == "echo" else pl_real
             check = loadgate.ResponseCheck.from_config(get_json(f"{srv.http}/v2/models/{model}/config"), batch=1)
             ways = [("http direct", srv.http), ("http nginx", srv.nginx_http)]
-            if model != "det_jpeg_i1_w0":
+            if model in ("echo", "det_jpeg"):
                 ways += [("grpc direct", srv.grpc), ("grpc nginx", srv.nginx_grpc)]
             for way, base in ways:
                 name = f"{model} {way}"
@@ -537,12 +543,14 @@ def table(res: dict) -> str:
                 f"{t.get('compute_input_us', '')} | {t.get('compute_infer_us', '')} | "
                 f"{t.get('compute_output_us', '')} | {t.get('avg_batch', '')} |"
             )
-        reps = [r for r in sv.get("backend_reports", []) if "respond_ms" in r]
-        for r in reps:
-            lines.append(
-                f"\nbackend {r['instance']}: "
-                + ", ".join(f"{k} {v}" for k, v in r.items() if k.endswith("_ms") or k == "frames_per_execute")
-            )
+        by_model: dict[str, list[dict]] = {}
+        for r in sv.get("backend_reports", []):
+            if "respond_ms" in r:
+                by_model.setdefault(r["instance"].rsplit("_", 2)[0], []).append(r)
+        for model, reps in by_model.items():
+            keys = [k for k in reps[0] if k.endswith("_ms") or k == "frames_per_execute"]
+            mean = ", ".join(f"{k} {statistics.fmean(r[k] for r in reps):.3f}" for k in keys)
+            lines.append(f"\nbackend {model} (means of {len(reps)} reports of 100 executes): {mean}")
         graphs = [r for r in sv.get("backend_reports", []) if "graph_ms" in r]
         if graphs:
             lines.append(f"\ngraph replay ms by batch (first instance): `{json.dumps(graphs[0]['graph_ms'])}`")
@@ -553,7 +561,7 @@ def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--out", default=str(ROOT / "bench" / "results"))
     ap.add_argument("--reps", type=int, default=300)
-    ap.add_argument("--duration", type=float, default=5.0, help="seconds per served point")
+    ap.add_argument("--duration", type=float, default=4.0, help="seconds per served point")
     ap.add_argument("--http-threads", type=int, default=32)
     ap.add_argument("--gpu-model", default="")
     ap.add_argument("--nginx", default="")

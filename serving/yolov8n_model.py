@@ -33,11 +33,11 @@ code, never from stack config) builds the seeded random model instead, whose ans
 
 Parameters (``config.pbtxt``): ``weights``, ``random_weights_for_benchmarks``, ``output`` (nms|raw), ``precision``
 (fp16|fp32), ``cuda_graphs`` (true|false), ``max_det``, ``nms_candidates``, ``conf``, ``iou``, ``torch_threads``,
-``input`` (raw|jpeg), ``decode`` (auto|gpu|cpu), ``max_frame_pixels``, ``max_frame_side``, ``frame_graphs`` (jpeg input on
-a GPU: the frame sizes, ``WxH,...`` or ``none``, whose lone frames run as one CUDA graph each: letterbox + model + NMS +
-boxes back, no launches between them; default 1280x720,1920x1080,640x480), ``report_every`` (print the mean time of
-each execute's phases every N executes to Triton's log, 0 = never). At start each instance prints the GPU time of
-one graph replay per batch size (``gpuhost-graph-ms``).
+``input`` (raw|jpeg), ``decode`` (auto|gpu|cpu), ``max_frame_pixels``, ``max_frame_side``, ``frame_graphs`` (jpeg
+input on a GPU: the frame sizes, ``WxH,...`` or ``none``, whose lone frames run as one CUDA graph each: letterbox +
+model + NMS + boxes back, no launches between them; default 1280x720,1920x1080,640x480), ``report_every`` (print
+the mean time of each execute's phases every N executes to Triton's log, 0 = never). At start each instance prints
+the GPU time of one graph replay per batch size (``gpuhost-graph-ms``).
 """
 
 import json
@@ -351,7 +351,8 @@ class TritonPythonModel:
     def _account(self, *marks, frames=0):
         """Mean ms per execute of each phase between ``marks`` (raw input: gather = DLPack + pinned staging, GPU =
         copies, graph, sync, respond; jpeg input: decode = header checks + the decoder's call, launch = letterbox,
-        graph and copies issued (the host's share), GPU = the wait for them, respond), printed to Triton's log every ``report_every`` executes with the mean frames per execute."""
+        graph and copies issued (the host's share), GPU = the wait for them, respond), printed to Triton's log every
+        ``report_every`` executes with the mean frames per execute."""
         names = ("decode", "launch", "gpu", "respond") if self.input_mode == "jpeg" else ("gather", "gpu", "respond")
         if len(self._phases) != len(names):
             self._phases = [0.0] * len(names)
