@@ -40,6 +40,7 @@ the mean time of each execute's phases every N executes to Triton's log, 0 = nev
 the GPU time of one graph replay per batch size (``gpuhost-graph-ms``).
 """
 
+import gc
 import json
 import os
 import sys
@@ -155,6 +156,10 @@ class TritonPythonModel:
             n: torch.empty((self.max_batch, *s), dtype=self._out_dtype(n), pin_memory=pin)
             for n, s in out_shapes.items()
         }
+        # What initialize built (torch, the model, the graphs: ~170,000 objects) leaves the collector's generations:
+        # a full collection that falls in an execute would walk all of it (tens of ms on a fast core).
+        gc.collect()
+        gc.freeze()
 
     def _load(self, config):
         """The model with the ``weights`` file's weights (eval, FP32, CPU); see the module docstring."""
