@@ -15,7 +15,9 @@ Three parts, each for the same 1280×720 frame (``serving.sample_frames``, seed 
    the batch size's graph, unletterbox), and the lone frame's path (decode, then one graph of
    ``frames.letterboxed_forward``: letterbox + model + NMS + boxes back, captured for the frame's size). Each stage:
    host time until the call returns (launch), wall time to a synchronize, GPU time (CUDA events); p50/p95/p99 over
-   ``--reps``. The host syncs of both paths are counted with ``torch.cuda.set_sync_debug_mode``.
+   ``--reps``; both end-to-end paths also with a 4 and a 13 ms sleep before each rep (how long an instance idles
+   between c=1 requests with 1 and 3 instances: the same work on a cold core). The host syncs of both paths are
+   counted with ``torch.cuda.set_sync_debug_mode``.
 2. ``floor``: Triton with a python-backend model that reads the frame and answers a zero ``detections`` /
    ``num_detections`` of the real shapes (the product's config.pbtxt, same instances, batching, window), for the
    same body: HTTP direct and through nginx, gRPC direct and through nginx; and nginx's ``/nginx-health`` (the
@@ -109,7 +111,9 @@ class Timer:
         if self.cuda:
             self.torch.cuda.synchronize()
 
-    def __call__(self, fn: Callable[[], object]) -> dict:
+    def __call__(self, fn: Callable[[], object], idle_ms: float = 0.0) -> dict:
+        """``idle_ms``: sleep that long before each rep (a served instance waits between requests: its core and
+        caches go cold), so the busy loop's numbers and a server's can be told apart."""
         torch = self.torch
         for _ in range(self.warm):
             fn()
@@ -117,6 +121,8 @@ class Timer:
         host, wall, gpu = [], [], []
         for _ in range(self.reps):
             self.sync()
+            if idle_ms:
+                time.sleep(idle_ms / 1000)
             if self.cuda:
                 e0, e1 = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
                 e0.record()
@@ -290,6 +296,10 @@ def stages(gpu: bool, reps: int, weights: bytes, jpeg: bytes) -> dict:
                 return respond()
 
             st["total_frame_graph"] = timer(fused_total)
+            # c=1 through the preset: a request every ~4.5 ms, each instance idle ~4 ms (1 instance) or ~13 ms (3).
+            for idle in (4, 13):
+                st[f"total_frame_graph_idle_{idle}ms"] = timer(fused_total, idle_ms=idle)
+                st[f"total_batched_path_idle_{idle}ms"] = timer(product_total, idle_ms=idle)
             res["frame_graph_host_syncs"] = _count_syncs(torch, fused_total)
             # The lone frame's graph answers what the batched path does (same frame, same kernels).
             a = [t.clone() for t in product_total()]
