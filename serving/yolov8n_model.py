@@ -156,6 +156,8 @@ class TritonPythonModel:
             n: torch.empty((self.max_batch, *s), dtype=self._out_dtype(n), pin_memory=pin)
             for n, s in out_shapes.items()
         }
+        # Row views of the host outputs by (first, count): made once, not sliced again in every execute.
+        self._rows = {}
         # What initialize built (torch, the model, the graphs: ~170,000 objects) leaves the collector's generations:
         # a full collection that falls in an execute would walk all of it (tens of ms on a fast core).
         gc.collect()
@@ -333,7 +335,8 @@ class TritonPythonModel:
                 det, count = self._frames_forward(batch)
                 outs = {"detections": det, "num_detections": count}
                 for name in self.outputs:
-                    self.host_out[name][:total].copy_(outs[name][:total], non_blocking=cuda)
+                    out = outs[name] if outs[name].shape[0] == total else outs[name][:total]
+                    self._host_rows(name, 0, total).copy_(out, non_blocking=cuda)
             t1 = time.perf_counter()
         if cuda:
             self.stream.synchronize()
@@ -345,13 +348,19 @@ class TritonPythonModel:
                 continue
             first, n = slots[i][0], len(slots[i])
             tensors = [
-                pb_utils.Tensor.from_dlpack(name, self.host_out[name][first : first + n].clone())
-                for name in self.outputs
+                pb_utils.Tensor.from_dlpack(name, self._host_rows(name, first, n).clone()) for name in self.outputs
             ]
             responses.append(pb_utils.InferenceResponse(output_tensors=tensors))
         if self._report_every:
             self._account(t0, t_dec, t1, t2, time.perf_counter(), frames=total)
         return responses
+
+    def _host_rows(self, name, first, n):
+        """``host_out[name][first : first + n]``, the view made on first use (at most max_batch² of them)."""
+        view = self._rows.get((name, first, n))
+        if view is None:
+            view = self._rows[(name, first, n)] = self.host_out[name][first : first + n]
+        return view
 
     def _account(self, *marks, frames=0):
         """Mean ms per execute of each phase between ``marks`` (raw input: gather = DLPack + pinned staging, GPU =
