@@ -415,6 +415,7 @@ def start_servers(
     gpu_count: int,
     http_threads: int,
     nginx_workers: tuple[str, ...] = (),
+    server_extra: tuple[str, ...] = (),
 ) -> Servers:
     repo = workdir / "models"
     for rel, content in files.items():
@@ -445,6 +446,7 @@ def start_servers(
             f"--http-thread-count={http_threads}",
             f"--cache-directory={dist / 'caches'}",
             "--log-verbose=0",
+            *server_extra,
         ],
     )
     cmd = [str(dist / "bin" / "tritonserver"), *server_args(opts, specs)]

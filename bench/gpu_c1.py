@@ -25,13 +25,17 @@ Three parts, each for the same 1280×720 frame (``serving.sample_frames``, seed 
 3. ``served``: the real model (the GPU's preset) at c=1, the same four ways, and over HTTP variants with 2 and 1
    instances and one without the lone-frame graphs (``frame_graphs: none``); every answer checked against the
    device's eager reference of the frame (after the clock stops, as the gate does). Triton's per-request phases
-   and the backend's own (decode, launch, GPU, respond) per point.
+   and the backend's own (decode, launch, GPU, respond) per point. Then a second Triton with
+   ``--rate-limit=execution_count`` serving the preset's instances as two groups, 1 at rate-limiter priority 1 and
+   the rest at 1000 (``det_jpeg_warm``): lone requests go to the first instance (it stays warm), the others take
+   batches while it is busy; c=1 over HTTP and c=16 through nginx against the plain preset's c=16.
 """
 
 from __future__ import annotations
 
 import argparse
 import contextlib
+import dataclasses
 import json
 import shutil
 import statistics
@@ -49,6 +53,7 @@ from bench.gpu import _git_commit, get_json, log, machine, model_stats, start_se
 from bench.gpu_frames import CONF, MAX_DET, make_frames, payloads, references  # noqa: E402
 from bench.yolo_check import WEIGHTS_FILE, set_problem, weights_file  # noqa: E402
 from plans.presets import apply_preset  # noqa: E402
+from plans.triton_model import RateLimiter  # noqa: E402
 from plans.triton_repo import repository_files, yolov8n_torch  # noqa: E402
 from serving import loadgate  # noqa: E402
 from serving.models import yolov8n_files  # noqa: E402
@@ -402,18 +407,19 @@ def _ms(lat: list[float]) -> dict:
     return {f"{k}_ms": v for k, v in p.items() if k != "n"}
 
 
-def _http_c1(url: str, pl, check, duration: float) -> dict:
-    # c=1, one process, 5 warm-up requests (LoadSpec's defaults); every answer checked.
-    spec = loadgate.LoadSpec(url, payloads=pl, duration_s=duration, max_requests=10**7, tool="python", check=check)
-    r = loadgate.run(spec)
-    d = r.as_dict()
-    return {
-        k: d[k] for k in ("tool", "requests", "errors", "invalid", "first_invalid", "p50_ms", "p95_ms", "p99_ms")
-    } | {"mean_ms": round(d["mean_ms"], 4)}
+def _http(url: str, pl, check, duration: float, c: int = 1) -> dict:
+    # c connections (threads of up to 4 processes), 5 warm-up requests each; every answer checked.
+    spec = loadgate.LoadSpec(
+        url, payloads=pl, concurrency=c, duration_s=duration, max_requests=10**7, tool="python", check=check
+    )
+    d = loadgate.run(dataclasses.replace(spec, processes=min(c, 4))).as_dict()
+    keep = ("tool", "requests", "errors", "invalid", "first_invalid", "p50_ms", "p95_ms", "p99_ms", "throughput_rps")
+    return {k: d[k] for k in keep} | {"mean_ms": round(d["mean_ms"], 4)}
 
 
 def served(args, gpu: bool, weights: bytes, frame: dict) -> dict:
-    """Parts 2 and 3 (see the module docstring)."""
+    """Parts 2 and 3 (see the module docstring): one Triton with the echo, the preset's model and its variants,
+    then one with the preset's instances under Triton's rate limiter, the first instance preferred (``warm``)."""
     nginx_bin = args.nginx or shutil.which("nginx") or "/usr/sbin/nginx"
     gpu_name = args.gpu_model or (machine(nginx_bin).get("gpus") or [""])[0].split(",")[0]
 
@@ -429,6 +435,37 @@ def served(args, gpu: bool, weights: bytes, frame: dict) -> dict:
     specs = [spec("det_jpeg"), spec("echo"), *(spec(k, **v) for k, v in variants.items())]
     nograph = spec("det_jpeg_nofg")
     specs.append(nograph.model_copy(update={"parameters": {**nograph.parameters, "frame_graphs": "none"}}))
+    all_ways = ("http direct", "http nginx", "grpc direct", "grpc nginx")
+    plan = [("echo", w, 1) for w in all_ways] + [("det_jpeg", w, 1) for w in all_ways]
+    plan += [(m, w, 1) for m in (*variants, "det_jpeg_nofg") for w in all_ways[:2]]
+    plan += [("det_jpeg", "http nginx", 16)]
+    out = _triton(args, gpu, weights, frame, nginx_bin, specs, plan, ())
+    out["gpu_model"] = gpu_name
+    # Triton's rate limiter hands a batch to the available instance of the lowest priority × executions: with the
+    # first instance at priority 1 and the others at 1000, lone requests all go to the first (warm) one, and the
+    # others take batches only while it is busy.
+    base = spec("det_jpeg_warm")
+    g = base.instance_group[0]
+    if g.count > 1:
+        groups = [
+            g.model_copy(update={"count": 1, "rate_limiter": RateLimiter(priority=1)}),
+            g.model_copy(update={"count": g.count - 1, "rate_limiter": RateLimiter(priority=1000)}),
+        ]
+        warm = base.model_copy(update={"instance_group": groups})
+        plan = [("det_jpeg_warm", w, 1) for w in all_ways[:2]] + [("det_jpeg_warm", "http nginx", 16)]
+        try:
+            second = _triton(args, gpu, weights, frame, nginx_bin, [warm], plan, ("--rate-limit=execution_count",))
+        except Exception as e:  # noqa: BLE001 - the first Triton's points stand alone
+            second = {"points": [{"name": "det_jpeg_warm", "failed": repr(e)}], "backend_reports": []}
+        out["points"] += second["points"]
+        out["backend_reports"] += second["backend_reports"]
+        out["warm_config_pbtxt"] = second.get("config_pbtxt", "")
+    return out
+
+
+def _triton(args, gpu: bool, weights: bytes, frame: dict, nginx_bin: str, specs, plan, server_extra) -> dict:
+    """Triton (with ``server_extra`` flags) and nginx serving ``specs``; each (model, way, concurrency) of ``plan``
+    measured for ``--duration`` s with Triton's per-request phases; the backends' reports from Triton's log."""
     files = repository_files(specs, gpu_count=1 if gpu else 0)
     for s in specs:
         if s.name == "echo":
@@ -436,12 +473,14 @@ def served(args, gpu: bool, weights: bytes, frame: dict) -> dict:
         else:
             files.update(yolov8n_files(s.name, s.version, weights, WEIGHTS_FILE))
     workdir = Path(tempfile.mkdtemp(prefix="gpuhost-c1-"))
-    out: dict = {"gpu_model": gpu_name, "points": []}
+    out: dict = {"points": []}
     t0 = time.monotonic()
-    srv = start_servers(workdir, specs, files, nginx_bin, 1 if gpu else 0, args.http_threads)
+    srv = start_servers(
+        workdir, specs, files, nginx_bin, 1 if gpu else 0, args.http_threads, server_extra=tuple(server_extra)
+    )
     out["startup_s"] = round(time.monotonic() - t0, 1)
-    out["config_pbtxt"] = files["det_jpeg/config.pbtxt"].decode()
-    log(f"servers up in {out['startup_s']} s")
+    out["config_pbtxt"] = files[f"{specs[0].name}/config.pbtxt"].decode()
+    log(f"servers up in {out['startup_s']} s ({' '.join(server_extra) or 'default flags'})")
     pl_real = payloads([frame], "jpeg")
     body, headers = loadgate.binary_request(
         [("images", "UINT8", [1, len(frame["jpeg"])], frame["jpeg"])], ["detections", "num_detections"]
@@ -449,38 +488,34 @@ def served(args, gpu: bool, weights: bytes, frame: dict) -> dict:
     pl_echo = (loadgate.Payload(body, tuple(headers)),)
     d = args.duration
     try:
-        r = loadgate.run(
-            loadgate.LoadSpec(
-                url=f"{srv.nginx_http}/nginx-health",
-                method="GET",
-                concurrency=1,
-                duration_s=d,
-                tool="python",
-                processes=1,
+        if not server_extra:
+            r = loadgate.run(
+                loadgate.LoadSpec(f"{srv.nginx_http}/nginx-health", method="GET", duration_s=d, tool="python")
             )
-        )
-        out["points"].append({"name": "nginx /nginx-health (client + nginx floor)", **_ms_of(r)})
-        log(f"nginx-health: {r.summary()}")
-        for model in ("echo", "det_jpeg", *variants, "det_jpeg_nofg"):
+            out["points"].append({"name": "nginx /nginx-health (client + nginx floor)", **_ms_of(r)})
+            log(f"nginx-health: {r.summary()}")
+        bases = {
+            "http direct": srv.http,
+            "http nginx": srv.nginx_http,
+            "grpc direct": srv.grpc,
+            "grpc nginx": srv.nginx_grpc,
+        }
+        for model, way, c in plan:
             pl = pl_echo if model == "echo" else pl_real
-            check = loadgate.ResponseCheck.from_config(get_json(f"{srv.http}/v2/models/{model}/config"), batch=1)
-            ways = [("http direct", srv.http), ("http nginx", srv.nginx_http)]
-            if model in ("echo", "det_jpeg"):
-                ways += [("grpc direct", srv.grpc), ("grpc nginx", srv.nginx_grpc)]
-            for way, base in ways:
-                name = f"{model} {way}"
-                before = model_stats(srv.http, model)
-                try:
-                    if way.startswith("http"):
-                        row = _http_c1(f"{base}/v2/models/{model}/infer", pl, check, d)
-                    else:
-                        ref = None if model == "echo" else (frame["det"], frame["count"])
-                        row = _grpc_c1(base, model, frame["jpeg"], ref, d)
-                except Exception as e:  # noqa: BLE001 - one failed point must not lose the others
-                    row = {"failed": repr(e)}
-                row["triton"] = stats_delta(before, model_stats(srv.http, model))
-                out["points"].append({"name": name, "model": model, "via": way, **row})
-                log(f"{name}: {json.dumps(row)}")
+            name = f"{model} {way}" + (f" c={c}" if c > 1 else "")
+            before = model_stats(srv.http, model)
+            try:
+                if way.startswith("http"):
+                    check = loadgate.ResponseCheck.from_config(get_json(f"{srv.http}/v2/models/{model}/config"))
+                    row = _http(f"{bases[way]}/v2/models/{model}/infer", pl, check, d, c)
+                else:
+                    ref = None if model == "echo" else (frame["det"], frame["count"])
+                    row = _grpc_c1(bases[way], model, frame["jpeg"], ref, d)
+            except Exception as e:  # noqa: BLE001 - one failed point must not lose the others
+                row = {"failed": repr(e)}
+            row["triton"] = stats_delta(before, model_stats(srv.http, model))
+            out["points"].append({"name": name, "model": model, "via": way, "concurrency": c, **row})
+            log(f"{name}: {json.dumps(row)}")
     finally:
         srv.stop()
         text = (workdir / "triton.log").read_text(errors="replace")
@@ -539,16 +574,19 @@ def table(res: dict) -> str:
             f"Served at c=1 (preset of {sv.get('gpu_model')}; echo = the product's config with a model that answers "
             "zeros; ms; Triton µs per request):",
             "",
-            "| Point | p50 / p95 / p99 | mean | errors | Triton total | queue | input | infer | output | batch |",
-            "|---|---|---|---|---|---|---|---|---|---|",
+            "| Point | p50 / p95 / p99 | mean | req/s | errors | Triton total | queue | input | infer | output "
+            "| batch |",
+            "|---|---|---|---|---|---|---|---|---|---|---|",
         ]
         for p in sv["points"]:
             if "failed" in p:
-                lines.append(f"| {p['name']} | failed: {p['failed'][:120]} |||||||||")
+                lines.append(f"| {p['name']} | failed: {p['failed'][:120]} ||||||||||")
                 continue
             t = p.get("triton") or {}
+            rps = p.get("throughput_rps")
             lines.append(
                 f"| {p['name']} | {p['p50_ms']:.3f} / {p['p95_ms']:.3f} / {p['p99_ms']:.3f} | {p['mean_ms']:.3f} | "
+                f"{'' if rps is None else round(rps)} | "
                 f"{p.get('errors')} | {t.get('success_us', '')} | {t.get('queue_us', '')} | "
                 f"{t.get('compute_input_us', '')} | {t.get('compute_infer_us', '')} | "
                 f"{t.get('compute_output_us', '')} | {t.get('avg_batch', '')} |"
@@ -560,7 +598,13 @@ def table(res: dict) -> str:
         for model, reps in by_model.items():
             keys = [k for k in reps[0] if k.endswith("_ms") or k == "frames_per_execute"]
             mean = ", ".join(f"{k} {statistics.fmean(r[k] for r in reps):.3f}" for k in keys)
-            lines.append(f"\nbackend {model} (means of {len(reps)} reports of 100 executes): {mean}")
+            per: dict[str, int] = {}
+            for r in reps:
+                per[r["instance"]] = per.get(r["instance"], 0) + 100
+            lines.append(
+                f"\nbackend {model} (means of {len(reps)} reports of 100 executes): {mean}; executes by instance "
+                f"(hundreds, warm-up included): `{json.dumps(per, sort_keys=True)}`"
+            )
         graphs = [r for r in sv.get("backend_reports", []) if "graph_ms" in r]
         if graphs:
             lines.append(f"\ngraph replay ms by batch (first instance): `{json.dumps(graphs[0]['graph_ms'])}`")
