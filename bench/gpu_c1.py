@@ -615,7 +615,7 @@ def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--out", default=str(ROOT / "bench" / "results"))
     ap.add_argument("--reps", type=int, default=300)
-    ap.add_argument("--duration", type=float, default=4.0, help="seconds per served point")
+    ap.add_argument("--duration", type=float, default=3.0, help="seconds per served point")
     ap.add_argument("--http-threads", type=int, default=32)
     ap.add_argument("--gpu-model", default="")
     ap.add_argument("--nginx", default="")
