@@ -468,7 +468,7 @@ def table(results: dict) -> str:
     for mode in ("jpeg", "raw"):
         mine = [r for r in reps if r.get("input") == mode]
         if mine:
-            order = ("decode_ms", "letterbox_ms", "gather_ms", "gpu_ms", "respond_ms")
+            order = ("decode_ms", "launch_ms", "letterbox_ms", "gather_ms", "gpu_ms", "respond_ms")
             keys = [k for k in order if k in mine[0]]
             mean = {k: sum(r[k] for r in mine) / len(mine) for k in keys}
             fpe = sum(r["frames_per_execute"] for r in mine) / len(mine)

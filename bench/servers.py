@@ -359,18 +359,23 @@ def start_servers(
     *,
     http_threads: int,
     nginx_workers: Sequence[str] = (),
+    server_extra: Sequence[str] = (),
 ) -> Servers:
-    """``start_triton`` (``http_threads`` HTTP threads) and nginx (``worker_processes auto``, default model
-    ``specs[0]``) in front of it, plus one more nginx per ``nginx_workers`` entry."""
-    t = start_triton(workdir, specs, files, extra=[f"--http-thread-count={http_threads}", "--log-verbose=0"])
+    """``start_triton`` (``http_threads`` HTTP threads, then the flags ``server_extra``) and nginx
+    (``worker_processes auto``, default model ``specs[0]``) in front of it, plus one more nginx per ``nginx_workers``
+    entry."""
+    extra = [f"--http-thread-count={http_threads}", "--log-verbose=0", *server_extra]
+    t = start_triton(workdir, specs, files, extra=extra)
     http, grpc = t.ports["http"], t.ports["grpc"]
     try:
         nginx, nhttp, ngrpc = start_nginx(workdir / "nginx", nginx_bin, specs[0].name, http, grpc, "auto")
-        extra = {w: start_nginx(workdir / f"nginx-{w}", nginx_bin, specs[0].name, http, grpc, w) for w in nginx_workers}
+        fronts = {
+            w: start_nginx(workdir / f"nginx-{w}", nginx_bin, specs[0].name, http, grpc, w) for w in nginx_workers
+        }
     except BaseException:
         t.stop()
         raise
-    return Servers(t, nginx, t.http, t.grpc, nhttp, ngrpc, workdir, extra)
+    return Servers(t, nginx, t.http, t.grpc, nhttp, ngrpc, workdir, fronts)
 
 
 # ---------------------------------------------------------------- Triton's statistics

@@ -33,11 +33,14 @@ code, never from stack config) builds the seeded random model instead, whose ans
 
 Parameters (``config.pbtxt``): ``weights``, ``random_weights_for_benchmarks``, ``output`` (nms|raw), ``precision``
 (fp16|fp32), ``cuda_graphs`` (true|false), ``max_det``, ``nms_candidates``, ``conf``, ``iou``, ``torch_threads``,
-``input`` (raw|jpeg), ``decode`` (auto|gpu|cpu), ``max_frame_pixels``, ``max_frame_side``, ``report_every`` (print the mean time of
-each execute's phases every N executes to Triton's log, 0 = never). At start each instance prints the GPU time of
-one graph replay per batch size (``gpuhost-graph-ms``).
+``input`` (raw|jpeg), ``decode`` (auto|gpu|cpu), ``max_frame_pixels``, ``max_frame_side``, ``frame_graphs`` (jpeg
+input on a GPU: the frame sizes, ``WxH,...`` or ``none``, whose lone frames run as one CUDA graph each: letterbox +
+model + NMS + boxes back, no launches between them; default 1280x720,1920x1080,640x480), ``report_every`` (print
+the mean time of each execute's phases every N executes to Triton's log, 0 = never). At start each instance prints
+the GPU time of one graph replay per batch size (``gpuhost-graph-ms``).
 """
 
+import gc
 import json
 import os
 import sys
@@ -63,6 +66,10 @@ def _invalid(message):
     """The client's mistake (HTTP 400, gRPC INVALID_ARGUMENT), where the backend knows error codes."""
     code = getattr(pb_utils.TritonError, "INVALID_ARG", None)
     return pb_utils.TritonError(message) if code is None else pb_utils.TritonError(message, code)
+
+
+# Frame sizes (w×h) whose lone frames run as one CUDA graph each: what cameras and clients send (issue 26).
+DEFAULT_FRAME_GRAPHS = "1280x720,1920x1080,640x480"
 
 
 def graph_sizes(max_batch):
@@ -108,6 +115,14 @@ class TritonPythonModel:
         self.gpu_in = torch.empty((self.max_batch, h, w, c), dtype=torch.uint8, device=self.device)
         self.graphs = {}
         self.graph_out = {}
+        # (w, h) → (graph, its source frame buffer, its outputs): a lone frame of a size here runs letterbox, the
+        # model, NMS and the boxes' mapping back as one graph replay (``frames.letterboxed_forward``).
+        self.frame_graphs = {}
+        frame_sizes = (
+            frames.frame_sizes(_param(config, "frame_graphs", DEFAULT_FRAME_GRAPHS))
+            if self.input_mode == "jpeg"
+            else []
+        )
         if gpu:
             torch.backends.cudnn.benchmark = True
             self.stream = torch.cuda.Stream(self.device)
@@ -127,8 +142,11 @@ class TritonPythonModel:
             self.stream.synchronize()
             self._report_graph_times()
             if self.input_mode == "jpeg":
-                with torch.cuda.stream(self.stream):
+                with torch.cuda.stream(self.stream), torch.no_grad():
                     self.decoder.warm((1, min(8, self.max_batch)))
+                    if use_graphs:
+                        for fw, fh in frame_sizes:
+                            self.frame_graphs[(fw, fh)] = self._capture_frame(fw, fh)
         self._phases = [0.0, 0.0, 0.0]
         self._frames = 0
         self._executes = 0
@@ -138,6 +156,12 @@ class TritonPythonModel:
             n: torch.empty((self.max_batch, *s), dtype=self._out_dtype(n), pin_memory=pin)
             for n, s in out_shapes.items()
         }
+        # Row views of the host outputs by (first, count): made once, not sliced again in every execute.
+        self._rows = {}
+        # What initialize built (torch, the model, the graphs: ~170,000 objects) leaves the collector's generations:
+        # a full collection that falls in an execute would walk all of it (tens of ms on a fast core).
+        gc.collect()
+        gc.freeze()
 
     def _load(self, config):
         """The model with the ``weights`` file's weights (eval, FP32, CPU); see the module docstring."""
@@ -166,9 +190,10 @@ class TritonPythonModel:
             runs = []
             for _ in range(20):
                 start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-                start.record(self.stream)
-                g.replay()
-                end.record(self.stream)
+                with torch.cuda.stream(self.stream):  # a replay goes to the current stream: the events' own
+                    start.record(self.stream)
+                    g.replay()
+                    end.record(self.stream)
                 end.synchronize()
                 runs.append(start.elapsed_time(end))
             times[b] = round(sorted(runs)[len(runs) // 2], 3)
@@ -237,6 +262,46 @@ class TritonPythonModel:
             return self.graph_out[size]
         return self._forward(self.gpu_in[:total])
 
+    def _capture_frame(self, w, h):
+        """One CUDA graph of ``frames.letterboxed_forward`` for a w×h frame at batch 1 (warmed up eagerly first)."""
+        src = torch.full((3, h, w), frames.PAD, dtype=torch.uint8, device=self.device)
+        geo = torch.tensor([frames.geometry(w, h)], dtype=torch.float32, device=self.device)
+
+        def run():
+            return frames.letterboxed_forward(src, self.gpu_in[:1], geo, self._forward)
+
+        for _ in range(3):
+            run()
+        self.stream.synchronize()
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph, stream=self.stream):
+            outs = run()
+        self.stream.synchronize()
+        return graph, src, outs
+
+    def _frames_forward(self, batch):
+        """Decoded frames (on the device) → (detections in each frame's pixels, counts), still on the device.
+
+        A lone frame: one replay of its size's graph (``frame_graphs``) after one copy into the graph's source
+        buffer; on a CPU instance the same ``letterboxed_forward`` eagerly. Otherwise (a batch, or a size without a
+        graph): ``letterbox_batch``, the batch size's graph, ``unletterbox``."""
+        total = len(batch)
+        if total == 1:
+            h, w = int(batch[0].shape[1]), int(batch[0].shape[2])
+            captured = self.frame_graphs.get((w, h))
+            if captured is not None:
+                graph, src, outs = captured
+                src.copy_(batch[0])
+                graph.replay()
+                return outs
+            if self.device.type != "cuda":
+                geo = torch.tensor([frames.geometry(w, h)], dtype=torch.float32)
+                return frames.letterboxed_forward(batch[0], self.gpu_in[:1], geo, self._forward)
+        self.geo[:total] = torch.tensor(frames.letterbox_batch(batch, self.gpu_in))
+        det, count = self._run(total)
+        geo = self.geo[:total].to(self.device, non_blocking=True)
+        return frames.unletterbox(det[:total], geo), count
+
     @torch.no_grad()
     def _execute_frames(self, requests):
         """JPEG frames: header checks, one batched decode, letterbox into ``gpu_in``, the model, boxes mapped back
@@ -267,14 +332,12 @@ class TritonPythonModel:
                     batch.append(img)
             total = len(batch)
             if total:
-                self.geo[:total] = torch.tensor(frames.letterbox_batch(batch, self.gpu_in))
-            t1 = time.perf_counter()
-            if total:
-                outs = dict(zip(self.outputs, self._run(total)))
-                geo = self.geo[:total].to(self.device, non_blocking=True)
-                outs["detections"] = frames.unletterbox(outs["detections"][:total], geo)
+                det, count = self._frames_forward(batch)
+                outs = {"detections": det, "num_detections": count}
                 for name in self.outputs:
-                    self.host_out[name][:total].copy_(outs[name][:total], non_blocking=cuda)
+                    out = outs[name] if outs[name].shape[0] == total else outs[name][:total]
+                    self._host_rows(name, 0, total).copy_(out, non_blocking=cuda)
+            t1 = time.perf_counter()
         if cuda:
             self.stream.synchronize()
         t2 = time.perf_counter()
@@ -285,19 +348,26 @@ class TritonPythonModel:
                 continue
             first, n = slots[i][0], len(slots[i])
             tensors = [
-                pb_utils.Tensor.from_dlpack(name, self.host_out[name][first : first + n].clone())
-                for name in self.outputs
+                pb_utils.Tensor.from_dlpack(name, self._host_rows(name, first, n).clone()) for name in self.outputs
             ]
             responses.append(pb_utils.InferenceResponse(output_tensors=tensors))
         if self._report_every:
             self._account(t0, t_dec, t1, t2, time.perf_counter(), frames=total)
         return responses
 
+    def _host_rows(self, name, first, n):
+        """``host_out[name][first : first + n]``, the view made on first use (at most max_batch² of them)."""
+        view = self._rows.get((name, first, n))
+        if view is None:
+            view = self._rows[(name, first, n)] = self.host_out[name][first : first + n]
+        return view
+
     def _account(self, *marks, frames=0):
         """Mean ms per execute of each phase between ``marks`` (raw input: gather = DLPack + pinned staging, GPU =
-        copies, graph, sync, respond; jpeg input: decode = header checks + the decoder's call, letterbox, GPU,
-        respond), printed to Triton's log every ``report_every`` executes with the mean frames per execute."""
-        names = ("decode", "letterbox", "gpu", "respond") if self.input_mode == "jpeg" else ("gather", "gpu", "respond")
+        copies, graph, sync, respond; jpeg input: decode = header checks + the decoder's call, launch = letterbox,
+        graph and copies issued (the host's share), GPU = the wait for them, respond), printed to Triton's log every
+        ``report_every`` executes with the mean frames per execute."""
+        names = ("decode", "launch", "gpu", "respond") if self.input_mode == "jpeg" else ("gather", "gpu", "respond")
         if len(self._phases) != len(names):
             self._phases = [0.0] * len(names)
         for i in range(len(names)):

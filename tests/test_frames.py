@@ -209,3 +209,36 @@ def test_batched_letterbox_equals_one_frame_at_a_time():
         assert frames.letterbox(img, one) == geos[k]
         assert torch.equal(one, batch[k]), sizes[k]
     assert frames.letterbox_batch([], batch) == []
+
+
+@pytest.mark.parametrize("w,h", [(1280, 720), (640, 480), (720, 1280), (640, 640), (32, 32)])
+def test_one_frame_end_to_end_equals_the_batched_path(w, h):
+    """``letterboxed_forward`` (what a GPU instance captures in one CUDA graph per frame size, and a CPU instance
+    runs eagerly for a lone frame) answers what the batched path does for the same frame: letterbox_batch, the model
+    (here the box echo), unletterbox; and the painted boxes come back in the frame's pixels."""
+    img, painted = _painted(w, h)
+    decoded = frames.Decoder(torch.device("cpu")).decode([_bytes(_jpeg(img))])[0]
+    assert isinstance(decoded, torch.Tensor)
+
+    def echo(slot):
+        return _echo(slot[0]), torch.tensor([[len(COLOURS)]], dtype=torch.int32)
+
+    slot = torch.zeros((1, 640, 640, 3), dtype=torch.uint8)
+    det, count = frames.letterboxed_forward(decoded, slot, torch.tensor([frames.geometry(w, h)]), echo)
+    batch = torch.zeros((4, 640, 640, 3), dtype=torch.uint8)
+    geos = frames.letterbox_batch([decoded], batch)
+    assert geos == [frames.geometry(w, h)]
+    assert torch.equal(slot[0], batch[0])
+    want = frames.unletterbox(echo(batch[:1])[0], torch.tensor(geos))
+    assert torch.equal(det, want) and int(count[0, 0]) == len(COLOURS)
+    one_input_pixel = max(w / frames.letterbox_geometry(w, h)[0], h / frames.letterbox_geometry(w, h)[1])
+    for box, row in zip(painted, det[0].tolist()):
+        assert row[:4] == pytest.approx(box, abs=one_input_pixel + 0.01)
+
+
+def test_frame_graph_sizes_parameter_is_read_or_refused_with_the_fix():
+    assert frames.frame_sizes("1280x720, 1920X1080,640x480") == [(1280, 720), (1920, 1080), (640, 480)]
+    assert frames.frame_sizes("none") == [] and frames.frame_sizes(" ") == []
+    for bad in ("1280", "1280x", "x720", "1280x720,abc", "0x720", "9000x100", "1280*720"):
+        with pytest.raises(ValueError, match=r"frame_graphs: .* is not WIDTHxHEIGHT .*write e\.g\."):
+            frames.frame_sizes(bad)

@@ -156,3 +156,53 @@ def test_distinct_bodies_are_sent_in_turn():
         assert r.errors == 0 and seen == {b"a": 2, b"bb": 2}
     finally:
         srv.shutdown()
+
+
+def test_latency_is_the_exchange_and_the_answer_is_still_checked():
+    """A request's latency ends when its answer's last byte is read; the checks run after the clock stops (a
+    client's own verification is not the service's time), and still judge every answer. The check here sleeps 2 s:
+    the latencies stay under it, the run lasts past it for each request, a wrong answer is still counted."""
+    import http.server
+    import threading
+    import time
+
+    class Handler(http.server.BaseHTTPRequestHandler):
+        protocol_version = "HTTP/1.1"
+
+        def do_POST(self):
+            self.rfile.read(int(self.headers["Content-Length"]))
+            self.send_response(200)
+            self.send_header("Content-Length", "2")
+            self.end_headers()
+            self.wfile.write(b"ok")
+
+        def log_message(self, *a):
+            pass
+
+    def slow_check(verdict):
+        def check(body, header_length):
+            time.sleep(2.0)
+            return "not the server's answer" if body != b"ok" else verdict
+
+        return check
+
+    srv = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    threading.Thread(target=srv.serve_forever, daemon=True).start()
+    try:
+        url = f"http://127.0.0.1:{srv.server_address[1]}/infer"
+        for verdict in (None, "wrong boxes"):
+            spec = loadgate.LoadSpec(
+                url=url,
+                payloads=(loadgate.Payload(b"frame", (), slow_check(verdict)),),
+                duration_s=60,
+                max_requests=2,
+                warmup_requests=0,
+                tool="python",
+            )
+            t0 = time.monotonic()
+            r = loadgate.run(spec)
+            assert r.requests == 2 and time.monotonic() - t0 >= 4.0
+            assert r.max_ms < 2000.0, r
+            assert (r.invalid, r.first_invalid) == ((0, "") if verdict is None else (2, "wrong boxes"))
+    finally:
+        srv.shutdown()

@@ -12,7 +12,9 @@ batched) and on a CPU instance (``torchvision`` on CPU, else Pillow), so the CPU
 * ``letterbox``: Ultralytics' ``LetterBox`` (scale to fit keeping the aspect, pad 114 around, centred), written
   into a slot of the model's uint8 NHWC input; returns the frame's geometry;
 * ``unletterbox``: detections [B, N, 6] from the 640×640 space back to each frame's own pixels (pad off, scale
-  undone, clipped to the frame).
+  undone, clipped to the frame);
+* ``letterboxed_forward``: one frame through letterbox, the model and ``unletterbox`` with static shapes (what a GPU
+  instance captures in one CUDA graph per frame size).
 
 Usage::
 
@@ -200,6 +202,12 @@ def letterbox_geometry(w: int, h: int, size: int = SIZE) -> tuple[int, int, int,
     return new_w, new_h, int(round(dw - 0.1)), int(round(dh - 0.1))
 
 
+def geometry(w: int, h: int, size: int = SIZE) -> Geometry:
+    """(left, top, sx, sy, w, h) of a w×h frame letterboxed to ``size`` (what ``letterbox`` returns)."""
+    new_w, new_h, left, top = letterbox_geometry(w, h, size)
+    return (float(left), float(top), new_w / w, new_h / h, float(w), float(h))
+
+
 def letterbox(image: torch.Tensor, out: torch.Tensor, size: int = SIZE) -> Geometry:
     """Write ``image`` (uint8 [3, H, W]) letterboxed into ``out`` (uint8 [size, size, 3], same device).
 
@@ -222,7 +230,7 @@ def letterbox(image: torch.Tensor, out: torch.Tensor, size: int = SIZE) -> Geome
             .to(torch.uint8)[0]
         )
     out[top : top + new_h, left : left + new_w].copy_(resized.permute(1, 2, 0))
-    return (float(left), float(top), new_w / w, new_h / h, float(w), float(h))
+    return geometry(w, h, size)
 
 
 def to_letterbox(boxes: torch.Tensor, geo: Sequence[float]) -> torch.Tensor:
@@ -270,8 +278,36 @@ def letterbox_batch(images: Sequence[torch.Tensor], out: torch.Tensor, size: int
         # One copy per frame: an index tensor would come from the host and wait for the GPU mid-execute.
         for j, i in enumerate(idx):
             out[i, top : top + new_h, left : left + new_w].copy_(x[j].permute(1, 2, 0))
-            geos[i] = (float(left), float(top), new_w / w, new_h / h, float(w), float(h))
+            geos[i] = geometry(w, h, size)
     return geos
+
+
+def letterboxed_forward(image: torch.Tensor, slot: torch.Tensor, geo: torch.Tensor, forward) -> tuple:
+    """One frame end to end on its device: ``image`` (uint8 [3, H, W]) letterboxed into ``slot`` (uint8
+    [1, size, size, 3]), ``forward(slot)`` → (detections [1, N, 6] in the model's space, counts), the boxes mapped
+    back to the frame with ``geo`` ([1, 6] on the device: ``geometry(W, H)``). Static shapes and no host sync for a
+    given frame size, so a GPU instance captures the whole of it in one CUDA graph per frame size (no launches
+    between letterbox, model, NMS and boxes back); a CPU instance runs the same code eagerly."""
+    letterbox(image, slot[0], slot.shape[1])
+    det, count = forward(slot)
+    return unletterbox(det, geo), count
+
+
+def frame_sizes(text: str) -> list[tuple[int, int]]:
+    """The backend's ``frame_graphs`` parameter: ``"1280x720,640x480"`` → [(1280, 720), (640, 480)]; "" or
+    "none" → []; anything else refused (ValueError naming the parameter and the fix)."""
+    if text.strip().lower() in ("", "none"):
+        return []
+    out = []
+    for item in text.split(","):
+        w, sep, h = item.strip().lower().partition("x")
+        if not (sep and w.isdigit() and h.isdigit() and 0 < int(w) <= MAX_SIDE and 0 < int(h) <= MAX_SIDE):
+            raise ValueError(
+                f"parameter frame_graphs: {item.strip()!r} is not WIDTHxHEIGHT (1..{MAX_SIDE} each); "
+                'write e.g. "1280x720,1920x1080", or "none"'
+            )
+        out.append((int(w), int(h)))
+    return out
 
 
 def prepare(
