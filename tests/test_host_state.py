@@ -208,17 +208,17 @@ def _hits(conn) -> int:
 def test_a_change_planned_from_preflights_read_is_one_round_trip_and_a_stale_read_is_planned_again(
     conn, local_sshd, tmp_path
 ):
-    """HostPreflight's read of a step's inputs (reads_script) → the step's plan → one round trip that records, checks
+    """HostPreflight's read of a step's inputs (read_script) → the step's plan → one round trip that records, checks
     the read still holds and changes. After a hand edit the check fails: nothing changes in that round trip, the
     fresh read comes back with it, and the plan is made again from it."""
     from facts.host import facts_script, parse_host_facts
     from facts.state import attempt
-    from providers.preflight import parse_reads, reads_script
+    from providers.preflight import parse_reads, read_script
 
     f = str(tmp_path / "managed.conf")
     open(f, "w").write("before\n")
     spec = {"sections": ["os-release"], "files": [f]}
-    host_read = parse_reads(conn.run(reads_script({"step": spec})).stdout)["step"]
+    host_read = parse_reads(conn.run(read_script({"step": spec})).stdout)["step"]
     rec = Record(owner=f"test/{tmp_path.name}", files=[f])
     seen: list[str] = []
 
@@ -249,7 +249,7 @@ def test_a_guarded_change_refused_by_another_owners_record_changes_nothing_and_k
 ):
     from facts.host import facts_script
     from facts.state import attempt
-    from providers.preflight import parse_reads, reads_script
+    from providers.preflight import parse_reads, read_script
 
     mine, theirs = str(tmp_path / "mine.conf"), str(tmp_path / "theirs.conf")
     for p in (mine, theirs):
@@ -258,7 +258,7 @@ def test_a_guarded_change_refused_by_another_owners_record_changes_nothing_and_k
     other.parse(conn.run(other.script().render()).stdout)
     rec = Record(owner=f"test/{tmp_path.name}", files=[mine, theirs])
     spec = {"sections": [], "files": [mine]}
-    host_read = parse_reads(conn.run(reads_script({"step": spec})).stdout)["step"]
+    host_read = parse_reads(conn.run(read_script({"step": spec})).stdout)["step"]
     props = {"host": local_sshd.host_spec().model_dump(mode="json"), "host_read": host_read, "owner_tag": rec.owner}
 
     def plan(_read, _files, _values):
