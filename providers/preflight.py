@@ -1,9 +1,11 @@
 """HostPreflight: the seeds' BIOS/IOMMU/slot checks, run in `check` so `pulumi preview` fails before any change.
 
 Inputs: host, gpus, devices, enables_iommu, acs_override_acknowledged, allow_unsafe_interrupts_acknowledged,
-bind_by_ids, reads (the host-prep steps' own reads: {step: facts_script arguments}; not diffed), version.
+bind_by_ids, reads (the host-prep steps' own reads: {step: facts_script arguments, and VfioBinding's `pci_slots`};
+not diffed), version.
 Outputs: report (one line per check), failed (bool), read_out ({step: that read's output, base64}: each step plans
-its first change from it and checks it again, in the change's own round trip, before changing anything).
+its first change from it and checks it again, in the change's own round trip, before changing anything; VfioBinding's
+is followed by a space and its initramfs listing, base64, read once).
 """
 
 from __future__ import annotations
