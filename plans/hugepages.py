@@ -63,7 +63,17 @@ def plan_hugepages(
         actions.append(Action(f"write {UNIT} (reserves the pages at every boot)", write=FileWrite(UNIT, unit.encode())))
         if enabled:  # `systemctl enable` below reloads systemd itself: one reload, not two (seconds each)
             actions.append(Action("systemd reads the new unit", "systemctl daemon-reload"))
-    if not enabled:
+    if not enabled and unit_text is None:
+        # A unit that did not exist has no copy in systemd to refresh: the link alone enables it (read at the next
+        # boot, or when first asked for); the pages are set below, not by starting it. A daemon-reload re-runs every
+        # generator and re-reads every unit: the longest part of this change under emulation, for nothing.
+        actions.append(
+            Action(
+                "enable the unit (new: no reload)",
+                sh("systemctl", "enable", "--no-reload", "gpuhost-hugepages.service") + " >/dev/null 2>&1",
+            )
+        )
+    elif not enabled:
         actions.append(
             Action("enable the unit", sh("systemctl", "enable", "gpuhost-hugepages.service") + " >/dev/null 2>&1")
         )

@@ -56,6 +56,19 @@ _CLAIMERS = (
 )
 
 
+def initramfs_read(slots: Iterable[str]) -> str:
+    """The images' stamp (facts.host's `initramfs-stamp` section, which VfioBinding's guarded read prints too), then
+    claims_script: read once per `up` (by HostPreflight), it holds as long as the stamp the guard reads does."""
+    from facts.host import EXTRA_SECTIONS
+
+    return EXTRA_SECTIONS["initramfs-stamp"] + "\n" + claims_script(slots)
+
+
+def stamp(text: str) -> list[str]:
+    """The `initramfs-stamp` section of a read: one line per image (path, size, mtime, ctime, inode)."""
+    return [ln for ln in _section(text, "initramfs-stamp") if ln.strip()]
+
+
 def claims_script(slots: Iterable[str]) -> str:
     """Shell text printing the @@initramfs and @@vfio-claimers sections for every function of each PCI slot
     ("0000:81:00"; quoted)."""
@@ -184,8 +197,10 @@ __all__ = [
     "Decision",
     "Image",
     "claims_script",
+    "initramfs_read",
     "parse_claimers",
     "parse_initramfs",
     "plan_initramfs",
     "plan_initramfs_restore",
+    "stamp",
 ]

@@ -33,7 +33,7 @@ def _counts(facts, nodes) -> dict[str, int]:
 
 
 class Hugepages2MProvider(TemplateProvider):
-    VERSION = "3"  # 3: planned from HostPreflight's read; record, check and change in one round trip
+    VERSION = "4"  # 4: a new unit enabled without a daemon-reload; 3: planned from HostPreflight's read, one round trip
     KIND = "hugepages-2M"
     INPUTS = ("host", "per_node")
     OUTPUT_ONLY = ("prior", "prior_counts", "plan")

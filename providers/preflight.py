@@ -1,9 +1,11 @@
 """HostPreflight: the seeds' BIOS/IOMMU/slot checks, run in `check` so `pulumi preview` fails before any change.
 
 Inputs: host, gpus, devices, enables_iommu, acs_override_acknowledged, allow_unsafe_interrupts_acknowledged,
-bind_by_ids, reads (the host-prep steps' own reads: {step: facts_script arguments}; not diffed), version.
+bind_by_ids, reads (the host-prep steps' own reads: {step: facts_script arguments, and VfioBinding's `pci_slots`};
+not diffed), version.
 Outputs: report (one line per check), failed (bool), read_out ({step: that read's output, base64}: each step plans
-its first change from it and checks it again, in the change's own round trip, before changing anything).
+its first change from it and checks it again, in the change's own round trip, before changing anything; VfioBinding's
+is followed by a space and its initramfs listing, base64, read once).
 """
 
 from __future__ import annotations
@@ -15,9 +17,10 @@ from pulumi.dynamic import CheckFailure, CheckResult
 
 from access.errors import HostError
 from access.shell import Script, quote
-from facts.host import facts_script, parse_host_facts
+from facts.host import facts_script, parse_host_facts, step_read_script
 from facts.state import Change
 from plans.preflight import PreflightWant, failures, preflight, report
+from plans.vfio import initramfs_read
 from providers.base import HostResource, TemplateProvider, unknown_paths
 
 WANT_KEYS = (
@@ -34,17 +37,27 @@ def want_of(props: dict) -> PreflightWant:
     return PreflightWant(**{k: props[k] for k in WANT_KEYS if props.get(k) is not None})
 
 
-def reads_script(reads: Any) -> str:
-    """The steps' own reads (`reads`: {step: facts_script keyword arguments}), each printed as one line
-    `@@read <step> <its output, base64>`: the bytes a step's guard compares before its change."""
-    s = Script()
-    if not isinstance(reads, dict) or unknown_paths(reads):
-        return ""
+def read_script(reads: Any) -> str:
+    """The whole read and the steps' own reads (`reads`: {step: facts_script keyword arguments, and `pci_slots`
+    for VfioBinding's initramfs listing}), in one script: the whole read first (kept in a temporary file), then each
+    step's read as one line `@@read <step> <its output, base64>[ <the listing, base64>]`: the bytes a step's guard
+    compares before its change. A step's sections that the whole read has are carved out of it
+    (facts.host.step_read_script), not run again."""
+    whole = facts_script()
+    if not isinstance(reads, dict) or unknown_paths(reads) or not reads:
+        return whole
+    s = Script().raw("gp_full=$(mktemp)").raw(f'( {whole}\n) >"$gp_full"').raw('cat "$gp_full"')
     for name, spec in sorted(reads.items()):
         s.raw(f"printf '@@read %s ' {quote(name)}")
         # Every key given explicitly: the engine may drop an empty list on the way (no sections is not all of them).
-        read = facts_script(spec.get("sysctls") or [], spec.get("files") or [], spec.get("sections") or [])
-        s.raw(f"( {read}\n) </dev/null 2>/dev/null | base64 -w0; echo")
+        read = step_read_script(
+            '"$gp_full"', spec.get("sysctls") or [], spec.get("files") or [], spec.get("sections") or []
+        )
+        s.raw(f"( {read}\n) </dev/null 2>/dev/null | base64 -w0")
+        if spec.get("pci_slots"):
+            s.raw("printf ' '").raw(f"( {initramfs_read(spec['pci_slots'])}\n) </dev/null 2>/dev/null | base64 -w0")
+        s.raw("echo")
+    s.raw('rm -f "$gp_full"')
     return s.render()
 
 
@@ -66,9 +79,7 @@ class HostPreflightProvider(TemplateProvider):
     def _read(self, props: dict) -> tuple[list, dict[str, str]]:
         """The findings and the steps' reads, in one round trip."""
         conn = self.conn(props)
-        out = self.guarded(
-            conn, "reading the host", lambda: conn.run(facts_script() + "\n" + reads_script(props.get("reads"))).stdout
-        )
+        out = self.guarded(conn, "reading the host", lambda: conn.run(read_script(props.get("reads"))).stdout)
         return preflight(parse_host_facts(out), want_of(props)), parse_reads(out)
 
     def _run(self, props: dict):

@@ -8,6 +8,7 @@ Outputs: drivers (address -> driver in use now), prior_drivers, prior (pristine 
 
 from __future__ import annotations
 
+import base64
 import re
 from typing import Optional
 
@@ -20,12 +21,39 @@ from facts.host import facts_script, parse_host_facts, read_host_facts
 from facts.model import HostFacts, normalize_pci
 from facts.state import Change, Record
 from plans.preflight import binding_refusals, report
-from plans.vfio import claims_script, parse_claimers, parse_initramfs, plan_initramfs, plan_initramfs_restore
+from plans.vfio import (
+    claims_script,
+    initramfs_read,
+    parse_claimers,
+    parse_initramfs,
+    plan_initramfs,
+    plan_initramfs_restore,
+    stamp,
+)
 from providers.base import HostProvider, HostResource
 
 MODULES_LOAD = "/etc/modules-load.d/gpuhost-vfio.conf"
 MODPROBE_VFIO = "/etc/modprobe.d/gpuhost-vfio.conf"
 BLACKLIST = "/etc/modprobe.d/gpuhost-blacklist-nouveau.conf"
+FILES = [MODULES_LOAD, MODPROBE_VFIO, BLACKLIST]
+# The sections the plan and the safety checks use, in the order HostPreflight carves them out of its whole read.
+READ_SECTIONS = [
+    "os-release",
+    "iommu-groups",
+    "pci",
+    "pci-links",
+    "pci-net",
+    "driverctl",
+    "tools",
+    "kmods",
+    "net-default",
+    "net-ssh",
+    "net-addrs",
+    "net-pci",
+    "ssh-session",
+    "net-links",
+    "initramfs-stamp",
+]
 
 
 def driverctl_file(addr: str) -> str:
@@ -127,7 +155,10 @@ def expand_functions(facts: HostFacts, addresses: list[str]) -> list[str]:
 
 
 class VfioBindingProvider(HostProvider):
-    VERSION = "4"  # 4: the drivers after binding printed by the change itself; 2: device-safety checks right before binding; 3: drivers/overrides recorded on the host
+    # 5: planned from HostPreflight's read (the initramfs listed once), record, check and change in one round trip;
+    # 4: the drivers after binding printed by the change itself; 3: drivers/overrides recorded on the host;
+    # 2: device-safety checks right before binding
+    VERSION = "5"
     KIND = "vfio"
     OUTPUT_ONLY = ("prior", "prior_drivers", "prior_overrides", "drivers", "pending_reboot", "initramfs")
 
@@ -157,78 +188,109 @@ class VfioBindingProvider(HostProvider):
             values={f"pci/{slot}/drivers": _slot_drivers_cmd(slot) for slot in sorted(_slots(props["devices"]))},
         )
 
+    @classmethod
+    def read_spec(cls, inputs: dict) -> dict:
+        """What the plan is made from (HostPreflight reads it too, and the initramfs listing of `pci_slots` once):
+        the devices, their drivers and overrides, the IOMMU groups, the tools, the SSH session's NIC and the boot
+        display, the module files, and the initramfs images' stamp."""
+        return {"sections": READ_SECTIONS, "files": FILES, "pci_slots": sorted(_slots(inputs["devices"]))}
+
     def _converge(self, props: dict, olds: Optional[dict]) -> dict:
         conn = self.conn(props)
         rec = self._record(props)
         slots = _slots(props["devices"])
-        # The files as they are now (the record only prints them as first found): unchanged files are not rewritten,
-        # and the softdeps already written survive a re-run that finds the devices on vfio-pci.
-        facts_text = facts_script(files=[MODULES_LOAD, MODPROBE_VFIO, BLACKLIST])
-        out, pristine, values = self.record_and_read(conn, props, rec, facts_text + "\n" + claims_script(slots))
-        facts = parse_host_facts(out)
-        unknown = [normalize_pci(a) for a in props["devices"] if normalize_pci(a) not in facts.pci]
-        devices = expand_functions(facts, props["devices"])
-        if unknown:
-            raise RuntimeError(f"{conn.spec.name}: unknown PCI address(es) {', '.join(unknown)}; nothing changed")
-        refused = binding_refusals(facts, devices)
-        if refused:
-            raise RuntimeError(f"{conn.spec.name}: refusing to bind to vfio-pci; nothing changed:\n" + report(refused))
-        if props.get("mode", "address") == "address" and "driverctl" not in facts.tools:
-            raise RuntimeError(
-                f"{conn.spec.name}: binding by address needs driverctl (seed 002 §4): "
-                "install it, or use mode 'ids'; nothing changed"
-            )
+        # HostPreflight's read comes as "<the guarded read> <the initramfs listing>" (base64 each).
+        hint, listing = props.get("host_read"), None
+        if isinstance(hint, str) and " " in hint:
+            guarded_b64, _, listing_b64 = hint.partition(" ")
+            props = {**props, "host_read": guarded_b64}
+            try:
+                listing = base64.b64decode(listing_b64, validate=True).decode(errors="replace")
+            except ValueError:
+                listing = None
+        made: dict = {}
+
+        def plan_from(read: bytes, pristine: Optional[dict], _values) -> Optional[Change]:
+            nonlocal listing
+            text = read.decode(errors="replace")
+            facts = parse_host_facts(text)
+            unknown = [normalize_pci(a) for a in props["devices"] if normalize_pci(a) not in facts.pci]
+            if unknown:
+                raise RuntimeError(f"{conn.spec.name}: unknown PCI address(es) {', '.join(unknown)}; nothing changed")
+            devices = expand_functions(facts, props["devices"])
+            # The safety checks on the read that the guard compares again under the lock, right before binding.
+            refused = binding_refusals(facts, devices)
+            if refused:
+                raise RuntimeError(
+                    f"{conn.spec.name}: refusing to bind to vfio-pci; nothing changed:\n" + report(refused)
+                )
+            if props.get("mode", "address") == "address" and "driverctl" not in facts.tools:
+                raise RuntimeError(
+                    f"{conn.spec.name}: binding by address needs driverctl (seed 002 §4): "
+                    "install it, or use mode 'ids'; nothing changed"
+                )
+            wanted = render_files(props, facts)
+            ch = Change(self.owner(props))
+            s = ch.script
+            changed_files = False
+            for path in FILES:
+                cur = facts.files.get(path)
+                if path in wanted:
+                    if not (cur and cur.exists and cur.content == wanted[path]):
+                        ch.write(path, wanted[path], "0644", "0:0")
+                        changed_files = True
+                elif cur and cur.exists:
+                    if pristine is None:
+                        return None  # removed only if gpuhost made it: read the records first
+                    if not pristine[path].exists:
+                        s.raw(sh("rm", "-f", path))
+                        changed_files = True
+            live = facts.iommu.active
+            for a in devices:
+                if facts.pci[a].driver == "vfio-pci" and facts.driverctl_overrides.get(a) == "vfio-pci":
+                    continue
+                if props.get("mode", "address") == "address":
+                    # Without an active IOMMU vfio-pci cannot probe: persist the override, bind at next boot.
+                    s.add("driverctl", *([] if live else ["--nobind"]), "set-override", a, "vfio-pci")
+                elif live:
+                    s.extend(_sysfs_rebind(a, "vfio-pci"))
+            # The listing holds while the images' stamp in this read is the one it was made with (else: list again).
+            if listing is None or stamp(listing) != stamp(text):
+                listing = self.guarded(conn, "listing the initramfs", lambda: conn.run(initramfs_read(slots)).stdout)
+            # The initramfs is rebuilt only when a driver inside it would claim a device before vfio-pci (plans.vfio).
+            claimers = parse_claimers(listing)
+            initramfs = plan_initramfs(
+                parse_initramfs(listing),
+                {a: claimers.get(a, set()) for a in devices},
+                blacklisted=["nouveau"] if BLACKLIST in wanted else [],
+                wanted=[p.rsplit("/", 1)[1] for p in wanted if "/modprobe.d/" in p],
+                files_changed=changed_files,
+                command=initramfs_cmd(facts.os.family),
+            ).plan
+            for action in initramfs.actions:
+                s.raw(action.command)
+            # The PCI drivers (and the modprobe/driverctl files) are the vfio class's; an initramfs rebuild is the
+            # boot class's too (update-grub lists /boot while update-initramfs writes it).
+            ch.classes = ("boot", "vfio") if initramfs.actions else ("vfio",)
+            if not ch.empty:
+                # The drivers as they are after the change, printed by the change itself (no second read).
+                for a in devices:
+                    link = quote(f"/sys/bus/pci/devices/{a}/driver")
+                    s.raw(f"printf '@@driver %s %s\\n' {quote(a)} \"$(readlink {link} 2>/dev/null || true)\"")
+            made.update(facts=facts, devices=devices, initramfs=initramfs, live=live)
+            return ch
+
+        read = facts_script(files=FILES, sections=READ_SECTIONS)
+        out, pristine, values, _, _ = self.converge(conn, props, rec, read, plan_from)
+        facts, devices, initramfs, live = made["facts"], made["devices"], made["initramfs"], made["live"]
         first = {a: v for text in values.values() for a, v in _parse_slot_drivers(text).items()}
         prior_drivers = {a: (first[a][0] if a in first else facts.pci[a].driver) for a in devices}
         prior_overrides = {a: (first[a][1] if a in first else facts.driverctl_overrides.get(a)) for a in devices}
-        wanted = render_files(props, facts)
-        ch = Change(self.owner(props))
-        s = ch.script
-        changed_files = False
-        for path in (MODULES_LOAD, MODPROBE_VFIO, BLACKLIST):
-            cur = facts.files.get(path)
-            if path in wanted:
-                if not (cur and cur.exists and cur.content == wanted[path]):
-                    ch.write(path, wanted[path], "0644", "0:0")
-                    changed_files = True
-            elif cur and cur.exists and not pristine[path].exists:
-                s.raw(sh("rm", "-f", path))
-                changed_files = True
-        live = facts.iommu.active
-        for a in devices:
-            if facts.pci[a].driver == "vfio-pci" and facts.driverctl_overrides.get(a) == "vfio-pci":
-                continue
-            if props.get("mode", "address") == "address":
-                # Without an active IOMMU vfio-pci cannot probe: persist the override, bind at next boot.
-                s.add("driverctl", *([] if live else ["--nobind"]), "set-override", a, "vfio-pci")
-            elif live:
-                s.extend(_sysfs_rebind(a, "vfio-pci"))
-        # The initramfs is rebuilt only when a driver inside it would claim a device before vfio-pci (plans.vfio).
-        claimers = parse_claimers(out)
-        initramfs = plan_initramfs(
-            parse_initramfs(out),
-            {a: claimers.get(a, set()) for a in devices},
-            blacklisted=["nouveau"] if BLACKLIST in wanted else [],
-            wanted=[p.rsplit("/", 1)[1] for p in wanted if "/modprobe.d/" in p],
-            files_changed=changed_files,
-            command=initramfs_cmd(facts.os.family),
-        ).plan
-        for action in initramfs.actions:
-            s.raw(action.command)
-        # The PCI drivers (and the modprobe/driverctl files) are the vfio class's; an initramfs rebuild is the boot
-        # class's too (update-grub lists /boot while update-initramfs writes it).
-        ch.classes = ("boot", "vfio") if initramfs.actions else ("vfio",)
         drivers = {a: facts.pci[a].driver for a in devices if a in facts.pci}
-        if not ch.empty:
-            # The drivers as they are after the change, printed by the change itself (no second read).
-            for a in devices:
-                link = quote(f"/sys/bus/pci/devices/{a}/driver")
-                s.raw(f"printf '@@driver %s %s\\n' {quote(a)} \"$(readlink {link} 2>/dev/null || true)\"")
-            ch.run(conn)
-            for ln in ch.last_stdout.splitlines():
-                parts = ln.split()
-                if len(parts) >= 2 and parts[0] == "@@driver" and parts[1] in drivers:
-                    drivers[parts[1]] = parts[2].rsplit("/", 1)[-1] if len(parts) > 2 else None
+        for ln in out.splitlines():
+            parts = ln.split()
+            if len(parts) >= 2 and parts[0] == "@@driver" and parts[1] in drivers:
+                drivers[parts[1]] = parts[2].rsplit("/", 1)[-1] if len(parts) > 2 else None
         pending = not live or any(d != "vfio-pci" for d in drivers.values())
         if live and pending:
             bad = {a: d for a, d in drivers.items() if d != "vfio-pci"}

@@ -81,7 +81,7 @@ def test_an_empty_plan_must_say_why():
             False,
             [
                 "write /etc/systemd/system/gpuhost-hugepages.service (reserves the pages at every boot)",
-                "enable the unit",  # `systemctl enable` reloads systemd itself: no second reload
+                "enable the unit (new: no reload)",  # systemd has no copy of a unit that did not exist
                 "node 1 has 0 pages, want 512",
             ],
         ),

@@ -208,17 +208,17 @@ def _hits(conn) -> int:
 def test_a_change_planned_from_preflights_read_is_one_round_trip_and_a_stale_read_is_planned_again(
     conn, local_sshd, tmp_path
 ):
-    """HostPreflight's read of a step's inputs (reads_script) → the step's plan → one round trip that records, checks
+    """HostPreflight's read of a step's inputs (read_script) → the step's plan → one round trip that records, checks
     the read still holds and changes. After a hand edit the check fails: nothing changes in that round trip, the
     fresh read comes back with it, and the plan is made again from it."""
     from facts.host import facts_script, parse_host_facts
     from facts.state import attempt
-    from providers.preflight import parse_reads, reads_script
+    from providers.preflight import parse_reads, read_script
 
     f = str(tmp_path / "managed.conf")
     open(f, "w").write("before\n")
     spec = {"sections": ["os-release"], "files": [f]}
-    host_read = parse_reads(conn.run(reads_script({"step": spec})).stdout)["step"]
+    host_read = parse_reads(conn.run(read_script({"step": spec})).stdout)["step"]
     rec = Record(owner=f"test/{tmp_path.name}", files=[f])
     seen: list[str] = []
 
@@ -249,7 +249,7 @@ def test_a_guarded_change_refused_by_another_owners_record_changes_nothing_and_k
 ):
     from facts.host import facts_script
     from facts.state import attempt
-    from providers.preflight import parse_reads, reads_script
+    from providers.preflight import parse_reads, read_script
 
     mine, theirs = str(tmp_path / "mine.conf"), str(tmp_path / "theirs.conf")
     for p in (mine, theirs):
@@ -258,7 +258,7 @@ def test_a_guarded_change_refused_by_another_owners_record_changes_nothing_and_k
     other.parse(conn.run(other.script().render()).stdout)
     rec = Record(owner=f"test/{tmp_path.name}", files=[mine, theirs])
     spec = {"sections": [], "files": [mine]}
-    host_read = parse_reads(conn.run(reads_script({"step": spec})).stdout)["step"]
+    host_read = parse_reads(conn.run(read_script({"step": spec})).stdout)["step"]
     props = {"host": local_sshd.host_spec().model_dump(mode="json"), "host_read": host_read, "owner_tag": rec.owner}
 
     def plan(_read, _files, _values):
@@ -395,3 +395,43 @@ def test_a_refused_attempt_drops_its_fresh_records_and_the_directories_they_made
     assert not os.path.lexists(f"{ROOT}/files{tmp_path}") and not os.path.lexists(f"{ROOT}/runtime/test{tmp_path}")
     left = [d for d in _store_dirs(str(tmp_path / "d" / "e" / "new.conf")) if not _gone_or_held(d)]
     assert left == [], left
+
+
+def test_preflights_read_of_a_step_is_the_steps_own_read_with_sections_carved_out_of_the_whole_read(conn, tmp_path):
+    """HostPreflight runs the whole read once and carves each step's sections out of it (facts.host.step_read_script)
+    instead of running them again: what it hands a step must be the very bytes the step's guard reads a moment later,
+    or every first change would be refused as stale. Sections the whole read does not have (hugepages-nr, the
+    initramfs stamp), the sysctls and the files run as they are; VfioBinding's initramfs listing comes after its read."""
+    import base64
+
+    from facts.host import facts_script, step_read_script
+    from plans.vfio import initramfs_read, stamp
+    from providers.preflight import parse_reads, read_script
+
+    f = tmp_path / "managed.conf"
+    f.write_text("one\ntwo\n")
+    specs = {
+        "a": {"sections": ["os-release", "cmdline", "tools", "kernel"], "files": [str(f)]},
+        "b": {"sections": ["hugepages-nr", "cpu-online", "initramfs-stamp", "boot-id"], "sysctls": ["kernel.ostype"]},
+        "c": {"sections": ["driverctl", "kmods", "initramfs-stamp"], "files": [str(f)], "pci_slots": ["0000:00:00"]},
+    }
+    out = conn.run(read_script(specs)).stdout
+    assert "@@net-links\n" in out and "@@end\n" in out  # the whole read itself comes first, as before
+    got = parse_reads(out)
+    for name, spec in specs.items():
+        guarded, _, listing = got[name].partition(" ")
+        own = {k: v for k, v in spec.items() if k != "pci_slots"}
+        assert base64.b64decode(guarded).decode() == conn.run(facts_script(**own)).stdout, name
+        if "pci_slots" in spec:
+            text = base64.b64decode(listing).decode()
+            assert text == conn.run(initramfs_read(spec["pci_slots"])).stdout
+            assert stamp(text) == stamp(base64.b64decode(guarded).decode())
+        else:
+            assert listing == ""
+    with pytest.raises(ValueError, match="not sections of the whole read: hugepages-nr"):
+        from facts.host import carved_script
+
+        carved_script('"$f"', ["hugepages-nr"])
+    # extra sections run where they stand between carved ones: the order is the step's own
+    script = step_read_script('"$f"', sections=["cmdline", "hugepages-nr", "kernel"])
+    assert script.index("awk") < script.index("hugepages-2048kB") < script.rindex("awk")

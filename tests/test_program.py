@@ -561,12 +561,14 @@ def test_preflight_reads_what_each_prep_step_plans_from(hk):
     from providers.kernel_cmdline import KernelCmdlineProvider
     from providers.sysctls import SysctlsProvider
     from providers.tuning import HostTuningProvider
+    from providers.vfio import VfioBindingProvider
 
     kinds: dict[str, Any] = {  # each has a read_spec classmethod (the providers that plan from the preflight's read)
         "KernelCmdline": KernelCmdlineProvider,
         "Hugepages2M": Hugepages2MProvider,
         "Sysctls": SysctlsProvider,
         "HostTuning": HostTuningProvider,
+        "VfioBinding": VfioBindingProvider,
     }
     preflights = [r for r in hk.registrations if r.type.endswith(":HostPreflight")]
     assert preflights
@@ -596,8 +598,9 @@ def test_preflight_reads_what_each_prep_step_plans_from(hk):
         }
     )
     made = {c.suffix: c for c in children("h", args)}
-    for suffix in ("cmdline", "hugepages", "sysctls", "tuning"):
+    for suffix in ("cmdline", "hugepages", "sysctls", "tuning", "vfio"):
         ref = made[suffix].inputs["host_read"]
         assert isinstance(ref, Ref) and (ref.child, ref.output) == ("preflight", "read_out"), suffix
         assert ref.then is not None and ref.then({suffix: "b64", "other": "x"}) == "b64" and ref.then(None) is None
-    assert "host_read" not in made["vfio"].inputs  # VfioBinding reads for itself, right before it binds
+    # VfioBinding's read also names the slots whose initramfs listing HostPreflight reads once (not guarded again)
+    assert made["preflight"].inputs["reads"]["vfio"]["pci_slots"] == ["0000:81:00"]
