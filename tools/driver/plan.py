@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from tools.driver import display
+from tools.driver.display import print_object, print_object_diff
 
 # ---- steps and the plan -----------------------------------------------------------------------------------------
 
@@ -105,7 +105,7 @@ class Plan:
         lines.append(f"    {c.get('same', 0) + c.get('read', 0)} unchanged")
         if self.outputs:
             lines.append("Outputs:")
-            lines += display.print_object(self.outputs, indent=1)
+            lines += print_object(self.outputs, indent=1)
         for e in self.errors:
             lines.append(f"error: {e}")
         lines.append(f"Duration: {self.seconds:.0f}s")
@@ -116,9 +116,9 @@ class Plan:
         getResourcePropertiesDetails): a create's new inputs, a delete's old ones, otherwise the old/new diff."""
         old, new = s.old or {}, s.new or {}
         if s.op == "create":
-            return display.print_object(new, indent=2)
+            return print_object(new, indent=2)
         if s.op == "delete":
-            return display.print_object(old, indent=2)
+            return print_object(old, indent=2)
         if s.op in ("update", "replace", "refresh"):
-            return display.print_object_diff(old, new, indent=2)
+            return print_object_diff(old, new, indent=2)
         return []
