@@ -32,6 +32,8 @@ from pathlib import Path
 
 import numpy as np
 
+from bench.report import latency
+
 ROOT = Path(__file__).resolve().parent.parent
 RESULTS = ROOT / "bench" / "results"
 DOC = ROOT / "docs" / "benchmarks.md"
@@ -41,12 +43,6 @@ WEIGHTS = {"mig-a": 3, "vm-b": 2}
 
 def log(msg: str) -> None:
     print(f"[bench.queue {time.strftime('%H:%M:%S')}] {msg}", file=sys.stderr, flush=True)
-
-
-def pct(sorted_ms: list[float], q: float) -> float:
-    if not sorted_ms:
-        return float("nan")
-    return sorted_ms[min(len(sorted_ms) - 1, max(0, int(round(q / 100 * len(sorted_ms))) - 1))]
 
 
 def closed_loop(call, concurrency: int, duration: float) -> dict:
@@ -90,9 +86,7 @@ def closed_loop(call, concurrency: int, duration: float) -> dict:
         "errors": errors[0],
         "seconds": round(elapsed, 3),
         "jobs_per_s": round((len(lat) - errors[0]) / elapsed, 1),
-        "p50_ms": round(pct(lat, 50), 2),
-        "p95_ms": round(pct(lat, 95), 2),
-        "p99_ms": round(pct(lat, 99), 2),
+        **latency(lat),
     }
 
 

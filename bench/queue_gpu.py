@@ -50,7 +50,9 @@ ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
-from bench.queue import WeightedRoundRobin, pct  # noqa: E402
+from bench.queue import WeightedRoundRobin  # noqa: E402
+from bench.report import latency  # noqa: E402
+from serving.adaptive_window import percentile as pct  # noqa: E402
 
 MODEL = "yolov8n"
 WEIGHTS = {"triton-a": 3, "triton-b": 2}
@@ -483,9 +485,7 @@ def summarise(path: str, mode: str, spec: dict, parts: list[dict]) -> dict:
         "lost": by_status.get("lost", 0),
         "unaccepted": by_status.get("unaccepted", 0),
         "jobs_per_s": round(len(ok) / seconds, 1) if seconds > 0 else 0.0,
-        "p50_ms": round(pct(lat, 50), 2),
-        "p95_ms": round(pct(lat, 95), 2),
-        "p99_ms": round(pct(lat, 99), 2),
+        **latency(lat),
         "max_ms": round(lat[-1], 2) if lat else None,
         "max_issue_lag_ms": round(max((r[3] for r in rows), default=0.0), 2),
         "split": split,
