@@ -45,7 +45,11 @@ import redis
 
 _SUBMIT = """
 local prior = redis.call('GET', KEYS[2])
-if prior then return {'dup', prior} end
+if prior then
+  -- a retry of an accepted job: its inputs, SET NX again before this script, go if the job is already done
+  if KEYS[4] and #redis.call('XRANGE', KEYS[1], prior, prior) == 0 then redis.call('DEL', KEYS[4]) end
+  return {'dup', prior}
+end
 local depth = redis.call('XLEN', KEYS[1])
 if depth >= tonumber(ARGV[1]) then
   redis.call('HINCRBY', KEYS[3], 'refused', 1)
@@ -210,7 +214,8 @@ class JobQueue:
             keys.append(payload)
             args = [c.max_depth, c.result_ttl_s, *fields]
             pipe = self.r.pipeline(transaction=False)
-            pipe.set(payload, b"".join(blobs), ex=c.result_ttl_s)
+            # NX: a retry of a job still waiting keeps the inputs it was accepted with
+            pipe.set(payload, b"".join(blobs), ex=c.result_ttl_s, nx=True)
             # EVALSHA itself: a pipeline's script call would first ask SCRIPT EXISTS, one more round trip a job.
             pipe.evalsha(self._submit.sha, len(keys), *keys, *args)
             got = pipe.execute(raise_on_error=False)

@@ -83,6 +83,19 @@ def test_a_refused_job_leaves_no_inputs_and_a_resubmit_is_not_queued_twice(queue
     assert r.exists("gen:in:k2") == 0 and r.exists("gen:in:k1") == 1
 
 
+def test_a_retry_keeps_the_accepted_inputs_and_leaves_none_behind_once_done(queue):
+    q = queue()
+    r = q.r
+    q.submit("m", {"images": image(4)}, key="k4")
+    q.submit("m", {"images": image(5)}, key="k4")  # a retry under the same key (its bytes must not replace them)
+    [job] = q.read("w", count=1, block_ms=100)
+    assert np.array_equal(job.inputs["images"], image(4))
+    assert q.complete(job, done(job)) and r.exists("gen:in:k4") == 0
+    q.submit("m", {"images": image(4)}, key="k4")  # a late retry of the finished job: not queued, no inputs kept
+    assert q.depth() == 0 and r.exists("gen:in:k4") == 0
+    assert q.result("k4", timeout_s=2).outputs["n"].tolist() == [int(image(4).sum())]
+
+
 def test_a_reclaimed_job_brings_its_inputs_and_a_restarted_redis_loses_no_script(queue):
     q = queue()
     r = q.r
