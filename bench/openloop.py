@@ -37,6 +37,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import gc
 import math
 import multiprocessing
 import pickle
@@ -138,21 +139,20 @@ async def drive(
     ``start``. ``infer(i)`` answers request ``i``; ``check(i, outputs)`` says what is wrong with it (None: right).
 
     Arrivals already due are issued back to back (a client running late catches up at once); an arrival finding
-    ``max_outstanding`` requests in flight is shed."""
+    ``max_outstanding`` requests in flight is shed. Answers are kept and checked once the last one is in: a check
+    (~1 ms for a detector's box sets) run inside the loop would delay the next arrivals and sit in the latency."""
     rec = np.zeros(len(share), dtype=RECORD)
     rec["proc"] = proc
     rec["sent"] = rec["done"] = math.nan
     outstanding = 0
 
+    answers: list[tuple[int, int, Mapping[str, np.ndarray]]] = []
+
     async def one(row: int, i: int) -> None:
         nonlocal outstanding
         rec["sent"][row] = clock() - start  # when it really starts: a busy loop runs a new task late
         try:
-            out = await infer(i)
-            problem = check(i, out)
-            rec["status"][row] = RIGHT if problem is None else WRONG
-            if problem is not None and problems is not None and len(problems) < 10:
-                problems.append(f"request {i}: {problem}")
+            answers.append((row, i, await infer(i)))
         except Exception as e:  # noqa: BLE001 — counted; the first few kept
             rec["status"][row] = FAILED
             if problems is not None and len(problems) < 10:
@@ -174,7 +174,27 @@ async def drive(
         tasks.append(asyncio.ensure_future(one(row, i)))
     if tasks:
         await asyncio.gather(*tasks)
+    for row, i, out in answers:  # every answer checked, after the clock and off the issuing loop
+        rec["status"][row] = _verdict(check, i, out, problems)
     return rec
+
+
+def _verdict(
+    check: Callable[[int, Mapping[str, np.ndarray]], Optional[str]],
+    i: int,
+    out: Mapping[str, np.ndarray],
+    problems: Optional[list[str]],
+) -> int:
+    """RIGHT, WRONG (``check`` names a difference) or FAILED (``check`` itself raised: the answer is unreadable)."""
+    try:
+        problem = check(i, out)
+    except Exception as e:  # noqa: BLE001 — counted; the first few kept
+        problem, status = f"{type(e).__name__}: {str(e)[:200]}", FAILED
+    else:
+        status = RIGHT if problem is None else WRONG
+    if problem is not None and problems is not None and len(problems) < 10:
+        problems.append(f"request {i}: {problem}")
+    return status
 
 
 async def closed_loop(
@@ -190,7 +210,7 @@ async def closed_loop(
     """``concurrency`` loops, each sending its next request when the last is answered, from ``start`` until
     ``start + seconds``; answers that come back in that span are counted."""
     counts = {"right": 0, "wrong": 0, "failed": 0}
-    latencies: list[float] = []
+    answered: list[tuple[int, Mapping[str, np.ndarray], float]] = []
     await asyncio.sleep(max(0.0, start - clock()))
 
     async def loop(k: int) -> None:
@@ -198,16 +218,23 @@ async def closed_loop(
         while clock() < start + seconds:
             t0 = clock()
             try:
-                kind = "right" if check(i, await infer(i)) is None else "wrong"
+                out = await infer(i)
             except Exception:  # noqa: BLE001 — counted
-                kind = "failed"
+                out = None
             if clock() <= start + seconds:
-                counts[kind] += 1
-                if kind == "right":
-                    latencies.append(clock() - t0)
+                if out is None:
+                    counts["failed"] += 1
+                else:
+                    answered.append((i, out, clock() - t0))
             i += concurrency
 
     await asyncio.gather(*(loop(k) for k in range(concurrency)))
+    latencies: list[float] = []
+    for i, out, seconds_taken in answered:  # checked after the clock, as in ``drive``
+        status = _verdict(check, i, out, None)
+        counts[STATUS[status]] += 1
+        if status == RIGHT:
+            latencies.append(seconds_taken)
     return {**counts, "latencies": latencies}
 
 
@@ -252,6 +279,11 @@ async def _client(spec: ClientSpec, proc: int, job: dict, ready: Any, go: Any, s
                 if problem:
                     raise RuntimeError(f"process {proc}: warm-up answer {proc + k} is not its own: {problem}")
             mb.stats.records.clear()
+            # The load generator's own pauses are not the server's latency: what exists now is frozen out of the
+            # collector and automatic collection is off for the timed run (answers pile up until they are checked).
+            gc.collect()
+            gc.freeze()
+            gc.disable()
             ready.put(("ready", proc, None))
             if not await loop.run_in_executor(None, go.wait, 600.0):
                 raise RuntimeError(f"process {proc}: no start within 600 s")
@@ -280,6 +312,7 @@ async def _client(spec: ClientSpec, proc: int, job: dict, ready: Any, go: Any, s
                     control.cancel()
                 result["records"] = rec
             result["cpu_s"] = time.process_time() - cpu0
+            gc.enable()
             result["wall_s"] = time.monotonic() - start
             result["batch_sizes"] = mb.stats.batch_sizes() if spec.batching else None
     finally:

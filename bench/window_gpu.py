@@ -9,8 +9,8 @@
 Each runs alone under the same open-loop load, phase by phase at a fixed arrival rate (idle → burst → steady → idle;
 Poisson arrivals at that rate, or evenly spaced with ``--arrivals even``; the same schedule for every configuration,
 issued on time whatever the server does, so queueing shows). By default the rates come from short closed-loop
-capacity probes of (a) and (b) (``sized_phases``: a burst at 2.5× (a)'s capacity, at most 80 % of the preset's), so
-(a) saturates and the preset does not. The load comes from ``--procs`` client processes (``bench.openloop``): each
+capacity probes of (a) and (b) (``sized_phases``: a burst at 2.2× (a)'s capacity, at most 70 % of the preset's;
+``--burst-over-a``/``--preset-headroom``), so (a) saturates and the preset does not. The load comes from ``--procs`` client processes (``bench.openloop``): each
 issues its own share of the arrivals over its own gRPC connection and, in (c)/(d), through its own micro-batcher and
 controller, as real clients would; each request's latency counts from its scheduled time, and how late the client
 issued it (issue lag) is recorded. A process holds at most ``--max-outstanding`` requests; an arrival beyond that is
@@ -66,8 +66,10 @@ CONFIGS = {
 }
 # Default: the phases sized by closed-loop probes of (a) and (b) (``sized_phases``), these seconds each.
 AUTO_SECONDS = (8.0, 24.0, 20.0, 8.0)
-# The goal asks for ≥ 2× (a)'s sustainable throughput: a burst at 2.5× tests it with a margin for the probe's error.
-BURST_OVER_A, PRESET_HEADROOM = 2.5, 0.8
+# The goal asks for ≥ 2× (a)'s sustainable throughput: a burst at 2.2× tests it with a margin for the probe's error,
+# and at most 70 % of the preset's closed-loop capacity (an open-loop Poisson load near a server's capacity queues
+# whatever the client does; the H200 run at 2.5× / 76 % had even the preset alone over 25 ms in the burst).
+BURST_OVER_A, PRESET_HEADROOM = 2.2, 0.7
 TINY_PHASES = "idle:2:2,burst:3:6,steady:3:3,idle:2:2"
 OUTPUTS = ["detections", "num_detections"]
 WEIGHTS_FILE = "weights.pt"  # torch.save(state_dict): serving/models/yolov8n_weights.py loads it beside model.py
@@ -263,12 +265,18 @@ def client_spec(config: str, model: str, grpc_url: str, payload: str, args: argp
     )
 
 
-def sized_phases(capacity_a: float, capacity_preset: float, seconds: tuple[float, ...] = AUTO_SECONDS) -> list[Phase]:
-    """The schedule from the closed-loop capacities: a burst at 2.5× (a)'s capacity, but at most 80 % of what the
-    preset serves (so (a) saturates and the preset does not), a steady phase at 60 % of the burst and at least
+def sized_phases(
+    capacity_a: float,
+    capacity_preset: float,
+    seconds: tuple[float, ...] = AUTO_SECONDS,
+    over_a: float = BURST_OVER_A,
+    headroom: float = PRESET_HEADROOM,
+) -> list[Phase]:
+    """The schedule from the closed-loop capacities: a burst at ``over_a`` × (a)'s capacity, but at most
+    ``headroom`` × what the preset serves (so (a) saturates and the preset does not), a steady phase at 60 % of the burst and at least
     1.2× (a)'s capacity, idle at 20/s (at most a tenth of the burst) around them; rates of 100/s and more rounded
     to tens, smaller ones to tenths (a CPU smoke test's)."""
-    burst = min(BURST_OVER_A * capacity_a, PRESET_HEADROOM * capacity_preset)
+    burst = min(over_a * capacity_a, headroom * capacity_preset)
     steady = min(burst, max(1.2 * capacity_a, 0.6 * burst))
     idle = min(20.0, 0.1 * burst)
 
@@ -489,6 +497,10 @@ def main(argv: Optional[list[str]] = None) -> int:
         default=",".join(f"{x:g}" for x in AUTO_SECONDS),
         help="seconds of the sized phases: idle,burst,steady,idle",
     )
+    p.add_argument("--burst-over-a", type=float, default=BURST_OVER_A, help="auto burst: this × (a)'s capacity")
+    p.add_argument(
+        "--preset-headroom", type=float, default=PRESET_HEADROOM, help="auto burst: at most this × the preset's"
+    )
     p.add_argument("--procs", type=int, default=None, help="client processes (default 8; tiny: 2)")
     p.add_argument("--probe-s", type=float, default=5.0, help="seconds of each closed-loop capacity probe")
     p.add_argument("--probe-concurrency", type=int, default=4, help="requests in flight per process in a probe")
@@ -559,7 +571,13 @@ def main(argv: Optional[list[str]] = None) -> int:
             )
             log(f"({c}) capacity probe: {probes[c]}")
         if not phases:
-            phases = sized_phases(probes["a"]["right_per_s"], probes["b"]["right_per_s"], auto_seconds)
+            phases = sized_phases(
+                probes["a"]["right_per_s"],
+                probes["b"]["right_per_s"],
+                auto_seconds,
+                args.burst_over_a,
+                args.preset_headroom,
+            )
             log("phases: " + ",".join(f"{ph.name}:{ph.seconds:g}:{ph.rate:g}" for ph in phases))
         for c in configs:
             name = specs["default"].name if c == "a" else specs["preset"].name

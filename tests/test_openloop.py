@@ -48,7 +48,7 @@ def test_drive_accounting_with_a_frozen_clock_and_a_stand_in_server():
     assert list(rec["sched"]) == [0.5 * i for i in range(8)]
     assert list(rec["sent"][:3]) == [10.0] * 3 and all(math.isnan(x) for x in rec["sent"][3:])
     assert list(rec["done"][:3]) == [10.0] * 3
-    assert problems == ["request 1: not its own", "request 2: ConnectionError: refused"]
+    assert sorted(problems) == ["request 1: not its own", "request 2: ConnectionError: refused"]
     # Only the right answer has a latency: 10 s from its due time 0, not 0 s from when it was sent.
     assert list(openloop.latency_ms(rec)) == [10_000.0]
     assert openloop.lag(rec) == {"p50_ms": 9500.0, "p99_ms": 10_000.0, "max_ms": 10_000.0}
@@ -64,6 +64,41 @@ def test_drive_accounting_with_a_frozen_clock_and_a_stand_in_server():
         "issue lag max 10000.0 ms > 100 ms",
     ]
     assert openloop.client_bound(rec[:1], [0.95], 1e6, 1e6) == ["a client process was busy 95% of the run (> 90%)"]
+
+
+def test_drive_checks_answers_after_the_clock_and_off_the_issuing_loop():
+    """A slow check (it moves the clock 1 s per answer) is neither in an answer's latency nor in the next arrival's
+    issue lag; a wrong answer is still counted wrong and a check that raises counts as failed."""
+    now = [100.0]
+    share = [(i, 0.1 * i, 0) for i in range(4)]
+
+    async def infer(i):  # answers at once (no await: the clock does not move)
+        return {"OUTPUT0": np.array([i], np.float32)}
+
+    def check(i, out):
+        now[0] += 1.0
+        if i == 3:
+            raise ValueError("unreadable")
+        return None if int(out["OUTPUT0"][0]) == i and i != 2 else "not its own"
+
+    async def issue():
+        real_sleep = asyncio.sleep
+
+        async def sleep(delay):  # as a real sleep: the loop runs what is ready, then the time has passed
+            await real_sleep(0)
+            now[0] += delay
+
+        asyncio.sleep = sleep
+        try:
+            return await drive(share, infer, check, 100.0, 8, clock=lambda: now[0], problems=problems)
+        finally:
+            asyncio.sleep = real_sleep
+
+    problems: list[str] = []
+    rec = asyncio.run(issue())
+    assert list(rec["status"]) == [RIGHT, RIGHT, WRONG, FAILED]
+    assert np.allclose(openloop.latency_ms(rec), [0.0, 0.0]) and abs(openloop.lag(rec)["max_ms"]) < 1e-6
+    assert sorted(problems) == ["request 2: not its own", "request 3: ValueError: unreadable"]
 
 
 def test_deal_gives_every_arrival_to_one_process_in_time_order():

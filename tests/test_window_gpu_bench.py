@@ -56,12 +56,14 @@ def test_an_answer_passes_only_against_its_own_images_reference():
 def test_phases_sized_so_a_saturates_and_the_preset_does_not():
     assert sized_phases(400.0, 1300.0) == [
         Phase("idle", 8.0, 20.0),
-        Phase("burst", 24.0, 1000.0),  # 2.5× (a)'s 400/s, under 80 % of the preset's 1300/s
-        Phase("steady", 20.0, 600.0),  # 60 % of the burst, above (a)'s capacity
+        Phase("burst", 24.0, 880.0),  # 2.2× (a)'s 400/s, under 70 % of the preset's 1300/s
+        Phase("steady", 20.0, 530.0),  # 60 % of the burst, above (a)'s capacity
         Phase("idle", 8.0, 20.0),
     ]
-    assert [p.rate for p in sized_phases(400.0, 900.0)] == [20.0, 720.0, 480.0, 20.0]  # the preset's 80 % caps it
-    assert [p.rate for p in sized_phases(6.0, 40.0, (1, 2, 3, 4))] == [1.5, 15.0, 9.0, 1.5]  # CPU: idle a tenth
+    assert [p.rate for p in sized_phases(400.0, 900.0)] == [20.0, 630.0, 480.0, 20.0]  # the preset's 70 % caps it
+    assert [p.rate for p in sized_phases(6.0, 40.0, (1, 2, 3, 4))] == [1.3, 13.2, 7.9, 1.3]  # CPU: idle a tenth
+    # The previous H200 sizing (2.5×, 80 %) stays one flag away.
+    assert [p.rate for p in sized_phases(400.0, 1300.0, over_a=2.5, headroom=0.8)] == [20.0, 1000.0, 600.0, 20.0]
 
 
 def _run(config, p95s, served, wrong=0, lag_problems=(), halves=None):
