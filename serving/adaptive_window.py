@@ -76,6 +76,11 @@ class WindowPolicy:
     max_us: int = 1500
     hysteresis: float = 0.1  # widen only when p95 < target·(1 − hysteresis)
     min_requests: int = 20  # fewer requests in a period is no evidence either way
+    # Widen only when the window batches: the period's batches held at least this many requests on average (the
+    # seed: "记录 batch 实际大小分布（看窗口是否有效）"). A window that closes on one request adds its whole wait to
+    # that request and batches nothing; widening it only spends the latency headroom. Needs the client's own records
+    # (``ClientP95``); a source without batch sizes (``TritonP95``) leaves the seed's rule as it is. 1: always widen.
+    widen_min_per_batch: float = 2.0
 
     def __post_init__(self):
         errors = []
@@ -89,6 +94,8 @@ class WindowPolicy:
             errors.append(f"clamp [{self.min_us}, {self.max_us}] µs is empty or negative")
         if not 0 <= self.hysteresis < 1:
             errors.append(f"hysteresis must be in [0, 1), got {self.hysteresis}")
+        if not self.widen_min_per_batch >= 1:
+            errors.append(f"widen_min_per_batch must be ≥ 1 (requests per batch), got {self.widen_min_per_batch}")
         if errors:
             raise ValueError("; ".join(errors))
 
@@ -103,17 +110,21 @@ class Decision:
     p95_ms: float
     requests: int
     at: float = 0.0  # Unix time the period ended and the decision was taken (set by the controller)
+    per_batch: Optional[float] = None  # requests per batch in the period (None: the source does not know)
 
     @property
     def changed(self) -> bool:
         return self.window_us != self.previous_us
 
 
-def decide(policy: WindowPolicy, model: str, window_us: int, p95_ms: float, requests: int) -> Decision:
-    """The next window for one model, from the p95 and request count of the last period (pure)."""
+def decide(
+    policy: WindowPolicy, model: str, window_us: int, p95_ms: float, requests: int, per_batch: Optional[float] = None
+) -> Decision:
+    """The next window for one model, from the p95, request count and (where known) requests per batch of the last
+    period (pure)."""
 
     def d(new: int, action: str, reason: str) -> Decision:
-        return Decision(model, window_us, new, action, reason, p95_ms, requests)
+        return Decision(model, window_us, new, action, reason, p95_ms, requests, per_batch=per_batch)
 
     clamped = min(policy.max_us, max(policy.min_us, window_us))
     if clamped != window_us:
@@ -127,6 +138,13 @@ def decide(policy: WindowPolicy, model: str, window_us: int, p95_ms: float, requ
     if p95_ms < policy.target_p95_ms * (1 - policy.hysteresis):
         new = min(policy.max_us, window_us + policy.step_us)
         why = f"p95 {p95_ms:.2f} ms < {1 - policy.hysteresis:.0%} of target {policy.target_p95_ms:g} ms"
+        if per_batch is not None and per_batch < policy.widen_min_per_batch:
+            return d(
+                window_us,
+                "hold",
+                why + f"; batches hold {per_batch:.2f} requests (< {policy.widen_min_per_batch:g}): the window is "
+                "not batching, widening would only add its wait",
+            )
         return d(new, "widen", why) if new != window_us else d(window_us, "hold", why + f"; at the ceiling {new} µs")
     return d(window_us, "hold", f"p95 {p95_ms:.2f} ms within the band under target {policy.target_p95_ms:g} ms")
 
@@ -244,20 +262,23 @@ def percentile(values: Iterable[float], q: float) -> float:
 class ClientP95:
     """p95 from the client's own sliding window: the requests that completed since the last read (one period),
     from each model's ``MicroBatcher`` records (``stats.records``, ``clock``). Every request counts in exactly one
-    period; failed ones count as requests but carry no latency."""
+    period; failed ones count as requests but carry no latency. Also the period's requests per batch (a batch of
+    ``k`` leaves ``k`` records that complete together: requests / Σ 1/k)."""
 
     def __init__(self, batchers: Mapping[str, Any]):
         self.batchers = batchers
         self.since: dict[str, float] = {}
 
-    def __call__(self, model: str) -> tuple[float, int]:
+    def __call__(self, model: str) -> tuple[float, int, Optional[float]]:
         batcher = self.batchers[model]
         now = batcher.clock()
         since = self.since.get(model, -math.inf)
         self.since[model] = now
         records = list(batcher.stats.records)  # one copy, taken at once (the loop may be appending)
         period = [r for r in records if since <= r.submitted + r.latency_s < now]
-        return percentile([r.latency_s * 1e3 for r in period if r.ok], 95), len(period)
+        batches = sum(1.0 / max(1, r.batch_size) for r in period)
+        per_batch = len(period) / batches if batches else None
+        return percentile([r.latency_s * 1e3 for r in period if r.ok], 95), len(period), per_batch
 
 
 # ---------------------------------------------------------------- where the window lives
@@ -386,7 +407,8 @@ class Controller:
     Args:
       policy: target, step, period and clamp.
       models: model names whose window it moves.
-      p95: callable ``model -> (p95_ms, requests in the period)`` (``ClientP95`` or ``TritonP95``).
+      p95: callable ``model -> (p95_ms, requests in the period[, requests per batch])`` (``ClientP95`` or
+        ``TritonP95``).
       window: where the window is read and set (``BatcherWindow`` in process, ``PublishedWindow`` for a client
         that is not gpuhost's).
     """
@@ -395,7 +417,7 @@ class Controller:
         self,
         policy: WindowPolicy,
         models: list[str],
-        p95: Callable[[str], tuple[float, int]],
+        p95: Callable[[str], tuple],
         window: WindowActuator,
         *,
         on_decision: Optional[Callable[[Decision], None]] = None,
@@ -413,8 +435,9 @@ class Controller:
             at = time.time()
             try:
                 current = self.window.get(model)
-                p95_ms, requests = self.p95(model)
-                d = dataclasses.replace(decide(self.policy, model, current, p95_ms, requests), at=at)
+                p95_ms, requests, *more = self.p95(model)
+                per_batch = more[0] if more else None
+                d = dataclasses.replace(decide(self.policy, model, current, p95_ms, requests, per_batch), at=at)
                 if d.changed:
                     self.window.set(model, d.window_us)
             except Exception as e:  # noqa: BLE001 — one bad period is counted and logged; the next one retries

@@ -141,11 +141,11 @@ class FakeBatcher:
         self.sets.append(us)
         self.window_us = us
 
-    def complete(self, latencies_ms, ok=True):
+    def complete(self, latencies_ms, ok=True, batch=4):
         from serving.microbatch import RequestRecord
 
         for ms in latencies_ms:
-            self.stats.add(RequestRecord(self.now - 0.5 - ms / 1e3, 0.0, ms / 1e3, 1, ok))  # done 0.5 s ago
+            self.stats.add(RequestRecord(self.now - 0.5 - ms / 1e3, 0.0, ms / 1e3, batch, ok))  # done 0.5 s ago
 
 
 def test_client_p95_counts_each_request_in_the_period_it_completed():
@@ -153,13 +153,41 @@ def test_client_p95_counts_each_request_in_the_period_it_completed():
     source = ClientP95({"m": b})
     b.now = 10.0
     b.complete([float(i) for i in range(1, 101)])  # 1..100 ms, all completed at t=9.5
-    assert source("m") == (95.0, 100)
+    assert source("m") == (95.0, 100, 4.0)
     b.now = 20.0
-    assert math.isnan(source("m")[0]) and source("m")[1] == 0  # nothing new: no evidence
+    p95, requests, per_batch = source("m")
+    assert math.isnan(p95) and requests == 0 and per_batch is None  # nothing new: no evidence
     b.now = 30.0
-    b.complete([5.0] * 30)
-    b.complete([900.0] * 3, ok=False)  # failures count as requests, carry no latency
-    assert source("m") == (5.0, 33)
+    b.complete([5.0] * 30, batch=1)
+    b.complete([900.0] * 3, ok=False, batch=3)  # failures count as requests, carry no latency
+    p95, requests, per_batch = source("m")
+    assert (p95, requests) == (5.0, 33) and per_batch == pytest.approx(33 / 31)  # 30 lone requests, one batch of 3
+
+
+def test_a_window_that_batches_nothing_is_not_widened():
+    """Under the target the seed widens the window; where the client's own records show batches of about one request
+    (the window closes on a lone request), widening only adds its wait: hold, say why. Narrowing is unaffected; a
+    source without batch sizes (Triton's summary) keeps the seed's rule."""
+    policy = WindowPolicy(target_p95_ms=25, min_requests=20)
+    lone = decide(policy, "m", 600, 12.0, 2000, per_batch=1.2)
+    assert (lone.action, lone.window_us, lone.per_batch) == ("hold", 600, 1.2)
+    assert "not batching" in lone.reason and "1.20 requests (< 2)" in lone.reason
+    assert decide(policy, "m", 600, 12.0, 2000, per_batch=2.5).action == "widen"
+    assert decide(policy, "m", 600, 12.0, 2000).action == "widen"
+    assert decide(policy, "m", 600, 40.0, 2000, per_batch=1.0).action == "narrow"
+    assert decide(WindowPolicy(target_p95_ms=25, widen_min_per_batch=1), "m", 600, 12.0, 2000, 1.0).action == "widen"
+    with pytest.raises(ValueError, match="widen_min_per_batch"):
+        WindowPolicy(widen_min_per_batch=0.5)
+
+    b = FakeBatcher(window_us=600)
+    c = in_process({"m": b}, policy)
+    c.prime()
+    for batch, action in ((1, "hold"), (4, "widen")):
+        b.now += 10
+        b.complete([10.0] * 40, batch=batch)
+        (d,) = c.step()
+        assert (d.action, d.per_batch) == (action, float(batch))
+    assert b.sets == [650]
 
 
 def test_controller_moves_the_batchers_window_one_step_per_period_inside_the_clamp():

@@ -24,8 +24,17 @@ from serving.adaptive_window import WindowPolicy, decide, in_process, serve_metr
 from serving.microbatch import BatchPolicy, MicroBatcher, TritonBatchInfer
 from tests.servers.triton import free_port, triton_fixture, write_sleep_model
 
+# The seed's rule alone (widen_min_per_batch=1): the light phase's one caller never batches, and this test is about
+# the window moving both ways in process; the batching condition is tested on its own in test_adaptive_window.py.
 POLICY = WindowPolicy(
-    target_p95_ms=40.0, step_us=100, period_s=2.0, min_us=400, max_us=600, hysteresis=0.1, min_requests=20
+    target_p95_ms=40.0,
+    step_us=100,
+    period_s=2.0,
+    min_us=400,
+    max_us=600,
+    hysteresis=0.1,
+    min_requests=20,
+    widen_min_per_batch=1,
 )
 
 
@@ -151,7 +160,7 @@ def test_window_moves_in_process_under_load_with_nothing_dropped_and_no_reload(t
     # Each decision is the seed's rule applied to the p95 the client measured in that period (the light phase's
     # p95 moves with the shared machine's load, so the path to the ceiling is not fixed; the rule is).
     assert all(
-        d == dataclasses.replace(decide(POLICY, "standin", d.previous_us, d.p95_ms, d.requests), at=d.at)
+        d == dataclasses.replace(decide(POLICY, "standin", d.previous_us, d.p95_ms, d.requests, d.per_batch), at=d.at)
         for d in controller.decisions
     )
     assert light[-1].window_us == 600 and [d.window_us for d in heavy if d.changed] == [500, 400]
