@@ -583,19 +583,28 @@ def summarise(path: str, mode: str, spec: dict, parts: list[dict]) -> dict:
 
 def queue_accounting(r: Any, q: Any, prefix: str, res: dict) -> dict:
     """What Redis says after a gateway run: results stored (served + failed), completions dropped as duplicates,
-    result lists left unread (a second answer, or one nobody took), entries still in the stream or pending."""
+    result lists left unread, entries still in the stream or pending. An unread result of a job its client got an
+    answer for is a second answer; one of a job the client gave up on (its deadline passed) is a late answer."""
     st = q.stats()
     stored = sum(v for k, v in st.items() if k.startswith("served:")) + st.get("failed", 0)
-    left = 0
+    status = {f"{prefix}-{row[0]}": row[4] for row in res["_rows"]}
+    left = late = twice = 0
     for key in r.scan_iter(match=f"{q.cfg.prefix}:result:{prefix}-*", count=1000):
-        left += int(r.llen(key))
+        n = int(r.llen(key))
+        left += n
+        if status.get((key.decode() if isinstance(key, bytes) else key).rsplit(":", 1)[1]) == "lost":
+            late += min(n, 1)
+            twice += max(0, n - 1)
+        else:
+            twice += n
     answered = res["answered_right"] + res["wrong"] + res["errors"]
     return {
         "results_stored": stored,
         "served": {k.split(":", 1)[1]: v for k, v in st.items() if k.startswith("served:")},
         "duplicate_completions_dropped": st.get("duplicates", 0),
         "results_unread": left,
-        "answered_twice": max(0, stored - answered) if left == 0 else left,
+        "answered_after_client_gave_up": late,
+        "answered_twice": max(0, stored - answered - late) if left == 0 else twice,
         "stream_depth_after": q.depth(),
         "pending_after": q.group_info()["pending"],
     }
@@ -1105,17 +1114,18 @@ def markdown(result: dict) -> str:
     if result["faults"]:
         lines += [
             "",
-            "| fault | at s | sent | accepted | answered once, right | wrong | lost | answered twice | completions "
-            "dropped as duplicates | in flight at the fault | jobs moved | moved done by (s after fault) | p99 ms after "
-            "fault |",
-            "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
+            "| fault | at s | sent | accepted | answered once, right | wrong | lost (no answer by the client's deadline) "
+            "| of those answered late | answered twice | completions dropped as duplicates | in flight at the fault | "
+            "jobs moved | moved done by (s after fault) | p99 ms after fault |",
+            "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
         ]
         for f in result["faults"]:
             x = f["run"]
             red = x["redis"]
             lines.append(
                 f"| {fault_label(f)} | {f.get('at_s', 0):.1f} | {x['sent']} | {x['sent'] - x['unaccepted']} | "
-                f"{x['answered_right']} | {x['wrong']} | {x['lost']} | {red['answered_twice']} | "
+                f"{x['answered_right']} | {x['wrong']} | {x['lost']} | {red.get('answered_after_client_gave_up', 0)} | "
+                f"{red['answered_twice']} | "
                 f"{red['duplicate_completions_dropped']} | {f['in_flight_at_fault']} | {f['jobs_moved']} | {f['moved_done_by_s_after_fault']} | "
                 f"{f['after_fault_p99_ms']} |"
             )

@@ -212,7 +212,7 @@ def test_jpeg_frames_through_the_queue_gateway_each_answer_its_own_frame(triton,
     q.ensure_group()
     keys = [q.submit("det", {"images": np.frombuffer(f, dtype=np.uint8)[None]}) for f in sent]
     # Queued before any worker reads: each frame took the path its length decides.
-    entries = [fields for _, fields in r.xrange(q.cfg.stream)]
+    entries = [fields for _, fields in q.r.xrange(q.cfg.stream)]
     assert [b"payload" in f for f in entries] == [len(f) >= q.cfg.inline_max_bytes for f in sent]
     assert [b"payload" in f for f in entries] == [True, False, True, False]
     assert [r.strlen(f"gen:in:{k}") for k in keys] == [len(f) if len(f) >= 64 * 1024 else 0 for f in sent]
