@@ -117,3 +117,53 @@ def test_inputs_that_expired_give_a_job_without_inputs(queue):
     r.delete("gen:in:k3")
     [job] = q.read("w", count=1, block_ms=100)
     assert job.key == "k3" and job.inputs == {}
+
+
+def test_a_worker_stores_its_result_in_a_redis_restarted_while_the_job_ran_stand_in_backend(tmp_path):
+    """Redis goes down while a job runs (a stand-in backend: the test is about Redis, not Triton) and comes back on
+    its port 0.5 s later: the worker's complete script is sent again by the client's retries (redis-py's default:
+    10 tries, jittered backoff growing to 1 s, ~5 s in all) and stores the result once in the restarted Redis; the
+    job needs no reclaim and no second run (there is no reclaimer here)."""
+    import threading
+    import time
+
+    from serving.scheduler import Signals
+    from serving.worker import Worker, WorkerConfig
+    from tests.servers.redis import start_redis
+
+    first = start_redis(tmp_path / "a")
+    back: list = []
+    ran = []
+
+    class Backend:
+        def __init__(self, cfg, timeout_s):
+            pass
+
+        def infer(self, job):
+            first.stop()  # down while the job runs; up again on the same port half a second later
+            t = threading.Timer(0.5, lambda: back.append(start_redis(tmp_path / "b", port=first.port)))
+            t.start()
+            ran.append(job.key)
+            return {"n": np.array([int(job.inputs["images"].sum())])}
+
+    cfg = WorkerConfig.from_dict(
+        {"redis": {"port": first.port}, "backends": [{"name": "a", "weight": 1, "grpc": "-", "http": "-"}]}
+    )
+    w = Worker(cfg, "w1", backend_factory=Backend)
+    w.sched.observe("a", Signals(ready=True), time.monotonic())  # no prober here: the stand-in is ready
+    try:
+        q = w.queue
+        q.ensure_group()
+        key = q.submit("m", {"images": image(5)})
+        [job] = q.read("w1", count=1, block_ms=100)
+        w._slots.acquire()
+        t0 = time.monotonic()
+        w._process(job)
+        assert time.monotonic() - t0 >= 0.5 and ran == [key] and back
+        res = q.result(key, timeout_s=5)  # in the restarted (empty: no persistence here) Redis
+        assert res.status == "ok" and res.outputs["n"].tolist() == [int(image(5).sum())]
+        assert q.stats() == {"served:a": 1}
+    finally:
+        for h in back:
+            h.stop()
+        first.stop()
