@@ -15,7 +15,6 @@ answer (detections [1, 100, 6] FP32 + num_detections) returned at once by a stan
 from __future__ import annotations
 
 import argparse
-import http.server
 import multiprocessing
 import os
 import signal
@@ -47,30 +46,17 @@ class AtOnce:
         return ANSWER
 
 
-def _health_port() -> int:
-    """A loopback HTTP server answering 200 to every GET: the worker's readiness probes of the stand-in."""
-
-    class Ready(http.server.BaseHTTPRequestHandler):
-        def do_GET(self):  # noqa: N802
-            self.send_response(200)
-            self.send_header("Content-Length", "0")
-            self.end_headers()
-
-        def log_message(self, *a):
-            pass
-
-    srv = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Ready)
-    threading.Thread(target=srv.serve_forever, daemon=True).start()
-    return srv.server_address[1]
-
-
 def worker_main(redis_port: int, consumer: str, slots: int, conn: Any) -> None:
+    from serving.scheduler import Signals
     from serving.worker import Worker, WorkerConfig
 
-    url = f"http://127.0.0.1:{_health_port()}"
-    backends = [{"name": n, "weight": w, "grpc": "-", "http": url} for n, w in (("a", 3), ("b", 2))]
+    class StandInWorker(Worker):
+        def _probe_once(self, b: Any, prev: dict[str, Any], with_metrics: bool) -> None:
+            self.sched.observe(b.name, Signals(ready=True), time.monotonic())  # the stand-in is always ready
+
+    backends = [{"name": n, "weight": w, "grpc": "-", "http": "-"} for n, w in (("a", 3), ("b", 2))]
     cfg = WorkerConfig.from_dict({"redis": {"port": redis_port}, "backends": backends, "slots": slots})
-    w = Worker(cfg, consumer, backend_factory=AtOnce)
+    w = StandInWorker(cfg, consumer, backend_factory=AtOnce)
     signal.signal(signal.SIGTERM, lambda *_: w.stop.set())
     t0 = os.times()
     w.run()
