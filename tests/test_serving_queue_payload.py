@@ -72,6 +72,25 @@ def test_small_inputs_stay_in_the_entry(queue):
     assert not r.keys("gen:in:*")
 
 
+def test_encoded_frames_of_every_length_take_the_path_their_length_decides(queue):
+    """JPEG frames are UINT8 [1, bytes] of any length: one byte under the inline bound rides in the entry, the bound
+    and over go in a key of their own; each job's bytes come back exactly, in one read of mixed paths."""
+    q = queue()
+    r = q.r
+    bound = q.cfg.inline_max_bytes
+    lengths = [1, bound - 1, bound, bound + 1, 3 * bound + 7]
+    frames = [np.random.default_rng(n).integers(0, 256, (1, n), dtype=np.uint8) for n in lengths]
+    keys = [q.submit("det", {"images": f}) for f in frames]
+    entries = [fields for _, fields in r.xrange(q.cfg.stream)]
+    assert [b"payload" in f for f in entries] == [False, False, True, True, True]
+    jobs = q.read("w1", count=8, block_ms=100)
+    assert [j.key for j in jobs] == keys
+    for job, f in zip(jobs, frames):
+        assert job.inputs["images"].shape == f.shape and np.array_equal(job.inputs["images"], f)
+        q.complete(job, done(job))
+    assert q.depth() == 0 and not r.keys("gen:in:*")
+
+
 def test_a_refused_job_leaves_no_inputs_and_a_resubmit_is_not_queued_twice(queue):
     q = queue(max_depth=1)
     r = q.r
