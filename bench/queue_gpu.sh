@@ -2,7 +2,8 @@
 # Seed 001's queue gateway on the GPU (issue 27): bench/queue_gpu.py on a machine that cannot download. Carried:
 # the wheels in .gpucarry/whl (pytriton's tritonserver, tritonclient, ...), redis-py and hiredis in .gpucarry/whl-redis and
 # Debian's redis-server with the libraries it needs in .gpucarry/deb-redis (bench/queue_gpu_carry.sh fetches those
-# two). About 5 minutes on one H200. Usage: bash bench/queue_gpu.sh OUTDIR [bench.queue_gpu args...]
+# two). About 5 minutes on one H200; requests carry JPEG camera frames (--input raw: 1.2 MB images).
+# Usage: bash bench/queue_gpu.sh OUTDIR [bench.queue_gpu args...]
 set -uo pipefail
 out=${1:?usage: queue_gpu.sh OUTDIR [args]}; shift
 carry=${GPUHOST_CARRY:-.gpucarry}
@@ -12,6 +13,7 @@ mkdir -p "$out"
   python3 -V; nproc
   python3 -c 'import torch, numpy; print("torch", torch.__version__, torch.version.cuda, torch.cuda.is_available(), "numpy", numpy.__version__)'
   python3 -c 'import grpc; print("grpcio", grpc.__version__)'
+  python3 -c 'import torchvision; print("torchvision", torchvision.__version__)' || echo "no torchvision: no nvJPEG"
 } 2>&1 | tee "$out/probe.txt"
 python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target /tmp/site \
   "$carry"/whl/*.whl "$carry"/whl-redis/*.whl || exit 1

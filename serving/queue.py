@@ -154,7 +154,8 @@ class Result:
 
     def encode(self) -> bytes:
         meta, blobs = _pack_tensors(self.outputs)
-        head = {k: v for k, v in dataclasses.asdict(self).items() if k not in ("outputs", "received_ms")}
+        # The fields one by one: asdict() would deep-copy every output array only to drop it.
+        head = {f.name: getattr(self, f.name) for f in _RESULT_HEAD}
         head["outputs"] = meta
         h = json.dumps(head).encode()
         return len(h).to_bytes(4, "big") + h + b"".join(blobs)
@@ -171,6 +172,8 @@ class Result:
             pos += size
         return cls(**head, outputs=_unpack_tensors(meta, blobs))
 
+
+_RESULT_HEAD = tuple(f for f in dataclasses.fields(Result) if f.name not in ("outputs", "received_ms"))
 
 # ------------------------------------------------------------------ the queue
 

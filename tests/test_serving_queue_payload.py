@@ -72,6 +72,25 @@ def test_small_inputs_stay_in_the_entry(queue):
     assert not r.keys("gen:in:*")
 
 
+def test_encoded_frames_of_every_length_take_the_path_their_length_decides(queue):
+    """JPEG frames are UINT8 [1, bytes] of any length: one byte under the inline bound rides in the entry, the bound
+    and over go in a key of their own; each job's bytes come back exactly, in one read of mixed paths."""
+    q = queue()
+    r = q.r
+    bound = q.cfg.inline_max_bytes
+    lengths = [1, bound - 1, bound, bound + 1, 3 * bound + 7]
+    frames = [np.random.default_rng(n).integers(0, 256, (1, n), dtype=np.uint8) for n in lengths]
+    keys = [q.submit("det", {"images": f}) for f in frames]
+    entries = [fields for _, fields in r.xrange(q.cfg.stream)]
+    assert [b"payload" in f for f in entries] == [False, False, True, True, True]
+    jobs = q.read("w1", count=8, block_ms=100)
+    assert [j.key for j in jobs] == keys
+    for job, f in zip(jobs, frames):
+        assert job.inputs["images"].shape == f.shape and np.array_equal(job.inputs["images"], f)
+        q.complete(job, done(job))
+    assert q.depth() == 0 and not r.keys("gen:in:*")
+
+
 def test_a_refused_job_leaves_no_inputs_and_a_resubmit_is_not_queued_twice(queue):
     q = queue(max_depth=1)
     r = q.r
@@ -117,3 +136,53 @@ def test_inputs_that_expired_give_a_job_without_inputs(queue):
     r.delete("gen:in:k3")
     [job] = q.read("w", count=1, block_ms=100)
     assert job.key == "k3" and job.inputs == {}
+
+
+def test_a_worker_stores_its_result_in_a_redis_restarted_while_the_job_ran_stand_in_backend(tmp_path):
+    """Redis goes down while a job runs (a stand-in backend: the test is about Redis, not Triton) and comes back on
+    its port 0.5 s later: the worker's complete script is sent again by the client's retries (redis-py's default:
+    10 tries, jittered backoff growing to 1 s, ~5 s in all) and stores the result once in the restarted Redis; the
+    job needs no reclaim and no second run (there is no reclaimer here)."""
+    import threading
+    import time
+
+    from serving.scheduler import Signals
+    from serving.worker import Worker, WorkerConfig
+    from tests.servers.redis import start_redis
+
+    first = start_redis(tmp_path / "a")
+    back: list = []
+    ran = []
+
+    class Backend:
+        def __init__(self, cfg, timeout_s):
+            pass
+
+        def infer(self, job):
+            first.stop()  # down while the job runs; up again on the same port half a second later
+            t = threading.Timer(0.5, lambda: back.append(start_redis(tmp_path / "b", port=first.port)))
+            t.start()
+            ran.append(job.key)
+            return {"n": np.array([int(job.inputs["images"].sum())])}
+
+    cfg = WorkerConfig.from_dict(
+        {"redis": {"port": first.port}, "backends": [{"name": "a", "weight": 1, "grpc": "-", "http": "-"}]}
+    )
+    w = Worker(cfg, "w1", backend_factory=Backend)
+    w.sched.observe("a", Signals(ready=True), time.monotonic())  # no prober here: the stand-in is ready
+    try:
+        q = w.queue
+        q.ensure_group()
+        key = q.submit("m", {"images": image(5)})
+        [job] = q.read("w1", count=1, block_ms=100)
+        w._slots.acquire()
+        t0 = time.monotonic()
+        w._process(job)
+        assert time.monotonic() - t0 >= 0.5 and ran == [key] and back
+        res = q.result(key, timeout_s=5)  # in the restarted (empty: no persistence here) Redis
+        assert res.status == "ok" and res.outputs["n"].tolist() == [int(image(5).sum())]
+        assert q.stats() == {"served:a": 1}
+    finally:
+        for h in back:
+            h.stop()
+        first.stop()

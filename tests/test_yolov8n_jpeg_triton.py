@@ -22,6 +22,7 @@ from plans.triton_repo import repository_files, yolov8n_torch  # noqa: E402
 from serving import loadgate, sample_frames  # noqa: E402
 from serving.models import frames, yolov8n_files  # noqa: E402
 from tests.servers.nginx import front_triton_fixture  # noqa: E402
+from tests.servers.redis import redis_fixture  # noqa: E402
 
 MAX_DET, CONF = 100, 0.1
 SIZES = [(1280, 720), (1920, 1080), (640, 480), (480, 640), (32, 32)]
@@ -188,6 +189,52 @@ def test_a_corrupt_frame_in_a_batch_fails_alone_and_the_instance_keeps_answering
 
 
 nginx = front_triton_fixture("det")
+redis_srv = redis_fixture()
+
+
+def test_jpeg_frames_through_the_queue_gateway_each_answer_its_own_frame(triton, reference, redis_srv, tmp_path):
+    """Seed 001's gateway in front of the detector taking frames (real redis-server, a real worker process, this
+    Triton over gRPC): JPEG frames are UINT8 [1, bytes] of every length; 1280×720 and 1920×1080 (over the queue's
+    64 KiB inline bound) travel in a key of their own, 640×480 in the stream entry. Each answer is its own frame's
+    boxes (the reference), not another frame's; nothing is left in Redis once they are answered."""
+    import numpy as np
+    import redis
+
+    from serving.queue import JobQueue, QueueConfig
+    from tests.servers import stop_process
+    from tests.servers.gateway import spawn_worker, worker_config
+
+    sizes = [(1280, 720), (640, 480), (1920, 1080), (640, 480)]
+    sent = [sample_frames.jpeg(w, h, seed=20 + k) for k, (w, h) in enumerate(sizes)]
+    r = redis.Redis(port=redis_srv.port)
+    r.flushall()
+    q = JobQueue(r, QueueConfig(max_depth=10))
+    q.ensure_group()
+    keys = [q.submit("det", {"images": np.frombuffer(f, dtype=np.uint8)[None]}) for f in sent]
+    # Queued before any worker reads: each frame took the path its length decides.
+    entries = [fields for _, fields in q.r.xrange(q.cfg.stream)]
+    assert [b"payload" in f for f in entries] == [len(f) >= q.cfg.inline_max_bytes for f in sent]
+    assert [b"payload" in f for f in entries] == [True, False, True, False]
+    assert [r.strlen(f"gen:in:{k}") for k in keys] == [len(f) if len(f) >= 64 * 1024 else 0 for f in sent]
+    # One worker, four slots: the four frames (four lengths) reach Triton together, one ragged batch.
+    cfg = worker_config(redis_srv.port, {"t": triton}, {"t": 1}, slots=4, models=["det"], queue={"max_depth": 10})
+    worker = spawn_worker(cfg, "w1", tmp_path)
+    try:
+        answers = []
+        for key in keys:
+            res = q.result(key, timeout_s=300)
+            assert res.status == "ok" and res.backend == "t", res.error
+            det = res.outputs["detections"]
+            assert det.shape == (1, MAX_DET, 6) and res.outputs["num_detections"].reshape(-1)[0] >= 10
+            answers.append(torch.from_numpy(det.reshape(MAX_DET, 6).copy()))
+        refs = [reference(f) for f in sent]
+        for i in range(len(sent)):
+            for j in range(len(sent)):
+                assert (i == j) == _same(answers[i], refs[j]), (i, j)
+        assert q.depth() == 0 and not r.keys("gen:in:*") and not r.keys("gen:result:*")
+    finally:
+        stop_process(worker, timeout=10)
+        r.close()
 
 
 def test_the_gate_sends_jpeg_frames_of_three_sizes_through_nginx_and_checks_each_answer(triton, nginx):

@@ -44,10 +44,13 @@ class RedisHandle(LaunchedServer):
         return self.log_path.read_text(errors="replace") if self.log_path.exists() else ""
 
 
-def start_redis(workdir: Optional[Path] = None, *, ready_timeout: float = 15.0) -> RedisHandle:
+def start_redis(
+    workdir: Optional[Path] = None, *, ready_timeout: float = 15.0, port: Optional[int] = None
+) -> RedisHandle:
+    """redis-server on ``port`` (default: a free one; a stopped server's port starts it again there)."""
     workdir = Path(workdir or tempfile.mkdtemp(prefix="gpuhost-redis-"))
     workdir.mkdir(parents=True, exist_ok=True)
-    port = free_port()
+    port = port or free_port()
     log_path = workdir / "redis.log"
     cmd = [
         REDIS_SERVER,

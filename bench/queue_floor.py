@@ -1,0 +1,169 @@
+"""The queue gateway's own cost per job: real Redis, real ``serving.worker`` processes, a backend that answers at once.
+
+What ``bench.queue_gpu`` cannot separate from Triton: the part of a job's latency that is the gateway's (the
+client's submit call, submit → dispatch, stored → caller) and what each side spends in CPU, with the detector's
+answer (detections [1, 100, 6] FP32 + num_detections) returned at once by a stand-in backend in the worker process
+(a mock by design: this bench measures everything but the model). The inputs are distinct arrays of ``--bytes``
+(default: a 1280x720 JPEG frame's 106,805 bytes), so ``--inline-max-bytes`` decides their path: a key of their own
+(SET beside the submit script, MGET per worker read) or inline in the stream entry (through the submit script).
+
+    .venv/bin/python -m bench.queue_floor                        # one client: the latency floor
+    .venv/bin/python -m bench.queue_floor --clients 8 --workers 2
+    .venv/bin/python -m bench.queue_floor --inline-max-bytes 1048576    # the frame through the submit script
+"""
+
+from __future__ import annotations
+
+import argparse
+import multiprocessing
+import os
+import signal
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+from typing import Any, Optional
+
+import numpy as np
+
+ROOT = Path(__file__).resolve().parents[1]
+if str(ROOT) not in sys.path:
+    sys.path.insert(0, str(ROOT))
+
+from serving.adaptive_window import percentile as pct  # noqa: E402
+
+ANSWER = {"detections": np.zeros((1, 100, 6), np.float32), "num_detections": np.array([[7]], np.int32)}
+
+
+class AtOnce:
+    """A backend that answers every job at once with a detector-shaped answer (stands in for Triton)."""
+
+    def __init__(self, cfg: Any, timeout_s: float):
+        self.cfg = cfg
+
+    def infer(self, job: Any) -> dict[str, np.ndarray]:
+        return ANSWER
+
+
+def worker_main(redis_port: int, consumer: str, slots: int, conn: Any) -> None:
+    from serving.scheduler import Signals
+    from serving.worker import Worker, WorkerConfig
+
+    class StandInWorker(Worker):
+        def _probe_once(self, b: Any, prev: dict[str, Any], with_metrics: bool) -> None:
+            self.sched.observe(b.name, Signals(ready=True), time.monotonic())  # the stand-in is always ready
+
+    backends = [{"name": n, "weight": w, "grpc": "-", "http": "-"} for n, w in (("a", 3), ("b", 2))]
+    cfg = WorkerConfig.from_dict({"redis": {"port": redis_port}, "backends": backends, "slots": slots})
+    w = StandInWorker(cfg, consumer, backend_factory=AtOnce)
+    signal.signal(signal.SIGTERM, lambda *_: w.stop.set())
+    t0 = os.times()
+    w.run()
+    t1 = os.times()
+    conn.send(t1.user - t0.user + t1.system - t0.system)
+
+
+def run(a: argparse.Namespace) -> dict:
+    import redis
+
+    from serving.queue import JobQueue, QueueConfig
+    from tests.servers.redis import start_redis
+
+    with start_redis(Path(tempfile.mkdtemp(prefix="gpuhost-queue-floor-"))) as h:
+        r = redis.Redis(port=h.port, socket_timeout=10)
+        q = JobQueue(r, QueueConfig(max_depth=10_000, inline_max_bytes=a.inline_max_bytes))
+        q.ensure_group()
+        ctx = multiprocessing.get_context("spawn")
+        procs = []
+        for i in range(a.workers):
+            parent, child = ctx.Pipe()
+            p = ctx.Process(target=worker_main, args=(h.port, f"w{i}", a.slots, child), daemon=True)
+            p.start()
+            procs.append((p, parent))
+        deadline = time.monotonic() + 60
+        while int((r.xinfo_groups(q.cfg.stream) or [{"consumers": 0}])[0]["consumers"]) < a.workers:
+            if time.monotonic() > deadline:
+                raise TimeoutError("workers did not join the group")
+            time.sleep(0.05)
+        inputs = [np.random.default_rng(i).integers(0, 256, (1, a.bytes), dtype=np.uint8) for i in range(16)]
+        for i in range(20):  # warm: scripts loaded, connections open, probes done
+            q.call("m", {"images": inputs[i % 16]}, timeout_s=30)
+        r.config_resetstat()
+        rows: list[tuple[float, ...]] = []
+        lock, nxt = threading.Lock(), [0]
+
+        def client() -> None:
+            while True:
+                with lock:
+                    j = nxt[0]
+                    nxt[0] += 1
+                if j >= a.jobs:
+                    return
+                t0 = time.time()
+                key = q.submit("m", {"images": inputs[j % 16]})
+                t1 = time.time()
+                res = q.result(key, timeout_s=30, submitted_at=t0)
+                t2 = time.time()
+                if res.status != "ok" or int(res.outputs["num_detections"][0, 0]) != 7:
+                    raise RuntimeError(f"job {j}: {res.status} {res.error}")
+                with lock:  # total, submit call, submit -> dispatch, dispatch -> stored, stored -> caller
+                    rows.append(
+                        ((t2 - t0) * 1000, (t1 - t0) * 1000, res.queue_ms, res.latency_ms - res.queue_ms,
+                         (t2 - t0) * 1000 - res.latency_ms)
+                    )  # fmt: skip
+
+        c0, t0 = os.times(), time.perf_counter()
+        threads = [threading.Thread(target=client) for _ in range(a.clients)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        seconds, c1 = time.perf_counter() - t0, os.times()
+        stats = r.info("commandstats")
+        worker_cpu = 0.0
+        for p, conn in procs:
+            p.terminate()  # SIGTERM: the worker stops and reports its CPU
+            worker_cpu += conn.recv() if conn.poll(30) else float("nan")
+            p.join(10)
+        r.close()
+    names = ("total", "submit call", "submit to dispatch (from the call)", "dispatch to stored", "stored to caller")
+    cols = [sorted(c) for c in zip(*rows)]
+    return {
+        "jobs": a.jobs,
+        "jobs_per_s": round(a.jobs / seconds, 1),
+        "p50_ms": {n: round(pct(c, 50), 3) for n, c in zip(names, cols)},
+        "p95_ms": round(pct(cols[0], 95), 3),
+        "client_cpu_us_per_job": round((c1.user - c0.user + c1.system - c0.system) / a.jobs * 1e6),
+        "worker_cpu_us_per_job": round(worker_cpu / (a.jobs + 20) * 1e6),
+        "redis_us_per_job": round(sum(v["usec"] for k, v in stats.items() if k != "cmdstat_config") / a.jobs, 1),
+        "redis_per_job": {
+            k.removeprefix("cmdstat_"): (round(v["calls"] / a.jobs, 2), round(v["usec"] / a.jobs, 1))
+            for k, v in stats.items()
+            if k != "cmdstat_config"
+        },
+    }
+
+
+def main(argv: Optional[list[str]] = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--jobs", type=int, default=2000)
+    p.add_argument("--clients", type=int, default=1, help="client threads, each one job at a time")
+    p.add_argument("--workers", type=int, default=1, help="serving.worker processes")
+    p.add_argument("--slots", type=int, default=12)
+    p.add_argument("--bytes", type=int, default=106_805, help="input bytes a job (a 1280x720 JPEG frame's)")
+    p.add_argument("--inline-max-bytes", type=int, default=64 * 1024)
+    a = p.parse_args(argv)
+    import redis.utils
+
+    out = run(a)
+    parser = "hiredis" if redis.utils.HIREDIS_AVAILABLE else "redis-py's Python parser"
+    print(f"{a.bytes} bytes a job, {a.clients} clients, {a.workers} workers x {a.slots} slots, {parser}, "
+          f"inline below {a.inline_max_bytes} bytes; load average {os.getloadavg()[0]:.2f}")  # fmt: skip
+    for k, v in out.items():
+        print(f"  {k}: {v}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
