@@ -115,8 +115,8 @@ class TritonPythonModel:
         self.gpu_in = torch.empty((self.max_batch, h, w, c), dtype=torch.uint8, device=self.device)
         self.graphs = {}
         self.graph_out = {}
-        # (w, h) → (graph, its source frame buffer, its outputs): a lone frame of a size here runs letterbox, the
-        # model, NMS and the boxes' mapping back as one graph replay (``frames.letterboxed_forward``).
+        # (w, h) → (graph, its source frame buffer, its geometry, its outputs): a lone frame of a size here runs
+        # letterbox, the model, NMS and the boxes' mapping back as one graph replay (``frames.letterboxed_forward``).
         self.frame_graphs = {}
         frame_sizes = (
             frames.frame_sizes(_param(config, "frame_graphs", DEFAULT_FRAME_GRAPHS))
@@ -277,7 +277,11 @@ class TritonPythonModel:
         with torch.cuda.graph(graph, stream=self.stream):
             outs = run()
         self.stream.synchronize()
-        return graph, src, outs
+        # Everything the graph reads must outlive it: a graph holds addresses, not tensors. ``geo`` once went out of
+        # scope here, its block went back to the caching allocator and the next size's capture took it, so every
+        # lone-frame graph mapped its boxes with the last size's geometry (on the H200 every lone 1280x720 and
+        # 1920x1080 frame came back with boxes in another frame's pixels; bench/jpeg_diag.py).
+        return graph, src, geo, outs
 
     def _frames_forward(self, batch):
         """Decoded frames (on the device) → (detections in each frame's pixels, counts), still on the device.
@@ -290,7 +294,7 @@ class TritonPythonModel:
             h, w = int(batch[0].shape[1]), int(batch[0].shape[2])
             captured = self.frame_graphs.get((w, h))
             if captured is not None:
-                graph, src, outs = captured
+                graph, src, _geo, outs = captured
                 src.copy_(batch[0])
                 graph.replay()
                 return outs
