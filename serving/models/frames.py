@@ -162,19 +162,8 @@ class Decoder:
         return [self._one(f) for f in frames]
 
     def _gpu(self, frames):
-        """nvJPEG on the device, between two host barriers. Its hardware engine (A100, H100, H200) does not keep
-        stream order: it can write a decoded frame into a block the caching allocator just handed out while work
-        queued before it still reads that block, and the frame's first readers can run before its bytes are all
-        written. Either way an answer is computed from another frame's pixels: on the H200 about one JPEG job in five
-        at 1,000/s came back with a different image's boxes (bench.queue_gpu, every answer against its own frame's
-        reference; pytorch/vision#9606, meta-pytorch/torchcodec#1634 describe the same engine). Draining the stream
-        before and waiting for the decode after costs the overlap of the decode with the launches that follow it
-        (tenths of a millisecond), never a wrong answer."""
         assert self._tv is not None
-        torch.cuda.current_stream(self.device).synchronize()
-        out = self._tv.decode_jpeg(frames, mode=self._tv.ImageReadMode.RGB, device=self.device)
-        torch.cuda.synchronize(self.device)
-        return out
+        return self._tv.decode_jpeg(frames, mode=self._tv.ImageReadMode.RGB, device=self.device)
 
     def _one(self, frame: torch.Tensor) -> Union[torch.Tensor, FrameError]:
         if self.on_gpu:
