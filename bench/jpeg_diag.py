@@ -85,7 +85,7 @@ def main(argv: Optional[list[str]] = None) -> int:
         for mode, spec in specs.items():
             wrong: dict[str, list] = {}
             total: dict[str, int] = {}
-            examples = []
+            examples: list[dict[str, Any]] = []
             for rep in range(a.repeat):
                 for i in range(len(arrays)):
                     det, num = call(client, spec.name, i)
