@@ -51,7 +51,7 @@ sys.path.insert(0, str(ROOT))
 
 from bench.gpu import get_json, log, machine, model_stats, start_servers, stats_delta  # noqa: E402
 from bench.gpu_frames import CONF, MAX_DET, make_frames, payloads, references  # noqa: E402
-from bench.report import git_commit  # noqa: E402
+from bench.report import git_commit, invalid_banner, wrong_answers  # noqa: E402
 from bench.yolo_check import WEIGHTS_FILE, set_problem, weights_file  # noqa: E402
 from plans.presets import apply_preset  # noqa: E402
 from plans.triton_model import RateLimiter  # noqa: E402
@@ -644,7 +644,7 @@ def main(argv=None) -> int:
 
     def save():
         (out / "gpu_c1.json").write_text(json.dumps(res, indent=1, sort_keys=True))
-        (out / "gpu_c1.md").write_text(table(res))
+        (out / "gpu_c1.md").write_text(invalid_banner(res) + table(res))
 
     if "stages" not in skip:
         try:
@@ -662,8 +662,8 @@ def main(argv=None) -> int:
         save()
     res["finished"] = time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime())
     save()
-    print(table(res))
-    return 0
+    print(invalid_banner(res) + table(res))
+    return 1 if wrong_answers(res) else 0
 
 
 if __name__ == "__main__":

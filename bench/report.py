@@ -4,6 +4,8 @@
 * ``md_table``: a markdown table's lines from a header and rows;
 * ``put_block``: a benchmark's table in ``docs/benchmarks.md`` between its BEGIN/END markers (appended with a
   heading the first time);
+* ``wrong_answers``: every measured point of a result that counted a wrong or failed answer; ``invalid_banner``
+  the line that heads such a result's table (a benchmark with one exits 1: its latencies are not results);
 * ``Report``: a GPU benchmark's files (``OUT/<stem>.json``, ``OUT/<stem>.md``, the docs block) and its command line's
   common part (``--out``, ``--render``, ``--cpu``, ``--quick``, ...), shared by ``bench.gpu`` and ``bench.gpu_frames``.
 
@@ -56,6 +58,39 @@ def put_block(doc: Path, name: str, body: str, heading: str = "") -> None:
     doc.write_text(text)
 
 
+def wrong_answers(results: Any, path: str = "") -> list[str]:
+    """Every point in ``results`` (any nesting of dicts and lists) that counted a wrong or failed answer: a dict
+    whose ``errors`` or ``invalid`` count is above 0, named by its ``name`` (else its path), with how many of its
+    ``requests``."""
+    out: list[str] = []
+    if isinstance(results, dict):
+        bad = max(
+            (v for k in ("errors", "invalid") if isinstance(v := results.get(k), int) and not isinstance(v, bool)),
+            default=0,
+        )
+        if bad > 0:
+            name = results.get("name") or path or "the run"
+            of = f" of {results['requests']}" if isinstance(results.get("requests"), int) else ""
+            out.append(f"{name} ({bad}{of})")
+        for k, v in results.items():
+            out += wrong_answers(v, f"{path}/{k}")
+    elif isinstance(results, list):
+        for i, v in enumerate(results):
+            out += wrong_answers(v, f"{path}[{i}]")
+    return out
+
+
+def invalid_banner(results: Any) -> str:
+    """The line that heads a result with wrong or failed answers ("" for none)."""
+    bad = wrong_answers(results)
+    if not bad:
+        return ""
+    return (
+        f"**INVALID: wrong or failed answers in {len(bad)} point(s): {'; '.join(bad)}. Their latencies time wrong "
+        "work and are not results.**\n\n"
+    )
+
+
 def git_commit() -> str:
     r = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True, cwd=ROOT)
     return r.stdout.strip()
@@ -83,7 +118,7 @@ class Report:
     def write(self, results: dict, out: Path) -> None:
         out.mkdir(parents=True, exist_ok=True)
         (out / f"{self.stem}.json").write_text(json.dumps(results, indent=1, sort_keys=True))
-        (out / f"{self.stem}.md").write_text(self.table(results))
+        (out / f"{self.stem}.md").write_text(invalid_banner(results) + self.table(results))
 
     def render_doc(self, results: dict) -> None:
         put_block(DOC, f"bench/{self.stem}.py", self.table(results), self.heading)
@@ -109,7 +144,7 @@ class Report:
         quick: dict[str, Any],
     ) -> int:
         """Parse; ``--render``: the docs block only; else the ``quick`` settings where ``--quick``, ``run(args)``,
-        the files written and the table printed."""
+        the files written and the table printed; 1 when an answer was wrong or failed (``wrong_answers``)."""
         args = ap.parse_args(argv)
         if args.render:
             self.render_doc(json.loads(Path(args.render).read_text()))
@@ -119,5 +154,5 @@ class Report:
         results = run(args)
         results["command"] = f"python -m bench.{self.stem} " + " ".join(argv if argv is not None else sys.argv[1:])
         self.write(results, Path(args.out))
-        print(self.table(results))
-        return 0
+        print(invalid_banner(results) + self.table(results))
+        return 1 if wrong_answers(results) else 0

@@ -27,14 +27,7 @@ from tests.servers.triton import free_port, triton_fixture, write_sleep_model
 # The seed's rule alone (widen_min_per_batch=1): the light phase's one caller never batches, and this test is about
 # the window moving both ways in process; the batching condition is tested on its own in test_adaptive_window.py.
 POLICY = WindowPolicy(
-    target_p95_ms=40.0,
-    step_us=100,
-    period_s=2.0,
-    min_us=400,
-    max_us=600,
-    hysteresis=0.1,
-    min_requests=20,
-    widen_min_per_batch=1,
+    target_p95_ms=40.0, step_us=100, period_s=2.0, min_us=400, max_us=600, min_requests=20, widen_min_per_batch=1
 )
 
 
