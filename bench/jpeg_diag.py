@@ -6,7 +6,8 @@ One Triton with the detector twice, as ``bench.queue_gpu`` deploys it (the GPU p
 with the lone-frame graphs (``frame_graphs`` default) and ``nog`` without (``frame_graphs=none``). Every frame is
 sent alone, one request at a time, ``--repeat`` times to each, then all frames from 8 threads at once (Triton
 batches them). Each answer is checked against its own frame's reference (``bench.gpu_frames.references``, eager,
-the same weights); for a wrong answer, whether it is another frame's answer. Prints one JSON summary.
+the same weights); for a wrong answer, whether it is another frame's answer. Prints one JSON summary (also
+OUT/jpeg_diag.json); exits 1 when any answer was wrong.
 
     python3 -m bench.jpeg_diag --out OUT          # on the GPU machine (PYTHONPATH with the carried wheels)
     .venv/bin/python -m bench.jpeg_diag --cpu --frames 6 --repeat 1 --out /tmp/jd   # smoke test here
@@ -124,7 +125,8 @@ def main(argv: Optional[list[str]] = None) -> int:
     result["log_tail"] = [ln for ln in log.splitlines() if "gpuhost" in ln or "rror" in ln][-20:]
     (out / "jpeg_diag.json").write_text(json.dumps(result, indent=1) + "\n")
     print(json.dumps({k: v for k, v in result.items() if k != "sizes"}, indent=1)[:6000])
-    return 0
+    runs = result["runs"].values()
+    return 1 if any(r.get("wrong") or r.get("wrong_frames") for r in runs) else 0
 
 
 if __name__ == "__main__":
