@@ -198,13 +198,64 @@ def kill_group(proc: subprocess.Popen, sig: int = signal.SIGKILL) -> None:
         proc.wait(10)
 
 
+PIN_ROLES = ("load", "gateway", "triton")
+
+
+def parse_pin(text: str, cpu_count: int) -> dict[str, set[int]]:
+    """``--pin-cpus`` ("load:0-5,gateway:6-9,triton:10-15"; "" none) → {role: CPUs}. The roles: the load processes
+    (the clients: on their own machines in a deployment), the gateway (Redis and the workers) and the Tritons (with
+    their python-backend stubs). Refused with the fix: an unknown role, a CPU this machine lacks, a role twice."""
+    out: dict[str, set[int]] = {}
+    for item in filter(None, (x.strip() for x in text.split(","))):
+        role, sep, span = item.partition(":")
+        cpus: set[int] = set()
+        try:
+            for part in span.split("+"):
+                lo, _, hi = part.partition("-")
+                cpus |= set(range(int(lo), int(hi or lo) + 1))
+        except ValueError:
+            cpus = set()
+        if not sep or role not in PIN_ROLES or role in out or not cpus or max(cpus) >= cpu_count:
+            raise SystemExit(
+                f"--pin-cpus: {item!r} is not ROLE:FIRST-LAST (roles {', '.join(PIN_ROLES)}, each once; CPUs "
+                f"0-{cpu_count - 1}; several ranges joined by '+'), e.g. load:0-5,gateway:6-9,triton:10-15"
+            )
+        out[role] = cpus
+    return out
+
+
+def pin_tree(pid: int, cpus: Optional[set[int]]) -> int:
+    """Every thread of ``pid`` and of its descendants onto ``cpus`` (threads and children made later inherit it);
+    the number of threads moved. Nothing for ``None``."""
+    if not cpus:
+        return 0
+    children: dict[int, list[int]] = {}
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        children.setdefault(int(fields[1]), []).append(int(stat.parent.name))
+    todo, moved = [pid], 0
+    while todo:
+        p = todo.pop()
+        todo += children.get(p, [])
+        for task in Path(f"/proc/{p}/task").glob("[0-9]*"):
+            try:
+                os.sched_setaffinity(int(task.name), cpus)
+                moved += 1
+            except (ProcessLookupError, PermissionError, OSError):
+                pass
+    return moved
+
+
 class Redis:
     """redis-server on a loopback port with its data in ``workdir``; AOF on (appendfsync everysec) when asked."""
 
-    def __init__(self, binary: str, workdir: Path, io_threads: int):
+    def __init__(self, binary: str, workdir: Path, io_threads: int, cpus: Optional[set[int]] = None):
         from tests.servers import free_port
 
-        self.binary, self.workdir, self.io_threads = binary, workdir, io_threads
+        self.binary, self.workdir, self.io_threads, self.cpus = binary, workdir, io_threads, cpus
         self.port = free_port()
         self.proc: Optional[subprocess.Popen] = None
         workdir.mkdir(parents=True, exist_ok=True)
@@ -222,6 +273,7 @@ class Redis:
             cmd += ["--io-threads", str(self.io_threads), "--io-threads-do-reads", "yes"]
         self.proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.STDOUT, start_new_session=True)
         wait_ping(self.port, self.proc, 120)
+        pin_tree(self.proc.pid, self.cpus)  # its I/O threads exist once it answers
         return time.monotonic() - t0
 
     def kill(self) -> None:
@@ -252,6 +304,8 @@ def gateway_config(redis_port: int, backends: dict[str, Backend], a: argparse.Na
 
 def load_main(conn: Any, setup: dict, k: int) -> None:
     """One load process: waits for a run's spec, runs it with its threads, sends back its rows."""
+    if setup.get("cpus"):
+        os.sched_setaffinity(0, setup["cpus"])  # before any thread: they inherit it
     arrays, refs = load_frames(setup["frames"])
     import redis  # noqa: F401 - imported before the first run, not inside its clock
     import tritonclient.grpc  # noqa: F401
@@ -703,7 +757,13 @@ def main(argv: Optional[list[str]] = None) -> int:
     p.add_argument("--redis-server", default=shutil.which("redis-server") or "/usr/bin/redis-server")
     p.add_argument("--redis-io-threads", type=int, default=None, help="Redis I/O threads (default 4; --cpu 1)")
     p.add_argument("--gpu-model", default="", help="preset key (default: from nvidia-smi)")
+    p.add_argument(
+        "--pin-cpus",
+        default="",
+        help="CPUs per role, e.g. load:0-5,gateway:6-9,triton:10-15 (default: none; the same for both paths)",
+    )
     a = p.parse_args(argv)
+    pin = parse_pin(a.pin_cpus, os.cpu_count() or 1)
     gpu = not a.cpu
     d = (
         {
@@ -763,7 +823,7 @@ def main(argv: Optional[list[str]] = None) -> int:
     frame_bytes = [x.nbytes for x in arrays]
     log(f"{len(arrays)} frames, {min(frame_bytes)}-{max(frame_bytes)} bytes, in {time.monotonic() - t_refs:.1f} s")
     spec = model_spec(gpu, a.gpu_model or gpu_name, a.input)
-    rs = Redis(a.redis_server, base / "redis", a.redis_io_threads)
+    rs = Redis(a.redis_server, base / "redis", a.redis_io_threads, pin.get("gateway"))
     rs.start(aof=False)
     backends: dict[str, Backend] = {}
     workers: dict[str, subprocess.Popen] = {}
@@ -771,6 +831,8 @@ def main(argv: Optional[list[str]] = None) -> int:
     result: dict[str, Any] = {"runs": [], "faults": []}
     try:
         backends = start_backends(base, spec, weights, gpu)
+        for b in backends.values():
+            pin_tree(b.proc.pid, pin.get("triton"))  # the server and its python-backend stubs
         log(f"Tritons ready after {time.monotonic() - t_main:.1f} s: {[(b.name, b.grpc) for b in backends.values()]}")
         cfg = gateway_config(rs.port, backends, a)
         from tests.servers import free_port
@@ -786,12 +848,15 @@ def main(argv: Optional[list[str]] = None) -> int:
         for i in range(a.workers):
             workers[f"w{i}"] = spawn_worker(worker_cfg(f"w{i}"), f"w{i}", base)
         wait_consumers(r, q, a.workers)
+        for w in workers.values():
+            pin_tree(w.pid, pin.get("gateway"))
         setup = {
             "frames": str(base / "frames.npz"),
             "conf": CONF[a.input],
             "redis_port": rs.port,
             "grpc": {b.name: b.grpc for b in backends.values()},
             "max_depth": a.max_depth,
+            "cpus": pin.get("load"),
         }
         pool = LoadPool(a.procs, setup)
         seq = [0]
@@ -874,6 +939,7 @@ def main(argv: Optional[list[str]] = None) -> int:
                 ev["pending_of_killed_after"] = len(q.pending_of(VICTIM_WORKER))
                 ev["claim_idle_ms"] = a.claim_idle_ms
                 workers[VICTIM_WORKER] = spawn_worker(worker_cfg(VICTIM_WORKER), VICTIM_WORKER, base)  # back
+                pin_tree(workers[VICTIM_WORKER].pid, pin.get("gateway"))
             elif f == "redis":
                 ev["aof_bytes"] = sum(x.stat().st_size for x in (base / "redis").rglob("*.aof"))
                 r.config_set("appendonly", "no")
@@ -922,6 +988,7 @@ def main(argv: Optional[list[str]] = None) -> int:
         },
         "weights": WEIGHTS,
         "redis_parser": "hiredis" if redispy.utils.HIREDIS_AVAILABLE else "redis-py's Python parser",
+        "pinned": {k: f"{min(v)}-{max(v)}" if len(v) == max(v) - min(v) + 1 else sorted(v) for k, v in pin.items()},
         "setup": {
             k: getattr(a, k)
             for k in (
@@ -1054,7 +1121,9 @@ def markdown(result: dict) -> str:
         f"{m['model']['instances']} instances, max batch {m['model']['max_batch']}, window "
         f"{m['model']['triton_window_us']} µs), weights triton-a 3 : triton-b 2. Gateway: Redis + {s['workers']} "
         f"workers x {s['slots']} slots ({s['read_count']} entries per XREADGROUP, reclaim after "
-        f"{s['claim_idle_ms']} ms idle; {m.get('redis_parser', '?')}). Load: {s['procs']} processes; {s['images']} distinct "
+        f"{s['claim_idle_ms']} ms idle; {m.get('redis_parser', '?')}). "
+        + (f"CPUs pinned by role: {m['pinned']}. " if m.get("pinned") else "")
+        + f"Load: {s['procs']} processes; {s['images']} distinct "
         + (
             f"JPEG camera frames (1280x720, 1920x1080, 640x480 in turn; {fb['min']:,}-{fb['max']:,} bytes, median "
             f"{fb['median']:,}; {fb['inline']} of them under the queue's 64 KiB inline bound, the rest in a key of "
