@@ -1,7 +1,9 @@
 """bench/queue_gpu.py's --pin-cpus: the roles' CPUs read or refused with the fix, and a process tree really moved
 (every thread of a real process and of its child, read back from the kernel)."""
 
+import contextlib
 import os
+import signal
 import subprocess
 import sys
 import time
@@ -40,6 +42,7 @@ def test_every_thread_of_a_process_and_its_child_is_moved(tmp_path: Path):
         "time.sleep(60)\n"
     )
     proc = subprocess.Popen([sys.executable, "-c", script])
+    child = 0
     try:
         deadline = time.monotonic() + 30
         while not (tmp_path / "child").exists() or not (tmp_path / "child").read_text():
@@ -53,6 +56,8 @@ def test_every_thread_of_a_process_and_its_child_is_moved(tmp_path: Path):
                 assert os.sched_getaffinity(int(task.name)) == target
         assert pin_tree(proc.pid, None) == 0
     finally:
-        subprocess.run(["pkill", "-P", str(proc.pid)], check=False)
+        if child:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(child, signal.SIGKILL)
         proc.kill()
         proc.wait(10)
