@@ -109,8 +109,11 @@ def main(argv: Optional[list[str]] = None) -> int:
             print(mode, json.dumps(result["runs"][f"{mode} one at a time"])[:3000], flush=True)
 
             def one(i: int, name: str = spec.name) -> tuple[int, bool]:
-                c = grpcclient.InferenceServerClient(grpc_url)
-                det, num = call(c, name, i)
+                c = grpcclient.InferenceServerClient(grpc_url)  # one per call: the threads share none
+                try:
+                    det, num = call(c, name, i)
+                finally:
+                    c.close()
                 return i, problem(i, det, num) is not None
 
             with ThreadPoolExecutor(8) as pool:

@@ -58,7 +58,7 @@ if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
 from bench.queue import WeightedRoundRobin  # noqa: E402
-from bench.report import latency  # noqa: E402
+from bench.report import latency, md_table  # noqa: E402
 from serving.adaptive_window import percentile as pct  # noqa: E402
 
 MODEL = "yolov8n"
@@ -244,7 +244,7 @@ def pin_tree(pid: int, cpus: Optional[set[int]]) -> int:
             try:
                 os.sched_setaffinity(int(task.name), cpus)
                 moved += 1
-            except (ProcessLookupError, PermissionError, OSError):
+            except OSError:  # gone meanwhile, or not ours
                 pass
     return moved
 
@@ -1202,14 +1202,7 @@ def overhead_table(runs: list[dict]) -> list[str]:
     """The gateway's overhead at each load both paths ran: gateway minus direct at p50 and p95, jobs/s ratio, split.
     An open-loop load counts as sustained by a path that answered >= 97 % of the offered rate."""
     by = {(x["path"], x["mode"], x["rate"] if x["mode"] == "open" else x["concurrency"]): x for x in runs}
-    lines = [
-        "Overhead = gateway minus direct at the same load (goals: ≤ 1 ms at p50, ≤ 2 ms at p95, ≥ 95 % of the direct "
-        "jobs/s, triton-a's share 54–66 %):",
-        "",
-        "| load | direct p50 / p95 ms | gateway p50 / p95 ms | overhead p50 ms | overhead p95 ms | gateway jobs/s ÷ "
-        "direct | triton-a's share | load sustained by both |",
-        "|---|---:|---:|---:|---:|---:|---:|---|",
-    ]
+    rows = []
     for (path, mode, load), g in by.items():
         dr = by.get(("direct", mode, load))
         if path != "gateway" or dr is None:
@@ -1225,8 +1218,15 @@ def overhead_table(runs: list[dict]) -> list[str]:
         cells = [label, f"{dr['p50_ms']} / {dr['p95_ms']}", f"{g['p50_ms']} / {g['p95_ms']}"]
         cells += [f"{g['p50_ms'] - dr['p50_ms']:+.2f}", f"{g['p95_ms'] - dr['p95_ms']:+.2f}"]
         cells += [f"{g['jobs_per_s'] / dr['jobs_per_s']:.1%}" if dr["jobs_per_s"] else "-", f"{share:.1%}", sustained]
-        lines.append("| " + " | ".join(cells) + " |")
-    return lines
+        rows.append(cells)
+    head = ["load", "direct p50 / p95 ms", "gateway p50 / p95 ms", "overhead p50 ms", "overhead p95 ms"]
+    head += ["gateway jobs/s ÷ direct", "triton-a's share", "load sustained by both"]
+    return [
+        "Overhead = gateway minus direct at the same load (goals: ≤ 1 ms at p50, ≤ 2 ms at p95, ≥ 95 % of the direct "
+        "jobs/s, triton-a's share 54–66 %):",
+        "",
+        *md_table(head, rows, align="-rrrrrr-"),
+    ]
 
 
 def fault_label(f: dict) -> str:
