@@ -28,7 +28,7 @@ def test_wrong_answers_are_found_at_any_depth_and_named():
 def test_the_recorded_c1_profile_of_issue_26_is_invalid():
     """The H200 c=1 profile (commit dd9e862) recorded every lone-frame answer of the frame-graph models wrong; read
     with this rule it is marked, point by point, and only the models without the graphs and the c=16 points pass."""
-    res = json.loads((ROOT / "bench" / "results" / "gpu_c1.json").read_text())
+    res = json.loads((ROOT / "bench" / "results" / "gpu_c1_dd9e862_invalid.json").read_text())
     bad = wrong_answers(res)
     assert len(bad) == 10 and bad[0] == "det_jpeg http direct (476 of 476)"
     assert not any(name.startswith("det_jpeg_nofg") for name in bad)
