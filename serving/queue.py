@@ -18,7 +18,7 @@ the work waiting or running.
 Why large inputs are not in the stream entry: passed through the submit script, every byte is copied into a Lua
 string and back (a 1.2 MB image cost Redis ~8x what a plain SET of the same bytes does, which Redis keeps without a
 copy), and Redis's one thread is the gateway's ceiling. So the inputs go in a SET pipelined in the same round trip
-before the script, the entry carries their key, and a worker fetches a whole read's inputs with one MGET.
+before the script, the entry carries their key, and a worker fetches them with one GET (a read of several, MGET).
 
 Usage::
 
@@ -28,7 +28,7 @@ Usage::
     res = q.result(key, timeout_s=10)                                   # Result: outputs, backend, latency_ms
 
     # worker side (serving.worker does this)
-    for job in q.read("worker-1", count=8, block_ms=50): ...
+    for job in q.read("worker-1", count=1, block_ms=50): ...
     q.complete(job, result)          # stores the result once, XACK + XDEL
 """
 
@@ -256,11 +256,15 @@ class JobQueue:
     # -------------------------------------------------------------- worker side
 
     def _jobs(self, entries: list, reclaimed: bool = False) -> list[Job]:
-        """Jobs of stream entries; the inputs of large ones fetched with one MGET. An entry whose inputs are gone
-        (expired) is a job with no inputs: the backend refuses it and the caller gets that error."""
+        """Jobs of stream entries; the inputs of large ones fetched with one GET (MGET for several). An entry whose
+        inputs are gone (expired) is a job with no inputs: the backend refuses it and the caller gets that error."""
         entries = [(i, f) for i, f in entries if f]
         names = [f[b"payload"] for _, f in entries if b"payload" in f]
-        payloads = dict(zip(names, self.r.mget(names))) if names else {}
+        payloads: dict[bytes, Optional[bytes]] = {}
+        if len(names) == 1:  # a worker slot's read: one entry
+            payloads = {names[0]: self.r.get(names[0])}
+        elif names:
+            payloads = dict(zip(names, self.r.mget(names)))
         return [self._job(i, f, reclaimed, payloads.get(f.get(b"payload", b""))) for i, f in entries]
 
     def _job(
@@ -291,7 +295,7 @@ class JobQueue:
         )
 
     def read(self, consumer: str, *, count: int = 8, block_ms: int = 50) -> list[Job]:
-        """New jobs for this consumer (seed 001: XREADGROUP … COUNT 8 BLOCK 50)."""
+        """New jobs for this consumer (seed 001: XREADGROUP … COUNT 8 BLOCK 50; a worker slot reads COUNT 1)."""
         got = self.r.xreadgroup(self.cfg.group, consumer, {self.cfg.stream: ">"}, count=count, block=block_ms)
         return self._jobs([e for _, entries in (got or []) for e in entries])
 
