@@ -36,6 +36,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import math
 import time
 import uuid
 from typing import Any, Optional
@@ -122,6 +123,11 @@ def _pack_tensors(tensors: dict[str, np.ndarray]) -> tuple[list[dict], list[byte
     return meta, blobs
 
 
+def _nbytes(meta: dict) -> int:
+    # math.prod, not np.prod: 0.2 µs against 2.7 µs, twice a job in the worker and in the caller
+    return math.prod(meta["shape"]) * np.dtype(meta["dtype"]).itemsize
+
+
 def _unpack_tensors(meta: list[dict], blobs: list[Any]) -> dict[str, np.ndarray]:
     return {m["name"]: np.frombuffer(b, dtype=np.dtype(m["dtype"])).reshape(m["shape"]) for m, b in zip(meta, blobs)}
 
@@ -167,7 +173,7 @@ class Result:
         meta = head.pop("outputs")
         blobs, pos = [], 4 + n
         for m in meta:
-            size = int(np.prod(m["shape"], dtype=np.int64)) * np.dtype(m["dtype"]).itemsize
+            size = _nbytes(m)
             blobs.append(data[pos : pos + size])
             pos += size
         return cls(**head, outputs=_unpack_tensors(meta, blobs))
@@ -273,7 +279,7 @@ class JobQueue:
         meta = json.loads(fields[b"inputs"])
         blobs: list[Any]
         if b"payload" in fields:
-            sizes = [int(np.prod(m["shape"], dtype=np.int64)) * np.dtype(m["dtype"]).itemsize for m in meta]
+            sizes = [_nbytes(m) for m in meta]
             if payload is None or len(payload) != sum(sizes):
                 meta, blobs = [], []
             else:
