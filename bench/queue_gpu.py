@@ -67,6 +67,7 @@ if str(ROOT) not in sys.path:
 
 from bench.queue import WeightedRoundRobin  # noqa: E402
 from bench.report import latency, md_table  # noqa: E402
+from bench.servers import stats_delta  # noqa: E402
 from serving.adaptive_window import percentile as pct  # noqa: E402
 
 MODEL = "yolov8n"
@@ -947,6 +948,7 @@ def main(argv: Optional[list[str]] = None) -> int:
             }
             r.delete(q.cfg.stats_key)
             r.config_resetstat()
+            t_before = triton_stats(backends)
             timer = None
             if fault is not None:
                 timer = threading.Thread(target=fault, args=(s["start"],), daemon=True)
@@ -957,6 +959,8 @@ def main(argv: Optional[list[str]] = None) -> int:
             if timer is not None:
                 timer.join(120)
             res = summarise(path, mode, s, parts)
+            t_after = triton_stats(backends)
+            res["triton"] = {n: stats_delta(t_before[n], x) for n, x in t_after.items() if n in t_before}
             if path == "gateway":
                 wait_drained(q, 60)
                 res["redis"] = queue_accounting(r, q, prefix, res)
@@ -1140,6 +1144,20 @@ class Fault:
             ev["killed"] = VICTIM_BACKEND
 
 
+def triton_stats(backends: dict[str, Backend]) -> dict[str, dict]:
+    """Each running backend's model statistics (cumulative: queue, compute, batches), read before and after a run so
+    the report can say whether a path's calls waited longer inside Triton or outside it."""
+    from bench.servers import model_stats
+
+    out = {}
+    for b in backends.values():
+        try:
+            out[b.name] = model_stats(b.http, MODEL)
+        except (OSError, ValueError, KeyError):  # killed by a fault run
+            pass
+    return out
+
+
 def strip(res: dict) -> dict:
     res.pop("_rows", None)
     return res
@@ -1230,6 +1248,8 @@ def markdown(result: dict) -> str:
                 "  Redis commands per job (calls, main-thread µs): "
                 + ", ".join(f"{c} {v['calls']} ({v['usec']} µs)" for c, v in sorted(per.items()))
             )
+        if x.get("triton"):
+            lines.append("  Inside Triton (per request, µs): " + triton_line(x["triton"]))
         if x.get("backends_seen_by_workers"):
             lines.append(
                 "  Backends as the workers saw them (0.5 s samples): " + json.dumps(x["backends_seen_by_workers"])
@@ -1320,21 +1340,45 @@ def overhead_table(runs: list[dict]) -> list[str]:
         cells = [load_label(g), kind, f"{dr['p50_ms']} / {dr['p95_ms']}", f"{g['p50_ms']} / {g['p95_ms']}"]
         cells += [f"{g['p50_ms'] - dr['p50_ms']:+.2f}", f"{g['p95_ms'] - dr['p95_ms']:+.2f}"]
         cells += [f"{g['jobs_per_s'] / dr['jobs_per_s']:.1%}" if dr["jobs_per_s"] else "-", f"{share:.1%}", sustained]
-        rows.append(cells)
+        inside = [triton_mean_ms(x) for x in (g, dr)]
+        rows.append(cells + [f"{inside[0] - inside[1]:+.2f}" if None not in inside else "-"])
     sat = saturation(runs)
     if "gateway_share" in sat and sum(1 for x in runs if x["mode"] == "closed" and x["path"] == "direct") > 1:
         d, g = sat["direct"], sat["gateway"]
         cells = ["saturation: best closed", "-", f"{d['jobs_per_s']} jobs/s at {d['concurrency']}"]
         cells += [f"{g['jobs_per_s']} jobs/s at {g['concurrency']}", "-", "-", f"{sat['gateway_share']:.1%}", "-"]
-        rows.append(cells + ["each path's best"])
+        rows.append(cells + ["each path's best", "-"])
     head = ["load", "arrivals", "direct p50 / p95 ms", "gateway p50 / p95 ms", "overhead p50 ms", "overhead p95 ms"]
     head += ["gateway jobs/s ÷ direct", "triton-a's share", "load sustained by both"]
+    head += ["of it inside Triton (mean request, gateway − direct, ms)"]
     return [
         "Overhead = gateway minus direct at the same load and the same arrival times (goals: ≤ 1 ms at p50, ≤ 2 ms at "
         "p95, ≥ 95 % of the direct jobs/s at saturation, triton-a's share 54–66 %):",
         "",
-        *md_table(head, rows, align="--rrrrrr-"),
+        *md_table(head, rows, align="--rrrrrr-r"),
     ]
+
+
+def triton_mean_ms(run: dict) -> Optional[float]:
+    """A run's mean request time inside Triton (receipt to response), over both backends; None unmeasured."""
+    per = [t for t in run.get("triton", {}).values() if t.get("requests") and t.get("success_us") is not None]
+    n = sum(t["requests"] for t in per)
+    return sum(t["success_us"] * t["requests"] for t in per) / n / 1000 if n else None
+
+
+def triton_line(per: dict[str, dict]) -> str:
+    """Triton's own per-request phases over a run, each backend: request (success), queue, compute input/infer/output;
+    the batches it formed."""
+    parts = []
+    for name, t in sorted(per.items()):
+        if not t.get("requests"):
+            continue
+        parts.append(
+            f"{name} {t['requests']} requests: request {t['success_us']}, queue {t['queue_us']}, compute input "
+            f"{t['compute_input_us']} / infer {t['compute_infer_us']} / output {t['compute_output_us']}; average "
+            f"batch {t['avg_batch']}"
+        )
+    return "; ".join(parts) or "-"
 
 
 def fault_label(f: dict) -> str:
