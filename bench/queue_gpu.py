@@ -1340,8 +1340,8 @@ def overhead_table(runs: list[dict]) -> list[str]:
         cells = [load_label(g), kind, f"{dr['p50_ms']} / {dr['p95_ms']}", f"{g['p50_ms']} / {g['p95_ms']}"]
         cells += [f"{g['p50_ms'] - dr['p50_ms']:+.2f}", f"{g['p95_ms'] - dr['p95_ms']:+.2f}"]
         cells += [f"{g['jobs_per_s'] / dr['jobs_per_s']:.1%}" if dr["jobs_per_s"] else "-", f"{share:.1%}", sustained]
-        inside = [triton_mean_ms(x) for x in (g, dr)]
-        rows.append(cells + [f"{inside[0] - inside[1]:+.2f}" if None not in inside else "-"])
+        gi, di = triton_mean_ms(g), triton_mean_ms(dr)
+        rows.append(cells + [f"{gi - di:+.2f}" if gi is not None and di is not None else "-"])
     sat = saturation(runs)
     if "gateway_share" in sat and sum(1 for x in runs if x["mode"] == "closed" and x["path"] == "direct") > 1:
         d, g = sat["direct"], sat["gateway"]
