@@ -34,7 +34,7 @@ answered twice): a worker SIGKILLed (its pending entries reclaimed after ``claim
 restarted with AOF on (clients resubmit with the same job key until accepted), a backend SIGKILLed (its in-flight
 calls fail and the worker sends the job to the other backend at once). Every answer is compared with its own
 frame's reference (``bench.window_gpu.check``). Writes OUT/queue_gpu.json and OUT/queue_gpu.md. On the H200 with
-the defaults, about 5.5 minutes: 10 runs of 15 s (2 arrivals x 2 paths, 3 concurrencies x 2 paths), 3 fault runs of
+the defaults, about 5.5-6 minutes: 10 runs of 15 s (2 arrivals x 2 paths, 3 concurrencies x 2 paths), 3 fault runs of
 10 s, the warm-up, the Tritons' start and the references.
 
     python3 -m bench.queue_gpu --out OUT                         # on the GPU machine (bash bench/queue_gpu.sh OUT)
