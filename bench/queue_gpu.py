@@ -22,15 +22,23 @@ Paths compared:
 The front's HTTP/JSON parsing is not in the path: KServe v2 JSON of a frame is several times its bytes in text,
 which no Python front parses at 1,000 jobs/s; the queue is the gateway's part that is measured here.
 
-Runs: open loop at each ``--rates`` (evenly spaced arrivals, issued on time whatever the server does; latency from
-the scheduled arrival, so queueing shows) direct then gateway; closed loop at ``--concurrency`` (saturation: jobs/s
-and the served split); then the faults at the first rate, each counted (sent, accepted, answered once and right,
-wrong, lost, answered twice): a worker SIGKILLed (its pending entries reclaimed after ``claim_idle_ms``), Redis
-SIGKILLed and restarted with AOF on (clients resubmit with the same job key until accepted), a backend SIGKILLed
-(its in-flight calls fail and the worker sends the job to the other backend at once). Every answer is compared
-with its own frame's reference (``bench.window_gpu.check``). Writes OUT/queue_gpu.json and OUT/queue_gpu.md.
+Runs: open loop at each ``--rates`` with each ``--arrivals`` (``even``: evenly spaced; ``poisson``: exponential
+gaps from ``--seed``, as many independent cameras sum to; issued on time whatever the server does; latency from the
+scheduled arrival, so queueing shows), direct then gateway on the same arrival times: whether the gateway's cost at
+Triton comes from it turning evenly spaced arrivals into jittered ones shows as a smaller gap under Poisson traffic,
+which both paths get alike. Then closed loop at each ``--concurrency`` (jobs/s, latency and the served split per
+concurrency; saturation is the best jobs/s each path reaches over them, where the throughput goal is read; the
+default 24 slots a worker let the gateway hold as many calls at Triton as the largest closed loop's clients do).
+Then the faults at the first rate and arrivals, each counted (sent, accepted, answered once and right, wrong, lost,
+answered twice): a worker SIGKILLed (its pending entries reclaimed after ``claim_idle_ms``), Redis SIGKILLed and
+restarted with AOF on (clients resubmit with the same job key until accepted), a backend SIGKILLed (its in-flight
+calls fail and the worker sends the job to the other backend at once). Every answer is compared with its own
+frame's reference (``bench.window_gpu.check``). Writes OUT/queue_gpu.json and OUT/queue_gpu.md. On the H200 with
+the defaults, about 5.5-6 minutes: 10 runs of 15 s (2 arrivals x 2 paths, 3 concurrencies x 2 paths), 3 fault runs of
+10 s, the warm-up, the Tritons' start and the references.
 
-    python3 -m bench.queue_gpu --out OUT                         # on the GPU machine (bench/queue_gpu.sh OUT)
+    python3 -m bench.queue_gpu --out OUT                         # on the GPU machine (bash bench/queue_gpu.sh OUT)
+    bash bench/queue_gpu.sh OUT --arrivals poisson --concurrency 64 --faults none --skip front   # one question
     .venv/bin/python -m bench.queue_gpu --cpu --out /tmp/q       # the whole thing on CPU at a few jobs/s
     .venv/bin/python -m bench.queue_gpu --cpu --input jpeg --out /tmp/qj
 """
@@ -59,11 +67,39 @@ if str(ROOT) not in sys.path:
 
 from bench.queue import WeightedRoundRobin  # noqa: E402
 from bench.report import latency, md_table  # noqa: E402
+from bench.servers import stats_delta  # noqa: E402
 from serving.adaptive_window import percentile as pct  # noqa: E402
 
 MODEL = "yolov8n"
 WEIGHTS = {"triton-a": 3, "triton-b": 2}
 GRPC_OPTS = [("grpc.max_send_message_length", 64 << 20), ("grpc.max_receive_message_length", 64 << 20)]
+
+
+ARRIVALS = ("even", "poisson")
+
+
+def arrivals(kind: str, rate: float, duration: float, seed: int) -> list[float]:
+    """An open-loop run's arrival times (s from its start) at ``rate`` jobs/s over ``duration`` s: ``even`` (evenly
+    spaced) or ``poisson`` (exponential gaps at that mean rate from ``seed``, as many independent cameras sum to).
+    The parent draws the list once per run and both paths get the same one."""
+    from bench.window_gpu import Phase, schedule
+
+    return [t for t, _ in schedule([Phase("run", duration, rate)], poisson=kind == "poisson", seed=seed)]
+
+
+def parse_list(flag: str, text: str, kind: Any, allowed: Optional[tuple] = None, multiple_of: int = 1) -> list:
+    """A comma-separated flag (``--rates``, ``--concurrency``, ``--arrivals``), refused with the fix."""
+    try:
+        out = [kind(x.strip()) for x in text.split(",") if x.strip()]
+    except ValueError:
+        out = []
+    bad = not out or any((allowed and x not in allowed) or (not allowed and x <= 0) for x in out)
+    bad = bad or any(x % multiple_of for x in out if kind is int)
+    if bad:
+        what = f"one or more of {', '.join(allowed)}" if allowed else "positive numbers"
+        what += f", each a multiple of --procs {multiple_of}" if multiple_of > 1 else ""
+        raise SystemExit(f"{flag} {text!r}: comma-separated {what}")
+    return out
 
 
 def log(msg: str) -> None:
@@ -291,7 +327,6 @@ def gateway_config(redis_port: int, backends: dict[str, Backend], a: argparse.Na
         "queue": {"max_depth": a.max_depth},
         "backends": [{"name": b.name, "weight": b.weight, "grpc": b.grpc, "http": b.http} for b in backends.values()],
         "slots": a.slots,
-        "read_count": a.read_count,
         "claim_idle_ms": a.claim_idle_ms,
         "models": [MODEL],
         "call_timeout_s": 30.0,
@@ -392,7 +427,8 @@ def run_spec(spec: dict, setup: dict, k: int, arrays: list[np.ndarray], refs: li
         return "ok", o["detections"], o["num_detections"], res.backend, res.attempts, res.reclaimed
 
     call = direct if spec["path"] == "direct" else queued
-    n_open = int(round(duration * spec["rate"])) if open_loop else 0
+    times = spec.get("arrivals_s") or []
+    n_open = len(times)
 
     def thread_main() -> None:
         while True:
@@ -402,7 +438,7 @@ def run_spec(spec: dict, setup: dict, k: int, arrays: list[np.ndarray], refs: li
             if open_loop:
                 if j >= n_open:
                     return
-                t_sched = start + j / spec["rate"]
+                t_sched = start + times[j]
                 wait = t_sched - time.time()
                 if wait > 0:
                     time.sleep(wait)
@@ -596,6 +632,9 @@ def summarise(path: str, mode: str, spec: dict, parts: list[dict]) -> dict:
         "path": path,
         "mode": mode,
         "rate": spec.get("rate"),
+        "arrivals": spec.get("arrivals"),
+        # Poisson arrivals are as many as the seed draws: the rate a path must keep up with is this one.
+        "offered_per_s": round(len(spec["arrivals_s"]) / spec["duration"], 1) if mode == "open" else None,
         "concurrency": spec.get("concurrency"),
         "duration_s": spec["duration"],
         "sent": len(rows),
@@ -625,7 +664,7 @@ def summarise(path: str, mode: str, spec: dict, parts: list[dict]) -> dict:
         out["parts_ms_p50"] = {
             "client_total": med([x[9] for x in ok]),
             "client's submit call (EVALSHA, a large input's SET in the same round trip)": med([x[10] for x in ok]),
-            "submit to dispatch (XREADGROUP, a large input's MGET, decode, pick)": med([x[11] for x in ok]),
+            "submit to dispatch (XREADGROUP, a large input's GET, decode, pick)": med([x[11] for x in ok]),
             "Triton call from the worker (gRPC)": med([x[12] for x in ok]),
             "stored to caller (encode, complete script, BLPOP, decode)": med([x[9] - x[13] for x in ok]),
         }
@@ -732,7 +771,19 @@ def main(argv: Optional[list[str]] = None) -> int:
     p.add_argument("--out", required=True)
     p.add_argument("--cpu", action="store_true", help="no GPU: KIND_CPU, FP32, a few jobs/s (the proof run)")
     p.add_argument("--rates", default=None, help="open-loop rates, jobs/s (default 1000; --cpu 3)")
-    p.add_argument("--concurrency", type=int, default=None, help="closed-loop clients (default 32; --cpu 4)")
+    p.add_argument(
+        "--arrivals",
+        default="even,poisson",
+        help="open-loop arrival processes, each run at every rate on both paths: even (evenly spaced) and/or poisson "
+        "(exponential gaps from --seed, the same times on both paths); the fault runs take the first",
+    )
+    p.add_argument("--seed", type=int, default=27, help="the Poisson arrivals' seed")
+    p.add_argument(
+        "--concurrency",
+        default=None,
+        help="closed-loop clients, each a multiple of --procs (default 32,64,128; --cpu 2,4): saturation is the best "
+        "jobs/s each path reaches over them",
+    )
     p.add_argument("--duration", type=float, default=None, help="seconds per run (default 15; --cpu 8)")
     p.add_argument("--images", type=int, default=None, help="distinct frames (default 64; --cpu 4)")
     p.add_argument(
@@ -745,8 +796,13 @@ def main(argv: Optional[list[str]] = None) -> int:
     p.add_argument("--procs", type=int, default=None, help="load processes (default 8; --cpu 2)")
     p.add_argument("--threads", type=int, default=None, help="threads per load process (default 24; --cpu 4)")
     p.add_argument("--workers", type=int, default=None, help="gateway worker processes (default 6; --cpu 2)")
-    p.add_argument("--slots", type=int, default=None, help="jobs in flight per worker (default 12; --cpu 4)")
-    p.add_argument("--read-count", type=int, default=8, help="stream entries per XREADGROUP")
+    p.add_argument(
+        "--slots",
+        type=int,
+        default=None,
+        help="jobs in flight per worker (default 24, so 6 workers' 144 cover the largest closed loop's 128 clients "
+        "as direct calls do; --cpu 4)",
+    )
     p.add_argument("--claim-idle-ms", type=int, default=2000, help="a pending entry idle this long is reclaimed")
     p.add_argument("--max-depth", type=int, default=4000, help="queue depth at which submits are refused")
     p.add_argument("--fault-rate", type=float, default=None, help="jobs/s of the fault runs (default: the first rate)")
@@ -768,7 +824,7 @@ def main(argv: Optional[list[str]] = None) -> int:
     d = (
         {
             "rates": "3",
-            "concurrency": 4,
+            "concurrency": "2,4",
             "duration": 8.0,
             "images": 4,
             "procs": 2,
@@ -782,13 +838,13 @@ def main(argv: Optional[list[str]] = None) -> int:
         if a.cpu
         else {
             "rates": "1000",
-            "concurrency": 32,
+            "concurrency": "32,64,128",
             "duration": 15.0,
             "images": 64,
             "procs": 8,
             "threads": 24,
             "workers": 6,
-            "slots": 12,
+            "slots": 24,
             "redis_io_threads": 4,
             "fault_duration": 10.0,
             "input": "jpeg",
@@ -797,7 +853,9 @@ def main(argv: Optional[list[str]] = None) -> int:
     for k, v in d.items():
         if getattr(a, k) is None:
             setattr(a, k, v)
-    rates = [float(x) for x in a.rates.split(",")]
+    rates = parse_list("--rates", a.rates, float)
+    kinds = parse_list("--arrivals", a.arrivals, str, ARRIVALS)
+    concurrency = parse_list("--concurrency", a.concurrency, int, multiple_of=a.procs)
     faults = [] if a.faults == "none" else a.faults.split(",")
     if any(f not in ("worker", "redis", "backend") for f in faults):
         raise SystemExit("--faults: worker, redis, backend (comma-separated) or none")
@@ -866,6 +924,7 @@ def main(argv: Optional[list[str]] = None) -> int:
             mode: str,
             *,
             rate: float = 0.0,
+            kind: str = "even",
             conc: int = 0,
             duration: float = a.duration,
             fault: Optional[Any] = None,
@@ -877,6 +936,8 @@ def main(argv: Optional[list[str]] = None) -> int:
                 "path": path,
                 "mode": mode,
                 "rate": rate,
+                "arrivals": kind if mode == "open" else None,
+                "arrivals_s": arrivals(kind, rate, duration, a.seed) if mode == "open" else [],
                 "concurrency": threads * a.procs if mode == "closed" else None,
                 "threads": threads,
                 "duration": duration,
@@ -887,6 +948,7 @@ def main(argv: Optional[list[str]] = None) -> int:
             }
             r.delete(q.cfg.stats_key)
             r.config_resetstat()
+            t_before = triton_stats(backends)
             timer = None
             if fault is not None:
                 timer = threading.Thread(target=fault, args=(s["start"],), daemon=True)
@@ -897,6 +959,8 @@ def main(argv: Optional[list[str]] = None) -> int:
             if timer is not None:
                 timer.join(120)
             res = summarise(path, mode, s, parts)
+            t_after = triton_stats(backends)
+            res["triton"] = {n: stats_delta(t_before[n], x) for n, x in t_after.items() if n in t_before}
             if path == "gateway":
                 wait_drained(q, 60)
                 res["redis"] = queue_accounting(r, q, prefix, res)
@@ -912,7 +976,7 @@ def main(argv: Optional[list[str]] = None) -> int:
             rows = res.pop("_rows")
             res["_rows"] = rows
             shown = {k: v for k, v in res.items() if k != "_rows"}
-            log(f"{path} {mode} {rate or conc}: {json.dumps(shown)}")
+            log(f"{path} {mode} {f'{rate:g}/s {kind}' if mode == 'open' else conc}: {json.dumps(shown)}")
             return res
 
         log("warm-up")
@@ -920,11 +984,14 @@ def main(argv: Optional[list[str]] = None) -> int:
             go(path, "open", rate=rates[0] / 4, duration=3.0)
         if "rate" not in a.skip:
             for rate in rates:
-                for path in ("direct", "gateway"):
-                    result["runs"].append(strip(go(path, "open", rate=rate)))
+                for kind in kinds:  # the same arrival times on both paths, one right after the other
+                    for path in ("direct", "gateway"):
+                        result["runs"].append(strip(go(path, "open", rate=rate, kind=kind)))
         if "saturation" not in a.skip:
-            for path in ("direct", "gateway"):
-                result["runs"].append(strip(go(path, "closed", conc=a.concurrency)))
+            for conc in concurrency:
+                for path in ("direct", "gateway"):
+                    result["runs"].append(strip(go(path, "closed", conc=conc)))
+            result["saturation"] = saturation(result["runs"])
         if "front" not in a.skip:
             result["front"] = front_run(cfg, base, arrays, refs, CONF[a.input], a.front_requests)
             log(f"front: {json.dumps(result['front'])}")
@@ -934,7 +1001,14 @@ def main(argv: Optional[list[str]] = None) -> int:
                 r.config_set("appendonly", "yes")
                 wait_aof(r)
             act = Fault(f, ev, a.fault_duration / 3, q, workers, backends, rs, WorkerSampler(metrics_ports))
-            res = go("gateway", "open", rate=a.fault_rate or rates[0], duration=a.fault_duration, fault=act.run)
+            res = go(
+                "gateway",
+                "open",
+                rate=a.fault_rate or rates[0],
+                kind=kinds[0],
+                duration=a.fault_duration,
+                fault=act.run,
+            )
             if f == "worker":
                 ev["pending_of_killed_after"] = len(q.pending_of(VICTIM_WORKER))
                 ev["claim_idle_ms"] = a.claim_idle_ms
@@ -996,7 +1070,9 @@ def main(argv: Optional[list[str]] = None) -> int:
                 "threads",
                 "workers",
                 "slots",
-                "read_count",
+                "arrivals",
+                "seed",
+                "concurrency",
                 "claim_idle_ms",
                 "max_depth",
                 "images",
@@ -1068,6 +1144,20 @@ class Fault:
             ev["killed"] = VICTIM_BACKEND
 
 
+def triton_stats(backends: dict[str, Backend]) -> dict[str, dict]:
+    """Each running backend's model statistics (cumulative: queue, compute, batches), read before and after a run so
+    the report can say whether a path's calls waited longer inside Triton or outside it."""
+    from bench.servers import model_stats
+
+    out = {}
+    for b in backends.values():
+        try:
+            out[b.name] = model_stats(b.http, MODEL)
+        except (OSError, ValueError, KeyError):  # killed by a fault run
+            pass
+    return out
+
+
 def strip(res: dict) -> dict:
     res.pop("_rows", None)
     return res
@@ -1111,6 +1201,8 @@ def markdown(result: dict) -> str:
     m = result["meta"]
     s = m["setup"]
     fb = m.get("frame_bytes", {"min": 0, "max": 0, "median": 0, "inline": 0})
+    # Recorded runs from before the slots read for themselves name the reader's entries per XREADGROUP.
+    reads = f"{s['read_count']} entries per XREADGROUP" if "read_count" in s else "each slot its own XREADGROUP COUNT 1"
     lines = (
         [f"**The run stopped early:** `{result['error'].strip().splitlines()[-1]}`", ""] if "error" in result else []
     )
@@ -1120,7 +1212,7 @@ def markdown(result: dict) -> str:
         f"Command: `{m['command']}`. Two Tritons on the one GPU, each `{MODEL}` (yolov8n_torch, test weights; "
         f"{m['model']['instances']} instances, max batch {m['model']['max_batch']}, window "
         f"{m['model']['triton_window_us']} µs), weights triton-a 3 : triton-b 2. Gateway: Redis + {s['workers']} "
-        f"workers x {s['slots']} slots ({s['read_count']} entries per XREADGROUP, reclaim after "
+        f"workers x {s['slots']} slots ({reads}, reclaim after "
         f"{s['claim_idle_ms']} ms idle; {m.get('redis_parser', '?')}). "
         + (f"CPUs pinned by role: {m['pinned']}. " if m.get("pinned") else "")
         + f"Load: {s['procs']} processes; {s['images']} distinct "
@@ -1134,12 +1226,13 @@ def markdown(result: dict) -> str:
         + f", each answer checked against its own frame's reference; {s['duration']:g} s per run; open loop: "
         "latency from the scheduled arrival; overhead = gateway minus direct at the same load.",
         "",
-        "| path | load | jobs/s | p50 ms | p95 ms | p99 ms | sent | right | wrong | errors | lost | split a:b |",
-        "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|",
+        "| path | load | arrivals | jobs/s | p50 ms | p95 ms | p99 ms | sent | right | wrong | errors | lost | "
+        "split a:b |",
+        "|---|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|",
     ]
     for x in result["runs"]:
         a, b = x["split"].get("triton-a", 0), x["split"].get("triton-b", 0)
-        cells = [x["path"], "open {:g}/s".format(x["rate"]) if x["mode"] == "open" else f"closed {x['concurrency']}"]
+        cells = [x["path"], load_label(x), arrivals_of(x)]
         cells += [x[k] for k in ("jobs_per_s", "p50_ms", "p95_ms", "p99_ms", "sent", "answered_right", "wrong")]
         cells += [x["errors"], x["lost"], f"{a}:{b}" + (f" ({a / b:.2f})" if b else "")]
         lines.append("| " + " | ".join(str(c) for c in cells) + " |")
@@ -1147,7 +1240,7 @@ def markdown(result: dict) -> str:
     lines += overhead_table(result["runs"])
     lines += ["", "Where the time goes (medians of the answered jobs, ms; client total from the call's issue):", ""]
     for x in result["runs"]:
-        load = f"open {x['rate']:g}/s" if x["mode"] == "open" else f"closed {x['concurrency']}"
+        load = load_label(x) + (f", {arrivals_of(x)} arrivals" if x["mode"] == "open" else "")
         lines.append(f"- {x['path']} {load}: " + ", ".join(f"{k} {v}" for k, v in x["parts_ms_p50"].items()))
         if "redis" in x:
             per = x["redis"]["per_job"]
@@ -1155,6 +1248,8 @@ def markdown(result: dict) -> str:
                 "  Redis commands per job (calls, main-thread µs): "
                 + ", ".join(f"{c} {v['calls']} ({v['usec']} µs)" for c, v in sorted(per.items()))
             )
+        if x.get("triton"):
+            lines.append("  Inside Triton (per request, µs): " + triton_line(x["triton"]))
         if x.get("backends_seen_by_workers"):
             lines.append(
                 "  Backends as the workers saw them (0.5 s samples): " + json.dumps(x["backends_seen_by_workers"])
@@ -1198,35 +1293,92 @@ def markdown(result: dict) -> str:
     return "\n".join(lines) + "\n"
 
 
+def load_label(x: dict) -> str:
+    return f"open {x['rate']:g}/s" if x["mode"] == "open" else f"closed {x['concurrency']}"
+
+
+def arrivals_of(x: dict) -> str:
+    """An open-loop run's arrival process (runs recorded before there was a choice were evenly spaced)."""
+    return x.get("arrivals") or "even" if x["mode"] == "open" else "-"
+
+
+def saturation(runs: list[dict]) -> dict:
+    """The best jobs/s each path reached closed loop over the concurrencies run, and the gateway's ÷ direct's."""
+    best: dict[str, dict] = {}
+    for x in runs:
+        if x["mode"] == "closed" and x["jobs_per_s"] > best.get(x["path"], {"jobs_per_s": -1.0})["jobs_per_s"]:
+            best[x["path"]] = x
+    out: dict[str, Any] = {
+        p: {k: x[k] for k in ("jobs_per_s", "concurrency", "p50_ms", "p95_ms")} for p, x in best.items()
+    }
+    if "direct" in best and "gateway" in best and best["direct"]["jobs_per_s"]:
+        out["gateway_share"] = round(best["gateway"]["jobs_per_s"] / best["direct"]["jobs_per_s"], 4)
+    return out
+
+
 def overhead_table(runs: list[dict]) -> list[str]:
-    """The gateway's overhead at each load both paths ran: gateway minus direct at p50 and p95, jobs/s ratio, split.
-    An open-loop load counts as sustained by a path that answered >= 97 % of the offered rate."""
-    by = {(x["path"], x["mode"], x["rate"] if x["mode"] == "open" else x["concurrency"]): x for x in runs}
+    """The gateway's overhead at each load both paths ran: gateway minus direct at p50 and p95, jobs/s ratio, split;
+    then saturation, the best jobs/s of each path over the closed-loop concurrencies (where the throughput goal is
+    read). An open-loop load counts as sustained by a path that answered >= 97 % of the offered rate (the arrivals
+    drawn over the run's duration)."""
+    by = {
+        (x["path"], x["mode"], arrivals_of(x), x["rate"] if x["mode"] == "open" else x["concurrency"]): x for x in runs
+    }
     rows = []
-    for (path, mode, load), g in by.items():
-        dr = by.get(("direct", mode, load))
+    for (path, mode, kind, load), g in by.items():
+        dr = by.get(("direct", mode, kind, load))
         if path != "gateway" or dr is None:
             continue
         a, b = g["split"].get("triton-a", 0), g["split"].get("triton-b", 0)
         share = a / (a + b) if a + b else 0.0
         if mode == "open":
-            held = [p for p, x in (("direct", dr), ("gateway", g)) if x["jobs_per_s"] >= 0.97 * load]
+            offered = g.get("offered_per_s") or load
+            held = [p for p, x in (("direct", dr), ("gateway", g)) if x["jobs_per_s"] >= 0.97 * offered]
             sustained = "yes" if len(held) == 2 else f"no: only {held[0]}" if held else "no"
         else:
             sustained = "closed loop, same clients"
-        label = f"open {load:g}/s" if mode == "open" else f"closed {load}"
-        cells = [label, f"{dr['p50_ms']} / {dr['p95_ms']}", f"{g['p50_ms']} / {g['p95_ms']}"]
+        cells = [load_label(g), kind, f"{dr['p50_ms']} / {dr['p95_ms']}", f"{g['p50_ms']} / {g['p95_ms']}"]
         cells += [f"{g['p50_ms'] - dr['p50_ms']:+.2f}", f"{g['p95_ms'] - dr['p95_ms']:+.2f}"]
         cells += [f"{g['jobs_per_s'] / dr['jobs_per_s']:.1%}" if dr["jobs_per_s"] else "-", f"{share:.1%}", sustained]
-        rows.append(cells)
-    head = ["load", "direct p50 / p95 ms", "gateway p50 / p95 ms", "overhead p50 ms", "overhead p95 ms"]
+        gi, di = triton_mean_ms(g), triton_mean_ms(dr)
+        rows.append(cells + [f"{gi - di:+.2f}" if gi is not None and di is not None else "-"])
+    sat = saturation(runs)
+    if "gateway_share" in sat and sum(1 for x in runs if x["mode"] == "closed" and x["path"] == "direct") > 1:
+        d, g = sat["direct"], sat["gateway"]
+        cells = ["saturation: best closed", "-", f"{d['jobs_per_s']} jobs/s at {d['concurrency']}"]
+        cells += [f"{g['jobs_per_s']} jobs/s at {g['concurrency']}", "-", "-", f"{sat['gateway_share']:.1%}", "-"]
+        rows.append(cells + ["each path's best", "-"])
+    head = ["load", "arrivals", "direct p50 / p95 ms", "gateway p50 / p95 ms", "overhead p50 ms", "overhead p95 ms"]
     head += ["gateway jobs/s ÷ direct", "triton-a's share", "load sustained by both"]
+    head += ["of it inside Triton (mean request, gateway − direct, ms)"]
     return [
-        "Overhead = gateway minus direct at the same load (goals: ≤ 1 ms at p50, ≤ 2 ms at p95, ≥ 95 % of the direct "
-        "jobs/s, triton-a's share 54–66 %):",
+        "Overhead = gateway minus direct at the same load and the same arrival times (goals: ≤ 1 ms at p50, ≤ 2 ms at "
+        "p95, ≥ 95 % of the direct jobs/s at saturation, triton-a's share 54–66 %):",
         "",
-        *md_table(head, rows, align="-rrrrrr-"),
+        *md_table(head, rows, align="--rrrrrr-r"),
     ]
+
+
+def triton_mean_ms(run: dict) -> Optional[float]:
+    """A run's mean request time inside Triton (receipt to response), over both backends; None unmeasured."""
+    per = [t for t in run.get("triton", {}).values() if t.get("requests") and t.get("success_us") is not None]
+    n = sum(t["requests"] for t in per)
+    return sum(t["success_us"] * t["requests"] for t in per) / n / 1000 if n else None
+
+
+def triton_line(per: dict[str, dict]) -> str:
+    """Triton's own per-request phases over a run, each backend: request (success), queue, compute input/infer/output;
+    the batches it formed."""
+    parts = []
+    for name, t in sorted(per.items()):
+        if not t.get("requests"):
+            continue
+        parts.append(
+            f"{name} {t['requests']} requests: request {t['success_us']}, queue {t['queue_us']}, compute input "
+            f"{t['compute_input_us']} / infer {t['compute_infer_us']} / output {t['compute_output_us']}; average "
+            f"batch {t['avg_batch']}"
+        )
+    return "; ".join(parts) or "-"
 
 
 def fault_label(f: dict) -> str:

@@ -2,7 +2,7 @@
 # Seed 001's queue gateway on the GPU (issue 27): bench/queue_gpu.py on a machine that cannot download. Carried:
 # the wheels in .gpucarry/whl (pytriton's tritonserver, tritonclient, ...), redis-py and hiredis in .gpucarry/whl-redis and
 # Debian's redis-server with the libraries it needs in .gpucarry/deb-redis (bench/queue_gpu_carry.sh fetches those
-# two). About 5 minutes on one H200; requests carry JPEG camera frames (--input raw: 1.2 MB images).
+# two). About 6 minutes on one H200; requests carry JPEG camera frames (--input raw: 1.2 MB images).
 # Usage: bash bench/queue_gpu.sh OUTDIR [bench.queue_gpu args...]
 set -uo pipefail
 out=${1:?usage: queue_gpu.sh OUTDIR [args]}; shift

@@ -18,7 +18,7 @@ the work waiting or running.
 Why large inputs are not in the stream entry: passed through the submit script, every byte is copied into a Lua
 string and back (a 1.2 MB image cost Redis ~8x what a plain SET of the same bytes does, which Redis keeps without a
 copy), and Redis's one thread is the gateway's ceiling. So the inputs go in a SET pipelined in the same round trip
-before the script, the entry carries their key, and a worker fetches a whole read's inputs with one MGET.
+before the script, the entry carries their key, and a worker fetches them with one GET (a read of several, MGET).
 
 Usage::
 
@@ -28,7 +28,7 @@ Usage::
     res = q.result(key, timeout_s=10)                                   # Result: outputs, backend, latency_ms
 
     # worker side (serving.worker does this)
-    for job in q.read("worker-1", count=8, block_ms=50): ...
+    for job in q.read("worker-1", count=1, block_ms=50): ...
     q.complete(job, result)          # stores the result once, XACK + XDEL
 """
 
@@ -36,6 +36,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import math
 import time
 import uuid
 from typing import Any, Optional
@@ -122,6 +123,11 @@ def _pack_tensors(tensors: dict[str, np.ndarray]) -> tuple[list[dict], list[byte
     return meta, blobs
 
 
+def _nbytes(meta: dict) -> int:
+    # math.prod, not np.prod: 0.2 µs against 2.7 µs, twice a job in the worker and in the caller
+    return math.prod(meta["shape"]) * np.dtype(meta["dtype"]).itemsize
+
+
 def _unpack_tensors(meta: list[dict], blobs: list[Any]) -> dict[str, np.ndarray]:
     return {m["name"]: np.frombuffer(b, dtype=np.dtype(m["dtype"])).reshape(m["shape"]) for m, b in zip(meta, blobs)}
 
@@ -167,7 +173,7 @@ class Result:
         meta = head.pop("outputs")
         blobs, pos = [], 4 + n
         for m in meta:
-            size = int(np.prod(m["shape"], dtype=np.int64)) * np.dtype(m["dtype"]).itemsize
+            size = _nbytes(m)
             blobs.append(data[pos : pos + size])
             pos += size
         return cls(**head, outputs=_unpack_tensors(meta, blobs))
@@ -256,11 +262,15 @@ class JobQueue:
     # -------------------------------------------------------------- worker side
 
     def _jobs(self, entries: list, reclaimed: bool = False) -> list[Job]:
-        """Jobs of stream entries; the inputs of large ones fetched with one MGET. An entry whose inputs are gone
-        (expired) is a job with no inputs: the backend refuses it and the caller gets that error."""
+        """Jobs of stream entries; the inputs of large ones fetched with one GET (MGET for several). An entry whose
+        inputs are gone (expired) is a job with no inputs: the backend refuses it and the caller gets that error."""
         entries = [(i, f) for i, f in entries if f]
         names = [f[b"payload"] for _, f in entries if b"payload" in f]
-        payloads = dict(zip(names, self.r.mget(names))) if names else {}
+        payloads: dict[bytes, Optional[bytes]] = {}
+        if len(names) == 1:  # a worker slot's read: one entry
+            payloads = {names[0]: self.r.get(names[0])}
+        elif names:
+            payloads = dict(zip(names, self.r.mget(names)))
         return [self._job(i, f, reclaimed, payloads.get(f.get(b"payload", b""))) for i, f in entries]
 
     def _job(
@@ -269,7 +279,7 @@ class JobQueue:
         meta = json.loads(fields[b"inputs"])
         blobs: list[Any]
         if b"payload" in fields:
-            sizes = [int(np.prod(m["shape"], dtype=np.int64)) * np.dtype(m["dtype"]).itemsize for m in meta]
+            sizes = [_nbytes(m) for m in meta]
             if payload is None or len(payload) != sum(sizes):
                 meta, blobs = [], []
             else:
@@ -291,7 +301,7 @@ class JobQueue:
         )
 
     def read(self, consumer: str, *, count: int = 8, block_ms: int = 50) -> list[Job]:
-        """New jobs for this consumer (seed 001: XREADGROUP … COUNT 8 BLOCK 50)."""
+        """New jobs for this consumer (seed 001: XREADGROUP … COUNT 8 BLOCK 50; a worker slot reads COUNT 1)."""
         got = self.r.xreadgroup(self.cfg.group, consumer, {self.cfg.stream: ">"}, count=count, block=block_ms)
         return self._jobs([e for _, entries in (got or []) for e in entries])
 

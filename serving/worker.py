@@ -1,7 +1,9 @@
 """A queue worker: pulls jobs from the Redis Stream, runs each on the backend the scheduler picks, stores the result.
 
-One process is one consumer of the group. Threads: the reader (XREADGROUP … COUNT ≤8 BLOCK 50, only as many as it
-has free slots, so jobs it cannot start stay in the stream for other workers), ``slots`` job threads, the prober
+One process is one consumer of the group. Threads: ``slots`` job threads, each a loop on a Redis connection of its
+own (XREADGROUP … COUNT 1 BLOCK 50 under the process's one consumer name, the job's inputs, the call, the complete
+script, again: a slot reads only when it is free, so jobs it cannot start stay in the stream for other workers, and
+no job waits for a hand-off between threads), the prober
 (``/v2/health/ready`` and the model's ready endpoint every ``probe_interval_s``; Triton's queue time and DCGM's XID
 from their metrics endpoints every ``metrics_interval_s``), the reclaimer (XAUTOCLAIM of jobs idle longer than
 ``claim_idle_ms``: a dead worker's pending jobs) with a heartbeat that keeps this worker's own slow jobs from
@@ -27,6 +29,7 @@ Config (JSON)::
 from __future__ import annotations
 
 import argparse
+import collections
 import dataclasses
 import http.server
 import json
@@ -39,7 +42,6 @@ import threading
 import time
 import urllib.error
 import urllib.request
-from concurrent.futures import ThreadPoolExecutor
 from typing import Any, Callable, Optional
 
 import numpy as np
@@ -81,7 +83,6 @@ class WorkerConfig:
     redis_password_file: Optional[str] = None
     queue: QueueConfig = QueueConfig()
     slots: int = 8
-    read_count: int = 8
     block_ms: int = 50
     claim_idle_ms: int = 5000
     probe_interval_s: float = 0.25
@@ -214,22 +215,15 @@ class Worker:
         backend_factory: Callable[[BackendConfig, float], Any] = TritonBackend,
     ):
         self.cfg, self.consumer = cfg, consumer
-        self.r = redis.Redis(
-            host=cfg.redis_host,
-            port=cfg.redis_port,
-            password=redis_password({"password_file": cfg.redis_password_file}),
-            socket_timeout=10,
-        )
+        self.r = self._redis()
         self.queue = JobQueue(self.r, cfg.queue)
         self.sched = Scheduler({b.name: b.weight for b in cfg.backends}, cfg.policy)
         self.backends = {b.name: backend_factory(b, cfg.call_timeout_s) for b in cfg.backends}
         self.models = set(models or cfg.models)  # models whose queue time counts; learned from jobs when empty
         self.stop = threading.Event()
-        self._slots = threading.Semaphore(cfg.slots)
-        self._free = cfg.slots
         self._lock = threading.Lock()
-        self._holding: dict[str, float] = {}
-        self._pool = ThreadPoolExecutor(cfg.slots, thread_name_prefix="job")
+        self._holding: dict[str, float] = {}  # jobs this process holds (running, or reclaimed and waiting): id → since
+        self._claimed: collections.deque[Job] = collections.deque()  # reclaimed jobs for the next free slot
         self.jobs = Counter("gpuhost_gateway_jobs_total", "Jobs finished by this worker", ("backend", "outcome"))
         self.calls = Counter("gpuhost_gateway_backend_calls_total", "Calls to backends", ("backend", "outcome"))
         self.latency = Histogram(
@@ -243,12 +237,22 @@ class Worker:
             (),
         )
 
+    def _redis(self, **kw: Any) -> redis.Redis:
+        return redis.Redis(
+            host=self.cfg.redis_host,
+            port=self.cfg.redis_port,
+            password=redis_password({"password_file": self.cfg.redis_password_file}),
+            socket_timeout=10,
+            **kw,
+        )
+
     # ------------------------------------------------------------------ jobs
 
-    def _process(self, job: Job) -> None:
+    def _process(self, job: Job, queue: Optional[JobQueue] = None) -> None:
+        """Run a job this process holds (in ``_holding``) and store its result through ``queue`` (a slot's own)."""
         try:
             res = self._run(job)
-            first = self.queue.complete(job, res)
+            first = (queue or self.queue).complete(job, res)
             self.jobs.inc(res.backend or "-", res.status)
             if not first:
                 self.duplicates.inc()
@@ -260,8 +264,6 @@ class Worker:
         finally:
             with self._lock:
                 self._holding.pop(job.id, None)
-                self._free += 1
-            self._slots.release()
 
     def _run(self, job: Job) -> Result:
         self.models.add(job.model)
@@ -348,32 +350,37 @@ class Worker:
             outputs=outputs or {},
         )
 
-    def _start(self, jobs: list[Job]) -> None:
-        for job in jobs:
-            self._slots.acquire()
-            with self._lock:
-                self._free -= 1
-                self._holding[job.id] = time.monotonic()
-            if job.reclaimed:
-                self.reclaimed.inc()
-            self._pool.submit(self._process, job)
+    def _hold(self, job: Job) -> None:
+        with self._lock:
+            self._holding[job.id] = time.monotonic()
+        if job.reclaimed:
+            self.reclaimed.inc()
 
     # ------------------------------------------------------------------ loops
 
-    def _reader(self) -> None:
-        while not self.stop.is_set():
-            with self._lock:
-                free = self._free
-            if free <= 0:
-                time.sleep(0.002)
-                continue
-            try:
-                jobs = self.queue.read(self.consumer, count=min(self.cfg.read_count, free), block_ms=self.cfg.block_ms)
-            except redis.RedisError:
-                log.exception("read")
-                time.sleep(0.5)
-                continue
-            self._start(jobs)
+    def _slot(self) -> None:
+        """One job at a time, on a connection of its own: a reclaimed job waiting for a slot, else the next entry
+        (XREADGROUP COUNT 1 BLOCK ``block_ms``) and its inputs, run and completed. Stops between jobs."""
+        r = self._redis(single_connection_client=True)
+        queue = JobQueue(r, self.cfg.queue)
+        try:
+            while not self.stop.is_set():
+                try:
+                    job = self._claimed.popleft()
+                except IndexError:
+                    try:
+                        jobs = queue.read(self.consumer, count=1, block_ms=self.cfg.block_ms)
+                    except redis.RedisError:
+                        log.exception("read")
+                        self.stop.wait(0.5)
+                        continue
+                    if not jobs:
+                        continue
+                    job = jobs[0]
+                    self._hold(job)
+                self._process(job, queue)
+        finally:
+            r.close()
 
     def _reclaimer(self) -> None:
         idle = self.cfg.claim_idle_ms / 1000
@@ -381,10 +388,12 @@ class Worker:
             try:
                 with self._lock:
                     mine = list(self._holding)
-                    free = self._free
                 self.queue.touch(self.consumer, mine)
+                free = self.cfg.slots - len(mine)  # the claimed jobs not yet started are held too
                 if free > 0:
-                    self._start(self.queue.autoclaim(self.consumer, min_idle_ms=self.cfg.claim_idle_ms, count=free))
+                    for job in self.queue.autoclaim(self.consumer, min_idle_ms=self.cfg.claim_idle_ms, count=free):
+                        self._hold(job)
+                        self._claimed.append(job)
             except redis.RedisError:
                 log.exception("reclaim")
 
@@ -509,13 +518,17 @@ class Worker:
             self._probe_once(b, {}, False)
         self.queue.join(self.consumer)
         srv = self._serve_metrics()
+        slots = [threading.Thread(target=self._slot, daemon=True, name=f"slot-{i}") for i in range(self.cfg.slots)]
         threads = [threading.Thread(target=t, daemon=True, name=t.__name__) for t in (self._prober, self._reclaimer)]
-        for t in threads:
+        for t in slots + threads:
             t.start()
         try:
-            self._reader()
+            while not self.stop.wait(0.5):
+                pass
         finally:
-            self._pool.shutdown(wait=True)
+            self.stop.set()
+            for t in slots:  # each finishes its job (or leaves it pending: ``_run`` gives up when stopping)
+                t.join()
             for t in threads:
                 t.join(5)
             if srv:
