@@ -192,7 +192,20 @@ def load_frames(path: str) -> tuple[list[np.ndarray], list[tuple[np.ndarray, np.
         return [np.ascontiguousarray(z[f"img{i}"]) for i in range(n)], [(z[f"det{i}"], z[f"num{i}"]) for i in range(n)]
 
 
-def start_backends(base: Path, spec: Any, weights: bytes, gpu: bool) -> dict[str, Backend]:
+def backend_specs(spec: Any, by_weight: bool) -> dict[str, Any]:
+    """Each backend's model: the same ``spec`` for both (equal capacity), or, ``by_weight``, instances in proportion
+    to the backend's weight (the largest weight keeps the spec's count; at least 1), so that capacity follows weight
+    as it does where weights stand for GPU slices of different sizes."""
+    top, count = max(WEIGHTS.values()), spec.instance_group[0].count
+    out = {}
+    for name, w in WEIGHTS.items():
+        n = max(1, round(count * w / top)) if by_weight else count
+        group = spec.instance_group[0].model_copy(update={"count": n})
+        out[name] = spec.model_copy(update={"instance_group": [group, *spec.instance_group[1:]]})
+    return out
+
+
+def start_backends(base: Path, specs: dict[str, Any], weights: bytes, gpu: bool) -> dict[str, Backend]:
     """Both Tritons, started side by side (each captures its CUDA graphs on load)."""
     from bench.window_gpu import start_triton
 
@@ -203,7 +216,7 @@ def start_backends(base: Path, spec: Any, weights: bytes, gpu: bool) -> dict[str
         try:
             wd = base / name
             wd.mkdir(parents=True, exist_ok=True)
-            proc, http, grpc = start_triton(wd, [spec], weights, gpu)
+            proc, http, grpc = start_triton(wd, [specs[name]], weights, gpu)
             out[name] = Backend(name, WEIGHTS[name], proc, http, grpc, wd)
         except BaseException as e:  # noqa: BLE001 - raised below
             errors.append(e)
@@ -803,6 +816,12 @@ def main(argv: Optional[list[str]] = None) -> int:
         help="jobs in flight per worker (default 24, so 6 workers' 144 cover the largest closed loop's 128 clients "
         "as direct calls do; --cpu 4)",
     )
+    p.add_argument(
+        "--instances-by-weight",
+        action="store_true",
+        help="each backend's instances in proportion to its weight (triton-b 2 of the preset's 3): capacity follows "
+        "weight; default: the preset on both (equal backends)",
+    )
     p.add_argument("--claim-idle-ms", type=int, default=2000, help="a pending entry idle this long is reclaimed")
     p.add_argument("--max-depth", type=int, default=4000, help="queue depth at which submits are refused")
     p.add_argument("--fault-rate", type=float, default=None, help="jobs/s of the fault runs (default: the first rate)")
@@ -881,6 +900,7 @@ def main(argv: Optional[list[str]] = None) -> int:
     frame_bytes = [x.nbytes for x in arrays]
     log(f"{len(arrays)} frames, {min(frame_bytes)}-{max(frame_bytes)} bytes, in {time.monotonic() - t_refs:.1f} s")
     spec = model_spec(gpu, a.gpu_model or gpu_name, a.input)
+    specs = backend_specs(spec, a.instances_by_weight)
     rs = Redis(a.redis_server, base / "redis", a.redis_io_threads, pin.get("gateway"))
     rs.start(aof=False)
     backends: dict[str, Backend] = {}
@@ -888,7 +908,7 @@ def main(argv: Optional[list[str]] = None) -> int:
     pool: Optional[LoadPool] = None
     result: dict[str, Any] = {"runs": [], "faults": []}
     try:
-        backends = start_backends(base, spec, weights, gpu)
+        backends = start_backends(base, specs, weights, gpu)
         for b in backends.values():
             pin_tree(b.proc.pid, pin.get("triton"))  # the server and its python-backend stubs
         log(f"Tritons ready after {time.monotonic() - t_main:.1f} s: {[(b.name, b.grpc) for b in backends.values()]}")
@@ -1057,6 +1077,7 @@ def main(argv: Optional[list[str]] = None) -> int:
         "command": "python3 -m bench.queue_gpu " + " ".join(argv if argv is not None else sys.argv[1:]),
         "model": {
             "instances": spec.instance_group[0].count,
+            "instances_by_backend": {n: sp.instance_group[0].count for n, sp in specs.items()},
             "max_batch": spec.max_batch_size,
             "triton_window_us": spec.dynamic_batching.max_queue_delay_microseconds if spec.dynamic_batching else None,
         },
@@ -1202,6 +1223,10 @@ def markdown(result: dict) -> str:
     s = m["setup"]
     fb = m.get("frame_bytes", {"min": 0, "max": 0, "median": 0, "inline": 0})
     # Recorded runs from before the slots read for themselves name the reader's entries per XREADGROUP.
+    per = m["model"].get("instances_by_backend") or {}
+    by_weight = (
+        " — instances by weight: " + ", ".join(f"{n} {c}" for n, c in per.items()) if len(set(per.values())) > 1 else ""
+    )
     reads = f"{s['read_count']} entries per XREADGROUP" if "read_count" in s else "each slot its own XREADGROUP COUNT 1"
     lines = (
         [f"**The run stopped early:** `{result['error'].strip().splitlines()[-1]}`", ""] if "error" in result else []
@@ -1211,7 +1236,7 @@ def markdown(result: dict) -> str:
         "",
         f"Command: `{m['command']}`. Two Tritons on the one GPU, each `{MODEL}` (yolov8n_torch, test weights; "
         f"{m['model']['instances']} instances, max batch {m['model']['max_batch']}, window "
-        f"{m['model']['triton_window_us']} µs), weights triton-a 3 : triton-b 2. Gateway: Redis + {s['workers']} "
+        f"{m['model']['triton_window_us']} µs){by_weight}, weights triton-a 3 : triton-b 2. Gateway: Redis + {s['workers']} "
         f"workers x {s['slots']} slots ({reads}, reclaim after "
         f"{s['claim_idle_ms']} ms idle; {m.get('redis_parser', '?')}). "
         + (f"CPUs pinned by role: {m['pinned']}. " if m.get("pinned") else "")

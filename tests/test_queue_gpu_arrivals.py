@@ -110,3 +110,21 @@ def test_an_open_load_is_sustained_against_the_arrivals_drawn_not_the_nominal_ra
     }
     rows = [line for line in overhead_table(runs) if line.startswith("| open")]
     assert rows[0].endswith("| yes | - |") and rows[1].endswith("| no: only direct | +2.00 |")
+
+
+def test_instances_by_weight_give_each_backend_capacity_in_proportion_to_its_weight():
+    """--instances-by-weight: triton-a keeps the preset's 3 instances, triton-b (weight 2 of 3) gets 2; without it both
+    get the preset's; the rest of the model is the same."""
+    from bench.queue_gpu import backend_specs, model_spec
+
+    spec = model_spec(False, "", "jpeg")
+    three = spec.model_copy(update={"instance_group": [spec.instance_group[0].model_copy(update={"count": 3})]})
+    by_weight = backend_specs(three, True)
+    assert {n: s.instance_group[0].count for n, s in by_weight.items()} == {"triton-a": 3, "triton-b": 2}
+    assert {n: s.instance_group[0].count for n, s in backend_specs(three, False).items()} == {
+        "triton-a": 3,
+        "triton-b": 3,
+    }
+    b = by_weight["triton-b"]
+    assert b.model_copy(update={"instance_group": three.instance_group}) == three
+    assert three.instance_group[0].count == 3  # the preset's spec itself is not changed
