@@ -4,9 +4,11 @@ No I/O here: the worker feeds it what it measured (health probes, Triton queue t
 time it measured it, and asks for a backend. Every rule is a function of that state, so tests drive time by hand.
 
 Rules (seed 001 §7.2 and its 要点):
-  * Load per weight: the job goes to the backend with the lowest ``(in_flight + 1) / effective_weight``; with
-    mig-a weight 3 and vm-b weight 2 the in-flight jobs settle at 3:2, and so does the served rate when both
-    backends cost the same per batch.
+  * Load per weight: the job goes to the backend with the lowest ``in_flight / effective_weight``; with mig-a
+    weight 3 and vm-b weight 2 the in-flight jobs settle at 3:2, and so does the served rate when both backends
+    cost the same per batch. Ties (and near ties, below) go by smooth weighted round robin, so that at low load,
+    where both are often idle, the jobs still split 3:2 (a score of ``(in_flight + 1) / weight`` would send every
+    job that finds both idle to the heavier one: 63.7 % instead of 60 % at 1,000 jobs/s on the H200).
   * Health: a failed call (connection refused, unavailable, deadline) drains that backend at once; it stays drained
     until a probe after ``retry_after_s`` says ready again. A probe that says not ready, or a DCGM XID error on its
     GPU, drains it too.
@@ -15,7 +17,8 @@ Rules (seed 001 §7.2 and its 要点):
     backend is drained (seed 001 §8: over 20 ms → shift weight).
   * No herding: a backend that comes back starts at ``ramp_floor`` of its weight and reaches full weight over
     ``ramp_s`` seconds, so it is not the "emptiest" target for every worker at once; and among backends whose score
-    is within ``jitter`` of the best, the pick is random in proportion to weight.
+    is within ``jitter`` of the best, the pick is by smooth weighted round robin over them, its credits started at
+    random for each scheduler so that workers do not pick in step.
   * When every backend is drained by queue time alone (overload, not failure), the ready ones still serve at their
     configured weights: shifting weight needs somewhere to shift it to.
 
@@ -93,6 +96,9 @@ class Scheduler:
         self._rng = rng or random.Random()
         self._lock = threading.Lock()
         self._b = {n: _State(weight=float(w)) for n, w in weights.items()}
+        total = sum(float(w) for w in weights.values())
+        # Smooth weighted round robin among near ties; a random start per scheduler (one per worker process).
+        self._credit = {n: self._rng.random() * total for n in weights}
 
     @property
     def names(self) -> list[str]:
@@ -174,17 +180,16 @@ class Scheduler:
                 weights = {n: b.weight for n, b in self._b.items() if n not in skip and self._healthy(b)}
             if not weights:
                 return None
-            scores = {n: (self._b[n].in_flight + 1) / w for n, w in weights.items()}
+            scores = {n: self._b[n].in_flight / w for n, w in weights.items()}
             best = min(scores.values())
             near = [n for n in weights if scores[n] <= best * (1 + self.policy.jitter) + 1e-12]
             if len(near) == 1:
                 return near[0]
-            x = self._rng.random() * sum(weights[n] for n in near)
             for n in near:
-                x -= weights[n]
-                if x < 0:
-                    return n
-            return near[-1]
+                self._credit[n] += weights[n]
+            pick = max(near, key=lambda n: self._credit[n])
+            self._credit[pick] -= sum(weights[n] for n in near)
+            return pick
 
     def snapshot(self, now: float) -> dict[str, dict]:
         with self._lock:

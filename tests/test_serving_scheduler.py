@@ -54,6 +54,23 @@ def test_load_per_weight_settles_in_flight_at_3_to_2():
     assert _fill(s2, 0.0, 10) == {"mig-a": 6, "vm-b": 4}
 
 
+def test_at_low_load_where_both_are_idle_the_split_is_still_the_weights():
+    """One job at a time (each finished before the next: both backends idle at every pick): 3:2 exactly over every
+    5 picks, where a score of (in_flight + 1) / weight sent every such job to the heavier backend."""
+    s = Scheduler(W, rng=random.Random(7))
+    picks = []
+    for _ in range(1000):
+        n = s.pick(0.0)
+        assert n is not None
+        s.started(n)
+        s.finished(n)
+        picks.append(n)
+    assert picks.count("mig-a") == 600
+    assert all(picks[i : i + 5].count("mig-a") == 3 for i in range(0, 1000, 5))
+    # Two workers' schedulers start their round robin at different points (no picking in step).
+    assert {Scheduler(W, rng=random.Random(seed)).pick(0.0) for seed in range(20)} == set(W)
+
+
 def test_failed_backend_drained_at_once_and_back_only_after_retry_after():
     s = Scheduler(W, Policy(retry_after_s=1.0, ramp_s=0))
     s.failed("mig-a", 10.0)
