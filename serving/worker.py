@@ -370,7 +370,7 @@ class Worker:
                 except IndexError:
                     try:
                         jobs = queue.read(self.consumer, count=1, block_ms=self.cfg.block_ms)
-                    except redis.RedisError:
+                    except Exception:  # Redis away, or an entry that does not decode: the slot lives on
                         log.exception("read")
                         self.stop.wait(0.5)
                         continue

@@ -113,3 +113,22 @@ def test_a_job_left_pending_by_another_consumer_is_reclaimed_by_a_free_slot(q, r
     assert [r.outputs["sum"].tolist() for r in res] == [[int(frame(i).sum())] for i in range(2)]
     assert [r.reclaimed for r in res] == [True, False] and w.reclaimed.value() == 1
     assert q.pending_of("dead") == [] and q.depth() == 0 and w._holding == {} and not w._claimed
+
+
+def test_an_entry_that_does_not_decode_costs_no_slot(q, redis_srv):
+    """A stream entry written by something other than JobQueue.submit (no ``inputs`` field) fails its read; the
+    worker's only slot goes on and answers the next job, right."""
+    q.ensure_group()
+    q.r.xadd(q.cfg.stream, {"key": "bad", "model": "m", "t": repr(time.time())})
+    key = q.submit("m", {"x": frame(3)})
+    Gated.gate.set()
+    w = worker(redis_srv.port, slots=1)
+    t = threading.Thread(target=w.run)
+    t.start()
+    try:
+        res = q.result(key, timeout_s=20)
+        assert res.status == "ok" and int(res.outputs["sum"][0]) == int(frame(3).sum())
+    finally:
+        w.stop.set()
+        t.join(30)
+    assert not t.is_alive()
