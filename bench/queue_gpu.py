@@ -816,12 +816,8 @@ def main(argv: Optional[list[str]] = None) -> int:
         help="jobs in flight per worker (default 24, so 6 workers' 144 cover the largest closed loop's 128 clients "
         "as direct calls do; --cpu 4)",
     )
-    p.add_argument(
-        "--instances-by-weight",
-        action="store_true",
-        help="each backend's instances in proportion to its weight (triton-b 2 of the preset's 3): capacity follows "
-        "weight; default: the preset on both (equal backends)",
-    )
+    by_weight = "each backend's instances in proportion to its weight (triton-b 2 of the preset's 3; default: equal)"
+    p.add_argument("--instances-by-weight", action="store_true", help=by_weight)
     p.add_argument("--claim-idle-ms", type=int, default=2000, help="a pending entry idle this long is reclaimed")
     p.add_argument("--max-depth", type=int, default=4000, help="queue depth at which submits are refused")
     p.add_argument("--fault-rate", type=float, default=None, help="jobs/s of the fault runs (default: the first rate)")
