@@ -141,6 +141,7 @@ class Job:
     enqueued_at: float  # epoch seconds at submit
     reclaimed: bool = False
     payload: str = ""  # the key holding the inputs of a large job ("" when they are in the entry)
+    error: str = ""  # the entry did not decode: the job is answered with this error, no backend called
 
 
 @dataclasses.dataclass
@@ -276,6 +277,26 @@ class JobQueue:
     def _job(
         self, entry_id: bytes, fields: dict[bytes, bytes], reclaimed: bool = False, payload: Optional[bytes] = None
     ) -> Job:
+        try:
+            return self._decode(entry_id, fields, reclaimed, payload)
+        except (KeyError, ValueError, TypeError) as e:  # not written by submit(): answered as an error, acked
+            text = {k.decode(errors="replace"): v for k, v in fields.items()}
+            try:
+                enqueued = float(text.get("t", b"0"))
+            except ValueError:
+                enqueued = 0.0
+            return Job(
+                id=entry_id.decode(),
+                key=text.get("key", entry_id).decode(errors="replace"),
+                model=text.get("model", b"").decode(errors="replace"),
+                inputs={},
+                enqueued_at=enqueued or time.time(),
+                reclaimed=reclaimed,
+                payload=text.get("payload", b"").decode(errors="replace"),
+                error=f"stream entry {entry_id.decode()} does not decode ({type(e).__name__}: {e}); not run",
+            )
+
+    def _decode(self, entry_id: bytes, fields: dict[bytes, bytes], reclaimed: bool, payload: Optional[bytes]) -> Job:
         meta = json.loads(fields[b"inputs"])
         blobs: list[Any]
         if b"payload" in fields:

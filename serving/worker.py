@@ -266,6 +266,8 @@ class Worker:
                 self._holding.pop(job.id, None)
 
     def _run(self, job: Job) -> Result:
+        if job.error:  # an entry that does not decode: its caller (if any) gets the error, nothing is called
+            return self._result(job, "error", "", time.time(), 0.0, 0, job.error)
         self.models.add(job.model)
         tried: set[str] = set()
         attempts = 0

@@ -115,9 +115,10 @@ def test_a_job_left_pending_by_another_consumer_is_reclaimed_by_a_free_slot(q, r
     assert q.pending_of("dead") == [] and q.depth() == 0 and w._holding == {} and not w._claimed
 
 
-def test_an_entry_that_does_not_decode_costs_no_slot(q, redis_srv):
-    """A stream entry written by something other than JobQueue.submit (no ``inputs`` field) fails its read; the
-    worker's only slot goes on and answers the next job, right."""
+def test_an_entry_that_does_not_decode_is_answered_with_an_error_and_costs_no_slot(q, redis_srv):
+    """A stream entry written by something other than JobQueue.submit (no ``inputs`` field): its key gets an error
+    result that says so, no backend is called, the entry leaves the stream; the worker's only slot goes on and
+    answers the next job, right."""
     q.ensure_group()
     q.r.xadd(q.cfg.stream, {"key": "bad", "model": "m", "t": repr(time.time())})
     key = q.submit("m", {"x": frame(3)})
@@ -126,8 +127,12 @@ def test_an_entry_that_does_not_decode_costs_no_slot(q, redis_srv):
     t = threading.Thread(target=w.run)
     t.start()
     try:
+        bad = q.result("bad", timeout_s=20)
+        assert bad.status == "error" and "does not decode" in bad.error and "KeyError" in bad.error
         res = q.result(key, timeout_s=20)
         assert res.status == "ok" and int(res.outputs["sum"][0]) == int(frame(3).sum())
+        assert Gated.running == [key]  # the bad entry reached no backend
+        wait_for(lambda: q.depth() == 0 and q.group_info()["pending"] == 0)
     finally:
         w.stop.set()
         t.join(30)
