@@ -68,6 +68,7 @@ if str(ROOT) not in sys.path:
 from bench.queue import WeightedRoundRobin  # noqa: E402
 from bench.report import latency, md_table  # noqa: E402
 from bench.servers import stats_delta  # noqa: E402
+from facts.cpulist import CpuListError, parse_cpulist  # noqa: E402
 from serving.adaptive_window import percentile as pct  # noqa: E402
 
 MODEL = "yolov8n"
@@ -257,14 +258,11 @@ def parse_pin(text: str, cpu_count: int) -> dict[str, set[int]]:
     out: dict[str, set[int]] = {}
     for item in filter(None, (x.strip() for x in text.split(","))):
         role, sep, span = item.partition(":")
-        cpus: set[int] = set()
-        try:
-            for part in span.split("+"):
-                lo, _, hi = part.partition("-")
-                cpus |= set(range(int(lo), int(hi or lo) + 1))
-        except ValueError:
+        try:  # the kernel's CPU-list syntax, '+' for its ',' (the roles are comma-separated)
+            cpus = set(parse_cpulist(span.replace("+", ","), limit=cpu_count))
+        except CpuListError:
             cpus = set()
-        if not sep or role not in PIN_ROLES or role in out or not cpus or max(cpus) >= cpu_count:
+        if not sep or role not in PIN_ROLES or role in out or not cpus:
             raise SystemExit(
                 f"--pin-cpus: {item!r} is not ROLE:FIRST-LAST (roles {', '.join(PIN_ROLES)}, each once; CPUs "
                 f"0-{cpu_count - 1}; several ranges joined by '+'), e.g. load:0-5,gateway:6-9,triton:10-15"
@@ -677,7 +675,7 @@ def summarise(path: str, mode: str, spec: dict, parts: list[dict]) -> dict:
         out["parts_ms_p50"] = {
             "client_total": med([x[9] for x in ok]),
             "client's submit call (EVALSHA, a large input's SET in the same round trip)": med([x[10] for x in ok]),
-            "submit to dispatch (XREADGROUP, a large input's GET, decode, pick)": med([x[11] for x in ok]),
+            "submit to dispatch (XREADGROUP, a large input's MGET, decode, pick)": med([x[11] for x in ok]),
             "Triton call from the worker (gRPC)": med([x[12] for x in ok]),
             "stored to caller (encode, complete script, BLPOP, decode)": med([x[9] - x[13] for x in ok]),
         }

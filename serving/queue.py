@@ -18,7 +18,7 @@ the work waiting or running.
 Why large inputs are not in the stream entry: passed through the submit script, every byte is copied into a Lua
 string and back (a 1.2 MB image cost Redis ~8x what a plain SET of the same bytes does, which Redis keeps without a
 copy), and Redis's one thread is the gateway's ceiling. So the inputs go in a SET pipelined in the same round trip
-before the script, the entry carries their key, and a worker fetches them with one GET (a read of several, MGET).
+before the script, the entry carries their key, and a worker fetches a read's inputs with one MGET.
 
 Usage::
 
@@ -263,15 +263,11 @@ class JobQueue:
     # -------------------------------------------------------------- worker side
 
     def _jobs(self, entries: list, reclaimed: bool = False) -> list[Job]:
-        """Jobs of stream entries; the inputs of large ones fetched with one GET (MGET for several). An entry whose
-        inputs are gone (expired) is a job with no inputs: the backend refuses it and the caller gets that error."""
+        """Jobs of stream entries; the inputs of large ones fetched with one MGET. An entry whose inputs are gone
+        (expired) is a job with no inputs: the backend refuses it and the caller gets that error."""
         entries = [(i, f) for i, f in entries if f]
         names = [f[b"payload"] for _, f in entries if b"payload" in f]
-        payloads: dict[bytes, Optional[bytes]] = {}
-        if len(names) == 1:  # a worker slot's read: one entry
-            payloads = {names[0]: self.r.get(names[0])}
-        elif names:
-            payloads = dict(zip(names, self.r.mget(names)))
+        payloads = dict(zip(names, self.r.mget(names))) if names else {}
         return [self._job(i, f, reclaimed, payloads.get(f.get(b"payload", b""))) for i, f in entries]
 
     def _job(

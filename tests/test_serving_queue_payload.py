@@ -1,7 +1,7 @@
 """Large job inputs beside the stream entry (serving.queue: ``gen:in:<key>``), against a real redis-server.
 
 An image (640x640x3 UINT8, 1.2 MB) goes in its own key, SET in the same round trip as the submit script, so Redis
-never copies it through Lua; a worker slot gets a job's inputs with one GET (a read of several: one MGET). Each
+never copies it through Lua; a worker gets a read's inputs with one MGET (a slot reads one entry). Each
 test sends distinct arrays and compares every job's inputs with its own.
 """
 
