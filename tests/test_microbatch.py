@@ -15,6 +15,7 @@ from serving.microbatch import (
     LatencyStats,
     MicroBatcher,
     RequestRecord,
+    infer_request_bytes,
     signature,
     split,
     stack,
@@ -86,6 +87,56 @@ def test_stack_split_and_signature():
         split({"y": batch["x"]}, 5)
 
 
+@pytest.mark.parametrize("rows", [1, 3, 8])
+def test_request_bytes_are_the_request_tritonclient_builds_from_the_stacked_rows(rows):
+    """The one-copy request (rows appended in protobuf's wire format) parses to exactly the message tritonclient
+    builds from the stacked arrays (InferInput.set_data_from_numpy, _get_inference_request): same shapes, dtypes,
+    outputs and bytes, every input in its order; a length over 127 bytes needs a multi-byte varint, which 1.2 MB
+    images and these 700-byte rows both exercise."""
+    import tritonclient.grpc as grpcclient
+    from tritonclient.grpc import service_pb2
+    from tritonclient.grpc._utils import _get_inference_request
+
+    rng = np.random.default_rng(rows)
+    items: list[dict[str, np.ndarray]] = [
+        {
+            "images": rng.integers(0, 255, (7, 10, 10), dtype=np.uint8),
+            "scale": rng.random(3).astype(np.float16),
+            "ids": np.arange(i, i + 2, dtype=np.int64)[::-1],  # a view with a negative stride: copied in order
+        }
+        for i in range(rows)
+    ]
+    batched = stack(items)
+    tensors = []
+    for name, array in batched.items():
+        t = grpcclient.InferInput(
+            name, list(array.shape), {np.uint8: "UINT8", np.float16: "FP16", np.int64: "INT64"}[array.dtype.type]
+        )
+        t.set_data_from_numpy(array)
+        tensors.append(t)
+    outs = [grpcclient.InferRequestedOutput(n) for n in ("detections", "num_detections")]
+    expected = _get_inference_request(
+        model_name="yolov8n",
+        inputs=tensors,
+        model_version="2",
+        request_id="",
+        outputs=outs,
+        sequence_id=0,
+        sequence_start=False,
+        sequence_end=False,
+        priority=0,
+        timeout=None,
+        parameters=None,
+    )
+    ours = service_pb2.ModelInferRequest.FromString(
+        infer_request_bytes("yolov8n", items, ["detections", "num_detections"], version="2")
+    )
+    assert ours == expected
+    assert [bytes(c) for c in ours.raw_input_contents] == [batched[n].tobytes() for n in ("images", "scale", "ids")]
+    with pytest.raises(TypeError, match="BYTES tensors are not micro-batched"):
+        infer_request_bytes("m", [{"text": np.array([b"a"], dtype=object)}], ["y"])
+
+
 def test_latency_stats_percentiles_and_batch_sizes():
     s = LatencyStats()
     for i in range(1, 101):
@@ -107,8 +158,8 @@ class FakeTriton:
         self.gate = asyncio.Event()
         self.gate.set()
 
-    async def __call__(self, inputs):
-        x = inputs["x"]
+    async def __call__(self, items):
+        x = stack(items)["x"]
         self.batches.append(x.copy())
         await self.gate.wait()
         if np.isnan(x).any():
@@ -134,6 +185,52 @@ def test_burst_is_grouped_by_eight_and_results_go_back_to_their_callers():
     # The last 4 waited for the window; the full batches left at once.
     waits = [r.wait_s for r in mb.stats.records]
     assert max(waits) >= 0.0006 and max(waits) < 0.05
+
+
+def test_items_joining_an_open_batch_do_not_wake_the_waker_thread():
+    """The waker thread is woken when the earliest deadline moves (a batch opens, a batch leaves), not per item:
+    each wake-up is a thread that must win the GIL from the busy loop."""
+
+    async def main():
+        fake = FakeTriton()
+        async with MicroBatcher(fake, BatchPolicy(window_us=1500, max_batch=16)) as mb:
+            outs = await asyncio.gather(*(mb.submit({"x": np.full(2, i, np.float32)}) for i in range(12)))
+            notified = mb._waker.notified if mb._waker else -1
+        return fake, outs, notified
+
+    fake, outs, notified = run(main())
+    assert [len(b) for b in fake.batches] == [12]
+    assert [float(o["y"][0]) for o in outs] == [2.0 * i for i in range(12)]
+    assert 1 <= notified <= 2  # the batch opened (and, if the loop's timer closed it first, the batch left)
+
+
+def test_the_window_closes_on_the_loops_own_timer_when_the_waker_thread_cannot_run(monkeypatch):
+    """A waker thread that never fires (as one that cannot get the GIL from a busy loop for a while): the loop's
+    own timer closes the window; on the thread alone the caller waited for ever."""
+    import serving.microbatch as microbatch
+
+    class StuckWaker:
+        def __init__(self, *args):
+            self.notified = 0
+
+        def set(self, deadline):
+            pass
+
+        def close(self):
+            pass
+
+    monkeypatch.setattr(microbatch, "_Waker", StuckWaker)
+
+    async def main():
+        fake = FakeTriton()
+        async with MicroBatcher(fake, BatchPolicy(window_us=1500, max_batch=8)) as mb:
+            first = await asyncio.wait_for(mb.submit({"x": np.ones(2, np.float32)}), 5)
+            second = await asyncio.wait_for(mb.submit({"x": np.full(2, 3, np.float32)}), 5)
+        return first, second, mb
+
+    first, second, mb = run(main())
+    assert first["y"].tolist() == [2.0, 2.0] and second["y"].tolist() == [6.0, 6.0]
+    assert all(r.wait_s >= 0.0015 for r in mb.stats.records)  # the window was kept, not cut short
 
 
 def test_an_error_reaches_only_the_callers_of_the_failed_batch():
