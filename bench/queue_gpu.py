@@ -13,7 +13,8 @@ structured camera frames of 1280x720, 1920x1080 and 640x480 in turn as UINT8 [1,
 pipeline run eagerly on the device; ``raw`` (the ``--cpu`` default): letterboxed UINT8 [1, 640, 640, 3], 1.2 MB.
 
 Paths compared:
-  * direct:  the load process calls a Triton over gRPC (tritonclient, as the worker does), the backend by smooth
+  * direct:  the load process calls a Triton over gRPC (the request as the worker builds it: serving.triton_wire, one
+    copy of the frame; tritonclient's channel and InferResult), the backend by smooth
     weighted round robin 3:2;
   * gateway: ``JobQueue.submit`` (the submit script's XADD with the depth check; a frame of 64 KiB or more SET
     beside it in the same round trip) and ``JobQueue.result`` (BLPOP),
@@ -374,6 +375,7 @@ def run_spec(spec: dict, setup: dict, k: int, arrays: list[np.ndarray], refs: li
     import tritonclient.grpc as grpcclient
 
     from bench.window_gpu import check
+    from serving import triton_wire
     from serving.queue import JobQueue, QueueConfig, QueueFull, ResultTimeout
 
     procs, threads, duration = spec["procs"], spec["threads"], spec["duration"]
@@ -383,6 +385,7 @@ def run_spec(spec: dict, setup: dict, k: int, arrays: list[np.ndarray], refs: li
     r = redis.Redis(port=setup["redis_port"], socket_timeout=10, socket_connect_timeout=2)
     q = JobQueue(r, QueueConfig(max_depth=setup["max_depth"]))
     clients = {n: grpcclient.InferenceServerClient(u, channel_args=GRPC_OPTS) for n, u in setup["grpc"].items()}
+    calls = {n: triton_wire.model_infer(c._channel) for n, c in clients.items()}
     rr = WeightedRoundRobin(dict(WEIGHTS))
     lock = threading.Lock()
     nxt = [k]
@@ -393,10 +396,11 @@ def run_spec(spec: dict, setup: dict, k: int, arrays: list[np.ndarray], refs: li
 
     def direct(j: int, arr: np.ndarray) -> tuple[str, Any, Any, str, int, bool]:
         name = rr.next()
-        i = grpcclient.InferInput("images", list(arr.shape), "UINT8")
-        i.set_data_from_numpy(arr)
         t0 = time.time()
-        res = clients[name].infer(spec["model"], [i], client_timeout=30)
+        # The request as the worker builds it (serving.triton_wire: one copy of the frame), over the same gRPC.
+        res = grpcclient.InferResult(
+            calls[name](triton_wire.tensors_request(spec["model"], {"images": arr}), timeout=30)
+        )
         parts.times = (0.0, 0.0, (time.time() - t0) * 1000, 0.0)
         return "ok", res.as_numpy("detections"), res.as_numpy("num_detections"), name, 1, False
 

@@ -12,7 +12,7 @@ Three layers, the first one pure:
   never sent), one cancelled after that is simply not answered; every request's latency is recorded (wait in
   the window, batch size, end-to-end time);
 * ``TritonBatchInfer``: one batched request over Triton's gRPC API (``tritonclient.grpc.aio``'s channel), serialized
-  with one copy of the rows (``infer_request_bytes``).
+  with one copy of the rows (``serving.triton_wire``).
 
 Usage::
 
@@ -36,6 +36,7 @@ import numpy as np
 
 # One percentile rule for the client and its window controller; the controller's module is standard library only
 # (it also runs alone as the unit beside Triton), so the rule lives there.
+from serving import triton_wire
 from serving.adaptive_window import percentile
 
 Tensors = Mapping[str, np.ndarray]
@@ -418,47 +419,10 @@ class _Waker:
 # ---------------------------------------------------------------- Triton over gRPC
 
 
-# ModelInferRequest's ``repeated bytes raw_input_contents = 7`` (inference/grpc_service.proto): field 7, wire type 2.
-_RAW_INPUT_TAG = bytes([7 << 3 | 2])
-
-
-def _varint(n: int) -> bytes:
-    out = bytearray()
-    while True:
-        low, n = n & 0x7F, n >> 7
-        out.append(low | (0x80 if n else 0))
-        if not n:
-            return bytes(out)
-
-
-def infer_request_bytes(model: str, items: Sequence[Tensors], outputs: Sequence[str], version: str = "") -> bytes:
-    """A serialized ``ModelInferRequest`` of ``items`` (equal signatures) as one batch, built with one copy of their
-    bytes: the small fields through protobuf, then each input's ``raw_input_contents`` appended in protobuf's wire
-    format (tag, length, the rows one after another; fields may come in any order). What stacking the rows, then
-    ``InferInput.set_data_from_numpy`` (``tobytes``), the request message and its serialization would copy four
-    times: for 1.2 MB rows each fresh copy is page faults in the client's loop, between its other requests."""
-    from tritonclient.grpc import service_pb2
-    from tritonclient.utils import np_to_triton_dtype
-
-    head = service_pb2.ModelInferRequest(model_name=model, model_version=version)
-    parts: list[Any] = []
-    for name in items[0]:
-        first = np.asarray(items[0][name])
-        if first.dtype == np.object_:
-            raise TypeError(f"input {name!r}: BYTES tensors are not micro-batched (numeric dtypes only)")
-        rows = [memoryview(np.ascontiguousarray(item[name]).data).cast("B") for item in items]
-        tensor = head.inputs.add(name=name, datatype=np_to_triton_dtype(first.dtype))
-        tensor.shape.extend([len(items), *first.shape])
-        parts += [_RAW_INPUT_TAG, _varint(sum(r.nbytes for r in rows)), *rows]
-    for name in outputs:
-        head.outputs.add(name=name)
-    return b"".join([head.SerializeToString(), *parts])
-
-
 class TritonBatchInfer:
-    """One batched inference request over Triton's gRPC API, on the channel of a ``tritonclient.grpc.aio`` client;
-    the request is serialized by ``infer_request_bytes`` (one copy of the rows), the answer read by tritonclient's
-    ``InferResult``. Errors arrive as tritonclient's ``InferenceServerException``, as from ``client.infer``.
+    """One batched inference request over Triton's gRPC API, on the channel of a ``tritonclient.grpc.aio`` client,
+    serialized with one copy of the rows (``serving.triton_wire.batch_request``), the answer read by tritonclient's
+    ``InferResult``; errors arrive as tritonclient's ``InferenceServerException``, as from ``client.infer``.
 
     Args:
       client: a ``tritonclient.grpc.aio.InferenceServerClient``.
@@ -466,30 +430,20 @@ class TritonBatchInfer:
     """
 
     def __init__(self, client: Any, model: str, outputs: Optional[list[str]] = None, version: str = ""):
-        from tritonclient.grpc import service_pb2
-
         self.client, self.model, self.outputs, self.version = client, model, outputs, version
-        # The request goes as bytes (no serializer): it is serialized already.
-        self._call = client._channel.unary_unary(
-            "/inference.GRPCInferenceService/ModelInfer",
-            request_serializer=None,
-            response_deserializer=service_pb2.ModelInferResponse.FromString,
-        )
+        self._call = triton_wire.model_infer(client._channel)
 
     async def __call__(self, items: Sequence[Tensors]) -> dict[str, np.ndarray]:
         import grpc
         from tritonclient.grpc import InferResult
-        from tritonclient.utils import InferenceServerException
 
         if self.outputs is None:
             meta = await self.client.get_model_metadata(self.model, self.version, as_json=True)
             self.outputs = [o["name"] for o in meta["outputs"]]
-        request = infer_request_bytes(self.model, items, self.outputs, self.version)
+        request = triton_wire.batch_request(self.model, items, self.outputs, self.version)
         try:
             response = await self._call(request)
         except grpc.RpcError as e:
-            raise InferenceServerException(
-                msg=e.details(), status=str(e.code()), debug_details=e.debug_error_string()
-            ) from None
+            raise triton_wire.server_error(e) from None
         result = InferResult(response)
         return {n: result.as_numpy(n) for n in self.outputs}

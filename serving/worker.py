@@ -47,6 +47,7 @@ from typing import Any, Callable, Optional
 import numpy as np
 import redis
 
+from serving import triton_wire
 from serving.metrics import Counter, Histogram, parse_samples, render
 from serving.queue import Job, JobQueue, QueueConfig, Result
 from serving.scheduler import Policy, Scheduler, Signals
@@ -136,12 +137,13 @@ class JobFailed(RuntimeError):
 
 
 class TritonBackend:
-    """Triton over gRPC (binary tensors); thread-safe, one channel per backend."""
+    """Triton over gRPC (binary tensors; the request serialized with one copy of the job's bytes,
+    ``serving.triton_wire``); thread-safe, one channel per backend."""
 
     def __init__(self, cfg: BackendConfig, timeout_s: float):
         import tritonclient.grpc as grpcclient
 
-        self.cfg, self.timeout_s, self._g = cfg, timeout_s, grpcclient
+        self.cfg, self.timeout_s = cfg, timeout_s
         # Reconnect quickly after a restart: gRPC's default backoff grows to minutes.
         self.client = grpcclient.InferenceServerClient(
             cfg.grpc,
@@ -153,23 +155,21 @@ class TritonBackend:
                 ("grpc.max_receive_message_length", 2**31 - 1),
             ],
         )
+        self._call = triton_wire.model_infer(self.client._channel)
 
     def infer(self, job: Job) -> dict[str, np.ndarray]:
-        from tritonclient.utils import InferenceServerException, np_to_triton_dtype
+        import grpc
+        from tritonclient.grpc import InferResult
 
-        inputs = []
-        for name, a in job.inputs.items():
-            i = self._g.InferInput(name, list(a.shape), np_to_triton_dtype(a.dtype))
-            i.set_data_from_numpy(a)
-            inputs.append(i)
         try:
-            res = self.client.infer(job.model, inputs, client_timeout=self.timeout_s)
-        except InferenceServerException as e:
-            if (e.status() or "") in BACKEND_DOWN:
-                raise BackendDown(f"{self.cfg.name}: {e}") from None
-            raise JobFailed(f"{self.cfg.name}: {e}", e.status() or "") from None
-        out = res.get_response().outputs
-        return {o.name: res.as_numpy(o.name) for o in out}
+            response = self._call(triton_wire.tensors_request(job.model, job.inputs), timeout=self.timeout_s)
+        except grpc.RpcError as e:
+            err = triton_wire.server_error(e)
+            if str(e.code()) in BACKEND_DOWN:
+                raise BackendDown(f"{self.cfg.name}: {err}") from None
+            raise JobFailed(f"{self.cfg.name}: {err}", str(e.code())) from None
+        result = InferResult(response)
+        return {o.name: result.as_numpy(o.name) for o in response.outputs}
 
 
 def _get(url: str, timeout: float = 1.0) -> tuple[int, bytes]:

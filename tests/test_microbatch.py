@@ -15,7 +15,6 @@ from serving.microbatch import (
     LatencyStats,
     MicroBatcher,
     RequestRecord,
-    infer_request_bytes,
     signature,
     split,
     stack,
@@ -85,56 +84,6 @@ def test_stack_split_and_signature():
     assert [float(r["y"][0]) for r in rows] == [0.0, 2.0, 4.0, 6.0]
     with pytest.raises(BatchShapeError, match="expected 5 rows"):
         split({"y": batch["x"]}, 5)
-
-
-@pytest.mark.parametrize("rows", [1, 3, 8])
-def test_request_bytes_are_the_request_tritonclient_builds_from_the_stacked_rows(rows):
-    """The one-copy request (rows appended in protobuf's wire format) parses to exactly the message tritonclient
-    builds from the stacked arrays (InferInput.set_data_from_numpy, _get_inference_request): same shapes, dtypes,
-    outputs and bytes, every input in its order; a length over 127 bytes needs a multi-byte varint, which 1.2 MB
-    images and these 700-byte rows both exercise."""
-    import tritonclient.grpc as grpcclient
-    from tritonclient.grpc import service_pb2
-    from tritonclient.grpc._utils import _get_inference_request
-
-    rng = np.random.default_rng(rows)
-    items: list[dict[str, np.ndarray]] = [
-        {
-            "images": rng.integers(0, 255, (7, 10, 10), dtype=np.uint8),
-            "scale": rng.random(3).astype(np.float16),
-            "ids": np.arange(i, i + 2, dtype=np.int64)[::-1],  # a view with a negative stride: copied in order
-        }
-        for i in range(rows)
-    ]
-    batched = stack(items)
-    tensors = []
-    for name, array in batched.items():
-        t = grpcclient.InferInput(
-            name, list(array.shape), {np.uint8: "UINT8", np.float16: "FP16", np.int64: "INT64"}[array.dtype.type]
-        )
-        t.set_data_from_numpy(array)
-        tensors.append(t)
-    outs = [grpcclient.InferRequestedOutput(n) for n in ("detections", "num_detections")]
-    expected = _get_inference_request(
-        model_name="yolov8n",
-        inputs=tensors,
-        model_version="2",
-        request_id="",
-        outputs=outs,
-        sequence_id=0,
-        sequence_start=False,
-        sequence_end=False,
-        priority=0,
-        timeout=None,
-        parameters=None,
-    )
-    ours = service_pb2.ModelInferRequest.FromString(
-        infer_request_bytes("yolov8n", items, ["detections", "num_detections"], version="2")
-    )
-    assert ours == expected
-    assert [bytes(c) for c in ours.raw_input_contents] == [batched[n].tobytes() for n in ("images", "scale", "ids")]
-    with pytest.raises(TypeError, match="BYTES tensors are not micro-batched"):
-        infer_request_bytes("m", [{"text": np.array([b"a"], dtype=object)}], ["y"])
 
 
 def test_latency_stats_percentiles_and_batch_sizes():

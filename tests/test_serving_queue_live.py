@@ -167,6 +167,19 @@ def test_weighted_split_3_to_2(tritons, r, workers):
     assert q.depth() == 0 and q.group_info()["pending"] == 0
 
 
+def test_a_job_triton_refuses_is_answered_with_its_reason_and_drains_nothing(tritons, r, workers):
+    """A wrong input (an unknown name, then a wrong dtype) is the job's fault: the caller gets Triton's own reason
+    as an error result, tried once, and the next jobs are served by both backends as before."""
+    q, _ = _two_workers_warmed(tritons, r, workers, n_warm=10)
+    unknown = q.call("gen", {"IMAGES": np.zeros((1, 16), np.float32)}, timeout_s=30)
+    wrong_dtype = q.call("gen", {"INPUT0": np.zeros((1, 16), np.int32)}, timeout_s=30)
+    for res, what in ((unknown, "IMAGES"), (wrong_dtype, "INT32")):
+        assert res.status == "error" and res.attempts == 1, res
+        assert "StatusCode.INVALID_ARGUMENT" in res.error and what in res.error, res.error
+    results = _collect(q, {q.submit("gen", _input(i)): i for i in range(40)})
+    assert {x.backend for x in results.values()} == set(WEIGHTS) and all(x.attempts == 1 for x in results.values())
+
+
 def test_backend_killed_share_moves_nothing_lost(tritons, r, workers):
     q, handles = _two_workers_warmed(tritons, r, workers, n_warm=10)
     rate, duration, kill_after = 40.0, 8.0, 3.0
