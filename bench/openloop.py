@@ -332,15 +332,17 @@ class OpenLoopRun:
     cpu_share: list[float]  # per process, CPU seconds / wall seconds of its run (near 1: the client is the limit)
     problems: list[str]
     elapsed_s: float
+    share: float = 1.0  # of the plan's arrivals (run_open_loop_together: this configuration's processes')
 
 
-def _run(spec: ClientSpec, jobs: list[dict], settle_s: float, limit_s: float) -> list[dict]:
-    """One spawned process per job; all start on one instant once every one is connected and warmed up."""
+def _run(specs: Sequence[ClientSpec], jobs: list[dict], settle_s: float, limit_s: float) -> list[dict]:
+    """One spawned process per job (job ``k`` runs ``specs[k]``); all start on one instant once every one is
+    connected and warmed up."""
     ctx = multiprocessing.get_context("spawn")  # not fork: the parent may hold CUDA and gRPC state
     ready, go, start_value = ctx.Queue(), ctx.Event(), ctx.Value("d", 0.0)
     procs = [
         ctx.Process(target=_child, args=(spec, k, job, ready, go, start_value), daemon=True)
-        for k, job in enumerate(jobs)
+        for k, (spec, job) in enumerate(zip(specs, jobs))
     ]
     for p in procs:
         p.start()
@@ -391,33 +393,62 @@ def run_open_loop(
     spec: ClientSpec, plan: Sequence[tuple[float, int]], procs: int, *, seed: int = 27, settle_s: float = 0.5
 ) -> OpenLoopRun:
     """``plan`` (``(due s, phase)``, in time order) issued open loop by ``procs`` client processes."""
+    return run_open_loop_together({"": spec}, plan, procs, seed=seed, settle_s=settle_s)[""]
+
+
+def run_open_loop_together(
+    specs: Mapping[str, ClientSpec],
+    plan: Sequence[tuple[float, int]],
+    procs: int,
+    *,
+    seed: int = 27,
+    settle_s: float = 0.5,
+) -> dict[str, OpenLoopRun]:
+    """``plan`` issued open loop by ``procs`` client processes at once, process ``k`` a client of the ``k mod
+    len(specs)``-th spec: two client configurations against one server at the same time (each its share of the
+    processes and of the arrivals, dealt at random), so that what differs between them is the client alone, not
+    the server's state from one run to the next. Each configuration's run holds its own processes' records."""
+    names = list(specs)
+    if procs < len(names):
+        raise ValueError(f"{procs} client processes for {len(names)} configurations: at least one each")
+    mine = [names[k % len(names)] for k in range(procs)]
     shares = deal(plan, procs, seed)
-    span = (plan[-1][0] if plan else 0.0) + spec.timeout_s + 60.0
+    span = (plan[-1][0] if plan else 0.0) + max(s.timeout_s for s in specs.values()) + 60.0
     t0 = time.monotonic()
-    out = _run(spec, [{"mode": "open", "share": s} for s in shares], settle_s, span)
-    records = np.concatenate([r["records"] for r in out])
-    records.sort(order="idx")
-    if not np.array_equal(records["idx"], np.arange(len(plan))):
+    out = _run([specs[n] for n in mine], [{"mode": "open", "share": s} for s in shares], settle_s, span)
+    elapsed = time.monotonic() - t0
+    every = np.sort(np.concatenate([r["records"]["idx"] for r in out]))
+    if not np.array_equal(every, np.arange(len(plan))):
         raise RuntimeError("the processes' records are not one per arrival of the plan")
-    sizes: dict[int, int] = {}
-    for r in out:
-        for size, count in (r["batch_sizes"] or {}).items():
-            sizes[size] = sizes.get(size, 0) + count
-    return OpenLoopRun(
-        records=records,
-        decisions=[r["decisions"] for r in out],
-        batch_sizes=dict(sorted(sizes.items())) if spec.batching else None,
-        cpu_share=[round(r["cpu_s"] / max(r["wall_s"], 1e-9), 3) for r in out],
-        problems=[p for r in out for p in r["problems"]][:10],
-        elapsed_s=time.monotonic() - t0,
-    )
+    runs = {}
+    for name in names:
+        own = [r for r, n in zip(out, mine) if n == name]
+        records = np.concatenate([r["records"] for r in own])
+        records.sort(order="idx")
+        sizes: dict[int, int] = {}
+        for r in own:
+            for size, count in (r["batch_sizes"] or {}).items():
+                sizes[size] = sizes.get(size, 0) + count
+        runs[name] = OpenLoopRun(
+            records=records,
+            decisions=[r["decisions"] for r in own],
+            batch_sizes=dict(sorted(sizes.items())) if specs[name].batching else None,
+            cpu_share=[round(r["cpu_s"] / max(r["wall_s"], 1e-9), 3) for r in own],
+            problems=[p for r in own for p in r["problems"]][:10],
+            elapsed_s=elapsed,
+            share=len(records) / max(1, len(plan)),
+        )
+    return runs
 
 
 def probe(spec: ClientSpec, procs: int, concurrency: int, seconds: float, settle_s: float = 0.5) -> dict[str, Any]:
     """Closed loop: ``concurrency`` in flight per process for ``seconds``; right answers per second and their
     latency."""
     out = _run(
-        spec, [{"mode": "probe", "seconds": seconds, "concurrency": concurrency}] * procs, settle_s, seconds + 120
+        [spec] * procs,
+        [{"mode": "probe", "seconds": seconds, "concurrency": concurrency}] * procs,
+        settle_s,
+        seconds + 120,
     )
     lat = [x * 1e3 for r in out for x in r["latencies"]]
     return {

@@ -6,7 +6,11 @@
 (d) the preset + client micro-batching + the adaptive window moved in process (``serving.adaptive_window``:
     ±step per period toward the p95 target from the client's own records, clamp [200, 1500] µs; no reload).
 
-Each runs alone under the same open-loop load, phase by phase at a fixed arrival rate (idle → burst → steady → idle;
+(c) and (d) run at the same time (``--together``, default ``c,d``): each on alternate client processes with its
+share of the arrivals, against the one server under the whole load, so that what differs between them is the
+client alone (two runs of the same client one after the other differ by more than their within-run noise: the
+server's state moves between runs). The others run alone. Each run has the same open-loop load, phase by phase
+at a fixed arrival rate (idle → burst → steady → idle;
 Poisson arrivals at that rate, or evenly spaced with ``--arrivals even``; the same schedule for every configuration,
 issued on time whatever the server does, so queueing shows). By default the rates come from short closed-loop
 capacity probes of (a) and (b) (``sized_phases``: a burst at 2.2× (a)'s capacity, at most 70 % of the preset's;
@@ -292,40 +296,53 @@ def sized_phases(
     ]
 
 
-def run_config(config: str, spec: ClientSpec, phases: list[Phase], args: argparse.Namespace) -> dict:
+def run_configs(
+    configs: list[str], specs: dict[str, ClientSpec], phases: list[Phase], args: argparse.Namespace
+) -> list[dict]:
+    """``configs`` under the phases' load: one configuration alone, or several at once (``--together``: each a
+    share of the client processes and of the arrivals against the one server)."""
     plan = schedule(phases, poisson=args.arrivals == "poisson", seed=args.seed)
-    run = openloop.run_open_loop(spec, plan, args.procs, seed=args.seed)
-    recs = run.records
-    # Every request's record (openloop.RECORD), to read again without the GPU.
-    np.savez_compressed(Path(args.out) / f"records_{config}.npz", records=recs)
-    c = openloop.counts(recs)
-    late = openloop.lag(recs)
-    return {
-        "config": config,
-        "what": CONFIGS[config],
-        "model": spec.model,
-        "elapsed_s": round(run.elapsed_s, 2),
-        "requests": len(plan),
-        "served_right": c["right"],
-        "wrong_answers": c["wrong"],
-        "failed": c["failed"],
-        "shed": c["shed"],
-        "issue_lag_ms": late,
-        "max_issue_lag_ms": late["max_ms"],
-        "client_cpu_share": run.cpu_share,
-        "client_bound": openloop.client_bound(recs, run.cpu_share, args.max_lag_p99_ms, args.max_lag_ms),
-        "batch_sizes": run.batch_sizes,
-        "phases": openloop.phase_rows(recs, phases, args.target_ms),
-        "timeline": openloop.timeline(
-            recs,
-            sum(ph.seconds for ph in phases),
-            args.bucket_s,
-            run.decisions if spec.batching else None,
-            START_WINDOW_US,
-        ),
-        "decisions": openloop.decision_rounds(run.decisions, args.period_s) if spec.adaptive else [],
-        "problems": run.problems,
-    }
+    together = openloop.run_open_loop_together({c: specs[c] for c in configs}, plan, args.procs, seed=args.seed)
+    out = []
+    for config in configs:
+        run = together[config]
+        recs = run.records
+        # Every request's record (openloop.RECORD), to read again without the GPU.
+        np.savez_compressed(Path(args.out) / f"records_{config}.npz", records=recs)
+        c = openloop.counts(recs)
+        late = openloop.lag(recs)
+        spec = specs[config]
+        out.append(
+            {
+                "config": config,
+                "what": CONFIGS[config],
+                "model": spec.model,
+                "together_with": [x for x in configs if x != config],
+                "share": round(run.share, 4),
+                "elapsed_s": round(run.elapsed_s, 2),
+                "requests": len(recs),
+                "served_right": c["right"],
+                "wrong_answers": c["wrong"],
+                "failed": c["failed"],
+                "shed": c["shed"],
+                "issue_lag_ms": late,
+                "max_issue_lag_ms": late["max_ms"],
+                "client_cpu_share": run.cpu_share,
+                "client_bound": openloop.client_bound(recs, run.cpu_share, args.max_lag_p99_ms, args.max_lag_ms),
+                "batch_sizes": run.batch_sizes,
+                "phases": openloop.phase_rows(recs, phases, args.target_ms),
+                "timeline": openloop.timeline(
+                    recs,
+                    sum(ph.seconds for ph in phases),
+                    args.bucket_s,
+                    run.decisions if spec.batching else None,
+                    START_WINDOW_US,
+                ),
+                "decisions": openloop.decision_rounds(run.decisions, args.period_s) if spec.adaptive else [],
+                "problems": run.problems,
+            }
+        )
+    return out
 
 
 def verdict(runs: list[dict], probes: dict[str, dict], target_ms: float) -> list[str]:
@@ -349,12 +366,14 @@ def verdict(runs: list[dict], probes: dict[str, dict], target_ms: float) -> list
     out = []
 
     def sustained(r: dict) -> float:
+        """The highest rate the server was under while this configuration's requests kept the target, nothing
+        shed: its own served rate over its share of the arrivals (a configuration run with another had half)."""
         ok = [p["served_per_s"] for p in r["phases"] if p["p95_under_target"] and p["shed"] == 0 and p["failed"] == 0]
-        return max(ok, default=0.0)
+        return round(max(ok, default=0.0) / r.get("share", 1.0), 1)
 
     for c in by:
         out.append(
-            f"({c}) sustained {sustained(by[c])}/s (highest phase served with p95 ≤ {target_ms:g} ms, nothing shed)"
+            f"({c}) sustained {sustained(by[c]):g}/s (highest phase served with p95 ≤ {target_ms:g} ms, nothing shed)"
         )
     if "a" in by:
         missed = [p["phase"] for p in by["a"]["phases"] if p["p95_under_target"] is False]
@@ -381,6 +400,18 @@ def verdict(runs: list[dict], probes: dict[str, dict], target_ms: float) -> list
 # ---------------------------------------------------------------- report
 
 
+def groups(configs: list[str], together: list[str]) -> list[list[str]]:
+    """The runs, in ``configs``' order: each configuration alone, the ``together`` ones as one run where the first
+    of them comes."""
+    out: list[list[str]] = []
+    for c in configs:
+        if c not in together:
+            out.append([c])
+        elif not any(c in g for g in out):
+            out.append([x for x in configs if x in together])
+    return out
+
+
 def markdown(result: dict) -> str:
     m = result["meta"]
     lines = [
@@ -394,7 +425,15 @@ def markdown(result: dict) -> str:
         f"{m['max_outstanding']} outstanding per process, beyond that an arrival is shed. "
         f"Target p95 {m['target_ms']:g} ms; adaptive window ±{m['step_us']} µs every {m['period_s']:g} s, clamp "
         f"[200, 1500] µs, start {START_WINDOW_US} µs. {m['images']} distinct images; every answer checked against its "
-        f"own image's reference. Models: {m['models']}.",
+        f"own image's reference. Models: {m['models']}."
+        + (
+            " " + " and ".join(f"({c})" for c in m["together"]) + " ran at the same time against the one server, "
+            "each on its share of the client processes (alternate ones) and of the arrivals (dealt at random), so "
+            "that the server's state from one run to the next does not enter their comparison; their served "
+            "rates below are their own shares, the load on the server the phase's."
+            if m.get("together")
+            else ""
+        ),
         "",
     ]
     for c, pr in m["probes"].items():
@@ -508,6 +547,12 @@ def main(argv: Optional[list[str]] = None) -> int:
     p.add_argument("--max-lag-ms", type=float, default=100.0, help="issue lag past this: client-bound")
     p.add_argument("--configs", default="a,b,c,d")
     p.add_argument(
+        "--together",
+        default="c,d",
+        help="configurations run at the same time, each on its share of the client processes and arrivals, against "
+        "the one server, so their comparison is not moved by the server's state between runs ('' for none)",
+    )
+    p.add_argument(
         "--arrivals",
         choices=("poisson", "even"),
         default="poisson",
@@ -545,6 +590,13 @@ def main(argv: Optional[list[str]] = None) -> int:
     configs = args.configs.split(",")
     if any(c not in CONFIGS for c in configs):
         raise SystemExit(f"--configs: only {', '.join(CONFIGS)}")
+    together = [c for c in args.together.split(",") if c] if args.together else []
+    if together and (
+        len(together) < 2 or any(c not in configs for c in together) or len(set(together)) < len(together)
+    ):
+        raise SystemExit(f"--together {args.together!r}: two or more of --configs ({args.configs}), each once, or ''")
+    if len(together) > args.procs:
+        raise SystemExit(f"--together: {len(together)} configurations need at least as many --procs ({args.procs})")
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     gpu_name, machine = machine_line(gpu)
@@ -579,19 +631,21 @@ def main(argv: Optional[list[str]] = None) -> int:
                 args.preset_headroom,
             )
             log("phases: " + ",".join(f"{ph.name}:{ph.seconds:g}:{ph.rate:g}" for ph in phases))
-        for c in configs:
-            name = specs["default"].name if c == "a" else specs["preset"].name
-            loads = model_loads(workdir, name)
-            log(f"({c}) {CONFIGS[c]}: {name}")
-            r = run_config(c, client_spec(c, name, grpc_url, payload, args), phases, args)
-            r["model_reloads"] = model_loads(workdir, name) - loads
-            summary = ", ".join(f"{p['phase']} {p['served_per_s']}/s p95 {p['p95_ms']} ms" for p in r["phases"])
-            log(
-                f"({c}) {summary}; wrong {r['wrong_answers']} failed {r['failed']} shed {r['shed']}, "
-                f"client issue lag {r['issue_lag_ms']}, client busy {r['client_cpu_share']}, "
-                f"reloads {r['model_reloads']}{', CLIENT-BOUND: ' + '; '.join(r['client_bound']) if r['client_bound'] else ''}"
-            )
-            runs.append(r)
+        for group in groups(configs, together):
+            names = {c: specs["default"].name if c == "a" else specs["preset"].name for c in group}
+            loads = {c: model_loads(workdir, names[c]) for c in group}
+            log(" + ".join(f"({c}) {CONFIGS[c]}: {names[c]}" for c in group))
+            cspecs = {c: client_spec(c, names[c], grpc_url, payload, args) for c in group}
+            for r in run_configs(group, cspecs, phases, args):
+                c = r["config"]
+                r["model_reloads"] = model_loads(workdir, names[c]) - loads[c]
+                summary = ", ".join(f"{p['phase']} {p['served_per_s']}/s p95 {p['p95_ms']} ms" for p in r["phases"])
+                log(
+                    f"({c}) {summary}; wrong {r['wrong_answers']} failed {r['failed']} shed {r['shed']}, "
+                    f"client issue lag {r['issue_lag_ms']}, client busy {r['client_cpu_share']}, "
+                    f"reloads {r['model_reloads']}{', CLIENT-BOUND: ' + '; '.join(r['client_bound']) if r['client_bound'] else ''}"
+                )
+                runs.append(r)
     finally:
         proc.terminate()
         try:
@@ -614,6 +668,7 @@ def main(argv: Optional[list[str]] = None) -> int:
         "seed": args.seed,
         "max_outstanding": args.max_outstanding,
         "procs": args.procs,
+        "together": together,
         "probes": probes,
         "target_ms": args.target_ms,
         "step_us": args.step_us,

@@ -184,3 +184,20 @@ def test_micro_batched_with_the_adaptive_window_and_the_probe(triton, tmp_path):
     got = openloop.probe(_spec(triton, tmp_path), procs=2, concurrency=2, seconds=1.0)
     assert got["wrong"] == 0 and got["failed"] == 0 and got["right"] > 0
     assert got["right_per_s"] == got["right"] / 1.0 and got["p95_ms"] >= got["p50_ms"] > 0
+
+
+def test_two_configurations_at_once_each_on_alternate_processes(triton, tmp_path):
+    """(c) and (d) as the window bench runs them: one plan, 4 processes, alternate ones a client of each spec; each
+    configuration's run holds only its own processes' records, together one per arrival, every answer right."""
+    plain = _spec(triton, tmp_path)
+    batched = _spec(triton, tmp_path, batching=True)
+    plan = [(0.01 * i, 0) for i in range(120)]
+    runs = openloop.run_open_loop_together({"c": plain, "d": batched}, plan, procs=4)
+    c, d = runs["c"].records, runs["d"].records
+    assert set(c["proc"]) == {0, 2} and set(d["proc"]) == {1, 3}
+    assert sorted([*c["idx"], *d["idx"]]) == list(range(120))
+    assert openloop.counts(c)["right"] == len(c) and openloop.counts(d)["right"] == len(d)
+    assert runs["c"].share + runs["d"].share == 1.0 and 0.25 < runs["c"].share < 0.75
+    assert runs["c"].batch_sizes is None and sum((runs["d"].batch_sizes or {}).values()) == len(d)
+    with pytest.raises(ValueError, match="1 client processes for 2 configurations"):
+        openloop.run_open_loop_together({"c": plain, "d": batched}, plan, procs=1)

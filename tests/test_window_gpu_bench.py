@@ -8,6 +8,7 @@ from bench.window_gpu import (
     Phase,
     check,
     detector_weights,
+    groups,
     parse_phases,
     pick_images,
     schedule,
@@ -110,3 +111,17 @@ def test_verdict_reads_the_goal_off_the_runs_and_claims_nothing_from_a_bad_run()
     assert verdict([a], {"b": {"right_per_s": 9.0, "wrong": 1, "failed": 0}}, 25) == [
         "INVALID: not every answer was right: (b) probe 1 wrong, 0 failed"
     ]
+
+
+def test_configurations_run_together_keep_their_place_and_count_the_whole_load():
+    """``groups``: (c) and (d) one run where (c) comes, the others alone; a configuration that served half the
+    arrivals (its share) sustained the server's whole rate while its requests kept the target."""
+    assert groups(["a", "b", "c", "d"], ["c", "d"]) == [["a"], ["b"], ["c", "d"]]
+    assert groups(["d", "a", "c"], ["c", "d"]) == [["d", "c"], ["a"]]
+    assert groups(["a", "b", "c", "d"], []) == [["a"], ["b"], ["c"], ["d"]]
+    a = _run("a", [8, 900, 700, 9], [20, 400, 380, 20])
+    c = {**_run("c", [9, 14, 12, 9], [10, 440, 265, 10]), "share": 0.5}
+    d = {**_run("d", [9, 14.5, 12, 9], [10, 440, 265, 10]), "share": 0.5}
+    got = verdict([a, c, d], {"a": {"right_per_s": 410.0, "wrong": 0, "failed": 0}}, 25)
+    assert "(d) sustained 880/s (highest phase served with p95 ≤ 25 ms, nothing shed)" in got
+    assert "(d) sustained / (a)'s capacity (410.0/s): 2.15× (≥ 2×)" in got
