@@ -590,11 +590,11 @@ def main(argv: Optional[list[str]] = None) -> int:
     configs = args.configs.split(",")
     if any(c not in CONFIGS for c in configs):
         raise SystemExit(f"--configs: only {', '.join(CONFIGS)}")
-    together = [c for c in args.together.split(",") if c] if args.together else []
-    if together and (
-        len(together) < 2 or any(c not in configs for c in together) or len(set(together)) < len(together)
-    ):
-        raise SystemExit(f"--together {args.together!r}: two or more of --configs ({args.configs}), each once, or ''")
+    named = [c for c in args.together.split(",") if c]
+    if any(c not in CONFIGS for c in named) or len(set(named)) < len(named) or len(named) == 1:
+        raise SystemExit(f"--together {args.together!r}: two or more of {', '.join(CONFIGS)}, each once, or ''")
+    together = [c for c in configs if c in named]  # those of them that run at all
+    together = together if len(together) >= 2 else []
     if len(together) > args.procs:
         raise SystemExit(f"--together: {len(together)} configurations need at least as many --procs ({args.procs})")
     out = Path(args.out)

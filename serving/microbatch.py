@@ -34,9 +34,10 @@ from typing import Any, Awaitable, Callable, Deque, Generic, Hashable, Mapping, 
 
 import numpy as np
 
+from serving import triton_wire
+
 # One percentile rule for the client and its window controller; the controller's module is standard library only
 # (it also runs alone as the unit beside Triton), so the rule lives there.
-from serving import triton_wire
 from serving.adaptive_window import percentile
 
 Tensors = Mapping[str, np.ndarray]
