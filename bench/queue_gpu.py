@@ -398,11 +398,9 @@ def run_spec(spec: dict, setup: dict, k: int, arrays: list[np.ndarray], refs: li
         name = rr.next()
         t0 = time.time()
         # The request as the worker builds it (serving.triton_wire: one copy of the frame), over the same gRPC.
-        res = grpcclient.InferResult(
-            calls[name](triton_wire.tensors_request(spec["model"], {"images": arr}), timeout=30)
-        )
+        out = triton_wire.outputs(calls[name](triton_wire.tensors_request(spec["model"], {"images": arr}), timeout=30))
         parts.times = (0.0, 0.0, (time.time() - t0) * 1000, 0.0)
-        return "ok", res.as_numpy("detections"), res.as_numpy("num_detections"), name, 1, False
+        return "ok", out["detections"], out["num_detections"], name, 1, False
 
     def queued(j: int, arr: np.ndarray) -> tuple[str, Any, Any, str, int, bool]:
         key = f"{spec['key_prefix']}-{j}"

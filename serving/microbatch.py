@@ -436,7 +436,6 @@ class TritonBatchInfer:
 
     async def __call__(self, items: Sequence[Tensors]) -> dict[str, np.ndarray]:
         import grpc
-        from tritonclient.grpc import InferResult
 
         if self.outputs is None:
             meta = await self.client.get_model_metadata(self.model, self.version, as_json=True)
@@ -446,5 +445,4 @@ class TritonBatchInfer:
             response = await self._call(request)
         except grpc.RpcError as e:
             raise triton_wire.server_error(e) from None
-        result = InferResult(response)
-        return {n: result.as_numpy(n) for n in self.outputs}
+        return triton_wire.outputs(response, self.outputs)

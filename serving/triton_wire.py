@@ -10,13 +10,13 @@ fields may come in any order, so the bytes parse to the message tritonclient wou
 * ``batch_request``: items without a batch axis (equal signatures), stacked on a new one: the micro-batcher's;
 * ``tensors_request``: whole tensors as they are: the gateway worker's;
 * ``model_infer``: the ``ModelInfer`` method on a channel (sync or asyncio) that sends such bytes as they are and
-  parses the answer; ``InferResult(answer)`` (tritonclient's) reads the outputs;
+  parses the answer; ``outputs`` reads its tensors (through tritonclient's ``InferResult``);
 * ``server_error``: a gRPC error as tritonclient's ``InferenceServerException``, as ``client.infer`` raises it.
 """
 
 from __future__ import annotations
 
-from typing import Any, Mapping, Sequence
+from typing import Any, Mapping, Optional, Sequence
 
 import numpy as np
 
@@ -33,9 +33,9 @@ def _varint(n: int) -> bytes:
             return bytes(out)
 
 
-def _buffer(a: np.ndarray) -> memoryview:
+def _buffer(name: str, a: np.ndarray) -> memoryview:
     if a.dtype == np.object_:
-        raise TypeError("BYTES tensors are not sent this way (numeric dtypes only)")
+        raise TypeError(f"input {name!r}: BYTES tensors are not sent this way (numeric dtypes only)")
     return memoryview(np.ascontiguousarray(a).data).cast("B")
 
 
@@ -66,10 +66,7 @@ def batch_request(
     inputs = []
     for name in items[0]:
         first = np.asarray(items[0][name])
-        try:
-            rows = [_buffer(np.asarray(item[name])) for item in items]
-        except TypeError as e:
-            raise TypeError(f"input {name!r}: {e}") from None
+        rows = [_buffer(name, np.asarray(item[name])) for item in items]
         inputs.append((name, first.dtype, [len(items), *first.shape], rows))
     return _request(model, version, inputs, outputs)
 
@@ -79,12 +76,7 @@ def tensors_request(
 ) -> bytes:
     """Whole tensors (their own shapes, batch axis included where the model has one) as one request; no
     ``outputs``: Triton answers all of the model's."""
-    inputs = []
-    for name, a in tensors.items():
-        try:
-            inputs.append((name, a.dtype, list(a.shape), [_buffer(a)]))
-        except TypeError as e:
-            raise TypeError(f"input {name!r}: {e}") from None
+    inputs = [(name, a.dtype, list(a.shape), [_buffer(name, a)]) for name, a in tensors.items()]
     return _request(model, version, inputs, outputs)
 
 
@@ -96,6 +88,15 @@ def model_infer(channel: Any) -> Any:
     return channel.unary_unary(
         _METHOD, request_serializer=None, response_deserializer=service_pb2.ModelInferResponse.FromString
     )
+
+
+def outputs(response: Any, names: Optional[Sequence[str]] = None) -> dict[str, np.ndarray]:
+    """The answer's outputs as arrays, read by tritonclient's ``InferResult``: ``names`` (default: every output
+    the answer holds)."""
+    from tritonclient.grpc import InferResult
+
+    result = InferResult(response)
+    return {n: result.as_numpy(n) for n in (names if names is not None else [o.name for o in response.outputs])}
 
 
 def server_error(e: Any) -> Exception:

@@ -159,7 +159,6 @@ class TritonBackend:
 
     def infer(self, job: Job) -> dict[str, np.ndarray]:
         import grpc
-        from tritonclient.grpc import InferResult
 
         try:
             response = self._call(triton_wire.tensors_request(job.model, job.inputs), timeout=self.timeout_s)
@@ -168,8 +167,7 @@ class TritonBackend:
             if str(e.code()) in BACKEND_DOWN:
                 raise BackendDown(f"{self.cfg.name}: {err}") from None
             raise JobFailed(f"{self.cfg.name}: {err}", str(e.code())) from None
-        result = InferResult(response)
-        return {o.name: result.as_numpy(o.name) for o in response.outputs}
+        return triton_wire.outputs(response)
 
 
 def _get(url: str, timeout: float = 1.0) -> tuple[int, bytes]:
