@@ -61,6 +61,11 @@ class HostUnreachable(SshError):
     pass
 
 
+class NothingRan(HostUnreachable):
+    """No channel could be opened for a command within CHANNEL_OPEN_WAIT (reconnecting as needed): the command never
+    started, so the host was not changed by it."""
+
+
 class CommandFailed(SshError):
     """A command exited non-zero. The message holds the whole script (long ones shortened in the middle, where the
     inlined file contents are) and its stderr, so `update-initramfs` failing inside a bigger script is visible."""
@@ -161,6 +166,10 @@ class RoundTrips:
 
 
 ROUNDTRIPS = RoundTrips()
+# How long one command may wait for its session channel to open, across retries and reconnects. A freshly rebooted,
+# busy host can take longer than the TCP connect timeout to answer a channel open; a channel that never opened ran
+# nothing, so waiting (bounded) and retrying is safe.
+CHANNEL_OPEN_WAIT = 120.0
 # One argv string may not exceed MAX_ARG_STRLEN (128 KiB) on Linux; stay well below it (sudo adds its own words).
 ARGV_LIMIT = 96 * 1024
 
@@ -218,12 +227,71 @@ class Conn:
         self.spec = spec
         self.client = client
         self.jump = jump
-        self.lock = threading.Lock()
+        self.lock = threading.Lock()  # the counters below
+        self._dial = threading.Lock()  # one reconnect at a time
+        self._inflight = 0  # commands running on this connection (several resources share one host's connection)
+        self._retired = False  # dropped from the pool while commands ran: the last one to finish closes it
 
     @property
     def alive(self) -> bool:
         t = self.client.get_transport()
         return bool(t and t.is_active())
+
+    def _transport(self) -> paramiko.Transport:
+        """The live transport, reconnecting in place when this connection died (every user of it gets the new one)."""
+        with self._dial:
+            t = self.client.get_transport()
+            if t is not None and t.is_active():
+                return t
+            fresh = _open(self.spec)
+            old = (self.client, self.jump)
+            self.client, self.jump = fresh.client, fresh.jump
+            for c in old:
+                if c is not None:
+                    c.close()
+            t = self.client.get_transport()
+            assert t is not None  # _open connected it
+            return t
+
+    def _channel(self, wait: float) -> tuple[paramiko.Transport, paramiko.Channel]:
+        """A session channel, retried for up to `wait` seconds: a slow channel open (a busy host just after its
+        reboot), one sshd refused (MaxSessions) and a connection found dead (reconnected) are all waited for. When
+        none opened, NothingRan says so: no command started."""
+        deadline = time.monotonic() + wait
+        delay, tries, last = 0.5, 0, None
+        while True:
+            tries += 1
+            left = deadline - time.monotonic()
+            try:
+                t = self._transport()
+                return t, t.open_session(timeout=max(0.5, min(self.spec.connect_timeout, left)))
+            except (HostKeyMismatch, HostKeyUnknown):
+                raise
+            except (paramiko.SSHException, EOFError, OSError) as e:
+                last = e
+            if time.monotonic() + delay >= deadline:
+                break
+            time.sleep(delay)
+            delay = min(delay * 2, 5.0)
+        raise NothingRan(
+            f"{self.spec.name}: could not open an SSH channel in {wait:.0f} s ({tries} tries, last: "
+            f"{last or 'timed out'}); nothing was run"
+        )
+
+    def _done(self) -> None:
+        with self.lock:
+            self._inflight -= 1
+            close = self._retired and self._inflight == 0
+        if close:
+            self.close()
+
+    def retire(self) -> None:
+        """Close now when idle, else when the last running command finishes (never under a running command)."""
+        with self.lock:
+            self._retired = True
+            close = self._inflight == 0
+        if close:
+            self.close()
 
     def _wrap(self, command: str) -> str:
         if self.spec.user == "root":
@@ -267,18 +335,33 @@ class Conn:
         shown: Optional[str] = None,
     ) -> Result:
         ROUNDTRIPS.add(self.spec.name)
-        t = self.client.get_transport()
-        if t is None or not t.is_active():
-            raise HostUnreachable(f"{self.spec.name}: SSH connection is closed")
+        limit = timeout or self.spec.command_timeout
+        with self.lock:
+            self._inflight += 1
         try:
-            chan = t.open_session(timeout=self.spec.connect_timeout)
-            chan.settimeout(timeout or self.spec.command_timeout)
-            chan.exec_command(command if raw else self._wrap(command))
+            t, chan = self._channel(min(CHANNEL_OPEN_WAIT, limit))
+            rc, out, err = self._finish(t, chan, command if raw else self._wrap(command), input, limit)
+        finally:
+            self._done()
+        res = Result(rc, out.decode(errors="replace"), err.decode(errors="replace"))
+        if check and rc != 0:
+            raise CommandFailed(self.spec.name, shown or command, res)
+        return res
+
+    def _finish(
+        self, t: paramiko.Transport, chan: paramiko.Channel, command: str, input: Optional[bytes | str], limit: float
+    ) -> tuple[int, bytearray, bytearray]:
+        """Run `command` on an open channel and collect its output. A failure here may come after the command
+        started: the host's state is not known (HostUnreachable). Only a connection that is really dead is dropped
+        from the pool, and it is closed only once no other command runs on it."""
+        try:
+            chan.settimeout(limit)
+            chan.exec_command(command)
             if input is not None:
                 chan.sendall(input.encode() if isinstance(input, str) else input)
             chan.shutdown_write()
             out, err = bytearray(), bytearray()
-            deadline = time.monotonic() + (timeout or self.spec.command_timeout)
+            deadline = time.monotonic() + limit
             while True:
                 select.select([chan], [], [], 1.0)
                 while chan.recv_ready():
@@ -292,21 +375,23 @@ class Conn:
                 if time.monotonic() > deadline:
                     raise socket.timeout()
             rc = chan.recv_exit_status()
-            chan.close()
         except (socket.timeout, TimeoutError) as e:
-            raise HostUnreachable(
-                f"{self.spec.name}: command timed out after {timeout or self.spec.command_timeout}s"
-            ) from e
+            raise HostUnreachable(f"{self.spec.name}: command timed out after {limit}s") from e
         except (paramiko.SSHException, EOFError, OSError) as e:
-            drop(self.spec)
+            self._forget_if_dead(t)
             raise HostUnreachable(f"{self.spec.name}: connection lost during a command: {e}") from e
+        finally:
+            chan.close()
         if rc == -1:
-            drop(self.spec)
+            self._forget_if_dead(t)
             raise HostUnreachable(f"{self.spec.name}: connection dropped before the command finished")
-        res = Result(rc, out.decode(errors="replace"), err.decode(errors="replace"))
-        if check and rc != 0:
-            raise CommandFailed(self.spec.name, shown or command, res)
-        return res
+        return rc, out, err
+
+    def _forget_if_dead(self, t: paramiko.Transport) -> None:
+        if not t.is_active():
+            with _POOL_LOCK:
+                if _POOL.get(_pool_key(self.spec)) is self:
+                    _POOL.pop(_pool_key(self.spec), None)
 
     def put(self, path: str, data: bytes | str, mode: Optional[str] = None, owner: Optional[str] = None) -> None:
         """Write a file atomically (temp file in the same directory, fsync, rename), keeping or setting mode/owner.
@@ -368,11 +453,13 @@ def _pool_key(spec: HostSpec) -> tuple:
 
 
 def drop(spec: HostSpec) -> None:
+    """Forget the host's pooled connection (the next connect() opens a new one); it is closed once no command runs
+    on it, so a caller's drop never cuts another operation's command short."""
     with _POOL_LOCK:
         c = _POOL.pop(_pool_key(spec), None)
     if c:
         try:
-            c.close()
+            c.retire()
         except Exception:
             pass
 

@@ -50,7 +50,7 @@ from pydantic import BaseModel, ValidationError
 
 from access import keys
 from access.errors import HostError
-from access.ssh import CommandFailed, Conn, HostSpec, HostUnreachable, connect
+from access.ssh import CommandFailed, Conn, HostSpec, HostUnreachable, NothingRan, connect
 from facts import state
 from facts.state import Change, Record
 from plans.plan import Plan
@@ -346,14 +346,21 @@ class HostProvider(Provider):
 
     @staticmethod
     def guarded(conn: Conn, doing: str, fn: Callable[[], Any], changing: bool = False) -> Any:
+        was = state.attempt_changed()
         if changing:
             state.changing()
         try:
             return fn()
         except (CommandFailed, HostUnreachable) as e:
             failed = e.result if isinstance(e, CommandFailed) else None
-            # A failed command stopped a `set -e` script part-way; a lost connection leaves it unknown.
-            changed = (True if failed else None) if changing else False
+            # A failed command stopped a `set -e` script part-way; a lost connection leaves it unknown; a command
+            # whose channel never opened did not run.
+            changed: bool | None
+            if isinstance(e, NothingRan):
+                state.reset_changed(was)
+                changed = was
+            else:
+                changed = (True if failed else None) if changing else False
             raise HostError(
                 conn.spec.name,
                 f"{doing}: the command failed (exit {failed.rc})" if failed else f"{doing}: {e}",

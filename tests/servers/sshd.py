@@ -28,12 +28,13 @@ def keygen(path: Path, kind: str = "ed25519") -> None:
 
 
 class LocalSshd:
-    def __init__(self, key_name: str = "sshPrivateKey"):
+    def __init__(self, key_name: str = "sshPrivateKey", max_sessions: int = 100):
         self.dir = Path(tempfile.mkdtemp(prefix="gpuhost-sshd-"))
         os.chmod(self.dir, 0o700)
         self.port = free_port()
         self.user = getpass.getuser()
         self.key_name = key_name
+        self.max_sessions = max_sessions
         self.proc: subprocess.Popen | None = None
 
     def __enter__(self) -> "LocalSshd":
@@ -62,7 +63,8 @@ class LocalSshd:
             f"Port {self.port}\nListenAddress 127.0.0.1\nHostKey {self.dir}/host_ed25519\n"
             f"AuthorizedKeysFile {self.dir}/authorized_keys\nPasswordAuthentication no\n"
             "KbdInteractiveAuthentication no\nPubkeyAuthentication yes\nPermitRootLogin prohibit-password\n"
-            "UsePAM no\nStrictModes no\nAllowTcpForwarding yes\nMaxSessions 100\nMaxStartups 100\n"
+            "UsePAM no\nStrictModes no\nAllowTcpForwarding yes\nMaxStartups 100\n"
+            f"MaxSessions {self.max_sessions}\n"
             f"PidFile {self.dir}/sshd.pid\nLogLevel ERROR\n"
         )
         self.proc = subprocess.Popen(
