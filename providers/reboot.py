@@ -55,7 +55,7 @@ def unmet(f: HostFacts, props: dict) -> list[str]:
 
 
 def wait_for_new_boot(spec, old_boot_id: str, timeout: float) -> HostFacts:
-    """Poll until the host runs a new boot, within `timeout` seconds in all (each connect and read is cut to the
+    """Poll until the host runs a new boot that has finished starting its units, within `timeout` seconds in all (each connect and read is cut to the
     time left). A host-key mismatch is an answer, not a delay: it is raised at once, never retried."""
     # paramiko logs every refused banner while sshd is down; the loop below reports the outcome itself.
     logging.getLogger("paramiko").setLevel(logging.CRITICAL)
@@ -67,7 +67,12 @@ def wait_for_new_boot(spec, old_boot_id: str, timeout: float) -> HostFacts:
         try:
             short = spec.model_copy(update={"connect_timeout": max(0.5, min(spec.connect_timeout, left))})
             conn = ssh.connect(short, attempts=1)
-            out = conn.run(facts_script(), timeout=max(0.5, deadline - time.monotonic())).stdout
+            # The facts are read once the boot has finished (`is-system-running --wait`: running or degraded), so the
+            # steps after the reboot meet a host whose units are up (libvirtd, tuned), not one still starting them.
+            # The old boot, going down, answers at once ("stopping").
+            wait = max(1, int(deadline - time.monotonic()) - 5)
+            settle = f"timeout {wait} systemctl is-system-running --wait >/dev/null 2>&1 || true\n"
+            out = conn.run(settle + facts_script(), timeout=max(0.5, deadline - time.monotonic())).stdout
             f = parse_host_facts(out)
             if f.boot_id and f.boot_id != old_boot_id:
                 return f
@@ -118,7 +123,7 @@ def restart(conn, names: list[str], timeout: float = 120) -> None:
 
 
 class HostRebootProvider(TemplateProvider):
-    VERSION = "5"  # 5: on the template; 4: the reboot wait keeps its deadline and stops at a host-key mismatch
+    VERSION = "6"  # 6: verified once the new boot has settled; 5: on the template; 4: the reboot wait keeps its deadline and stops at a host-key mismatch
     KIND = "reboot"
     INPUTS = (
         "host",

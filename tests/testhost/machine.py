@@ -278,7 +278,8 @@ def build_boot(disk: Path, serial_log: Path, timeout: float = 900) -> None:
         vars_fd.unlink(missing_ok=True)
         flag.unlink(missing_ok=True)
     log = serial_log.read_text(errors="replace")
-    if p.returncode != 0 or "Generating grub configuration file" not in log or "done" not in log:
+    settled = "gpuhost-seed: tuned profile: " in log and "gpuhost-seed: tuned profile:  (" not in log
+    if p.returncode != 0 or "Generating grub configuration file" not in log or "done" not in log or not settled:
         raise RuntimeError(
             f"build boot failed (rc {p.returncode}): {err.decode()[-2000:]}\nserial log: {serial_log}\n{log[-3000:]}"
         )
@@ -439,7 +440,20 @@ class TestHost:
                 raise RuntimeError(f"QEMU exited at start: {err[-3000:]}")
         self._save_state()
         self.wait_ssh(timeout)
+        self.settle(timeout)
         self.timings["boot_s"] = round(time.monotonic() - t0, 1)
+
+    def settle(self, timeout: float = 600) -> str:
+        """Wait until the boot has finished starting its units (`systemctl is-system-running --wait`), so that a
+        test's runtime reads do not race the boot; returns the state ("running" or "degraded")."""
+        out = self.ssh(
+            f"timeout {int(timeout)} systemctl is-system-running --wait || true", timeout=timeout + 30
+        ).stdout.strip()
+        if out not in ("running", "degraded"):
+            raise self._fail(
+                f"the boot did not settle within {int(timeout)} s: systemctl is-system-running says {out!r}"
+            )
+        return out
 
     def _save_state(self) -> None:
         state = {
@@ -530,6 +544,7 @@ class TestHost:
         self.ssh("nohup sh -c 'sleep 1; systemctl reboot' >/dev/null 2>&1 &")
         access_ssh.drop(self.host_spec())
         self.wait_ssh(timeout, not_boot_id=before)
+        self.settle(timeout)
         self.reboots += 1
         took = round(time.monotonic() - t0, 1)
         reboots = self.timings.setdefault("reboots_s", [])
