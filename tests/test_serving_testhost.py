@@ -36,7 +36,12 @@ from tests.engine import ProviderError, ProviderServer
 from tests.mocks import EchoMocks, RecordingMonitor
 from tests.servers.triton import STANDIN_MODEL, triton_available
 
-pytestmark = [pytest.mark.testhost, pytest.mark.skipif(not triton_available(), reason="no pytriton tritonserver")]
+# In the devstack session of ./gpuhost.sh test (second_session): six minutes that balance its two chains.
+pytestmark = [
+    pytest.mark.testhost,
+    pytest.mark.second_session,
+    pytest.mark.skipif(not triton_available(), reason="no pytriton tritonserver"),
+]
 
 OPT = "/opt/tritonserver"
 DEBS = "/var/cache/gpuhost/debs"
