@@ -2,11 +2,18 @@ import sys
 from pathlib import Path
 
 import pytest
+from hypothesis import HealthCheck, settings
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 pytest_plugins = []
+
+# No per-example deadline (hypothesis's default is 200 ms) and no too_slow health check: on the shared 2-core CI machine
+# an example's time says how busy the machine is, not whether the code is right.
+settings.register_profile("gpuhost", deadline=None, suppress_health_check=[HealthCheck.too_slow])
+settings.load_profile("gpuhost")
+
 if (ROOT / "tests" / "testhost" / "fixtures.py").exists():
     pytest_plugins.append("tests.testhost.fixtures")
 

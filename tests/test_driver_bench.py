@@ -2,13 +2,15 @@
 
 from __future__ import annotations
 
+import os
+import shlex
 import threading
 import time
 import uuid
 
 from access import keys, ssh
 from bench.driver_bench import LockWatch, lock_account, lock_holds, parse_lock_log
-from facts.state import Change, locked
+from facts.state import LOCK, Change, locked
 
 # Host epoch 1000.0 is the start of the `up`. a holds 1002-1010; b waits from 1003, holds 1010-1011; c never waits;
 # the reboot step's hold is cut off by the reboot (no "released").
@@ -90,25 +92,50 @@ class _Host:
         return self.srv.host_spec(**over)
 
 
-def test_lock_watch_streams_waiting_acquired_released_over_its_own_connection(local_sshd):
+def _wait_until(what: str, cond, timeout: float = 60.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not cond():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"not within {timeout:g} s: {what}")
+        time.sleep(0.1)
+
+
+def _logged(line_end: str) -> bool:
+    """Whether the machine's lock log (the local sshd runs on this machine) has a line ending so."""
+    return os.path.exists(LOCK + ".log") and any(
+        ln.endswith(line_end) for ln in open(LOCK + ".log").read().splitlines()
+    )
+
+
+def test_lock_watch_streams_waiting_acquired_released_over_its_own_connection(local_sshd, tmp_path):
+    """A hold the test ends with a marker file once the second change is seen waiting in the lock log (and 0.5 s
+    more): the order of the five lines and the second change's wait are caused, not timed."""
     keys.set_private_key("sshPrivateKey", local_sshd.client_key_pem)
     tag = uuid.uuid4().hex
+    marker = tmp_path / "release"
+    hold = f"i=0; while [ ! -e {shlex.quote(str(marker))} ] && [ $i -lt 1200 ]; do sleep 0.05; i=$((i+1)); done"
     watch = LockWatch(_Host(local_sshd))
     offset = watch.sample_clock(3)
     assert abs(offset) < 1.0  # the same machine's clock
     watch.start()
+    threads: list[threading.Thread] = []
     try:
         conn = ssh.connect(local_sshd.host_spec())
         assert conn.client is not watch.conn.client
-        holder = threading.Thread(target=lambda: conn.run(locked("sleep 1.5", f"test/held-{tag}")))
-        holder.start()
-        time.sleep(0.5)
-        Change(f"test/second-{tag}").add(["true"]).run(ssh.connect(local_sshd.host_spec()))
-        holder.join()
-        deadline = time.monotonic() + 10
-        while time.monotonic() < deadline and sum(ln.endswith(tag) for _, ln in watch.lines) < 5:
-            time.sleep(0.2)
+        threads.append(threading.Thread(target=lambda: conn.run(locked(hold, f"test/held-{tag}"))))
+        threads[-1].start()
+        _wait_until("the test's hold acquired", lambda: _logged(f"acquired test/held-{tag}"))
+        second = Change(f"test/second-{tag}").add(["true"])
+        threads.append(threading.Thread(target=lambda: second.run(ssh.connect(local_sshd.host_spec()))))
+        threads[-1].start()
+        _wait_until("the second change waiting", lambda: _logged(f"waiting test/second-{tag}"))
+        time.sleep(0.5)  # the second change waits at least this long: the hold ends only after it
+        marker.touch()
+        for t in threads:
+            t.join(60)
+        _wait_until("the watch streamed the five lines", lambda: sum(ln.endswith(tag) for _, ln in watch.lines) >= 5)
     finally:
+        marker.touch()
         watch.stop()
     events = [(ev, who) for _, ev, who in parse_lock_log([ln for _, ln in watch.lines]) if who.endswith(tag)]
     assert events == [

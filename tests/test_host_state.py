@@ -7,6 +7,7 @@ test's own tmp paths) and the lock is the real /run/gpuhost.lock.
 from __future__ import annotations
 
 import os
+import shlex
 import threading
 import time
 import uuid
@@ -92,46 +93,79 @@ def test_content_travels_over_stdin_not_argv(conn, tmp_path):
     assert (tmp_path / "f").read_text() == secret * 3
 
 
+def _hold_until(marker: str) -> str:
+    """A script that holds on until `marker` exists (at most 60 s): a lock holder that lets go when the test says."""
+    return f"i=0; while [ ! -e {shlex.quote(marker)} ] && [ $i -lt 1200 ]; do sleep 0.05; i=$((i+1)); done"
+
+
+def _wait_until(what: str, cond, timeout: float = 60.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not cond():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"not within {timeout:g} s: {what}")
+        time.sleep(0.1)
+
+
+def _lock_log(tag: str) -> list[list[str]]:
+    """The lock log's lines of this test run (the log is the machine's: earlier runs' lines stay in it)."""
+    if not os.path.exists(LOCK + ".log"):
+        return []
+    return [ln.split() for ln in open(LOCK + ".log").read().splitlines() if ln.endswith(tag)]
+
+
 def test_two_concurrent_applies_on_one_host_serialize(conn, local_sshd, tmp_path):
-    """The test holds the host lock; two applies started meanwhile wait, say for whom, then run one at a time."""
-    tag = uuid.uuid4().hex  # the lock log is the machine's: earlier runs' lines stay in it
-    holder = threading.Thread(target=lambda: conn.run(locked("sleep 2", f"test-{tag}")))
+    """The test holds the host lock; two applies started meanwhile wait, say for whom, then run one at a time.
+
+    Lined up by cause, not by sleeps: the test's hold lasts until it creates a marker file, which it does once the
+    lock is seen held by it and both applies are seen waiting in the lock log."""
+    tag = uuid.uuid4().hex
+    marker = str(tmp_path / "release")
+    holder = threading.Thread(target=lambda: conn.run(locked(_hold_until(marker), f"test-{tag}")))
     holder.start()
-    time.sleep(0.7)
-    assert open(LOCK + ".holder").read().strip() == f"test-{tag}"  # visible while held
+    # The holder file names whoever took the lock last: this test's tag there means the lock is held by it now.
+    _wait_until(
+        f"the host lock held by test-{tag}",
+        lambda: os.path.exists(LOCK + ".holder") and open(LOCK + ".holder").read().strip() == f"test-{tag}",
+    )
 
     results = {}
 
     def apply(name):
         c = ssh.connect(local_sshd.host_spec())
-        t0 = time.monotonic()
         ch = Change(f"{name}-{tag}").write(str(tmp_path / name), name.encode()).add(["sleep 1"])
         res = c.run(ch.render(), input=bytes(ch.stdin))
-        results[name] = (time.monotonic() - t0, res.stderr)
+        results[name] = res.stderr
 
     threads = [threading.Thread(target=apply, args=(n,)) for n in ("a", "b")]
-    for t in threads:
-        t.start()
-    for t in threads + [holder]:
-        t.join()
+    try:
+        for t in threads:
+            t.start()
+        _wait_until(
+            "a and b waiting for the host lock",
+            lambda: {who.rsplit("-", 1)[0] for _, ev, who in _lock_log(tag) if ev == "waiting"} == {"a", "b"},
+        )
+    finally:
+        open(marker, "w").close()  # the test's hold ends (also when the wait above failed)
+        for t in threads + [holder]:
+            t.join()
 
-    log = [ln.split() for ln in open(LOCK + ".log").read().splitlines() if ln.endswith(tag)]
+    log = _lock_log(tag)
     # A "waiting" line (only when the lock was taken) comes before its holder's "acquired", never after it.
     waited = {who.rsplit("-", 1)[0]: float(ts) for ts, ev, who in log if ev == "waiting"}
     got = {who.rsplit("-", 1)[0]: float(ts) for ts, ev, who in log if ev == "acquired"}
-    assert "test" not in waited and all(waited[w] <= got[w] for w in waited), log
-    for name, (_, stderr) in results.items():
-        assert ("waiting for the host lock" in stderr) == (name in waited), (name, stderr, log)
+    assert set(waited) == {"a", "b"} and all(waited[w] <= got[w] for w in waited), log
+    for name, stderr in results.items():  # both started waiting while the test held the lock, and say so
+        assert f"waiting for the host lock held by test-{tag}" in stderr, (name, stderr, log)
     events = [(ev, who.rsplit("-", 1)[0]) for _, ev, who in log if ev != "waiting"]
-    # Strictly one holder at a time: acquired/released pairs never interleave.
+    # Strictly one holder at a time: acquired/released pairs never interleave, so the second apply waited for the
+    # first's whole hold (its 1 s sleep) on top of the test's.
     for i in range(0, len(events), 2):
         assert events[i][0] == "acquired" and events[i + 1] == ("released", events[i][1]), events
     assert [who for ev, who in events if ev == "acquired"][0] == "test"
     assert sorted(who for ev, who in events if ev == "acquired") == ["a", "b", "test"]
-    for name, (took, stderr) in results.items():
-        assert f"waiting for the host lock held by test-{tag}" in stderr or took >= 2.0, (name, stderr)
-    # the second apply waited for the first's whole hold (1 s sleep) on top of the test's
-    assert max(t for t, _ in results.values()) >= 2.0
+    first, second = [who for ev, who in events if ev == "acquired"][1:]
+    released = {who.rsplit("-", 1)[0]: float(ts) for ts, ev, who in log if ev == "released"}
+    assert got[second] >= released[first] >= got[first] + 1.0, log  # the first's 1 s sleep ran inside its hold
 
 
 def _records(rec: Record) -> list[str]:
