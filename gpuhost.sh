@@ -52,11 +52,13 @@ case "${1:-}" in
     #              to end and the tests marked second_session (tests/test_testhost.py: one server at a time)
     # The rollout's two servers overlap only [rest], which boots none. GPUHOST_TEST_SERIAL=1: one session.
     run_part() {  # name, pytest arguments
-      local name=$1
+      local name=$1 t0=$SECONDS
       shift
       set +e
       .venv/bin/python -m pytest -ra --durations=25 --basetemp="/tmp/gpuhost-pytest-$name" "$@" 2>&1 | sed -u "s/^/[$name] /"
-      echo "${PIPESTATUS[0]}" > "/tmp/gpuhost-pytest-$name.rc"
+      local rc=${PIPESTATUS[0]}
+      echo "== [$name] exit $rc after $((SECONDS - t0)) s (load: $(cut -d' ' -f1-3 /proc/loadavg))"
+      echo "$rc" > "/tmp/gpuhost-pytest-$name.rc"
     }
     parts=(rollout emulated rest devstack)
     for p in "${parts[@]}"; do rm -f "/tmp/gpuhost-pytest-$p.rc"; done
