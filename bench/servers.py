@@ -276,12 +276,15 @@ def worker_backends(tritons: Mapping[str, Triton], weights: Mapping[str, float])
 # ---------------------------------------------------------------- nginx in front
 
 
-def front_conf(prefix: Path, model: str, http_port: int, grpc_port: int, workers: str) -> tuple[str, int, int]:
-    """gpuhost's rendered nginx.conf in front of a loopback Triton (``model`` the default), listening on free
-    loopback ports; returns (conf, HTTP port, gRPC port)."""
+def front_conf(
+    prefix: Path, model: str, http_port: int, grpc_port: int, workers: str, models: tuple[str, ...] = ()
+) -> tuple[str, int, int]:
+    """gpuhost's rendered nginx.conf in front of a loopback Triton (``model`` the default, ``models`` all it
+    forwards, empty: the default alone), listening on free loopback ports; returns (conf, HTTP port, gRPC port)."""
     listen_http, listen_grpc = free_port(), free_port()
     spec = NginxSpec(
         default_model=model,
+        models=models,
         listen_address="127.0.0.1",
         listen_http=listen_http,
         listen_grpc=listen_grpc,
@@ -295,10 +298,10 @@ def front_conf(prefix: Path, model: str, http_port: int, grpc_port: int, workers
 
 
 def start_nginx(
-    prefix: Path, nginx_bin: str, model: str, http_port: int, grpc_port: int, workers: str
+    prefix: Path, nginx_bin: str, model: str, http_port: int, grpc_port: int, workers: str, models: tuple[str, ...] = ()
 ) -> tuple[subprocess.Popen, str, str]:
     """nginx with gpuhost's rendered config in front of Triton; returns (process, http URL, gRPC target)."""
-    conf, listen_http, listen_grpc = front_conf(prefix, model, http_port, grpc_port, workers)
+    conf, listen_http, listen_grpc = front_conf(prefix, model, http_port, grpc_port, workers, models)
     prefix.mkdir(exist_ok=True)
     (prefix / "nginx.conf").write_text(conf)
     cmd = [nginx_bin, "-p", str(prefix), "-c", str(prefix / "nginx.conf"), "-e", str(prefix / "error.log")]
@@ -367,10 +370,12 @@ def start_servers(
     extra = [f"--http-thread-count={http_threads}", "--log-verbose=0", *server_extra]
     t = start_triton(workdir, specs, files, extra=extra)
     http, grpc = t.ports["http"], t.ports["grpc"]
+    served = tuple(sp.name for sp in specs)
     try:
-        nginx, nhttp, ngrpc = start_nginx(workdir / "nginx", nginx_bin, specs[0].name, http, grpc, "auto")
+        nginx, nhttp, ngrpc = start_nginx(workdir / "nginx", nginx_bin, specs[0].name, http, grpc, "auto", served)
         fronts = {
-            w: start_nginx(workdir / f"nginx-{w}", nginx_bin, specs[0].name, http, grpc, w) for w in nginx_workers
+            w: start_nginx(workdir / f"nginx-{w}", nginx_bin, specs[0].name, http, grpc, w, served)
+            for w in nginx_workers
         }
     except BaseException:
         t.stop()

@@ -238,7 +238,9 @@ def children(name: str, args: TritonServiceArgs) -> list[Child]:
         runtime_id = hashlib.sha256(unit.encode()).hexdigest()
         server_files = [UNIT_PATH]
         restart = [["systemctl", "daemon-reload"], ["systemctl", "restart", "gpuhost-triton"]]
-    nginx_text = render_nginx(NginxSpec(default_model=specs[0].name, listen_http=args.nginx_listen))
+    nginx_text = render_nginx(
+        NginxSpec(default_model=specs[0].name, models=tuple(sp.name for sp in specs), listen_http=args.nginx_listen)
+    )
     if args.manage_nginx:
         server_files.append(args.nginx_conf_path)
         restart.append(["systemctl", "reload-or-restart", "nginx"])

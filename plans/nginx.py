@@ -1,11 +1,16 @@
 """nginx in front of Triton (seed 000 §7.2, seed 004): one rendered ``nginx.conf``, checked with ``nginx -t``.
 
-HTTP: ``/infer`` goes to the default model's v2 infer endpoint and ``/v2/`` passes the whole v2 API,
-both over an upstream with keepalive (``proxy_http_version 1.1`` + ``Connection ""``, otherwise nginx
+HTTP: ``/infer`` goes to the default model's v2 infer endpoint; of Triton's v2 API only what a client of the served
+models needs is forwarded (an allowlist: anyone can send what nginx forwards): health live/ready (GET), each served
+model's metadata, ready and config (GET) and infer (POST), with or without a version. Triton's model-control
+(repository load/unload: code that runs on the host), shared-memory, logging, trace and statistics APIs, and every
+model the stack does not serve, answer 404 (a wrong method 403) from nginx itself. The path Triton gets is nginx's
+normalized ``$uri`` (``..`` resolved), never the raw request line. Both go over an upstream with keepalive (``proxy_http_version 1.1`` + ``Connection ""``, otherwise nginx
 opens a TCP connection per request and p95 pays for it), request buffering off so tensors stream
 straight through, and a body limit sized for tensors. gRPC: a separate HTTP/2 listener with
 ``grpc_pass`` and a high ``keepalive_requests`` so long-lived client channels are not cut every 1000
-calls. ``/nginx-health`` answers 200 from nginx itself (load balancers, and the load gate's own
+calls; only ModelInfer, ServerLive/Ready, ModelReady, ModelMetadata and ModelConfig are forwarded, every other
+method (repository, shared memory, logging, trace, statistics) answers 404. ``/nginx-health`` answers 200 from nginx itself (load balancers, and the load gate's own
 overhead measurement).
 
 Usage::
@@ -20,9 +25,10 @@ cannot inject a directive.
 
 from __future__ import annotations
 
-from typing import Optional
+import re
+from typing import Annotated, Optional
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 _NAME = r"^[A-Za-z0-9_.\-]+$"
 _HOSTPORT = r"^[A-Za-z0-9_.\-\[\]:]+:[0-9]{1,5}$"
@@ -34,6 +40,8 @@ class NginxSpec(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
     default_model: str = Field(pattern=_NAME)
+    # The models nginx forwards requests for (empty: the default model alone).
+    models: tuple[Annotated[str, Field(pattern=_NAME)], ...] = ()
     listen_http: int = Field(80, ge=1, le=65535)
     listen_grpc: Optional[int] = Field(8081, ge=1, le=65535)
     listen_address: str = Field("0.0.0.0", pattern=r"^[0-9.]+$|^\[[0-9a-fA-F:]+\]$")
@@ -55,6 +63,51 @@ class NginxSpec(BaseModel):
     # Where pid, logs and temp files live; "" = Debian's defaults under /var.
     prefix: str = Field("", pattern=r"^$|" + _PATH)
     access_log: bool = False
+
+    @model_validator(mode="after")
+    def _default_is_served(self) -> "NginxSpec":
+        if self.models and self.default_model not in self.models:
+            raise ValueError(
+                f"default_model {self.default_model!r} is not one of the served models {list(self.models)}"
+            )
+        return self
+
+    @property
+    def served(self) -> tuple[str, ...]:
+        return self.models or (self.default_model,)
+
+
+# The gRPC methods a client of the served models calls (inference.GRPCInferenceService); nothing else is forwarded.
+GRPC_METHODS = ("ModelInfer", "ServerLive", "ServerReady", "ModelReady", "ModelMetadata", "ModelConfig")
+
+
+def _v2_locations(spec: NginxSpec) -> list[str]:
+    """Triton's v2 HTTP API for the served models only (see the module docstring); the rest answers 404."""
+    names = "|".join(re.escape(m) for m in sorted(set(spec.served)))
+    model = f"^/v2/models/({names})(/versions/[0-9]{{1,19}})?"
+    # $uri: nginx's normalized path; Triton's API takes no query arguments on these routes.
+    upstream = "proxy_pass http://triton_http$uri;"
+    return [
+        "        location = /v2/health/live {",
+        "            limit_except GET { deny all; }",
+        f"            {upstream}",
+        "        }",
+        "        location = /v2/health/ready {",
+        "            limit_except GET { deny all; }",
+        f"            {upstream}",
+        "        }",
+        f'        location ~ "{model}/infer$" {{',
+        "            limit_except POST { deny all; }",
+        f"            {upstream}",
+        "        }",
+        f'        location ~ "{model}(/ready|/config)?$" {{',
+        "            limit_except GET { deny all; }",
+        f"            {upstream}",
+        "        }",
+        "        location / {",
+        "            return 404;",
+        "        }",
+    ]
 
 
 def _quarter_mb_chunks(size: str) -> str:
@@ -131,9 +184,7 @@ def render(spec: NginxSpec) -> str:
         "        location = /infer {",
         f"            proxy_pass http://triton_http/v2/models/{spec.default_model}/infer;",
         "        }",
-        "        location /v2/ {",
-        "            proxy_pass http://triton_http;",
-        "        }",
+        *_v2_locations(spec),
         "    }",
     ]
     if spec.listen_grpc:
@@ -152,8 +203,17 @@ def render(spec: NginxSpec) -> str:
             f"        grpc_buffer_size {spec.body_buffer_size};",
             f"        client_body_buffer_size {spec.body_buffer_size};",
             f"        http2_body_preread_size {spec.body_buffer_size};",
+            *(
+                line
+                for m in GRPC_METHODS
+                for line in (
+                    f"        location = /inference.GRPCInferenceService/{m} {{",
+                    "            grpc_pass grpc://triton_grpc;",
+                    "        }",
+                )
+            ),
             "        location / {",
-            "            grpc_pass grpc://triton_grpc;",
+            "            return 404;",
             "        }",
             "    }",
         ]

@@ -51,3 +51,23 @@ def test_values_that_would_inject_directives_are_refused(field, value):
     with pytest.raises(ValidationError) as e:
         NginxSpec(**{"default_model": "m", field: value})
     assert field in str(e.value)
+
+
+def test_only_the_served_models_inference_api_is_forwarded(tmp_path):
+    text = render(NginxSpec(default_model="det.v2", models=("det.v2", "zero")))
+    ok, out = check_config(text, tmp_path)
+    assert ok, out
+    assert "location /v2/ {" not in text and "proxy_pass http://triton_http;" not in text
+    assert '"^/v2/models/(det\\.v2|zero)(/versions/[0-9]{1,19})?/infer$"' in text  # '.' is no wildcard
+    assert text.count("return 404;") == 2  # HTTP and gRPC fall through to nginx's 404
+    assert "location = /inference.GRPCInferenceService/ModelInfer {" in text
+    assert "RepositoryModelLoad" not in text and "grpc_pass grpc://triton_grpc;" in text
+    # Without a list, the default model alone.
+    assert "(yolov8n)" in render(NginxSpec(default_model="yolov8n"))
+
+
+def test_a_default_model_that_is_not_served_is_refused():
+    with pytest.raises(ValidationError, match="not one of the served models"):
+        NginxSpec(default_model="a", models=("b",))
+    with pytest.raises(ValidationError):
+        NginxSpec(default_model="a", models=("a", "b|.*"))

@@ -411,3 +411,103 @@ def test_check_response_flags_a_200_without_the_models_outputs():
     )
     assert any("4000 bytes" in p for p in check_response(sig, *wrong_size))
     assert check_response(sig, {}, b"<html>502</html>")[0].startswith("response is not a v2 infer response")
+
+
+# Every other endpoint of Triton's v2 HTTP API, and ways around the allowlist: answered by nginx itself.
+NOT_FORWARDED = [
+    ("POST", "/v2/repository/index", b"{}"),
+    ("POST", "/v2/repository/models/zero/load", b'{"parameters": {"config": "{}", "file:1/model.py": "cHJpbnQoMSk="}}'),
+    ("POST", "/v2/repository/models/zero/unload", b"{}"),
+    ("GET", "/v2/systemsharedmemory/status", None),
+    ("POST", "/v2/systemsharedmemory/region/r0/register", b'{"key": "/x", "offset": 0, "byte_size": 64}'),
+    ("POST", "/v2/systemsharedmemory/unregister", b"{}"),
+    ("GET", "/v2/cudasharedmemory/status", None),
+    ("GET", "/v2/logging", None),
+    ("POST", "/v2/logging", b'{"log_verbose_level": 1}'),
+    ("GET", "/v2/trace/setting", None),
+    ("POST", "/v2/trace/setting", b'{"trace_level": ["TIMESTAMPS"]}'),
+    ("GET", "/v2/models/zero/trace/setting", None),
+    ("GET", "/v2/models/stats", None),
+    ("GET", "/v2/models/zero/stats", None),
+    ("GET", "/v2/models/zero/versions/1/stats", None),
+    ("GET", "/v2", None),
+    ("GET", "/metrics", None),
+    ("GET", "/v2/models/not_served/config", None),
+    ("POST", "/v2/models/not_served/infer", b"{}"),
+    ("POST", "/v2/models/zero/../../repository/index", b"{}"),
+    ("POST", "/v2/models/zero/%2e%2e/%2e%2e/repository/index", b"{}"),
+    ("POST", "/v2/models/zero%2f..%2f..%2frepository/index", b"{}"),
+    ("GET", "/v2/models/zero/infer", None),  # infer is POST only: 403
+    ("POST", "/v2/models/zero/config", b"{}"),  # config is GET only: 403
+    ("DELETE", "/v2/models/zero", None),
+]
+
+
+def _raw(base: str, method: str, path: str, body) -> tuple[int, bytes]:
+    """One request with the path exactly as given (http.client does not normalize `..` or percent escapes)."""
+    import http.client
+    import urllib.parse
+
+    u = urllib.parse.urlsplit(base)
+    c = http.client.HTTPConnection(u.hostname or "127.0.0.1", u.port, timeout=30)
+    try:
+        c.request(method, path, body=body, headers={"Content-Type": "application/json"} if body is not None else {})
+        r = c.getresponse()
+        return r.status, r.read()
+    finally:
+        c.close()
+
+
+def test_nginx_forwards_only_inference_of_the_served_models(triton, nginx):
+    """Through the real nginx in front of the real Triton: each endpoint of Triton's HTTP API that is not a served
+    model's inference, readiness, metadata or config is refused by nginx (404, a wrong method 403: nginx's own page,
+    Triton never sees it), the same for gRPC; inference and the client's reads still answer."""
+    refused = []
+    for method, path, body in NOT_FORWARDED:
+        status, text = _raw(nginx.http, method, path, body)
+        if status not in (403, 404) or b"<center>nginx" not in text:
+            refused.append(f"{method} {path}: {status} {text[:200]!r}")
+    assert refused == [], "forwarded to Triton:\n" + "\n".join(refused)
+    # What a client needs still answers, with the model's own values.
+    for path in ("/v2/health/live", "/v2/health/ready", "/v2/models/zero", "/v2/models/zero/ready"):
+        assert _raw(nginx.http, "GET", path, None)[0] == 200, path
+    status, text = _raw(nginx.http, "GET", "/v2/models/zero/versions/1/config", None)
+    assert status == 200 and json.loads(text)["name"] == "zero"
+    for value, path in ((7.5, "/v2/models/zero/infer"), (-3.25, "/v2/models/zero/versions/1/infer")):
+        status, text = _raw(nginx.http, "POST", path, loadgate.infer_body("INPUT0", [1, 4], value=value))
+        assert status == 200, text
+        assert json.loads(text)["outputs"][0]["data"] == [value] * 4
+    x = np.arange(4, dtype=np.float32).reshape(1, 4) + 7
+
+    g = grpcclient.InferenceServerClient(nginx.grpc)
+    try:
+        calls = {
+            "repository index": lambda: g.get_model_repository_index(),
+            "load": lambda: g.load_model("zero", config="{}", files={"file:1/model.py": b"print(1)"}),
+            "unload": lambda: g.unload_model("zero"),
+            "shared memory status": lambda: g.get_system_shared_memory_status(),
+            "shared memory register": lambda: g.register_system_shared_memory("r0", "/x", 64),
+            "log settings": lambda: g.get_log_settings(),
+            "log update": lambda: g.update_log_settings({"log_verbose_level": 1}),
+            "trace settings": lambda: g.get_trace_settings(),
+            "statistics": lambda: g.get_inference_statistics("zero"),
+            "server metadata": lambda: g.get_server_metadata(),
+        }
+        through = []
+        for name, call in calls.items():
+            try:
+                call()
+                through.append(name)
+            except grpcclient.InferenceServerException as e:
+                assert "404" in str(e) or "Unimplemented" in str(e) or "UNIMPLEMENTED" in str(e), (name, str(e))
+        assert through == [], f"forwarded over gRPC: {through}"
+        assert g.is_server_live() and g.is_server_ready() and g.is_model_ready("zero")
+        assert g.get_model_metadata("zero").name == "zero"
+        t = grpcclient.InferInput("INPUT0", [1, 4], "FP32")
+        t.set_data_from_numpy(x)
+        np.testing.assert_array_equal(g.infer("zero", [t]).as_numpy("OUTPUT0"), x)
+    finally:
+        g.close()
+    # Triton itself still serves the model nginx refused to unload.
+    with urllib.request.urlopen(f"{triton.http_url}/v2/models/zero/ready", timeout=10) as r:
+        assert r.status == 200

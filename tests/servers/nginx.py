@@ -102,10 +102,24 @@ def start_nginx(conf: str, workdir: Path, *, wait_port: Optional[int] = None, ti
     return handle
 
 
+def served_models(http_port: int) -> tuple[str, ...]:
+    """The models in a Triton's repository index (asked of Triton directly: nginx does not forward the index)."""
+    import json
+    import urllib.request
+
+    req = urllib.request.Request(f"http://127.0.0.1:{http_port}/v2/repository/index", data=b"{}", method="POST")
+    with urllib.request.urlopen(req, timeout=30) as r:
+        return tuple(sorted({m["name"] for m in json.load(r)}))
+
+
 def front_triton(triton_ports: dict[str, int], workdir: Path, default_model: str) -> NginxHandle:
     """nginx as production renders it (plans/nginx.py), one worker, on free loopback ports in front of the Triton
-    listening on `triton_ports` (its "http" and "grpc"); the handle's `http` and `grpc` say where nginx listens."""
-    conf, http_port, grpc_port = front_conf(workdir, default_model, triton_ports["http"], triton_ports["grpc"], "1")
+    listening on `triton_ports` (its "http" and "grpc"), forwarding for every model of its repository as a stack
+    serving them would; the handle's `http` and `grpc` say where nginx listens."""
+    models = served_models(triton_ports["http"])
+    conf, http_port, grpc_port = front_conf(
+        workdir, default_model, triton_ports["http"], triton_ports["grpc"], "1", models
+    )
     handle = start_nginx(conf, workdir, wait_port=http_port)
     handle.http, handle.grpc = f"http://127.0.0.1:{http_port}", f"127.0.0.1:{grpc_port}"
     return handle
