@@ -41,6 +41,13 @@ def _descendants(pid: int) -> list[int]:
     return found
 
 
+def _signal(pid: int, sig: int) -> None:
+    try:
+        os.kill(pid, sig)
+    except ProcessLookupError:  # a process of an earlier, closed connection that has just exited
+        pass
+
+
 def _background(conn, command: str) -> tuple[threading.Thread, dict]:
     box: dict = {}
 
@@ -95,11 +102,11 @@ def test_a_channel_open_that_times_out_on_a_stalled_sshd_is_retried(local_sshd, 
     stalled = _descendants(local_sshd.proc.pid)
     assert stalled, "no per-connection sshd process found"
     for p in stalled:
-        os.kill(p, signal.SIGSTOP)
+        _signal(p, signal.SIGSTOP)
 
     def resume() -> None:
         for p in stalled:
-            os.kill(p, signal.SIGCONT)
+            _signal(p, signal.SIGCONT)
 
     timer = threading.Timer(3.0, resume)
     timer.start()
