@@ -8,6 +8,7 @@ batch, so the served split can only come from the scheduler. Workers run as sepa
 
 from __future__ import annotations
 
+import collections
 import json
 import signal
 import subprocess
@@ -33,9 +34,30 @@ EXPLICIT = ("--model-control-mode=explicit", "--load-model=*")
 redis_srv = redis_server.redis_fixture()
 
 
+# A model that fails on some requests, as a user's model does on a frame it cannot handle: a request with a negative
+# value is answered with an error (Triton: INTERNAL), the others are echoed; the batch's other requests are unharmed.
+PICKY_PY = b"""
+import triton_python_backend_utils as pb_utils
+
+
+class TritonPythonModel:
+    def execute(self, requests):
+        out = []
+        for r in requests:
+            x = pb_utils.get_input_tensor_by_name(r, "INPUT0").as_numpy()
+            if (x < 0).any():
+                out.append(pb_utils.InferenceResponse(error=pb_utils.TritonError("picky: a negative value")))
+            else:
+                out.append(pb_utils.InferenceResponse([pb_utils.Tensor("OUTPUT0", x)]))
+        return out
+"""
+
+
 def _populate(repo: Path) -> None:
     write_python_model(repo, "gen", sleep_model_config("gen", sleep_ms=BATCH_MS, max_batch_size=8))
     write_python_model(repo, "slow", sleep_model_config("slow", sleep_ms=1500, max_batch_size=8))
+    picky = write_python_model(repo, "picky", sleep_model_config("picky", max_batch_size=8))
+    (picky / "1" / "model.py").write_bytes(PICKY_PY)
 
 
 class Backends:
@@ -185,6 +207,28 @@ def test_a_job_triton_refuses_is_answered_with_its_reason_and_drains_nothing(tri
         assert "StatusCode.INVALID_ARGUMENT" in res.error and what in res.error, res.error
     results = _collect(q, {q.submit("gen", _input(i)): i for i in range(40)})
     assert {x.backend for x in results.values()} == set(WEIGHTS) and all(x.attempts == 1 for x in results.values())
+
+
+def test_a_poison_job_is_answered_once_with_its_error_and_drains_no_backend(tritons, r, workers, measured):
+    """One job the model fails on (Triton answers INTERNAL) among 1,000 good ones: the poison is answered with
+    Triton's reason after at most one more backend tried it, no backend is drained (every good job is answered on
+    its first attempt, by both backends), and nothing is left pending."""
+    q, _ = _two_workers_warmed(tritons, r, workers, n_warm=10)
+    _collect(q, {q.submit("picky", _input(i)): i for i in range(10)})  # both backends' picky stubs warm
+    n = 1000
+    keys = {q.submit("picky", _input(i)): i for i in range(n // 2)}
+    poison = q.submit("picky", {"INPUT0": np.full((1, 16), -1.0, np.float32)})
+    keys.update({q.submit("picky", _input(i)): i for i in range(n // 2, n)})
+    bad = q.result(poison, timeout_s=60)
+    results = _collect(q, keys)
+    assert bad.status == "error" and "picky: a negative value" in bad.error and "INTERNAL" in bad.error, bad
+    assert 1 <= bad.attempts <= 2, bad
+    attempts = collections.Counter(x.attempts for x in results.values())
+    served = collections.Counter(x.backend for x in results.values())
+    measured(f"poison answered after {bad.attempts} attempts; {n} good jobs: attempts {dict(attempts)}, {dict(served)}")
+    assert attempts == {1: n}, attempts
+    assert set(served) == set(WEIGHTS), served
+    assert q.depth() == 0 and q.group_info()["pending"] == 0
 
 
 def test_backend_killed_share_moves_nothing_lost(tritons, r, workers):
