@@ -67,7 +67,9 @@ DTYPES = {
     "FP64": np.float64,
 }
 _NAMES = {np.dtype(v).str: k for k, v in DTYPES.items()}
-_PATH = re.compile(r"/v2/models/([A-Za-z0-9_.-]{1,64})(?:/versions/[0-9]{1,9})?/infer")
+# A version in the URL is matched so that it can be refused by name: jobs run the backends' served version, so
+# answering `/versions/987654321/infer` from another version would be a silent substitution.
+_PATH = re.compile(r"/v2/models/([A-Za-z0-9_.-]{1,64})(/versions/[0-9]{1,19})?/infer")
 # JSON text one element can take at most ("-1.2345678901234567e-308, "), for the body cap from input sizes.
 JSON_BYTES_PER_ELEMENT = 32
 JSON_OVERHEAD = 64 * 1024
@@ -440,6 +442,16 @@ class Front:
                     return
                 if not m:
                     self._send(404, {}, {"error": f"no such endpoint: {self.path[:200]}"})
+                    return
+                if m.group(2):
+                    self._send(
+                        404,
+                        {},
+                        {
+                            "error": f"model {m.group(1)} version {m.group(2).rsplit('/', 1)[1]} is not served here: "
+                            f"the queue runs the served version; call /v2/models/{m.group(1)}/infer"
+                        },
+                    )
                     return
                 self._send(*front.handle(m.group(1), body, self.headers.get("Idempotency-Key"), self._caller()))
 

@@ -378,6 +378,14 @@ def test_unknown_model_and_path_are_404(front):
     good(front)
 
 
+def test_a_version_in_the_url_is_refused_not_dropped(front):
+    """Jobs run the backends' served version: a request for another is 404 naming it, never answered by another."""
+    for version in ("1", "987654321", "0"):
+        status, doc = post(front, f"m/versions/{version}", BODY_M)
+        assert status == 404 and f"model m version {version} is not served here" in doc["error"], (status, doc)
+    good(front)
+
+
 @settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(
     body=st.recursive(
