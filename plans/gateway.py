@@ -63,6 +63,9 @@ class GatewaySpec(BaseModel):
     group: str = "workers"
     redis_bind: str = "127.0.0.1"
     redis_port: int = Field(6379, ge=1, le=65535)
+    # Redis's memory limit: with noeviction, a write past it is refused (the front answers 503), where without one
+    # nothing was ever "full" until the host ran out of memory.
+    redis_maxmemory_mb: int = Field(1024, ge=16, le=64 * 1024 * 1024)
     metrics_port: int = Field(9470, ge=1, le=65535)
     metrics_address: str = "0.0.0.0"
     # The network the front serves; loopback unless the stack says otherwise (it has no authentication of its own).
@@ -193,6 +196,7 @@ def redis_conf(spec: GatewaySpec) -> str:
             "appendonly yes",
             "appendfsync everysec",
             'save ""',
+            f"maxmemory {spec.redis_maxmemory_mb}mb",
             "maxmemory-policy noeviction",
             *([f"include /run/credentials/{REDIS_UNIT}/{AUTH_NAME}"] if spec.redis_auth else []),
             "",

@@ -260,8 +260,15 @@ def gateway_spec(fleet: Fleet, g: Gateway, guests: dict[tuple[str, str], HostSpe
         dcgm = 9400 if fleet.monitoring and s.vm else None
         backends.append(GatewayBackend(name=s.name, weight=b.weight, address=where.address, dcgm_port=dcgm))
     models = set.intersection(*({m.name for m in services[b.service].models} for b in g.backends))
+    gw_host = next(x for x in fleet.hosts if x.name == g.host)
+    maxmemory = g.redis_maxmemory_mb or (
+        gw_host.topology.memory_gib_per_node * 1024 // 4
+        if gw_host.topology
+        else GatewaySpec.model_fields["redis_maxmemory_mb"].default
+    )
     spec = GatewaySpec(
         backends=tuple(backends),
+        redis_maxmemory_mb=maxmemory,
         models=tuple(sorted(models)),
         redis_auth=g.redis_password_secret is not None,
         front_models=front_models(fleet, g, models),
@@ -282,7 +289,7 @@ def gateway_spec(fleet: Fleet, g: Gateway, guests: dict[tuple[str, str], HostSpe
             "queue_ms_drain",
         ),
     )
-    return host_spec(next(x for x in fleet.hosts if x.name == g.host)), spec
+    return host_spec(gw_host), spec
 
 
 def front_models(fleet: Fleet, g: Gateway, models: set[str]) -> dict[str, dict]:

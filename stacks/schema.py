@@ -540,6 +540,13 @@ class Gateway(Strict):
     )
     front_listen: str = Field("127.0.0.1", description="address the HTTP entry listens on (loopback by default)")
     redis_port: int = Field(6379, ge=1, le=65535)
+    redis_maxmemory_mb: Optional[int] = Field(
+        None,
+        ge=16,
+        le=MAX_GIB * 1024,
+        description="Redis's memory limit (MiB); past it writes are refused and the front answers 503. Default: a "
+        "quarter of one NUMA node of the gateway host (its topology), else 1024",
+    )
     metrics_port: int = Field(9470, ge=1, le=65535, description="worker 0's; the next workers count up")
     front_port: int = Field(8090, ge=1, le=65535, description="HTTP entry: POST /v2/models/<m>/infer, 429 when full")
     claim_idle_ms: int = Field(

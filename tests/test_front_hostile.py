@@ -433,3 +433,27 @@ def test_floats_that_fit_pass_and_nan_inf_overflow_are_refused(dt, v):
     else:
         with pytest.raises(BadRequest, match=r"input 'v': .*(not a finite number|overflows)"):
             parse_request(_typed(dt, v), sig)
+
+
+def test_a_full_redis_is_answered_503_and_the_queue_serves_again_once_it_has_room(front, redis_srv):
+    """Redis as the gateway renders it (maxmemory, noeviction) refuses writes once full: the front answers 503 with
+    Retry-After and queues nothing; with room again, the next request is served."""
+    r = redis.Redis(port=redis_srv.port)
+    depth = r.xlen(QueueConfig().stream) if r.exists(QueueConfig().stream) else 0
+    try:
+        r.config_set("maxmemory-policy", "noeviction")
+        # Already over the limit: Redis refuses every write that may grow memory (OOM), as a full queue would.
+        r.config_set("maxmemory", str(max(1, int(r.info("memory")["used_memory"]) // 2)))
+        for i in range(3):
+            c = http.client.HTTPConnection("127.0.0.1", _port(front), timeout=20)
+            c.request("POST", "/v2/models/m/infer", BODY_M, {"Idempotency-Key": f"full-{i}"})
+            resp = c.getresponse()
+            doc = json.loads(resp.read())
+            c.close()
+            assert resp.status == 503 and resp.getheader("Retry-After") == "1", (resp.status, doc)
+            assert "queue unavailable" in doc["error"], doc
+        assert (r.xlen(QueueConfig().stream) if r.exists(QueueConfig().stream) else 0) == depth  # nothing queued
+    finally:
+        r.config_set("maxmemory", "0")
+        r.close()
+    good(front)

@@ -92,6 +92,18 @@ def test_hk_prod_gateway_in_front_of_seed_001_routes(hk):
     assert {hk.by_urn(u).name for u in w1.dependencies} == {"sdxl-gen-redis", "sdxl-gen-worker-0"}
     assert set(_files(hk, "sdxl-gen-worker-1")) == {"/etc/systemd/system/gpuhost-gateway-worker-1.service"}
     assert hk.exports["gateways"]["sdxl-gen"] == "redis://127.0.0.1:6379/0 on a100-mig-01"
+    # Redis refuses writes past a limit (the front answers 503): a quarter of a100-mig-01's 256 GiB NUMA node.
+    conf = next(v for k, v in _files(hk, "sdxl-gen-redis").items() if k.endswith("redis.conf"))
+    assert "\nmaxmemory 65536mb\nmaxmemory-policy noeviction\n" in conf
+
+
+def test_a_gateways_redis_limit_from_config_wins_over_the_hosts_memory():
+    from stacks.program import gateway_spec
+
+    for over, want in (({}, 65536), ({"redis_maxmemory_mb": 512}, 512)):
+        fleet = Fleet.model_validate(_fleet(**over))
+        _, spec = gateway_spec(fleet, fleet.gateways[0], {})
+        assert spec.redis_maxmemory_mb == want and f"maxmemory {want}mb" in gw.redis_conf(spec)
 
 
 def test_hk_prod_monitoring_scrapes_the_workers_and_alerts(hk):
@@ -141,6 +153,7 @@ def _fleet(**gateway) -> dict:
         ({"redis_port": 9471}, "collides with a worker metrics port"),
         ({"front_port": 9470}, "front_port: 9470 collides"),
         ({"backends": [{"service": "sdxl-mig", "weight": 0}]}, "greater than 0"),
+        ({"redis_maxmemory_mb": 8}, "greater than or equal to 16"),
     ],
 )
 def test_bad_gateway_config_refused_before_any_resource(over, message):
@@ -188,6 +201,7 @@ def test_redis_conf_runs_in_real_redis_server(tmp_path):
         redis_srv.wait_ping(port, p)
         r = redis_client.Redis(port=port)
         assert r.config_get("maxmemory-policy") == {"maxmemory-policy": "noeviction"}
+        assert r.config_get("maxmemory") == {"maxmemory": str(_spec().redis_maxmemory_mb * 1024 * 1024)}
         assert r.config_get("appendonly") == {"appendonly": "yes"}
         assert r.config_get("appendfsync") == {"appendfsync": "everysec"}
         assert r.config_get("bind")["bind"] == "127.0.0.1"
