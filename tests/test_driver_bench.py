@@ -11,6 +11,7 @@ import uuid
 from access import keys, ssh
 from bench.driver_bench import LockWatch, lock_account, lock_holds, parse_lock_log
 from facts.state import LOCK, Change, locked
+from tests.servers import wait_until
 
 # Host epoch 1000.0 is the start of the `up`. a holds 1002-1010; b waits from 1003, holds 1010-1011; c never waits;
 # the reboot step's hold is cut off by the reboot (no "released").
@@ -92,14 +93,6 @@ class _Host:
         return self.srv.host_spec(**over)
 
 
-def _wait_until(what: str, cond, timeout: float = 60.0) -> None:
-    deadline = time.monotonic() + timeout
-    while not cond():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"not within {timeout:g} s: {what}")
-        time.sleep(0.1)
-
-
 def _logged(line_end: str) -> bool:
     """Whether the machine's lock log (the local sshd runs on this machine) has a line ending so."""
     return os.path.exists(LOCK + ".log") and any(
@@ -124,16 +117,16 @@ def test_lock_watch_streams_waiting_acquired_released_over_its_own_connection(lo
         assert conn.client is not watch.conn.client
         threads.append(threading.Thread(target=lambda: conn.run(locked(hold, f"test/held-{tag}"))))
         threads[-1].start()
-        _wait_until("the test's hold acquired", lambda: _logged(f"acquired test/held-{tag}"))
+        wait_until("the test's hold acquired", lambda: _logged(f"acquired test/held-{tag}"))
         second = Change(f"test/second-{tag}").add(["true"])
         threads.append(threading.Thread(target=lambda: second.run(ssh.connect(local_sshd.host_spec()))))
         threads[-1].start()
-        _wait_until("the second change waiting", lambda: _logged(f"waiting test/second-{tag}"))
+        wait_until("the second change waiting", lambda: _logged(f"waiting test/second-{tag}"))
         time.sleep(0.5)  # the second change waits at least this long: the hold ends only after it
         marker.touch()
         for t in threads:
             t.join(60)
-        _wait_until("the watch streamed the five lines", lambda: sum(ln.endswith(tag) for _, ln in watch.lines) >= 5)
+        wait_until("the watch streamed the five lines", lambda: sum(ln.endswith(tag) for _, ln in watch.lines) >= 5)
     finally:
         marker.touch()
         watch.stop()

@@ -19,6 +19,7 @@ from access.errors import HostError
 from access.shell import sh
 from facts.state import LOCK, Change, Record, locked
 from providers.base import HostProvider
+from tests.servers import wait_until
 
 
 @pytest.fixture
@@ -98,14 +99,6 @@ def _hold_until(marker: str) -> str:
     return f"i=0; while [ ! -e {shlex.quote(marker)} ] && [ $i -lt 1200 ]; do sleep 0.05; i=$((i+1)); done"
 
 
-def _wait_until(what: str, cond, timeout: float = 60.0) -> None:
-    deadline = time.monotonic() + timeout
-    while not cond():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"not within {timeout:g} s: {what}")
-        time.sleep(0.1)
-
-
 def _lock_log(tag: str) -> list[list[str]]:
     """The lock log's lines of this test run (the log is the machine's: earlier runs' lines stay in it)."""
     if not os.path.exists(LOCK + ".log"):
@@ -123,7 +116,7 @@ def test_two_concurrent_applies_on_one_host_serialize(conn, local_sshd, tmp_path
     holder = threading.Thread(target=lambda: conn.run(locked(_hold_until(marker), f"test-{tag}")))
     holder.start()
     # The holder file names whoever took the lock last: this test's tag there means the lock is held by it now.
-    _wait_until(
+    wait_until(
         f"the host lock held by test-{tag}",
         lambda: os.path.exists(LOCK + ".holder") and open(LOCK + ".holder").read().strip() == f"test-{tag}",
     )
@@ -140,7 +133,7 @@ def test_two_concurrent_applies_on_one_host_serialize(conn, local_sshd, tmp_path
     try:
         for t in threads:
             t.start()
-        _wait_until(
+        wait_until(
             "a and b waiting for the host lock",
             lambda: {who.rsplit("-", 1)[0] for _, ev, who in _lock_log(tag) if ev == "waiting"} == {"a", "b"},
         )

@@ -30,3 +30,14 @@ class LaunchedServer:
         both with `output()` (what the server said), the server stopped (`bench.servers.wait_ready`)."""
         wait_ready(name, self.process, [url], timeout, output, self.stop)
         return self
+
+
+def wait_until(what: str, cond: Callable[[], object], timeout: float = 60.0, interval: float = 0.1) -> None:
+    """Poll `cond` until it is true; after `timeout` seconds fail naming `what` (a bounded wait, never a sleep)."""
+    import time
+
+    deadline = time.monotonic() + timeout
+    while not cond():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"not within {timeout:g} s: {what}")
+        time.sleep(interval)
