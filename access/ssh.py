@@ -258,7 +258,8 @@ class Conn:
         reboot), one sshd refused (MaxSessions) and a connection found dead (reconnected) are all waited for. When
         none opened, NothingRan says so: no command started."""
         deadline = time.monotonic() + wait
-        delay, tries, last = 0.5, 0, None
+        delay, tries = 0.5, 0
+        last: Optional[BaseException] = None
         while True:
             tries += 1
             left = deadline - time.monotonic()
@@ -267,6 +268,10 @@ class Conn:
                 return t, t.open_session(timeout=max(0.5, min(self.spec.connect_timeout, left)))
             except (HostKeyMismatch, HostKeyUnknown):
                 raise
+            except paramiko.AuthenticationException as e:
+                if "timeout" not in str(e).lower():  # a reconnect whose key is rejected: an answer, not a delay
+                    raise NothingRan(f"{self.spec.name}: reconnecting: {e}; nothing was run") from e
+                last = e
             except (paramiko.SSHException, EOFError, OSError) as e:
                 last = e
             if time.monotonic() + delay >= deadline:
