@@ -5,12 +5,14 @@ models needs is forwarded (an allowlist: anyone can send what nginx forwards): h
 model's metadata, ready and config (GET) and infer (POST), with or without a version. Triton's model-control
 (repository load/unload: code that runs on the host), shared-memory, logging, trace and statistics APIs, and every
 model the stack does not serve, answer 404 (a wrong method 403) from nginx itself. The path Triton gets is nginx's
-normalized ``$uri`` (``..`` resolved), never the raw request line. Both go over an upstream with keepalive (``proxy_http_version 1.1`` + ``Connection ""``, otherwise nginx
+normalized ``$uri`` (``..`` resolved), never the raw request line. Both go over an upstream with keepalive
+(``proxy_http_version 1.1`` + ``Connection ""``, otherwise nginx
 opens a TCP connection per request and p95 pays for it), request buffering off so tensors stream
 straight through, and a body limit sized for tensors. gRPC: a separate HTTP/2 listener with
 ``grpc_pass`` and a high ``keepalive_requests`` so long-lived client channels are not cut every 1000
 calls; only ModelInfer, ServerLive/Ready, ModelReady, ModelMetadata and ModelConfig are forwarded, every other
-method (repository, shared memory, logging, trace, statistics) answers 404. ``/nginx-health`` answers 200 from nginx itself (load balancers, and the load gate's own
+method (repository, shared memory, logging, trace, statistics) answers 404. ``/nginx-health`` answers 200 from
+nginx itself (load balancers, and the load gate's own
 overhead measurement).
 
 Usage::
@@ -87,23 +89,20 @@ def _v2_locations(spec: NginxSpec) -> list[str]:
     model = f"^/v2/models/({names})(/versions/[0-9]{{1,19}})?"
     # $uri: nginx's normalized path; Triton's API takes no query arguments on these routes.
     upstream = "proxy_pass http://triton_http$uri;"
+
+    def allowed(match: str, method: str) -> list[str]:
+        return [
+            f"        location {match} {{",
+            f"            limit_except {method} {{ deny all; }}",
+            f"            {upstream}",
+            "        }",
+        ]
+
     return [
-        "        location = /v2/health/live {",
-        "            limit_except GET { deny all; }",
-        f"            {upstream}",
-        "        }",
-        "        location = /v2/health/ready {",
-        "            limit_except GET { deny all; }",
-        f"            {upstream}",
-        "        }",
-        f'        location ~ "{model}/infer$" {{',
-        "            limit_except POST { deny all; }",
-        f"            {upstream}",
-        "        }",
-        f'        location ~ "{model}(/ready|/config)?$" {{',
-        "            limit_except GET { deny all; }",
-        f"            {upstream}",
-        "        }",
+        *allowed("= /v2/health/live", "GET"),
+        *allowed("= /v2/health/ready", "GET"),
+        *allowed(f'~ "{model}/infer$"', "POST"),
+        *allowed(f'~ "{model}(/ready|/config)?$"', "GET"),
         "        location / {",
         "            return 404;",
         "        }",

@@ -55,8 +55,8 @@ def unmet(f: HostFacts, props: dict) -> list[str]:
 
 
 def wait_for_new_boot(spec, old_boot_id: str, timeout: float) -> HostFacts:
-    """Poll until the host runs a new boot that has finished starting its units, within `timeout` seconds in all (each connect and read is cut to the
-    time left). A host-key mismatch is an answer, not a delay: it is raised at once, never retried."""
+    """Poll until the host runs a new boot that has finished starting its units, within `timeout` seconds in all
+    (each connect and read is cut to the time left). A host-key mismatch is an answer, not a delay: it is raised at once, never retried."""
     # paramiko logs every refused banner while sshd is down; the loop below reports the outcome itself.
     logging.getLogger("paramiko").setLevel(logging.CRITICAL)
     deadline = time.monotonic() + timeout
