@@ -47,7 +47,9 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import dataclasses
+import errno
 import fcntl
 import http.server
 import json
@@ -55,6 +57,8 @@ import logging
 import math
 import os
 import re
+import stat
+import tempfile
 import threading
 import time
 import urllib.error
@@ -547,7 +551,14 @@ class RateLimited(RuntimeError):
 
 class ReloadLimit:
     """At most one Triton window reload per model every ``min_interval_s``; the times are kept in ``path`` (JSON
-    ``{model: unix time}``, under an flock), so every operator and every shell on the host shares the limit."""
+    ``{model: unix time}``), so every operator and every shell on the host shares the limit.
+
+    The state is read and replaced under an flock of ``<path>.lock``; neither file is opened through a symbolic
+    link (``O_NOFOLLOW``: a link planted at either path would otherwise aim a root operator's write anywhere) and
+    the new state goes to a temporary file in the same directory, renamed over ``path``. A state that is not such
+    an object (``[]``, a time that is not a finite Unix time: ``NaN`` would let every reload through) is refused
+    with one line naming the file.
+    """
 
     def __init__(
         self,
@@ -555,37 +566,108 @@ class ReloadLimit:
         min_interval_s: float = RELOAD_MIN_INTERVAL_S,
         clock: Callable[[], float] = time.time,
     ):
-        if min_interval_s < 0:
-            raise ValueError(f"min_interval_s must be ≥ 0, got {min_interval_s}")
+        if not 0 <= min_interval_s < math.inf:
+            raise ValueError(f"min_interval_s must be finite and ≥ 0, got {min_interval_s}")
         self.path, self.min_interval_s, self.clock = path, min_interval_s, clock
 
-    def acquire(self, model: str) -> float:
+    def _open(self, path: str, flags: int) -> int:
+        try:
+            # O_NONBLOCK: a FIFO planted at the path fails the regular-file check below instead of hanging the open.
+            fd = os.open(path, flags | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBLOCK, 0o600)
+        except OSError as e:
+            if e.errno == errno.ELOOP:
+                raise StateError(
+                    f"{path} is a symbolic link; the reload limit writes only its own file: remove it"
+                ) from None
+            raise
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            os.close(fd)
+            raise StateError(f"{path} is not a regular file; remove it")
+        return fd
+
+    def _read(self) -> dict[str, float]:
+        try:
+            fd = self._open(self.path, os.O_RDONLY)
+        except FileNotFoundError:
+            return {}
+        with os.fdopen(fd, "rb") as f:
+            data = f.read(1 << 20)
+        return parse_reload_state(data, self.path, self.clock())
+
+    def _write(self, done: dict[str, float]) -> None:
+        directory = os.path.dirname(os.path.abspath(self.path))
+        fd, tmp = tempfile.mkstemp(prefix=".reloads-", dir=directory)
+        try:
+            with os.fdopen(fd, "w") as f:
+                f.write(json.dumps(done, sort_keys=True))
+                f.flush()
+                os.fsync(f.fileno())
+            os.replace(tmp, self.path)  # replaces a link at `path` itself, never what it points to
+        except BaseException:
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(tmp)
+            raise
+
+    def acquire(self, model: str, record: bool = True) -> float:
         """Record a reload of ``model`` now, or raise ``RateLimited`` naming when the next one is allowed; returns
-        the time of the next allowed reload."""
+        the time of the next allowed reload. A bad state file raises ``StateError`` (one line: file and fix).
+        ``record=False`` only checks (nothing written)."""
         os.makedirs(os.path.dirname(os.path.abspath(self.path)), exist_ok=True)
-        with open(self.path, "a+") as f:
-            fcntl.flock(f, fcntl.LOCK_EX)
-            f.seek(0)
-            text = f.read()
-            try:
-                done = json.loads(text) if text.strip() else {}
-            except json.JSONDecodeError:
-                raise RuntimeError(f"{self.path} is not the JSON the reload limit writes; fix or remove it") from None
+        lock = self._open(self.path + ".lock", os.O_RDWR | os.O_CREAT)
+        try:
+            fcntl.flock(lock, fcntl.LOCK_EX)
+            done = self._read()
             now = self.clock()
             last = done.get(model)
-            if last is not None and now - float(last) < self.min_interval_s:
-                allowed = float(last) + self.min_interval_s
+            if last is not None and now - last < self.min_interval_s:
+                allowed = last + self.min_interval_s
                 raise RateLimited(
-                    f"{model}: Triton's window was reloaded {now - float(last):.0f} s ago; one reload per "
+                    f"{model}: Triton's window was reloaded {now - last:.0f} s ago; one reload per "
                     f"{self.min_interval_s:g} s: next allowed in {allowed - now:.0f} s "
                     f"({time.strftime('%H:%M:%S', time.gmtime(allowed))} UTC)"
                 )
-            done[model] = now
-            f.seek(0)
-            f.truncate()
-            f.write(json.dumps(done, sort_keys=True))
-            f.flush()
+            if record:
+                done[model] = now
+                self._write(done)
             return now + self.min_interval_s
+        finally:
+            os.close(lock)
+
+
+class StateError(RuntimeError):
+    """The reload state file is not what the reload limit writes (one line: the file and the fix)."""
+
+
+# A recorded time may lie this far ahead of the clock (a clock stepped back); further is not a time this wrote.
+_STATE_FUTURE_S = 86400.0
+
+
+def parse_reload_state(data: bytes, path: str, now: float) -> dict[str, float]:
+    """``{model: unix time}`` from the state file's bytes (pure), or ``StateError`` naming the file and what is wrong.
+
+    >>> parse_reload_state(b'{"m": 1000.5}', "s.json", 2000.0)
+    {'m': 1000.5}
+    """
+
+    def bad(what: str) -> StateError:
+        return StateError(f"{path}: {what}, not the state the reload limit writes; fix or remove it")
+
+    if not data.strip():
+        return {}
+    try:
+        done = json.loads(data.decode("utf-8"))
+    except (UnicodeDecodeError, ValueError, RecursionError):
+        raise bad("not JSON") from None
+    if not isinstance(done, dict):
+        raise bad(f"a JSON {type(done).__name__}, not an object of model -> time")
+    out: dict[str, float] = {}
+    for model, t in done.items():
+        if isinstance(t, bool) or not isinstance(t, (int, float)):
+            raise bad(f"the time of {model!r} is {json.dumps(t)[:40]}, not a number")
+        if not (math.isfinite(t) and 0 <= t <= now + _STATE_FUTURE_S):
+            raise bad(f"the time of {model!r} is {t!r}, not a Unix time up to now")
+        out[model] = float(t)
+    return out
 
 
 def reload_triton_window(triton: Triton, model: str, window_us: int, limit: ReloadLimit) -> tuple[int, int, float]:
@@ -594,6 +676,7 @@ def reload_triton_window(triton: Triton, model: str, window_us: int, limit: Relo
     reload). The attempt counts against the limit even when the load fails."""
     if not 0 <= window_us <= 1_000_000:
         raise ValueError(f"--window-us: {window_us} µs is outside 0..1000000")
+    limit.acquire(model, record=False)  # a bad state or a reload too soon: refused before any request to Triton
     config = triton.config(model)
     before = served_window(config)
     new = with_window(config, window_us)

@@ -3,6 +3,9 @@ config override and the exported metrics."""
 
 import json
 import math
+import os
+import subprocess
+import sys
 import threading
 from pathlib import Path
 
@@ -17,6 +20,7 @@ from serving.adaptive_window import (
     PublishedWindow,
     RateLimited,
     ReloadLimit,
+    StateError,
     WindowPolicy,
     decide,
     in_process,
@@ -278,8 +282,83 @@ def test_reload_limit_holds_under_concurrent_operators(tmp_path):
     assert sorted(results) == ["ok"] + ["refused"] * 7
 
 
-def test_a_corrupt_reload_state_file_is_refused_with_the_fix(tmp_path):
+ROOT = Path(__file__).resolve().parents[1]
+
+
+@pytest.mark.parametrize(
+    "text, what",
+    [
+        ("{not json", "not JSON"),
+        ("[]", "a JSON list, not an object of model -> time"),
+        ('"m"', "a JSON str, not an object of model -> time"),
+        ('{"m": 1e308}', "the time of 'm' is 1e+308, not a Unix time up to now"),
+        ('{"m": NaN}', "the time of 'm' is nan, not a Unix time up to now"),
+        ('{"m": Infinity}', "the time of 'm' is inf, not a Unix time up to now"),
+        ('{"m": -5}', "the time of 'm' is -5, not a Unix time up to now"),
+        ('{"m": "1000"}', "the time of 'm' is \"1000\", not a number"),
+        ('{"m": true}', "the time of 'm' is true, not a number"),
+        ('{"m": {"at": 1}}', "the time of 'm' is {\"at\": 1}, not a number"),
+        (b"\xff\xfe{}", "not JSON"),
+        ("[" * 100_000, "not JSON"),
+    ],
+)
+def test_a_bad_reload_state_is_refused_with_one_line_and_left_alone(tmp_path, text, what):
+    """A state that is not ``{model: unix time}`` is refused, naming the file and the fix; NaN, which compares
+    false with everything, would otherwise let every reload through the limit."""
     path = tmp_path / "reloads.json"
-    path.write_text("{not json")
-    with pytest.raises(RuntimeError, match="not the JSON the reload limit writes; fix or remove it"):
-        ReloadLimit(str(path)).acquire("m")
+    path.write_bytes(text if isinstance(text, bytes) else text.encode())
+    before = path.read_bytes()
+    with pytest.raises(StateError) as e:
+        ReloadLimit(str(path), clock=lambda: 2000.0).acquire("m")
+    assert str(e.value) == f"{path}: {what}, not the state the reload limit writes; fix or remove it"
+    assert path.read_bytes() == before
+
+
+def test_the_reload_command_answers_a_bad_state_in_one_line_without_a_traceback(tmp_path):
+    """The operator command: one line and exit 1, before any request to Triton (nothing listens at the URL)."""
+    path = tmp_path / "reloads.json"
+    for text in ("[]", '{"m": 1e308}', '{"m": NaN}'):
+        path.write_text(text)
+        r = subprocess.run(
+            [sys.executable, str(ROOT / "serving" / "adaptive_window.py"), "reload-triton-window", "--model", "m"]
+            + ["--window-us", "500", "--state", str(path), "--triton-url", "http://127.0.0.1:9"],
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
+        assert r.returncode == 1, r.stdout + r.stderr
+        assert r.stderr == "" and r.stdout.count("\n") == 1, r.stdout + r.stderr
+        assert r.stdout.startswith(f"failed: {path}: the time of 'm'") or r.stdout.startswith(f"failed: {path}: a JSON")
+
+
+def test_the_reload_state_is_never_written_through_a_symbolic_link(tmp_path):
+    """A link planted at the state path (or its lock) is refused; the file it points to is not touched."""
+    target = tmp_path / "shadow"
+    target.write_text("root:x:0:0\n")
+    path = tmp_path / "reloads.json"
+    path.symlink_to(target)
+    with pytest.raises(StateError, match=r"reloads.json is a symbolic link; .* remove it"):
+        ReloadLimit(str(path), clock=lambda: 2000.0).acquire("m")
+    assert target.read_text() == "root:x:0:0\n" and path.is_symlink()
+    path.unlink()
+    (tmp_path / "reloads.json.lock").unlink()
+    (tmp_path / "reloads.json.lock").symlink_to(target)
+    with pytest.raises(StateError, match=r"reloads.json.lock is a symbolic link"):
+        ReloadLimit(str(path), clock=lambda: 2000.0).acquire("m")
+    assert target.read_text() == "root:x:0:0\n" and not path.exists()
+
+
+def test_the_reload_state_is_replaced_by_rename_and_a_fifo_is_refused(tmp_path):
+    """The new state is a new file renamed into place (a reader never sees half of it); nothing else is left in
+    the directory but the state and its lock; a FIFO at the path is refused at once, not waited on."""
+    path = tmp_path / "reloads.json"
+    path.write_text('{"other": 1000}')
+    inode = path.stat().st_ino
+    ReloadLimit(str(path), clock=lambda: 2000.0).acquire("m")
+    assert json.loads(path.read_text()) == {"m": 2000.0, "other": 1000}
+    assert path.stat().st_ino != inode and path.stat().st_mode & 0o777 == 0o600
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["reloads.json", "reloads.json.lock"]
+    path.unlink()
+    os.mkfifo(path)
+    with pytest.raises(StateError, match="reloads.json is not a regular file; remove it"):
+        ReloadLimit(str(path), clock=lambda: 2000.0).acquire("m")
