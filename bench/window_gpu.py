@@ -254,7 +254,7 @@ def client_spec(config: str, model: str, grpc_url: str, payload: str, args: argp
         check=answer_problem,
         batching=config in ("c", "d"),
         adaptive=config == "d",
-        window_us=START_WINDOW_US,
+        window_us=args.start_window_us,
         max_batch=8,
         policy=WindowPolicy(
             target_p95_ms=args.target_ms,
@@ -263,6 +263,7 @@ def client_spec(config: str, model: str, grpc_url: str, payload: str, args: argp
             min_us=200,
             max_us=1500,
             min_requests=args.min_requests,
+            widen_min_per_batch=args.widen_min_per_batch,
         ),
         max_outstanding=args.max_outstanding,
         timeout_s=args.timeout_s,
@@ -315,7 +316,7 @@ def run_configs(
         out.append(
             {
                 "config": config,
-                "what": CONFIGS[config],
+                "what": CONFIGS[config].replace(f"{START_WINDOW_US} µs", f"{args.start_window_us} µs"),
                 "model": spec.model,
                 "together_with": [x for x in configs if x != config],
                 "share": round(run.share, 4),
@@ -336,7 +337,7 @@ def run_configs(
                     sum(ph.seconds for ph in phases),
                     args.bucket_s,
                     run.decisions if spec.batching else None,
-                    START_WINDOW_US,
+                    args.start_window_us,
                 ),
                 "decisions": openloop.decision_rounds(run.decisions, args.period_s) if spec.adaptive else [],
                 "problems": run.problems,
@@ -385,6 +386,19 @@ def verdict(runs: list[dict], probes: dict[str, dict], target_ms: float) -> list
         if cap_a:
             ratio = sustained(by["d"]) / cap_a
             out.append(f"(d) sustained / (a)'s capacity ({cap_a}/s): {ratio:.2f}× ({'≥' if ratio >= 2 else '<'} 2×)")
+    if "d" in by and by["d"]["decisions"]:
+        acts: dict[str, int] = {}
+        for r in by["d"]["decisions"]:
+            for a, n in r["actions"].items():
+                acts[a] = acts.get(a, 0) + n
+        lo = min(r["window_us"][0] for r in by["d"]["decisions"])
+        hi = max(r["window_us"][1] for r in by["d"]["decisions"])
+        out.append(
+            "(d) decisions: "
+            + ", ".join(f"{a} ×{n}" for a, n in sorted(acts.items()))
+            + f"; windows after them {lo}–{hi} µs"
+            + ("" if acts.keys() - {"hold"} else " (the controller never moved the window)")
+        )
     if "c" in by and "d" in by:
         worse = []
         for pc, pd in zip(by["c"]["phases"], by["d"]["phases"]):
@@ -424,7 +438,8 @@ def markdown(result: dict) -> str:
         f"(c)/(d), its own micro-batcher and controller); latency from each request's scheduled time; at most "
         f"{m['max_outstanding']} outstanding per process, beyond that an arrival is shed. "
         f"Target p95 {m['target_ms']:g} ms; adaptive window ±{m['step_us']} µs every {m['period_s']:g} s, clamp "
-        f"[200, 1500] µs, start {START_WINDOW_US} µs. {m['images']} distinct images; every answer checked against its "
+        f"[200, 1500] µs, start {m.get('start_window_us', START_WINDOW_US)} µs; widen only when a period's batches held ≥ "
+        f"{m.get('widen_min_per_batch', 2):g} requests on average (1: the seed's rule as written). {m['images']} distinct images; every answer checked against its "
         f"own image's reference. Models: {m['models']}."
         + (
             " " + " and ".join(f"({c})" for c in m["together"]) + " ran at the same time against the one server, "
@@ -564,6 +579,13 @@ def main(argv: Optional[list[str]] = None) -> int:
     p.add_argument("--step-us", type=int, default=50)
     p.add_argument("--period-s", type=float, default=2.0, help="seconds between window decisions (seed: 10)")
     p.add_argument("--min-requests", type=int, default=20)
+    p.add_argument("--start-window-us", type=int, default=START_WINDOW_US, help="(c)'s window and (d)'s first one")
+    p.add_argument(
+        "--widen-min-per-batch",
+        type=float,
+        default=WindowPolicy.widen_min_per_batch,
+        help="(d) widens only when its batches held this many requests on average (1: the seed's rule as written)",
+    )
     p.add_argument("--bucket-s", type=float, default=2.0)
     p.add_argument("--max-outstanding", type=int, default=64, help="per client process")
     p.add_argument("--timeout-s", type=float, default=30.0)
@@ -673,6 +695,8 @@ def main(argv: Optional[list[str]] = None) -> int:
         "target_ms": args.target_ms,
         "step_us": args.step_us,
         "period_s": args.period_s,
+        "start_window_us": args.start_window_us,
+        "widen_min_per_batch": args.widen_min_per_batch,
         "bucket_s": args.bucket_s,
         "images": n_images,
         "reference_detections": counts,
