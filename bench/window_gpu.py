@@ -386,7 +386,7 @@ def verdict(runs: list[dict], probes: dict[str, dict], target_ms: float) -> list
         if cap_a:
             ratio = sustained(by["d"]) / cap_a
             out.append(f"(d) sustained / (a)'s capacity ({cap_a}/s): {ratio:.2f}× ({'≥' if ratio >= 2 else '<'} 2×)")
-    if "d" in by and by["d"]["decisions"]:
+    if "d" in by and by["d"].get("decisions"):
         acts: dict[str, int] = {}
         for r in by["d"]["decisions"]:
             for a, n in r["actions"].items():

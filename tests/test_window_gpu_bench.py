@@ -101,6 +101,18 @@ def test_verdict_reads_the_goal_off_the_runs_and_claims_nothing_from_a_bad_run()
         "(d) sustained / (a)'s capacity (500.0/s): 1.76× (< 2×)",
         "(d) never worse than (c) by more than noise: no: p1 20 vs 14 ms (noise 1.00)",
     ]
+    # (d)'s decisions counted over its rounds, and a controller that never moved said so.
+    rounds = [
+        {"t_s": 2.0, "actions": {"widen": 2}, "window_us": [650, 650], "p95_ms": [8.0, 9.0], "requests": 40},
+        {"t_s": 4.0, "actions": {"narrow": 1, "hold": 1}, "window_us": [600, 650], "p95_ms": [26, 27], "requests": 40},
+    ]
+    assert "(d) decisions: hold ×1, narrow ×1, widen ×2; windows after them 600–650 µs" in verdict(
+        [a, c, {**d, "decisions": rounds}], {}, 25
+    )
+    held = [{**rounds[0], "actions": {"hold": 2}, "window_us": [600, 600]}]
+    assert "(d) decisions: hold ×2; windows after them 600–600 µs (the controller never moved the window)" in verdict(
+        [a, c, {**d, "decisions": held}], {}, 25
+    )
     bound = _run("b", [9], [20], lag_problems=["issue lag p99 40 ms > 10 ms"])
     assert verdict([a, bound, d], {}, 25) == [
         "CLIENT-BOUND: the load generator did not keep its schedule, no result: (b) issue lag p99 40 ms > 10 ms"
