@@ -689,20 +689,20 @@ def summarise(path: str, mode: str, spec: dict, parts: list[dict]) -> dict:
 
 def queue_accounting(r: Any, q: Any, prefix: str, res: dict) -> dict:
     """What Redis says after a gateway run: results stored (served + failed), completions dropped as duplicates,
-    result lists left unread, entries still in the stream or pending. An unread result of a job its client got an
-    answer for is a second answer; one of a job the client gave up on (its deadline passed) is a late answer."""
+    results left unread, entries still in the stream or pending. A result stays after it is read (its TTL drops to
+    the queue's ``read_ttl_s``: that is how a result is known read); a second result under one key is a second
+    answer, and an unread one of a job the client gave up on (its deadline passed) is a late answer."""
     st = q.stats()
     stored = sum(v for k, v in st.items() if k.startswith("served:")) + st.get("failed", 0)
     status = {f"{prefix}-{row[0]}": row[4] for row in res["_rows"]}
     left = late = twice = 0
     for key in r.scan_iter(match=f"{q.cfg.prefix}:result:{prefix}-*", count=1000):
         n = int(r.llen(key))
-        left += n
-        if status.get((key.decode() if isinstance(key, bytes) else key).rsplit(":", 1)[1]) == "lost":
-            late += min(n, 1)
-            twice += max(0, n - 1)
-        else:
-            twice += n
+        unread = int(r.ttl(key)) > q.cfg.read_ttl_s
+        left += unread
+        twice += max(0, n - 1)
+        if unread and status.get((key.decode() if isinstance(key, bytes) else key).rsplit(":", 1)[1]) == "lost":
+            late += 1
     answered = res["answered_right"] + res["wrong"] + res["errors"]
     return {
         "results_stored": stored,
@@ -987,7 +987,7 @@ def main(argv: Optional[list[str]] = None) -> int:
                         "usec": round(v["usec"] / max(1, res["sent"]), 1),
                     }
                     for c, v in r.info("commandstats").items()
-                    if c.removeprefix("cmdstat_") not in ("config", "info", "scan", "llen", "hgetall", "del")
+                    if c.removeprefix("cmdstat_") not in ("config", "info", "scan", "llen", "ttl", "hgetall", "del")
                 }
             rows = res.pop("_rows")
             res["_rows"] = rows

@@ -6,7 +6,8 @@
     headers ``X-Gpuhost-Backend`` and ``X-Gpuhost-Latency-Ms`` (submit to result, queueing included);
   * 429 with ``Retry-After``: the queue is full (``max_depth`` jobs waiting or running); nothing was queued;
   * 504: no result within ``--timeout`` (the job stays queued; resubmitting the same request with the same ``id``
-    does not queue it twice, and its result is still delivered once);
+    does not queue it twice, and gets its result: every request of one job key in flight, or arriving within the
+    queue's ``read_ttl_s`` after the result was first read, is answered with it);
   * 502: the job failed on every backend (the message says why);
   * 400: a body that is not a v2 request, or a value the model's datatype cannot hold (out of range, NaN/inf,
     a string for BOOL, an array deeper than the shape): the message names the input; nothing is coerced;

@@ -5,7 +5,9 @@ Keys (``prefix`` defaults to ``gen``, the stream to ``gen:queue`` as in the seed
     gen:queue            the stream; one entry per job, deleted once its result is stored
     gen:job:<key>        the stream id a job key was accepted under (a resubmitted key is not queued twice)
     gen:done:<key>       the backend that completed the job; SET NX, so only the first completion counts
-    gen:result:<key>     a list holding the result until the caller pops it (BLPOP)
+    gen:result:<key>     a one-element list holding the result; every waiter reads it with BLMOVE from the list to
+                         itself (a read that leaves it in place), so any number of waiters and retries of the key
+                         get it; once read its TTL (and the job and done keys') drops to ``read_ttl_s``
     gen:in:<key>         a large job's input tensors (``inline_max_bytes`` or more), one string beside a small
                          stream entry that names it; deleted when the job completes
     gen:stats            counters: accepted, refused, duplicates, served:<backend>, failed
@@ -14,6 +16,13 @@ Why an XLEN check and not ``XADD … MAXLEN``: MAXLEN trims the oldest entries, 
 yet (or that a worker holds pending); that is losing work silently. The submit script refuses instead, atomically
 with the add, and the caller gets ``QueueFull`` (HTTP 429 at the gateway). Completed entries are XDEL'd, so XLEN is
 the work waiting or running.
+
+Why the result is not popped: a caller that timed out and retried with the same id had two handlers waiting on
+the key, and the abandoned first one popped the result: the retry waited until its own timeout (504), and every
+later retry for the job key's hour was a duplicate with nothing left to read. Rotating the one-element list
+(``BLMOVE key key``) is a blocking read that wakes every waiter, with no window where the result is out of Redis.
+Keeping a read result for an hour would keep every image in memory; ``read_ttl_s`` after the first read bounds it,
+and a retry later than that is a new job (its job key expires with the result), answered again, never a 504.
 
 Why large inputs are not in the stream entry: passed through the submit script, every byte is copied into a Lua
 string and back (a 1.2 MB image cost Redis ~8x what a plain SET of the same bytes does, which Redis keeps without a
@@ -100,6 +109,8 @@ class QueueConfig:
     prefix: str = "gen"
     max_depth: int = 1000
     result_ttl_s: int = 3600
+    # How long a result stays readable after its first read (retries and other waiters of the key; Redis memory).
+    read_ttl_s: int = 300
     # Inputs of this many bytes or more go in their own key (gen:in:<key>), not through the submit script.
     inline_max_bytes: int = 64 * 1024
 
@@ -241,17 +252,24 @@ class JobQueue:
         return key
 
     def result(self, key: str, *, timeout_s: float = 30.0, submitted_at: Optional[float] = None) -> Result:
-        # In slices of at most a second: one BLPOP longer than the client's socket timeout (redis-py's default is
-        # 5 s) fails client-side and is retried, and a result the server popped meanwhile would be lost.
+        """The job's result, waiting up to ``timeout_s``; it stays for every other waiter of ``key`` (read in place,
+        see the module docstring), readable for ``read_ttl_s`` more."""
+        # In slices of at most a second: one BLMOVE longer than the client's socket timeout (redis-py's default is
+        # 5 s) fails client-side and is retried.
+        rkey = self.cfg.key("result", key)
         deadline = time.monotonic() + timeout_s
         while True:
             left = deadline - time.monotonic()
-            got = self.r.blpop([self.cfg.key("result", key)], timeout=max(0.01, min(1.0, left)))
+            got = self.r.blmove(rkey, rkey, max(0.01, min(1.0, left)), "LEFT", "RIGHT")
             if got is not None:
                 break
             if left <= 1.0:
                 raise ResultTimeout(f"no result for job {key} within {timeout_s:g}s")
-        res = Result.decode(got[1])
+        pipe = self.r.pipeline(transaction=False)
+        for k in (rkey, self.cfg.key("job", key), self.cfg.key("done", key)):
+            pipe.expire(k, self.cfg.read_ttl_s, lt=True)  # LT: only ever shortened, by whichever reader is first
+        pipe.execute()
+        res = Result.decode(got)
         if submitted_at is not None:
             res.received_ms = (time.time() - submitted_at) * 1000
         return res

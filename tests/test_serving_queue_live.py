@@ -157,8 +157,9 @@ def _collect(q: JobQueue, keys: dict[str, int], timeout: float = 60) -> dict[str
     for key, i in keys.items():
         out[key] = q.result(key, timeout_s=timeout)
         _check_answer(out[key], i)
-    # Exactly one result per job: nothing left behind for a second pop.
-    assert all(q.r.llen(q.cfg.key("result", k)) == 0 for k in keys)
+    # Exactly one result stored per job (it stays readable for retries until its TTL, a short one once read).
+    assert all(q.r.llen(q.cfg.key("result", k)) == 1 for k in keys)
+    assert all(0 < q.r.ttl(q.cfg.key("result", k)) <= q.cfg.read_ttl_s for k in keys)
     return out
 
 
