@@ -591,6 +591,13 @@ def _pin_problems(fleet: Fleet) -> list[str]:
         j = h.ssh.jump
         if j is not None and j.host_key is None and not h.ssh.insecure_accept_unknown_host_key:
             out.append(f"{at}.ssh.jump.host_key: missing; pin the jump host's key (strict host keys)")
+        elif j is not None and h.name in docker_hosts and (j.host_key or "").startswith("SHA256:"):
+            # Docker's ssh reaches the host through a ProxyCommand to the jump host, checked against known_hosts too
+            out.append(
+                f"{at}.ssh.jump.host_key: Docker reaches this host through its jump host over SSH "
+                f"({docker_hosts[h.name]}) and needs the jump host's key line ('ssh-ed25519 AAAA...'), not its "
+                "SHA256 fingerprint, to write known_hosts"
+            )
         for k, vm in enumerate(h.vms):
             if not vm.address:
                 continue

@@ -24,6 +24,7 @@ from access.ssh import SshError, _load_pkey
 from stacks.checks import fleet_problems, placement_problems
 from stacks.errors import ConfigError
 from stacks.paths import path_problems
+from stacks.rawconfig import fleet_json, path_of, scrubbed, value_problems, visible
 from stacks.schema import Fleet, _find_private_keys
 
 
@@ -71,10 +72,14 @@ _TYPE_MSG = {
 }
 
 
-def errors_of(err: ValidationError, prefix: str = "fleet") -> list[str]:
+def errors_of(err: ValidationError, prefix: str = "fleet", skip: tuple[tuple, ...] = ()) -> list[str]:
+    """One line per error; none for a field under a location in `skip` (reported already, by `value_problems`)."""
     lines = []
     for e in err.errors():
-        where = _loc(tuple(p for p in e["loc"] if p not in ("function-after", "function-before")))
+        loc = tuple(p for p in e["loc"] if p not in ("function-after", "function-before"))
+        if any(loc[: len(s)] == s for s in skip):
+            continue
+        where = _loc(loc)
         msg = e["msg"].removeprefix("Value error, ")
         if e["type"] in ("less_than_equal", "greater_than_equal") and str(e["loc"][-1]).endswith("port"):
             msg = f"{e['input']!r} is not a TCP port (use 1-65535)"
@@ -102,17 +107,20 @@ def parse_fleet(raw: Any) -> Fleet:
     still cross-checked), and raise one ConfigError with a line per problem."""
     if raw is None:
         raise ConfigError(["gpuhost:fleet: missing (see Pulumi.dev.yaml for the shape)"])
+    chars, refused = value_problems(raw)  # too deep or too big raises here, before anything walks it again
     lines = [
         f"{where}: looks like a private key in plain config; keys belong in "
         "`pulumi config set --secret gpuhost:sshPrivateKey`"
         for _, where in _find_private_keys(raw)
-    ]
-    dropped: list[str] = []
+    ] + chars
+    dropped: list[str] = [path_of(loc) for loc in refused]
+    raw = scrubbed(raw, refused)
     try:
         fleet: Optional[Fleet] = Fleet.model_validate(raw)
     except ValidationError as e:
-        lines += errors_of(e)
-        fleet, dropped = _good_part(raw, e)
+        lines += errors_of(e, skip=tuple(refused))
+        fleet, more = _good_part(raw, e)
+        dropped += more
     if fleet is not None:
         cross = fleet_problems(fleet, frozenset(dropped))
         if not cross and not lines:
@@ -123,7 +131,8 @@ def parse_fleet(raw: Any) -> Fleet:
             cross = _declaration_problems(fleet)
         lines += [ln for ln in cross if not any(ln.startswith(d) and ln[len(d)] in ".[:" for d in dropped)]
     if lines:
-        raise ConfigError(list(dict.fromkeys(lines)))
+        # a value quoted by a message is shown with its control characters escaped, never raw
+        raise ConfigError(list(dict.fromkeys(visible(ln) for ln in lines)))
     assert fleet is not None
     return fleet
 
@@ -207,7 +216,7 @@ def load(config: pulumi.Config) -> tuple[Fleet, pulumi.Output[str]]:
     lines: list[str] = []
     fleet = None
     try:
-        fleet = parse_fleet(config.get_object("fleet"))
+        fleet = parse_fleet(fleet_json(config.get("fleet")))
     except ConfigError as e:
         lines += e.lines
     key_names = {"sshPrivateKey"} | ({h.ssh.key_name for h in fleet.hosts} if fleet else set())

@@ -118,17 +118,26 @@ MigProfile = Annotated[str, AfterValidator(val.mig_profile)]
 IrqPattern = Annotated[str, AfterValidator(val.irq_pattern)]
 
 
+PIN_FIX = (
+    "pin the key line `ssh-keyscan -t ed25519 HOST` prints, 'ssh-ed25519 AAAA...', or its 'SHA256:...' fingerprint"
+)
+FINGERPRINT_RE = re.compile(r"SHA256:[A-Za-z0-9+/]{43}")
+
+
 def _pin(v: Optional[str]) -> Optional[str]:
-    """A host key pin checked by the access layer's own rules (the same for hosts, jump hosts and guests)."""
+    """A host key pin checked by the access layer's own rules (the same for hosts, jump hosts and guests), and a
+    fingerprint in the one form the access layer compares with (`ssh-keygen -lf` prints it: 43 characters, no '=')."""
+    if v is not None and v.strip().startswith("SHA256:") and not FINGERPRINT_RE.fullmatch(v):
+        raise ValueError(
+            "a SHA256 fingerprint is 'SHA256:' and 43 base64 characters, no padding, as `ssh-keygen -lf` prints it "
+            f"({PIN_FIX})"
+        )
     if v is not None:
         try:
             HostSpec(name="x", address="127.0.0.1", host_key=v)
         except ValidationError as e:
             why = " ".join(x["msg"].removeprefix("Value error, ") for x in e.errors())
-            raise ValueError(
-                f"{why} (pin the key line `ssh-keyscan -t ed25519 HOST` prints, 'ssh-ed25519 AAAA...', or its "
-                "'SHA256:...' fingerprint)"
-            ) from None
+            raise ValueError(f"{why} ({PIN_FIX})") from None
     return v
 
 
@@ -157,6 +166,7 @@ class Ssh(Strict):
     _address = _v(val.address, "address")
     _user = _v(val.unix_user, "user")
     _key_name = _v(val.config_key, "key_name")
+    _host_key = _v(_pin, "host_key")  # same pin rules as the access layer, reported at ssh.host_key
 
     @model_validator(mode="after")
     def _pin_required(self):
@@ -165,7 +175,6 @@ class Ssh(Strict):
                 "host_key is required (strict host-key checking); "
                 "insecure_accept_unknown_host_key is only for throwaway dev hosts"
             )
-        _pin(self.host_key)  # same pin rules as the access layer
         return self
 
 

@@ -17,9 +17,10 @@ import functools
 import json
 from pathlib import Path
 
-import yaml
 from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
+
+from stacks.rawconfig import load_yaml
 
 ROOT = Path(__file__).resolve().parent.parent
 SECRETS = ("gpuhost:sshPrivateKey",)  # what every stack needs as a secret
@@ -37,7 +38,9 @@ def throwaway_key() -> str:
 
 
 def stack_file(stack: str) -> dict:
-    return yaml.safe_load((ROOT / f"Pulumi.{stack}.yaml").read_text())
+    """The stack file's YAML; ConfigError (one line) when it nests too deep or its aliases expand too far."""
+    name = f"Pulumi.{stack}.yaml"
+    return load_yaml((ROOT / name).read_text(), name)
 
 
 def stack_config(stack: str, decrypt: bool = False) -> tuple[dict, list[str]]:

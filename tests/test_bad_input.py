@@ -7,6 +7,7 @@ note: class → the error line the user sees → resources registered (always 0)
 
 from __future__ import annotations
 
+import functools
 import json
 
 import pytest
@@ -167,7 +168,9 @@ BAD = [
     (
         "sysctl name with a newline",
         _set(lambda f: H(f)["tuning"]["sysctls"], "net.core.x\nfoo", "1"),
-        ["fleet.hosts[0].tuning.sysctls: sysctl name 'net.core.x\\nfoo' holds a NUL or line break"],
+        [
+            'fleet.hosts[0].tuning.sysctls: key "net.core.x\\nfoo" holds a control character (U+000A line break at character 10); config values are printable text on one line: remove them'
+        ],
     ),
     (
         "sysctl value with $",
@@ -251,7 +254,9 @@ BAD = [
     (
         "NUL in a jump user",
         _set(lambda f: H(f)["ssh"]["jump"], "user", "ops\x00"),
-        ["fleet.hosts[0].ssh.jump.user: user name 'ops\\x00' holds a NUL or line break"],
+        [
+            "fleet.hosts[0].ssh.jump.user: value holds a control character (U+0000 NUL at character 3); config values are printable text on one line: remove them"
+        ],
     ),
 ]
 
@@ -381,26 +386,28 @@ BAD_ROUND2 = [
         "host name with a trailing newline",
         lambda f: H(f, 5).__setitem__("name", "mon-01\n"),
         [
-            "fleet.hosts[5].name: host name 'mon-01\\n': lower-case letters, digits and '-' (at most 63, no leading or trailing '-')"
+            "fleet.hosts[5].name: value holds a control character (U+000A line break at character 6); config values are printable text on one line: remove them"
         ],
     ),
     (
         "VM name with a trailing newline",
         lambda f: H(f, 1)["vms"][3].__setitem__("name", "tenant-b-4\n"),
         [
-            "fleet.hosts[1].vms[3].name: VM name 'tenant-b-4\\n': lower-case letters, digits and '-' (at most 63, no leading or trailing '-')"
+            "fleet.hosts[1].vms[3].name: value holds a control character (U+000A line break at character 10); config values are printable text on one line: remove them"
         ],
     ),
     (
         "bridge with a trailing newline",
         lambda f: H(f)["vm_network"].__setitem__("bridge", "br0\n"),
-        ["fleet.hosts[0].vm_network.bridge: bridge 'br0\\n': an interface name of 1-15 letters, digits, _ . : -"],
+        [
+            "fleet.hosts[0].vm_network.bridge: value holds a control character (U+000A line break at character 3); config values are printable text on one line: remove them"
+        ],
     ),
     (
         "sha256 with a trailing newline",
         lambda f: S(f)["models"][0]["artifact"].__setitem__("sha256", "3f1c" * 16 + "\n"),
         [
-            "fleet.services[0].models[0].artifact.sha256: sha256 '3f1c3f1c3f1c3f1c3f1c3f1c3f1c3f1c3f1c3f1c3f1c3f1c3f1c3f1c3f1c3f1c\\n': 64 lower-case hex digits (`sha256sum FILE`)"
+            "fleet.services[0].models[0].artifact.sha256: value holds a control character (U+000A line break at character 64); config values are printable text on one line: remove them"
         ],
     ),
     (
@@ -680,7 +687,9 @@ BAD_ROUND2 = [
     (
         "artifact path with NUL",
         _artifact(path="/srv/y.onnx\x00"),
-        ["fleet.services[0].models[0].artifact.path: path '/srv/y.onnx\\x00' holds a NUL or line break"],
+        [
+            "fleet.services[0].models[0].artifact.path: value holds a control character (U+0000 NUL at character 11); config values are printable text on one line: remove them"
+        ],
     ),
     (
         "jump host key invalid",
@@ -811,3 +820,146 @@ def test_a_gpu_spelled_two_ways_in_two_vms_is_one_gpu():
     assert isinstance(err, ConfigError)
     assert "fleet.hosts[0].vms[1].gpus: 0000:4b:00.0 is already given to VM 'tenant-rt-a'" in err.lines[0]
     assert len(rec.registrations) == 0
+
+
+# -- round 3 (issue 38 §4): pins, control characters, nesting ------------------------------------------------------
+KEY = "ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIL/kSwgf9qVUgtkwpJuQBIIevT94BAXy29qU5XlIfwG3"
+FP = "SHA256:uNiVztksCsDhcc0u9e8BujQXVUpKZIDTMczCvj3tD2s"
+PIN_LINE = (
+    "a pin is one line: the key `ssh-keyscan -t ed25519 HOST` prints ('ssh-ed25519 AAAA...') or its 'SHA256:...' "
+    "fingerprint"
+)
+ONE_LINE = "config values are printable text on one line: remove them"
+
+
+def _chars(path: str, found: str, fix: str = ONE_LINE, what: str = "value") -> list[str]:
+    return [f"{path}: {what} holds {found}; {fix}"]
+
+
+BAD_ROUND3 = [
+    (
+        "jump host pinned by fingerprint, Docker through it",
+        lambda f: H(f)["ssh"]["jump"].__setitem__("host_key", FP),
+        [
+            "fleet.hosts[0].ssh.jump.host_key: Docker reaches this host through its jump host over SSH (monitoring) "
+            "and needs the jump host's key line ('ssh-ed25519 AAAA...'), not its SHA256 fingerprint, to write "
+            "known_hosts"
+        ],
+    ),
+    (
+        "jump host key with a second known_hosts line",
+        lambda f: H(f)["ssh"]["jump"].__setitem__("host_key", f"{KEY}\n@cert-authority * {KEY}"),
+        _chars("fleet.hosts[0].ssh.jump.host_key", "a control character (U+000A line break at character 80)", PIN_LINE),
+    ),
+    (
+        "host key with a carriage return and a second line",
+        lambda f: H(f, 2)["ssh"].__setitem__("host_key", f"{KEY}\r\n@revoked * {KEY}"),
+        _chars(
+            "fleet.hosts[2].ssh.host_key",
+            "control characters (U+000D carriage return at character 80, U+000A line break at character 81)",
+            PIN_LINE,
+        ),
+    ),
+    (
+        "guest key with a vertical tab",
+        lambda f: H(f)["vms"][0].__setitem__("host_key", KEY.replace(" ", "\x0b")),
+        _chars("fleet.hosts[0].vms[0].host_key", "a control character (U+000B at character 11)", PIN_LINE),
+    ),
+    (
+        "jump host fingerprint of the wrong length",
+        lambda f: H(f)["ssh"]["jump"].__setitem__("host_key", FP + "="),
+        [
+            "fleet.hosts[0].ssh.jump.host_key: a SHA256 fingerprint is 'SHA256:' and 43 base64 characters, no "
+            "padding, as `ssh-keygen -lf` prints it (pin the key line `ssh-keyscan -t ed25519 HOST` prints, "
+            "'ssh-ed25519 AAAA...', or its 'SHA256:...' fingerprint)"
+        ],
+    ),
+    (
+        "artifact URL with ESC and DEL",
+        _artifact(url="https://models.hk.internal/y\x1b[31m.onnx\x7f"),
+        _chars(
+            "fleet.services[0].models[0].artifact.url",
+            "control characters (U+001B ESC at character 28, U+007F DEL at character 38)",
+            "percent-encode them (e.g. %1B)",
+        ),
+    ),
+    (
+        "C1 next-line in a GPU model",
+        lambda f: H(f)["gpus"][0].__setitem__("model", "L40S\x85"),
+        _chars("fleet.hosts[0].gpus[0].model", "a control character (U+0085 at character 4)"),
+    ),
+    (
+        "bidi override in a service name",
+        lambda f: S(f).__setitem__("name", "yolo\u202ert"),
+        _chars("fleet.services[0].name", "a control character (U+202E bidi control at character 4)"),
+    ),
+    (
+        "line separator in a guest user",
+        lambda f: H(f)["vms"][0].__setitem__("guest_user", "ops\u2028root"),
+        _chars("fleet.hosts[0].vms[0].guest_user", "a control character (U+2028 line separator at character 3)"),
+    ),
+    (
+        "tab in a sysctl value",
+        lambda f: H(f)["tuning"]["sysctls"].__setitem__("net.core.somaxconn", "4096\t1"),
+        _chars("fleet.hosts[0].tuning.sysctls.net.core.somaxconn", "a control character (U+0009 tab at character 4)"),
+    ),
+    (
+        "ESC in an unknown key",
+        lambda f: H(f)["ssh"].__setitem__("x\x1b]8;;", "y"),
+        _chars("fleet.hosts[0].ssh", "a control character (U+001B ESC at character 1)", what='key "x\\u001b]8;;"'),
+    ),
+    (
+        "a bad value and a control character elsewhere, each its own line",
+        lambda f: (H(f)["vms"][0].__setitem__("guest_user", "a b"), H(f, 1)["ssh"].__setitem__("user", "ops\x07")),
+        [
+            "fleet.hosts[1].ssh.user: value holds a control character (U+0007 at character 3); " + ONE_LINE,
+            "fleet.hosts[0].vms[0].guest_user: user name 'a b' may hold only a POSIX login name: lower-case letters, "
+            "digits, _ and -, starting with a letter or _ (at most 32)",
+        ],
+    ),
+    (
+        "nested 30 deep",
+        lambda f: H(f).__setitem__("labels", functools.reduce(lambda v, _: {"a": v}, range(30), "x")),
+        [
+            "gpuhost:fleet: nested more than 20 levels deep (at fleet.hosts[0].labels.a.a.a...); a stack config is "
+            "a few levels deep (hosts[].vms[].gpus[]): remove the extra nesting"
+        ],
+    ),
+]
+
+
+@pytest.mark.parametrize("what, mutate, lines", BAD_ROUND3, ids=[b[0] for b in BAD_ROUND3])
+def test_round3_bad_input_refused_before_any_resource(what, mutate, lines):
+    rec, err = _run(mutate)
+    assert isinstance(err, ConfigError), f"{what}: {err!r}"
+    assert err.lines == lines
+    assert len(rec.registrations) == 0
+
+
+@pytest.mark.parametrize("depth", [1000, 5000, 100_000])
+def test_config_nested_thousands_deep_is_one_line_not_a_recursion_error(depth):
+    cfg, secret = stack_config("hk-prod")
+    fleet = json.loads(cfg["gpuhost:fleet"])
+    H(fleet)["labels"] = "@deep@"
+    cfg["gpuhost:fleet"] = json.dumps(fleet).replace('"@deep@"', "[" * depth + "]" * depth)
+    rec, err = attempt_program(cfg, secret, stack="hk-prod")
+    assert isinstance(err, ConfigError), repr(err)[:300]
+    assert err.lines == [
+        "gpuhost:fleet: nested more than 20 levels deep"
+        + (" (at fleet.hosts[0].labels[0][0][0][0]...)" if depth < 990 else "")
+        + "; a stack config is a few levels deep (hosts[].vms[].gpus[]): remove the extra nesting"
+    ]
+    assert len(rec.registrations) == 0
+
+
+def test_good_stacks_pinned_by_fingerprint_where_docker_does_not_reach_still_load():
+    """A fingerprint stays a good pin for a jump host Docker does not go through: without monitoring, Docker reaches
+    only trt-l40s-01's guests, through the host itself as their jump."""
+
+    def mutate(f):
+        f.pop("monitoring")
+        H(f)["ssh"]["jump"]["host_key"] = FP
+
+    rec, err = _run(mutate)
+    assert err is None, err
+    assert len(rec.registrations) > 10
