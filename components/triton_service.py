@@ -3,6 +3,7 @@ systemd+numactl, started) → nginx (installed, `nginx -t` on the target, reload
 
 Children (all named ``f"{name}-…"``, parented to the component):
   * ``{name}-snapshot``: ServingSnapshot (what the guest served before this deploy; a failed gate restores it);
+  * ``{name}-control-key``: TritonControlKey (the host's key for Triton's restricted APIs, made on the host);
   * ``{name}-{model}-artifact``: ModelArtifact per artifact (ONNX or model.py from a URL or path, sha256-checked);
   * ``{name}-{model}-engine``: TensorRTEngine per TensorRT model (after its ONNX arrived);
   * ``{name}-models``: TritonModelRepository (config.pbtxt per model, validated; ``.gpuhost-digest`` marker);
@@ -47,6 +48,7 @@ from plans.triton_engine import EngineBuild
 from plans.triton_model import ModelSpec
 from plans.triton_repo import repository_digest, repository_files
 from plans.triton_runtime import (
+    CONTROL_KEY_PATH,
     DockerRuntime,
     ProcessRuntime,
     ServerOptions,
@@ -60,6 +62,7 @@ from plans.triton_runtime import (
     systemd_unit,
 )
 from providers.base import host_input
+from providers.control_key import TritonControlKey
 from providers.managed_file import ManagedFile
 from providers.model_artifact import ModelArtifact
 from providers.service_state import SystemPackages
@@ -158,6 +161,13 @@ def gate_signature(spec: ModelSpec) -> dict:
     return sig
 
 
+def connect_address(bind: str) -> str:
+    """Where a client on the same machine reaches a listener bound to ``bind`` (all interfaces: loopback)."""
+    if bind in ("0.0.0.0", "::"):
+        return "127.0.0.1"
+    return f"[{bind}]" if ":" in bind else bind
+
+
 def _mps_env(pct: Optional[int]) -> dict[str, str]:
     if pct is None:
         return {}
@@ -216,11 +226,22 @@ def children(name: str, args: TritonServiceArgs) -> list[Child]:
     # -- server definition (pure) ---------------------------------------------------------------------------------
     env = _mps_env(args.mps_percentage)
     window_flags = adaptive_window_flags(args, specs)
+    o = args.server
     if args.runtime == "docker":
+        # Inside the container's own network namespace Triton binds every interface of it; the host side is only
+        # the published ports, each on the address the stack gives (loopback by default).
+        inside = {"model_repository": "/models", "http_address": "0.0.0.0", "grpc_address": "0.0.0.0"}
         srv_args = with_flags(
-            server_args(args.server.model_copy(update={"model_repository": "/models"}), specs), window_flags
+            server_args(o.model_copy(update={**inside, "metrics_address": "0.0.0.0"}), specs), window_flags
         )
-        rt = args.docker.model_copy(update={"host_repository": args.repository_root, "env": {**env, **args.docker.env}})
+        publish = {o.http_port: o.http_address, o.grpc_port: o.grpc_address, o.metrics_port: o.metrics_address}
+        rt = args.docker.model_copy(
+            update={
+                "host_repository": args.repository_root,
+                "env": {**env, **args.docker.env},
+                "publish": {**publish, **args.docker.publish},
+            }
+        )
         c = container_spec(rt, srv_args)
         runtime_id = hashlib.sha256(json.dumps(c, sort_keys=True).encode()).hexdigest()
         # This deploy's own `docker run` on the guest: the snapshot keeps the previous deploy's, so a failed gate
@@ -239,7 +260,13 @@ def children(name: str, args: TritonServiceArgs) -> list[Child]:
         server_files = [UNIT_PATH]
         restart = [["systemctl", "daemon-reload"], ["systemctl", "restart", "gpuhost-triton"]]
     nginx_text = render_nginx(
-        NginxSpec(default_model=specs[0].name, models=tuple(sp.name for sp in specs), listen_http=args.nginx_listen)
+        NginxSpec(
+            default_model=specs[0].name,
+            models=tuple(sp.name for sp in specs),
+            listen_http=args.nginx_listen,
+            upstream_http=f"{connect_address(o.http_address)}:{o.http_port}",
+            upstream_grpc=f"{connect_address(o.grpc_address)}:{o.grpc_port}",
+        )
     )
     if args.manage_nginx:
         server_files.append(args.nginx_conf_path)
@@ -267,6 +294,13 @@ def children(name: str, args: TritonServiceArgs) -> list[Child]:
     }
     prepare = [docker_unroll(c["name"], c["restart"])] if args.runtime == "docker" else []
     out = [Child("snapshot", ServingSnapshot, {**rollback, "trigger": deploy_id, "prepare": prepare})]
+    key = ("control-key",) if o.restrict_apis else ()
+    if o.restrict_apis:
+        out.append(
+            Child(
+                "control-key", TritonControlKey, {"host": host, "path": CONTROL_KEY_PATH, "mode": "0600"}, ("snapshot",)
+            )
+        )
 
     # -- model artifacts, engines, repository ---------------------------------------------------------------------
     artifacts: dict[str, str] = {}  # dest -> suffix
@@ -320,7 +354,7 @@ def children(name: str, args: TritonServiceArgs) -> list[Child]:
                     "mode": "0700",
                     "owner": "root:root",
                 },
-                after=("snapshot",),
+                after=("snapshot", *key),
             )
         )
         out.append(
@@ -350,7 +384,7 @@ def children(name: str, args: TritonServiceArgs) -> list[Child]:
                         ],
                     ),
                 },
-                after=("models",),
+                after=("models", *key),
                 provider="docker",
             )
         )
@@ -377,7 +411,7 @@ def children(name: str, args: TritonServiceArgs) -> list[Child]:
                     "check": [rt_p.numactl, "--hardware"] if rt_p.numa_node is not None else [],
                     "trigger": f"{digest}:{runtime_id}",
                 },
-                after=("models", "triton-unit"),
+                after=("models", "triton-unit", *key),
             )
         )
         started = ["triton-service"]
@@ -424,12 +458,11 @@ def children(name: str, args: TritonServiceArgs) -> list[Child]:
         started.append("nginx")
 
     if args.adaptive_window:
-        opts_ = ServerOptions()
         unit_text = controller_unit(
             args.adaptive_window,
             [m.name for m in specs],
-            triton_url=f"http://127.0.0.1:{opts_.http_port}",
-            metrics_url=f"http://127.0.0.1:{opts_.metrics_port}",
+            triton_url=f"http://{connect_address(o.http_address)}:{o.http_port}",
+            metrics_url=f"http://{connect_address(o.metrics_address)}:{o.metrics_port}",
         )
         out.append(
             Child(

@@ -3,7 +3,16 @@
 * ``server_args``: ``--metrics-config=summary_latencies=true`` (the p95 alert's series),
   ``--exit-on-error=false`` (one broken model must not take the others down, seed 004),
   ``--rate-limit=execution_count`` when a model declares rate-limiter resources, ``--cache-config``
-  when a model enables ``response_cache``, ports 8000/8001/8002.
+  when a model enables ``response_cache``, ports 8000/8001/8002 bound to loopback unless the stack names an address
+  (``--http-address``/``--grpc-address``/``--metrics-address``; never Triton's default 0.0.0.0 unless asked), and
+  the model-repository, shared-memory, logging and trace APIs restricted (``--http-restricted-api``,
+  ``--grpc-restricted-protocol``) to requests carrying the host's control key (``CONTROL_KEY_PATH``, generated on
+  the host by ``providers/control_key.py``, never in Pulumi state): the flags name it as ``${KEY_VAR}``, which the
+  systemd unit expands from its ``EnvironmentFile`` and the container's ``/bin/sh`` from the mounted file. HTTP
+  clients send it as the header ``gpuhost-control-key``, gRPC clients as ``triton-grpc-protocol-gpuhost-control-key``.
+  Caveat: Triton takes the key only on its command line, so while it runs the key is in its argv
+  (``/proc/<pid>/cmdline``), readable by any local user of the machine unless ``/proc`` is mounted ``hidepid=2``;
+  the restriction keeps out whoever reaches Triton's ports, not a local user who can read other processes.
 * ``container_spec``: the pulumi-docker ``Container`` arguments (NGC image pinned, ports, GPU device
   requests — whole GPUs or MIG UUIDs —, shm size, memlock/stack ulimits, restart policy, MPS env).
 * ``systemd_unit``: the process runtime (seed 002 §11): ``numactl --cpunodebind=N --membind=N
@@ -29,12 +38,29 @@ from plans.triton_model import ModelSpec, needs_rate_limit, needs_response_cache
 _IMAGE = r"^[a-z0-9.\-/:_@]+$"
 
 
+# The host's Triton control key (systemd EnvironmentFile syntax, one line, root 0600): see the module docstring.
+CONTROL_KEY_PATH = "/etc/gpuhost/triton-control.env"
+KEY_VAR = "GPUHOST_TRITON_CONTROL_KEY"
+KEY_REF = "${" + KEY_VAR + "}"
+CONTROL_HEADER = "gpuhost-control-key"
+GRPC_CONTROL_HEADER = "triton-grpc-protocol-" + CONTROL_HEADER  # Triton prefixes the gRPC metadata key
+# Code loading (model-repository), memory mapping (shared-memory) and server-side settings: the operator's only.
+RESTRICTED_APIS = ("model-repository", "shared-memory", "logging", "trace")
+_IP = r"^([0-9]{1,3}(\.[0-9]{1,3}){3}|[0-9a-fA-F:]*:[0-9a-fA-F:.]*)$"
+
+
 class ServerOptions(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
     model_repository: str = "/models"
     http_port: int = 8000
     grpc_port: int = 8001
     metrics_port: int = 8002
+    # Where Triton's listeners bind (IP literals: Triton does not resolve names); loopback unless the stack names one.
+    http_address: str = Field("127.0.0.1", pattern=_IP)
+    grpc_address: str = Field("127.0.0.1", pattern=_IP)
+    metrics_address: str = Field("127.0.0.1", pattern=_IP)
+    # Restrict RESTRICTED_APIS to requests with the host's control key (KEY_REF expanded where Triton starts).
+    restrict_apis: bool = True
     exit_on_error: bool = False
     strict_readiness: bool = True
     response_cache_bytes: int = 256 * 1024 * 1024
@@ -48,8 +74,11 @@ class ServerOptions(BaseModel):
 def server_args(o: ServerOptions, specs: list[ModelSpec]) -> list[str]:
     args = [
         f"--model-repository={o.model_repository}",
+        f"--http-address={o.http_address}",
         f"--http-port={o.http_port}",
+        f"--grpc-address={o.grpc_address}",
         f"--grpc-port={o.grpc_port}",
+        f"--metrics-address={o.metrics_address}",
         f"--metrics-port={o.metrics_port}",
         f"--exit-on-error={'true' if o.exit_on_error else 'false'}",
         f"--strict-readiness={'true' if o.strict_readiness else 'false'}",
@@ -62,7 +91,36 @@ def server_args(o: ServerOptions, specs: list[ModelSpec]) -> list[str]:
         args.append("--rate-limit=execution_count")
     if needs_response_cache(specs):
         args.append(f"--cache-config=local,size={o.response_cache_bytes}")
+    if o.restrict_apis:
+        args += restricted_args(KEY_REF)
     return args + list(o.extra)
+
+
+def restricted_args(key: str) -> list[str]:
+    """The two flags restricting RESTRICTED_APIS to requests carrying ``key`` (Triton 2.51's syntax:
+    ``<apis>:<header>=<value>``).
+
+    >>> restricted_args("k")[0]
+    '--http-restricted-api=model-repository,shared-memory,logging,trace:gpuhost-control-key=k'
+    """
+    apis = ",".join(RESTRICTED_APIS)
+    return [
+        f"--http-restricted-api={apis}:{CONTROL_HEADER}={key}",
+        f"--grpc-restricted-protocol={apis}:{CONTROL_HEADER}={key}",
+    ]
+
+
+def uses_control_key(args: list[str]) -> bool:
+    return any(KEY_REF in a for a in args)
+
+
+def parse_control_key(text: str) -> str:
+    """The key from the control key file's text (``KEY_VAR=<hex>``); ValueError when it holds none."""
+    for line in text.splitlines():
+        name, _, value = line.strip().partition("=")
+        if name == KEY_VAR and re.fullmatch(r"[0-9a-f]{64}", value):
+            return value
+    raise ValueError(f"no {KEY_VAR}=<64 hex digits> line")
 
 
 # ---------------------------------------------------------------- Docker
@@ -80,10 +138,27 @@ class DockerRuntime(BaseModel):
     restart: Literal["no", "always", "unless-stopped", "on-failure"] = "always"
     env: dict[str, str] = {}
     ports: dict[int, int] = {8000: 8000, 8001: 8001, 8002: 8002}
+    # The host address each container port is published on (Docker's default would be every interface); Triton
+    # itself binds 0.0.0.0 inside the container's own network namespace, which only these published ports reach.
+    publish: dict[int, str] = {}
+
+
+def _sh_word(arg: str) -> str:
+    """``arg`` as one /bin/sh word, KEY_REF left for the shell to expand (from the sourced key file)."""
+    if KEY_REF not in arg:
+        return quote(arg)
+    return f'"${KEY_VAR}"'.join(quote(part) if part else "" for part in arg.split(KEY_REF))
 
 
 def container_spec(rt: DockerRuntime, args: list[str]) -> dict:
-    """Keyword arguments for ``pulumi_docker.Container`` (plain data; the component wraps them)."""
+    """Keyword arguments for ``pulumi_docker.Container`` (plain data; the component wraps them). Arguments naming
+    the control key run through ``/bin/sh``, which reads the key from the mounted file (never in the spec)."""
+    volumes = [{"host_path": rt.host_repository, "container_path": "/models", "read_only": True}]
+    command = ["tritonserver", *args]
+    if uses_control_key(args):
+        run = f". {quote(CONTROL_KEY_PATH)} && exec tritonserver " + " ".join(_sh_word(a) for a in args)
+        command = ["/bin/sh", "-c", run]
+        volumes.append({"host_path": CONTROL_KEY_PATH, "container_path": CONTROL_KEY_PATH, "read_only": True})
     if rt.gpus == ["all"]:
         device_requests = [{"driver": "nvidia", "count": -1, "capabilities": [["gpu"]]}]
     else:
@@ -91,15 +166,17 @@ def container_spec(rt: DockerRuntime, args: list[str]) -> dict:
     return {
         "name": rt.name,
         "image": rt.image,
-        "command": ["tritonserver", *args],
-        "ports": [{"internal": i, "external": e} for i, e in sorted(rt.ports.items())],
+        "command": command,
+        "ports": [
+            {"internal": i, "external": e, "ip": rt.publish.get(i, "127.0.0.1")} for i, e in sorted(rt.ports.items())
+        ],
         "device_requests": device_requests,
         "shm_size": rt.shm_size_mib,
         # NGC's recommendation for Triton: unlimited locked memory, 64 MiB stack.
         "ulimits": [{"name": "memlock", "soft": -1, "hard": -1}, {"name": "stack", "soft": 67108864, "hard": 67108864}],
         "restart": rt.restart,
         "envs": [f"{k}={v}" for k, v in sorted(rt.env.items())],
-        "volumes": [{"host_path": rt.host_repository, "container_path": "/models", "read_only": True}],
+        "volumes": volumes,
         "must_run": True,
     }
 
@@ -122,7 +199,8 @@ def systemd_quote(arg: str) -> str:
     """Quote one ExecStart word for systemd (its own rules, not a shell): "…" with \\ and " escaped,
     $ and % doubled so systemd expands neither variables nor specifiers."""
     escaped = arg.replace("\\", "\\\\").replace('"', '\\"').replace("$", "$$").replace("%", "%%")
-    return f'"{escaped}"'
+    # The one variable gpuhost means: the control key, from the unit's EnvironmentFile.
+    return '"' + escaped.replace("$" + KEY_REF, KEY_REF) + '"'
 
 
 def exec_start(rt: ProcessRuntime, args: list[str]) -> list[str]:
@@ -147,6 +225,8 @@ def systemd_unit(rt: ProcessRuntime, args: list[str]) -> str:
         if not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", k):
             raise ValueError(f"bad environment variable name {k!r}")
         lines.append(f"Environment={systemd_quote(f'{k}={v}')}")
+    if uses_control_key(args):
+        lines.append(f"EnvironmentFile={CONTROL_KEY_PATH}")
     lines += [
         "ExecStart=" + " ".join(systemd_quote(a) for a in exec_start(rt, args)),
         f"Restart={rt.restart}",
@@ -220,7 +300,11 @@ def docker_run_script(c: dict, gpus: str, labels: dict[str, str]) -> str:
     for u in c["ulimits"]:
         run += ["--ulimit", f"{u['name']}={u['soft']}:{u['hard']}"]
     for p in c["ports"]:
-        run += ["-p", f"{p['external']}:{p['internal']}"]
+        run += [
+            "-p",
+            (f"[{p['ip']}]" if ":" in p.get("ip", "") else p.get("ip", "0.0.0.0"))
+            + f":{p['external']}:{p['internal']}",
+        ]
     for e in c["envs"]:
         run += ["-e", e]
     for v in c["volumes"]:

@@ -38,7 +38,8 @@ Triton's own window changes only by an explicit operator action, rate limited pe
 default, recorded in a state file shared by every operator of the host), never by the control loop::
 
     python3 adaptive_window.py reload-triton-window --model resnet50 --window-us 800 \\
-        [--triton-url http://127.0.0.1:8000] [--min-interval-s 600] [--state /var/lib/gpuhost/adaptive-window-reloads.json]
+        [--triton-url http://127.0.0.1:8000] [--min-interval-s 600] [--state /var/lib/gpuhost/adaptive-window-reloads.json] \\
+        [--key-file /etc/gpuhost/triton-control.env]    # as root: Triton's repository API needs the host's key
 
 Pure parts (tested on tables): ``decide``, ``parse_summary``, ``with_window``, ``load_body``, ``render_metrics``.
 """
@@ -211,8 +212,10 @@ def load_body(config: dict) -> bytes:
 class Triton:
     """Triton's HTTP endpoints the controller uses (standard library only)."""
 
-    def __init__(self, url: str, metrics_url: str, timeout_s: float = 60.0):
+    def __init__(self, url: str, metrics_url: str, timeout_s: float = 60.0, control_key: str = ""):
         self.url, self.metrics_url, self.timeout_s = url.rstrip("/"), metrics_url.rstrip("/"), timeout_s
+        # Triton's model-repository API answers only requests carrying the host's control key (the reload's).
+        self.control_key = control_key
 
     def _get(self, url: str) -> bytes:
         with urllib.request.urlopen(url, timeout=self.timeout_s) as r:
@@ -229,7 +232,10 @@ class Triton:
             f"{self.url}/v2/repository/models/{urllib.parse.quote(model)}/load",
             data=load_body(config),
             method="POST",
-            headers={"Content-Type": "application/json"},
+            headers={
+                "Content-Type": "application/json",
+                **({CONTROL_HEADER: self.control_key} if self.control_key else {}),
+            },
         )
         try:
             with urllib.request.urlopen(req, timeout=self.timeout_s):
@@ -542,6 +548,31 @@ def serve_metrics(controller: Controller, host: str, port: int) -> http.server.T
 # ---------------------------------------------------------------- Triton's window: an operator action only
 
 RELOAD_STATE = "/var/lib/gpuhost/adaptive-window-reloads.json"
+# The host's Triton control key (plans/triton_runtime.py; root 0600): this script stays standard-library only, so
+# the names are repeated here (a test holds them equal).
+CONTROL_KEY_PATH = "/etc/gpuhost/triton-control.env"
+CONTROL_KEY_VAR = "GPUHOST_TRITON_CONTROL_KEY"
+CONTROL_HEADER = "gpuhost-control-key"
+
+
+def read_control_key(path: str) -> str:
+    """The key from the control key file (``GPUHOST_TRITON_CONTROL_KEY=<hex>``); "" when there is none (a Triton
+    without restricted APIs); RuntimeError naming the file when it is unreadable or holds no key."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBLOCK)
+    except FileNotFoundError:
+        return ""
+    except OSError as e:
+        raise RuntimeError(f"{path}: {e.strerror}; run the reload as root (the key file is root's)") from None
+    with os.fdopen(fd, "rb") as f:
+        text = f.read(4096).decode(errors="replace")
+    for line in text.splitlines():
+        name, _, value = line.strip().partition("=")
+        if name == CONTROL_KEY_VAR and re.fullmatch(r"[0-9a-f]{64}", value):
+            return value
+    raise RuntimeError(f"{path} holds no {CONTROL_KEY_VAR}=<64 hex digits> line; run `pulumi up` to make it again")
+
+
 RELOAD_MIN_INTERVAL_S = 600.0
 
 
@@ -695,10 +726,12 @@ def reload_main(argv: list[str]) -> int:
     p.add_argument("--window-us", type=int, required=True)
     p.add_argument("--min-interval-s", type=float, default=RELOAD_MIN_INTERVAL_S)
     p.add_argument("--state", default=RELOAD_STATE)
+    p.add_argument("--key-file", default=CONTROL_KEY_PATH, help="the host's Triton control key (root's)")
     a = p.parse_args(argv)
     try:
+        triton = Triton(a.triton_url, a.triton_url, control_key=read_control_key(a.key_file))
         before, after, next_at = reload_triton_window(
-            Triton(a.triton_url, a.triton_url), a.model, a.window_us, ReloadLimit(a.state, a.min_interval_s)
+            triton, a.model, a.window_us, ReloadLimit(a.state, a.min_interval_s)
         )
     except RateLimited as e:
         print(f"refused: {e}")

@@ -69,7 +69,14 @@ def test_docker_runtime_mocked_declares_pinned_image_ports_gpus_and_ssh_engine()
     assert [(p["internal"], p["external"]) for p in c["ports"]] == [(8000, 8000), (8001, 8001), (8002, 8002)]
     assert c["gpus"] == "device=MIG-1f4c6b1e-3c1a-5d55-9a3e-0b8d2f6a7c10"
     assert c["shmSize"] == 1024 and c["restart"] == "always"
-    assert "--exit-on-error=false" in c["command"] and "--metrics-config=summary_latencies=true" in c["command"]
+    run = c["command"][2]
+    assert " --exit-on-error=false " in run and " --metrics-config=summary_latencies=true " in run
+    # Triton binds every interface of its container only; the host publishes each port on loopback.
+    assert " --http-address=0.0.0.0 " in run and [p["ip"] for p in c["ports"]] == ["127.0.0.1"] * 3
+    # The control key: made on the host before the container runs, read from a file there, in no input.
+    key = _one(res, "pulumi-python:dynamic/serving:TritonControlKey")
+    assert key.inputs["path"] == "/etc/gpuhost/triton-control.env" and key.inputs["mode"] == "0600"
+    assert '"$GPUHOST_TRITON_CONTROL_KEY"' in run
     assert {"label": "gpuhost.repository-digest"}.items() <= c["labels"][0].items()
 
 

@@ -117,7 +117,7 @@ def test_container_spec_pins_image_ports_gpus_shm_restart_and_mps_env():
     assert spec["device_requests"][0]["device_ids"] == ["MIG-1f4c6b1e-3c1a-5d55-9a3e-0b8d2f6a7c10"]
     assert spec["shm_size"] == 2048 and spec["restart"] == "always"
     assert "CUDA_MPS_ACTIVE_THREAD_PERCENTAGE=60" in spec["envs"]
-    assert spec["command"][0] == "tritonserver" and "--exit-on-error=false" in spec["command"]
+    assert spec["command"][:2] == ["/bin/sh", "-c"] and " --exit-on-error=false " in spec["command"][2]
     with pytest.raises(ValidationError):
         DockerRuntime(image="nvcr.io/nvidia/tritonserver:24.05-py3; rm -rf /")
 
@@ -242,3 +242,48 @@ def test_mig_plan_changes_layout_by_destroying_then_creating():
     assert off[-1].command == "nvidia-smi -i 0 -mig 0" and off[-1].needs_reset
     with pytest.raises(ValueError, match="2g.20gb"):
         mig.plan(gpus, {0: ["2g.20gb"]})  # an A100 profile name does not exist on an H200
+
+
+# ------------------------------------------------------------------ where Triton listens, and its restricted APIs
+
+
+def test_triton_binds_loopback_and_restricts_its_dangerous_apis_to_the_hosts_key():
+    from plans.triton_runtime import CONTROL_KEY_PATH, KEY_REF
+
+    args = server_args(ServerOptions(), [sdxl()])
+    for flag in ("--http-address=127.0.0.1", "--grpc-address=127.0.0.1", "--metrics-address=127.0.0.1"):
+        assert flag in args
+    assert not any("0.0.0.0" in a for a in args)
+    apis = "model-repository,shared-memory,logging,trace"
+    assert f"--http-restricted-api={apis}:gpuhost-control-key={KEY_REF}" in args
+    assert f"--grpc-restricted-protocol={apis}:gpuhost-control-key={KEY_REF}" in args
+    # The unit expands the key from its EnvironmentFile (the $ of ${...} not doubled); nothing else is expanded.
+    unit = systemd_unit(ProcessRuntime(env={"X": "$HOME"}), args)
+    assert f"EnvironmentFile={CONTROL_KEY_PATH}" in unit.splitlines()
+    assert f'"--http-restricted-api={apis}:gpuhost-control-key=${{GPUHOST_TRITON_CONTROL_KEY}}"' in unit
+    assert 'Environment="X=$$HOME"' in unit
+    argv, _ = parse_unit_exec(unit)
+    assert argv[argv.index("/opt/tritonserver/bin/tritonserver") + 1 :] == args
+    # Docker: the shell sources the mounted key file; the key itself is in no input.
+    spec = container_spec(DockerRuntime(), args)
+    run = spec["command"][2]
+    assert run.startswith(f". {CONTROL_KEY_PATH} && exec tritonserver ")
+    assert f'--http-restricted-api={apis}:gpuhost-control-key="$GPUHOST_TRITON_CONTROL_KEY" ' in run
+    assert {"host_path": CONTROL_KEY_PATH, "container_path": CONTROL_KEY_PATH, "read_only": True} in spec["volumes"]
+    assert [p["ip"] for p in spec["ports"]] == ["127.0.0.1"] * 3
+    # An explicit address, and no restriction asked for: no key anywhere.
+    plain = server_args(ServerOptions(http_address="10.0.0.5", restrict_apis=False), [sdxl()])
+    assert "--http-address=10.0.0.5" in plain and not any("restricted" in a for a in plain)
+    assert "EnvironmentFile" not in systemd_unit(ProcessRuntime(), plain)
+    assert container_spec(DockerRuntime(), plain)["command"][0] == "tritonserver"
+    with pytest.raises(ValidationError):
+        ServerOptions(http_address="triton.example; rm -rf /")
+
+
+def test_the_docker_run_script_publishes_each_port_on_its_address():
+    from plans.triton_runtime import docker_run_script
+
+    spec = container_spec(DockerRuntime(publish={8000: "10.0.0.5", 8002: "fd00::7"}), server_args(ServerOptions(), []))
+    script = docker_run_script(spec, "all", {})
+    assert "-p 10.0.0.5:8000:8000" in script and "-p 127.0.0.1:8001:8001" in script
+    assert "-p '[fd00::7]:8002:8002'" in script
