@@ -113,12 +113,12 @@ def parse_fleet(raw: Any) -> Fleet:
         "`pulumi config set --secret gpuhost:sshPrivateKey`"
         for _, where in _find_private_keys(raw)
     ] + chars
-    dropped: list[str] = [path_of(loc) for loc in refused]
-    raw = scrubbed(raw, refused)
+    raw, quiet = scrubbed(raw, refused)
+    dropped: list[str] = [path_of(loc) for loc in quiet]
     try:
         fleet: Optional[Fleet] = Fleet.model_validate(raw)
     except ValidationError as e:
-        lines += errors_of(e, skip=tuple(refused))
+        lines += errors_of(e, skip=quiet)
         fleet, more = _good_part(raw, e)
         dropped += more
     if fleet is not None:

@@ -128,22 +128,27 @@ def value_problems(raw: Any) -> tuple[list[str], list[tuple]]:
     return lines, bad
 
 
-def scrubbed(raw: Any, locs: list[tuple]) -> Any:
-    """A copy of `raw` without the refused characters (a refused key dropped with its value), for the models to
-    check the rest: no message of theirs can then quote a control character or report the same field twice."""
+def scrubbed(raw: Any, locs: list[tuple]) -> tuple[Any, tuple[tuple, ...]]:
+    """A copy of `raw` without the refused characters, for the models to check the rest, and the locations whose
+    model errors are noise now (the refused ones, and a refused key under its name without them). No model message
+    can then quote a control character, and none reports the field a second time."""
     if not locs:
-        return raw
+        return raw, ()
     doc = copy.deepcopy(raw)
+    quiet = list(locs)
     for loc in locs:
         parent = doc
         for p in loc[:-1]:
             parent = parent[p]
         last = loc[-1]
         if isinstance(last, str) and BAD_CHAR_RE.search(last):
-            del parent[last]
+            clean = BAD_CHAR_RE.sub("", last)
+            value = parent.pop(last)
+            parent.setdefault(clean, value)  # the field as meant, so its siblings' checks do not call it missing
+            quiet.append((*loc[:-1], clean))
         else:
             parent[last] = BAD_CHAR_RE.sub("", parent[last])
-    return doc
+    return doc, tuple(quiet)
 
 
 def fleet_json(text: Any) -> Any:

@@ -23,6 +23,7 @@ from facts.cpulist import MAX_CPUS, CpuListError, parse_cpulist
 from plans.cmdline import OWNED
 from plans.triton_runtime import docker_gpus_flag, docker_gpus_value
 from stacks.load import ConfigError, parse_fleet
+from stacks.rawconfig import BAD_CHAR_RE
 from tests.mocks import EchoMocks, attempt_program
 from tests.stackfiles import stack_config
 
@@ -230,6 +231,10 @@ def test_a_name_with_anything_after_it_is_refused(name, junk, where):
     lines = _load(named(clean + junk))
     if where == "bridge" and junk == ".":
         assert lines == []  # '.' is allowed in an interface name
+    elif where == "host" and BAD_CHAR_RE.search(junk):
+        # the host's name is copied into services[0].host: both fields hold the control character, a line each
+        assert len(lines) == 2 and lines[0].startswith(path + ": "), lines
+        assert lines[1].startswith("fleet.services[0].host: value holds "), lines
     else:
         assert len(lines) == 1 and lines[0].startswith(path + ": "), lines
 
@@ -257,7 +262,10 @@ def test_a_guest_address_loads_exactly_when_it_is_a_free_host_address_of_the_sub
 def test_dns_and_gateway_addresses_hold_no_scope_or_junk(ip, junk):
     assert _load(lambda d: d["hosts"][0]["vm_network"].__setitem__("dns", [str(ip)])) == []
     lines = _load(lambda d: d["hosts"][0]["vm_network"].__setitem__("dns", [str(ip) + junk]))
-    assert len(lines) == 1 and lines[0].startswith("fleet.hosts[0].vm_network.dns: "), lines
+    # a control character is named at the item itself (dns[0]), the model's own checks at the list
+    assert len(lines) == 1 and lines[0].startswith(
+        ("fleet.hosts[0].vm_network.dns: ", "fleet.hosts[0].vm_network.dns[0]: ")
+    ), lines
 
 
 # -- GPUs: every spelling of one PCI address is one GPU ---------------------------------------------------------
