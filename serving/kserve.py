@@ -103,7 +103,9 @@ def takes_frames(sig: dict) -> bool:
 
 def frame_payloads(sig: dict) -> list[loadgate.Payload]:
     """The requests a gate sends a model that takes frames: one structured synthetic JPEG frame of each size
-    cameras send (``serving.sample_frames.GATE_SIZES``), each answer checked for boxes inside its own frame."""
+    cameras send (``serving.sample_frames.GATE_SIZES``) and a phone's portrait frame (stored landscape, EXIF
+    orientation 6), each answer checked for boxes inside its own upright frame (the size the client sees, not the
+    stored grid: a server that ignores the orientation answers boxes outside it)."""
     from serving import sample_frames
 
     out = []

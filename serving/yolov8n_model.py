@@ -18,11 +18,15 @@ On a KIND_CPU instance (tests, no GPU) the same code runs eagerly in FP32 withou
 
 ``input`` parameter: ``raw`` takes ``images`` UINT8 [640, 640, 3] (already letterboxed by the client, boxes in that
 640×640 space); ``jpeg`` takes ``images`` UINT8 [-1]: each row one encoded JPEG frame of any size (a request of
-several frames pads its rows with zeros to the longest). Frames are checked from their headers, decoded (nvJPEG
-on a GPU, batched; libjpeg/Pillow on CPU), letterboxed into the model's input and the boxes mapped back to each
-frame's own pixels (``frames.py`` beside this file). A frame that is no JPEG, corrupt or too large fails its own
-request with a message (``max_frame_pixels``, ``max_frame_side``); the other requests of the batch answer. Raw
-bytes, not KServe BYTES: a BYTES input reaches Python only through ``as_numpy``, which reads zeros beside NumPy 2.
+several frames pads its rows with zeros to the longest). Frames are checked from their headers (read as libjpeg
+reads them), decoded to libjpeg's pixels (on a GPU nvJPEG, batched, for the frames it decodes as libjpeg does and
+libjpeg on the host for the others, ``frames.route``; libjpeg/Pillow on CPU), turned upright by their EXIF
+orientation, letterboxed into the model's input and the boxes mapped back to each upright frame's own pixels
+(``frames.py`` beside this file). Triton's ``/metrics`` counts the frames each decoder served
+(``gpuhost_frames_decoded_total{model, decoder}``). A frame that is no JPEG, corrupt, too large or too thin to
+letterbox fails its own request with a message (``max_frame_pixels``, ``max_frame_side``); the other requests of
+the batch answer. Raw bytes, not KServe BYTES: a BYTES input reaches Python only through ``as_numpy``, which reads
+zeros beside NumPy 2.
 
 Weights: the ``weights`` parameter names a file beside this one (an Ultralytics ONNX export or checkpoint, a
 state_dict or safetensors, told apart by content: ``yolov8n_weights.py``), loaded at initialize; a stack ships its
@@ -68,6 +72,23 @@ def _invalid(message):
     return pb_utils.TritonError(message) if code is None else pb_utils.TritonError(message, code)
 
 
+def _decoded_family():
+    """Triton's custom counter of JPEG frames by the decoder that served them (``/metrics``:
+    ``gpuhost_frames_decoded_total{model, decoder}``); None where the python backend has no custom metrics."""
+    family = getattr(pb_utils, "MetricFamily", None)
+    if family is None:
+        return None
+    try:
+        return family(
+            name="gpuhost_frames_decoded_total",
+            description="JPEG frames decoded, by the decoder that served them (nvjpeg, torchvision-cpu, pillow)",
+            kind=family.COUNTER,
+        )
+    except Exception as e:  # noqa: BLE001 - an older backend: the execute report still counts them
+        print(f"gpuhost-frames custom metrics unavailable: {type(e).__name__}: {e}", flush=True)
+        return None
+
+
 # Frame sizes (w×h) whose lone frames run as one CUDA graph each: what cameras and clients send (issue 26).
 DEFAULT_FRAME_GRAPHS = "1280x720,1920x1080,640x480"
 
@@ -81,6 +102,7 @@ class TritonPythonModel:
     def initialize(self, args):
         config = json.loads(args["model_config"])
         self.name = args.get("model_instance_name", "?")
+        self.model_name = args.get("model_name", "?")
         self.max_batch = max(1, int(config.get("max_batch_size", 0)))
         self.output_mode = _param(config, "output", "nms")
         torch.set_num_threads(int(_param(config, "torch_threads", "4")))
@@ -103,6 +125,9 @@ class TritonPythonModel:
                 max_side=int(_param(config, "max_frame_side", str(frames.MAX_SIDE))),
             )
             self.geo = torch.zeros((self.max_batch, 6), dtype=torch.float32, pin_memory=gpu)
+            self._decoded = _decoded_family()
+            self._decoded_metrics = {}
+            self._decoded_seen = {}
             print(f"gpuhost-frames {json.dumps({'instance': self.name, 'decoder': self.decoder.name})}", flush=True)
         else:
             h, w, c = (int(d) for d in config["input"][0]["dims"])
@@ -151,6 +176,7 @@ class TritonPythonModel:
         self._frames = 0
         self._executes = 0
         self._report_every = int(_param(config, "report_every", "0"))
+        self._report_served = {}
         out_shapes = {n: t.shape[1:] for n, t in zip(self.outputs, self._forward(self.gpu_in[:1]))}
         self.host_out = {
             n: torch.empty((self.max_batch, *s), dtype=self._out_dtype(n), pin_memory=pin)
@@ -326,6 +352,7 @@ class TritonPythonModel:
         with torch.cuda.stream(self.stream) if cuda else _nullcontext():
             images = frames.prepare(rows, self.decoder, **self.frame_limits)
             t_dec = time.perf_counter()
+            self._count_decoded()
             for k, (i, img) in enumerate(zip(owner, images)):
                 if isinstance(img, frames.FrameError) and i not in errors:
                     errors[i] = f"frame {k - owner.index(i)} of the request: {img}"
@@ -359,6 +386,21 @@ class TritonPythonModel:
             self._account(t0, t_dec, t1, t2, time.perf_counter(), frames=total)
         return responses
 
+    def _count_decoded(self):
+        """The frames each decoder served since the last call, onto ``gpuhost_frames_decoded_total`` and the
+        execute report (``frames.route`` sends a GPU instance's frames to nvJPEG or to libjpeg, frame by frame)."""
+        for name, total in self.decoder.served.items():
+            n = total - self._decoded_seen.get(name, 0)
+            if not n:
+                continue
+            self._decoded_seen[name] = total
+            if self._decoded is not None:
+                metric = self._decoded_metrics.get(name)
+                if metric is None:
+                    labels = {"model": self.model_name, "decoder": name}
+                    metric = self._decoded_metrics[name] = self._decoded.Metric(labels=labels)
+                metric.increment(n)
+
     def _host_rows(self, name, first, n):
         """``host_out[name][first : first + n]``, the view made on first use (at most max_batch² of them)."""
         view = self._rows.get((name, first, n))
@@ -382,5 +424,9 @@ class TritonPythonModel:
             report = {"instance": self.name, "executes": self._executes, "input": self.input_mode}
             report.update({f"{n}_ms": round(x / self._executes * 1000, 3) for n, x in zip(names, self._phases)})
             report["frames_per_execute"] = round(self._frames / self._executes, 2)
+            if self.input_mode == "jpeg":
+                served = self.decoder.served
+                report["decoded"] = {k: v - self._report_served.get(k, 0) for k, v in served.items()}
+                self._report_served = dict(served)
             print("gpuhost-execute-ms " + json.dumps(report), flush=True)
             self._phases, self._executes, self._frames = [0.0] * len(names), 0, 0

@@ -144,7 +144,7 @@ def test_header_check_refuses_what_is_no_jpeg_or_too_large():
         (b"", "not a JPEG"),
         (png.getvalue(), "not a JPEG"),
         (b"GIF89a" + bytes(100), "not a JPEG"),
-        (good[:2] + b"\x00" * 30 + b"\xff\xd9", "no marker"),
+        (good[:2] + b"\x00" * 30 + b"\xff\xd9", "no frame header"),  # libjpeg skips junk between markers
         (good[: _sof(good)] + b"\xff\xd9", "no frame header"),
         (good[: len(good) // 2], "truncated"),
     ]:
@@ -188,10 +188,10 @@ def test_padding_after_a_frame_is_cut_off():
 
 def test_sample_frames_are_distinct_structured_jpegs():
     got = sample_frames.gate_frames(per_size=2)
-    assert [(w, h) for w, h, _ in got] == [(1280, 720)] * 2 + [(1920, 1080)] * 2 + [(640, 480)] * 2
-    assert len({d for *_, d in got}) == 6
+    assert [(w, h) for w, h, _ in got] == [(1280, 720)] * 2 + [(1920, 1080)] * 2 + [(640, 480)] * 2 + [(720, 1280)] * 2
+    assert len({d for *_, d in got}) == 8
     for w, h, d in got:
-        assert frames.jpeg_size(d) == (w, h)
+        assert frames.jpeg_size(d) == (w, h) == ImageOpsSize(d)  # the upright size: what the gate checks boxes in
         assert len(d) < w * h * 3 / 8  # structured, not noise (noise stays near 1 byte per pixel at quality 90)
 
 
@@ -242,3 +242,231 @@ def test_frame_graph_sizes_parameter_is_read_or_refused_with_the_fix():
     for bad in ("1280", "1280x", "x720", "1280x720,abc", "0x720", "9000x100", "1280*720"):
         with pytest.raises(ValueError, match=r"frame_graphs: .* is not WIDTHxHEIGHT .*write e\.g\."):
             frames.frame_sizes(bad)
+
+
+# ---------------------------------------------------------------- libjpeg's pixels, upright, for every frame class
+
+CLASS_SIZES = [(328, 245), (1280, 720)]
+DECODERS = ["pillow", "torchvision-cpu", "gpu"]
+
+
+@pytest.fixture(scope="module")
+def classes():
+    """{(w, h): {class: JPEG bytes}} (``sample_frames.frame_classes`` says how each class is made)."""
+    return {(w, h): sample_frames.frame_classes(w, h) for w, h in CLASS_SIZES}
+
+
+def _reference(data: bytes):
+    """libjpeg's pixels as Pillow gives them, turned upright by EXIF orientation: uint8 [H, W, 3]."""
+    import numpy as np
+    from PIL import ImageOps
+
+    return np.asarray(ImageOps.exif_transpose(Image.open(io.BytesIO(data))).convert("RGB"))
+
+
+def _decoder(kind):
+    if kind == "pillow":
+        return frames.Decoder(torch.device("cpu"), "cpu", torchvision=False)
+    if kind == "torchvision-cpu":
+        d = frames.Decoder(torch.device("cpu"), "cpu")
+        if d.cpu_name != "torchvision-cpu":
+            pytest.skip("torchvision is not installed here")
+        return d
+    if not torch.cuda.is_available():
+        pytest.skip("no CUDA device here")
+    return frames.Decoder(torch.device("cuda"), "gpu")
+
+
+def _max_diff(img, ref) -> int:
+    import numpy as np
+
+    got = img.permute(1, 2, 0).cpu().numpy().astype(np.int16)
+    assert got.shape == ref.shape, (got.shape, ref.shape)
+    return int(np.abs(got - ref).max())
+
+
+@pytest.mark.parametrize("kind", DECODERS)
+def test_every_frame_class_decodes_to_libjpegs_pixels_upright(kind, classes):
+    """Each decoder the product can use (Pillow; torchvision's libjpeg and the GPU where installed) gives, for every
+    class of frame, Pillow's pixels of the upright frame within one level; prints the table (``-s``)."""
+    decoder = _decoder(kind)
+    rows = []
+    for (w, h), by_class in classes.items():
+        names = list(by_class)
+        got = decoder.decode([_bytes(by_class[c]) for c in names])  # one batch: the GPU's routing per frame
+        for name, img in zip(names, got):
+            assert isinstance(img, torch.Tensor), (name, img)
+            rows.append((f"{w}x{h}", name, _max_diff(img, _reference(by_class[name]))))
+    print(f"\n{kind}: max |decoded - Pillow| per class, served by {dict(decoder.served)}")
+    for size, name, diff in rows:
+        print(f"  {size:9s} {name:18s} {diff}")
+    assert sum(decoder.served.values()) == len(rows)
+    assert [r for r in rows if r[2] > 1] == []
+
+
+def test_nvjpeg_matches_libjpeg_on_the_frames_route_gives_it(classes):
+    """nvJPEG on its own (no routing): the classes ``route`` gives the GPU are within one level of libjpeg; prints
+    how far off it is on the others (why they go to libjpeg)."""
+    if not torch.cuda.is_available():
+        pytest.skip("no CUDA device here")
+    from torchvision.io import ImageReadMode, decode_jpeg
+
+    wrong = []
+    print("\nnvJPEG alone: max |decoded - Pillow| per class (route)")
+    for (w, h), by_class in classes.items():
+        for name, data in by_class.items():
+            head = frames.read_header(data)
+            img = decode_jpeg(_bytes(data), mode=ImageReadMode.RGB, device="cuda")
+            diff = _max_diff(frames.orient(img, head.orientation), _reference(data))
+            where, why = frames.route(head)
+            print(f"  {w}x{h:<5d} {name:18s} {diff:4d}  {where} ({why})")
+            if where == "gpu" and diff > 1:
+                wrong.append((name, w, h, diff))
+    assert wrong == []
+
+
+def test_route_sends_nvjpeg_only_what_it_decodes_as_libjpeg_does(classes):
+    want_gpu = {"baseline-444", "progressive-444", "restart-444", "gray"}
+    for name, data in classes[CLASS_SIZES[0]].items():
+        where, why = frames.route(frames.read_header(data))
+        assert (where == "gpu") == (name in want_gpu), (name, where, why)
+    assert frames.route(frames.read_header(classes[CLASS_SIZES[0]]["rgb-coded"])) == ("cpu", "rgb-coded")
+
+
+@pytest.mark.parametrize("orientation", range(1, 9))
+def test_exif_orientation_gives_the_upright_frame_and_its_size(orientation, classes):
+    data = classes[CLASS_SIZES[0]][f"exif-{orientation}"]
+    w, h = CLASS_SIZES[0]
+    upright = (h, w) if orientation >= 5 else (w, h)
+    assert frames.read_header(data).orientation == orientation
+    assert frames.jpeg_size(data) == upright == ImageOpsSize(data)
+    img = frames.Decoder(torch.device("cpu"), torchvision=False).decode([_bytes(data)])[0]
+    assert isinstance(img, torch.Tensor) and (img.shape[2], img.shape[1]) == upright
+    assert _max_diff(img, _reference(data)) == 0
+
+
+def ImageOpsSize(data):
+    from PIL import ImageOps
+
+    return ImageOps.exif_transpose(Image.open(io.BytesIO(data))).size
+
+
+def test_a_phone_frame_is_stored_turned_and_served_upright():
+    """``sample_frames.phone_jpeg``: Pillow, applying the EXIF tag, sees the upright pixels it was made from."""
+    import numpy as np
+
+    for orientation in (3, 6, 8):
+        data = sample_frames.phone_jpeg(120, 200, seed=1, orientation=orientation)
+        head = frames.read_header(data)
+        assert head.orientation == orientation and head.upright == (120, 200)
+        err = np.abs(_reference(data).astype(int) - sample_frames.pixels(120, 200, seed=1)).mean()
+        assert err < 3, (orientation, err)  # JPEG's loss only; a wrong turn is tens of levels off
+
+
+# ---------------------------------------------------------------- the size check reads what the decoder will decode
+
+_FAKE_SOF = b"\xff\xc0\x00\x11\x08\x00\x64\x00\x64\x03\x01\x22\x00\x02\x11\x01\x03\x11\x01"  # 100×100, 4:2:0
+
+
+def _real_sof_size(data: bytes, w: int, h: int) -> bytes:
+    """``data`` with its (only, baseline) frame header saying w×h: Pillow reads that size from it, as libjpeg would."""
+    i = data.index(b"\xff\xc0\x00\x11")
+    return data[: i + 5] + struct.pack(">HH", h, w) + data[i + 9 :]
+
+
+def _disguised():
+    """{case: JPEG} whose first SOF-looking bytes (100×100) are not its frame header to libjpeg."""
+    seg = sample_frames.segment
+    return {
+        "sof-in-com": (seg(0xFE, _FAKE_SOF),),
+        "sof-in-app1": (seg(0xE1, b"XMP\x00" + _FAKE_SOF),),
+        "sof-in-app13": (seg(0xED, _FAKE_SOF),),
+        # A naive walk reads FF 00 as a segment of length 6, skips to the fake SOF; libjpeg skips FF 00 and the
+        # junk after it, finds the COM, and skips the fake SOF inside it.
+        "sof-after-ff00": (b"\xff\x00\x00\x06", seg(0xFE, _FAKE_SOF)),
+        "fill-bytes": (b"\xff\xff\xff", seg(0xFE, b"hi")),
+    }
+
+
+@pytest.mark.parametrize("case", list(_disguised()))
+def test_the_size_checked_is_the_size_libjpeg_decodes(case):
+    base = sample_frames.jpeg(160, 120, seed=2)
+    data = sample_frames.insert_segments(base, *_disguised()[case])
+    head = frames.read_header(data)
+    assert (head.width, head.height) == Image.open(io.BytesIO(data)).size == (160, 120)
+    img = frames.Decoder(torch.device("cpu"), torchvision=False).decode([_bytes(data)])[0]
+    assert isinstance(img, torch.Tensor) and _max_diff(img, _reference(data)) == 0
+    # The same disguise over a frame too large to serve: refused from the header, before any decode.
+    big = sample_frames.insert_segments(_real_sof_size(base, 9000, 9000), *_disguised()[case])
+    assert Image.open(io.BytesIO(big)).size == (9000, 9000)
+    with pytest.raises(frames.FrameError, match="9000x9000 pixels is larger than this model serves"):
+        frames.read_header(big)
+    out = frames.prepare([_bytes(big)], frames.Decoder(torch.device("cpu"), torchvision=False))
+    assert isinstance(out[0], frames.FrameError)
+
+
+def test_junk_between_markers_goes_to_libjpeg_on_a_gpu():
+    data = sample_frames.insert_segments(
+        sample_frames.jpeg(160, 120, seed=2, quality=90), *_disguised()["sof-after-ff00"]
+    )
+    head = frames.read_header(data)
+    assert head.extraneous == 3 and frames.route(head) == ("cpu", "junk between markers")  # 00 06 and FF 00's 00
+    assert frames.read_header(sample_frames.jpeg(160, 120)).extraneous == 0
+
+
+def test_a_second_frame_header_is_refused_as_libjpeg_refuses_it():
+    base = sample_frames.jpeg(160, 120, seed=2)
+    i = base.index(b"\xff\xc0")
+    sof = base[i : i + 2 + 17]
+    twice = base[:i] + sof + base[i:]
+    with pytest.raises(frames.FrameError, match="a second frame header"):
+        frames.read_header(twice)
+    with pytest.raises(OSError):  # libjpeg: "Invalid JPEG file structure: two SOF markers"
+        Image.open(io.BytesIO(twice)).load()
+    # Of another size after the real one: Pillow's own header read takes the last, libjpeg refuses; so do we.
+    other = base[:i] + sof + _real_sof_size(base, 9000, 100)[i:]
+    with pytest.raises(frames.FrameError, match="a second frame header"):
+        frames.read_header(other)
+
+
+@pytest.mark.parametrize(
+    "segment,why",
+    [
+        (b"\xff\xfe\xff\xff", "segment FFFE at byte 2 of length 65535"),  # runs past the end
+        (b"\xff\xfe\x00\x01", "of length 1"),  # shorter than its own length field
+        (b"\xff\xfe\x00\x00", "of length 0"),
+        (b"\xff\xc8\x00\x04ab", "marker FFC8"),  # JPG: libjpeg stops (unknown marker)
+        (b"\xff\xd8", "second start-of-image"),
+    ],
+)
+def test_truncated_or_impossible_segments_are_refused(segment, why):
+    base = sample_frames.jpeg(160, 120, seed=2)
+    with pytest.raises(frames.FrameError, match=why):
+        frames.read_header(sample_frames.insert_segments(base, segment))
+
+
+def test_a_segment_cut_by_the_end_is_refused():
+    base = sample_frames.jpeg(160, 120, seed=2)
+    i = base.index(b"\xff\xc0")
+    with pytest.raises(frames.FrameError, match="length 17"):
+        frames.read_header(base[: i + 10] + b"\xff\xd9")
+
+
+@pytest.mark.parametrize(
+    "w,h,why",
+    [(1280, 1, "letterboxes to 640x0"), (1, 1281, "letterboxes to 0x640"), (8193, 4, "at most 8192 per side")],
+)
+def test_frames_too_thin_to_letterbox_or_too_large_are_refused(w, h, why):
+    buf = io.BytesIO()
+    Image.new("RGB", (w, h), (10, 200, 30)).save(buf, format="JPEG")
+    with pytest.raises(frames.FrameError, match=why):
+        frames.read_header(buf.getvalue())
+
+
+def test_the_smallest_frames_letterbox():
+    for w, h in [(1, 1), (1280, 2), (2, 1280)]:
+        buf = io.BytesIO()
+        Image.new("RGB", (w, h), (10, 200, 30)).save(buf, format="JPEG")
+        img = frames.prepare([_bytes(buf.getvalue())], frames.Decoder(torch.device("cpu")))[0]
+        assert isinstance(img, torch.Tensor) and img.shape == (3, h, w)
+        assert frames.letterbox(img, torch.zeros((640, 640, 3), dtype=torch.uint8))[4:] == (w, h)

@@ -204,6 +204,74 @@ def test_a_corrupt_frame_in_a_batch_fails_alone_and_the_instance_keeps_answering
     assert status == 200 and _same(det, reference(good[2]))
 
 
+def _solid(w, h) -> bytes:
+    import io
+
+    from PIL import Image
+
+    buf = io.BytesIO()
+    Image.new("RGB", (w, h), (90, 140, 200)).save(buf, format="JPEG")
+    return buf.getvalue()
+
+
+def _decoded(url) -> dict[str, float]:
+    """``gpuhost_frames_decoded_total`` of the model by decoder, from Triton's Prometheus endpoint."""
+    with urllib.request.urlopen(f"{url}/metrics", timeout=10) as r:
+        text = r.read().decode()
+    out = {}
+    for line in text.splitlines():
+        if line.startswith("gpuhost_frames_decoded_total{") and 'model="det"' in line:
+            decoder = line.split('decoder="', 1)[1].split('"', 1)[0]
+            out[decoder] = float(line.rsplit(" ", 1)[1])
+    return out
+
+
+def test_frames_too_thin_too_large_or_disguised_fail_alone_in_their_batch(triton, reference):
+    """One dynamic batch of four: a 1280×1 frame (it letterboxes to 640×0: before, every request of the batch got
+    HTTP 500), a frame whose size is hidden behind a fake 100×100 SOF (libjpeg skips it and would decode
+    9000×9000), a 1×1 frame and a camera frame: the first two fail alone with HTTP 400 and why, the others answer
+    their own boxes; the decoders' count on Triton's /metrics grows by the two frames decoded."""
+    good = sample_frames.jpeg(1280, 720, seed=30)
+    base = sample_frames.jpeg(160, 120, seed=31)
+    i = base.index(b"\xff\xc0\x00\x11")
+    big = base[: i + 5] + (9000).to_bytes(2, "big") * 2 + base[i + 9 :]
+    fake = b"\xff\xc0\x00\x11\x08\x00\x64\x00\x64\x03\x01\x22\x00\x02\x11\x01\x03\x11\x01"
+    disguised = sample_frames.insert_segments(big, b"\xff\x00\x00\x06", sample_frames.segment(0xFE, fake))
+    sent = [_solid(1280, 1), disguised, _solid(1, 1), good]
+    before, decoded = _stats(triton.http_url), _decoded(triton.metrics_url)
+    with concurrent.futures.ThreadPoolExecutor(4) as pool:
+        results = list(pool.map(lambda d: _infer(triton.http_url, d), sent))
+    after = _stats_after(triton.http_url, before, successes=2)
+    assert int(after["execution_count"]) - int(before["execution_count"]) == 1, (before, after)  # one batch of four
+    status, why = results[0]
+    assert status == 400 and "frame 0 of the request" in why and "1280x1 pixels letterboxes to 640x0" in why, why
+    status, why = results[1]
+    assert status == 400 and "9000x9000 pixels is larger than this model serves" in why, why
+    for (status, det), data, (w, h) in zip(results[2:], sent[2:], [(1, 1), (1280, 720)]):
+        assert status == 200, det
+        assert _same(det, reference(data))
+        assert (det[:, [0, 2]] <= w).all() and (det[:, [1, 3]] <= h).all()
+    now = _decoded(triton.metrics_url)
+    assert now.get("pillow", 0) - decoded.get("pillow", 0) == 2, (decoded, now)
+
+
+def test_a_phone_frame_answers_boxes_in_its_upright_frame(triton, reference):
+    """A portrait phone frame (stored 1280×720, EXIF orientation 6): the answer is the reference's (the frame
+    turned upright, then letterboxed) and every box lies in the upright 720×1280 frame, as the gate checks it."""
+    from serving.kserve import BoxesInFrame
+
+    data = sample_frames.phone_jpeg(720, 1280, seed=32)
+    assert frames.jpeg_size(data) == (720, 1280)
+    status, det = _infer(triton.http_url, data)
+    assert status == 200, det
+    ref = reference(data)
+    assert ref[1] >= 10 and _same(det, ref)
+    assert BoxesInFrame(720, 1280)(*_answer_body(det, ref[1])) is None
+    # Served in the stored grid instead, the answer would not be this one.
+    stored = data[:2] + data[2 + len(sample_frames.exif_app1(6)) :]  # the same bytes without the EXIF tag
+    assert frames.jpeg_size(stored) == (1280, 720) and not _same(det, reference(stored))
+
+
 nginx = front_triton_fixture("det")
 redis_srv = redis_fixture()
 
@@ -256,7 +324,8 @@ def test_jpeg_frames_through_the_queue_gateway_each_answer_its_own_frame(triton,
 def test_the_gate_sends_jpeg_frames_of_three_sizes_through_nginx_and_checks_each_answer(triton, nginx):
     """The acceptance gate as `pulumi up` runs it (the SDK's provider server) for a model that takes frames: its
     signature from the stack's spec marks `images` as JPEG, the gate sends 1280×720, 1920×1080 and 640×480 frames
-    in turn and checks every answer's boxes against its own frame."""
+    and a phone's portrait frame (EXIF-rotated) in turn and checks every answer's boxes against its own upright
+    frame."""
     from components.triton_service import gate_signature
     from providers.triton_gate import AcceptanceGateProvider
     from tests.engine import ProviderServer
@@ -274,9 +343,9 @@ def test_the_gate_sends_jpeg_frames_of_three_sizes_through_nginx_and_checks_each
         gate = srv.resource(AcceptanceGateProvider(), "gpuhost:serving:AcceptanceGate", "gate-det")
         op, outs = gate.up(inputs)
     assert op == "create" and outs["result"]["errors"] == 0 and outs["result"]["requests"] >= 1
-    # Three checked frames, warmup, the load: Triton records a request's success after its response went out, so the
+    # Four checked frames (three camera sizes, a phone's), warmup, the load: Triton records a request's success after its response went out, so the
     # count is waited for (bounded), not read at once.
-    _stats_after(triton.http_url, before, successes=3 + 1 + outs["result"]["requests"])
+    _stats_after(triton.http_url, before, successes=4 + 1 + outs["result"]["requests"])
 
 
 def test_boxes_in_frame_check_tells_a_right_answer_from_a_wrong_one():

@@ -27,7 +27,10 @@ Usage::
 from __future__ import annotations
 
 import io
-from typing import Optional, Sequence, Union
+import re
+import struct
+from collections import Counter
+from typing import NamedTuple, Optional, Sequence, Union
 
 import torch
 import torch.nn.functional as F
@@ -51,51 +54,206 @@ def _u16(b, i: int) -> int:
 
 # SOF markers (C0–CF) except DHT (C4), JPG (C8) and DAC (CC): the frame header with the image's size.
 _SOF = {0xC0, 0xC1, 0xC2, 0xC3, 0xC5, 0xC6, 0xC7, 0xC9, 0xCA, 0xCB, 0xCD, 0xCE, 0xCF}
+# The processes served: baseline, extended and progressive Huffman, 8 bits (what cameras, phones and editors write).
+# libjpeg refuses the hierarchical ones; lossless and arithmetic coding are refused here for the same reason.
+_SERVED_SOF = {0xC0: "baseline", 0xC1: "extended", 0xC2: "progressive"}
+# Markers libjpeg's read_markers (jdmarker.c) knows; any other stops it (JERR_UNKNOWN_MARKER).
+_KNOWN = _SOF | {0xC4, 0xCC, 0xDB, 0xDC, 0xDD, 0xFE} | set(range(0xE0, 0xF0))
+_XMP = b"http://ns.adobe.com/xap/1.0/\x00"
+_XMP_ORIENTATION = re.compile(rb'tiff:Orientation(="|>)([0-9])')
 
 
-def jpeg_size(data, *, max_pixels: int = MAX_PIXELS, max_side: int = MAX_SIDE) -> tuple[int, int]:
-    """(width, height) from a JPEG's SOF header; ``FrameError`` when ``data`` is no JPEG or the frame is too large.
+class Header(NamedTuple):
+    """What a JPEG's markers say before its image data, read as libjpeg reads them (``read_header``).
 
-    Walks the marker segments from SOI by their lengths (a few steps; no entropy-coded data is read); the frame
-    must end with EOI.
+    ``width``, ``height``: the stored grid (SOF); ``upright``: the frame the client sees, the stored grid turned by
+    ``orientation`` (EXIF 1–8, as ``PIL.ImageOps.exif_transpose`` reads it; 1 when absent). ``colour``: the colour
+    space libjpeg decodes from (``gray``, ``ycbcr``, ``rgb``, ``cmyk``, ``ycck``: jdapimin.c's
+    default_decompress_parms, from JFIF, Adobe APP14 and the component ids). ``sampling``: (h, v) per component.
+    ``extraneous``: bytes libjpeg skips between markers with a warning (junk, ``FF 00``).
     """
-    b = memoryview(data).cast("B") if not isinstance(data, (bytes, bytearray)) else data
+
+    width: int
+    height: int
+    components: int
+    sampling: tuple[tuple[int, int], ...]
+    process: str
+    colour: str
+    orientation: int = 1
+    extraneous: int = 0
+
+    @property
+    def upright(self) -> tuple[int, int]:
+        return (self.height, self.width) if self.orientation >= 5 else (self.width, self.height)
+
+    @property
+    def subsampling(self) -> str:
+        """``4:4:4``, ``4:2:2``, ``4:2:0``, ``4:4:0``, … of a colour frame (luma's factors over chroma's); ``gray``."""
+        if self.components == 1:
+            return "gray"
+        (h0, v0), rest = self.sampling[0], self.sampling[1:]
+        if any(s != rest[0] for s in rest[1:]) or any(h0 % h or v0 % v for h, v in rest):
+            return "irregular"
+        h, v = h0 // rest[0][0], v0 // rest[0][1]
+        return {(1, 1): "4:4:4", (2, 1): "4:2:2", (2, 2): "4:2:0", (1, 2): "4:4:0", (4, 1): "4:1:1"}.get(
+            (h, v), f"{h}x{v}"
+        )
+
+
+def _next_marker(b: bytes, i: int) -> tuple[int, int]:
+    """(marker, offset after it) from ``i`` as libjpeg's next_marker finds it: non-FF bytes skipped, fill bytes
+    (FF FF …) swallowed, a stuffed ``FF 00`` skipped as data; FrameError at the end of the data."""
+    n = len(b)
+    while True:
+        j = b.find(b"\xff", i)
+        if j < 0:
+            break
+        k = j + 1
+        while k < n and b[k] == 0xFF:
+            k += 1
+        if k >= n:
+            break
+        if b[k] != 0:
+            return b[k], k + 1
+        i = k + 1
+    raise FrameError("corrupt JPEG: no image data (SOS) before the end")
+
+
+def _sof(seg: bytes, marker: int, at: int) -> tuple[int, int, int, tuple[tuple[int, int], ...], tuple[int, ...]]:
+    """(width, height, components, sampling, component ids) of a SOF segment's payload, checked as libjpeg's get_sof
+    and initial_setup check them."""
+    if marker not in _SERVED_SOF:
+        raise FrameError(f"JPEG process SOF{marker - 0xC0} (byte {at}) is not served: baseline or progressive only")
+    if len(seg) < 6:
+        raise FrameError("corrupt JPEG: truncated frame header")
+    bits, h, w, nc = seg[0], _u16(seg, 1), _u16(seg, 3), seg[5]
+    if len(seg) != 6 + 3 * nc:
+        raise FrameError(f"corrupt JPEG: frame header of {len(seg) + 2} bytes for {nc} components")
+    if bits != 8:
+        raise FrameError(f"JPEG of {bits} bits per sample: 8 only")
+    if nc not in (1, 3, 4):
+        raise FrameError(f"JPEG of {nc} components: 1 (gray), 3 (colour) or 4 (CMYK) only")
+    comps = [seg[6 + 3 * c : 9 + 3 * c] for c in range(nc)]
+    sampling = tuple((c[1] >> 4, c[1] & 15) for c in comps)
+    if any(not (1 <= x <= 4) for s in sampling for x in s):
+        raise FrameError(f"corrupt JPEG: sampling factors {sampling}")
+    if w == 0 or h == 0:
+        raise FrameError(f"JPEG frame of {w}x{h} pixels (the height must be in the header)")
+    return w, h, nc, sampling, tuple(c[0] for c in comps)
+
+
+def _orientation(exif: bytes) -> int:
+    """EXIF orientation (tag 0x0112 of IFD0) from an APP1 ``Exif\\0\\0`` payload; 0 when the tag is not there."""
+    t = exif[6:]
+    if t[:4] not in (b"II*\x00", b"MM\x00*"):
+        return 0
+    order = "<" if t[:2] == b"II" else ">"
+    try:
+        (ifd,) = struct.unpack_from(order + "I", t, 4)
+        (count,) = struct.unpack_from(order + "H", t, ifd)
+        for e in range(count):
+            tag, typ, _n = struct.unpack_from(order + "HHI", t, ifd + 2 + 12 * e)
+            if tag == 0x0112:
+                if typ == 3:
+                    return struct.unpack_from(order + "H", t, ifd + 10 + 12 * e)[0]
+                if typ == 4:
+                    return struct.unpack_from(order + "I", t, ifd + 10 + 12 * e)[0]
+                return 0
+    except struct.error:
+        pass
+    return 0
+
+
+def read_header(data, *, max_pixels: int = MAX_PIXELS, max_side: int = MAX_SIDE) -> Header:
+    """A JPEG's ``Header`` from its markers, walked as libjpeg walks them (jdmarker.c read_markers): from SOI up to
+    the first SOS, each segment skipped by its length, fill bytes and junk between them skipped as libjpeg skips
+    them. So the size here is the size every decoder decodes: a SOF-looking pair of bytes inside a COM or APPn
+    segment (an EXIF thumbnail's own SOF), or in junk after ``FF 00``, is not a frame header to libjpeg and not to
+    this walk. ``FrameError`` when the data is no JPEG, is cut, has a second SOF or a segment running past its end,
+    or when the frame is larger than ``max_side`` / ``max_pixels`` or letterboxes to nothing (1280×1).
+
+    >>> read_header(sample_frames.jpeg(640, 480)).upright
+    (640, 480)
+    """
+    b = bytes(data)
     n = len(b)
     if n < 4 or b[0] != 0xFF or b[1] != 0xD8:
         raise FrameError(f"not a JPEG frame ({n} bytes, no SOI marker FFD8 at the start)")
     if b[n - 2] != 0xFF or b[n - 1] != 0xD9:
         # A cut upload: refused here, since nvJPEG may decode what is there and answer boxes for half a frame.
         raise FrameError(f"corrupt JPEG: truncated ({n} bytes, no end-of-image marker FFD9 at the end)")
-    i = 2
-    while i + 4 <= n:
-        if b[i] != 0xFF:
-            raise FrameError(f"corrupt JPEG: no marker at byte {i}")
-        marker = b[i + 1]
-        if marker == 0xFF:  # fill byte
-            i += 1
-            continue
-        if marker == 0x01 or 0xD0 <= marker <= 0xD7:  # TEM, RSTn: no length
-            i += 2
-            continue
-        if marker in (0xD9, 0xDA):  # EOI, SOS before any frame header
+    i, sof, extraneous = 2, None, 0
+    jfif, adobe, exif, xmp = False, None, 0, 0
+    while True:
+        start = i
+        marker, i = _next_marker(b, i)
+        extraneous += (i - 1 - start) - b.count(b"\xff", start, i - 1)
+        if marker == 0xDA:
             break
-        length = _u16(b, i + 2)
-        if length < 2:
-            raise FrameError(f"corrupt JPEG: segment length {length} at byte {i}")
+        if marker == 0xD9:
+            break  # EOI before any image data: libjpeg's "no image"
+        if marker == 0xD8:
+            raise FrameError(f"corrupt JPEG: a second start-of-image marker at byte {i - 2}")
+        if marker == 0x01 or 0xD0 <= marker <= 0xD7:  # TEM, RSTn: no length, nothing to libjpeg here
+            continue
+        if marker not in _KNOWN:
+            raise FrameError(f"corrupt JPEG: marker FF{marker:02X} at byte {i - 2} (libjpeg stops there)")
+        if i + 2 > n:
+            raise FrameError("corrupt JPEG: truncated segment")
+        length = _u16(b, i)
+        if length < 2 or i + length > n:
+            raise FrameError(f"corrupt JPEG: segment FF{marker:02X} at byte {i - 2} of length {length} in {n} bytes")
+        seg = b[i + 2 : i + length]
         if marker in _SOF:
-            if i + 9 > n or length < 8:
-                raise FrameError("corrupt JPEG: truncated frame header")
-            h, w = _u16(b, i + 5), _u16(b, i + 7)
-            if w == 0 or h == 0:
-                raise FrameError(f"JPEG frame of {w}x{h} pixels (the height must be in the header)")
-            if w > max_side or h > max_side or w * h > max_pixels:
-                raise FrameError(
-                    f"JPEG frame of {w}x{h} pixels is larger than this model serves "
-                    f"(at most {max_side} per side and {max_pixels} pixels)"
-                )
-            return w, h
-        i += 2 + length
-    raise FrameError("corrupt JPEG: no frame header (SOF) before the image data")
+            if sof is not None:
+                raise FrameError(f"corrupt JPEG: a second frame header (SOF) at byte {i - 2}")
+            sof = (_sof(seg, marker, i - 2), _SERVED_SOF.get(marker, ""))
+        elif marker == 0xE0 and length >= 16 and seg[:5] == b"JFIF\x00":
+            jfif = True
+        elif marker == 0xEE and length >= 14 and seg[:5] == b"Adobe":
+            adobe = seg[11]
+        elif marker == 0xE1 and seg[:6] == b"Exif\x00\x00" and not exif:
+            exif = _orientation(seg) or -1
+        elif marker == 0xE1 and seg.startswith(_XMP):
+            m = _XMP_ORIENTATION.search(seg)
+            xmp = int(m[2]) if m else 0
+        i += length
+    if sof is None:
+        raise FrameError("corrupt JPEG: no frame header (SOF) before the image data")
+    if marker == 0xD9:
+        raise FrameError("corrupt JPEG: no image data (SOS) before the end-of-image marker")
+    (w, h, nc, sampling, ids), process = sof
+    orientation = exif if exif > 0 else xmp  # Pillow's getexif: XMP's tiff:Orientation where EXIF has none
+    orientation = orientation if 2 <= orientation <= 8 else 1
+    head = Header(w, h, nc, sampling, process, _colour(nc, jfif, adobe, ids), orientation, extraneous)
+    uw, uh = head.upright
+    if w > max_side or h > max_side or w * h > max_pixels:
+        raise FrameError(
+            f"JPEG frame of {uw}x{uh} pixels is larger than this model serves "
+            f"(at most {max_side} per side and {max_pixels} pixels)"
+        )
+    new_w, new_h, _, _ = letterbox_geometry(uw, uh)
+    if new_w < 1 or new_h < 1:
+        raise FrameError(f"JPEG frame of {uw}x{uh} pixels letterboxes to {new_w}x{new_h}: nothing to detect in")
+    return head
+
+
+def _colour(nc: int, jfif: bool, adobe: Optional[int], ids: tuple[int, ...]) -> str:
+    """The colour space libjpeg decodes from (jdapimin.c default_decompress_parms)."""
+    if nc == 1:
+        return "gray"
+    if nc == 4:
+        return "ycck" if adobe is not None and adobe != 0 else "cmyk"
+    if jfif:
+        return "ycbcr"
+    if adobe is not None:
+        return "rgb" if adobe == 0 else "ycbcr"
+    return "rgb" if ids == (82, 71, 66) else "ycbcr"  # 'R', 'G', 'B'
+
+
+def jpeg_size(data, *, max_pixels: int = MAX_PIXELS, max_side: int = MAX_SIDE) -> tuple[int, int]:
+    """(width, height) of the frame as served (``read_header``'s upright size); ``FrameError`` as ``read_header``."""
+    return read_header(data, max_pixels=max_pixels, max_side=max_side).upright
 
 
 def frame_bytes(row: torch.Tensor) -> torch.Tensor:
@@ -111,30 +269,70 @@ def _np_bytes(frame: torch.Tensor):
     return frame.numpy() if frame.device.type == "cpu" else frame.cpu().numpy()
 
 
-class Decoder:
-    """JPEG frames → RGB uint8 ``[3, H, W]`` on ``device``.
+def route(header: Header) -> tuple[str, str]:
+    """Which decoder gives this frame libjpeg's pixels on a GPU instance: ``("gpu", why)`` for nvJPEG, ``("cpu",
+    why)`` for libjpeg on the host. Decided from the header alone (a pure function; the CPU tests hold it).
 
-    ``mode``: ``gpu`` (nvJPEG through torchvision, batched), ``cpu`` (torchvision's libjpeg, else Pillow) or
-    ``auto`` (GPU when the device is CUDA and torchvision can decode there). A batch that fails as a whole is
-    decoded frame by frame, so one corrupt frame fails only itself.
+    nvJPEG matches libjpeg (within a level, ``tests/test_frames.py``'s table) on gray frames and on YCbCr frames
+    without chroma subsampling (4:4:4). It does not on: 4:2:0 / 4:2:2 (chroma upsampled otherwise than libjpeg's
+    "fancy" triangle filter: most camera and phone frames), RGB-coded frames (Adobe transform 0 or component ids
+    'R','G','B': nvJPEG applies the YCbCr transform anyway, up to 233 levels off), CMYK / YCCK, and frames with
+    junk between markers (its own marker parser may not skip it as libjpeg does).
+
+    >>> route(Header(1280, 720, 3, ((2, 2), (1, 1), (1, 1)), "baseline", "ycbcr"))
+    ('cpu', '4:2:0 chroma')
+    """
+    if header.extraneous:
+        return "cpu", "junk between markers"
+    if header.colour == "gray":
+        return "gpu", "gray"
+    if header.colour != "ycbcr":
+        return "cpu", f"{header.colour}-coded"
+    sub = header.subsampling
+    return ("gpu", "ycbcr 4:4:4") if sub == "4:4:4" else ("cpu", f"{sub} chroma")
+
+
+def orient(image: torch.Tensor, orientation: int) -> torch.Tensor:
+    """uint8 [C, H, W] as stored → upright, for EXIF ``orientation`` 1–8 (what ``PIL.ImageOps.exif_transpose``
+    does: 2 mirror, 3 rotate 180, 4 flip, 5 transpose, 6 rotate 90 clockwise, 7 transverse, 8 rotate 90
+    anticlockwise). Flips and a transpose on the device, made contiguous."""
+    if orientation <= 1 or orientation > 8:
+        return image
+    x = image.transpose(1, 2) if orientation >= 5 else image
+    dims = {2: (2,), 3: (1, 2), 4: (1,), 5: (), 6: (2,), 7: (1, 2), 8: (1,)}[orientation]
+    return (x.flip(dims) if dims else x).contiguous()
+
+
+class Decoder:
+    """JPEG frames → upright RGB uint8 ``[3, H, W]`` on ``device``, the pixels libjpeg (Pillow) gives.
+
+    ``mode``: ``gpu`` (nvJPEG through torchvision, batched, for the frames ``route`` gives it; libjpeg on the host
+    for the others), ``cpu`` (torchvision's libjpeg, else Pillow) or ``auto`` (GPU when the device is CUDA and
+    torchvision can decode there); ``torchvision=False`` decodes on the CPU with Pillow even where torchvision is
+    installed. EXIF orientation is applied to every frame (``orient``). ``served`` counts the frames each decoder
+    gave (``nvjpeg``, ``torchvision-cpu``, ``pillow``). A batch that fails as a whole is decoded frame by frame,
+    so one corrupt frame fails only itself.
     """
 
-    def __init__(self, device: torch.device, mode: str = "auto"):
+    def __init__(self, device: torch.device, mode: str = "auto", *, torchvision: bool = True):
         self.device = device
         self._tv = None
-        try:
-            from torchvision import io as tvio
+        if torchvision:
+            try:
+                from torchvision import io as tvio
 
-            self._tv = tvio
-        except Exception:  # noqa: BLE001 - no torchvision (or one built for another torch): Pillow on CPU
-            pass
+                self._tv = tvio
+            except Exception:  # noqa: BLE001 - no torchvision (or one built for another torch): Pillow on CPU
+                pass
         if mode not in ("auto", "gpu", "cpu"):
             raise ValueError(f"decode mode {mode!r}: auto, gpu or cpu")
         gpu_ok = device.type == "cuda" and self._tv is not None
         if mode == "gpu" and not gpu_ok:
             raise RuntimeError("decode=gpu needs a CUDA device and torchvision with nvJPEG")
         self.on_gpu = gpu_ok and mode != "cpu"
-        if not self.on_gpu and self._tv is None:
+        self.cpu_name = "torchvision-cpu" if self._tv is not None else "pillow"
+        self.served: Counter[str] = Counter()
+        if self._tv is None:
             import PIL.Image  # noqa: F401 - fail at start, not on the first request
 
     def warm(self, sizes: Sequence[int] = (1, 8)) -> None:
@@ -144,52 +342,79 @@ class Decoder:
         assert self._tv is not None
         frame = self._tv.encode_jpeg(torch.full((3, 480, 640), PAD, dtype=torch.uint8))
         for n in sizes:
-            self.decode([frame] * n)
+            self._gpu([frame] * n)  # nvJPEG itself, whatever route() would say of this 4:2:0 frame
         torch.cuda.synchronize(self.device)
 
     @property
     def name(self) -> str:
-        return "nvjpeg" if self.on_gpu else ("torchvision-cpu" if self._tv is not None else "pillow")
+        return f"nvjpeg+{self.cpu_name}" if self.on_gpu else self.cpu_name
 
-    def decode(self, frames: Sequence[torch.Tensor]) -> list[Union[torch.Tensor, FrameError]]:
-        if not frames:
-            return []
-        if self.on_gpu:
+    def decode(
+        self, frames: Sequence[torch.Tensor], headers: Optional[Sequence[Header]] = None
+    ) -> list[Union[torch.Tensor, FrameError]]:
+        """Each frame decoded and turned upright, or its ``FrameError``. ``headers``: ``read_header`` of each frame
+        (read here when not given); a decoded grid other than the header's is refused."""
+        if headers is None:
+            return prepare(frames, self)
+        out: list[Union[torch.Tensor, FrameError]] = []
+        gpu = [k for k, h in enumerate(headers) if self.on_gpu and route(h)[0] == "gpu"]
+        raw: dict[int, Union[torch.Tensor, FrameError, None]] = {k: None for k in range(len(frames))}
+        names: dict[int, str] = {}
+        if gpu:
             try:
-                return list(self._gpu(list(frames)))
+                for k, img in zip(gpu, self._gpu([frames[k] for k in gpu])):
+                    raw[k], names[k] = img, "nvjpeg"
             except Exception:  # noqa: BLE001 - one bad frame fails nvJPEG's whole batch: one by one below
-                pass
-        return [self._one(f) for f in frames]
+                for k in gpu:
+                    try:
+                        raw[k], names[k] = self._gpu([frames[k]])[0], "nvjpeg"
+                    except Exception:  # noqa: BLE001 - nvJPEG refuses some valid files: libjpeg below
+                        pass
+        for k, (frame, head) in enumerate(zip(frames, headers)):
+            if raw[k] is None:
+                raw[k], names[k] = self._cpu(frame, head), self.cpu_name
+            out.append(self._finish(raw[k], head, names[k]))
+        return out
+
+    def _finish(self, img, head: Header, name: str) -> Union[torch.Tensor, FrameError]:
+        if isinstance(img, FrameError):
+            return img
+        if tuple(img.shape) != (3, head.height, head.width):
+            return FrameError(
+                f"corrupt JPEG: decoded to {tuple(img.shape)}, its header says {head.width}x{head.height} (refused)"
+            )
+        self.served[name] += 1
+        return orient(img.to(self.device, non_blocking=True), head.orientation)
 
     def _gpu(self, frames):
         assert self._tv is not None
-        return self._tv.decode_jpeg(frames, mode=self._tv.ImageReadMode.RGB, device=self.device)
+        return self._tv.decode_jpeg(list(frames), mode=self._tv.ImageReadMode.RGB, device=self.device)
 
-    def _one(self, frame: torch.Tensor) -> Union[torch.Tensor, FrameError]:
-        if self.on_gpu:
-            try:
-                return self._gpu([frame])[0]
-            except Exception:  # noqa: BLE001 - nvJPEG refuses some valid files (rare subsamplings): CPU below
-                pass
+    def _cpu(self, frame: torch.Tensor, head: Header) -> Union[torch.Tensor, FrameError]:
+        """libjpeg on the host: torchvision's ``decode_jpeg`` (orientation not applied there: ``orient`` does it for
+        every decoder alike), else Pillow."""
         try:
             if self._tv is not None:
-                img = self._tv.decode_jpeg(frame, mode=self._tv.ImageReadMode.RGB)
-            else:
-                img = _pillow(frame)
+                return self._tv.decode_jpeg(frame.cpu(), mode=self._tv.ImageReadMode.RGB)
+            return _pillow(frame, head)
         except FrameError as e:
             return e
         except Exception as e:  # noqa: BLE001 - the decoder's own words for a corrupt frame
             return FrameError(f"corrupt JPEG: {type(e).__name__}: {e}"[:300])
-        return img.to(self.device, non_blocking=True)
 
 
-def _pillow(frame: torch.Tensor) -> torch.Tensor:
+def _pillow(frame: torch.Tensor, head: Header) -> torch.Tensor:
+    """Pillow's decode, after its own header read (``Image.open`` decodes nothing) agrees with ``head``."""
     import numpy as np
     from PIL import Image
 
     img = Image.open(io.BytesIO(_np_bytes(frame).tobytes()))
     if img.format != "JPEG":
         raise FrameError(f"not a JPEG frame ({img.format})")
+    if img.size != (head.width, head.height):
+        raise FrameError(
+            f"corrupt JPEG: Pillow reads {img.size[0]}x{img.size[1]}, the markers {head.width}x{head.height}"
+        )
     rgb = np.asarray(img.convert("RGB"))
     return torch.from_numpy(rgb.copy()).permute(2, 0, 1)
 
@@ -313,20 +538,21 @@ def frame_sizes(text: str) -> list[tuple[int, int]]:
 def prepare(
     rows: Sequence[torch.Tensor], decoder: Decoder, max_pixels: int = MAX_PIXELS, max_side: int = MAX_SIDE
 ) -> list[Union[torch.Tensor, FrameError]]:
-    """Request rows → decoded frames (or the FrameError of each bad one): header check first, then one batched
-    decode of the frames that passed it."""
+    """Request rows → decoded upright frames (or the FrameError of each bad one): ``read_header`` first (limits,
+    geometry), then one batched decode of the frames that passed it."""
     out: list[Optional[Union[torch.Tensor, FrameError]]] = [None] * len(rows)
     good: list[int] = []
     frames: list[torch.Tensor] = []
+    headers: list[Header] = []
     for i, row in enumerate(rows):
         f = frame_bytes(row)
         try:
-            jpeg_size(_np_bytes(f), max_pixels=max_pixels, max_side=max_side)
+            headers.append(read_header(_np_bytes(f), max_pixels=max_pixels, max_side=max_side))
         except FrameError as e:
             out[i] = e
             continue
         good.append(i)
         frames.append(f)
-    for i, img in zip(good, decoder.decode(frames)):
+    for i, img in zip(good, decoder.decode(frames, headers)):
         out[i] = img
     return [x if x is not None else FrameError("frame was not decoded") for x in out]
