@@ -37,11 +37,12 @@ code, never from stack config) builds the seeded random model instead, whose ans
 
 Parameters (``config.pbtxt``): ``weights``, ``random_weights_for_benchmarks``, ``output`` (nms|raw), ``precision``
 (fp16|fp32), ``cuda_graphs`` (true|false), ``max_det``, ``nms_candidates``, ``conf``, ``iou``, ``torch_threads``,
-``input`` (raw|jpeg), ``decode`` (auto|gpu|cpu), ``max_frame_pixels``, ``max_frame_side``, ``frame_graphs`` (jpeg
-input on a GPU: the frame sizes, ``WxH,...`` or ``none``, whose lone frames run as one CUDA graph each: letterbox +
-model + NMS + boxes back, no launches between them; default 1280x720,1920x1080,640x480), ``report_every`` (print
-the mean time of each execute's phases every N executes to Triton's log, 0 = never). At start each instance prints
-the GPU time of one graph replay per batch size (``gpuhost-graph-ms``).
+``input`` (raw|jpeg), ``decode`` (auto|gpu|cpu), ``decode_threads`` (frames of a batch decoded on the host at once;
+4 on a GPU, 1 on a CPU instance), ``max_frame_pixels``, ``max_frame_side``, ``frame_graphs`` (jpeg input on a GPU:
+the frame sizes, ``WxH,...`` or ``none``, whose lone frames run as one CUDA graph each: letterbox + model + NMS +
+boxes back, no launches between them; default 1280x720,1920x1080,640x480), ``report_every`` (print the mean time of
+each execute's phases every N executes to Triton's log, and the frames each decoder served, 0 = never). At start
+each instance prints the GPU time of one graph replay per batch size (``gpuhost-graph-ms``).
 """
 
 import gc
@@ -119,7 +120,9 @@ class TritonPythonModel:
         self.input_mode = _param(config, "input", "raw")
         if self.input_mode == "jpeg":
             h, w, c = frames.SIZE, frames.SIZE, 3
-            self.decoder = frames.Decoder(self.device, _param(config, "decode", "auto"))
+            # The frames nvJPEG cannot decode as libjpeg does go to libjpeg on the host: several at once in a batch.
+            threads = int(_param(config, "decode_threads", str(min(4, os.cpu_count() or 1) if gpu else 1)))
+            self.decoder = frames.Decoder(self.device, _param(config, "decode", "auto"), cpu_threads=threads)
             self.frame_limits = dict(
                 max_pixels=int(_param(config, "max_frame_pixels", str(frames.MAX_PIXELS))),
                 max_side=int(_param(config, "max_frame_side", str(frames.MAX_SIDE))),

@@ -470,3 +470,13 @@ def test_the_smallest_frames_letterbox():
         img = frames.prepare([_bytes(buf.getvalue())], frames.Decoder(torch.device("cpu")))[0]
         assert isinstance(img, torch.Tensor) and img.shape == (3, h, w)
         assert frames.letterbox(img, torch.zeros((640, 640, 3), dtype=torch.uint8))[4:] == (w, h)
+
+
+def test_host_frames_of_a_batch_decode_on_threads_as_one_by_one(classes):
+    by_class = classes[CLASS_SIZES[0]]
+    batch = [_bytes(d) for d in by_class.values()]
+    one = frames.Decoder(torch.device("cpu"), torchvision=False).decode(batch)
+    threaded = frames.Decoder(torch.device("cpu"), torchvision=False, cpu_threads=3)
+    for a, b in zip(one, threaded.decode(batch)):
+        assert isinstance(a, torch.Tensor) and isinstance(b, torch.Tensor) and torch.equal(a, b)
+    assert threaded.served == {"pillow": len(batch)}

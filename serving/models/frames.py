@@ -4,11 +4,16 @@ Shipped beside ``model.py`` in the version directory (``serving.models.yolov8n_f
 imported where they exist. The same code runs on a GPU instance (nvJPEG through ``torchvision.io.decode_jpeg``,
 batched) and on a CPU instance (``torchvision`` on CPU, else Pillow), so the CPU tests prove the GPU's geometry.
 
-* ``jpeg_size``: the frame's width and height from its SOF header, read before any decode, so a hostile header
-  (65535×65535) is refused before it can allocate anything;
+* ``read_header``: what the markers say before the image data (size, components, sampling, libjpeg's colour
+  space, EXIF orientation), walked as libjpeg walks them and read before any decode, so a hostile header
+  (65535×65535, or a small SOF hidden where libjpeg skips it) is refused before it can allocate anything, and so is
+  a frame too thin to letterbox; ``jpeg_size``: its upright (width, height);
 * ``frame_bytes``: a frame's bytes out of a request row (rows of one request are zero-padded to the longest);
-* ``Decoder``: a batch of JPEG frames → RGB ``[3, H, W]`` uint8 tensors on the device, or a ``FrameError`` for
-  each frame that does not decode (the others still do);
+* ``route``: from a header, whether nvJPEG gives libjpeg's pixels for the frame (gray, 4:4:4 YCbCr) or libjpeg on
+  the host must decode it (4:2:0 / 4:2:2, RGB-coded, CMYK / YCCK);
+* ``Decoder``: a batch of JPEG frames → upright RGB ``[3, H, W]`` uint8 tensors on the device, libjpeg's (Pillow's)
+  pixels within a level, or a ``FrameError`` for each frame that does not decode (the others still do); ``orient``
+  turns a decoded frame upright by its EXIF orientation;
 * ``letterbox``: Ultralytics' ``LetterBox`` (scale to fit keeping the aspect, pad 114 around, centred), written
   into a slot of the model's uint8 NHWC input; returns the frame's geometry;
 * ``unletterbox``: detections [B, N, 6] from the 640×640 space back to each frame's own pixels (pad off, scale
@@ -18,8 +23,10 @@ batched) and on a CPU instance (``torchvision`` on CPU, else Pillow), so the CPU
 
 Usage::
 
-    w, h = jpeg_size(data)                                  # FrameError when not a JPEG or too large
-    images = Decoder(device).decode([data1, data2])         # [tensor [3,H,W] | FrameError, ...]
+    head = read_header(data)                                # FrameError when not a JPEG or too large
+    w, h = head.upright                                     # = jpeg_size(data): the frame answers are in
+    route(head)                                             # ("cpu", "4:2:0 chroma")
+    images = Decoder(device).decode([data1, data2])         # [tensor [3,H,W] upright | FrameError, ...]
     geo = letterbox(images[0], batch[0])                    # (left, top, sx, sy, w, h)
     det = unletterbox(det, torch.tensor([geo, ...]))        # boxes in each frame's pixels
 """
@@ -172,8 +179,9 @@ def read_header(data, *, max_pixels: int = MAX_PIXELS, max_side: int = MAX_SIDE)
     this walk. ``FrameError`` when the data is no JPEG, is cut, has a second SOF or a segment running past its end,
     or when the frame is larger than ``max_side`` / ``max_pixels`` or letterboxes to nothing (1280×1).
 
-    >>> read_header(sample_frames.jpeg(640, 480)).upright
-    (640, 480)
+    >>> read_header(open("phone.jpg", "rb").read())  # stored 4032×3024, EXIF orientation 6
+    Header(width=4032, height=3024, components=3, sampling=((2, 2), (1, 1), (1, 1)), process='baseline',
+           colour='ycbcr', orientation=6, extraneous=0)                    # .upright == (3024, 4032)
     """
     b = bytes(data)
     n = len(b)
@@ -309,13 +317,19 @@ class Decoder:
     ``mode``: ``gpu`` (nvJPEG through torchvision, batched, for the frames ``route`` gives it; libjpeg on the host
     for the others), ``cpu`` (torchvision's libjpeg, else Pillow) or ``auto`` (GPU when the device is CUDA and
     torchvision can decode there); ``torchvision=False`` decodes on the CPU with Pillow even where torchvision is
-    installed. EXIF orientation is applied to every frame (``orient``). ``served`` counts the frames each decoder
+    installed; ``cpu_threads`` > 1 decodes a batch's host frames on that many threads. EXIF orientation is applied
+    to every frame (``orient``). ``served`` counts the frames each decoder
     gave (``nvjpeg``, ``torchvision-cpu``, ``pillow``). A batch that fails as a whole is decoded frame by frame,
     so one corrupt frame fails only itself.
     """
 
-    def __init__(self, device: torch.device, mode: str = "auto", *, torchvision: bool = True):
+    def __init__(self, device: torch.device, mode: str = "auto", *, torchvision: bool = True, cpu_threads: int = 1):
         self.device = device
+        self._pool = None
+        if cpu_threads > 1:  # libjpeg (torchvision's op, Pillow's decoder) runs without the GIL
+            from concurrent.futures import ThreadPoolExecutor
+
+            self._pool = ThreadPoolExecutor(cpu_threads, thread_name_prefix="gpuhost-libjpeg")
         self._tv = None
         if torchvision:
             try:
@@ -370,9 +384,14 @@ class Decoder:
                         raw[k], names[k] = self._gpu([frames[k]])[0], "nvjpeg"
                     except Exception:  # noqa: BLE001 - nvJPEG refuses some valid files: libjpeg below
                         pass
-        for k, (frame, head) in enumerate(zip(frames, headers)):
-            if raw[k] is None:
-                raw[k], names[k] = self._cpu(frame, head), self.cpu_name
+        cpu = [k for k in raw if raw[k] is None]
+        if self._pool is not None and len(cpu) > 1:
+            done = list(self._pool.map(lambda k: self._cpu(frames[k], headers[k]), cpu))
+        else:
+            done = [self._cpu(frames[k], headers[k]) for k in cpu]
+        for k, img in zip(cpu, done):
+            raw[k], names[k] = img, self.cpu_name
+        for k, head in enumerate(headers):
             out.append(self._finish(raw[k], head, names[k]))
         return out
 
