@@ -48,6 +48,9 @@ class GatewayBackend(BaseModel):
     grpc_port: int = Field(8001, ge=1, le=65535)
     http_port: int = Field(8000, ge=1, le=65535)
     metrics_port: int = Field(8002, ge=1, le=65535)
+    # Triton's metrics and the guest's dcgm-exporter may listen elsewhere than its HTTP/gRPC (None: `address`).
+    metrics_address: Optional[str] = None
+    dcgm_address: Optional[str] = None
     dcgm_port: Optional[int] = Field(None, ge=1, le=65535)
 
 
@@ -170,8 +173,12 @@ def worker_config(spec: GatewaySpec) -> dict:
                 "weight": b.weight,
                 "grpc": val.host_port(b.address, b.grpc_port),
                 "http": f"http://{val.host_port(b.address, b.http_port)}",
-                "metrics": f"http://{val.host_port(b.address, b.metrics_port)}/metrics",
-                **({"dcgm": f"http://{val.host_port(b.address, b.dcgm_port)}/metrics"} if b.dcgm_port else {}),
+                "metrics": f"http://{val.host_port(b.metrics_address or b.address, b.metrics_port)}/metrics",
+                **(
+                    {"dcgm": f"http://{val.host_port(b.dcgm_address or b.address, b.dcgm_port)}/metrics"}
+                    if b.dcgm_port
+                    else {}
+                ),
             }
             for b in spec.backends
         ],

@@ -206,6 +206,7 @@ def fleet_problems(fleet: Fleet, unknown: frozenset[str] = frozenset()) -> list[
     out += _pin_problems(fleet)
     out += _monitoring_problems(fleet)
     out += gateway_problems(fleet)
+    out += triton_listen_problems(fleet, lambda s: service_address(fleet, s))
     out += port_problems(fleet)
     return out
 
@@ -515,6 +516,53 @@ def port_problems(fleet: Fleet) -> list[str]:
                 f"{path}: port {port} on {machine} is also {fwhat} ({fpath}); one port has one listener on a "
                 "machine: choose another port"
             )
+    return out
+
+
+def service_address(fleet: Fleet, s) -> Optional[str]:
+    """The address of the machine a service runs on (its guest's, or its host's SSH address); None if unknown."""
+    h = next((x for x in fleet.hosts if x.name == s.host), None)
+    if h is None:
+        return None
+    if s.vm:
+        return next((v.address for v in h.vms if v.name == s.vm), None)
+    return h.ssh.address
+
+
+def triton_addresses(fleet: Fleet, s, machine_address: str) -> tuple[str, str]:
+    """(HTTP/gRPC bind, metrics bind) of a service's Triton: its ``triton_listen``, else loopback, and the metrics
+    on the machine's address when Prometheus (on another host, or through that address) scrapes it."""
+    if s.triton_listen:
+        return s.triton_listen, s.triton_listen
+    return "127.0.0.1", machine_address if fleet.monitoring else "127.0.0.1"
+
+
+def triton_listen_problems(fleet: Fleet, machine_address) -> list[str]:
+    """Triton listens on loopback unless told: a reader on another machine needs ``triton_listen``; the metrics
+    bind the machine's address for Prometheus, which must then be an IP (Triton resolves no names)."""
+    out: list[str] = []
+    services = {s.name: (i, s) for i, s in enumerate(fleet.services)}
+    for i, s in enumerate(fleet.services):
+        addr = machine_address(s)
+        if fleet.monitoring and not s.triton_listen and addr is not None:
+            try:
+                ipaddress.ip_address(addr)
+            except ValueError:
+                out.append(
+                    f"fleet.services[{i}].triton_listen: Prometheus scrapes Triton's metrics at {addr!r}, a host name "
+                    "Triton cannot bind: set triton_listen to that machine's IP address"
+                )
+    for gi, g in enumerate(fleet.gateways):
+        for j, b in enumerate(g.backends):
+            if b.service not in services:
+                continue
+            si, s = services[b.service]
+            if not s.triton_listen and (s.vm or s.host != g.host):
+                out.append(
+                    f"fleet.gateways[{gi}].backends[{j}].service: {s.name}'s Triton listens on loopback only and "
+                    f"gateway {g.name} runs on {g.host}: set fleet.services[{si}].triton_listen to the address the "
+                    f"gateway reaches it at (e.g. {machine_address(s) or 'its IP'})"
+                )
     return out
 
 

@@ -34,7 +34,7 @@ from plans.presets import apply_preset, gpu_key, preset_for
 from plans.triton_engine import EngineBuild, ShapeRange
 from plans.triton_model import DynamicBatching, InstanceGroup, ModelSpec
 from plans.triton_repo import resnet50_fp16, sdxl, yolov8n, yolov8n_torch
-from plans.triton_runtime import DockerRuntime, ProcessRuntime
+from plans.triton_runtime import DockerRuntime, ProcessRuntime, ServerOptions
 from plans.values import host_port
 from stacks.args import host_spec, passthrough_args, same_fields
 from stacks.errors import ConfigError
@@ -258,7 +258,18 @@ def gateway_spec(fleet: Fleet, g: Gateway, guests: dict[tuple[str, str], HostSpe
             raise ConfigError([f"gateways: backend {s.name} runs in VM {s.vm} which has no address"])
         # dcgm-exporter runs where the NVIDIA driver does: in the guests (MonitoringStack); its XID drains a backend.
         dcgm = 9400 if fleet.monitoring and s.vm else None
-        backends.append(GatewayBackend(name=s.name, weight=b.weight, address=where.address, dcgm_port=dcgm))
+        o = triton_server(fleet, s, where.address)
+        backends.append(
+            GatewayBackend(
+                name=s.name,
+                weight=b.weight,
+                # Loopback on the gateway's own machine; elsewhere triton_listen (the loader requires it there).
+                address=triton_reach(o.http_address, where.address),
+                metrics_address=triton_reach(o.metrics_address, where.address),
+                dcgm_address=where.address,
+                dcgm_port=dcgm,
+            )
+        )
     models = set.intersection(*({m.name for m in services[b.service].models} for b in g.backends))
     gw_host = next(x for x in fleet.hosts if x.name == g.host)
     maxmemory = g.redis_maxmemory_mb or (
@@ -523,6 +534,19 @@ def service_artifacts(s: Service, specs: list[ModelSpec], root: str) -> tuple[li
     return artifacts, engines
 
 
+def triton_server(fleet: Fleet, s: Any, machine_address: str) -> ServerOptions:
+    """Where the service's Triton listens (stacks.checks.triton_addresses: loopback unless the stack says)."""
+    from stacks.checks import triton_addresses
+
+    listen, metrics = triton_addresses(fleet, s, machine_address)
+    return ServerOptions(http_address=listen, grpc_address=listen, metrics_address=metrics)
+
+
+def triton_reach(bind: str, machine_address: str) -> str:
+    """Where another machine reaches a listener bound to ``bind``."""
+    return machine_address if bind in ("0.0.0.0", "::") else bind
+
+
 def build_services(
     fleet: Fleet,
     hosts: dict[str, PassthroughHost],
@@ -568,6 +592,7 @@ def build_services(
                 runtime=s.runtime,
                 docker=DockerRuntime(image=s.image),
                 process=ProcessRuntime(numa_node=node),
+                server=triton_server(fleet, s, where.address),
                 devices=devices,
                 mps_percentage=mps_share(fleet, s) if svm and svm.mps else None,
                 artifacts=artifacts,
@@ -652,6 +677,7 @@ def monitoring_graph(fleet: Fleet, guests: dict[tuple[str, str], HostSpec]) -> M
                 host=f"{s.host}-{s.vm}" if s.vm else s.host,
                 tenant=s.vm,
                 models=tuple(m.name for m in s.models),
+                metrics_address=s.triton_listen if s.triton_listen not in (None, "0.0.0.0", "::") else None,
                 window_port=s.adaptive_window.port if s.adaptive_window else None,
                 slo=ServingSlo(
                     p95_latency_ms=s.slo.p95_ms,

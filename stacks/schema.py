@@ -503,10 +503,27 @@ class Service(Strict):
         description="seed 004: a controller moving each model's batching window toward a p95 target "
         "({target_p95_ms, step_us, period_s, min_us, max_us}; seed values as defaults)",
     )
+    triton_listen: Optional[str] = Field(
+        None,
+        description="IP address Triton's HTTP, gRPC and metrics listeners bind (nginx, gateway workers on other "
+        "machines and Prometheus connect there). Default: loopback, metrics on the machine's address when "
+        "monitoring scrapes it; 0.0.0.0 only when written here",
+    )
 
     _name = field_validator("name")(lambda cls, v: val.dns_label(v, "service name"))
+    _listen = field_validator("triton_listen")(lambda cls, v: v if v is None else ip_literal(v, "triton_listen"))
     _gpu_model = _v(val.gpu_model, "gpu_model")
     _image = _v(val.image_ref, "image")
+
+
+def ip_literal(v: str, what: str) -> str:
+    """An IP address as written (Triton binds IP literals only; it resolves no host name)."""
+    import ipaddress
+
+    try:
+        return str(ipaddress.ip_address(val._one_line(v, what)))
+    except ValueError:
+        raise ValueError(f"{v!r} is not an IP address (Triton binds an IP literal, e.g. 10.20.4.11)") from None
 
 
 class Monitoring(Strict):

@@ -5,6 +5,7 @@ and the Triton flags it needs are then run for real against a real Triton (pytri
 """
 
 import json
+import shlex
 import subprocess
 import sys
 import time
@@ -131,7 +132,9 @@ def _service_resources(rec, service):
 def _triton_argv(children):
     for r in children:
         if r.type == "docker:index/container:Container":
-            return r.inputs["command"]
+            cmd = r.inputs["command"]
+            # /bin/sh -c '. <key file> && exec tritonserver <args>': the arguments as the shell splits them.
+            return shlex.split(cmd[2].split(" && exec ", 1)[1]) if cmd[0] == "/bin/sh" else cmd
         if r.name.endswith("-triton-unit"):
             return parse_unit_exec(r.inputs["content"])[0]
     raise AssertionError("no Triton runtime among " + str([r.name for r in children]))

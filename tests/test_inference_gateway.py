@@ -71,8 +71,10 @@ def test_hk_prod_gateway_in_front_of_seed_001_routes(hk):
 
     cfg = json.loads(_files(hk, "sdxl-gen-worker-0")["/etc/gpuhost/gateway/worker.json"])
     backends = {b["name"]: b for b in cfg["backends"]}
-    # mig-a route: Triton on the A100 host itself; vm-b route: in the 4090 VM, where DCGM runs too.
-    assert backends["sdxl-mig"]["weight"] == 3 and backends["sdxl-mig"]["grpc"] == "10.20.0.13:8001"
+    # mig-a route: Triton on the A100 host itself, the gateway's machine: over loopback, where Triton listens, its
+    # metrics on the host's address for Prometheus; vm-b route: in the 4090 VM (its triton_listen), DCGM there too.
+    assert backends["sdxl-mig"]["weight"] == 3 and backends["sdxl-mig"]["grpc"] == "127.0.0.1:8001"
+    assert backends["sdxl-mig"]["metrics"] == "http://10.20.0.13:8002/metrics"
     assert "dcgm" not in backends["sdxl-mig"]
     assert backends["sdxl-4090"]["weight"] == 2 and backends["sdxl-4090"]["grpc"] == "10.20.4.11:8001"
     assert backends["sdxl-4090"]["dcgm"] == "http://10.20.4.11:9400/metrics"

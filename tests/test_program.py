@@ -381,7 +381,7 @@ def test_mig_service_bound_to_its_mig_uuid_and_the_mig_host_has_dcgm(hk):
 def test_triton_runs_with_latency_summaries_image_and_numa_from_config(hk):
     for c in hk.of_type("docker:index/container:Container"):
         if c.name.endswith("-triton"):
-            assert "--metrics-config=summary_latencies=true" in c.inputs["command"]
+            assert " --metrics-config=summary_latencies=true " in c.inputs["command"][2]
     unit = hk.by_name("resnet-rhel-triton-unit").inputs["content"]
     assert '"--metrics-config=summary_latencies=true"' in unit
     assert '"--cpunodebind=0" "--membind=0"' in unit

@@ -118,6 +118,8 @@ class TritonTarget(BaseModel):
     host: str
     tenant: Optional[str] = None
     metrics_port: int = Field(8002, ge=1, le=65535)
+    # Where Triton's metrics listen when not at `address` (the service's triton_listen).
+    metrics_address: Optional[str] = None
     window_port: Optional[int] = Field(None, ge=1, le=65535)
     models: tuple[str, ...] = ()
     slo: ServingSlo = ServingSlo()

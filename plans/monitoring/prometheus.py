@@ -63,7 +63,7 @@ def scrape_jobs(graph: MonitoringGraph) -> list[dict[str, Any]]:
                 "job_name": JOB_TRITON,
                 "static_configs": [
                     {
-                        "targets": [host_port(s.address, s.metrics_port)],
+                        "targets": [host_port(s.metrics_address or s.address, s.metrics_port)],
                         "labels": {"host": s.host, "tenant": tenant_label(s.tenant), "service": s.name},
                     }
                     for s in graph.services
