@@ -7,8 +7,8 @@ note: class → the error line the user sees → resources registered (always 0)
 
 from __future__ import annotations
 
-import functools
 import json
+from typing import Any
 
 import pytest
 
@@ -832,6 +832,13 @@ PIN_LINE = (
 ONE_LINE = "config values are printable text on one line: remove them"
 
 
+def _nested(depth: int) -> Any:
+    v: Any = "x"
+    for _ in range(depth):
+        v = {"a": v}
+    return v
+
+
 def _chars(path: str, found: str, fix: str = ONE_LINE, what: str = "value") -> list[str]:
     return [f"{path}: {what} holds {found}; {fix}"]
 
@@ -919,7 +926,7 @@ BAD_ROUND3 = [
     ),
     (
         "nested 30 deep",
-        lambda f: H(f).__setitem__("labels", functools.reduce(lambda v, _: {"a": v}, range(30), "x")),
+        lambda f: H(f).__setitem__("labels", _nested(30)),
         [
             "gpuhost:fleet: nested more than 20 levels deep (at fleet.hosts[0].labels.a.a.a...); a stack config is "
             "a few levels deep (hosts[].vms[].gpus[]): remove the extra nesting"

@@ -12,6 +12,7 @@ import copy
 import json
 import time
 from pathlib import Path
+from typing import Any
 
 import pytest
 import yaml
@@ -47,7 +48,7 @@ REFUSED = st.one_of(
 )
 
 
-def _with(doc, loc, is_key, at: int, c: str):
+def _with(doc: Any, loc: tuple, is_key: bool, at: int, c: str) -> Any:
     """`doc` with `c` put into the string at `loc` (its key when `is_key`), before character `at`."""
     parent = doc
     for p in loc[:-1]:
@@ -82,7 +83,7 @@ def test_a_refused_character_anywhere_is_that_fields_one_line(where, c, at):
 @settings(max_examples=200, deadline=None)
 @given(st.text(st.characters(blacklist_categories=("Cc", "Cs", "Zl", "Zp"), blacklist_characters=BIDI), max_size=20))
 def test_printable_text_is_never_called_a_control_character(text):
-    doc = copy.deepcopy(BASE)
+    doc: Any = copy.deepcopy(BASE)
     doc["services"][0]["models"][0]["name"] = text
     doc["hosts"][0]["ssh"]["user"] = text
     try:
@@ -93,7 +94,7 @@ def test_printable_text_is_never_called_a_control_character(text):
 
 def test_shared_values_count_each_time_they_appear():
     """An alias bomb already built (PyYAML keeps aliases as shared objects): refused after MAX_VALUES, quickly."""
-    lol = ["lol"] * 10
+    lol: Any = ["lol"] * 10
     for _ in range(8):
         lol = [lol] * 10
     doc = copy.deepcopy(BASE)
