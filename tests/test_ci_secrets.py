@@ -72,3 +72,11 @@ def test_tool_mock_plan_prints_the_same_bytes_on_every_run():
     lines = [ln for ln in first.splitlines() if " (pulumi-python:" in ln or " (gpuhost:" in ln]
     assert len(lines) > 100 and lines == sorted(lines, key=lambda ln: ln.split(" (")[0])
     assert "PRIVATE KEY" not in first and mock_plan.PLAN_KEY.splitlines()[1] not in first
+
+
+def test_the_comment_job_edits_only_its_own_comment():
+    """Anyone can post a comment that starts with the marker; the job picks one github-actions[bot] wrote."""
+    post = yaml.safe_load((WF / "preview.yml").read_text())["jobs"]["comment"]["steps"][-1]["run"]
+    select = post.split("--jq", 1)[1].split("| tail", 1)[0]
+    assert 'select(.user.login == \\"github-actions[bot]\\" and .user.type == \\"Bot\\")' in select
+    assert "startswith" in select and select.index("user.login") < select.index("startswith")

@@ -13,6 +13,8 @@ from pathlib import Path
 
 import pytest
 import yaml
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from tools import plan_diff
 
@@ -117,7 +119,7 @@ def test_kernel_argument_added_updates_the_cmdline_and_names_the_host_that_reboo
     assert "~ emulated-gpu-01-cmdline (host:KernelCmdline): update" in lines
     assert '    ~ add[5]: + "nosmt"' in text or re.search(r'~ add\[\d+\]: \+ "nosmt"', text)
     top = text.split("```diff")[0]
-    assert "**Reboots:** emulated-gpu-01 reboots: kernel argument nosmt added." in top
+    assert "**Reboots:** `emulated-gpu-01` reboots: kernel argument `nosmt` added." in top
     # the reboot's expected running state follows the command line; no resource is replaced
     assert "~ emulated-gpu-01-reboot (host:HostReboot): update" in lines
     assert not [ln for ln in lines if ln.startswith(("+", "-"))]
@@ -240,10 +242,10 @@ def test_reboots_are_the_hosts_whose_expected_running_state_changes_in_plain_wor
         _reboot("d"),
     ]
     assert plan_diff.reboots(base, head) == [
-        "b needs a reboot (`reboot: never`: reported as pending, not rebooted): kernel argument nosmt added; "
-        "kernel argument to remove quiet added.",
-        "c reboots: 0000:02:00.0 bound to vfio-pci; 0000:01:00.0 given back to its host driver.",
-        "d reboots: new host, the first `up` reboots it once unless its running kernel already matches.",
+        "`b` needs a reboot (`reboot: never`: reported as pending, not rebooted): kernel argument `nosmt` added; "
+        "kernel argument to remove `quiet` added.",
+        "`c` reboots: `0000:02:00.0` bound to `vfio-pci`; `0000:01:00.0` given back to its host driver.",
+        "`d` reboots: new host, the first `up` reboots it once unless its running kernel already matches.",
     ]
 
 
@@ -267,3 +269,128 @@ def test_value_changes_show_secrets_and_large_values_as_digests_and_text_as_a_un
     body = [ln[1:] for ln in lines[1:]]
     assert "-  max_queue_delay_microseconds: 1500" in body and "+  max_queue_delay_microseconds: 2500" in body
     assert plan_diff.value_changes({"a": [1, 2]}, {"a": [1, 3, 2]}) == ["a[1]: + 3"]
+
+
+# -- the comment is not an input channel (issue 38 §5) -------------------------------------------------------------
+markdown_it = pytest.importorskip("markdown_it")
+HOSTILE = [
+    "x\n```\n<img src=https://evil.example/p.png> @org/team",
+    "`` ` ```` <script>alert(1)</script>",
+    "@octocat <a href='https://evil.example'>click</a>",
+    "\u202egnp.exe\r\n# heading\x1b[31m",
+    "![x](https://evil.example/t.png) <details open>",
+]
+
+
+def _html(md: str) -> str:
+    return markdown_it.MarkdownIt("commonmark").render(md)
+
+
+def _outside_code(html: str) -> str:
+    """The HTML with every code span and block removed: what GitHub would render as Markdown/HTML."""
+    return re.sub(r"<pre><code[^>]*>.*?</code></pre>|<code>.*?</code>", "", html, flags=re.S)
+
+
+def _res(name: str, inputs: dict, type_: str = "pulumi-python:dynamic/host:Sysctls") -> dict:
+    return {
+        "urn": f"urn:pulumi:s::gpuhost::{type_}::{name}",
+        "type": type_,
+        "name": name,
+        "parent": "",
+        "custom": True,
+        "dependencies": [],
+        "secret": [],
+        "inputs": inputs,
+    }
+
+
+@pytest.mark.parametrize("evil", HOSTILE)
+def test_pr_controlled_text_renders_only_inside_code_that_it_cannot_close(evil):
+    base = {
+        "stack": evil,
+        "resources": [
+            _res("keep", {"values": {"a": "1"}}),
+            _res(f"gone{evil}", {}),
+            _reboot("h", expect_args=["intel_iommu=on"]) | {"parent": "", "custom": True, "dependencies": []},
+        ],
+    }
+    for r in base["resources"]:
+        r.setdefault("secret", [])
+    head = {
+        "stack": evil,
+        "resources": [
+            _res("keep", {"values": {"a": evil, evil: "2"}, "content": f"line\n{evil}\n"}),
+            _res(f"new{evil}", {}, type_=f"pulumi-python:dynamic/{evil}"),
+            _reboot(evil, expect_args=["intel_iommu=on", evil], expect_drivers={evil: evil})
+            | {"parent": "", "custom": True, "dependencies": [], "secret": []},
+        ],
+        "verdicts": {},
+    }
+    text, ok = plan_diff.render(base, head, f"base {plan_diff.code(evil)}", "head `abc1234`")
+    assert ok
+    html = _html(text)
+    outside = _outside_code(html)
+    assert "<img" not in html and "<script" not in html and "<a " not in html and "<details" not in html
+    assert "@" not in outside and "evil.example" not in outside and "<h1>" not in html
+    # what the PR wrote is still shown, escaped, inside the block
+    shown = plan_diff._plain(f"+ new{evil}")
+    shown = shown.replace("&", "&amp;").replace("<", "&lt;").replace(">", "&gt;").replace('"', "&quot;")
+    assert html.count("<pre><code") == 1 and shown in html.split("<pre><code", 1)[1]
+    assert not re.search("[\x00-\x08\x0a-\x1f\x7f-\x9f\u202e]", text.replace("\n", ""))
+
+
+def test_loader_lines_and_program_output_print_in_a_block_they_cannot_close():
+    head = {"stack": "dev", "error": ["fleet.x: ```", *HOSTILE], "resources": []}
+    text, ok = plan_diff.render({}, head)
+    assert not ok
+    html = _html(text)
+    assert html.count("<pre><code") == 1 and "<img" not in html and "@" not in _outside_code(html)
+    assert "evil.example" in html.split("<pre><code", 1)[1] and "@org/team" in html.split("<pre><code", 1)[1]
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.text(max_size=40))
+def test_a_code_span_holds_any_text_as_one_span(text):
+    html = _html(f"a {plan_diff.code(text)} b")
+    spans = re.findall(r"<code>(.*?)</code>", html, flags=re.S)
+    assert len(spans) == 1 and _outside_code(html).strip() in ("<p>a  b</p>",), html
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(st.text(max_size=20), max_size=6))
+def test_a_block_holds_any_lines_as_one_block(lines):
+    html = _html("\n".join(["before", "", *plan_diff.block(lines, "diff"), "", "after"]))
+    assert html.count("<pre><code") == 1 and _outside_code(html).split() == ["<p>before</p>", "<p>after</p>"], html
+
+
+def test_a_stack_that_fails_or_hangs_is_its_own_section_and_the_others_are_still_shown(repo, monkeypatch, capsys):
+    """At the head: dev's file is a YAML alias bomb; a new stack `slow` hangs its planner (PR code can); hk-prod is
+    unchanged. Each stack gets its section, in one output: the loader's line, the timeout, and hk-prod's diff."""
+    path, base = repo
+    lol = "".join(f"  l{i}: &l{i} [" + ", ".join([f"*l{i - 1}"] * 9) + "]\n" for i in range(1, 10))
+    head = commit_edit(
+        path,
+        base,
+        {
+            "Pulumi.dev.yaml": lambda t: t.replace("config:\n", "config:\n  l0: &l0 [lol, lol]\n" + lol, 1),
+            "tests/stackfiles.py": lambda t: t.replace(
+                "    doc = stack_file(stack)\n",
+                "    if stack == 'slow':\n        import time\n\n        time.sleep(3600)\n    doc = stack_file(stack)\n",
+            ),
+        },
+        "dev: an alias bomb; a stack whose plan hangs",
+    )
+    sh(path, "git", "checkout", "-q", "--detach", head)
+    shutil.copy(path / "Pulumi.dev.yaml", path / "Pulumi.slow.yaml")
+    sh(path, "git", "add", "Pulumi.slow.yaml")
+    sh(path, "git", "commit", "-qm", "slow")
+    head = sh(path, "git", "rev-parse", "HEAD")
+    monkeypatch.setattr(plan_diff, "SNAPSHOT_TIMEOUT_S", 30)
+    rc = plan_diff.main(["--repo", str(path), "--base", base, "--head", head])
+    out = capsys.readouterr().out
+    assert rc == 1
+    sections = {s.split("`", 1)[0]: s for s in out.split("### `")[1:]}
+    assert set(sections) == {"dev", "hk-prod", "slow"}
+    assert "Pulumi.dev.yaml: line 11: aliases expand to more than 100000 values (a YAML alias bomb)" in sections["dev"]
+    assert "the plan did not finish in 30 s and was stopped" in sections["slow"]
+    assert "**No changes** (" in sections["hk-prod"]

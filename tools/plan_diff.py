@@ -20,7 +20,13 @@ Markers: `+` create, `-` delete, `~` update (only the changed input paths, old �
 provider replaces on is named, and what depends on the resource). Secrets and large values are shown as sha256 and
 size; file contents (also base64 ones) as a unified diff when they are text. Changed dependency edges alone are no
 change (the engine updates nothing for them), nor a provider `version` bump the provider's diff ignores. A stack
-config the loader refuses prints the loader's lines instead (exit status 1).
+config the loader refuses prints the loader's lines instead (exit status 1); so does a stack whose plan fails or does
+not finish in SNAPSHOT_TIMEOUT_S, and the other stacks are still planned and shown.
+
+Everything that comes from the pull request (stack names, resource names, keys and values, loader lines, program
+output) is printed in code: a code span or block whose backtick fence is longer than any run of backticks inside it,
+with control characters written as escapes, so it cannot close its fence, start a line, render HTML (`<img>`) or
+mention anyone (`@org/team`).
 
 Usage::
 
@@ -86,10 +92,14 @@ def snapshot(stack: str, key_pem: str, against: dict | None = None) -> dict:
     from tests.mocks import attempt_program
     from tests.stackfiles import stack_config
 
-    cfg, secret = stack_config(stack)
-    for k in secret:
-        cfg[k] = key_pem
-    rec, err = attempt_program(cfg, secret, stack=stack)
+    try:
+        cfg, secret = stack_config(stack)  # the stack file's own checks (nesting, alias bombs) raise here
+    except Exception as e:  # noqa: BLE001 - shown as the loader's lines, like the program's own refusal
+        err: BaseException | None = e
+    else:
+        for k in secret:
+            cfg[k] = key_pem
+        rec, err = attempt_program(cfg, secret, stack=stack)
     if err is not None:
         lines = str(err).splitlines() or [repr(err)]
         return {"stack": stack, "error": lines, "resources": [], "verdicts": {}}
@@ -145,11 +155,18 @@ def plan_tree(tree: Path, stack: str, key_pem: str, against: dict | None = None)
         env = {**os.environ, "PYTHONPATH": str(tree), "PYTHONHASHSEED": "0"}
         env.pop("PULUMI_CONFIG_PASSPHRASE", None)
         cmd = [sys.executable, str(Path(__file__).resolve()), "--snapshot", stack, str(key), str(base), str(out)]
-        p = subprocess.run(cmd, cwd=tree, env=env, capture_output=True, text=True, timeout=SNAPSHOT_TIMEOUT_S)
+        try:
+            p = subprocess.run(cmd, cwd=tree, env=env, capture_output=True, text=True, timeout=SNAPSHOT_TIMEOUT_S)
+        except subprocess.TimeoutExpired:
+            why = f"the plan did not finish in {SNAPSHOT_TIMEOUT_S} s and was stopped (a config that expands without end?)"
+            return {"stack": stack, "error": [why], "resources": []}
         if p.returncode != 0 or not out.exists():
             tail = (p.stderr or p.stdout).strip().splitlines()[-15:]
             return {"stack": stack, "error": ["the program did not run under mocks:", *tail], "resources": []}
-        result: dict = json.loads(out.read_text())
+        try:
+            result: dict = json.loads(out.read_text())
+        except (ValueError, RecursionError):
+            return {"stack": stack, "error": ["the plan's output is not JSON"], "resources": []}
         return result
 
 
@@ -164,19 +181,61 @@ def throwaway_key() -> str:
     return pem.decode()
 
 
-def plan_commits(repo: Path, base: str, head: str, stacks: list[str] | None = None) -> list[tuple[dict, dict]]:
-    """(base snapshot, head snapshot) of each stack: `stacks`, or every Pulumi.*.yaml of either commit."""
+def plan_commits(repo: Path, base: str, head: str, stacks: list[str] | None = None) -> Iterator[tuple[dict, dict]]:
+    """(base snapshot, head snapshot) of each stack: `stacks`, or every Pulumi.*.yaml of either commit. A stack
+    whose planning fails comes back as an error snapshot; the next stack is planned all the same."""
     key = throwaway_key()
     with checkout(repo, base) as btree, checkout(repo, head) as htree:
         names = stacks or sorted(set(stacks_in(btree)) | set(stacks_in(htree)))
-        out = []
         for s in names:
-            b = plan_tree(btree, s, key)
-            out.append((b, plan_tree(htree, s, key, against=b)))
-        return out
+            b = _guarded(btree, s, key)
+            yield b, _guarded(htree, s, key, against=b)
+
+
+def _guarded(tree: Path, stack: str, key_pem: str, against: dict | None = None) -> dict:
+    """`plan_tree`, with a failure as the stack's error snapshot (one stack's failure is not the comment's loss)."""
+    try:
+        return plan_tree(tree, stack, key_pem, against)
+    except Exception as e:  # noqa: BLE001 - any failure: the other stacks are still planned and shown
+        return {"stack": stack, "error": [f"the plan failed: {type(e).__name__}: {e}"], "resources": []}
 
 
 # -- rendering ------------------------------------------------------------------------------------------------------
+# Control characters (tab kept: text diffs hold tabs), the line and paragraph separators, bidi controls, surrogates.
+_CONTROL = re.compile(
+    "[\x00-\x08\x0a-\x1f\x7f-\x9f\u061c\u200e\u200f\u2028\u2029\u202a-\u202e\u2066-\u2069\ud800-\udfff]"
+)
+
+
+def _plain(text: Any) -> str:
+    """`text` on one line: every control character written as its JSON escape (`\\n`, `\\u001b`)."""
+    return _CONTROL.sub(lambda m: json.dumps(m.group())[1:-1], str(text))
+
+
+def _fence(text: str, least: int) -> str:
+    runs = re.findall(r"`+", text)
+    return "`" * max(least, 1 + max((len(r) for r in runs), default=0))
+
+
+def code(text: Any) -> str:
+    """PR-controlled text as a Markdown code span that nothing inside can close.
+
+    >>> code("a``b")
+    '```a``b```'
+    """
+    s = _plain(text).replace("\t", "\\t")
+    fence = _fence(s, 1)
+    pad = " " if s.startswith(("`", " ")) or s.endswith(("`", " ")) or not s else ""
+    return f"{fence}{pad}{s}{pad}{fence}"
+
+
+def block(lines: list[Any], info: str = "") -> list[str]:
+    """PR-controlled lines as a fenced code block that no line inside can close (tabs kept)."""
+    body = [_plain(ln) for ln in lines]
+    fence = _fence("\n".join(body), 3)
+    return [fence + info, *body, fence]
+
+
 def short_type(t: str) -> str:
     return t.split("dynamic/", 1)[1] if "dynamic/" in t else t.split(":", 1)[1] if t.startswith("gpuhost:") else t
 
@@ -318,7 +377,7 @@ def reboots(base: list[dict], head: list[dict]) -> list[str]:
         verb = "needs a reboot (`reboot: never`: reported as pending, not rebooted)" if never else "reboots"
         if o is None:
             out.append(
-                f"{_host(r)} {verb}: new host, the first `up` reboots it once unless its running kernel already "
+                f"{code(_host(r))} {verb}: new host, the first `up` reboots it once unless its running kernel already "
                 "matches."
             )
             continue
@@ -329,29 +388,32 @@ def reboots(base: list[dict], head: list[dict]) -> list[str]:
                 continue
             if isinstance(a, list) and isinstance(b, list):
                 word = "kernel argument" if k == "expect_args" else "kernel argument to remove"
-                why += [f"{word} {x} added" for x in b if x not in a]
-                why += [f"{word} {x} dropped" for x in a if x not in b]
+                why += [f"{word} {code(x)} added" for x in b if x not in a]
+                why += [f"{word} {code(x)} dropped" for x in a if x not in b]
             else:
                 a, b = dict(a or {}), dict(b or {})
-                why += [f"{d} bound to {b[d]}" for d in sorted(b) if a.get(d) != b[d]]
-                why += [f"{d} given back to its host driver" for d in sorted(a) if d not in b]
+                why += [f"{code(d)} bound to {code(b[d])}" for d in sorted(b) if a.get(d) != b[d]]
+                why += [f"{code(d)} given back to its host driver" for d in sorted(a) if d not in b]
         if why:
-            out.append(f"{_host(r)} {verb}: {'; '.join(why)}.")
+            out.append(f"{code(_host(r))} {verb}: {'; '.join(why)}.")
     return out
 
 
 def render(base: dict, head: dict, base_ref: str = "base", head_ref: str = "head") -> tuple[str, bool]:
     """Markdown for one stack: (text, whether the head's config loads)."""
     stack = head.get("stack") or base.get("stack")
-    out = [f"### `{stack}`: {base_ref} → {head_ref}", "", DECLARED, ""]
+    out = [f"### {code(stack)}: {base_ref} → {head_ref}", "", DECLARED, ""]
     if head.get("error"):
-        out += ["The head's stack config is refused by the loader, before any resource:", "", "```"]
-        out += [*head["error"], "```", ""]
+        out += ["The head's stack config is refused by the loader, before any resource:", ""]
+        out += [*block(head["error"]), ""]
         return "\n".join(out) + "\n", False
     if head.get("absent"):
-        out += [f"`Pulumi.{stack}.yaml` is deleted at the head: every resource of the stack would be destroyed.", ""]
+        out += [
+            f"{code(f'Pulumi.{stack}.yaml')} is deleted at the head: every resource of the stack would be destroyed."
+        ]
+        out += [""]
     if base.get("error"):
-        out += ["The base's stack config did not load (shown as all created):", "", "```", *base["error"], "```", ""]
+        out += ["The base's stack config did not load (shown as all created):", "", *block(base["error"]), ""]
     bres = [] if base.get("error") else base.get("resources", [])
     hres = head.get("resources", [])
     old = {r["urn"]: r for r in bres}
@@ -404,7 +466,7 @@ def render(base: dict, head: dict, base_ref: str = "base", head_ref: str = "head
     if not parts:
         out += [f"**No changes** ({counts['same']} resources unchanged).", ""]
         return "\n".join(out) + "\n", True
-    out += [", ".join(parts) + f", {counts['same']} unchanged.", "", "```diff", *lines, "```", ""]
+    out += [", ".join(parts) + f", {counts['same']} unchanged.", "", *block(lines, "diff"), ""]
     return "\n".join(out) + "\n", True
 
 
@@ -424,8 +486,14 @@ def main(argv: list[str]) -> int:
     refs = [git(repo, "rev-parse", "--short", c) for c in (a.base, a.head)]
     ok = True
     for b, h in plan_commits(repo, a.base, a.head, a.stacks or None):
-        text, good = render(b, h, f"base `{refs[0]}`", f"head `{refs[1]}`")
+        where = (f"base {code(refs[0])}", f"head {code(refs[1])}")
+        try:
+            text, good = render(b, h, *where)
+        except Exception as e:  # noqa: BLE001 - the other stacks' diffs are still written
+            bad = {"stack": h.get("stack") or b.get("stack"), "error": [f"rendering failed: {type(e).__name__}: {e}"]}
+            text, good = render({}, bad, *where)
         sys.stdout.write(text)
+        sys.stdout.flush()
         ok = ok and good
     return 0 if ok else 1
 
