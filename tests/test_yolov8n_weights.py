@@ -37,6 +37,7 @@ def test_test_weights_make_an_input_dependent_detector():
 
 import copy  # noqa: E402
 import io  # noqa: E402
+import json  # noqa: E402
 import re  # noqa: E402
 
 import pytest  # noqa: E402
@@ -135,20 +136,16 @@ def test_onnx_weights_equal_onnxruntime(weights, measured):
     assert float((ref[0] - ref[1]).abs().max()) > 1.0  # the reference itself depends on the image
 
 
-class DetectionModelStandIn(torch.nn.Module):
-    """Stands in for Ultralytics' pickled ``DetectionModel`` (not installable here: it pulls ~570 MiB and replaces
-    the CPU torch): a pickled module object whose ``state_dict`` has Ultralytics' 355 keys (``model.N.…``) in
-    FP16, with ``.float()`` and ``.state_dict()`` as the loader uses them."""
+class Marker:
+    """A pickled object whose unpickling would run ``os.system`` (the inert reader must not run it)."""
 
-    def __init__(self, state):
-        super().__init__()
-        self.sd = {yw.to_ultralytics_key(k): v.half() if v.is_floating_point() else v for k, v in state.items()}
+    def __init__(self, path):
+        self.path = path
 
-    def float(self):
-        return self
+    def __reduce__(self):
+        import os
 
-    def state_dict(self, *a, **k):  # type: ignore[override]
-        return {k: v.float() if v.is_floating_point() else v for k, v in self.sd.items()}
+        return (os.system, (f"touch {self.path}",))
 
 
 def _reference_fp16(model):
@@ -166,13 +163,12 @@ def test_checkpoint_and_state_dict_weights_equal_the_unfused_model(weights, meas
     ref16 = _reference_fp16(model)
     with torch.no_grad():
         want, want16 = model(x), ref16(x)
-    ckpt = {"model": DetectionModelStandIn(model.state_dict()), "ema": None, "epoch": -1}
+    half = copy.deepcopy(model).half()  # a whole pickled module, as a checkpoint holds it (FP16)
+    ckpt = {"model": half, "ema": None, "epoch": -1}
     buf = io.BytesIO()
     torch.save(ckpt, buf)
-    with pytest.raises(yw.WeightsError, match="pickled objects.*sha256"):
-        yw.load_model(buf.getvalue())  # untrusted: refused
     files = {
-        "Ultralytics checkpoint (pickled stand-in, FP16)": (buf.getvalue(), True, want16),
+        "pickled module under 'model' (read inert, FP16)": (buf.getvalue(), False, want16),
         "state_dict, Ultralytics keys, FP16": (
             _save(
                 {
@@ -237,8 +233,109 @@ def test_layout_mismatches_are_refused_naming_key_node_and_shapes(weights):
     init.CopyFrom(onnx.numpy_helper.from_array(np.zeros((8, 16, 1, 1), np.float32), init.name))
     with pytest.raises(
         yw.WeightsError,
-        match=rf"ONNX Conv node {re.escape(conv.name)} \(#3, model\.2\.m\.0\.cv1\.conv\): weight expected shape \[16, 16, 3, 3\], found \[8, 16, 1, 1\]",
+        match=rf"ONNX Conv node {re.escape(conv.name)} \(fed by model\.2\.cv1\.conv\): expected model\.2\.m\.0\.cv1\.conv: weight \[16, 16, 3, 3\], stride \[1, 1\]; found weight \[8, 16, 1, 1\]",
     ):  # noqa: E501
         yw.load_model(proto.SerializeToString())
     with pytest.raises(yw.WeightsError, match="unknown weights format"):
         yw.load_model(b"not weights at all")
+
+
+def test_onnx_nodes_are_placed_by_structure_not_order(weights):
+    """The same graph with its nodes in reverse order loads to the same weights (places come from what feeds what)."""
+    import onnx
+
+    _, data, _, x = weights
+    proto = onnx.load_from_string(data)
+    nodes = list(proto.graph.node)
+    del proto.graph.node[:]
+    proto.graph.node.extend(reversed(nodes))
+    a, b = yw.load_model(data), yw.load_model(proto.SerializeToString())
+    assert all(torch.equal(u, v) for u, v in zip(a.state_dict().values(), b.state_dict().values()))
+    places = yw._places()
+    assert len(places) == yw.CONV_NODES
+    assert len({(p.parents, p.shape, p.stride) for p in places.values()}) == len(places)  # no two alike
+
+
+def test_a_pickled_checkpoint_runs_no_code_of_the_file(tmp_path):
+    marker = tmp_path / "ran"
+    buf = io.BytesIO()
+    torch.save({"model": Marker(marker)}, buf)
+    with pytest.raises(yw.WeightsError, match=r"ckpt.pt \(torch\): "):
+        yw.load_model(buf.getvalue(), what="ckpt.pt")
+    assert not marker.exists()
+
+
+def _truncations(data: bytes, n: int = 40) -> list[bytes]:
+    return [data[:k] for k in sorted({len(data) * i // n for i in range(1, n)} | {1, 2, 9, 20})]
+
+
+def test_malformed_files_are_one_weights_error_naming_the_artifact(weights):
+    """Truncated files, a run of 0xFF, non-UTF-8 names, absurd dims, safetensors offsets that overlap or run past
+    the end: each one WeightsError naming the artifact, quickly (no IndexError, UnicodeDecodeError, KeyError)."""
+    import time
+
+    import onnx
+
+    model, data, _, _ = weights
+    state = {yw.to_ultralytics_key(k): v for k, v in model.state_dict().items()}
+    st = _safetensors(state)
+    cases: dict[str, bytes] = {f"onnx cut at {len(c)}": c for c in _truncations(data)}
+    cases |= {f"safetensors cut at {len(c)}": c for c in _truncations(st)}
+    cases |= {f"state_dict cut at {len(c)}": c for c in _truncations(_save(state), 8)}
+    cases["0xFF run"] = b"\x08" + b"\xff" * (1 << 20)
+    proto = onnx.load_from_string(data)
+    cases["non-UTF-8 name"] = data.replace(b"/model.2/cv1/conv/Conv", b"/model.2/cv1/conv/\xff\xfenv")  # same length
+    init = proto.graph.initializer[0]
+    init.dims[:] = [1 << 40, 1 << 40]
+    cases["absurd dims"] = proto.SerializeToString()
+    header_len = int.from_bytes(st[:8], "little")
+    header = json.loads(st[8 : 8 + header_len])
+    keys = [k for k in header if k != "__metadata__"]
+
+    def with_header(h: dict) -> bytes:
+        raw = json.dumps(h).encode()
+        return len(raw).to_bytes(8, "little") + raw + st[8 + header_len :]
+
+    a, b = header[keys[0]], header[keys[1]]
+    cases["overlapping offsets"] = with_header(dict(header, **{keys[1]: dict(b, data_offsets=a["data_offsets"])}))
+    end = dict(a, data_offsets=[len(st), len(st) + a["data_offsets"][1] - a["data_offsets"][0]])
+    cases["offsets past the end"] = with_header(dict(header, **{keys[0]: end}))
+    cases["no dtype"] = with_header(dict(header, **{keys[0]: {"shape": a["shape"]}}))
+    cases["header not UTF-8"] = st[:9] + b"\xff" + st[10:]
+    assert cases["non-UTF-8 name"] != data
+    seen: list[str] = []
+    for what, blob in cases.items():
+        t0 = time.monotonic()
+        with pytest.raises(yw.WeightsError, match=r"^artifact\.bin\b") as e:
+            yw.load_model(blob, what="artifact.bin")
+        assert time.monotonic() - t0 < 5, what
+        seen.append(f"{what}: {e.value}")
+    print("\n".join(seen))
+    for what, why in [
+        ("0xFF run", "varint longer than 10 bytes"),
+        ("non-UTF-8 name", "is not UTF-8"),
+        ("absurd dims", "dims"),
+        ("overlapping offsets", "overlap"),
+        ("offsets past the end", "run outside"),
+    ]:
+        assert why in next(s for s in seen if s.startswith(what)), what
+
+
+def test_an_artifact_must_be_a_small_regular_file(tmp_path):
+    import os
+
+    fifo = tmp_path / "fifo"
+    os.mkfifo(fifo)
+    for path, why in [(fifo, "a FIFO"), ("/dev/zero", "a character device"), (tmp_path, "a directory")]:
+        with pytest.raises(yw.WeightsError, match=rf"not a regular file \({why}\)"):
+            yw.read_artifact(str(path))
+    big = tmp_path / "big.onnx"
+    with open(big, "wb") as f:
+        f.truncate(yw.MAX_BYTES + 1)  # sparse: nothing is written
+    with pytest.raises(yw.WeightsError, match=r"big.onnx: \d+ bytes, more than"):
+        yw.read_artifact(str(big))
+    with pytest.raises(yw.WeightsError, match=r"cannot open"):
+        yw.read_artifact(str(tmp_path / "absent"))
+    small = tmp_path / "w.bin"
+    small.write_bytes(b"abc")
+    assert yw.read_artifact(str(small)) == b"abc"
