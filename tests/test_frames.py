@@ -316,9 +316,14 @@ def test_nvjpeg_matches_libjpeg_on_the_frames_route_gives_it(classes):
     for (w, h), by_class in classes.items():
         for name, data in by_class.items():
             head = frames.read_header(data)
-            img = decode_jpeg(_bytes(data), mode=ImageReadMode.RGB, device="cuda")
-            diff = _max_diff(frames.orient(img, head.orientation), _reference(data))
             where, why = frames.route(head)
+            try:
+                img = decode_jpeg(_bytes(data), mode=ImageReadMode.RGB, device="cuda")
+                diff = _max_diff(frames.orient(img, head.orientation), _reference(data))
+            except RuntimeError as e:  # nvJPEG refuses some (CMYK): a refusal, never wrong pixels
+                print(f"  {w}x{h:<5d} {name:18s} refused ({str(e).splitlines()[0][:60]})  {where} ({why})")
+                assert where == "cpu", name
+                continue
             print(f"  {w}x{h:<5d} {name:18s} {diff:4d}  {where} ({why})")
             if where == "gpu" and diff > 1:
                 wrong.append((name, w, h, diff))
@@ -326,7 +331,7 @@ def test_nvjpeg_matches_libjpeg_on_the_frames_route_gives_it(classes):
 
 
 def test_route_sends_nvjpeg_only_what_it_decodes_as_libjpeg_does(classes):
-    want_gpu = {"baseline-444", "progressive-444", "restart-444", "gray"}
+    want_gpu = {"baseline-444", "restart-444", "gray"}  # measured on the H200: nvJPEG is exact on these alone
     for name, data in classes[CLASS_SIZES[0]].items():
         where, why = frames.route(frames.read_header(data))
         assert (where == "gpu") == (name in want_gpu), (name, where, why)

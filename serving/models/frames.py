@@ -9,8 +9,8 @@ batched) and on a CPU instance (``torchvision`` on CPU, else Pillow), so the CPU
   (65535×65535, or a small SOF hidden where libjpeg skips it) is refused before it can allocate anything, and so is
   a frame too thin to letterbox; ``jpeg_size``: its upright (width, height);
 * ``frame_bytes``: a frame's bytes out of a request row (rows of one request are zero-padded to the longest);
-* ``route``: from a header, whether nvJPEG gives libjpeg's pixels for the frame (gray, 4:4:4 YCbCr) or libjpeg on
-  the host must decode it (4:2:0 / 4:2:2, RGB-coded, CMYK / YCCK);
+* ``route``: from a header, whether nvJPEG gives libjpeg's pixels for the frame (baseline gray or 4:4:4 YCbCr) or
+  libjpeg on the host must decode it (4:2:0 / 4:2:2, progressive, RGB-coded, CMYK / YCCK);
 * ``Decoder``: a batch of JPEG frames → upright RGB ``[3, H, W]`` uint8 tensors on the device, libjpeg's (Pillow's)
   pixels within a level, or a ``FrameError`` for each frame that does not decode (the others still do); ``orient``
   turns a decoded frame upright by its EXIF orientation;
@@ -281,17 +281,20 @@ def route(header: Header) -> tuple[str, str]:
     """Which decoder gives this frame libjpeg's pixels on a GPU instance: ``("gpu", why)`` for nvJPEG, ``("cpu",
     why)`` for libjpeg on the host. Decided from the header alone (a pure function; the CPU tests hold it).
 
-    nvJPEG matches libjpeg (within a level, ``tests/test_frames.py``'s table) on gray frames and on YCbCr frames
-    without chroma subsampling (4:4:4). It does not on: 4:2:0 / 4:2:2 (chroma upsampled otherwise than libjpeg's
-    "fancy" triangle filter: most camera and phone frames), RGB-coded frames (Adobe transform 0 or component ids
-    'R','G','B': nvJPEG applies the YCbCr transform anyway, up to 233 levels off), CMYK / YCCK, and frames with
-    junk between markers (its own marker parser may not skip it as libjpeg does).
+    nvJPEG matches libjpeg exactly (``tests/test_frames.py``'s table, H200, torchvision 0.26) on baseline gray
+    frames and baseline YCbCr frames without chroma subsampling (4:4:4), restart markers or not. It does not on:
+    4:2:0 / 4:2:2 (chroma upsampled otherwise than libjpeg's "fancy" triangle filter, 64–73 levels off: most camera
+    and phone frames), progressive frames (3 levels off at 4:4:4), RGB-coded frames (Adobe transform 0 or component
+    ids 'R','G','B': nvJPEG applies the YCbCr transform anyway, up to 233 levels off), CMYK / YCCK (refused), and
+    frames with junk between markers (its own marker parser may not skip it as libjpeg does).
 
     >>> route(Header(1280, 720, 3, ((2, 2), (1, 1), (1, 1)), "baseline", "ycbcr"))
     ('cpu', '4:2:0 chroma')
     """
     if header.extraneous:
         return "cpu", "junk between markers"
+    if header.process == "progressive":
+        return "cpu", "progressive"
     if header.colour == "gray":
         return "gpu", "gray"
     if header.colour != "ycbcr":
