@@ -28,6 +28,21 @@ setup() {
   if [ ! -x .venv/bin/python ]; then python3 -m venv .venv; fi
   .venv/bin/pip install -q --upgrade pip
   .venv/bin/pip install -q -r requirements.txt
+  ultralytics_venv
+}
+
+# Ultralytics for the tests that compare the product with it: its own venv, made when it does not answer with the
+# pinned release (a fresh one takes about a minute; never the product's requirements).
+ultralytics_venv() {
+  local want
+  want=$(sed -n 's/^ultralytics==//p' requirements-ultralytics.txt)
+  if [ "$(.venv-ultralytics/bin/python -c 'import ultralytics, onnxslim; print(ultralytics.__version__)' 2>/dev/null)" = "$want" ]; then
+    return
+  fi
+  echo "== making .venv-ultralytics (Ultralytics $want, for the tests)"
+  rm -rf .venv-ultralytics
+  python3 -m venv .venv-ultralytics
+  .venv-ultralytics/bin/pip install -q -r requirements-ultralytics.txt
 }
 
 lint() {
