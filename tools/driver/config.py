@@ -7,8 +7,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import yaml
-
+from stacks.errors import ConfigError
+from stacks.rawconfig import load_yaml
 from tools.driver.values import SECRET_SIG, SIG
 
 # ---- stack config -------------------------------------------------------------------------------------------------
@@ -23,7 +23,11 @@ class StackConfig:
 
     @classmethod
     def load(cls, root: Path, stack: str, passphrase: str | None, project: str = "gpuhost") -> StackConfig:
-        doc = yaml.safe_load((root / f"Pulumi.{stack}.yaml").read_text()) or {}
+        name = f"Pulumi.{stack}.yaml"
+        try:  # the loader's own checks: nesting and alias bombs refused before the YAML is built
+            doc = load_yaml((root / name).read_text(), name) or {}
+        except ConfigError as e:
+            raise SystemExit("\n".join(e.lines)) from None
         cipher = None
         values, secret = {}, []
         for k, v in (doc.get("config") or {}).items():
