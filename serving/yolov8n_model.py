@@ -204,8 +204,7 @@ class TritonPythonModel:
             torch.manual_seed(0)  # same model in every instance
             return yolo.YOLOv8n().eval()
         path = os.path.join(os.path.dirname(os.path.abspath(__file__)), os.path.basename(name))
-        with open(path, "rb") as f:
-            data = f.read()
+        data = yolov8n_weights.read_artifact(path)  # a regular file of bounded size, read in chunks
         model = yolov8n_weights.load_model(data, trusted=True, what=path)
         print(f"gpuhost-weights {json.dumps({'instance': self.name, 'file': path, 'bytes': len(data)})}", flush=True)
         return model

@@ -13,7 +13,9 @@ from __future__ import annotations
 
 import copy
 import hashlib
+import os
 import re
+import stat
 from typing import Any, Optional
 
 import pulumi
@@ -137,6 +139,27 @@ def parse_fleet(raw: Any) -> Fleet:
     return fleet
 
 
+def _file_sha256(path: str) -> tuple[str, str]:
+    """(problem, sha256) of a local artifact: a regular file, hashed in 1 MiB chunks (an engine or a diffusion
+    model is gigabytes: never read whole). A FIFO would block the loader and a device never ends: refused by type
+    before a byte is read."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK)
+    except OSError as e:
+        return f"cannot read {path} here ({e.strerror}); give a file on this machine", ""
+    if not stat.S_ISREG(os.fstat(fd).st_mode):
+        os.close(fd)
+        return f"{path} is not a regular file; give the artifact file itself", ""
+    with os.fdopen(fd, "rb", buffering=0) as f:
+        h = hashlib.sha256()
+        try:
+            while chunk := f.read(1 << 20):
+                h.update(chunk)
+        except OSError as e:
+            return f"cannot read {path} here ({e.strerror}); give a file on this machine", ""
+    return "", h.hexdigest()
+
+
 def _artifact_problems(fleet: Fleet) -> list[str]:
     """Artifacts given by ``path`` (a file on this machine) checked before any resource: the sha256 the config
     pins, and for a yolov8n_torch model the weights' layout (``serving/models/yolov8n_weights.py``: which key or
@@ -149,22 +172,19 @@ def _artifact_problems(fleet: Fleet) -> list[str]:
             if a is None or a.path is None:
                 continue
             at = f"fleet.services[{i}].models[{k}].artifact"
-            try:
-                with open(a.path, "rb") as f:
-                    data = f.read()
-            except OSError as e:
-                out.append(f"{at}.path: cannot read {a.path} here ({e.strerror}); give a file on this machine")
+            problem, got = _file_sha256(a.path)
+            if problem:
+                out.append(f"{at}.path: {problem}")
                 continue
-            got = hashlib.sha256(data).hexdigest()
             if got != a.sha256:
                 out.append(f"{at}.sha256: {a.path} has sha256 {got}, config says {a.sha256} (pin the file's sha256)")
                 continue
             if m.preset == "yolov8n_torch":
                 # imported only here: it imports torch, which a stack without a yolov8n_torch path never needs
-                from serving.models.yolov8n_weights import WeightsError, load_model
+                from serving.models.yolov8n_weights import WeightsError, load_model, read_artifact
 
                 try:
-                    load_model(data, trusted=True, what=a.path)
+                    load_model(read_artifact(a.path), trusted=True, what=a.path)
                 except WeightsError as e:
                     out.append(f"{at}.path: not YOLOv8n weights: {e}")
     return out

@@ -79,3 +79,17 @@ def test_the_artifact_is_the_weights_file_beside_the_model_code(tmp_path):
     cfg = parse_config(base64.b64decode(files["yolov8n/config.pbtxt"]["content"]).decode())
     assert cfg.parameters["weights"].string_value == "weights.pt"
     assert "random_weights_for_benchmarks" not in cfg.parameters
+
+
+def test_an_artifact_path_that_is_no_regular_file_is_refused_without_reading_it(tmp_path):
+    """A FIFO would block the loader forever, /dev/zero never ends: both refused by their type, one line each."""
+    import os
+
+    fifo = tmp_path / "weights.fifo"
+    os.mkfifo(fifo)
+    for path in (str(fifo), "/dev/zero", str(tmp_path)):
+        msg = _refused({"name": "yolov8n", "preset": "yolov8n_torch", "artifact": {"path": path, "sha256": "0" * 64}})
+        assert (
+            f"fleet.services[0].models[0].artifact.path: {path} is not a regular file; give the artifact file itself"
+            in msg
+        ), msg
