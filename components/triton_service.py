@@ -371,7 +371,10 @@ def children(name: str, args: TritonServiceArgs) -> list[Child]:
                     "gpus": Later(devices, lambda ids: docker_gpus_value(list(ids or []))),
                     "shm_size": c["shm_size"],
                     "restart": c["restart"],
-                    "envs": c["envs"],
+                    # A new control key (a new file on the host) replaces the container: Triton reads it at start.
+                    "envs": [*c["envs"], Ref("control-key", "stamp", lambda k: f"GPUHOST_CONTROL_KEY_STAMP={k}")]
+                    if o.restrict_apis
+                    else c["envs"],
                     "must_run": True,
                     "ulimits": [docker.ContainerUlimitArgs(**u) for u in c["ulimits"]],
                     "volumes": [docker.ContainerVolumeArgs(**v) for v in c["volumes"]],
@@ -409,7 +412,12 @@ def children(name: str, args: TritonServiceArgs) -> list[Child]:
                     "action": "restart",
                     "user": rt_p.user,
                     "check": [rt_p.numactl, "--hardware"] if rt_p.numa_node is not None else [],
-                    "trigger": f"{digest}:{runtime_id}",
+                    # A new control key (a new file on the host) restarts Triton, which reads it only at start.
+                    "trigger": (
+                        Ref("control-key", "stamp", lambda k: f"{digest}:{runtime_id}:{k}")
+                        if o.restrict_apis
+                        else f"{digest}:{runtime_id}"
+                    ),
                 },
                 after=("models", "triton-unit", *key),
             )

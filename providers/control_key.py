@@ -56,7 +56,17 @@ def generate_lines(path: str) -> list[str]:
         f'  mv -f -T "$tmp" {q}',
         "fi",
         f"chmod 0600 {q}; chown 0:0 {q}",
+        f"stat -c 'gpuhost-key-stamp %i:%Y' {q}",
     ]
+
+
+def parse_stamp(stdout: str) -> str:
+    """The key file's identity (inode and mtime: a new key is a new file) from the script's output; '' if none.
+    Not secret, and it changes exactly when the key does: Triton's restart trigger follows it."""
+    for line in stdout.splitlines():
+        if line.startswith("gpuhost-key-stamp "):
+            return line.split(" ", 1)[1].strip()
+    return ""
 
 
 def observe_script(path: str) -> str:
@@ -64,7 +74,7 @@ def observe_script(path: str) -> str:
     q = quote(path)
     return (
         f'if [ ! -L {q} ] && [ -f {q} ] && [ "$(stat -c %u {q})" = 0 ] && '
-        f"[ \"$(grep -cxE '{_KEY_LINE}' {q})\" = 1 ]; then stat -c %a {q}; fi"
+        f"[ \"$(grep -cxE '{_KEY_LINE}' {q})\" = 1 ]; then stat -c '%a gpuhost-key-stamp %i:%Y' {q}; fi"
     )
 
 
@@ -81,12 +91,12 @@ def restore_lines(path: str, found_absent: bool) -> list[str]:
 
 
 class TritonControlKeyProvider(TemplateProvider):
-    VERSION = "1"
+    VERSION = "2"
     KIND = "control-key"
     # Another path is another file: the old one goes back as found, the new one is recorded first.
     REPLACE_ON = ("host", "path")
     INPUTS = ("host", "path", "mode")
-    OUTPUT_ONLY = ("found", "made_dirs")
+    OUTPUT_ONLY = ("found", "made_dirs", "stamp")
     PATHS = ("path",)
 
     def validate(self, news: dict) -> list[CheckFailure]:
@@ -116,14 +126,18 @@ class TritonControlKeyProvider(TemplateProvider):
         made = parse_missing(values.get(dirs_key(path, "control-key"), ""), path)
         found = pristine[path]
         ch = Change(self.owner(props)).add(make_dirs_lines(made)).add(generate_lines(path))
-        self.guarded(conn, f"writing {path}", lambda: ch.run(conn), changing=True)
+        res = self.guarded(conn, f"writing {path}", lambda: ch.run(conn), changing=True)
         # What was found, without its content (that stays in the host's pristine store).
         kind = "absent" if not found.exists else "link" if found.link is not None else "file"
-        return {"found": kind, "made_dirs": made}
+        return {"found": kind, "made_dirs": made, "stamp": parse_stamp(res.stdout)}
 
     def observe(self, props: dict) -> dict:
-        mode = self.conn(props).run(observe_script(props["path"])).stdout.strip()
-        return {"mode": mode.zfill(4) if mode else None}
+        out = self.conn(props).run(observe_script(props["path"])).stdout.strip()
+        mode = out.split(" ", 1)[0] if out else ""
+        return {
+            "mode": mode.zfill(4) if mode else None,
+            "stamp": parse_stamp(out.replace(" gpuhost-key", "\ngpuhost-key")),
+        }
 
     def restore(self, props: dict) -> Change:
         ch = Change(self.owner(props)).add(restore_lines(props["path"], props.get("found") == "absent"))
@@ -133,5 +147,6 @@ class TritonControlKeyProvider(TemplateProvider):
 class TritonControlKey(HostResource, module="serving", name="TritonControlKey"):
     found: pulumi.Output[str]
     made_dirs: pulumi.Output[list]
+    stamp: pulumi.Output[str]
 
     PROVIDER = TritonControlKeyProvider

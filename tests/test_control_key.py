@@ -45,11 +45,16 @@ def test_made_on_the_host_kept_remade_when_broken_and_removed_with_its_dirs(loca
     assert key not in json.dumps(outs) and key not in json.dumps(r.refresh())
     assert outs["found"] == "absent" and outs["made_dirs"] == [str(tmp_path / "etc"), str(tmp_path / "etc" / "gpuhost")]
     assert r.up(inputs)[0] == "same" and _key(path) == key  # a re-run keeps the key Triton was started with
+    stamp = outs["stamp"]
+    assert re.fullmatch(r"\d+:\d+", stamp) and r.refresh()["stamp"] == stamp
     with open(path, "w") as f:
         f.write("broken\n")
     assert r.refresh().get("mode") is None  # drift: not a key file
-    assert r.up(inputs)[0] == "update"
+    op, outs = r.up(inputs)
+    assert op == "update"
     assert _key(path) != key
+    # A new key is a new file: its stamp (Triton's restart trigger) changes with it.
+    assert outs["stamp"] != stamp and r.refresh()["stamp"] == outs["stamp"]
     r.destroy()
     assert not os.path.lexists(path) and not os.path.exists(tmp_path / "etc")
 
