@@ -20,7 +20,8 @@ On a KIND_CPU instance (tests, no GPU) the same code runs eagerly in FP32 withou
 640×640 space); ``jpeg`` takes ``images`` UINT8 [-1]: each row one encoded JPEG frame of any size (a request of
 several frames pads its rows with zeros to the longest). Frames are checked from their headers (read as libjpeg
 reads them), decoded to libjpeg's pixels (on a GPU nvJPEG, batched, for the frames it decodes as libjpeg does and
-libjpeg on the host for the others, ``frames.route``; libjpeg/Pillow on CPU), turned upright by their EXIF
+libjpeg on the host for the others, ``frames.route``; libjpeg/Pillow on CPU; ``jpeg_decoder`` = ``nvjpeg`` gives
+nvJPEG every frame it decodes at all, pixels near libjpeg's, about twice the frames/s), turned upright by their EXIF
 orientation, letterboxed into the model's input and the boxes mapped back to each upright frame's own pixels
 (``frames.py`` beside this file). Triton's ``/metrics`` counts the frames each decoder served
 (``gpuhost_frames_decoded_total{model, decoder}``). A frame that is no JPEG, corrupt, too large or too thin to
@@ -37,12 +38,13 @@ code, never from stack config) builds the seeded random model instead, whose ans
 
 Parameters (``config.pbtxt``): ``weights``, ``random_weights_for_benchmarks``, ``output`` (nms|raw), ``precision``
 (fp16|fp32), ``cuda_graphs`` (true|false), ``max_det``, ``nms_candidates``, ``conf``, ``iou``, ``torch_threads``,
-``input`` (raw|jpeg), ``decode`` (auto|gpu|cpu), ``decode_threads`` (frames of a batch decoded on the host at once;
-4 on a GPU, 1 on a CPU instance), ``max_frame_pixels``, ``max_frame_side``, ``frame_graphs`` (jpeg input on a GPU:
-the frame sizes, ``WxH,...`` or ``none``, whose lone frames run as one CUDA graph each: letterbox + model + NMS +
-boxes back, no launches between them; default 1280x720,1920x1080,640x480), ``report_every`` (print the mean time of
-each execute's phases every N executes to Triton's log, and the frames each decoder served, 0 = never). At start
-each instance prints the GPU time of one graph replay per batch size (``gpuhost-graph-ms``).
+``input`` (raw|jpeg), ``decode`` (auto|gpu|cpu), ``jpeg_decoder`` (exact|nvjpeg, default exact; any other value
+fails initialize), ``decode_threads`` (frames of a batch decoded on the host at once; 4 on a GPU, 1 on a CPU
+instance), ``max_frame_pixels``, ``max_frame_side``, ``frame_graphs`` (jpeg input on a GPU: the frame sizes,
+``WxH,...`` or ``none``, whose lone frames run as one CUDA graph each: letterbox + model + NMS + boxes back, no
+launches between them; default 1280x720,1920x1080,640x480), ``report_every`` (print the mean time of each execute's
+phases every N executes to Triton's log, and the frames each decoder served, 0 = never). At start each instance
+prints the GPU time of one graph replay per batch size (``gpuhost-graph-ms``).
 """
 
 import gc
@@ -122,7 +124,12 @@ class TritonPythonModel:
             h, w, c = frames.SIZE, frames.SIZE, 3
             # The frames nvJPEG cannot decode as libjpeg does go to libjpeg on the host: several at once in a batch.
             threads = int(_param(config, "decode_threads", str(min(4, os.cpu_count() or 1) if gpu else 1)))
-            self.decoder = frames.Decoder(self.device, _param(config, "decode", "auto"), cpu_threads=threads)
+            self.decoder = frames.Decoder(
+                self.device,
+                _param(config, "decode", "auto"),
+                cpu_threads=threads,
+                jpeg_decoder=_param(config, "jpeg_decoder", "exact"),
+            )
             self.frame_limits = dict(
                 max_pixels=int(_param(config, "max_frame_pixels", str(frames.MAX_PIXELS))),
                 max_side=int(_param(config, "max_frame_side", str(frames.MAX_SIDE))),
@@ -131,7 +138,8 @@ class TritonPythonModel:
             self._decoded = _decoded_family()
             self._decoded_metrics = {}
             self._decoded_seen = {}
-            print(f"gpuhost-frames {json.dumps({'instance': self.name, 'decoder': self.decoder.name})}", flush=True)
+            started = {"instance": self.name, "decoder": self.decoder.name, "jpeg_decoder": self.decoder.jpeg_decoder}
+            print(f"gpuhost-frames {json.dumps(started)}", flush=True)
         else:
             h, w, c = (int(d) for d in config["input"][0]["dims"])
         self.input_name = config["input"][0]["name"]

@@ -9,8 +9,10 @@ batched) and on a CPU instance (``torchvision`` on CPU, else Pillow), so the CPU
   (65535×65535, or a small SOF hidden where libjpeg skips it) is refused before it can allocate anything, and so is
   a frame too thin to letterbox; ``jpeg_size``: its upright (width, height);
 * ``frame_bytes``: a frame's bytes out of a request row (rows of one request are zero-padded to the longest);
-* ``route``: from a header, whether nvJPEG gives libjpeg's pixels for the frame (baseline gray or 4:4:4 YCbCr) or
-  libjpeg on the host must decode it (4:2:0 / 4:2:2, progressive, RGB-coded, CMYK / YCCK);
+* ``route``: from a header and the ``jpeg_decoder`` choice, which decoder a GPU instance gives the frame: with
+  ``exact`` nvJPEG only where it gives libjpeg's pixels (baseline gray or 4:4:4 YCbCr), libjpeg on the host for the
+  rest (4:2:0 / 4:2:2, progressive, RGB-coded, CMYK / YCCK); with ``nvjpeg`` nvJPEG for every frame it decodes at
+  all, libjpeg only for RGB-coded, CMYK / YCCK and junk between markers;
 * ``Decoder``: a batch of JPEG frames → upright RGB ``[3, H, W]`` uint8 tensors on the device, libjpeg's (Pillow's)
   pixels within a level, or a ``FrameError`` for each frame that does not decode (the others still do); ``orient``
   turns a decoded frame upright by its EXIF orientation;
@@ -26,6 +28,7 @@ Usage::
     head = read_header(data)                                # FrameError when not a JPEG or too large
     w, h = head.upright                                     # = jpeg_size(data): the frame answers are in
     route(head)                                             # ("cpu", "4:2:0 chroma")
+    route(head, "nvjpeg")                                   # ("gpu", "ycbcr 4:2:0")
     images = Decoder(device).decode([data1, data2])         # [tensor [3,H,W] upright | FrameError, ...]
     geo = letterbox(images[0], batch[0])                    # (left, top, sx, sy, w, h)
     det = unletterbox(det, torch.tensor([geo, ...]))        # boxes in each frame's pixels
@@ -277,30 +280,48 @@ def _np_bytes(frame: torch.Tensor):
     return frame.numpy() if frame.device.type == "cpu" else frame.cpu().numpy()
 
 
-def route(header: Header) -> tuple[str, str]:
-    """Which decoder gives this frame libjpeg's pixels on a GPU instance: ``("gpu", why)`` for nvJPEG, ``("cpu",
-    why)`` for libjpeg on the host. Decided from the header alone (a pure function; the CPU tests hold it).
+# ``route``'s choices (the model's ``jpeg_decoder`` parameter, stack config ``models[].jpeg_decoder``).
+JPEG_DECODERS = ("exact", "nvjpeg")
+# Chroma layouts nvJPEG decodes (nvjpegChromaSubsampling_t); an irregular one (Cb and Cr sampled apart) is not one.
+_NVJPEG_SUBSAMPLING = {"4:4:4", "4:2:2", "4:2:0", "4:4:0", "4:1:1"}
 
-    nvJPEG matches libjpeg exactly (``tests/test_frames.py``'s table, H200, torchvision 0.26) on baseline gray
-    frames and baseline YCbCr frames without chroma subsampling (4:4:4), restart markers or not. It does not on:
-    4:2:0 / 4:2:2 (chroma upsampled otherwise than libjpeg's "fancy" triangle filter, 64–73 levels off: most camera
-    and phone frames), progressive frames (3 levels off at 4:4:4), RGB-coded frames (Adobe transform 0 or component
-    ids 'R','G','B': nvJPEG applies the YCbCr transform anyway, up to 233 levels off), CMYK / YCCK (refused), and
-    frames with junk between markers (its own marker parser may not skip it as libjpeg does).
+
+def route(header: Header, jpeg_decoder: str = "exact") -> tuple[str, str]:
+    """Which decoder a GPU instance gives this frame: ``("gpu", why)`` for nvJPEG, ``("cpu", why)`` for libjpeg on
+    the host. Decided from the header alone (a pure function; the CPU tests hold it).
+
+    ``jpeg_decoder="exact"``: nvJPEG only where it gives libjpeg's pixels. It matches libjpeg exactly
+    (``tests/test_frames.py``'s table, H200, torchvision 0.26) on baseline gray frames and baseline YCbCr frames
+    without chroma subsampling (4:4:4), restart markers or not. It does not on: 4:2:0 / 4:2:2 (chroma upsampled
+    otherwise than libjpeg's "fancy" triangle filter, 48–73 levels off: most camera and phone frames), progressive
+    frames (3 levels off at 4:4:4), RGB-coded frames (Adobe transform 0 or component ids 'R','G','B': nvJPEG applies
+    the YCbCr transform anyway, up to 233 levels off), CMYK / YCCK (refused), and frames with junk between markers
+    (its own marker parser may not skip it as libjpeg does).
+
+    ``jpeg_decoder="nvjpeg"``: nvJPEG for every frame it decodes at all, pixels near libjpeg's but not equal (gray
+    and YCbCr of any usual subsampling, baseline or progressive); libjpeg still for what it gets badly wrong or
+    refuses (RGB-coded, CMYK / YCCK, junk between markers, an irregular chroma layout).
 
     >>> route(Header(1280, 720, 3, ((2, 2), (1, 1), (1, 1)), "baseline", "ycbcr"))
     ('cpu', '4:2:0 chroma')
+    >>> route(Header(1280, 720, 3, ((2, 2), (1, 1), (1, 1)), "baseline", "ycbcr"), "nvjpeg")
+    ('gpu', 'ycbcr 4:2:0')
     """
+    if jpeg_decoder not in JPEG_DECODERS:
+        raise ValueError(f"jpeg_decoder {jpeg_decoder!r}: exact or nvjpeg")
+    exact = jpeg_decoder == "exact"
     if header.extraneous:
         return "cpu", "junk between markers"
-    if header.process == "progressive":
+    if exact and header.process == "progressive":
         return "cpu", "progressive"
     if header.colour == "gray":
         return "gpu", "gray"
     if header.colour != "ycbcr":
         return "cpu", f"{header.colour}-coded"
     sub = header.subsampling
-    return ("gpu", "ycbcr 4:4:4") if sub == "4:4:4" else ("cpu", f"{sub} chroma")
+    if sub == "4:4:4" or (not exact and sub in _NVJPEG_SUBSAMPLING):
+        return "gpu", f"ycbcr {sub}"
+    return "cpu", f"{sub} chroma"
 
 
 def orient(image: torch.Tensor, orientation: int) -> torch.Tensor:
@@ -319,15 +340,30 @@ class Decoder:
 
     ``mode``: ``gpu`` (nvJPEG through torchvision, batched, for the frames ``route`` gives it; libjpeg on the host
     for the others), ``cpu`` (torchvision's libjpeg, else Pillow) or ``auto`` (GPU when the device is CUDA and
-    torchvision can decode there); ``torchvision=False`` decodes on the CPU with Pillow even where torchvision is
+    torchvision can decode there); ``jpeg_decoder``: ``route``'s choice on a GPU (``exact``: libjpeg's pixels,
+    ``nvjpeg``: nvJPEG wherever it decodes; a CPU decodes every frame with libjpeg either way); ``torchvision=False`` decodes on the CPU with Pillow even where torchvision is
     installed; ``cpu_threads`` > 1 decodes a batch's host frames on that many threads. EXIF orientation is applied
     to every frame (``orient``). ``served`` counts the frames each decoder
     gave (``nvjpeg``, ``torchvision-cpu``, ``pillow``). A batch that fails as a whole is decoded frame by frame,
     so one corrupt frame fails only itself.
     """
 
-    def __init__(self, device: torch.device, mode: str = "auto", *, torchvision: bool = True, cpu_threads: int = 1):
+    def __init__(
+        self,
+        device: torch.device,
+        mode: str = "auto",
+        *,
+        torchvision: bool = True,
+        cpu_threads: int = 1,
+        jpeg_decoder: str = "exact",
+    ):
+        if jpeg_decoder not in JPEG_DECODERS:
+            raise ValueError(
+                f"parameter jpeg_decoder: {jpeg_decoder!r} is not exact or nvjpeg (exact: libjpeg's pixels for every "
+                "frame; nvjpeg: nvJPEG for every frame it decodes, faster, pixels near libjpeg's)"
+            )
         self.device = device
+        self.jpeg_decoder = jpeg_decoder
         self._pool = None
         if cpu_threads > 1:  # libjpeg (torchvision's op, Pillow's decoder) runs without the GIL
             from concurrent.futures import ThreadPoolExecutor
@@ -374,7 +410,7 @@ class Decoder:
         if headers is None:
             return prepare(frames, self)
         out: list[Union[torch.Tensor, FrameError]] = []
-        gpu = [k for k, h in enumerate(headers) if self.on_gpu and route(h)[0] == "gpu"]
+        gpu = [k for k, h in enumerate(headers) if self.on_gpu and route(h, self.jpeg_decoder)[0] == "gpu"]
         raw: dict[int, Union[torch.Tensor, FrameError, None]] = {k: None for k in range(len(frames))}
         names: dict[int, str] = {}
         if gpu:
