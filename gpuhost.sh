@@ -26,9 +26,30 @@ setup() {
   for s in nginx prometheus prometheus-node-exporter redis-server; do systemctl stop "$s" >/dev/null 2>&1 || service "$s" stop >/dev/null 2>&1 || true; done
   mkdir -p /run/sshd
   if [ ! -x .venv/bin/python ]; then python3 -m venv .venv; fi
-  .venv/bin/pip install -q --upgrade pip
-  .venv/bin/pip install -q -r requirements.txt
+  if pins_installed .venv requirements.txt; then
+    echo "== .venv already has every pin of requirements.txt"
+  else
+    .venv/bin/pip install -q --upgrade pip
+    .venv/bin/pip install -q -r requirements.txt
+  fi
   ultralytics_venv
+}
+
+# Whether the venv $1 has exactly the name==version pins of $2 (checked from the installed metadata, not assumed
+# from an earlier run): a set-up already done is skipped, a changed pin or a broken venv installs again.
+pins_installed() {
+  "$1/bin/python" - "$2" <<'PY' 2>/dev/null
+import re, sys
+from importlib import metadata
+want = {}
+for line in open(sys.argv[1]):
+    m = re.match(r"^\s*([A-Za-z0-9_.\-]+)==([^\s;#]+)", line)
+    if m:
+        want[re.sub(r"[-_.]+", "-", m.group(1)).lower()] = m.group(2)
+have = {re.sub(r"[-_.]+", "-", d.metadata["Name"]).lower(): d.version for d in metadata.distributions()}
+bad = [f"{n}=={v} (have {have.get(n)})" for n, v in want.items() if have.get(n) != v and have.get(n, "").split("+")[0] != v]
+sys.exit(1 if bad or not want else 0)
+PY
 }
 
 # Ultralytics for the tests that compare the product with it: its own venv, made when it does not answer with the
@@ -52,7 +73,32 @@ lint() {
   .venv/bin/mypy
 }
 
+usage() {
+  cat <<'TXT'
+usage: ./gpuhost.sh COMMAND [ARGS]
+
+  test [PYTEST ARGS]  set up (Debian packages, .venv, .venv-ultralytics: each skipped when already there), lint,
+                      then the whole suite as CI runs it (four pytest sessions in two chains, an emulated GPU server
+                      booted under QEMU for the testhost ones); with arguments, one pytest run of exactly those:
+                        ./gpuhost.sh test tests/test_nginx.py -k allowlist
+                      GPUHOST_TEST_SERIAL=1: the whole suite in one session.
+  up                  set up, boot the emulated GPU server and deploy the dev stack to it (tools/dev_up.py)
+  lint                ruff check, ruff format --check, mypy
+  setup               install what the tests need (Debian packages, .venv from requirements.txt, .venv-ultralytics)
+  help                this text (also: ./gpuhost.sh COMMAND --help)
+TXT
+}
+
+for a in "$@"; do
+  case "$a" in
+    -h | --help) [ "${1:-}" = test ] && [ "$#" -gt 1 ] && [ "$2" != "$a" ] || { usage; exit 0; } ;;
+  esac
+done
+
 case "${1:-}" in
+  help | -h | --help)
+    usage
+    ;;
   test)
     shift
     setup
@@ -104,7 +150,7 @@ case "${1:-}" in
     setup
     ;;
   *)
-    echo "usage: $0 test|lint|up|setup" >&2
+    usage >&2
     exit 2
     ;;
 esac
