@@ -195,6 +195,7 @@ def yolov8n_torch(
     gpu: bool = True,
     max_det: int = 100,
     input: str = "raw",
+    jpeg_decoder: str = "exact",
     weights: Optional[str] = None,
     random_weights_for_benchmarks: bool = False,
 ) -> ModelSpec:
@@ -204,7 +205,9 @@ def yolov8n_torch(
     encoded JPEG frame of any size per row (ragged: frames of different lengths batch together), decoded and
     letterboxed on the GPU, boxes answered in the frame's own pixels (``serving/models/frames.py``);
     ``input="raw"``: ``images`` UINT8 [640, 640, 3] (NHWC, RGB, letterboxed by the client, boxes in that 640×640
-    space; 1.2 MB per frame on the wire).
+    space; 1.2 MB per frame on the wire). ``jpeg_decoder`` (jpeg input, ``ServiceModel.jpeg_decoder``): ``exact``
+    (the model's default, no parameter written) decodes each frame to libjpeg's pixels, ``nvjpeg`` (the
+    ``jpeg_decoder`` parameter) gives nvJPEG every frame it can decode on a GPU (``frames.route``).
     ``output="nms"``: ``detections`` FP32 [max_det, 6] (x1 y1 x2 y2 score class) and ``num_detections``
     INT32 [1], NMS on the GPU inside the CUDA graph; ``output="raw"``: ``output0`` [84, 8400] (FP16 on a
     GPU). ``window_us`` is the dynamic batcher's ``max_queue_delay_microseconds`` (0 still batches what is
@@ -224,6 +227,8 @@ def yolov8n_torch(
         raise ValueError(f"input must be 'jpeg' or 'raw', not {input!r}")
     if input == "jpeg" and output != "nms":
         raise ValueError("input 'jpeg' answers boxes in the frame's pixels: it needs output 'nms'")
+    if jpeg_decoder not in ("exact", "nvjpeg") or (jpeg_decoder != "exact" and input != "jpeg"):
+        raise ValueError(f"jpeg_decoder must be 'exact' or 'nvjpeg' (nvjpeg with input 'jpeg'), not {jpeg_decoder!r}")
     image = (
         Tensor(name="images", data_type="UINT8", dims=[-1], allow_ragged_batch=True)
         if input == "jpeg"
@@ -255,6 +260,8 @@ def yolov8n_torch(
             "cuda_graphs": "true" if gpu else "false",
             "max_det": str(max_det),
             "input": input,
+            # exact is the model's own default: left out, so a stack that does not choose keeps its config.pbtxt.
+            **({"jpeg_decoder": jpeg_decoder} if jpeg_decoder != "exact" else {}),
             **({"weights": weights} if weights else {}),
             **({"random_weights_for_benchmarks": "true"} if random_weights_for_benchmarks else {}),
         },

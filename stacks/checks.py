@@ -315,6 +315,15 @@ def _service_problems(fleet: Fleet, unknown: frozenset[str]) -> list[str]:
                     f"{at}.models[{k}].input: only preset yolov8n_torch takes frames as jpeg or raw; preset "
                     f"{mdl.preset} has its own input signature (remove input)"
                 )
+            if "jpeg_decoder" in mdl.model_fields_set and (mdl.preset, mdl.input) != ("yolov8n_torch", "jpeg"):
+                out.append(
+                    f"{at}.models[{k}].jpeg_decoder: only preset yolov8n_torch with input jpeg decodes frames; "
+                    + (
+                        "input raw takes frames letterboxed by the client (remove jpeg_decoder, or set input: jpeg)"
+                        if mdl.preset == "yolov8n_torch"
+                        else f"preset {mdl.preset} decodes none (remove jpeg_decoder)"
+                    )
+                )
         if s.mig:
             g = next((g for g in sh.gpus if g.address == s.mig.gpu and g.mig), None)
             if s.vm or g is None:

@@ -94,6 +94,22 @@ BAD = [
         ],
     ),
     (
+        "JPEG decoder on a model that decodes no frames",
+        _set(lambda f: f["services"][0]["models"][0], "jpeg_decoder", "nvjpeg"),
+        [
+            "fleet.services[0].models[0].jpeg_decoder: only preset yolov8n_torch with input jpeg decodes frames; "
+            "preset yolov8n decodes none (remove jpeg_decoder)"
+        ],
+    ),
+    (
+        "JPEG decoder on a model that takes raw pixels",
+        lambda f: f["services"][0]["models"][0].update(preset="yolov8n_torch", input="raw", jpeg_decoder="exact"),
+        [
+            "fleet.services[0].models[0].jpeg_decoder: only preset yolov8n_torch with input jpeg decodes frames; "
+            "input raw takes frames letterboxed by the client (remove jpeg_decoder, or set input: jpeg)"
+        ],
+    ),
+    (
         "hugepages beyond memory",
         _set(lambda f: H(f)["hugepages"], "count", 4000),
         [

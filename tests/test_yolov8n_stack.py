@@ -93,3 +93,26 @@ def test_an_artifact_path_that_is_no_regular_file_is_refused_without_reading_it(
             f"fleet.services[0].models[0].artifact.path: {path} is not a regular file; give the artifact file itself"
             in msg
         ), msg
+
+
+def _config(rec, model: str = "yolov8n"):
+    files = rec.by_name("yolo-rt-models").inputs["files"]
+    return parse_config(base64.b64decode(files[f"{model}/config.pbtxt"]["content"]).decode())
+
+
+def test_the_jpeg_decoder_reaches_config_pbtxt_and_exact_writes_nothing(tmp_path):
+    """``jpeg_decoder: nvjpeg`` becomes the model's ``jpeg_decoder`` parameter; ``exact``, written or left out, is
+    the model's own default and writes none, so a stack that does not choose keeps its config.pbtxt."""
+    path, sha = _weights_file(tmp_path, _state())
+    model = {"name": "yolov8n", "preset": "yolov8n_torch", "artifact": {"path": path, "sha256": sha}}
+    pbtxt = {}
+    for choice in (None, "exact", "nvjpeg"):
+        rec = run_program(*_with_model({**model, **({"jpeg_decoder": choice} if choice else {})}), stack="hk-prod")
+        cfg = _config(rec)
+        assert cfg.parameters["input"].string_value == "jpeg"
+        pbtxt[choice] = rec.by_name("yolo-rt-models").inputs["files"]["yolov8n/config.pbtxt"]["content"]
+        if choice == "nvjpeg":
+            assert cfg.parameters["jpeg_decoder"].string_value == "nvjpeg"
+        else:
+            assert "jpeg_decoder" not in cfg.parameters
+    assert pbtxt[None] == pbtxt["exact"] != pbtxt["nvjpeg"]
