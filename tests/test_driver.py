@@ -8,8 +8,10 @@ pulumi.dynamic`, as under the CLI.
 
 from __future__ import annotations
 
+import io
 import json
 import re
+import time
 from pathlib import Path
 from typing import Any
 
@@ -305,6 +307,37 @@ def test_program_and_provider_are_launched_and_configured_as_the_engine_does(tmp
     # the SDK's provider server has 4 worker threads: six independent 2 s creates, at most four at once
     spans = [(a, b) for m, _, a, b in calls(tmp_path) if m == "create"]
     assert len(spans) == 6 and max(sum(1 for a, b in spans if a <= t < b) for t, _ in spans) == 4
+
+
+class Display(io.StringIO):
+    """The driver's display, each line kept with the time it was shown."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.lines: list[tuple[float, str]] = []
+
+    def write(self, s: str) -> int:
+        self.lines += [(time.monotonic(), ln) for ln in s.splitlines() if ln]
+        return super().write(s)
+
+
+def test_what_the_provider_writes_to_stderr_is_shown_as_it_arrives_in_preview_and_up(tmp_path):
+    # plugin.go runtrace: each line of the provider plugin's stderr reaches the display as an info of the stack; the
+    # progress lines of long steps (providers/progress.py) rely on it
+    files = [{"name": "a", "content": "A", "sleep": 2, "say": "waiting for a: 5 s of 60 s"}]
+    d = driver(tmp_path, files)
+    d.out = Display()
+    stack = "     pulumi:pulumi:Stack  drivertest-t  "
+    assert not d.preview().errors
+    assert (stack + "drivertest: a: check: waiting for a: 5 s of 60 s") in [ln for _, ln in d.out.lines]
+    d.out = Display()
+    assert not d.up().errors
+    shown = {ln: t for t, ln in d.out.lines}
+    said = shown[stack + "drivertest: a: create: waiting for a: 5 s of 60 s"]
+    created = next((t for ln, t in shown.items() if ":File  a  created" in ln), None)
+    assert created, list(shown)
+    assert said < created  # shown while the create still ran (it sleeps 2 s after saying it), not at the end
+    assert "info: drivertest: a: create: waiting for a: 5 s of 60 s" in d.logs
 
 
 def test_secrets_stay_secret_through_the_provider_and_are_encrypted_in_the_state(tmp_path):

@@ -188,6 +188,17 @@ class Driver:
             with self._lock:
                 print(line, file=self.out, flush=True)
 
+    def plugin_line(self, line: str) -> None:
+        """A line the provider process wrote to stderr (a progress line of a long step, a warning), shown as it
+        arrives as the engine shows it: an info message of the stack (plugin.go runtrace, Diag.Infoerrf with no
+        URN, which the display attaches to the stack's row). Without a display it goes to the driver's stderr."""
+        with self._lock:
+            self.logs.append(f"info: {line}")
+        if self.out is None:
+            print(line, file=sys.stderr, flush=True)
+        else:
+            self.emit(f"     {STACK_TYPE}  {self.project}-{self.stack}  {line}")
+
     # -- operations --------------------------------------------------------------------------------------------
     def preview(self) -> Plan:
         return self._run_program(dry_run=True)
@@ -204,7 +215,7 @@ class Driver:
         self.emit(f"Refreshing ({self.stack}):")
         resources = self.resources()
         cfg = self._stored_config()
-        prov = DynamicProvider(self.root, self.project, cfg).start()
+        prov = DynamicProvider(self.root, self.project, cfg, self.plugin_line).start()
         try:
             by_urn = {r.urn: r for r in resources}
 
@@ -278,7 +289,7 @@ class Driver:
         self.emit(f"Destroying ({self.stack}):")
         resources = self.resources()
         state_cfg = self.load_state().get("config")
-        prov = DynamicProvider(self.root, self.project, self._stored_config()).start()
+        prov = DynamicProvider(self.root, self.project, self._stored_config(), self.plugin_line).start()
         try:
             remaining = {id(r) for r in resources}
 
@@ -367,7 +378,7 @@ class Driver:
         cfg = self.config()
         stored = self.resources()
         old = {r.urn: r for r in stored if not r.pending_delete}
-        prov = DynamicProvider(self.root, self.project, cfg).start()
+        prov = DynamicProvider(self.root, self.project, cfg, self.plugin_line).start()
         dep = Deployment(self, plan, old, prov, dry_run)
         dep.pending_deletes = [r for r in stored if r.pending_delete]
         dep.prior_pending = {id(r) for r in dep.pending_deletes}

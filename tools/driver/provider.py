@@ -6,6 +6,8 @@ import json
 import os
 import subprocess
 import sys
+import threading
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -35,13 +37,20 @@ def project_python(root: Path) -> str:
 
 
 class DynamicProvider:
-    """`python -u -m pulumi.dynamic` started as the engine starts the pulumi-python provider plugin."""
+    """`python -u -m pulumi.dynamic` started as the engine starts the pulumi-python provider plugin.
 
-    def __init__(self, root: Path, project: str, config: StackConfig):
+    `on_stderr`: called with each non-blank line the provider process writes to stderr, as it arrives (from a
+    reader thread). The engine does the same (sdk/go/common/resource/plugin/plugin.go `newPlugin`: `runtrace` on the
+    plugin's stderr, each line to the display as an info message of the stack); this is where gpuhost's progress
+    lines come from (providers/progress.py). None: stderr goes where the driver's goes."""
+
+    def __init__(self, root: Path, project: str, config: StackConfig, on_stderr: Callable[[str], None] | None = None):
         self.root, self.project, self.config = root, project, config
+        self.on_stderr = on_stderr
         self.proc: subprocess.Popen | None = None
         self.stub: Any = None
         self.channel: Any = None
+        self.reader: threading.Thread | None = None
 
     def start(self) -> DynamicProvider:
         env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
@@ -56,9 +65,14 @@ class DynamicProvider:
             cwd=self.root,
             env=env,
             stdout=subprocess.PIPE,
-            stderr=None,
+            stderr=subprocess.PIPE if self.on_stderr else None,
         )
         assert self.proc.stdout is not None
+        if self.on_stderr is not None:
+            # Read before anything else, as runtrace does: an early failure is told on stderr, and a full pipe
+            # would stall the provider.
+            self.reader = threading.Thread(target=self._forward, args=(self.proc.stderr,), daemon=True)
+            self.reader.start()
         port = int(self.proc.stdout.readline().decode().strip())
         self.channel = grpc.insecure_channel(f"127.0.0.1:{port}")
         grpc.channel_ready_future(self.channel).result(timeout=60)
@@ -70,6 +84,13 @@ class DynamicProvider:
         )
         return self
 
+    def _forward(self, stream: Any) -> None:
+        assert self.on_stderr is not None
+        for raw in iter(stream.readline, b""):
+            line = raw.decode(errors="replace").rstrip("\r\n")
+            if line.strip():
+                self.on_stderr(line)
+
     def stop(self) -> None:
         if self.channel:
             self.channel.close()
@@ -79,6 +100,10 @@ class DynamicProvider:
                 self.proc.wait(10)
             except subprocess.TimeoutExpired:
                 self.proc.kill()
+        if self.reader is not None:
+            # Every line the provider wrote is shown before the run's summary (plugin.go Close waits for stderr to
+            # drain); a child it left holding the pipe does not hold the driver up.
+            self.reader.join(5)
 
     def _call(self, method: str, urn: str, req):
         try:
