@@ -11,6 +11,11 @@ Every answer is checked: the outputs against the model config, then the boxes ag
 on the device before Triton starts, for each distinct frame (decode, letterbox, the model without graphs, NMS, boxes
 back to the frame), to within a few pixels of the frame (FP16, other batch sizes) with a matching count.
 
+``--jpeg-decoder`` (default ``exact``) is the JPEG models' ``jpeg_decoder`` (stack config
+``models[].jpeg_decoder``): ``exact`` gives nvJPEG only the frames it decodes as libjpeg does (the synthetic frames
+are 4:2:0: libjpeg on the host), ``nvjpeg`` every frame nvJPEG decodes; the references decode the same way, and the
+report names the choice. Run it once each way to measure both on the GPU.
+
 Per point: p50/p95/p99, frames/s, errors and wrong answers, GPU busy (NVML samples), Triton's per-request phases
 (queue, compute input/infer/output) and the average batch; the backend's own phases (decode, letterbox, GPU,
 respond) from its log reports. ``best`` in the JSON names the JPEG setting with the most frames/s at p95 < 25 ms.
@@ -18,6 +23,7 @@ respond) from its log reports. ``best`` in the JSON names the JPEG setting with 
 Usage (on the GPU machine through ``bench/gpu_device.sh``; ``--cpu --quick`` checks the whole pipeline here)::
 
     GPUHOST_BENCH=bench.gpu_frames bash bench/gpu_device.sh OUT     # writes OUT/gpu_frames.json, .md
+    GPUHOST_BENCH=bench.gpu_frames bash bench/gpu_device.sh OUT --jpeg-decoder nvjpeg   # the same, nvJPEG's way
     python -m bench.gpu_frames --cpu --quick --out /tmp/f
     python -m bench.gpu_frames --render bench/results/gpu_frames.json   # docs/benchmarks.md's table
 """
@@ -64,9 +70,10 @@ def make_frames(per_size: int, sizes=sample_frames.GATE_SIZES) -> list[dict]:
     return out
 
 
-def references(frames: list[dict], gpu: bool, weights: bytes) -> dict:
+def references(frames: list[dict], gpu: bool, weights: bytes, jpeg_decoder: str = "exact") -> dict:
     """Each frame through the pipeline eagerly on the device (no graphs, no Triton): ``det`` in the frame's pixels,
-    ``det640`` in the model's space, ``count``, and the letterboxed uint8 image the raw client sends."""
+    ``det640`` in the model's space, ``count``, and the letterboxed uint8 image the raw client sends; frames decoded
+    as the JPEG models decode them (``jpeg_decoder``)."""
     import torch
 
     from serving.models import frames as fr
@@ -80,7 +87,7 @@ def references(frames: list[dict], gpu: bool, weights: bytes) -> dict:
     if gpu:
         model = model.to(memory_format=torch.channels_last)  # type: ignore[call-overload]
     pre = yolo.Preprocess(dtype)
-    decoder = fr.Decoder(device)
+    decoder = fr.Decoder(device, jpeg_decoder=jpeg_decoder)
     t0 = time.perf_counter()
     with torch.no_grad():
         for f in frames:
@@ -94,7 +101,8 @@ def references(frames: list[dict], gpu: bool, weights: bytes) -> dict:
             f["det"] = fr.unletterbox(det.float(), torch.tensor([geo]))[0].cpu().tolist()
             f["raw"] = batch[0].cpu().numpy().tobytes()
             f["scale"] = max(f["w"], f["h"]) / 640
-    return {"decoder": decoder.name, "seconds": round(time.perf_counter() - t0, 2)}
+    seconds = round(time.perf_counter() - t0, 2)
+    return {"decoder": decoder.name, "jpeg_decoder": jpeg_decoder, "served": dict(decoder.served), "seconds": seconds}
 
 
 class MatchesReference:
@@ -261,7 +269,8 @@ def run(args) -> dict:
         batching = dict(
             instances=n, max_batch_size=b, window_us=w, preferred_batch_size=_preferred(b, least) if b else None
         )
-        spec = yolov8n_torch(name=name, input=input, gpu=gpu, weights=WEIGHTS_FILE, **batching)
+        decoding = dict(jpeg_decoder=args.jpeg_decoder) if input == "jpeg" else {}
+        spec = yolov8n_torch(name=name, input=input, gpu=gpu, weights=WEIGHTS_FILE, **decoding, **batching)
         return on_preset(spec, gpu_name) if gpu else spec
 
     def vname(m, n, b, w, least):
@@ -288,6 +297,7 @@ def run(args) -> dict:
         "settings": {
             x.name: {
                 "input": x.parameters["input"],
+                "jpeg_decoder": x.parameters.get("jpeg_decoder", "exact") if x.parameters["input"] == "jpeg" else None,
                 "instances": x.instance_group[0].count,
                 "max_batch": x.max_batch_size,
                 "window_us": x.dynamic_batching.max_queue_delay_microseconds if x.dynamic_batching else None,
@@ -304,7 +314,7 @@ def run(args) -> dict:
         },
     }
     log(json.dumps(results["machine"]))
-    results["reference"] = references(frames, gpu, weights)
+    results["reference"] = references(frames, gpu, weights, args.jpeg_decoder)
     results["reference"]["counts"] = [f["count"] for f in frames]
     log(f"reference answers: {results['reference']}; wire bytes {results['wire_bytes']}")
     workers = tuple(w for w in args.nginx_workers.split(",") if w)
@@ -418,12 +428,13 @@ def table(results: dict) -> str:
     pts = {p["name"]: p for p in results["points"]}
     main = results["settings"]["det_jpeg"]
     wb = results["wire_bytes"]
+    chosen = f", jpeg_decoder {results['reference']['jpeg_decoder']}" if "jpeg_decoder" in results["reference"] else ""
     lines = [
         f"Machine: {', '.join(m.get('gpus') or ['no GPU'])}; {m.get('cpus')} CPUs; Python {m.get('python')}, torch "
         f"{m.get('torch')} (CUDA {m.get('torch_cuda')}), Triton {results.get('triton', {}).get('version')}, "
         f"{m.get('nginx')}; commit {results.get('commit')}; {results.get('started')}. Decoder: "
-        f"{results['reference'].get('decoder')}. Client (gpuhost's gate, {a['processes']} processes at most), nginx "
-        "and Triton on the same machine.",
+        f"{results['reference'].get('decoder')}{chosen}. "
+        f"Client (gpuhost's gate, {a['processes']} processes at most), nginx and Triton on the same machine.",
         "",
         f"Command: `{results.get('command')}`",
         "",
@@ -521,6 +532,12 @@ def main(argv=None) -> int:
     ap.add_argument("--processes", type=int, default=8, help="client processes at most")
     ap.add_argument("--http-threads", type=int, default=32)
     ap.add_argument("--report-every", type=int, default=200)
+    ap.add_argument(
+        "--jpeg-decoder",
+        choices=("exact", "nvjpeg"),
+        default="exact",
+        help="the JPEG models' jpeg_decoder: exact (libjpeg's pixels) or nvjpeg (nvJPEG for every frame it decodes)",
+    )
     ap.add_argument("--cpu", action="store_true", help="KIND_CPU instances, FP32, CPU decode (pipeline check)")
     ap.add_argument("--quick", action="store_true", help="1 s per point, 1 frame per size, c=1,2, one variant each")
     return REPORT.main(ap, argv, run, quick=QUICK)
