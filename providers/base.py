@@ -28,6 +28,7 @@ Usage::
 from __future__ import annotations
 
 import base64
+import contextlib
 import functools
 import hashlib
 from collections.abc import Callable, Iterable
@@ -54,6 +55,7 @@ from access.ssh import CommandFailed, Conn, HostSpec, HostUnreachable, NothingRa
 from facts import state
 from facts.state import Change, Record
 from plans.plan import Plan
+from providers import progress
 
 # Inputs that are bookkeeping, never a reason to touch the host.
 _IGNORED = {"__provider", "version", "owner_tag"}
@@ -268,8 +270,18 @@ class HostProvider(Provider):
         one round trip, under the host lock."""
         ch = self.to_change(props, plan, change, then)
         if not ch.empty:
-            self.guarded(conn, ch.why, lambda: ch.run(conn), changing=True)
+            with self.ticking(props, conn, ch):
+                self.guarded(conn, ch.why, lambda: ch.run(conn), changing=True)
         return ch
+
+    def ticking(self, props: dict, conn: Conn, ch: Change | None) -> contextlib.AbstractContextManager:
+        """Progress lines while `ch` runs, when it runs a slow command (an initramfs rebuild, update-grub: minutes
+        on a big host); see providers.progress. Bounded by the command timeout the change runs under."""
+        what = progress.change_what(conn.spec.name, ch.script.render()) if ch is not None else None
+        if what is None:
+            return contextlib.nullcontext()
+        label = progress.resource_label(self.owner(props), conn.spec.name)
+        return progress.ticking(label, what, conn.spec.command_timeout)
 
     def to_change(
         self, props: dict, plan: Plan, change: Change | None = None, then: Iterable[str] = (), classes: tuple = ()
@@ -323,12 +335,13 @@ class HostProvider(Provider):
             whole = state.locked(script, rec.owner, ch.classes) if ch is not None else script
             stdin = bytes(ch.stdin) if ch is not None else None
             was = state.attempt_changed()
-            out = self.guarded(
-                conn,
-                (ch.why or "changing the host") if ch is not None else "recording and reading the host",
-                functools.partial(_stdout, conn, whole, stdin),
-                changing=ch is not None,
-            )
+            with self.ticking(props, conn, ch):
+                out = self.guarded(
+                    conn,
+                    (ch.why or "changing the host") if ch is not None else "recording and reading the host",
+                    functools.partial(_stdout, conn, whole, stdin),
+                    changing=ch is not None,
+                )
             if "\n@@changing\n" not in "\n" + out:
                 state.reset_changed(was)
             state.note_fresh(conn, rec.owner, out)
@@ -454,7 +467,8 @@ class TemplateProvider(HostProvider):
         ch = self.restore(props)
         if not ch.empty:
             conn = self.conn(props)
-            self.guarded(conn, "restoring what gpuhost found", lambda: ch.run(conn), changing=True)
+            with self.ticking(props, conn, ch):
+                self.guarded(conn, "restoring what gpuhost found", lambda: ch.run(conn), changing=True)
 
 
 HostProvider.create = _one_attempt(HostProvider.create)  # type: ignore[method-assign]

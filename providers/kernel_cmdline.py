@@ -26,7 +26,9 @@ GRUB = plan.GRUB
 
 
 class KernelCmdlineProvider(TemplateProvider):
-    VERSION = "3"  # 3: planned from HostPreflight's read; record, check and change in one round trip
+    # 4: update-grub says every 5 s what it waits for (providers.progress); 3: planned from HostPreflight's read;
+    # record, check and change in one round trip
+    VERSION = "4"
     KIND = "kernel-cmdline"
     INPUTS = ("host", "add", "remove", "acknowledged", "family")
     OUTPUT_ONLY = ("prior", "configured", "running", "pending_reboot", "plan")

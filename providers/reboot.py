@@ -33,6 +33,7 @@ from facts.model import HostFacts
 from facts.state import Change
 from plans.cmdline import key
 from providers.base import HostResource, TemplateProvider
+from providers.progress import resource_label, ticking
 
 # Counted per process, for benchmarks (reboots per `up`).
 REBOOTS: dict[str, int] = {}
@@ -123,7 +124,9 @@ def restart(conn, names: list[str], timeout: float = 120) -> None:
 
 
 class HostRebootProvider(TemplateProvider):
-    VERSION = "6"  # 6: verified once the new boot has settled; 5: on the template; 4: the reboot wait keeps its deadline and stops at a host-key mismatch
+    # 7: the reboot wait says every 5 s what it waits for (providers.progress); 6: verified once the new boot has
+    # settled; 5: on the template; 4: the reboot wait keeps its deadline and stops at a host-key mismatch
+    VERSION = "7"
     KIND = "reboot"
     INPUTS = (
         "host",
@@ -152,7 +155,10 @@ class HostRebootProvider(TemplateProvider):
         drained, forced = drain(conn, float(props.get("drain_timeout") or 180))
         conn.run("nohup sh -c 'sleep 1; systemctl reboot' >/dev/null 2>&1 &")
         REBOOTS[spec.name] = REBOOTS.get(spec.name, 0) + 1
-        f2 = wait_for_new_boot(spec, f.boot_id, float(props.get("timeout") or 900))
+        bound = float(props.get("timeout") or 900)
+        what = f"{spec.name} to come back from its reboot (a new boot id, units started)"
+        with ticking(resource_label(props.get("owner_tag"), f"{spec.name}-reboot"), what, bound):
+            f2 = wait_for_new_boot(spec, f.boot_id, bound)
         still = unmet(f2, props)
         if still:
             raise HostError(

@@ -39,6 +39,7 @@ import pulumi
 from pulumi.dynamic import CheckFailure, CheckResult, CreateResult, DiffResult
 
 from providers.base import HostProvider, HostResource, Provider
+from providers.progress import resource_label, ticking
 from serving import kserve, loadgate
 from serving.health import NotReady, wait_ready
 
@@ -122,10 +123,14 @@ class GateError(RuntimeError):
     pass
 
 
+def _label(props: dict) -> str:
+    return resource_label(props.get("owner_tag"), f"gate-{props.get('model')}")
+
+
 class AcceptanceGateProvider(Provider):
     # Keys from secret config as every host provider gets them: the rollback reaches the guest over SSH.
     configure = HostProvider.configure
-    VERSION = "5"
+    VERSION = "6"  # 6: the health gate and the loads say every 5 s what they wait for (providers.progress)
     OUTPUT_ONLY = ("result", "overhead")
     _BOOKKEEPING = {"__provider", "version", "owner_tag", "result", "overhead"}
 
@@ -161,7 +166,7 @@ class AcceptanceGateProvider(Provider):
         url = props["url"].rstrip("/")
         model, sig = props["model"], props.get("request")
         infer = f"{url}/v2/models/{model}/infer"
-        wait_ready(url, list(props.get("models") or []), timeout_s=float(props.get("readyTimeoutS") or 300))
+        self._wait_ready(props, url)
         body, headers = request_body(props)
         # A model that takes frames gets JPEG frames of the sizes cameras send, each answer checked for its frame.
         frames = kserve.frame_payloads(sig) if sig and kserve.takes_frames(sig) else []
@@ -190,8 +195,12 @@ class AcceptanceGateProvider(Provider):
             timeout_s=float(props.get("requestTimeoutS") or 30),
             payloads=tuple(frames),
         )
-        floor = loadgate.overhead(spec, f"{url}/nginx-health")
-        result = loadgate.run(spec)
+        label, bound = _label(props), loadgate.bound_s(spec)
+        with ticking(label, f"nginx's floor load on {url}/nginx-health ({concurrency} connections)", bound):
+            floor = loadgate.overhead(spec, f"{url}/nginx-health")
+        load = f"the acceptance load on {model} ({concurrency} connections, {spec.duration_s:g} s"
+        with ticking(label, load + f", up to {spec.max_requests} requests)", bound):
+            result = loadgate.run(spec)
         slo = loadgate.Slo(
             p95_ms=props.get("p95Ms"),
             p99_ms=props.get("p99Ms"),
@@ -221,6 +230,15 @@ class AcceptanceGateProvider(Provider):
         out["overhead"] = floor.as_dict()
         return CreateResult(f"gate-{props['model']}", out)
 
+    @staticmethod
+    def _wait_ready(props: dict, url: str) -> float:
+        """Triton's health gate: the server and every model ready, saying so every 5 s while a model loads."""
+        models = list(props.get("models") or [])
+        bound = float(props.get("readyTimeoutS") or 300)
+        what = f"{', '.join(models) or 'Triton'} to be ready at {url} (/v2/health/ready and each model's ready)"
+        with ticking(_label(props), what, bound):
+            return wait_ready(url, models, timeout_s=bound)
+
     def _roll_back(self, props: dict) -> str:
         rb = props.get("rollback")
         if not rb:
@@ -233,7 +251,7 @@ class AcceptanceGateProvider(Provider):
             return " | nothing to roll back to (first deploy): the new version stays"
         url = props["url"].rstrip("/")
         try:
-            wait_ready(url, list(props.get("models") or []), timeout_s=float(props.get("readyTimeoutS") or 300))
+            self._wait_ready(props, url)
             body, headers = request_body(props)
             sig = props.get("request") or {"inputs": [], "outputs": []}
             problems = checked_request(f"{url}/v2/models/{props['model']}/infer", sig, body, headers)

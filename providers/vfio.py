@@ -155,10 +155,11 @@ def expand_functions(facts: HostFacts, addresses: list[str]) -> list[str]:
 
 
 class VfioBindingProvider(HostProvider):
+    # 6: an initramfs rebuild says every 5 s what it waits for (providers.progress);
     # 5: planned from HostPreflight's read (the initramfs listed once), record, check and change in one round trip;
     # 4: the drivers after binding printed by the change itself; 3: drivers/overrides recorded on the host;
     # 2: device-safety checks right before binding
-    VERSION = "5"
+    VERSION = "6"
     KIND = "vfio"
     OUTPUT_ONLY = ("prior", "prior_drivers", "prior_overrides", "drivers", "pending_reboot", "initramfs")
 
@@ -350,7 +351,9 @@ class VfioBindingProvider(HostProvider):
         # After the restore: rebuild only an initramfs that carries gpuhost's config (else it is as found).
         for action in plan_initramfs_restore(parse_initramfs(out), initramfs_cmd(facts.os.family)).actions:
             s.raw(action.command)
-        ch.forget(self._record(props)).run(conn)
+        ch.forget(self._record(props))
+        with self.ticking(props, conn, ch):
+            ch.run(conn)
 
 
 class VfioBinding(HostResource, module="host", name="VfioBinding"):

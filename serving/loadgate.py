@@ -370,6 +370,11 @@ def _wait_budget(spec: LoadSpec) -> float:
     return spec.timeout_s * (spec.warmup_requests + 2) + spec.duration_s + 30
 
 
+def bound_s(spec: LoadSpec) -> float:
+    """The longest a run of ``spec`` may take before it is cut off (the python client's bound; wrk's is shorter)."""
+    return _wait_budget(spec) + 30
+
+
 def run_python(spec: LoadSpec) -> LoadResult:
     """Constant concurrency from ``spec.processes`` processes (threads split between them), one keep-alive
     connection per thread; percentiles over all of them. A thread or process that fails or does not finish in
