@@ -53,11 +53,17 @@ def _populate(repo, weights):
     )
     # conf 0.1: the test detector, calibrated on 640×640 images, is less sure of letterboxed camera frames.
     spec = spec.model_copy(update={"parameters": {**spec.parameters, "torch_threads": "1", "conf": str(CONF)}})
-    files = repository_files([spec], gpu_count=0, model_files=yolov8n_files("det", 1, weights, WEIGHTS_FILE))
-    for rel, data in files.items():
-        p = repo / rel
-        p.parent.mkdir(parents=True, exist_ok=True)
-        p.write_bytes(data)
+    # Loaded only by the test of the jpeg_decoder parameter (Triton starts with det alone).
+    nvjpeg = yolov8n_torch(
+        name="det_nvjpeg", gpu=False, input="jpeg", jpeg_decoder="nvjpeg", weights=WEIGHTS_FILE, max_det=MAX_DET
+    )
+    nvjpeg = nvjpeg.model_copy(update={"parameters": {**nvjpeg.parameters, "torch_threads": "1", "conf": str(CONF)}})
+    for s in (spec, nvjpeg):
+        files = repository_files([s], gpu_count=0, model_files=yolov8n_files(s.name, 1, weights, WEIGHTS_FILE))
+        for rel, data in files.items():
+            p = repo / rel
+            p.parent.mkdir(parents=True, exist_ok=True)
+            p.write_bytes(data)
 
 
 @pytest.fixture(scope="module")
@@ -69,7 +75,8 @@ def triton(tmp_path_factory, weights):
     base = tmp_path_factory.mktemp("triton")
     (base / "models").mkdir()
     _populate(base / "models", weights)
-    with start_triton(base / "models", workdir=base / "work", ready_timeout=300) as handle:
+    explicit = ("--model-control-mode=explicit", "--load-model=det")  # as deployed; the others load on request
+    with start_triton(base / "models", workdir=base / "work", ready_timeout=300, extra_args=explicit) as handle:
         yield handle
 
 
@@ -124,9 +131,9 @@ def _answer_body(det, count):
     return head + blob + count.to_bytes(4, "little"), str(len(head))
 
 
-def _infer(url: str, frame: bytes):
+def _infer(url: str, frame: bytes, model: str = "det"):
     body, headers = loadgate.binary_request([("images", "UINT8", [1, len(frame)], frame)], ["detections"])
-    req = urllib.request.Request(f"{url}/v2/models/det/infer", data=body, headers=dict(headers), method="POST")
+    req = urllib.request.Request(f"{url}/v2/models/{model}/infer", data=body, headers=dict(headers), method="POST")
     try:
         with urllib.request.urlopen(req, timeout=120) as r:
             data, head_len = r.read(), int(r.headers["Inference-Header-Content-Length"])
@@ -270,6 +277,53 @@ def test_a_phone_frame_answers_boxes_in_its_upright_frame(triton, reference):
     # Served in the stored grid instead, the answer would not be this one.
     stored = data[:2] + data[2 + len(sample_frames.exif_app1(6)) :]  # the same bytes without the EXIF tag
     assert frames.jpeg_size(stored) == (1280, 720) and not _same(det, reference(stored))
+
+
+def _repository(url: str, model: str, action: str, body: bytes = b"{}") -> tuple[int, str]:
+    """POST /v2/repository/models/<model>/load|unload: (status, Triton's error or "")."""
+    req = urllib.request.Request(f"{url}/v2/repository/models/{model}/{action}", data=body, method="POST")
+    try:
+        with urllib.request.urlopen(req, timeout=300) as r:
+            return r.status, ""
+    except urllib.error.HTTPError as e:
+        return e.code, json.loads(e.read() or b"{}").get("error", "")
+
+
+def _ready(url: str, timeout: float = 60.0) -> None:
+    """Wait until the (strictly ready) server is ready again: a model still unloading makes it not ready."""
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            with urllib.request.urlopen(f"{url}/v2/health/ready", timeout=10):
+                return
+        except urllib.error.HTTPError:
+            if time.monotonic() > deadline:
+                raise
+            time.sleep(0.2)
+
+
+def test_the_jpeg_decoder_parameter_is_read_at_initialize_and_a_bad_one_fails_the_load(triton, reference):
+    """On a CPU instance both choices decode with libjpeg: ``nvjpeg`` loads, says so at start and answers as
+    ``exact`` does; a reload with a value that is neither fails with the parameter named (the loaded one stays)."""
+    url = triton.http_url
+    status, why = _repository(url, "det_nvjpeg", "load")
+    assert status == 200, why
+    try:
+        assert '"jpeg_decoder": "nvjpeg"' in triton.log()
+        frame = sample_frames.jpeg(1280, 720, seed=3)
+        status, det = _infer(url, frame, "det_nvjpeg")
+        assert status == 200 and _same(det, reference(frame))
+        with urllib.request.urlopen(f"{url}/v2/models/det_nvjpeg/config", timeout=10) as r:
+            config = json.loads(r.read())
+        config["parameters"]["jpeg_decoder"] = {"string_value": "fast"}
+        override = json.dumps({"parameters": {"config": json.dumps(config)}}).encode()
+        status, why = _repository(url, "det_nvjpeg", "load", override)
+        assert status == 400 and "parameter jpeg_decoder: 'fast' is not exact or nvjpeg" in why, why
+        status, det = _infer(url, frame, "det_nvjpeg")
+        assert status == 200 and _same(det, reference(frame))
+    finally:
+        _repository(url, "det_nvjpeg", "unload")
+        _ready(url)
 
 
 nginx = front_triton_fixture("det")

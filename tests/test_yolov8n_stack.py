@@ -107,12 +107,13 @@ def test_the_jpeg_decoder_reaches_config_pbtxt_and_exact_writes_nothing(tmp_path
     model = {"name": "yolov8n", "preset": "yolov8n_torch", "artifact": {"path": path, "sha256": sha}}
     pbtxt = {}
     for choice in (None, "exact", "nvjpeg"):
-        rec = run_program(*_with_model({**model, **({"jpeg_decoder": choice} if choice else {})}), stack="hk-prod")
-        cfg = _config(rec)
-        assert cfg.parameters["input"].string_value == "jpeg"
+        cfg, secret = _with_model({**model, **({"jpeg_decoder": choice} if choice else {})})
+        rec = run_program(cfg, secret, stack="hk-prod")
         pbtxt[choice] = rec.by_name("yolo-rt-models").inputs["files"]["yolov8n/config.pbtxt"]["content"]
+        parsed = _config(rec)
+        assert parsed.parameters["input"].string_value == "jpeg"
         if choice == "nvjpeg":
-            assert cfg.parameters["jpeg_decoder"].string_value == "nvjpeg"
+            assert parsed.parameters["jpeg_decoder"].string_value == "nvjpeg"
         else:
-            assert "jpeg_decoder" not in cfg.parameters
+            assert "jpeg_decoder" not in parsed.parameters
     assert pbtxt[None] == pbtxt["exact"] != pbtxt["nvjpeg"]
