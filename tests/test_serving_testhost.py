@@ -30,7 +30,7 @@ from pathlib import Path
 import pytest
 
 from plans.triton_model import DynamicBatching, InstanceGroup, ModelSpec, Tensor
-from plans.triton_runtime import ProcessRuntime, ServerOptions
+from plans.triton_runtime import CONTROL_KEY_PATH, ProcessRuntime, ServerOptions
 from serving.kserve import binary_request
 from tests.engine import ProviderError, ProviderServer
 from tests.mocks import EchoMocks, RecordingMonitor
@@ -235,9 +235,18 @@ def serving_host(testhost, tmp_path_factory):
 
 
 def apply_all(srv, children, names_done: dict) -> dict:
-    from providers import managed_file, service_state, serving_snapshot, systemd_service, triton_gate, triton_repository
+    from providers import (
+        control_key,
+        managed_file,
+        service_state,
+        serving_snapshot,
+        systemd_service,
+        triton_gate,
+        triton_repository,
+    )
 
     classes = {
+        "TritonControlKey": control_key.TritonControlKeyProvider,
         "ServingSnapshot": serving_snapshot.ServingSnapshotProvider,
         "TritonModelRepository": triton_repository.TritonModelRepositoryProvider,
         "ManagedFile": managed_file.ManagedFileProvider,
@@ -284,6 +293,15 @@ def test_process_runtime_serves_through_nginx_then_a_broken_version_rolls_back(s
         assert "bind:0 " in host.ssh(f"cat /proc/{pid}/numa_maps").stdout
         assert "numactl --cpunodebind=0 --membind=0" in host.ssh("systemctl cat gpuhost-triton").stdout.replace('"', "")
         assert "syntax is ok" in host.ssh("nginx -t -c /etc/nginx/nginx.conf 2>&1").stdout
+        # Triton on loopback only, its repository API behind the host's key (root 0600, made on the host).
+        assert host.ssh(f"stat -c '%a %U' {CONTROL_KEY_PATH}").stdout.split() == ["600", "root"]
+        assert "--http-address=127.0.0.1" in cmd, cmd
+        probe = (
+            'python3 -c "import urllib.request as u, urllib.error as e\n'
+            "try: u.urlopen(u.Request('http://127.0.0.1:8000/v2/repository/index', b'{}', method='POST'), timeout=10)"
+            '\nexcept e.HTTPError as x: print(x.code)"'
+        )
+        assert host.ssh(probe).stdout.strip() == "403"
 
         # 2. version 2 is broken: its gate fails, version 1 is put back and answers again
         t = time.monotonic()
@@ -309,7 +327,8 @@ def test_process_runtime_serves_through_nginx_then_a_broken_version_rolls_back(s
             resources[r.name].destroy()
     left = host.ssh(
         "systemctl is-active gpuhost-triton nginx || true; ls /etc/systemd/system/gpuhost-triton.service "
-        f"{ROOT} 2>&1 || true; dpkg-query -W -f '${{db:Status-Status}}' nginx 2>&1 || true",
+        f"{ROOT} {CONTROL_KEY_PATH} 2>&1 || true; dpkg-query -W -f '${{db:Status-Status}}' nginx 2>&1 || true",
         check=False,
     ).stdout
     assert "No such file" in left, left
+    assert f"cannot access '{CONTROL_KEY_PATH}': No such file" in left, left  # the key went with Triton
