@@ -105,7 +105,7 @@ def test_a_ticking_step_writes_its_lines_then_done_and_a_failed_one_no_done():
 class SlowTriton(http.server.BaseHTTPRequestHandler):
     """Not ready until LOAD_S after the first readiness probe (a model loading), then 200 for everything."""
 
-    LOAD_S = 7.0
+    LOAD_S = 12.0  # the first line is due at 5 s: 7 s of margin for a busy machine
     first: list[float] = []
 
     def _answer(self) -> None:
