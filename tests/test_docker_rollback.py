@@ -50,7 +50,12 @@ def test_run_script_starts_the_declared_image_with_the_declared_flags():
     assert flags[flags.index("--name") + 1] == "triton" and flags[flags.index("--restart") + 1] == "always"
     assert flags[flags.index("--gpus") + 1] == '"device=MIG-1f4c6b1e-3c1a-5d55-9a3e-0b8d2f6a7c10,0"'
     assert flags[flags.index("--shm-size") + 1] == "1024m"
-    assert [flags[k + 1] for k, f in enumerate(flags) if f == "-p"] == ["8000:8000", "8001:8001", "8002:8002"]
+    # Published on loopback by default (Triton binds all interfaces inside the container; only these reach it).
+    assert [flags[k + 1] for k, f in enumerate(flags) if f == "-p"] == [
+        "127.0.0.1:8000:8000",
+        "127.0.0.1:8001:8001",
+        "127.0.0.1:8002:8002",
+    ]
     assert [flags[k + 1] for k, f in enumerate(flags) if f == "-v"] == ["/srv/triton-repo:/models:ro"]
     assert "CUDA_MPS_ACTIVE_THREAD_PERCENTAGE=50" in flags and "gpuhost.repository-digest=d1" in flags
     assert [flags[k + 1] for k, f in enumerate(flags) if f == "--ulimit"] == [
