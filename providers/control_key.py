@@ -26,7 +26,6 @@ from typing import Optional
 import pulumi
 from pulumi.dynamic import CheckFailure
 
-from access.errors import HostError
 from access.shell import quote
 from facts.state import ROOT, Change, Record
 from plans.triton_runtime import KEY_VAR
@@ -35,9 +34,7 @@ from providers.managed_file import (
     dirs_key,
     make_dirs_lines,
     missing_dirs_command,
-    not_dirs_guard,
-    parse_missing,
-    parse_not_dirs,
+    record_file_and_parents,
     remove_dirs_lines,
 )
 
@@ -91,7 +88,7 @@ def restore_lines(path: str, found_absent: bool) -> list[str]:
 
 
 class TritonControlKeyProvider(TemplateProvider):
-    VERSION = "2"
+    VERSION = "3"
     KIND = "control-key"
     # Another path is another file: the old one goes back as found, the new one is recorded first.
     REPLACE_ON = ("host", "path")
@@ -113,18 +110,8 @@ class TritonControlKeyProvider(TemplateProvider):
     def apply(self, props: dict, prior: Optional[dict]) -> dict:
         conn = self.conn(props)
         path = props["path"]
-        rec = self._record(props)
-        out, pristine, values = self.record_and_read(conn, props, rec, "", before=not_dirs_guard(path))
-        blocked = parse_not_dirs(out)
-        if blocked:
-            raise HostError(
-                conn.spec.name,
-                f"cannot write {path}: {', '.join(blocked)} exists and is not a directory",
-                fix=f"move it away, or choose another path than {path}",
-                changed=False,
-            )
-        made = parse_missing(values.get(dirs_key(path, "control-key"), ""), path)
-        found = pristine[path]
+        key = dirs_key(path, "control-key")
+        found, made = record_file_and_parents(self, conn, props, self._record(props), path, key)
         ch = Change(self.owner(props)).add(make_dirs_lines(made)).add(generate_lines(path))
         res = self.guarded(conn, f"writing {path}", lambda: ch.run(conn), changing=True)
         # What was found, without its content (that stays in the host's pristine store).

@@ -21,7 +21,7 @@ Usage::
 from __future__ import annotations
 
 import hashlib
-from typing import Optional
+from typing import Any, Optional
 
 import pulumi
 from pulumi.dynamic import CheckFailure
@@ -78,6 +78,22 @@ def parse_missing(value: str, path: str) -> list[str]:
     return [d for d in value.splitlines() if d in wanted]
 
 
+def record_file_and_parents(provider: Any, conn: Any, props: dict, rec: Any, path: str, key: str) -> tuple[Any, list]:
+    """One round trip for a provider that writes ``path``: its parents checked first (a file in the way ends it
+    before anything is recorded: HostError, nothing changed), then the record (first time only) and its read.
+    Returns the file as first found and the parent directories that were missing (recorded under ``key``)."""
+    out, pristine, values = provider.record_and_read(conn, props, rec, "", before=not_dirs_guard(path))
+    blocked = parse_not_dirs(out)
+    if blocked:
+        raise HostError(
+            conn.spec.name,
+            f"cannot write {path}: {', '.join(blocked)} exists and is not a directory",
+            fix=f"move it away, or choose another path than {path}",
+            changed=False,
+        )
+    return pristine[path], parse_missing(values.get(key, ""), path)
+
+
 def make_dirs_lines(dirs: list[str]) -> list[str]:
     """Make each directory (top down) that does not exist yet, 0755 root:root."""
     return [f"[ -d {quote(d)} ] || {{ mkdir -m {DIR_MODE} -- {quote(d)} && chown 0:0 -- {quote(d)}; }}" for d in dirs]
@@ -89,7 +105,7 @@ def remove_dirs_lines(dirs: list[str]) -> list[str]:
 
 
 class ManagedFileProvider(TemplateProvider):
-    VERSION = "3"  # 2: on the template; 3: makes (and removes) missing parent directories
+    VERSION = "4"  # 2: on the template; 3: makes (and removes) missing parent directories; 4: shared helper
     KIND = "file"
     # Another path is another file: the old one goes back as found, the new one is recorded first.
     REPLACE_ON = ("host", "path")
@@ -115,20 +131,7 @@ class ManagedFileProvider(TemplateProvider):
         parents and write the file under the host lock."""
         conn = self.conn(props)
         path = props["path"]
-        rec = self._record(props)
-        # One round trip: the parents checked first (a file in the way ends it before anything is recorded), then
-        # the record (first time only) and its read.
-        out, pristine, values = self.record_and_read(conn, props, rec, "", before=not_dirs_guard(path))
-        blocked = parse_not_dirs(out)
-        if blocked:
-            raise HostError(
-                conn.spec.name,
-                f"cannot write {path}: {', '.join(blocked)} exists and is not a directory",
-                fix=f"move it away, or choose another path than {path}",
-                changed=False,
-            )
-        made = parse_missing(values.get(dirs_key(path), ""), path)
-        found = pristine[path]
+        found, made = record_file_and_parents(self, conn, props, self._record(props), path, dirs_key(path))
         # Mode and owner not given: keep what the file had (a new file gets 0644 root:root).
         mode = props.get("mode") or (found.mode.zfill(4) if found.exists and found.mode else "0644")
         owner = props.get("owner") or (f"{found.uid}:{found.gid}" if found.exists and found.uid is not None else "0:0")
