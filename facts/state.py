@@ -154,6 +154,19 @@ class Record:
         return lines + prune_lines(self.entries())
 
 
+def restore_from_store_lines(path: str, found_absent: bool) -> list[str]:
+    """Put back the store's own copy of ``path`` (content, mode, owner; a link as a link), or remove the file when
+    it was absent: for a file whose content must never be carried in state (a key); ``Change.restore`` puts back
+    what state holds. The store's layout is this module's (``files<path>``, ``files<path>.absent``)."""
+    rec, q = quote(f"{ROOT}/files{path}"), quote(path)
+    tmp = quote(path + ".gpuhost.restore")
+    gone = f"[ -e {quote(f'{ROOT}/files{path}.absent')} ]" + (" || true" if found_absent else "")
+    return [
+        f"if [ -L {rec} ] || [ -f {rec} ]; then cp -a {rec} {tmp} && mv -f -T {tmp} {q};",
+        f"elif {gone}; then rm -f -- {q}; fi",
+    ]
+
+
 def prune_lines(entries: Iterable[str]) -> list[str]:
     """After records are removed: the directories of the store that held them, deepest first, each removed only
     when empty, up to and including BASE (/var/lib/gpuhost) once nothing of gpuhost is left in it. A directory

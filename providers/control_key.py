@@ -27,7 +27,7 @@ import pulumi
 from pulumi.dynamic import CheckFailure
 
 from access.shell import quote
-from facts.state import ROOT, Change, Record
+from facts.state import Change, Record, restore_from_store_lines
 from plans.triton_runtime import KEY_VAR
 from providers.base import HostResource, TemplateProvider
 from providers.managed_file import (
@@ -75,20 +75,8 @@ def observe_script(path: str) -> str:
     )
 
 
-def restore_lines(path: str, found_absent: bool) -> list[str]:
-    """Put back the pristine store's copy of ``path`` (content, mode, owner; a link as a link), or remove the file
-    when it was absent. The copy stays on the host: it is never read into the state."""
-    rec, q = quote(f"{ROOT}/files{path}"), quote(path)
-    tmp = quote(path + ".gpuhost.restore")
-    gone = f"[ -e {quote(f'{ROOT}/files{path}.absent')} ]" + (" || true" if found_absent else "")
-    return [
-        f"if [ -L {rec} ] || [ -f {rec} ]; then cp -a {rec} {tmp} && mv -f -T {tmp} {q};",
-        f"elif {gone}; then rm -f -- {q}; fi",
-    ]
-
-
 class TritonControlKeyProvider(TemplateProvider):
-    VERSION = "3"
+    VERSION = "4"
     KIND = "control-key"
     # Another path is another file: the old one goes back as found, the new one is recorded first.
     REPLACE_ON = ("host", "path")
@@ -127,7 +115,7 @@ class TritonControlKeyProvider(TemplateProvider):
         }
 
     def restore(self, props: dict) -> Change:
-        ch = Change(self.owner(props)).add(restore_lines(props["path"], props.get("found") == "absent"))
+        ch = Change(self.owner(props)).add(restore_from_store_lines(props["path"], props.get("found") == "absent"))
         return ch.add(remove_dirs_lines(list(props.get("made_dirs") or []))).forget(self._record(props))
 
 
