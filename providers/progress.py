@@ -9,8 +9,9 @@ as a stream message without a URN, which the display attaches to the stack's row
 `processNormalEvent`). Other resource plugins' output is hidden (Debugf); ours is not. gpuhost's driver
 (tools/driver) forwards the same lines to its display.
 
-One line per tick, flushed, at most every `interval` seconds; nothing at all for a step done within the first
-interval; a closing "done after" line only for a step that ticked. No thread or stream is kept on a provider (it
+One line per tick, flushed, at most every `interval` seconds (5, or `GPUHOST_PROGRESS_INTERVAL_S` in the provider's
+environment: a CI log may want fewer lines, a test more); nothing at all for a step done within the first interval; a
+closing "done after" line only for a step that ticked. No thread or stream is kept on a provider (it
 is pickled into state): the ticker lives for one `with` block.
 
 Usage::
@@ -22,6 +23,7 @@ Usage::
 
 from __future__ import annotations
 
+import os
 import sys
 import threading
 import time
@@ -31,6 +33,7 @@ from typing import Optional
 
 PREFIX = "gpuhost"
 INTERVAL = 5.0
+INTERVAL_ENV = "GPUHOST_PROGRESS_INTERVAL_S"
 _WRITE_LOCK = threading.Lock()
 
 # Commands that make a host change long, and how a progress line names them.
@@ -122,6 +125,30 @@ class Ticker:
         return done_line(self.label, self.what, self.clock() - self.start) if self.ticks else None
 
 
+def interval_s(environ: Optional[dict[str, str]] = None) -> tuple[float, Optional[str]]:
+    """The tick from `GPUHOST_PROGRESS_INTERVAL_S` (default 5 s), and a line saying why a bad value is not used: a
+    long step is already under way when it ticks (a reboot issued), so a typo must not fail it.
+
+    >>> interval_s({"GPUHOST_PROGRESS_INTERVAL_S": "1"})
+    (1.0, None)
+    >>> interval_s({"GPUHOST_PROGRESS_INTERVAL_S": "soon"})[1]
+    "gpuhost: GPUHOST_PROGRESS_INTERVAL_S='soon' is not a positive number of seconds: progress every 5 s"
+    """
+    raw = (os.environ if environ is None else environ).get(INTERVAL_ENV, "").strip()
+    if not raw:
+        return INTERVAL, None
+    try:
+        value = float(raw)
+    except ValueError:
+        value = 0.0
+    if 0 < value < float("inf"):
+        return value, None
+    return (
+        INTERVAL,
+        f"{PREFIX}: {INTERVAL_ENV}={raw!r} is not a positive number of seconds: progress every {INTERVAL:g} s",
+    )
+
+
 def write_stderr(line: str) -> None:
     """One whole line, flushed: the engine reads the plugin's stderr line by line, from every resource's thread."""
     with _WRITE_LOCK:
@@ -135,11 +162,16 @@ def ticking(
     what: str,
     bound: float,
     *,
-    interval: float = INTERVAL,
+    interval: Optional[float] = None,
     clock: Callable[[], float] = time.monotonic,
     write: Callable[[str], None] = write_stderr,
 ) -> Iterator[Ticker]:
-    """Say every `interval` seconds, while the block runs, that `label` waits for `what` (elapsed of `bound`)."""
+    """Say every `interval` seconds (default: `interval_s()`), while the block runs, that `label` waits for `what`
+    (elapsed of `bound`)."""
+    if interval is None:
+        interval, bad = interval_s()
+        if bad:
+            write(bad)
     t = Ticker(label, what, bound, interval, clock)
     stop = threading.Event()
 

@@ -11,9 +11,11 @@ import pytest
 from pulumi.dynamic.dynamic import serialize_provider
 
 from providers.progress import (
+    INTERVAL_ENV,
     Ticker,
     change_what,
     done_line,
+    interval_s,
     progress_line,
     resource_label,
     ticking,
@@ -100,6 +102,34 @@ def test_a_ticking_step_writes_its_lines_then_done_and_a_failed_one_no_done():
             assert first.wait(30)
             raise RuntimeError("not ready")
     assert lines and not any("done" in ln for ln in lines)
+
+
+def test_the_tick_comes_from_the_environment_and_a_bad_value_is_said_and_not_used(monkeypatch):
+    assert interval_s({}) == (5.0, None)
+    assert interval_s({INTERVAL_ENV: " 0.5 "}) == (0.5, None)
+    for bad in ("0", "-1", "soon", "inf", "nan"):
+        value, why = interval_s({INTERVAL_ENV: bad})
+        assert value == 5.0 and why == (
+            f"gpuhost: {INTERVAL_ENV}={bad!r} is not a positive number of seconds: progress every 5 s"
+        )
+
+    lines: list[str] = []
+    first = threading.Event()
+
+    def write(line: str) -> None:
+        lines.append(line)
+        first.set()
+
+    monkeypatch.setenv(INTERVAL_ENV, "0.01")
+    with ticking("gpu-a-reboot", "gpu-a to come back", 900, write=write) as t:
+        assert t.interval == 0.01
+        assert first.wait(30)
+    assert lines[0].startswith("gpuhost: gpu-a-reboot: waiting for gpu-a to come back: ")
+    monkeypatch.setenv(INTERVAL_ENV, "soon")
+    lines.clear()
+    with ticking("gpu-a-reboot", "gpu-a to come back", 900, write=lines.append) as t:
+        assert t.interval == 5.0
+    assert lines == [interval_s({INTERVAL_ENV: "soon"})[1]]
 
 
 class SlowTriton(http.server.BaseHTTPRequestHandler):
