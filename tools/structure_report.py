@@ -24,11 +24,18 @@ LONG = 80  # lines: a function longer than this does not fit a screen
 
 
 def sources(root: Path) -> dict[str, Path]:
-    """Every module of the tree by dotted name (`plans.sriov`, `plans` for plans/__init__.py, `__main__`)."""
+    """Every module of the tree by dotted name (`plans.sriov`, `plans` for plans/__init__.py, `__main__`): in a git
+    checkout the files git tracks and the untracked ones it does not ignore (as `duplicates` reads them)."""
+    git = subprocess.run(
+        ["git", "-C", str(root), "ls-files", "--cached", "--others", "--exclude-standard", "*.py"],
+        capture_output=True,
+        text=True,
+    )
+    files = [root / x for x in git.stdout.splitlines()] if git.returncode == 0 else root.rglob("*.py")
     out = {}
-    for p in sorted(root.rglob("*.py")):
+    for p in sorted(files):
         rel = p.relative_to(root)
-        if SKIP & set(rel.parts):
+        if SKIP & set(rel.parts) or not p.is_file():
             continue
         parts = list(rel.with_suffix("").parts)
         if parts[-1] == "__init__":
