@@ -324,60 +324,7 @@ def render_unit(pf: str, want: SriovWant, netdev: Optional[str]) -> str:
     if not PCI_RE.match(pf):
         raise ValueError(f"not a PCI address: {pf!r}")
     n = want.num_vfs
-    d = f"/sys/bus/pci/devices/{pf}"
-    sh_lines = [
-        f"d={quote(d)}",
-        # The PF's driver provides sriov_configure; at boot it may still be probing.
-        "i=0; while [ ! -e $d/driver ] && [ $i -lt 300 ]; do sleep 0.1; i=$((i+1)); done",
-        "[ -e $d/driver ] || { echo PF has no driver, cannot create VFs >&2; exit 1; }",
-    ]
-    if want.vfio and n:
-        sh_lines.append("modprobe vfio-pci")
-    sh_lines += [
-        f"c=$(cat $d/sriov_numvfs); if [ $c != {n} ]; then",
-        "[ $c = 0 ] || echo 0 > $d/sriov_numvfs",
-    ]
-    if want.vfio and n:
-        sh_lines.append("echo 0 > $d/sriov_drivers_autoprobe")
-    sh_lines += [f"echo {n} > $d/sriov_numvfs", "fi"]
-    if want.vfio and n:
-        sh_lines += [
-            "udevadm settle -t 30 || true",
-            # driverctl's udev rule starts driverctl@pci-<vf>.service for each new VF that has an override file;
-            # give it up to 30 s to bind, then bind what is still not on its override driver ourselves.
-            "for v in $d/virtfn*; do [ -e $v ] || continue; a=$(basename $(readlink $v)); o="
-            + DRIVERCTL_DIR
-            + "/pci-$a;",
-            "[ -f $o ] || continue; w=$(cat $o); p=/sys/bus/pci/devices/$a; j=0; cur=;",
-            "while [ $j -lt 300 ]; do cur=; [ -e $p/driver ] && cur=$(basename $(readlink $p/driver));",
-            '[ "$cur" = "$w" ] && break; sleep 0.1; j=$((j+1)); done;',
-            '[ "$cur" = "$w" ] && continue;',
-            "echo $w > $p/driver_override;",
-            '[ -n "$cur" ] && echo $a > $p/driver/unbind;',
-            "echo $a > /sys/bus/pci/drivers_probe || true; done",
-        ]
-    if netdev:
-        for i, s in enumerate(want.vfs):
-            if not s.empty:
-                sh_lines.append(
-                    " ".join(
-                        ["ip", "link", "set", "dev", quote(netdev), "vf", str(i), *(quote(a) for a in s.ip_args())]
-                    )
-                    + " || true"
-                )
-    if want.irq_cpus:
-        cpus = format_cpulist(want.irq_cpus)
-        # Kernel-managed (per-queue) IRQs refuse a new affinity; that is expected, not a failure.
-        sh_lines.append(
-            f"for q in $(ls $d/msi_irqs 2>/dev/null); do echo {cpus} > /proc/irq/$q/smp_affinity_list "
-            "2>/dev/null || true; done"
-        )
-    script = " ".join(x if x.endswith((";", "then", "do")) else x + ";" for x in sh_lines)
-    script = script.replace("then;", "then").replace("do;", "do")
-    for bad in ("'", "\\", "%"):
-        if bad in script:
-            raise ValueError(f"unit script may not contain {bad!r} (systemd quoting): {script}")
-    exec_start = "/bin/sh -ec '" + script.replace("$", "$$") + "'"
+    exec_start = "/bin/sh -ec '" + unit_script(pf, want, netdev).replace("$", "$$") + "'"
     return "\n".join(
         [
             f"# Written by gpuhost (SriovNic, seed 002 §5): {n} SR-IOV VF(s) on {pf} at every boot.",
@@ -400,6 +347,63 @@ def render_unit(pf: str, want: SriovWant, netdev: Optional[str]) -> str:
     )
 
 
+# driverctl's udev rule starts driverctl@pci-<vf>.service for each new VF that has an override file; give it up to
+# 30 s to bind, then bind what is still not on its override driver ourselves.
+_REBIND_VFS = [
+    "udevadm settle -t 30 || true",
+    "for v in $d/virtfn*; do [ -e $v ] || continue; a=$(basename $(readlink $v)); o=" + DRIVERCTL_DIR + "/pci-$a;",
+    "[ -f $o ] || continue; w=$(cat $o); p=/sys/bus/pci/devices/$a; j=0; cur=;",
+    "while [ $j -lt 300 ]; do cur=; [ -e $p/driver ] && cur=$(basename $(readlink $p/driver));",
+    '[ "$cur" = "$w" ] && break; sleep 0.1; j=$((j+1)); done;',
+    '[ "$cur" = "$w" ] && continue;',
+    "echo $w > $p/driver_override;",
+    '[ -n "$cur" ] && echo $a > $p/driver/unbind;',
+    "echo $a > /sys/bus/pci/drivers_probe || true; done",
+]
+
+
+def unit_script(pf: str, want: SriovWant, netdev: Optional[str]) -> str:
+    """The unit's shell script on one line (`/bin/sh -ec` runs it): the count, vfio-pci, VF settings, IRQ pins."""
+    script = " ".join(x if x.endswith((";", "then", "do")) else x + ";" for x in _unit_lines(pf, want, netdev))
+    script = script.replace("then;", "then").replace("do;", "do")
+    for bad in ("'", "\\", "%"):
+        if bad in script:
+            raise ValueError(f"unit script may not contain {bad!r} (systemd quoting): {script}")
+    return script
+
+
+def _unit_lines(pf: str, want: SriovWant, netdev: Optional[str]) -> list[str]:
+    n = want.num_vfs
+    vfio = want.vfio and n
+    sh_lines = [
+        f"d={quote(f'/sys/bus/pci/devices/{pf}')}",
+        # The PF's driver provides sriov_configure; at boot it may still be probing.
+        "i=0; while [ ! -e $d/driver ] && [ $i -lt 300 ]; do sleep 0.1; i=$((i+1)); done",
+        "[ -e $d/driver ] || { echo PF has no driver, cannot create VFs >&2; exit 1; }",
+    ]
+    if vfio:
+        sh_lines.append("modprobe vfio-pci")
+    sh_lines += [f"c=$(cat $d/sriov_numvfs); if [ $c != {n} ]; then", "[ $c = 0 ] || echo 0 > $d/sriov_numvfs"]
+    if vfio:
+        sh_lines.append("echo 0 > $d/sriov_drivers_autoprobe")
+    sh_lines += [f"echo {n} > $d/sriov_numvfs", "fi"]
+    if vfio:
+        sh_lines += _REBIND_VFS
+    if netdev:
+        for i, s in enumerate(want.vfs):
+            if not s.empty:
+                args = ["ip", "link", "set", "dev", quote(netdev), "vf", str(i), *(quote(a) for a in s.ip_args())]
+                sh_lines.append(" ".join(args) + " || true")
+    if want.irq_cpus:
+        cpus = format_cpulist(want.irq_cpus)
+        # Kernel-managed (per-queue) IRQs refuse a new affinity; that is expected, not a failure.
+        sh_lines.append(
+            f"for q in $(ls $d/msi_irqs 2>/dev/null); do echo {cpus} > /proc/irq/$q/smp_affinity_list "
+            "2>/dev/null || true; done"
+        )
+    return sh_lines
+
+
 def plan_sriov(
     f: HostFacts,
     detail: PfDetail,
@@ -420,48 +424,59 @@ def plan_sriov(
         p.errors.append(Problem("pf", err))
         return p
     assert dev is not None
+    err = pf_refusal(f, dev, want)
+    if err:
+        p.errors.append(Problem("pf", err))
+        return p
+    check_want(p, f, dev)
+    if p.errors:
+        return p
+
+    cur = dev.sriov_numvfs or 0
+    p.current_numvfs = cur
+    netdev = dev.net[0] if dev.net else None
+    p.unit_text = render_unit(dev.address, want, netdev)
+    p.actions += count_actions(dev, detail, want)
+    p.vf_addresses = planned_vf_addresses(dev, detail, want.num_vfs)
+    p.actions += persist_actions(dev.address, want, unit_text, p.unit_text, detail)
+    p.actions += bind_actions(f, p.vf_addresses, want, cur, vf_state)
+    vf_config_steps(p, dev, netdev, detail)
+    irq_steps(p, f, dev.address, detail)
+    return p
+
+
+def pf_refusal(f: HostFacts, dev: PciDevice, want: SriovWant) -> Optional[str]:
+    """Why this device cannot give VFs at all (a VF itself, no SR-IOV, SR-IOV off), or None."""
     name = dev.address
     if dev.physfn:
-        p.errors.append(Problem("pf", f"{name} is itself a VF of {dev.physfn}; give the PF"))
-        return p
+        return f"{name} is itself a VF of {dev.physfn}; give the PF"
     if dev.sriov_totalvfs is None:
         what = f"{dev.vendor_device}, driver {dev.driver or 'none'}"
-        p.errors.append(
-            Problem(
-                "pf",
-                f"{name} ({what}) has no SR-IOV capability (no sriov_totalvfs in sysfs): it cannot "
-                f"create VFs; {_capable(f)}",
-            )
+        return (
+            f"{name} ({what}) has no SR-IOV capability (no sriov_totalvfs in sysfs): it cannot "
+            f"create VFs; {_capable(f)}"
         )
-        return p
     if dev.sriov_totalvfs == 0 and want.num_vfs:
-        p.errors.append(
-            Problem(
-                "pf",
-                f"{name} reports sriov_totalvfs=0: SR-IOV is off in the firmware or the device "
-                "(seed 002 §1: enable SR-IOV in the BIOS)",
-            )
+        return (
+            f"{name} reports sriov_totalvfs=0: SR-IOV is off in the firmware or the device "
+            "(seed 002 §1: enable SR-IOV in the BIOS)"
         )
-        return p
-    if want.num_vfs > dev.sriov_totalvfs:
+    return None
+
+
+def check_want(p: SriovPlan, f: HostFacts, dev: PciDevice) -> None:
+    """The wanted count, NUMA node, VF settings and IRQ CPUs against this PF: errors (and a NUMA warning) on `p`."""
+    want, name = p.want, dev.address
+    total = dev.sriov_totalvfs or 0
+    if want.num_vfs > total:
         p.errors.append(
             Problem(
                 "num_vfs",
-                f"{want.num_vfs} VFs asked for but {name} supports at most {dev.sriov_totalvfs} "
-                f"(sriov_totalvfs={dev.sriov_totalvfs})",
+                f"{want.num_vfs} VFs asked for but {name} supports at most {total} (sriov_totalvfs={total})",
             )
         )
     if want.numa_node is not None and dev.numa_node != want.numa_node:
-        where = (
-            "reports no NUMA node (numa_node=-1), so it cannot be shown to be"
-            if dev.numa_node < 0
-            else f"sits on NUMA node {dev.numa_node}, not"
-        )
-        others = [d.address for d in f.pci.values() if d.sriov_totalvfs and d.numa_node == want.numa_node]
-        msg = (
-            f"PF {name} {where} on node {want.numa_node}: VFs on the far node lose throughput (seed 002 pitfall "
-            f"'SR-IOV VF 没吞吐'); SR-IOV PFs on node {want.numa_node}: {', '.join(others) or 'none'}"
-        )
+        msg = numa_mismatch(f, dev, want.numa_node)
         if want.numa_policy == "require":
             p.errors.append(Problem("numa_node", msg + " (numa_policy=require; use prefer to allow it)"))
         else:
@@ -473,32 +488,41 @@ def plan_sriov(
         p.errors.append(
             Problem("irq_cpus", f"irq_cpus {format_cpulist(offline)} are not online CPUs ({format_cpulist(f.online)})")
         )
-    if p.errors:
-        return p
 
-    cur = dev.sriov_numvfs or 0
-    p.current_numvfs = cur
-    n = want.num_vfs
-    netdev = dev.net[0] if dev.net else None
-    p.unit_text = render_unit(name, want, netdev)
 
-    # -- the count (through 0)
-    if cur != n:
-        if cur and n:
-            p.actions.append(
-                Action(
-                    "numvfs-zero",
-                    (
-                        f"set sriov_numvfs of {name} {cur} -> 0 first: the kernel refuses to change a non-zero VF count "
-                        f"directly (EBUSY), so the {cur} existing VF(s) {', '.join(dev.vfs)} disappear (detach them from VMs "
-                        f"first)"
-                    ),
-                    {"from": cur},
-                )
+def numa_mismatch(f: HostFacts, dev: PciDevice, node: int) -> str:
+    """Seed 002's pitfall: VFs on the far node lose throughput. Names the PFs that do sit on `node`."""
+    where = (
+        "reports no NUMA node (numa_node=-1), so it cannot be shown to be"
+        if dev.numa_node < 0
+        else f"sits on NUMA node {dev.numa_node}, not"
+    )
+    others = [d.address for d in f.pci.values() if d.sriov_totalvfs and d.numa_node == node]
+    return (
+        f"PF {dev.address} {where} on node {node}: VFs on the far node lose throughput (seed 002 pitfall "
+        f"'SR-IOV VF 没吞吐'); SR-IOV PFs on node {node}: {', '.join(others) or 'none'}"
+    )
+
+
+def count_actions(dev: PciDevice, detail: PfDetail, want: SriovWant) -> list[Action]:
+    """The VF count, through 0 when it changes between two non-zero values; autoprobe off before vfio VFs appear."""
+    name, cur, n = dev.address, dev.sriov_numvfs or 0, want.num_vfs
+    out = []
+    if cur != n and cur and n:
+        out.append(
+            Action(
+                "numvfs-zero",
+                (
+                    f"set sriov_numvfs of {name} {cur} -> 0 first: the kernel refuses to change a non-zero VF count "
+                    f"directly (EBUSY), so the {cur} existing VF(s) {', '.join(dev.vfs)} disappear (detach them from VMs "
+                    f"first)"
+                ),
+                {"from": cur},
             )
+        )
     want_autoprobe = False if (want.vfio and n) else None
     if want_autoprobe is not None and detail.autoprobe is not None and detail.autoprobe != want_autoprobe:
-        p.actions.append(
+        out.append(
             Action(
                 "autoprobe",
                 (
@@ -509,7 +533,7 @@ def plan_sriov(
             )
         )
     if cur != n:
-        p.actions.append(
+        out.append(
             Action(
                 "numvfs",
                 (
@@ -520,101 +544,129 @@ def plan_sriov(
                 {"to": n},
             )
         )
+    return out
 
-    # -- VF addresses: existing ones when the count stays, else from the PF's routing-ID offset/stride
-    if cur == n and len(dev.vfs) == n:
-        p.vf_addresses = list(dev.vfs)
-    elif detail.offset is not None and detail.stride is not None and n:
-        p.vf_addresses = [vf_address(name, detail.offset, detail.stride, i) for i in range(n)]
-    # else: unknown until the VFs exist (read back after create)
 
-    # -- persistence
-    cur_unit = unit_text
-    if cur_unit != p.unit_text or detail.unit_enabled is False:
-        verb = "write" if cur_unit is None else ("rewrite" if cur_unit != p.unit_text else "enable")
-        p.actions.append(
-            Action(
-                "persist",
-                (
-                    f"{verb} {unit_path(name)} (enabled, Before=libvirtd): sets {n} VF(s) at every boot"
-                    + (" and re-applies their vfio-pci overrides" if want.vfio and n else "")
-                ),
-                {"path": unit_path(name)},
-            )
+def planned_vf_addresses(dev: PciDevice, detail: PfDetail, n: int) -> list[str]:
+    """The existing VFs when the count stays, else from the PF's routing-ID offset/stride; [] when unknown until
+    the VFs exist (read back after create)."""
+    if (dev.sriov_numvfs or 0) == n and len(dev.vfs) == n:
+        return list(dev.vfs)
+    if detail.offset is not None and detail.stride is not None and n:
+        return [vf_address(dev.address, detail.offset, detail.stride, i) for i in range(n)]
+    return []
+
+
+def persist_actions(
+    name: str, want: SriovWant, unit_text: Optional[str], new_unit: str, detail: PfDetail
+) -> list[Action]:
+    """Write, rewrite or enable the boot unit when it is not the wanted one, enabled."""
+    if unit_text == new_unit and detail.unit_enabled is not False:
+        return []
+    n = want.num_vfs
+    verb = "write" if unit_text is None else ("rewrite" if unit_text != new_unit else "enable")
+    return [
+        Action(
+            "persist",
+            (
+                f"{verb} {unit_path(name)} (enabled, Before=libvirtd): sets {n} VF(s) at every boot"
+                + (" and re-applies their vfio-pci overrides" if want.vfio and n else "")
+            ),
+            {"path": unit_path(name)},
         )
+    ]
 
-    # -- vfio-pci for every VF
-    if want.vfio and n:
-        counted_new = cur != n
-        todo = []
-        for a in p.vf_addresses or [f"VF {i}" for i in range(n)]:
-            if vf_state and a in vf_state:
-                drv, ovr = vf_state[a]
-            else:
-                d = f.pci.get(a)
-                drv, ovr = (d.driver if d else None), f.driverctl_overrides.get(a)
-            if counted_new or drv != VFIO or ovr != VFIO:
-                todo.append(a)
-        if todo:
+
+def bind_actions(
+    f: HostFacts,
+    vf_addresses: list[str],
+    want: SriovWant,
+    cur: int,
+    vf_state: Optional[dict[str, tuple[Optional[str], Optional[str]]]],
+) -> list[Action]:
+    """vfio-pci for every VF not on it with a persistent driverctl override (all of them when the count changes)."""
+    n = want.num_vfs
+    if not (want.vfio and n):
+        return []
+    counted_new = cur != n
+    todo = []
+    for a in vf_addresses or [f"VF {i}" for i in range(n)]:
+        if vf_state and a in vf_state:
+            drv, ovr = vf_state[a]
+        else:
+            d = f.pci.get(a)
+            drv, ovr = (d.driver if d else None), f.driverctl_overrides.get(a)
+        if counted_new or drv != VFIO or ovr != VFIO:
+            todo.append(a)
+    if not todo:
+        return []
+    return [
+        Action(
+            "bind",
+            (f"bind {', '.join(todo)} to vfio-pci with driverctl set-override (persistent across reboots)"),
+            {"vfs": todo},
+        )
+    ]
+
+
+def vf_config_steps(p: SriovPlan, dev: PciDevice, netdev: Optional[str], detail: PfDetail) -> None:
+    """Per-VF mac/vlan/trust/spoofchk through the PF's netdev: an action per VF that differs, or a note on `p`
+    when the PF has no netdev."""
+    wanted_cfg = {i: s for i, s in enumerate(p.want.vfs) if not s.empty}
+    if not wanted_cfg:
+        return
+    name = dev.address
+    if not netdev:
+        p.unsupported.append(
+            f"per-VF mac/vlan/trust/spoofchk not supported by {dev.driver or 'no driver'}: "
+            f"PF {name} has no network interface (`ip link set <pf> vf N` needs one)"
+        )
+        return
+    recount = (dev.sriov_numvfs or 0) != p.want.num_vfs
+    have = detail.vfinfo.get(netdev, {})
+    for i, s in wanted_cfg.items():
+        now = have.get(i, {})
+        diff = [
+            k
+            for k in ("mac", "vlan", "trust", "spoofchk")
+            if getattr(s, k) is not None and (recount or now.get(k) != getattr(s, k))
+        ]
+        if diff:
             p.actions.append(
                 Action(
-                    "bind",
-                    (f"bind {', '.join(todo)} to vfio-pci with driverctl set-override (persistent across reboots)"),
-                    {"vfs": todo},
+                    "vf-config",
+                    (f"set VF {i} of {netdev} ({name}): " + " ".join(s.ip_args())),
+                    {"vf": i, "args": s.ip_args(), "netdev": netdev},
                 )
             )
 
-    # -- per-VF settings
-    wanted_cfg = {i: s for i, s in enumerate(want.vfs) if not s.empty}
-    if wanted_cfg:
-        if not netdev:
-            p.unsupported.append(
-                f"per-VF mac/vlan/trust/spoofchk not supported by {dev.driver or 'no driver'}: "
-                f"PF {name} has no network interface (`ip link set <pf> vf N` needs one)"
-            )
-        else:
-            have = detail.vfinfo.get(netdev, {})
-            for i, s in wanted_cfg.items():
-                now = have.get(i, {})
-                diff = [
-                    k
-                    for k in ("mac", "vlan", "trust", "spoofchk")
-                    if getattr(s, k) is not None and (cur != n or now.get(k) != getattr(s, k))
-                ]
-                if diff:
-                    p.actions.append(
-                        Action(
-                            "vf-config",
-                            (f"set VF {i} of {netdev} ({name}): " + " ".join(s.ip_args())),
-                            {"vf": i, "args": s.ip_args(), "netdev": netdev},
-                        )
-                    )
 
-    # -- IRQs of the PF to host-reserved CPUs
-    if want.irq_cpus and f.irqbalance_active:
+def irq_steps(p: SriovPlan, f: HostFacts, name: str, detail: PfDetail) -> None:
+    """The PF's IRQs to host-reserved CPUs (seed 002 §9): targets and an action on `p`, and a warning while
+    irqbalance runs."""
+    cpus = p.want.irq_cpus
+    if not cpus:
+        return
+    if f.irqbalance_active:
         p.warnings.append(
             "irqbalance is active: unless it bans the VM CPUs (IrqIsolation, "
             "IRQBALANCE_BANNED_CPULIST) it moves the PF's IRQs to the PF's own node again after each "
             "boot (seed 002 §9); refresh reports that as drift"
         )
-    if want.irq_cpus:
-        aff = {q.irq: q.affinity for q in f.interrupts}
-        for irq in detail.irqs:
-            p.irq_targets[irq] = list(want.irq_cpus)
-        # On host-reserved CPUs means a subset of them: irqbalance (banned from VM CPUs) may pick one of them.
-        moving = {i: aff.get(i) for i in p.irq_targets if not on_cpus(aff.get(i), want.irq_cpus)}
-        if moving:
-            was = "; ".join(
-                f"{i}: {format_cpulist(c or [])}" for i, c in sorted(moving.items(), key=lambda kv: int(kv[0]))
+    aff = {q.irq: q.affinity for q in f.interrupts}
+    for irq in detail.irqs:
+        p.irq_targets[irq] = list(cpus)
+    # On host-reserved CPUs means a subset of them: irqbalance (banned from VM CPUs) may pick one of them.
+    moving = {i: aff.get(i) for i in p.irq_targets if not on_cpus(aff.get(i), cpus)}
+    if moving:
+        was = "; ".join(f"{i}: {format_cpulist(c or [])}" for i, c in sorted(moving.items(), key=lambda kv: int(kv[0])))
+        p.actions.append(
+            Action(
+                "irq",
+                (
+                    f"pin IRQs {', '.join(sorted(moving, key=int))} of {name} to host-reserved CPUs "
+                    f"{format_cpulist(cpus)} (were {was}; kernel-managed queue IRQs may refuse)"
+                ),
+                {"irqs": sorted(moving, key=int)},
             )
-            p.actions.append(
-                Action(
-                    "irq",
-                    (
-                        f"pin IRQs {', '.join(sorted(moving, key=int))} of {name} to host-reserved CPUs "
-                        f"{format_cpulist(want.irq_cpus)} (were {was}; kernel-managed queue IRQs may refuse)"
-                    ),
-                    {"irqs": sorted(moving, key=int)},
-                )
-            )
-    return p
+        )
