@@ -241,39 +241,68 @@ def _runtime_configured(daemon_json: Optional[str]) -> bool:
         return False
 
 
+class _Wanted:
+    """The steps a plan has so far and the state of every check (`want` records both)."""
+
+    def __init__(self) -> None:
+        self.steps: list[Step] = []
+        self.checks: dict[str, str] = {}
+
+    def want(self, name: str, needed: bool, why: str, script: str, data: Optional[bytes] = None) -> None:
+        self.checks[name] = "needed" if needed else "ok"
+        if needed:
+            self.steps.append(Step(name, why, script, data))
+
+
 def plan(facts: GuestFacts, config: BootstrapConfig) -> Plan:
     """Steps the guest needs, in order, each with the reason; `checks` says the state of every step."""
-    fam = facts.family
-    steps: list[Step] = []
-    checks: dict[str, str] = {}
-    if fam == "unknown":
+    if facts.family == "unknown":
         return Plan((), {"os": f"absent: unsupported guest OS {facts.os_id!r}"}, "nothing to do on an unknown OS")
+    w = _Wanted()
+    driver_and_docker_steps(w, facts, config)
+    toolkit_steps(w, facts)
+    if config.persistence:
+        persistence_steps(w, facts)
+    if config.mps:
+        mps_steps(w, facts, config.mps)
+    steps, checks = w.steps, w.checks
+    if config.only is not None:
+        steps = [s for s in steps if s.name in config.only or s.name.split(":")[0] in config.only]
+    noop = "" if steps else "guest GPU stack is as wanted (" + ", ".join(f"{k}: {v}" for k, v in checks.items()) + ")"
+    return Plan(tuple(steps), checks, noop)
+
+
+def _apt_update(family: str) -> str:
+    return "apt-get update -q && " if family == "debian" else ""
+
+
+def driver_and_docker_steps(w: _Wanted, facts: GuestFacts, config: BootstrapConfig) -> None:
+    fam = facts.family
     driver = config.driver_package or ("nvidia-driver-550" if facts.os_id == "ubuntu" else "nvidia-driver")
     docker_pkg = "docker.io" if fam == "debian" else "docker"
-
-    def want(name: str, needed: bool, why: str, script: str, data: Optional[bytes] = None) -> None:
-        checks[name] = "needed" if needed else "ok"
-        if needed:
-            steps.append(Step(name, why, script, data))
-
     # A working nvidia-smi counts as a driver even without the package: images often bake it in from the runfile
     # (the captured H200 guest has no nvidia package at all).
     have_driver = driver in facts.packages or any(g.get("driver") for g in facts.gpus)
-    want(
+    w.want(
         "driver",
         not have_driver,
         f"install the NVIDIA driver ({driver})",
-        Script().raw(("apt-get update -q && " if fam == "debian" else "") + _install(fam, driver)).render(),
+        Script().raw(_apt_update(fam) + _install(fam, driver)).render(),
     )
-    want(
+    w.want(
         "docker",
         docker_pkg not in facts.packages or facts.services.get("docker") != "active",
         f"install Docker ({docker_pkg}) and start it",
         Script()
-        .raw(("apt-get update -q && " if fam == "debian" else "") + _install(fam, docker_pkg))
+        .raw(_apt_update(fam) + _install(fam, docker_pkg))
         .add("systemctl", "enable", "--now", "docker")
         .render(),
     )
+
+
+def toolkit_steps(w: _Wanted, facts: GuestFacts) -> None:
+    """NVIDIA's container toolkit: its repository, the package, and the nvidia runtime registered with Docker."""
+    fam = facts.family
     if fam == "debian":
         # apt itself expands $(ARCH) in a sources line, as in NVIDIA's own list file
         repo = (
@@ -291,22 +320,20 @@ def plan(facts: GuestFacts, config: BootstrapConfig) -> Plan:
         repo_script, repo_data = Script().raw("set -e").add("curl", "-fsSL", "-o", YUM_REPO, YUM_SOURCE).render(), None
         have_repo = bool(facts.files.get(YUM_REPO))
     toolkit_installed = "nvidia-container-toolkit" in facts.packages
-    want(
+    w.want(
         "toolkit-repo",
         not have_repo and not toolkit_installed,
         "add NVIDIA's container toolkit repository",
         repo_script,
         repo_data,
     )
-    want(
+    w.want(
         "toolkit",
         not toolkit_installed,
         "install nvidia-container-toolkit",
-        Script()
-        .raw(("apt-get update -q && " if fam == "debian" else "") + _install(fam, "nvidia-container-toolkit"))
-        .render(),
+        Script().raw(_apt_update(fam) + _install(fam, "nvidia-container-toolkit")).render(),
     )
-    want(
+    w.want(
         "runtime",
         not _runtime_configured(facts.daemon_json),
         "register the nvidia runtime with Docker (nvidia-ctk runtime configure)",
@@ -316,60 +343,48 @@ def plan(facts: GuestFacts, config: BootstrapConfig) -> Plan:
         .add("systemctl", "restart", "docker")
         .render(),
     )
-    if config.persistence:
-        if not facts.nvidia_smi:
-            checks["persistence"] = "absent: no nvidia-smi (driver not installed or no GPU in this guest)"
-            if "driver" in [s.name for s in steps]:
-                steps.append(
-                    Step(
-                        "persistence",
-                        "enable persistence mode after the driver install",
-                        Script()
-                        .add("nvidia-smi", "-pm", "1")
-                        .raw("systemctl enable --now nvidia-persistenced 2>/dev/null || true")
-                        .render(),
-                    )
-                )
-        else:
-            off = [g["index"] for g in facts.gpus if g["persistence_mode"].lower() != "enabled"]
-            want(
-                "persistence",
-                bool(off),
-                f"persistence mode on (GPUs off: {off or 'none'})",
-                Script()
-                .add("nvidia-smi", "-pm", "1")
-                .raw("systemctl enable --now nvidia-persistenced 2>/dev/null || true")
-                .render(),
-            )
-    if config.mps:
-        unit = mps_unit(config.mps).encode()
-        want(
-            "mps-unit",
-            facts.files.get(MPS_UNIT) != _sha(unit),
-            "write the nvidia-mps systemd unit",
-            _put(MPS_UNIT) + Script().add("systemctl", "daemon-reload").render(),
-            unit,
+
+
+def persistence_steps(w: _Wanted, facts: GuestFacts) -> None:
+    """Persistence mode on every GPU; without nvidia-smi yet, only right after a driver install in this plan."""
+    script = (
+        Script().add("nvidia-smi", "-pm", "1").raw("systemctl enable --now nvidia-persistenced 2>/dev/null || true")
+    ).render()
+    if facts.nvidia_smi:
+        off = [g["index"] for g in facts.gpus if g["persistence_mode"].lower() != "enabled"]
+        w.want("persistence", bool(off), f"persistence mode on (GPUs off: {off or 'none'})", script)
+        return
+    w.checks["persistence"] = "absent: no nvidia-smi (driver not installed or no GPU in this guest)"
+    if "driver" in [s.name for s in w.steps]:
+        w.steps.append(Step("persistence", "enable persistence mode after the driver install", script))
+
+
+def mps_steps(w: _Wanted, facts: GuestFacts, config: MpsConfig) -> None:
+    """CUDA MPS: the daemon's unit, one env file per instance, and the daemon running (once there is a driver)."""
+    unit = mps_unit(config).encode()
+    w.want(
+        "mps-unit",
+        facts.files.get(MPS_UNIT) != _sha(unit),
+        "write the nvidia-mps systemd unit",
+        _put(MPS_UNIT) + Script().add("systemctl", "daemon-reload").render(),
+        unit,
+    )
+    for name, pct in sorted(config.instances.items()):
+        env = mps_env(config, pct).encode()
+        path = f"{MPS_ENV_DIR}/{name}.env"
+        w.want(
+            f"mps-env:{name}",
+            facts.files.get(path) != _sha(env),
+            f"instance {name}: CUDA_MPS_ACTIVE_THREAD_PERCENTAGE={pct}",
+            Script().add("mkdir", "-p", MPS_ENV_DIR).render() + _put(path),
+            env,
         )
-        for name, pct in sorted(config.mps.instances.items()):
-            env = mps_env(config.mps, pct).encode()
-            path = f"{MPS_ENV_DIR}/{name}.env"
-            want(
-                f"mps-env:{name}",
-                facts.files.get(path) != _sha(env),
-                f"instance {name}: CUDA_MPS_ACTIVE_THREAD_PERCENTAGE={pct}",
-                Script().add("mkdir", "-p", MPS_ENV_DIR).render() + _put(path),
-                env,
-            )
-        if not facts.nvidia_smi:
-            checks["mps-daemon"] = "absent: no nvidia-smi, the MPS daemon cannot run without the driver"
-        else:
-            want(
-                "mps-daemon",
-                facts.services.get("nvidia-mps") != "active",
-                "start the MPS control daemon",
-                Script().add("systemctl", "enable", "--now", "nvidia-mps").render(),
-            )
-    if config.only is not None:
-        steps = [s for s in steps if s.name in config.only or s.name.split(":")[0] in config.only]
-    noop = "" if steps else "guest GPU stack is as wanted (" + ", ".join(f"{k}: {v}" for k, v in checks.items()) + ")"
-    return Plan(tuple(steps), checks, noop)
+    if not facts.nvidia_smi:
+        w.checks["mps-daemon"] = "absent: no nvidia-smi, the MPS daemon cannot run without the driver"
+    else:
+        w.want(
+            "mps-daemon",
+            facts.services.get("nvidia-mps") != "active",
+            "start the MPS control daemon",
+            Script().add("systemctl", "enable", "--now", "nvidia-mps").render(),
+        )
