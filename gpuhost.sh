@@ -11,6 +11,7 @@ APT_PACKAGES=(
   qemu-system-x86 qemu-utils ovmf debootstrap grub-efi-amd64-bin grub-pc-bin mtools dosfstools e2fsprogs fdisk
   libvirt-daemon-system libvirt-clients libvirt-dev pkg-config libxml2-utils
   nginx prometheus prometheus-node-exporter cpio zstd busybox-static ansible-core wrk numactl curl redis-server
+  libturbojpeg0
 )
 
 setup() {

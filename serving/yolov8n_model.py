@@ -84,7 +84,8 @@ def _decoded_family():
     try:
         return family(
             name="gpuhost_frames_decoded_total",
-            description="JPEG frames decoded, by the decoder that served them (nvjpeg, torchvision-cpu, pillow)",
+            description="JPEG frames decoded, by the decoder that served them (nvjpeg, nvjpeg-planes, torchvision-cpu, "
+            "pillow)",
             kind=family.COUNTER,
         )
     except Exception as e:  # noqa: BLE001 - an older backend: the execute report still counts them
@@ -139,6 +140,8 @@ class TritonPythonModel:
             self._decoded_metrics = {}
             self._decoded_seen = {}
             started = {"instance": self.name, "decoder": self.decoder.name, "jpeg_decoder": self.decoder.jpeg_decoder}
+            if self.decoder.planes_error:  # 4:2:0 / 4:2:2 frames then decode on the host (libjpeg)
+                started["planes_error"] = self.decoder.planes_error
             print(f"gpuhost-frames {json.dumps(started)}", flush=True)
         else:
             h, w, c = (int(d) for d in config["input"][0]["dims"])

@@ -246,7 +246,8 @@ def test_frame_graph_sizes_parameter_is_read_or_refused_with_the_fix():
 
 # ---------------------------------------------------------------- libjpeg's pixels, upright, for every frame class
 
-CLASS_SIZES = [(328, 245), (1280, 720)]
+# Odd sizes: chroma planes of ceil(w / 2) samples, the last one replicated by libjpeg's upsampling.
+CLASS_SIZES = [(327, 245), (1280, 720), (1281, 719)]
 # How far nvJPEG's pixels may be from libjpeg's on what ``jpeg_decoder: nvjpeg`` gives it (4:2:0 chroma upsampling:
 # 48-73 levels measured on the H200); RGB-coded frames, up to 209 off, stay on libjpeg.
 NVJPEG_NEAR = 80
@@ -305,6 +306,9 @@ def test_every_frame_class_decodes_to_libjpegs_pixels_upright(kind, classes):
         print(f"  {size:9s} {name:18s} {diff}")
     assert sum(decoder.served.values()) == len(rows)
     assert [r for r in rows if r[2] > 1] == []
+    if kind == "gpu":  # nvJPEG's planes answered every frame routed to them (none fell back to the host)
+        assert decoder.planes_error is None
+        assert decoder.served["nvjpeg-planes"] == len(EXACT_PLANES) * len(classes)
 
 
 def test_nvjpeg_matches_libjpeg_on_the_frames_route_gives_it(classes):
@@ -335,12 +339,43 @@ def test_nvjpeg_matches_libjpeg_on_the_frames_route_gives_it(classes):
     assert wrong == []
 
 
+# Measured on the H200: nvJPEG's RGB is exact on these classes alone; its planes on the baseline 4:2:0 / 4:2:2 ones.
+EXACT_GPU = {"baseline-444", "restart-444", "gray"}
+EXACT_PLANES = {"baseline-420", "baseline-422", "restart-420", "icc", "exif-thumbnail", "comment-sof"} | {
+    f"exif-{o}" for o in range(1, 9)
+}
+
+
+def test_a_frame_nvjpegs_planes_refuse_falls_back_alone(classes):
+    """On a GPU: in one batch, a 4:2:0 frame whose planes nvJPEG does not take (here a sampling it is not told, and
+    one with corrupt entropy data) comes back as None from the planes path; its batch-mates are libjpeg's pixels,
+    and the Decoder answers every frame (libjpeg on the host for the refused one)."""
+    if not torch.cuda.is_available():
+        pytest.skip("no CUDA device here")
+    decoder = frames.Decoder(torch.device("cuda"), "gpu")
+    assert decoder.planes_error is None and decoder._planes is not None
+    good = [classes[CLASS_SIZES[0]]["baseline-420"], classes[CLASS_SIZES[1]]["baseline-422"]]
+    heads = [frames.read_header(d) for d in good]
+    sizes = [(h.width, h.height, h.sampling) for h in heads]
+    lie = (sizes[0][0], sizes[0][1], ((2, 1), (1, 1), (1, 1)))
+    got = decoder._planes.decode([_bytes(good[0]), _bytes(good[0]), _bytes(good[1])], [sizes[0], lie, sizes[1]])
+    assert got[1] is None
+    for img, data in [(got[0], good[0]), (got[2], good[1])]:
+        assert img is not None and _max_diff(img, _reference(data)) == 0
+    sos = good[0].index(b"\xff\xda")
+    corrupt = good[0][: sos + 40] + bytes(range(1, 255)) * 20 + b"\xff\xd9"
+    out = decoder.decode([_bytes(good[0]), _bytes(corrupt), _bytes(good[1])])
+    assert _max_diff(out[0], _reference(good[0])) == 0 and _max_diff(out[2], _reference(good[1])) == 0
+    print(f"\ncorrupt 4:2:0 frame in a batch: {type(out[1]).__name__}; served {dict(decoder.served)}")
+
+
 def test_route_sends_nvjpeg_only_what_it_decodes_as_libjpeg_does(classes):
-    want_gpu = {"baseline-444", "restart-444", "gray"}  # measured on the H200: nvJPEG is exact on these alone
     for name, data in classes[CLASS_SIZES[0]].items():
         where, why = frames.route(frames.read_header(data))
-        assert (where == "gpu") == (name in want_gpu), (name, where, why)
+        assert (where == "gpu") == (name in EXACT_GPU), (name, where, why)
+        assert (where == "planes") == (name in EXACT_PLANES), (name, where, why)
     assert frames.route(frames.read_header(classes[CLASS_SIZES[0]]["rgb-coded"])) == ("cpu", "rgb-coded")
+    assert frames.route(frames.read_header(classes[CLASS_SIZES[0]]["progressive-420"])) == ("cpu", "progressive")
 
 
 # The classes nvJPEG decodes at all, near libjpeg (``jpeg_decoder: nvjpeg``); the rest it refuses or gets badly wrong.
@@ -349,14 +384,15 @@ NVJPEG_CPU = {"cmyk": "cmyk-coded", "ycck": "ycck-coded", "rgb-coded": "rgb-code
 
 @pytest.mark.parametrize("jpeg_decoder", frames.JPEG_DECODERS)
 def test_route_in_each_jpeg_decoder_mode_over_every_frame_class(jpeg_decoder, classes):
-    """``exact``: nvJPEG only for the classes it decodes as libjpeg does; ``nvjpeg``: every class but CMYK / YCCK and
-    RGB-coded; junk between markers goes to libjpeg in both."""
-    exact_gpu = {"baseline-444", "restart-444", "gray"}
+    """``exact``: nvJPEG's RGB only for the classes it decodes as libjpeg does, its planes for baseline 4:2:0 /
+    4:2:2; ``nvjpeg``: nvJPEG's RGB for every class but CMYK / YCCK and RGB-coded; junk between markers goes to
+    libjpeg in both."""
     for size, by_class in classes.items():
         for name, data in by_class.items():
             where, why = frames.route(frames.read_header(data), jpeg_decoder)
             if jpeg_decoder == "exact":
-                assert (where == "gpu") == (name in exact_gpu), (size, name, where, why)
+                assert (where == "gpu") == (name in EXACT_GPU), (size, name, where, why)
+                assert (where == "planes") == (name in EXACT_PLANES), (size, name, where, why)
             elif name in NVJPEG_CPU:
                 assert (where, why) == ("cpu", NVJPEG_CPU[name]), (size, name)
             else:
@@ -368,7 +404,12 @@ def test_route_in_each_jpeg_decoder_mode_over_every_frame_class(jpeg_decoder, cl
 def test_route_nvjpeg_mode_by_header():
     """The header fields that decide, one at a time (progressive gray, 4:2:2, 4:4:0, an irregular chroma layout)."""
     ycc = frames.Header(1280, 720, 3, ((2, 2), (1, 1), (1, 1)), "baseline", "ycbcr")
-    assert frames.route(ycc) == ("cpu", "4:2:0 chroma")
+    assert frames.route(ycc) == ("planes", "ycbcr 4:2:0 planes")
+    assert frames.route(ycc._replace(sampling=((2, 1), (1, 1), (1, 1)))) == ("planes", "ycbcr 4:2:2 planes")
+    # Only the layouts jpeg_planes upsamples, and baseline (what nvJPEG's hardware decoder takes) go to the planes.
+    assert frames.route(ycc._replace(process="extended")) == ("cpu", "4:2:0 chroma")
+    assert frames.route(ycc._replace(sampling=((2, 2), (1, 2), (1, 2)))) == ("cpu", "4:2:2 chroma")
+    assert frames.route(ycc._replace(sampling=((1, 2), (1, 1), (1, 1)))) == ("cpu", "4:4:0 chroma")
     assert frames.route(ycc, "nvjpeg") == ("gpu", "ycbcr 4:2:0")
     assert frames.route(ycc._replace(process="progressive"), "nvjpeg") == ("gpu", "ycbcr 4:2:0")
     assert frames.route(ycc._replace(sampling=((2, 1), (1, 1), (1, 1))), "nvjpeg") == ("gpu", "ycbcr 4:2:2")

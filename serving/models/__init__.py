@@ -11,14 +11,15 @@ _SERVING = Path(__file__).resolve().parents[1]
 def yolov8n_files(
     name: str = "yolov8n", version: int = 1, weights: Optional[bytes] = None, weights_file: str = "weights.safetensors"
 ) -> dict[str, bytes]:
-    """``model.py``, ``yolov8n.py``, ``yolov8n_weights.py`` and ``frames.py`` for ``<name>/<version>/`` of a
-    repository (see ``plans.triton_repo``); with ``weights``, that file as ``weights_file`` too (tests and
-    benchmarks: a stack's weights come as its artifact)."""
+    """``model.py``, ``yolov8n.py``, ``yolov8n_weights.py``, ``frames.py`` and ``jpeg_planes.py`` for
+    ``<name>/<version>/`` of a repository (see ``plans.triton_repo``); with ``weights``, that file as ``weights_file``
+    too (tests and benchmarks: a stack's weights come as its artifact)."""
     files = {
         f"{name}/{version}/model.py": (_SERVING / "yolov8n_model.py").read_bytes(),
         f"{name}/{version}/yolov8n.py": (_SERVING / "models" / "yolov8n.py").read_bytes(),
         f"{name}/{version}/yolov8n_weights.py": (_SERVING / "models" / "yolov8n_weights.py").read_bytes(),
         f"{name}/{version}/frames.py": (_SERVING / "models" / "frames.py").read_bytes(),
+        f"{name}/{version}/jpeg_planes.py": (_SERVING / "models" / "jpeg_planes.py").read_bytes(),
     }
     if weights is not None:
         files[f"{name}/{version}/{weights_file}"] = weights

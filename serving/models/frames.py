@@ -1,8 +1,10 @@
 """Frames as clients send them: JPEG bytes in, a letterboxed 640×640 batch for the model, boxes back in the frame.
 
-Shipped beside ``model.py`` in the version directory (``serving.models.yolov8n_files``); torch only, the decoders
-imported where they exist. The same code runs on a GPU instance (nvJPEG through ``torchvision.io.decode_jpeg``,
-batched) and on a CPU instance (``torchvision`` on CPU, else Pillow), so the CPU tests prove the GPU's geometry.
+Shipped beside ``model.py`` in the version directory with ``jpeg_planes.py`` (``serving.models.yolov8n_files``);
+torch only, the decoders imported where they exist. The same code runs on a GPU instance (nvJPEG, batched: through
+``torchvision.io.decode_jpeg`` for its RGB, through ``jpeg_planes`` for its planes with libjpeg's upsampling and
+colour conversion) and on a CPU instance (``torchvision`` on CPU, else Pillow), so the CPU tests prove the GPU's
+geometry.
 
 * ``read_header``: what the markers say before the image data (size, components, sampling, libjpeg's colour
   space, EXIF orientation), walked as libjpeg walks them and read before any decode, so a hostile header
@@ -10,12 +12,13 @@ batched) and on a CPU instance (``torchvision`` on CPU, else Pillow), so the CPU
   a frame too thin to letterbox; ``jpeg_size``: its upright (width, height);
 * ``frame_bytes``: a frame's bytes out of a request row (rows of one request are zero-padded to the longest);
 * ``route``: from a header and the ``jpeg_decoder`` choice, which decoder a GPU instance gives the frame: with
-  ``exact`` nvJPEG only where it gives libjpeg's pixels (baseline gray or 4:4:4 YCbCr), libjpeg on the host for the
-  rest (4:2:0 / 4:2:2, progressive, RGB-coded, CMYK / YCCK); with ``nvjpeg`` nvJPEG for every frame it decodes at
-  all, libjpeg only for RGB-coded, CMYK / YCCK and junk between markers;
+  ``exact`` nvJPEG's RGB only where it is libjpeg's (baseline gray or 4:4:4 YCbCr), nvJPEG's planes upsampled and
+  converted as libjpeg does for baseline 4:2:0 / 4:2:2 (``jpeg_planes``), libjpeg on the host for the rest
+  (progressive, RGB-coded, CMYK / YCCK, other chroma layouts); with ``nvjpeg`` nvJPEG's RGB for every frame it
+  decodes at all, libjpeg only for RGB-coded, CMYK / YCCK and junk between markers;
 * ``Decoder``: a batch of JPEG frames → upright RGB ``[3, H, W]`` uint8 tensors on the device, libjpeg's (Pillow's)
-  pixels within a level, or a ``FrameError`` for each frame that does not decode (the others still do); ``orient``
-  turns a decoded frame upright by its EXIF orientation;
+  pixels, or a ``FrameError`` for each frame that does not decode (the others still do); a frame one GPU path
+  refuses falls back to libjpeg alone; ``orient`` turns a decoded frame upright by its EXIF orientation;
 * ``letterbox``: Ultralytics' ``LetterBox`` (scale to fit keeping the aspect, pad 114 around, centred), written
   into a slot of the model's uint8 NHWC input; returns the frame's geometry;
 * ``unletterbox``: detections [B, N, 6] from the 640×640 space back to each frame's own pixels (pad off, scale
@@ -27,7 +30,7 @@ Usage::
 
     head = read_header(data)                                # FrameError when not a JPEG or too large
     w, h = head.upright                                     # = jpeg_size(data): the frame answers are in
-    route(head)                                             # ("cpu", "4:2:0 chroma")
+    route(head)                                             # ("planes", "ycbcr 4:2:0 planes")
     route(head, "nvjpeg")                                   # ("gpu", "ycbcr 4:2:0")
     images = Decoder(device).decode([data1, data2])         # [tensor [3,H,W] upright | FrameError, ...]
     geo = letterbox(images[0], batch[0])                    # (left, top, sx, sy, w, h)
@@ -44,6 +47,11 @@ from typing import NamedTuple, Optional, Sequence, Union
 
 import torch
 import torch.nn.functional as F
+
+try:
+    from . import jpeg_planes
+except ImportError:  # beside model.py in a Triton version directory, where this file is a top-level module
+    import jpeg_planes  # type: ignore[no-redef]
 
 SIZE = 640
 PAD = 114
@@ -287,23 +295,25 @@ _NVJPEG_SUBSAMPLING = {"4:4:4", "4:2:2", "4:2:0", "4:4:0", "4:1:1"}
 
 
 def route(header: Header, jpeg_decoder: str = "exact") -> tuple[str, str]:
-    """Which decoder a GPU instance gives this frame: ``("gpu", why)`` for nvJPEG, ``("cpu", why)`` for libjpeg on
-    the host. Decided from the header alone (a pure function; the CPU tests hold it).
+    """Which decoder a GPU instance gives this frame: ``("gpu", why)`` for nvJPEG's RGB, ``("planes", why)`` for
+    nvJPEG's planes upsampled and converted as libjpeg does (``jpeg_planes.NvjpegPlanes``), ``("cpu", why)`` for
+    libjpeg on the host. Decided from the header alone (a pure function; the CPU tests hold it).
 
-    ``jpeg_decoder="exact"``: nvJPEG only where it gives libjpeg's pixels. It matches libjpeg exactly
-    (``tests/test_frames.py``'s table, H200, torchvision 0.26) on baseline gray frames and baseline YCbCr frames
-    without chroma subsampling (4:4:4), restart markers or not. It does not on: 4:2:0 / 4:2:2 (chroma upsampled
-    otherwise than libjpeg's "fancy" triangle filter, 48–73 levels off: most camera and phone frames), progressive
-    frames (3 levels off at 4:4:4), RGB-coded frames (Adobe transform 0 or component ids 'R','G','B': nvJPEG applies
-    the YCbCr transform anyway, up to 233 levels off), CMYK / YCCK (refused), and frames with junk between markers
-    (its own marker parser may not skip it as libjpeg does).
+    ``jpeg_decoder="exact"``: libjpeg's pixels. nvJPEG's RGB matches libjpeg exactly (``tests/test_frames.py``'s
+    table, H200, torchvision 0.26) on baseline gray frames and baseline YCbCr frames without chroma subsampling
+    (4:4:4), restart markers or not. On baseline 4:2:0 / 4:2:2 (most camera and phone frames) its RGB is 48–73 levels
+    off (chroma upsampled otherwise than libjpeg's "fancy" triangle filter) but its planes are libjpeg's: those go
+    to ``planes``. libjpeg on the host for the rest: progressive frames (3 levels off at 4:4:4), RGB-coded frames
+    (Adobe transform 0 or component ids 'R','G','B': nvJPEG applies the YCbCr transform anyway, up to 233 levels
+    off), CMYK / YCCK (refused), other chroma layouts, and frames with junk between markers (its own marker parser
+    may not skip it as libjpeg does).
 
     ``jpeg_decoder="nvjpeg"``: nvJPEG for every frame it decodes at all, pixels near libjpeg's but not equal (gray
     and YCbCr of any usual subsampling, baseline or progressive); libjpeg still for what it gets badly wrong or
     refuses (RGB-coded, CMYK / YCCK, junk between markers, an irregular chroma layout).
 
     >>> route(Header(1280, 720, 3, ((2, 2), (1, 1), (1, 1)), "baseline", "ycbcr"))
-    ('cpu', '4:2:0 chroma')
+    ('planes', 'ycbcr 4:2:0 planes')
     >>> route(Header(1280, 720, 3, ((2, 2), (1, 1), (1, 1)), "baseline", "ycbcr"), "nvjpeg")
     ('gpu', 'ycbcr 4:2:0')
     """
@@ -321,6 +331,8 @@ def route(header: Header, jpeg_decoder: str = "exact") -> tuple[str, str]:
     sub = header.subsampling
     if sub == "4:4:4" or (not exact and sub in _NVJPEG_SUBSAMPLING):
         return "gpu", f"ycbcr {sub}"
+    if header.process == "baseline" and header.sampling in jpeg_planes.FACTORS:
+        return "planes", f"ycbcr {sub} planes"
     return "cpu", f"{sub} chroma"
 
 
@@ -338,14 +350,17 @@ def orient(image: torch.Tensor, orientation: int) -> torch.Tensor:
 class Decoder:
     """JPEG frames → upright RGB uint8 ``[3, H, W]`` on ``device``, the pixels libjpeg (Pillow) gives.
 
-    ``mode``: ``gpu`` (nvJPEG through torchvision, batched, for the frames ``route`` gives it; libjpeg on the host
-    for the others), ``cpu`` (torchvision's libjpeg, else Pillow) or ``auto`` (GPU when the device is CUDA and
+    ``mode``: ``gpu`` (nvJPEG, batched, for the frames ``route`` gives it: its RGB through torchvision, its planes
+    through ``jpeg_planes.NvjpegPlanes`` with libjpeg's upsampling and colour conversion; libjpeg on the host for
+    the others), ``cpu`` (torchvision's libjpeg, else Pillow) or ``auto`` (GPU when the device is CUDA and
     torchvision can decode there); ``jpeg_decoder``: ``route``'s choice on a GPU (``exact``: libjpeg's pixels,
-    ``nvjpeg``: nvJPEG wherever it decodes; a CPU decodes every frame with libjpeg either way); ``torchvision=False`` decodes on the CPU with Pillow even where torchvision is
-    installed; ``cpu_threads`` > 1 decodes a batch's host frames on that many threads. EXIF orientation is applied
-    to every frame (``orient``). ``served`` counts the frames each decoder
-    gave (``nvjpeg``, ``torchvision-cpu``, ``pillow``). A batch that fails as a whole is decoded frame by frame,
-    so one corrupt frame fails only itself.
+    ``nvjpeg``: nvJPEG's RGB wherever it decodes; a CPU decodes every frame with libjpeg either way);
+    ``torchvision=False`` decodes on the CPU with Pillow even where torchvision is installed; ``cpu_threads`` > 1
+    decodes a batch's host frames on that many threads. EXIF orientation is applied to every frame (``orient``).
+    ``served`` counts the frames each decoder gave (``nvjpeg``, ``nvjpeg-planes``, ``torchvision-cpu``,
+    ``pillow``). A batch that fails as a whole is decoded frame by frame, and a frame a GPU path refuses goes to
+    libjpeg, so one corrupt frame fails only itself. ``planes_error``: why nvJPEG's planes are not used on a GPU
+    instance with ``exact`` (no libnvjpeg to load, nvJPEG's status), else None: those frames then go to libjpeg.
     """
 
     def __init__(
@@ -385,6 +400,13 @@ class Decoder:
         self.on_gpu = gpu_ok and mode != "cpu"
         self.cpu_name = "torchvision-cpu" if self._tv is not None else "pillow"
         self.served: Counter[str] = Counter()
+        self._planes: Optional[jpeg_planes.NvjpegPlanes] = None
+        self.planes_error: Optional[str] = None
+        if self.on_gpu and jpeg_decoder == "exact":
+            try:
+                self._planes = jpeg_planes.NvjpegPlanes(device)
+            except (OSError, RuntimeError, AttributeError) as e:  # AttributeError: a libnvjpeg without a call used
+                self.planes_error = f"{type(e).__name__}: {e}"[:300]
         if self._tv is None:
             import PIL.Image  # noqa: F401 - fail at start, not on the first request
 
@@ -394,13 +416,18 @@ class Decoder:
             return
         assert self._tv is not None
         frame = self._tv.encode_jpeg(torch.full((3, 480, 640), PAD, dtype=torch.uint8))
+        sampling = read_header(_np_bytes(frame)).sampling
         for n in sizes:
             self._gpu([frame] * n)  # nvJPEG itself, whatever route() would say of this 4:2:0 frame
+            if self._planes is not None:
+                self._planes.decode([frame] * n, [(640, 480, sampling)] * n)
         torch.cuda.synchronize(self.device)
 
     @property
     def name(self) -> str:
-        return f"nvjpeg+{self.cpu_name}" if self.on_gpu else self.cpu_name
+        if not self.on_gpu:
+            return self.cpu_name
+        return "+".join(["nvjpeg", *(["nvjpeg-planes"] if self._planes is not None else []), self.cpu_name])
 
     def decode(
         self, frames: Sequence[torch.Tensor], headers: Optional[Sequence[Header]] = None
@@ -410,9 +437,13 @@ class Decoder:
         if headers is None:
             return prepare(frames, self)
         out: list[Union[torch.Tensor, FrameError]] = []
-        gpu = [k for k, h in enumerate(headers) if self.on_gpu and route(h, self.jpeg_decoder)[0] == "gpu"]
+        where = [route(h, self.jpeg_decoder)[0] if self.on_gpu else "cpu" for h in headers]
+        gpu = [k for k, w in enumerate(where) if w == "gpu"]
         raw: dict[int, Union[torch.Tensor, FrameError, None]] = {k: None for k in range(len(frames))}
         names: dict[int, str] = {}
+        planes = [k for k, w in enumerate(where) if w == "planes"]
+        for k, rgb in self._from_planes([frames[k] for k in planes], [headers[k] for k in planes]).items():
+            raw[planes[k]], names[planes[k]] = rgb, "nvjpeg-planes"
         if gpu:
             try:
                 for k, img in zip(gpu, self._gpu([frames[k] for k in gpu])):
@@ -433,6 +464,19 @@ class Decoder:
         for k, head in enumerate(headers):
             out.append(self._finish(raw[k], head, names[k]))
         return out
+
+    def _from_planes(self, frames: Sequence[torch.Tensor], headers: Sequence[Header]) -> dict[int, torch.Tensor]:
+        """{index: RGB} of the frames nvJPEG's planes decoded; the others (none where the planes path is not loaded
+        or failed as a whole) are left to libjpeg."""
+        if not frames or self._planes is None:
+            return {}
+        sizes = [(h.width, h.height, h.sampling) for h in headers]
+        try:
+            got = self._planes.decode([f.contiguous() for f in frames], sizes)
+        except Exception as e:  # noqa: BLE001 - e.g. out of device memory: libjpeg for all of them
+            print(f"gpuhost-frames nvjpeg-planes failed: {type(e).__name__}: {e}"[:300], flush=True)
+            return {}
+        return {k: rgb for k, rgb in enumerate(got) if rgb is not None}
 
     def _finish(self, img, head: Header, name: str) -> Union[torch.Tensor, FrameError]:
         if isinstance(img, FrameError):
