@@ -264,128 +264,179 @@ def validate(spec: ModelSpec, *, gpu_count: int) -> None:
         raise ModelConfigError(spec.name, field, message)
 
 
-def problems(spec: ModelSpec, *, gpu_count: int) -> list[tuple[str, str]]:
+Problems = list[tuple[str, str]]  # (dotted field, message)
+
+
+def problems(spec: ModelSpec, *, gpu_count: int) -> Problems:
     """Every rule violation as (field, message); empty when Triton would load the config."""
-    out: list[tuple[str, str]] = []
+    return [
+        *_top_level_problems(spec),
+        *_tensor_problems("input", spec.inputs),
+        *_tensor_problems("output", spec.outputs),
+        *_instance_group_problems(spec, gpu_count),
+        *_dynamic_batching_problems(spec),
+        *_warmup_problems(spec),
+        *[("parameters", "empty key") for k in spec.parameters if not k],
+    ]
 
-    def bad(field: str, message: str) -> None:
-        out.append((field, message))
 
+def _top_level_problems(spec: ModelSpec) -> Problems:
+    out = []
     if not spec.name or "/" in spec.name:
-        bad("name", "must be a non-empty directory name")
+        out.append(("name", "must be a non-empty directory name"))
     if spec.max_batch_size < 0:
-        bad("max_batch_size", "must be >= 0")
+        out.append(("max_batch_size", "must be >= 0"))
     if spec.version < 1:
-        bad("version", "must be >= 1")
+        out.append(("version", "must be >= 1"))
     if not spec.inputs:
-        bad("input", "a model needs at least one input")
+        out.append(("input", "a model needs at least one input"))
     if not spec.outputs:
-        bad("output", "a model needs at least one output")
-    for kind, tensors in (("input", spec.inputs), ("output", spec.outputs)):
-        seen: set[str] = set()
-        for i, t in enumerate(tensors):
-            where = f"{kind}[{i}]"
-            if not t.name:
-                bad(f"{where}.name", "must not be empty")
-            if t.name in seen:
-                bad(f"{where}.name", f"duplicate {kind} name {t.name!r}")
-            seen.add(t.name)
-            if not t.dims and t.reshape is None:
-                bad(f"{where}.dims", "must list at least one dimension (or give reshape)")
-            for j, dim in enumerate(t.dims):
-                if dim == 0 or dim < -1:
-                    bad(f"{where}.dims[{j}]", f"{dim} is not a size (>= 1) or -1 (variable)")
-            if t.reshape is not None and -1 not in t.dims and -1 not in t.reshape:
-                if _prod(t.dims) != _prod(t.reshape):
-                    bad(f"{where}.reshape", f"{t.reshape} has a different element count than dims {t.dims}")
-            if kind == "output" and t.optional:
-                bad(f"{where}.optional", "only inputs can be optional")
-            if kind == "output" and t.allow_ragged_batch:
-                bad(f"{where}.allow_ragged_batch", "only inputs can be ragged")
+        out.append(("output", "a model needs at least one output"))
+    return out
+
+
+def _tensor_problems(kind: str, tensors: list[Tensor]) -> Problems:
+    """Names unique and set, dims sizes or -1, reshape keeping the element count; ragged and optional inputs only."""
+    out = []
+    seen: set[str] = set()
+    for i, t in enumerate(tensors):
+        where = f"{kind}[{i}]"
+        if not t.name:
+            out.append((f"{where}.name", "must not be empty"))
+        if t.name in seen:
+            out.append((f"{where}.name", f"duplicate {kind} name {t.name!r}"))
+        seen.add(t.name)
+        if not t.dims and t.reshape is None:
+            out.append((f"{where}.dims", "must list at least one dimension (or give reshape)"))
+        for j, dim in enumerate(t.dims):
+            if dim == 0 or dim < -1:
+                out.append((f"{where}.dims[{j}]", f"{dim} is not a size (>= 1) or -1 (variable)"))
+        if t.reshape is not None and -1 not in t.dims and -1 not in t.reshape:
+            if _prod(t.dims) != _prod(t.reshape):
+                out.append((f"{where}.reshape", f"{t.reshape} has a different element count than dims {t.dims}"))
+        if kind == "output" and t.optional:
+            out.append((f"{where}.optional", "only inputs can be optional"))
+        if kind == "output" and t.allow_ragged_batch:
+            out.append((f"{where}.allow_ragged_batch", "only inputs can be ragged"))
+    return out
+
+
+def _instance_group_problems(spec: ModelSpec, gpu_count: int) -> Problems:
+    """Counts, GPUs that exist (and only in KIND_GPU groups), TensorRT on a GPU, rate-limiter resources."""
+    out = []
     for i, g in enumerate(spec.instance_group):
         where = f"instance_group[{i}]"
         if g.count < 1:
-            bad(f"{where}.count", "must be >= 1")
+            out.append((f"{where}.count", "must be >= 1"))
         if g.kind == "KIND_GPU":
             if gpu_count == 0:
-                bad(f"{where}.kind", "KIND_GPU but the host has no GPU (use KIND_CPU or give the guest a GPU)")
+                out.append((f"{where}.kind", "KIND_GPU but the host has no GPU (use KIND_CPU or give the guest a GPU)"))
             for j, gpu in enumerate(g.gpus):
                 if gpu < 0 or gpu >= gpu_count:
-                    bad(f"{where}.gpus[{j}]", f"GPU {gpu} does not exist (host has {gpu_count})")
+                    out.append((f"{where}.gpus[{j}]", f"GPU {gpu} does not exist (host has {gpu_count})"))
         elif g.gpus:
-            bad(f"{where}.gpus", f"only KIND_GPU groups may name GPUs, this one is {g.kind}")
+            out.append((f"{where}.gpus", f"only KIND_GPU groups may name GPUs, this one is {g.kind}"))
         if spec.platform == "tensorrt_plan" and g.kind == "KIND_CPU":
-            bad(f"{where}.kind", "a TensorRT plan runs only on a GPU (KIND_GPU)")
+            out.append((f"{where}.kind", "a TensorRT plan runs only on a GPU (KIND_GPU)"))
         if g.rate_limiter is not None:
             for j, r in enumerate(g.rate_limiter.resources):
                 if r.count < 0:
-                    bad(f"{where}.rate_limiter.resources[{j}].count", "must be >= 0")
+                    out.append((f"{where}.rate_limiter.resources[{j}].count", "must be >= 0"))
+    return out
+
+
+def _dynamic_batching_problems(spec: ModelSpec) -> Problems:
+    """The batcher needs a batching model; preferred sizes within 1..max_batch_size, once each; then priorities
+    and queue policies."""
     d = spec.dynamic_batching
-    if d is not None:
-        if spec.max_batch_size == 0:
-            bad("dynamic_batching", "needs max_batch_size > 0 (the model does not batch)")
-        for j, p in enumerate(d.preferred_batch_size):
-            if p < 1:
-                bad(f"dynamic_batching.preferred_batch_size[{j}]", "must be >= 1")
-            elif spec.max_batch_size and p > spec.max_batch_size:
-                bad(
+    if d is None:
+        return []
+    out = []
+    if spec.max_batch_size == 0:
+        out.append(("dynamic_batching", "needs max_batch_size > 0 (the model does not batch)"))
+    for j, p in enumerate(d.preferred_batch_size):
+        if p < 1:
+            out.append((f"dynamic_batching.preferred_batch_size[{j}]", "must be >= 1"))
+        elif spec.max_batch_size and p > spec.max_batch_size:
+            out.append(
+                (
                     f"dynamic_batching.preferred_batch_size[{j}]",
                     f"{p} is larger than max_batch_size {spec.max_batch_size}",
                 )
-        if len(set(d.preferred_batch_size)) != len(d.preferred_batch_size):
-            bad("dynamic_batching.preferred_batch_size", "lists a size twice")
-        if d.max_queue_delay_microseconds < 0:
-            bad("dynamic_batching.max_queue_delay_microseconds", "must be >= 0")
-        if d.priority_levels < 0:
-            bad("dynamic_batching.priority_levels", "must be >= 0")
-        if d.priority_levels:
-            if not 1 <= d.default_priority_level <= d.priority_levels:
-                bad(
+            )
+    if len(set(d.preferred_batch_size)) != len(d.preferred_batch_size):
+        out.append(("dynamic_batching.preferred_batch_size", "lists a size twice"))
+    if d.max_queue_delay_microseconds < 0:
+        out.append(("dynamic_batching.max_queue_delay_microseconds", "must be >= 0"))
+    return out + _priority_problems(d) + _queue_policy_problems(d)
+
+
+def _priority_problems(d: DynamicBatching) -> Problems:
+    out = []
+    if d.priority_levels < 0:
+        out.append(("dynamic_batching.priority_levels", "must be >= 0"))
+    if d.priority_levels:
+        if not 1 <= d.default_priority_level <= d.priority_levels:
+            out.append(
+                (
                     "dynamic_batching.default_priority_level",
                     f"must be within 1..{d.priority_levels} when priority_levels is set",
                 )
-            if d.preserve_ordering:
-                # Priority queues reorder requests by design; Triton cannot honour both.
-                bad("dynamic_batching.preserve_ordering", "cannot be combined with priority_levels")
-        elif d.default_priority_level:
-            bad("dynamic_batching.default_priority_level", "set but priority_levels is 0")
-        for level in d.priority_queue_policy:
-            if not 1 <= level <= d.priority_levels:
-                bad(
+            )
+        if d.preserve_ordering:
+            # Priority queues reorder requests by design; Triton cannot honour both.
+            out.append(("dynamic_batching.preserve_ordering", "cannot be combined with priority_levels"))
+    elif d.default_priority_level:
+        out.append(("dynamic_batching.default_priority_level", "set but priority_levels is 0"))
+    for level in d.priority_queue_policy:
+        if not 1 <= level <= d.priority_levels:
+            out.append(
+                (
                     f"dynamic_batching.priority_queue_policy[{level}]",
                     f"priority level {level} is outside 1..{d.priority_levels}",
                 )
-        for label, policy in [
-            ("default_queue_policy", d.default_queue_policy),
-            *((f"priority_queue_policy[{k}]", v) for k, v in d.priority_queue_policy.items()),
-        ]:
-            if policy is None:
-                continue
-            if policy.max_queue_size < 0:
-                bad(f"dynamic_batching.{label}.max_queue_size", "must be >= 0")
-            if policy.default_timeout_microseconds < 0:
-                bad(f"dynamic_batching.{label}.default_timeout_microseconds", "must be >= 0")
+            )
+    return out
+
+
+def _queue_policy_problems(d: DynamicBatching) -> Problems:
+    out = []
+    for label, policy in [
+        ("default_queue_policy", d.default_queue_policy),
+        *((f"priority_queue_policy[{k}]", v) for k, v in d.priority_queue_policy.items()),
+    ]:
+        if policy is None:
+            continue
+        if policy.max_queue_size < 0:
+            out.append((f"dynamic_batching.{label}.max_queue_size", "must be >= 0"))
+        if policy.default_timeout_microseconds < 0:
+            out.append((f"dynamic_batching.{label}.default_timeout_microseconds", "must be >= 0"))
+    return out
+
+
+def _warmup_problems(spec: ModelSpec) -> Problems:
+    """Each warmup sample: a batch size the model takes, a count, and concrete data for every required input."""
+    out = []
     inputs = {t.name: t for t in spec.inputs}
     for i, w in enumerate(spec.warmup):
         where = f"model_warmup[{i}]"
         if w.batch_size < 1 or w.batch_size > max(1, spec.max_batch_size):
-            bad(f"{where}.batch_size", f"must be within 1..{max(1, spec.max_batch_size)}")
+            out.append((f"{where}.batch_size", f"must be within 1..{max(1, spec.max_batch_size)}"))
         if w.count < 1:
-            bad(f"{where}.count", "must be >= 1")
+            out.append((f"{where}.count", "must be >= 1"))
         for name, wi in w.inputs.items():
             if name not in inputs:
-                bad(f"{where}.inputs[{name}]", "is not an input of the model")
+                out.append((f"{where}.inputs[{name}]", "is not an input of the model"))
                 continue
             if wi.data_type != inputs[name].data_type:
-                bad(f"{where}.inputs[{name}].data_type", f"{wi.data_type} but the input is {inputs[name].data_type}")
+                out.append(
+                    (f"{where}.inputs[{name}].data_type", f"{wi.data_type} but the input is {inputs[name].data_type}")
+                )
             if any(x < 1 for x in wi.dims):
-                bad(f"{where}.inputs[{name}].dims", "warmup needs concrete sizes (no -1)")
+                out.append((f"{where}.inputs[{name}].dims", "warmup needs concrete sizes (no -1)"))
         for name, t in inputs.items():
             if name not in w.inputs and not t.optional:
-                bad(f"{where}.inputs", f"misses required input {name!r}")
-    for k in spec.parameters:
-        if not k:
-            bad("parameters", "empty key")
+                out.append((f"{where}.inputs", f"misses required input {name!r}"))
     return out
 
 
