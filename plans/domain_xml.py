@@ -173,16 +173,35 @@ def _hostdev(devices: ET.Element, address: str, rom_bar: bool) -> None:
 
 
 def render_element(spec: DomainSpec, uuid: Optional[str] = None) -> ET.Element:
+    """The <domain> element, part by part in libvirt's own order: name, memory, CPU tuning, os, features, cpu,
+    lifecycle, devices."""
     d = ET.Element("domain", {"type": spec.domain_type})
     _sub(d, "name", spec.name)
     if uuid:
         _sub(d, "uuid", uuid)
+    _render_memory(d, spec)
+    _render_cputune(d, spec)
+    _render_os(d, spec)
+    _render_features(d, spec)
+    _render_cpu(d, spec)
+    _sub(d, "on_poweroff", "destroy")
+    _sub(d, "on_reboot", "restart")
+    _sub(d, "on_crash", "destroy")
+    _render_devices(_sub(d, "devices"), spec)
+    return d
+
+
+def _render_memory(d: ET.Element, spec: DomainSpec) -> None:
     _sub(d, "memory", str(spec.memory_mib), unit="MiB")
     _sub(d, "currentMemory", str(spec.memory_mib), unit="MiB")
     if spec.page_size != "4K":
         mb = _sub(d, "memoryBacking")
         hp = _sub(mb, "hugepages")
         _sub(hp, "page", size=str(PAGE_KIB[spec.page_size]), unit="KiB")
+
+
+def _render_cputune(d: ET.Element, spec: DomainSpec) -> None:
+    """vCPU count and pins, emulator and IO-thread pins, and the strict NUMA memory policy."""
     _sub(d, "vcpu", str(len(spec.vcpupin)), placement="static")
     if spec.iothreadpin:
         _sub(d, "iothreads", str(len(spec.iothreadpin)))
@@ -197,6 +216,9 @@ def render_element(spec: DomainSpec, uuid: Optional[str] = None) -> ET.Element:
         nt = _sub(d, "numatune")
         _sub(nt, "memory", mode="strict", nodeset=spec.numa_node)
         _sub(nt, "memnode", cellid=0, mode="strict", nodeset=spec.numa_node)
+
+
+def _render_os(d: ET.Element, spec: DomainSpec) -> None:
     os_ = _sub(d, "os")
     _sub(os_, "type", "hvm", arch=spec.arch, machine=spec.machine)
     if spec.loader:
@@ -212,6 +234,9 @@ def render_element(spec: DomainSpec, uuid: Optional[str] = None) -> ET.Element:
             _sub(os_, "cmdline", spec.cmdline)
     else:
         _sub(os_, "boot", dev="hd")
+
+
+def _render_features(d: ET.Element, spec: DomainSpec) -> None:
     feats = _sub(d, "features")
     _sub(feats, "acpi")
     _sub(feats, "apic")
@@ -221,6 +246,9 @@ def render_element(spec: DomainSpec, uuid: Optional[str] = None) -> ET.Element:
     if spec.hide_kvm:
         kvm = _sub(feats, "kvm")
         _sub(kvm, "hidden", state="on")
+
+
+def _render_cpu(d: ET.Element, spec: DomainSpec) -> None:
     cpu_el = _sub(d, "cpu", mode=spec.cpu_mode, check="none")
     if spec.cpu_mode == "host-passthrough":
         cpu_el.set("migratable", "off")  # pinned to this host's GPU anyway; expose every host feature
@@ -229,10 +257,10 @@ def render_element(spec: DomainSpec, uuid: Optional[str] = None) -> ET.Element:
     if spec.numa_node is not None:
         numa = _sub(cpu_el, "numa")
         _sub(numa, "cell", id=0, cpus=f"0-{len(spec.vcpupin) - 1}", memory=spec.memory_mib, unit="MiB")
-    _sub(d, "on_poweroff", "destroy")
-    _sub(d, "on_reboot", "restart")
-    _sub(d, "on_crash", "destroy")
-    dev = _sub(d, "devices")
+
+
+def _render_devices(dev: ET.Element, spec: DomainSpec) -> None:
+    """Disk and seed ISO, the NIC, passed-through GPUs and VFs, the serial console, no balloon."""
     if spec.disk:
         disk = _sub(dev, "disk", type="file", device="disk")
         drv = _sub(disk, "driver", name="qemu", type="qcow2", cache="none", io="native", discard="unmap")
@@ -261,16 +289,12 @@ def render_element(spec: DomainSpec, uuid: Optional[str] = None) -> ET.Element:
     for a in spec.vfs:
         _hostdev(dev, a, rom_bar=False)
     kind = "file" if spec.console_log else "pty"
-    ser = _sub(dev, "serial", type=kind)
-    if spec.console_log:
-        _sub(ser, "source", path=spec.console_log)
-    _sub(ser, "target", port=0)
-    con = _sub(dev, "console", type=kind)
-    if spec.console_log:
-        _sub(con, "source", path=spec.console_log)
-    _sub(con, "target", type="serial", port=0)
+    for tag, target in (("serial", {}), ("console", {"type": "serial"})):
+        el = _sub(dev, tag, type=kind)
+        if spec.console_log:
+            _sub(el, "source", path=spec.console_log)
+        _sub(el, "target", **target, port=0)
     _sub(dev, "memballoon", model="none")  # ballooning and hugepage-pinned passthrough memory do not mix
-    return d
 
 
 def render(spec: DomainSpec, uuid: Optional[str] = None) -> str:
@@ -334,31 +358,14 @@ def parse(xml: str) -> DomainSpec:
     controllers, the expanded machine type `pc-q35-8.2`) are dropped or folded back (`q35`)."""
     d = ET.fromstring(xml)
     name = d.findtext("name")
-    memory = _mib(d.find("memory"))
-    page = d.find("memoryBacking/hugepages/page")
-    if page is not None:
-        kib = (
-            int(_attr(page, "size"))
-            * {"kib": 1, "k": 1, "mib": 1024, "m": 1024, "gib": 1048576, "g": 1048576}[
-                (page.get("unit") or "KiB").lower()
-            ]
-        )
-        page_size = {v: k for k, v in PAGE_KIB.items()}.get(kib, "4K")
-    elif d.find("memoryBacking/hugepages") is not None:
-        page_size = "2M"  # libvirt's default hugepage size on x86 when none is named
-    else:
-        page_size = "4K"
+    # read in document order, so that of several faults the first one is the one reported
+    memory, page_size = _mib(d.find("memory")), _parse_page_size(d)
     nvcpu = int(d.findtext("vcpu") or "1")
     pins = {int(_attr(p, "vcpu")): parse_cpuset(_attr(p, "cpuset")) for p in d.findall("cputune/vcpupin")}
-    vcpupin = tuple(pins[i][0] if len(pins.get(i, ())) == 1 else -1 for i in range(nvcpu))
     emu = d.find("cputune/emulatorpin")
     niothreads = int(d.findtext("iothreads") or "0")
     iopins = {int(_attr(p, "iothread")): parse_cpuset(_attr(p, "cpuset")) for p in d.findall("cputune/iothreadpin")}
-    mem = d.find("numatune/memory")
-    numa_node = None
-    if mem is not None and mem.get("nodeset") is not None:
-        nodes = parse_cpuset(_attr(mem, "nodeset"))
-        numa_node = nodes[0] if len(nodes) == 1 else None
+    numa_node = _parse_numa_node(d)
     ostype = _elem(d, "os/type")
     machine = ostype.get("machine", "q35")
     if re.match(r"^pc-q35-", machine):
@@ -366,40 +373,10 @@ def parse(xml: str) -> DomainSpec:
     loader = d.find("os/loader")
     nvram = d.find("os/nvram")
     cpu = d.find("cpu")
-    topo = cpu.find("topology") if cpu is not None else None
-    topology = Topology(
-        sockets=int(topo.get("sockets", 1)) if topo is not None else 1,
-        cores=int(topo.get("cores", 1)) if topo is not None else nvcpu,
-        threads=int(topo.get("threads", 1)) if topo is not None else 1,
-    )
-    disk: str | None = None
-    seed: str | None = None
-    network: str | None = None
-    for dk in d.findall("devices/disk"):
-        src = dk.find("source")
-        path = src.get("file") if src is not None else None
-        if dk.get("device") == "disk" and disk is None:
-            disk = path
-        elif dk.get("device") == "cdrom" and seed is None:
-            seed = path
-    nic = d.find("devices/interface[@type='network']/source")
-    if nic is not None:
-        network = nic.get("network")
-    bridge: str | None = None
-    mac: str | None = None
-    br = d.find("devices/interface[@type='bridge']")
-    if br is not None:
-        br_source, br_mac = br.find("source"), br.find("mac")
-        bridge = br_source.get("bridge") if br_source is not None else None
-        mac = br_mac.get("address") if br_mac is not None else None
-    gpus: list[str] = []
-    vfs: list[str] = []
-    for h in d.findall("devices/hostdev[@type='pci']"):
-        a = h.find("source/address")
-        if a is None:
-            continue
-        rom = h.find("rom")
-        (gpus if rom is not None and rom.get("bar") == "on" else vfs).append(_addr(a))
+    topology = _parse_topology(cpu, nvcpu)
+    disk, seed = _parse_disks(d)
+    network, bridge, mac = _parse_nic(d)
+    gpus, vfs = _parse_hostdevs(d)
     serial = d.find("devices/serial[@type='file']/source")
     vendor = d.find("features/hyperv/vendor_id")
     hidden = d.find("features/kvm/hidden")
@@ -413,7 +390,7 @@ def parse(xml: str) -> DomainSpec:
         cpu_mode=cpu.get("mode") if cpu is not None else "host-passthrough",
         memory_mib=memory,
         page_size=page_size,
-        vcpupin=vcpupin,
+        vcpupin=tuple(pins[i][0] if len(pins.get(i, ())) == 1 else -1 for i in range(nvcpu)),
         emulatorpin=parse_cpuset(_attr(emu, "cpuset")) if emu is not None else (),
         iothreadpin=tuple(iopins.get(i, ()) for i in range(1, niothreads + 1)),
         numa_node=numa_node,
@@ -436,6 +413,80 @@ def parse(xml: str) -> DomainSpec:
         hv_vendor_id=vendor.get("value") if vendor is not None and vendor.get("state") == "on" else None,
     )
     return DomainSpec.model_construct(**fields)
+
+
+def _parse_page_size(d: ET.Element) -> str:
+    page = d.find("memoryBacking/hugepages/page")
+    if page is not None:
+        kib = (
+            int(_attr(page, "size"))
+            * {"kib": 1, "k": 1, "mib": 1024, "m": 1024, "gib": 1048576, "g": 1048576}[
+                (page.get("unit") or "KiB").lower()
+            ]
+        )
+        return {v: k for k, v in PAGE_KIB.items()}.get(kib, "4K")
+    if d.find("memoryBacking/hugepages") is not None:
+        return "2M"  # libvirt's default hugepage size on x86 when none is named
+    return "4K"
+
+
+def _parse_numa_node(d: ET.Element) -> Optional[int]:
+    """The one node of a strict `numatune` memory policy; None without one, or with several nodes."""
+    mem = d.find("numatune/memory")
+    if mem is not None and mem.get("nodeset") is not None:
+        nodes = parse_cpuset(_attr(mem, "nodeset"))
+        return nodes[0] if len(nodes) == 1 else None
+    return None
+
+
+def _parse_topology(cpu: Optional[ET.Element], nvcpu: int) -> Topology:
+    topo = cpu.find("topology") if cpu is not None else None
+    if topo is None:
+        return Topology(sockets=1, cores=nvcpu, threads=1)
+    return Topology(
+        sockets=int(topo.get("sockets", 1)), cores=int(topo.get("cores", 1)), threads=int(topo.get("threads", 1))
+    )
+
+
+def _parse_disks(d: ET.Element) -> tuple[Optional[str], Optional[str]]:
+    """(the first disk's file, the first cdrom's file): the VM's overlay and its seed ISO."""
+    disk: str | None = None
+    seed: str | None = None
+    for dk in d.findall("devices/disk"):
+        src = dk.find("source")
+        path = src.get("file") if src is not None else None
+        if dk.get("device") == "disk" and disk is None:
+            disk = path
+        elif dk.get("device") == "cdrom" and seed is None:
+            seed = path
+    return disk, seed
+
+
+def _parse_nic(d: ET.Element) -> tuple[Optional[str], Optional[str], Optional[str]]:
+    """(libvirt network, host bridge, the bridge NIC's MAC)."""
+    nic = d.find("devices/interface[@type='network']/source")
+    network = nic.get("network") if nic is not None else None
+    bridge: str | None = None
+    mac: str | None = None
+    br = d.find("devices/interface[@type='bridge']")
+    if br is not None:
+        br_source, br_mac = br.find("source"), br.find("mac")
+        bridge = br_source.get("bridge") if br_source is not None else None
+        mac = br_mac.get("address") if br_mac is not None else None
+    return network, bridge, mac
+
+
+def _parse_hostdevs(d: ET.Element) -> tuple[list[str], list[str]]:
+    """(GPU functions, VFs) of the PCI hostdevs: a GPU is passed with its ROM BAR on, a VF without."""
+    gpus: list[str] = []
+    vfs: list[str] = []
+    for h in d.findall("devices/hostdev[@type='pci']"):
+        a = h.find("source/address")
+        if a is None:
+            continue
+        rom = h.find("rom")
+        (gpus if rom is not None and rom.get("bar") == "on" else vfs).append(_addr(a))
+    return gpus, vfs
 
 
 def drift(wanted: DomainSpec, live: DomainSpec) -> dict[str, tuple]:
