@@ -118,29 +118,8 @@ def _quarter_mb_chunks(size: str) -> str:
 
 def render(spec: NginxSpec) -> str:
     """The complete ``nginx.conf`` text (no ``daemon`` directive: systemd or the test launcher decides)."""
-    if spec.prefix:
-        p = spec.prefix.rstrip("/")
-        pid, error_log = f"{p}/nginx.pid", f"{p}/error.log"
-        access = f"{p}/access.log" if spec.access_log else "off"
-        temps = [
-            f"    {d} {p}/{d.removesuffix('_path')};"
-            for d in (
-                "client_body_temp_path",
-                "proxy_temp_path",
-                "fastcgi_temp_path",
-                "uwsgi_temp_path",
-                "scgi_temp_path",
-            )
-        ]
-    else:
-        # Debian's nginx.service waits for /run/nginx.pid (PIDFile=) and stops by it: another pid path makes
-        # `systemctl start nginx` time out with this config in place.
-        pid, error_log = "/run/nginx.pid", "/var/log/nginx/triton-error.log"
-        access = "/var/log/nginx/triton-access.log" if spec.access_log else "off"
-        temps = []
-    lines = []
-    if spec.user:
-        lines.append(f"user {spec.user};")
+    pid, error_log, access, temps = _files(spec)
+    lines = [f"user {spec.user};"] if spec.user else []
     lines += [
         f"worker_processes {spec.worker_processes};",
         f"pid {pid};",
@@ -156,6 +135,32 @@ def render(spec: NginxSpec) -> str:
         f"    keepalive_requests {spec.keepalive_requests};",
         f"    access_log {access};",
         *temps,
+        *_http_server(spec),
+    ]
+    if spec.listen_grpc:
+        lines += _grpc_server(spec)
+    lines.append("}")
+    return "\n".join(lines) + "\n"
+
+
+def _files(spec: NginxSpec) -> tuple[str, str, str, list[str]]:
+    """(pid file, error log, access log or "off", temp-path directives): under ``prefix``, or Debian's own."""
+    if not spec.prefix:
+        # Debian's nginx.service waits for /run/nginx.pid (PIDFile=) and stops by it: another pid path makes
+        # `systemctl start nginx` time out with this config in place.
+        access = "/var/log/nginx/triton-access.log" if spec.access_log else "off"
+        return "/run/nginx.pid", "/var/log/nginx/triton-error.log", access, []
+    p = spec.prefix.rstrip("/")
+    temps = [
+        f"    {d} {p}/{d.removesuffix('_path')};"
+        for d in ("client_body_temp_path", "proxy_temp_path", "fastcgi_temp_path", "uwsgi_temp_path", "scgi_temp_path")
+    ]
+    return f"{p}/nginx.pid", f"{p}/error.log", f"{p}/access.log" if spec.access_log else "off", temps
+
+
+def _http_server(spec: NginxSpec) -> list[str]:
+    """The HTTP upstream (keepalive) and server: health from nginx itself, ``/infer``, the allowed v2 routes."""
+    return [
         "",
         "    upstream triton_http {",
         f"        server {spec.upstream_http};",
@@ -186,35 +191,36 @@ def render(spec: NginxSpec) -> str:
         *_v2_locations(spec),
         "    }",
     ]
-    if spec.listen_grpc:
-        lines += [
-            "",
-            "    upstream triton_grpc {",
-            f"        server {spec.upstream_grpc};",
-            f"        keepalive {spec.upstream_keepalive};",
-            f"        keepalive_requests {spec.keepalive_requests};",
-            "    }",
-            "",
-            "    server {",
-            f"        listen {spec.listen_address}:{spec.listen_grpc} http2;",
-            f"        client_max_body_size {spec.client_max_body_size};",
-            f"        grpc_read_timeout {spec.proxy_read_timeout_s}s;",
-            f"        grpc_buffer_size {spec.body_buffer_size};",
-            f"        client_body_buffer_size {spec.body_buffer_size};",
-            f"        http2_body_preread_size {spec.body_buffer_size};",
-            *(
-                line
-                for m in GRPC_METHODS
-                for line in (
-                    f"        location = /inference.GRPCInferenceService/{m} {{",
-                    "            grpc_pass grpc://triton_grpc;",
-                    "        }",
-                )
-            ),
-            "        location / {",
-            "            return 404;",
-            "        }",
-            "    }",
-        ]
-    lines.append("}")
-    return "\n".join(lines) + "\n"
+
+
+def _grpc_server(spec: NginxSpec) -> list[str]:
+    """The HTTP/2 gRPC upstream and server: only GRPC_METHODS are passed, everything else answers 404."""
+    return [
+        "",
+        "    upstream triton_grpc {",
+        f"        server {spec.upstream_grpc};",
+        f"        keepalive {spec.upstream_keepalive};",
+        f"        keepalive_requests {spec.keepalive_requests};",
+        "    }",
+        "",
+        "    server {",
+        f"        listen {spec.listen_address}:{spec.listen_grpc} http2;",
+        f"        client_max_body_size {spec.client_max_body_size};",
+        f"        grpc_read_timeout {spec.proxy_read_timeout_s}s;",
+        f"        grpc_buffer_size {spec.body_buffer_size};",
+        f"        client_body_buffer_size {spec.body_buffer_size};",
+        f"        http2_body_preread_size {spec.body_buffer_size};",
+        *(
+            line
+            for m in GRPC_METHODS
+            for line in (
+                f"        location = /inference.GRPCInferenceService/{m} {{",
+                "            grpc_pass grpc://triton_grpc;",
+                "        }",
+            )
+        ),
+        "        location / {",
+        "            return 404;",
+        "        }",
+        "    }",
+    ]
