@@ -24,6 +24,7 @@ from grafana_foundation_sdk.builders import common as common_b
 from grafana_foundation_sdk.builders import dashboard as dash
 from grafana_foundation_sdk.builders import prometheus as prom
 from grafana_foundation_sdk.builders import stat, timeseries
+from grafana_foundation_sdk.cog.builder import Builder
 from grafana_foundation_sdk.cog.encoder import JSONEncoder
 from grafana_foundation_sdk.models import common as common_m
 from grafana_foundation_sdk.models import dashboard as model
@@ -31,7 +32,7 @@ from grafana_foundation_sdk.models import prometheus as prom_m
 
 from plans.monitoring import rules as r
 from plans.monitoring import yaml_text
-from plans.monitoring.model import MonitoringGraph
+from plans.monitoring.model import GpuSlo, MonitoringGraph
 
 DATASOURCE_UID = "gpuhost-prometheus"
 DATASOURCE_NAME = "gpuhost Prometheus"
@@ -152,93 +153,78 @@ def _gpu_ts(title: str, unit: str, *fields: str | tuple[str, str], **panel: Any)
 
 
 def gpu_dashboard(graph: MonitoringGraph) -> dash.Dashboard:
-    g = graph.gpu
+    """Two rows: the GPUs as DCGM reports them (thresholds from the GPU SLO), the machines as node exporter does."""
     labels = ("Host", "GPU", "Machine (node exporter)")
-    d = (
-        _dashboard("gpuhost / GPUs", GPU_DASHBOARD_UID, ["gpu", "dcgm"], "now-3h", zip(GPU_VARIABLES, labels))
-        .with_row(dash.Row("GPU (DCGM)"))
-        .with_panel(_gpu_ts("GPU utilization", "percent", "DCGM_FI_DEV_GPU_UTIL"))
-        .with_panel(
-            _gpu_ts(
-                "SM occupancy / SM active",
-                "percentunit",
-                ("DCGM_FI_PROF_SM_OCCUPANCY", "occupancy"),
-                ("DCGM_FI_PROF_SM_ACTIVE", "active"),
-                description="Seed 001 §8 SM_OCCUPANCY, seed 004 sm_util.",
-            )
-        )
-        .with_panel(
-            _gpu_ts(
-                "Frame buffer free",
-                "mbytes",
-                "DCGM_FI_DEV_FB_FREE",
-                limit=g.fb_free_min_mib,
-                description="Alert below 1.5 GB free (seed 001 §8).",
-            )
-        )
-        .with_panel(_gpu_ts("Frame buffer used", "mbytes", "DCGM_FI_DEV_FB_USED"))
-        .with_panel(
-            _gpu_ts(
-                "PCIe throughput", "Bps", ("DCGM_FI_PROF_PCIE_TX_BYTES", "TX"), ("DCGM_FI_PROF_PCIE_RX_BYTES", "RX")
-            )
-        )
-        .with_panel(_gpu_ts("Memory copy utilization", "percent", "DCGM_FI_DEV_MEM_COPY_UTIL"))
-        .with_panel(_gpu_ts("Power", "watt", "DCGM_FI_DEV_POWER_USAGE"))
-        .with_panel(_gpu_ts("Temperature", "celsius", "DCGM_FI_DEV_GPU_TEMP", limit=g.temperature_max_c))
-        .with_panel(_ts("SM clock", "hertz", [(f"DCGM_FI_DEV_SM_CLOCK{_GPU} * 1000000", _PER_GPU)]))
-        .with_panel(
-            stat.Panel()
-            .title("Last XID error")
-            .datasource(DS)
-            .span(12)
-            .height(8)
-            .thresholds(_thresholds(1))
-            .reduce_options(common_b.ReduceDataOptions().calcs(["lastNotNull"]).values(False))
-            .with_target(_target(f"max by (host, gpu) (DCGM_FI_DEV_XID_ERRORS{_GPU})", _PER_GPU, "A"))
-        )
-        .with_row(dash.Row("Machines (node exporter)"))
-        .with_panel(
-            _ts(
-                "CPU busy",
-                "percentunit",
-                [
-                    (
-                        '1 - avg by (host) (rate(node_cpu_seconds_total{mode="idle",host=~"$node"}[$__rate_interval]))',
-                        "{{host}}",
-                    )
-                ],
-            )
-        )
-        .with_panel(_ts("Memory available", "bytes", [(f"node_memory_MemAvailable_bytes{_NODE}", "{{host}}")]))
-        .with_panel(
-            _ts(
-                "Hugepages free / total",
-                "short",
-                [
-                    (f"node_memory_HugePages_Free{_NODE}", "{{host}} free"),
-                    (f"node_memory_HugePages_Total{_NODE}", "{{host}} total"),
-                ],
-                description="Seed 000 §3: VM memory comes from reserved hugepages.",
-            )
-        )
-        .with_panel(
-            _ts(
-                "Network",
-                "Bps",
-                [
-                    (
-                        'rate(node_network_receive_bytes_total{host=~"$node",device!="lo"}[$__rate_interval])',
-                        "{{host}} {{device}} rx",
-                    ),
-                    (
-                        'rate(node_network_transmit_bytes_total{host=~"$node",device!="lo"}[$__rate_interval])',
-                        "{{host}} {{device}} tx",
-                    ),
-                ],
-            )
-        )
-    )
+    d = _dashboard("gpuhost / GPUs", GPU_DASHBOARD_UID, ["gpu", "dcgm"], "now-3h", zip(GPU_VARIABLES, labels))
+    d = d.with_row(dash.Row("GPU (DCGM)"))
+    for panel in _gpu_panels(graph.gpu):
+        d = d.with_panel(panel)
+    d = d.with_row(dash.Row("Machines (node exporter)"))
+    for panel in _machine_panels():
+        d = d.with_panel(panel)
     return d
+
+
+def _gpu_panels(g: GpuSlo) -> list[Builder[model.Panel]]:
+    return [
+        _gpu_ts("GPU utilization", "percent", "DCGM_FI_DEV_GPU_UTIL"),
+        _gpu_ts(
+            "SM occupancy / SM active",
+            "percentunit",
+            ("DCGM_FI_PROF_SM_OCCUPANCY", "occupancy"),
+            ("DCGM_FI_PROF_SM_ACTIVE", "active"),
+            description="Seed 001 §8 SM_OCCUPANCY, seed 004 sm_util.",
+        ),
+        _gpu_ts(
+            "Frame buffer free",
+            "mbytes",
+            "DCGM_FI_DEV_FB_FREE",
+            limit=g.fb_free_min_mib,
+            description="Alert below 1.5 GB free (seed 001 §8).",
+        ),
+        _gpu_ts("Frame buffer used", "mbytes", "DCGM_FI_DEV_FB_USED"),
+        _gpu_ts("PCIe throughput", "Bps", ("DCGM_FI_PROF_PCIE_TX_BYTES", "TX"), ("DCGM_FI_PROF_PCIE_RX_BYTES", "RX")),
+        _gpu_ts("Memory copy utilization", "percent", "DCGM_FI_DEV_MEM_COPY_UTIL"),
+        _gpu_ts("Power", "watt", "DCGM_FI_DEV_POWER_USAGE"),
+        _gpu_ts("Temperature", "celsius", "DCGM_FI_DEV_GPU_TEMP", limit=g.temperature_max_c),
+        _ts("SM clock", "hertz", [(f"DCGM_FI_DEV_SM_CLOCK{_GPU} * 1000000", _PER_GPU)]),
+        stat.Panel()
+        .title("Last XID error")
+        .datasource(DS)
+        .span(12)
+        .height(8)
+        .thresholds(_thresholds(1))
+        .reduce_options(common_b.ReduceDataOptions().calcs(["lastNotNull"]).values(False))
+        .with_target(_target(f"max by (host, gpu) (DCGM_FI_DEV_XID_ERRORS{_GPU})", _PER_GPU, "A")),
+    ]
+
+
+def _machine_panels() -> list[Builder[model.Panel]]:
+    rx = 'rate(node_network_receive_bytes_total{host=~"$node",device!="lo"}[$__rate_interval])'
+    tx = 'rate(node_network_transmit_bytes_total{host=~"$node",device!="lo"}[$__rate_interval])'
+    return [
+        _ts(
+            "CPU busy",
+            "percentunit",
+            [
+                (
+                    '1 - avg by (host) (rate(node_cpu_seconds_total{mode="idle",host=~"$node"}[$__rate_interval]))',
+                    "{{host}}",
+                )
+            ],
+        ),
+        _ts("Memory available", "bytes", [(f"node_memory_MemAvailable_bytes{_NODE}", "{{host}}")]),
+        _ts(
+            "Hugepages free / total",
+            "short",
+            [
+                (f"node_memory_HugePages_Free{_NODE}", "{{host}} free"),
+                (f"node_memory_HugePages_Total{_NODE}", "{{host}} total"),
+            ],
+            description="Seed 000 §3: VM memory comes from reserved hugepages.",
+        ),
+        _ts("Network", "Bps", [(rx, "{{host}} {{device}} rx"), (tx, "{{host}} {{device}} tx")]),
+    ]
 
 
 # ----------------------------------------------------------------------------------------- serving dashboard
