@@ -15,6 +15,8 @@ Shared by the CPU test (``tests/test_yolov8n_triton.py``: real Triton, KIND_CPU)
 * ``detection_report``: NMS detections compared as sets (matched by class and IoU: near-threshold score ties
   reorder rows, so row-by-row comparison would be wrong); a detection left unmatched counts as near-threshold
   only when its score is within ``margin`` of ``conf``;
+* ``agreement``: served detections against ``YOLO(...).predict``'s (class + IoU ≥ 0.5, greedy one to one):
+  (matched, served, reference), shared by ``tests/test_yolov8n_ultralytics.py`` and ``bench/frames_agreement.py``;
 * the batch sizes Triton formed between two ``/v2/models/<m>/stats`` readings: ``bench.servers.batch_sizes``.
 """
 
@@ -206,6 +208,27 @@ def _iou(a: np.ndarray, b: np.ndarray) -> np.ndarray:
     inter = np.clip(rb - lt, 0, None).prod(2)
     area = lambda x: np.clip(x[:, 2] - x[:, 0], 0, None) * np.clip(x[:, 3] - x[:, 1], 0, None)  # noqa: E731
     return inter / (area(a)[:, None] + area(b)[None, :] - inter + 1e-9)
+
+
+def agreement(served: np.ndarray, ref: np.ndarray, min_iou: float = 0.5) -> tuple[int, int, int]:
+    """(matched, served, reference) of two detection sets [n, 6] (x1 y1 x2 y2 score cls): greedy one to one, same
+    class, IoU ≥ ``min_iou``, the served boxes best score first; the agreement is matched ÷ max(served, reference)
+    (issue 39's metric against ``YOLO(...).predict``).
+
+    >>> agreement(np.array([[0, 0, 10, 10, .9, 1]]), np.array([[1, 0, 10, 10, .8, 1]]))
+    (1, 1, 1)
+    """
+    if not len(served) or not len(ref):
+        return 0, len(served), len(ref)
+    ious = _iou(served[:, :4], ref[:, :4]) * (served[:, None, 5] == ref[None, :, 5])
+    used: set[int] = set()
+    matched = 0
+    for i in np.argsort(-served[:, 4]):
+        j = next((int(j) for j in np.argsort(-ious[i]) if ious[i, j] >= min_iou and int(j) not in used), None)
+        if j is not None:
+            used.add(j)
+            matched += 1
+    return matched, len(served), len(ref)
 
 
 def match_detections(got: np.ndarray, want: np.ndarray, iou: float = 0.5) -> tuple[list[tuple[int, int]], list, list]:

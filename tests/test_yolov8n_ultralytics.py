@@ -15,6 +15,7 @@ import numpy as np
 import pytest
 import torch
 
+from bench.yolo_check import agreement
 from serving.models import yolov8n as yolo
 from serving.models import yolov8n_weights as yw
 from serving.models.yolov8n_synthetic import synthetic_images
@@ -110,32 +111,6 @@ def test_the_checkpoint_its_state_dict_and_safetensors_load_to_the_same_model(ma
         f"checkpoint vs its ONNX export: max box diff {float(d[:, :4].max()):.2e} px, score {float(d[:, 4:].max()):.2e}"
     )
     assert float(d[:, :4].max()) <= BOX_PX and float(d[:, 4:].max()) <= SCORE
-
-
-def _iou(a: np.ndarray, b: np.ndarray) -> np.ndarray:
-    lt, rb = np.maximum(a[:, None, :2], b[None, :, :2]), np.minimum(a[:, None, 2:4], b[None, :, 2:4])
-    inter = np.clip(rb - lt, 0, None).prod(2)
-    area = lambda r: (r[:, 2] - r[:, 0]) * (r[:, 3] - r[:, 1])  # noqa: E731
-    return inter / (area(a)[:, None] + area(b)[None, :] - inter + 1e-9)
-
-
-def agreement(served: np.ndarray, ref: np.ndarray, min_iou: float = 0.5) -> tuple[int, int, int]:
-    """(matched, served, reference): greedy one-to-one, same class, IoU ≥ ``min_iou``, best score first.
-
-    >>> agreement(np.array([[0, 0, 10, 10, .9, 1]]), np.array([[1, 0, 10, 10, .8, 1]]))
-    (1, 1, 1)
-    """
-    if not len(served) or not len(ref):
-        return 0, len(served), len(ref)
-    ious = _iou(served, ref) * (served[:, None, 5] == ref[None, :, 5])
-    used: set[int] = set()
-    matched = 0
-    for i in np.argsort(-served[:, 4]):
-        j = next((int(j) for j in np.argsort(-ious[i]) if ious[i, j] >= min_iou and int(j) not in used), None)
-        if j is not None:
-            used.add(j)
-            matched += 1
-    return matched, len(served), len(ref)
 
 
 @pytest.mark.parametrize("name", ["yolov8n.pt", *ONNX])
