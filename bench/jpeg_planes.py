@@ -146,8 +146,10 @@ def timing(torch, fr, jp, repeats: int) -> list[dict]:
             "nvjpeg (nvJPEG RGB)": partial(nvjpeg.decode, rows),
             "exact before (libjpeg on host, 4 threads)": partial(host.decode, rows),
             "planes: nvjpegDecodeBatched + planes_to_rgb": partial(planes.decode, rows, sizes),
-            "planes_to_rgb alone": partial(jp.planes_to_rgb, y, c, (2, 2)),
+            "planes_to_rgb alone (torch)": partial(jp.planes_to_rgb, y, c, (2, 2)),
         }
+        if planes.kernel == "triton":
+            cases["fused_planes_to_rgb alone (Triton)"] = partial(jp.fused_planes_to_rgb, y, c, (2, 2))
         for name, fn in cases.items():
             t = _time(torch, fn, repeats)
             out.append({"batch": n, "decoder": name, **t, "frames_per_s": round(n * 1000 / t["median_ms"], 1)})
@@ -176,6 +178,8 @@ def main(argv=None) -> int:
         "libnvjpeg": nv.library if nv else None,
         "nvjpeg_version": nv.version if nv else None,
         "hardware_backend": nv.hardware if nv else None,
+        "kernel": nv.kernel if nv else None,
+        "kernel_error": nv.kernel_error if nv else None,
     }
     print(json.dumps(head), flush=True)
     result: dict[str, Any] = {

@@ -142,6 +142,8 @@ class TritonPythonModel:
             started = {"instance": self.name, "decoder": self.decoder.name, "jpeg_decoder": self.decoder.jpeg_decoder}
             if self.decoder.planes_error:  # 4:2:0 / 4:2:2 frames then decode on the host (libjpeg)
                 started["planes_error"] = self.decoder.planes_error
+            if self.decoder.planes_info:
+                started["planes"] = self.decoder.planes_info
             print(f"gpuhost-frames {json.dumps(started)}", flush=True)
         else:
             h, w, c = (int(d) for d in config["input"][0]["dims"])

@@ -307,6 +307,7 @@ def test_every_frame_class_decodes_to_libjpegs_pixels_upright(kind, classes):
     assert sum(decoder.served.values()) == len(rows)
     assert [r for r in rows if r[2] > 1] == []
     if kind == "gpu":  # nvJPEG's planes answered every frame routed to them (none fell back to the host)
+        print(f"  nvJPEG planes: {decoder.planes_info}")
         assert decoder.planes_error is None
         assert decoder.served["nvjpeg-planes"] == len(EXACT_PLANES) * len(classes)
 

@@ -136,3 +136,18 @@ def test_upsampling_changes_what_nearest_neighbour_would_give(turbo):
     nearest = jpeg_planes.ycc_to_rgb(y, c[0], c[1]).permute(1, 2, 0).numpy().astype(np.int16)
     ref = np.asarray(Image.open(io.BytesIO(data)).convert("RGB"))
     assert np.abs(nearest - ref).max() > 10
+
+
+@pytest.mark.parametrize("factors", [(2, 2), (2, 1)], ids=["420", "422"])
+def test_the_fused_gpu_kernel_is_planes_to_rgb(factors):
+    """On a GPU with Triton: the one-kernel upsampling and conversion a GPU instance serves with equals
+    ``planes_to_rgb`` (held to libjpeg above) on random planes, odd and even sizes, narrow frames included."""
+    if not torch.cuda.is_available() or jpeg_planes.triton is None:
+        pytest.skip("no CUDA device or no Triton here")
+    g = torch.Generator().manual_seed(factors[1])
+    for w, h in [(1281, 719), (1280, 720), (327, 245), (1, 1), (4, 4), (5, 2), (7, 1)]:
+        cw, ch = -(-w // factors[0]), -(-h // factors[1])
+        y = torch.randint(0, 256, (3, h, w), generator=g, dtype=torch.uint8).cuda()
+        c = torch.randint(0, 256, (3, 2, ch, cw), generator=g, dtype=torch.uint8).cuda()
+        got = jpeg_planes.fused_planes_to_rgb(y, c, factors)
+        assert torch.equal(got, jpeg_planes.planes_to_rgb(y, c, factors)), (w, h)

@@ -360,7 +360,8 @@ class Decoder:
     ``served`` counts the frames each decoder gave (``nvjpeg``, ``nvjpeg-planes``, ``torchvision-cpu``,
     ``pillow``). A batch that fails as a whole is decoded frame by frame, and a frame a GPU path refuses goes to
     libjpeg, so one corrupt frame fails only itself. ``planes_error``: why nvJPEG's planes are not used on a GPU
-    instance with ``exact`` (no libnvjpeg to load, nvJPEG's status), else None: those frames then go to libjpeg.
+    instance with ``exact`` (no libnvjpeg to load, nvJPEG's status, no hardware JPEG decoder), else None: those
+    frames then go to libjpeg. ``planes_info``: the libnvjpeg, its version and the kernel used, for the logs.
     """
 
     def __init__(
@@ -407,6 +408,9 @@ class Decoder:
                 self._planes = jpeg_planes.NvjpegPlanes(device)
             except (OSError, RuntimeError, AttributeError) as e:  # AttributeError: a libnvjpeg without a call used
                 self.planes_error = f"{type(e).__name__}: {e}"[:300]
+            if self._planes is not None and not self._planes.hardware:
+                # Measured on the H200: nvJPEG's default (software) backend gives planes up to 3 levels off libjpeg's.
+                self._planes, self.planes_error = None, "no hardware JPEG decoder (nvJPEG's software planes differ)"
         if self._tv is None:
             import PIL.Image  # noqa: F401 - fail at start, not on the first request
 
@@ -422,6 +426,13 @@ class Decoder:
             if self._planes is not None:
                 self._planes.decode([frame] * n, [(640, 480, sampling)] * n)
         torch.cuda.synchronize(self.device)
+
+    @property
+    def planes_info(self) -> Optional[str]:
+        p = self._planes
+        if p is None:
+            return None
+        return f"{p.library} {p.version}, {p.kernel} kernel" + (f" ({p.kernel_error})" if p.kernel_error else "")
 
     @property
     def name(self) -> str:

@@ -10,7 +10,8 @@ sampled sizes, ``NVJPEG_OUTPUT_YUV``) and does what libjpeg-turbo does after its
   replicate them, and the plain replication libjpeg-turbo uses where a component is at most 2 samples wide;
 * ``ycc_to_rgb``: jdcolor.c's ``ycc_rgb_convert`` (its integer tables, ``SCALEBITS`` 16, ``ONE_HALF`` rounding,
   the range limit);
-* ``planes_to_rgb``: both, for a stack of frames of one size;
+* ``planes_to_rgb``: both, for a stack of frames of one size; ``fused_planes_to_rgb``: the same as one Triton
+  kernel on a GPU (what serves; checked against ``planes_to_rgb`` at start);
 * ``NvjpegPlanes``: libnvjpeg through ctypes (the copy torchvision loaded, else the CUDA wheels' or toolkit's),
   batched (``nvjpegDecodeBatched`` on the hardware decoder where the GPU has one) straight into torch tensors on the
   caller's stream, then ``planes_to_rgb``; a frame nvJPEG does not take (``nvjpegDecodeBatchedSupported``, a plane
@@ -111,6 +112,75 @@ def planes_to_rgb(y: torch.Tensor, cbcr: torch.Tensor, factors: tuple[int, int])
     return ycc_to_rgb(y, c[..., 0, :, :], c[..., 1, :, :])
 
 
+# ``planes_to_rgb`` as one Triton kernel on a GPU: each output sample reads its Y and the 2-4 chroma samples
+# libjpeg's filter weighs for it, then is converted and stored, with the same integer arithmetic (biases, shifts,
+# ONE_HALF = 32768, the range limit) as ``upsample`` and ``ycc_to_rgb``. One launch per stack of frames instead of
+# about 35 torch kernels over int32 intermediates, which, with three instances sharing a GPU, cost more GPU time
+# than the model. ``NvjpegPlanes`` checks it against ``planes_to_rgb`` when it starts and uses torch where it
+# differs or Triton is missing (``kernel``).
+try:
+    import triton
+    import triton.language as tl
+except ImportError:  # a CPU machine: planes_to_rgb in torch only
+    triton = None
+
+if triton is not None:
+
+    @triton.jit
+    def _chroma(plane, i, j, c, d, odd, mask, CW, FV: tl.constexpr, FANCY: tl.constexpr):
+        near = tl.load(plane + i * CW + c, mask=mask, other=0).to(tl.int32)
+        if not FANCY:
+            v = near
+        elif FV == 2:
+            near = 3 * near + tl.load(plane + j * CW + c, mask=mask, other=0).to(tl.int32)
+            far = 3 * tl.load(plane + i * CW + d, mask=mask, other=0).to(tl.int32)
+            far += tl.load(plane + j * CW + d, mask=mask, other=0).to(tl.int32)
+            v = (3 * near + far + 8 - odd) >> 4
+        else:
+            far = tl.load(plane + i * CW + d, mask=mask, other=0).to(tl.int32)
+            v = (3 * near + far + 1 + odd) >> 2
+        return v - 128
+
+    @triton.jit
+    def _fused_kernel(
+        y_ptr, c_ptr, out_ptr, H, W, CH, CW,
+        CR_R: tl.constexpr, CB_G: tl.constexpr, CR_G: tl.constexpr, CB_B: tl.constexpr,
+        FV: tl.constexpr, FANCY: tl.constexpr, BLOCK: tl.constexpr,
+    ):  # fmt: skip
+        row = tl.program_id(0).to(tl.int64)  # one output row of one frame
+        n = row // H
+        r = row % H
+        xs = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
+        mask = xs < W
+        odd = xs % 2
+        c = xs // 2
+        d = tl.minimum(tl.maximum(c + 2 * odd - 1, 0), CW - 1)  # the further column: left of an even output
+        i = r // FV
+        j = tl.minimum(tl.maximum(i + 2 * (r % 2) - 1, 0), CH - 1)  # the further row (h2v2): above an upper one
+        yv = tl.load(y_ptr + row * W + xs, mask=mask, other=0).to(tl.int32)
+        cb = _chroma(c_ptr + (n * 2) * CH * CW, i, j, c, d, odd, mask, CW, FV, FANCY)
+        cr = _chroma(c_ptr + (n * 2 + 1) * CH * CW, i, j, c, d, odd, mask, CW, FV, FANCY)
+        out = out_ptr + (n * 3 * H + r) * W + xs
+        red = yv + ((CR_R * cr + 32768) >> 16)
+        green = yv + ((CB_G * cb + 32768 + CR_G * cr) >> 16)
+        blue = yv + ((CB_B * cb + 32768) >> 16)
+        tl.store(out, tl.minimum(tl.maximum(red, 0), 255).to(tl.uint8), mask=mask)
+        tl.store(out + H * W, tl.minimum(tl.maximum(green, 0), 255).to(tl.uint8), mask=mask)
+        tl.store(out + 2 * H * W, tl.minimum(tl.maximum(blue, 0), 255).to(tl.uint8), mask=mask)
+
+
+def fused_planes_to_rgb(y: torch.Tensor, cbcr: torch.Tensor, factors: tuple[int, int]) -> torch.Tensor:
+    """``planes_to_rgb`` of ``y`` [N, H, W] and ``cbcr`` [N, 2, h, w] (contiguous, on a GPU) by the Triton kernel
+    ``_fused_kernel``: uint8 [N, 3, H, W]."""
+    n, height, width = y.shape
+    ch, cw = cbcr.shape[-2:]
+    out = torch.empty((n, 3, height, width), dtype=torch.uint8, device=y.device)
+    coefficients = dict(CR_R=_fix(1.40200), CB_G=-_fix(0.34414), CR_G=-_fix(0.71414), CB_B=_fix(1.77200))
+    grid = (n * height, -(-width // 1024))
+    _fused_kernel[grid](y, cbcr, out, height, width, ch, cw, **coefficients, FV=factors[1], FANCY=cw > 2, BLOCK=1024)
+    return out
+
+
 # ---------------------------------------------------------------- nvJPEG through ctypes
 
 _BACKEND_DEFAULT, _BACKEND_HARDWARE = 0, 3
@@ -169,8 +239,10 @@ class NvjpegPlanes:
 
     ``library``: a libnvjpeg path (``find_library`` when not given); ``hardware=False`` uses nvJPEG's default
     backend even where there is a hardware decoder; ``output``: ``yuv`` or ``unchanged`` (nvJPEG's names). After
-    construction ``hardware`` says whether the hardware backend is in use; ``last_error`` names the last call that
-    failed (a decode's status). Raises OSError (no library) or RuntimeError (nvJPEG's status) at construction;
+    construction ``hardware`` says whether the hardware backend is in use; ``kernel`` whether the upsampling and
+    conversion run as the fused Triton kernel (``triton``, checked against ``planes_to_rgb`` here first) or as
+    torch's functions (``torch``; ``kernel_error`` says why); ``last_error`` names the last call that failed (a
+    decode's status). Raises OSError (no library) or RuntimeError (nvJPEG's status) at construction;
     ``decode`` never raises for a frame: it answers ``None`` for each frame it does not decode. One instance per
     thread (nvJPEG's state).
     """
@@ -212,6 +284,24 @@ class NvjpegPlanes:
             self._check(lib.nvjpegJpegStateCreate(self.handle, ctypes.byref(self.state)), "nvjpegJpegStateCreate")
             self._check(lib.nvjpegJpegStreamCreate(self.handle, ctypes.byref(self.stream)), "nvjpegJpegStreamCreate")
         self._keep: tuple = ()
+        self.kernel, self.kernel_error = "torch", None
+        if triton is not None:
+            try:
+                self._check_kernel()
+                self.kernel = "triton"
+            except Exception as e:  # noqa: BLE001 - no compiler, another Triton: the torch functions instead
+                self.kernel_error = f"{type(e).__name__}: {e}"[:300]
+
+    def _check_kernel(self) -> None:
+        """The fused kernel against ``planes_to_rgb`` on random planes of each layout, fancy and replicated (odd
+        sizes, frames 4 and 5 pixels wide); AssertionError where any sample differs."""
+        g = torch.Generator().manual_seed(39)
+        for (w, h), factors in [((37, 29), (2, 2)), ((37, 29), (2, 1)), ((4, 3), (2, 2)), ((5, 3), (2, 1))]:
+            cw, ch = -(-w // factors[0]), -(-h // factors[1])
+            y = torch.randint(0, 256, (2, h, w), generator=g, dtype=torch.uint8).to(self.device)
+            c = torch.randint(0, 256, (2, 2, ch, cw), generator=g, dtype=torch.uint8).to(self.device)
+            fused, ref = fused_planes_to_rgb(y, c, factors), planes_to_rgb(y, c, factors)
+            assert torch.equal(fused, ref), f"fused kernel differs from planes_to_rgb at {w}x{h} {factors}"
 
     @staticmethod
     def _check(status: int, call: str) -> None:
@@ -272,7 +362,7 @@ class NvjpegPlanes:
                 if not any(k in done for k in idx):
                     continue
                 y, c = stacks[key]
-                rgb = planes_to_rgb(y, c, key[2])
+                rgb = (fused_planes_to_rgb if self.kernel == "triton" else planes_to_rgb)(y, c, key[2])
                 for j, k in enumerate(idx):
                     out[k] = rgb[j] if k in done else None
         return out
