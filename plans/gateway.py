@@ -36,7 +36,17 @@ from plans.triton_runtime import systemd_quote
 # The worker's own pins, the same as requirements.txt (a test holds them equal). hiredis: redis-py's C reply parser,
 # which it uses when installed (bench.queue_floor: ~30-40 µs less worker CPU a 107 KB frame's job).
 REQUIREMENTS = ("redis==8.1.0", "hiredis==3.5.0", "tritonclient[grpc]==2.73.0", "numpy==1.26.4")
-SERVING_MODULES = ("__init__.py", "front.py", "metrics.py", "queue.py", "scheduler.py", "worker.py")
+# What the front and the workers import: shipped to the gateway host (a module missing there fails at start).
+SERVING_MODULES = (
+    "__init__.py",
+    "bytes_rows.py",
+    "front.py",
+    "metrics.py",
+    "queue.py",
+    "scheduler.py",
+    "triton_wire.py",
+    "worker.py",
+)
 _NAME = re.compile(r"^[a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?$")
 
 

@@ -5,6 +5,8 @@
   * 200: ``outputs`` as KServe v2 JSON, and where it ran and how long it took, in ``parameters`` and in the
     headers ``X-Gpuhost-Backend`` and ``X-Gpuhost-Latency-Ms`` (submit to result, queueing included);
   * 429 with ``Retry-After``: the queue is full (``max_depth`` jobs waiting or running); nothing was queued;
+  * 503 with ``Retry-After``: shedding (the queue's ``shed_wait_ms``): a new job would wait longer than that for a
+    worker, so it is refused now rather than answered after its latency goal; nothing was queued;
   * 504: no result within ``--timeout`` (the job stays queued; resubmitting the same request with the same ``id``
     does not queue it twice, and gets its result: every request of one job key in flight, or arriving within the
     queue's ``read_ttl_s`` after the result was first read, is answered with it);
@@ -13,6 +15,13 @@
     a string for BOOL, an array deeper than the shape): the message names the input; nothing is coerced;
   * 404 an unknown path or model; 411/413/408/503: no or a bad ``Content-Length``, a body over the model's size,
     a client too slow to send its request, too many connections. Every refusal is an answer, never a silent close.
+
+BYTES inputs (a prompt) are JSON strings: valid UTF-8, no NUL, at most the input's ``max_bytes`` (default 1024)
+UTF-8 bytes each, else 400 naming the input. Inside they travel as UINT8 rows (``serving/bytes_rows.py``), and an
+output the model's config names BYTES (an image's PNG) comes back as BYTES: a JSON string where it is UTF-8 text,
+else base64 with ``parameters.content_encoding`` = ``base64``, or raw in KServe's binary tensor extension when the
+request asks (``parameters.binary_data_output``, or an output's ``parameters.binary_data``, as tritonclient's HTTP
+client does: the JSON head, then the bytes, ``Inference-Header-Content-Length`` between them).
 
 It is a server on a network, so it bounds everything: the body (from the model's input sizes, read exactly
 ``Content-Length`` bytes, never to EOF), the time a client may take to send its headers and its body (slow clients
@@ -28,12 +37,14 @@ Run::
     python -m serving.front --config /etc/gpuhost/gateway/worker.json --listen 127.0.0.1 --port 8090
 
 The config's ``front`` section (written by ``plans.gateway``) holds each model's inputs (name, datatype, dims,
--1 variable) and max batch size; without it the request's own datatypes are checked and ``max_body_bytes`` caps.
+-1 variable; ``max_bytes`` for BYTES), max batch size and outputs (name, datatype: BYTES ones are turned back from
+rows); without it the request's own datatypes are checked and ``max_body_bytes`` caps.
 """
 
 from __future__ import annotations
 
 import argparse
+import base64
 import dataclasses
 import hashlib
 import http.server
@@ -52,7 +63,8 @@ from typing import Any, Optional
 import numpy as np
 import redis
 
-from serving.queue import JobQueue, QueueConfig, QueueFull, ResultTimeout
+from serving.bytes_rows import from_rows
+from serving.queue import JobQueue, QueueConfig, QueueFull, QueueShed, ResultTimeout
 
 log = logging.getLogger("gpuhost.front")
 
@@ -74,6 +86,10 @@ _PATH = re.compile(r"/v2/models/([A-Za-z0-9_.-]{1,64})(/versions/[0-9]{1,19})?/i
 # JSON text one element can take at most ("-1.2345678901234567e-308, "), for the body cap from input sizes.
 JSON_BYTES_PER_ELEMENT = 32
 JSON_OVERHEAD = 64 * 1024
+# A BYTES input's bound on each value (UTF-8 bytes) where the model's signature gives none: a prompt's size.
+MAX_BYTES = 1024
+# JSON text one byte of a BYTES value can take at most (a control character escaped as "\u001f").
+JSON_PER_BYTE = 6
 
 
 class BadRequest(ValueError):
@@ -85,20 +101,37 @@ class InputSig:
     name: str
     datatype: str
     dims: tuple[int, ...]  # without the batch dimension; -1 is variable
+    max_bytes: int = MAX_BYTES  # BYTES: the most UTF-8 bytes one value may hold
+
+    def json_bytes_per_element(self) -> int:
+        return self.max_bytes * JSON_PER_BYTE + 8 if self.datatype == "BYTES" else JSON_BYTES_PER_ELEMENT
 
 
 @dataclasses.dataclass(frozen=True)
 class ModelSig:
-    """What the front accepts for one model: its inputs and max batch size (0: no batch dimension)."""
+    """What the front accepts for one model: its inputs and max batch size (0: no batch dimension), and the outputs
+    it answers as BYTES (``outputs``: names; carried inside as UINT8 rows, ``serving/bytes_rows.py``)."""
 
     inputs: tuple[InputSig, ...]
     max_batch_size: int = 0
+    bytes_outputs: tuple[str, ...] = ()
+    outputs: tuple[str, ...] = ()  # every output's name, where the config lists them (requested ones are checked)
 
     @classmethod
     def from_dict(cls, d: dict) -> "ModelSig":
         return cls(
-            tuple(InputSig(str(i["name"]), str(i["datatype"]), tuple(int(x) for x in i["dims"])) for i in d["inputs"]),
+            tuple(
+                InputSig(
+                    str(i["name"]),
+                    str(i["datatype"]),
+                    tuple(int(x) for x in i["dims"]),
+                    int(i.get("max_bytes", MAX_BYTES)),
+                )
+                for i in d["inputs"]
+            ),
             int(d.get("max_batch_size", 0)),
+            tuple(str(o["name"]) for o in d.get("outputs", ()) if o.get("datatype") == "BYTES"),
+            tuple(str(o["name"]) for o in d.get("outputs", ())),
         )
 
     def max_elements(self) -> Optional[int]:
@@ -109,8 +142,11 @@ class ModelSig:
         return sum(batch * math.prod(i.dims) for i in self.inputs)
 
     def body_cap(self, fallback: int) -> int:
-        n = self.max_elements()
-        return fallback if n is None else min(fallback, n * JSON_BYTES_PER_ELEMENT + JSON_OVERHEAD)
+        if self.max_elements() is None:
+            return fallback
+        batch = max(1, self.max_batch_size)
+        text = sum(batch * math.prod(i.dims) * i.json_bytes_per_element() for i in self.inputs)
+        return min(fallback, text + JSON_OVERHEAD)
 
 
 def _int(v: Any) -> Optional[int]:
@@ -176,15 +212,49 @@ def _first(values: list, ok) -> Any:
     return next(v for v in values if not (isinstance(v, ok) and (ok is bool or not isinstance(v, bool))))
 
 
+def _bytes_array(name: str, values: list, shape: list[int], max_bytes: int) -> np.ndarray:
+    """BYTES values (JSON strings) as a NumPy ``S`` array (the queue's form of BYTES, ``serving/bytes_rows.py``),
+    each checked: a string, valid UTF-8, at most ``max_bytes`` bytes, no NUL (rows are zero-padded inside)."""
+    out = []
+    for v in values:
+        if not isinstance(v, str):
+            raise BadRequest(f"input {name!r}: BYTES takes strings only, got {str(v)[:40]!r} ({type(v).__name__})")
+        try:
+            b = v.encode("utf-8")
+        except UnicodeEncodeError as e:
+            raise BadRequest(
+                f"input {name!r}: not valid UTF-8 (a lone surrogate U+{ord(v[e.start]):04X} at character {e.start})"
+            ) from None
+        if len(b) > max_bytes:
+            raise BadRequest(f"input {name!r}: {len(b)} bytes, over the {max_bytes}-byte bound")
+        if b"\0" in b:
+            raise BadRequest(f"input {name!r}: a NUL character (U+0000) at byte {b.index(0)}; not allowed")
+        out.append(b)
+    return np.array(out, dtype=f"S{max([1, *map(len, out)])}").reshape(shape)
+
+
+def _load(body: bytes) -> dict:
+    try:
+        doc = json.loads(body)
+    except (ValueError, RecursionError) as e:
+        raise BadRequest(f"not a KServe v2 JSON infer request: {type(e).__name__}: {str(e)[:200]}") from None
+    if not isinstance(doc, dict) or not isinstance(doc.get("inputs"), list):
+        raise BadRequest("not a KServe v2 JSON infer request: an object with an inputs list")
+    return doc
+
+
 def parse_request(
     body: bytes, sig: Optional[ModelSig] = None, *, max_elements: int = 1 << 26
 ) -> tuple[Optional[str], dict[str, np.ndarray]]:
     """(request id, inputs) of a KServe v2 JSON infer request, every value checked against the model's datatypes
     (``sig``; the request's own datatypes without one). BadRequest names the input and why."""
-    try:
-        doc = json.loads(body)
-    except (ValueError, RecursionError) as e:
-        raise BadRequest(f"not a KServe v2 JSON infer request: {type(e).__name__}: {str(e)[:200]}") from None
+    return parse_doc(_load(body), sig, max_elements=max_elements)
+
+
+def parse_doc(
+    doc: dict, sig: Optional[ModelSig] = None, *, max_elements: int = 1 << 26
+) -> tuple[Optional[str], dict[str, np.ndarray]]:
+    """``parse_request`` on the request's parsed JSON."""
     if not isinstance(doc, dict) or not isinstance(doc.get("inputs"), list):
         raise BadRequest("not a KServe v2 JSON infer request: an object with an inputs list")
     want = {i.name: i for i in sig.inputs} if sig else None
@@ -196,7 +266,7 @@ def parse_request(
         name, datatype, raw = i["name"], i.get("datatype"), i.get("shape")
         if name in inputs:
             raise BadRequest(f"input {name!r}: given twice")
-        if datatype not in DTYPES:
+        if datatype not in DTYPES and datatype != "BYTES":
             raise BadRequest(f"input {name!r}: datatype {str(datatype)[:40]!r} not supported")
         shape = [_int(d) for d in raw] if isinstance(raw, list) and len(raw) <= 16 else None
         if shape is None or any(d is None or d < 0 for d in shape):
@@ -212,7 +282,11 @@ def parse_request(
             if datatype != exp.datatype:
                 raise BadRequest(f"input {name!r}: datatype {datatype} but the model takes {exp.datatype}")
             _check_shape(name, dims, exp, sig.max_batch_size if sig else 0)
-        inputs[name] = _array(name, datatype, _flat(name, i.get("data"), dims), dims)
+        values = _flat(name, i.get("data"), dims)
+        if datatype == "BYTES":
+            inputs[name] = _bytes_array(name, values, dims, want[name].max_bytes if want is not None else MAX_BYTES)
+        else:
+            inputs[name] = _array(name, datatype, values, dims)
     if not inputs:
         raise BadRequest("no inputs")
     if want is not None and set(want) - set(inputs):
@@ -238,6 +312,97 @@ def outputs_json(outputs: dict[str, np.ndarray]) -> list[dict[str, Any]]:
         {"name": n, "datatype": _NAMES.get(a.dtype.str, "BYTES"), "shape": list(a.shape), "data": a.ravel().tolist()}
         for n, a in outputs.items()
     ]
+
+
+@dataclasses.dataclass(frozen=True)
+class Wanted:
+    """Which outputs a request asks for (None: all) and which of them in binary (KServe's binary tensor extension:
+    the request's ``parameters.binary_data_output`` or an output's ``parameters.binary_data``)."""
+
+    names: Optional[tuple[str, ...]] = None
+    binary: frozenset[str] = frozenset()
+    all_binary: bool = False
+
+    def is_binary(self, name: str) -> bool:
+        return self.all_binary or name in self.binary
+
+
+def wanted_outputs(doc: dict, sig: Optional[ModelSig]) -> Wanted:
+    """The request's ``outputs`` and binary choices; BadRequest for a malformed list or, where the model's outputs
+    are known, a name it does not answer."""
+    params = doc.get("parameters") or {}
+    if not isinstance(params, dict):
+        raise BadRequest("parameters: an object")
+    all_binary = params.get("binary_data_output") is True
+    asked = doc.get("outputs")
+    if asked is None:
+        return Wanted(all_binary=all_binary)
+    if not isinstance(asked, list) or not all(isinstance(o, dict) and isinstance(o.get("name"), str) for o in asked):
+        raise BadRequest("outputs: a list of objects with a string name")
+    names = tuple(o["name"] for o in asked)
+    known = sig.outputs if sig else ()
+    for n in names:
+        if known and n not in known:
+            raise BadRequest(f"output {n[:64]!r}: the model has no such output (outputs: {', '.join(known)})")
+    binary = frozenset(
+        o["name"] for o in asked if isinstance(o.get("parameters"), dict) and o["parameters"].get("binary_data") is True
+    )
+    return Wanted(names, binary, all_binary)
+
+
+def answer_outputs(
+    outputs: dict[str, np.ndarray], sig: Optional[ModelSig], wanted: Wanted
+) -> tuple[list[dict[str, Any]], list[bytes]]:
+    """The answer's outputs (KServe v2 JSON) and the binary parts after the JSON, in order. An output the model's
+    signature names BYTES comes out of its UINT8 rows (``serving/bytes_rows.py``) as one value a row, [n, 1]: in
+    binary, KServe's BYTES layout (a 4-byte little-endian length before each value); in JSON, a string where the
+    value is UTF-8 text, else base64 with ``parameters.content_encoding`` = ``base64`` (a PNG is not text)."""
+    docs: list[dict[str, Any]] = []
+    blobs: list[bytes] = []
+    for name, a in outputs.items():
+        if wanted.names is not None and name not in wanted.names:
+            continue
+        if sig is not None and name in sig.bytes_outputs:
+            values = from_rows(a)
+            head: dict[str, Any] = {"name": name, "datatype": "BYTES", "shape": [len(values), 1]}
+            if wanted.is_binary(name):
+                blob = b"".join(len(v).to_bytes(4, "little") + v for v in values)
+                head["parameters"] = {"binary_data_size": len(blob)}
+                blobs.append(blob)
+            else:
+                try:
+                    head["data"] = [v.decode("utf-8") for v in values]
+                except UnicodeDecodeError:
+                    head["data"] = [base64.b64encode(v).decode() for v in values]
+                    head["parameters"] = {"content_encoding": "base64"}
+            docs.append(head)
+        elif wanted.is_binary(name) and a.dtype.str in _NAMES:
+            blob = np.ascontiguousarray(a).tobytes()
+            docs.append(
+                {
+                    "name": name,
+                    "datatype": _NAMES[a.dtype.str],
+                    "shape": list(a.shape),
+                    "parameters": {"binary_data_size": len(blob)},
+                }
+            )
+            blobs.append(blob)
+        else:
+            docs += outputs_json({name: a})
+    return docs, blobs
+
+
+@dataclasses.dataclass(frozen=True)
+class Binary:
+    """An answer with binary parts: the JSON head, then the parts (``Inference-Header-Content-Length`` says where the
+    JSON ends)."""
+
+    head: dict[str, Any]
+    parts: tuple[bytes, ...]
+
+    def body(self) -> tuple[bytes, dict[str, str]]:
+        h = json.dumps(self.head).encode()
+        return h + b"".join(self.parts), {"Inference-Header-Content-Length": str(len(h))}
 
 
 def job_key(caller: str, model: str, rid: Optional[str], inputs: dict[str, np.ndarray]) -> str:
@@ -300,13 +465,16 @@ class Front:
 
     def handle(
         self, model: str, body: bytes, key: Optional[str], caller: str = "-"
-    ) -> tuple[int, dict[str, str], dict[str, Any]]:
-        """(status, headers, JSON body) for one infer request from ``caller`` (the client's address)."""
+    ) -> tuple[int, dict[str, str], "dict[str, Any] | Binary"]:
+        """(status, headers, JSON body or a binary answer) for one infer request from ``caller`` (the client's
+        address)."""
         if self.models is not None and model not in self.models:
             return 404, {}, {"error": f"model {model!r} is not served here (models: {', '.join(self.models)})"}
         sig = (self.models or {}).get(model)
         try:
-            rid, inputs = parse_request(body, sig, max_elements=max(1, len(body)))
+            doc = _load(body)
+            rid, inputs = parse_doc(doc, sig, max_elements=max(1, len(body)))
+            wanted = wanted_outputs(doc, sig)
         except BadRequest as e:
             return 400, {}, {"error": str(e)}
         rid = key[:256] if key else rid
@@ -316,6 +484,10 @@ class Front:
         t0 = time.time()
         try:
             self.queue.submit(model, inputs, key=jkey)
+        except QueueShed as e:
+            # Queue time alone would break the latency goal: refused now, not answered late (nothing was queued).
+            retry = str(max(1, math.ceil(e.wait_ms / 1000)))
+            return 503, {"Retry-After": retry}, {"error": str(e), "wait_ms": e.wait_ms, "shed_wait_ms": e.limit_ms}
         except QueueFull as e:
             return 429, {"Retry-After": "1"}, {"error": str(e), "depth": e.depth, "max_depth": e.max_depth}
         except redis.RedisError as e:
@@ -337,11 +509,9 @@ class Front:
         headers = {"X-Gpuhost-Backend": res.backend, "X-Gpuhost-Latency-Ms": f"{res.latency_ms:.3f}"}
         if res.status != "ok":
             return 502, headers, {"error": res.error, "id": shown, "parameters": params}
-        return (
-            200,
-            headers,
-            {"model_name": model, "id": shown, "outputs": outputs_json(res.outputs), "parameters": params},
-        )
+        outputs, parts = answer_outputs(res.outputs, sig, wanted)
+        head = {"model_name": model, "id": shown, "outputs": outputs, "parameters": params}
+        return 200, headers, Binary(head, tuple(parts)) if parts else head
 
     def server(self, address: str, port: int) -> "BoundedServer":
         front, limits = self, self.limits
@@ -398,11 +568,17 @@ class Front:
                 except OSError:
                     pass
 
-            def _send(self, status: int, headers: dict[str, str], doc: dict[str, Any]) -> None:
-                data = json.dumps(doc).encode()
+            def _send(self, status: int, headers: dict[str, str], doc: "dict[str, Any] | Binary") -> None:
+                if isinstance(doc, Binary):
+                    data, extra = doc.body()
+                    headers = {**headers, **extra}
+                else:
+                    data = json.dumps(doc).encode()
                 self.connection.settimeout(limits.body_timeout_s)
                 self.send_response(status)
-                self.send_header("Content-Type", "application/json")
+                self.send_header(
+                    "Content-Type", "application/octet-stream" if isinstance(doc, Binary) else "application/json"
+                )
                 self.send_header("Content-Length", str(len(data)))
                 for k, v in headers.items():
                     self.send_header(k, v)

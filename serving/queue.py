@@ -10,7 +10,9 @@ Keys (``prefix`` defaults to ``gen``, the stream to ``gen:queue`` as in the seed
                          get it; once read its TTL (and the job and done keys') drops to ``read_ttl_s``
     gen:in:<key>         a large job's input tensors (``inline_max_bytes`` or more), one string beside a small
                          stream entry that names it; deleted when the job completes
-    gen:stats            counters: accepted, refused, duplicates, served:<backend>, failed
+    gen:stats            counters: accepted, refused, shed, duplicates, served:<backend>, failed
+    gen:drain            shedding's clock (``shed_wait_ms``): the group's entries read at a time, and the measured
+                         ms between dispatches
 
 Why an XLEN check and not ``XADD … MAXLEN``: MAXLEN trims the oldest entries, which are jobs nobody has served
 yet (or that a worker holds pending); that is losing work silently. The submit script refuses instead, atomically
@@ -57,16 +59,52 @@ _SUBMIT = """
 local prior = redis.call('GET', KEYS[2])
 if prior then
   -- a retry of an accepted job: its inputs, SET NX again before this script, go if the job is already done
-  if KEYS[4] and #redis.call('XRANGE', KEYS[1], prior, prior) == 0 then redis.call('DEL', KEYS[4]) end
+  if KEYS[5] and #redis.call('XRANGE', KEYS[1], prior, prior) == 0 then redis.call('DEL', KEYS[5]) end
   return {'dup', prior}
 end
 local depth = redis.call('XLEN', KEYS[1])
 if depth >= tonumber(ARGV[1]) then
   redis.call('HINCRBY', KEYS[3], 'refused', 1)
-  if KEYS[4] then redis.call('DEL', KEYS[4]) end
+  if KEYS[5] then redis.call('DEL', KEYS[5]) end
   return {'full', tostring(depth)}
 end
-local id = redis.call('XADD', KEYS[1], '*', unpack(ARGV, 3))
+local limit = tonumber(ARGV[3])
+if limit > 0 and depth > 0 then
+  -- the wait a new job would have: max(the oldest waiting job's age, jobs waiting x ms between dispatches)
+  local t = redis.call('TIME')
+  local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+  local lag, read, last = 0, nil, '0-0'
+  for _, g in ipairs(redis.call('XINFO', 'GROUPS', KEYS[1])) do
+    local m = {}
+    for i = 1, #g, 2 do m[g[i]] = g[i + 1] end
+    if m['name'] == ARGV[4] then lag, read, last = tonumber(m['lag']) or 0, tonumber(m['entries-read']), m['last-delivered-id'] end
+  end
+  local age = 0
+  local head = redis.call('XRANGE', KEYS[1], '(' .. last, '+', 'COUNT', 1)
+  if #head > 0 then age = now - tonumber(string.match(head[1][1], '^(%d+)')) end
+  local per = tonumber(redis.call('HGET', KEYS[4], 'per')) or 0
+  local since = tonumber(redis.call('HGET', KEYS[4], 't'))
+  if read and (not since or now - since >= 1000) then
+    if since then
+      local done = read - tonumber(redis.call('HGET', KEYS[4], 'read'))
+      if done > 0 then
+        local sample = (now - since) / done
+        if per > 0 then per = (per + sample) / 2 else per = sample end
+      elseif lag > 0 then
+        per = math.max(per, now - since)
+      end
+    end
+    redis.call('HSET', KEYS[4], 't', now, 'read', read, 'per', tostring(per))
+    redis.call('EXPIRE', KEYS[4], 3600)
+  end
+  local wait = math.max(age, lag * per)
+  if wait > limit then
+    redis.call('HINCRBY', KEYS[3], 'shed', 1)
+    if KEYS[5] then redis.call('DEL', KEYS[5]) end
+    return {'shed', tostring(math.floor(wait))}
+  end
+end
+local id = redis.call('XADD', KEYS[1], '*', unpack(ARGV, 5))
 redis.call('SET', KEYS[2], id, 'EX', ARGV[2])
 redis.call('HINCRBY', KEYS[3], 'accepted', 1)
 return {'ok', id}
@@ -98,6 +136,18 @@ class QueueFull(RuntimeError):
         )
 
 
+class QueueShed(RuntimeError):
+    """A new job would wait ``wait_ms`` in the queue, over ``shed_wait_ms``: not queued (HTTP 503), so the caller
+    hears at once rather than after its latency goal has passed."""
+
+    def __init__(self, stream: str, wait_ms: int, limit_ms: float):
+        self.wait_ms, self.limit_ms = wait_ms, limit_ms
+        super().__init__(
+            f"{stream}: a new job would wait about {wait_ms} ms for a worker, over the {limit_ms:g} ms allowed "
+            "(shed_wait_ms); not queued, retry later"
+        )
+
+
 class ResultTimeout(TimeoutError):
     pass
 
@@ -113,6 +163,11 @@ class QueueConfig:
     read_ttl_s: int = 300
     # Inputs of this many bytes or more go in their own key (gen:in:<key>), not through the submit script.
     inline_max_bytes: int = 64 * 1024
+    # Shedding (0: off): a submit is refused (QueueShed, HTTP 503) when a new job would wait longer than this for a
+    # worker: the oldest waiting job's age, or the jobs waiting times the time between dispatches (measured by Redis
+    # over >= 1 s windows, in gen:drain), whichever is more. Set it to the latency goal less a job's service time;
+    # it counts the wait in the stream, so give the workers as many slots as the backends run at once.
+    shed_wait_ms: float = 0.0
 
     def key(self, kind: str, job_key: str) -> str:
         return f"{self.prefix}:{kind}:{job_key}"
@@ -224,16 +279,17 @@ class JobQueue:
         meta, blobs = _pack_tensors(inputs)
         fields: list[Any] = ["key", key, "model", model, "t", repr(time.time()), "inputs", json.dumps(meta)]
         c = self.cfg
-        keys = [c.stream, c.key("job", key), c.stats_key]
+        keys = [c.stream, c.key("job", key), c.stats_key, f"{c.prefix}:drain"]
+        head: list[Any] = [c.max_depth, c.result_ttl_s, repr(float(c.shed_wait_ms)), c.group]
         if sum(len(b) for b in blobs) < c.inline_max_bytes:
             for m, b in zip(meta, blobs):
                 fields += [f"in:{m['name']}", b]
-            status, value = self._submit(keys=keys, args=[c.max_depth, c.result_ttl_s, *fields])
+            status, value = self._submit(keys=keys, args=[*head, *fields])
         else:  # one round trip: the inputs' SET, then the script (in order on the server)
             payload = c.key("in", key)
             fields += ["payload", payload]
             keys.append(payload)
-            args = [c.max_depth, c.result_ttl_s, *fields]
+            args = [*head, *fields]
             pipe = self.r.pipeline(transaction=False)
             # NX: a retry of a job still waiting keeps the inputs it was accepted with
             pipe.set(payload, b"".join(blobs), ex=c.result_ttl_s, nx=True)
@@ -249,6 +305,8 @@ class JobQueue:
             status, value = got[1]
         if status == b"full":
             raise QueueFull(c.stream, int(value), c.max_depth)
+        if status == b"shed":
+            raise QueueShed(c.stream, int(value), c.shed_wait_ms)
         return key
 
     def result(self, key: str, *, timeout_s: float = 30.0, submitted_at: Optional[float] = None) -> Result:

@@ -49,6 +49,7 @@ import numpy as np
 import redis
 
 from serving import triton_wire
+from serving.bytes_rows import wire_inputs
 from serving.metrics import Counter, Histogram, parse_samples, render
 from serving.queue import Job, JobQueue, QueueConfig, Result
 from serving.scheduler import Policy, Scheduler, Signals
@@ -143,7 +144,8 @@ class JobFailed(RuntimeError):
 
 class TritonBackend:
     """Triton over gRPC (binary tensors; the request serialized with one copy of the job's bytes,
-    ``serving.triton_wire``); thread-safe, one channel per backend."""
+    ``serving.triton_wire``); thread-safe, one channel per backend. A BYTES input (a prompt: a NumPy ``S`` array in
+    the queue) goes as UINT8 rows, one value a row (``serving/bytes_rows.py``)."""
 
     def __init__(self, cfg: BackendConfig, timeout_s: float):
         import tritonclient.grpc as grpcclient
@@ -166,7 +168,8 @@ class TritonBackend:
         import grpc
 
         try:
-            response = self._call(triton_wire.tensors_request(job.model, job.inputs), timeout=self.timeout_s)
+            request = triton_wire.tensors_request(job.model, wire_inputs(job.inputs))
+            response = self._call(request, timeout=self.timeout_s)
         except grpc.RpcError as e:
             err = triton_wire.server_error(e)
             if str(e.code()) in BACKEND_DOWN:
@@ -463,6 +466,10 @@ class Worker:
                 if k == "refused":
                     gauges.append(
                         ("gpuhost_gateway_jobs_refused", "Submits refused by a full queue (all workers)", {}, v)
+                    )
+                elif k == "shed":
+                    gauges.append(
+                        ("gpuhost_gateway_jobs_shed", "Submits refused for their queue time (all workers)", {}, v)
                     )
             up = 1.0
         except redis.RedisError:

@@ -12,12 +12,14 @@ import math
 import socket
 import threading
 import time
+from typing import Any
 
 import numpy as np
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from serving.bytes_rows import wire_inputs
 from serving.front import BadRequest, Front, InputSig, Limits, ModelSig, parse_request
 from serving.queue import JobQueue, QueueConfig, Result
 from tests.hostile import live_threads, threads_left
@@ -32,6 +34,10 @@ MODELS = {
         f"t-{dt.lower()}": ModelSig((InputSig("v", dt, (-1,)),))
         for dt in ("BOOL", "UINT8", "INT8", "INT32", "INT64", "FP16", "FP32")
     },
+    # A prompt: BYTES at the API, UINT8 rows inside (the echo answers them back as the BYTES output "v").
+    "t-bytes": ModelSig(
+        (InputSig("v", "BYTES", (1,), max_bytes=16),), max_batch_size=2, bytes_outputs=("v",), outputs=("v",)
+    ),
 }
 LIMITS = Limits(max_body_bytes=1 << 20, header_timeout_s=1.0, body_timeout_s=1.0, max_connections=4)
 CAP_M = 2 * 4 * 32 + 64 * 1024  # model m: batch 2 x 4 values x 32 bytes + 64 KiB
@@ -41,7 +47,7 @@ def _echo(model: str, inputs: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
     """The stand-in backend: model m doubles x; the typed models give v back."""
     if model == "m":
         return {"y": (inputs["x"] * 2).astype(np.float32)}
-    return {"v": inputs["v"]}
+    return wire_inputs({"v": inputs["v"]})  # a BYTES input as the worker sends it to Triton: UINT8 rows
 
 
 class EchoConsumer:
@@ -355,6 +361,66 @@ HOSTILE_VALUES = [
         "input 'x': datatype FP64 but the model takes FP32",
     ),
     ("unknown input", "m", _body("z", "FP32", [1, 4], [1] * 4), "input 'z': the model has no such input (inputs: x)"),
+    ("BYTES a number", "t-bytes", _body("v", "BYTES", [1, 1], [3]), "input 'v': BYTES takes strings only, got '3'"),
+    ("BYTES null", "t-bytes", _body("v", "BYTES", [1, 1], [None]), "input 'v': BYTES takes strings only, got 'None'"),
+    ("BYTES a list", "t-bytes", _body("v", "BYTES", [1, 1], [[["a"]]]), "input 'v': data nested deeper than shape"),
+    ("BYTES an object", "t-bytes", _body("v", "BYTES", [1, 1], [{"a": 1}]), "input 'v': BYTES takes strings only"),
+    (
+        "BYTES over the bound",
+        "t-bytes",
+        _body("v", "BYTES", [1, 1], ["x" * 17]),
+        "input 'v': 17 bytes, over the 16-byte bound",
+    ),
+    (
+        "BYTES over the bound in UTF-8",
+        "t-bytes",
+        _body("v", "BYTES", [1, 1], ["é" * 9]),
+        "input 'v': 18 bytes, over the 16-byte bound",
+    ),
+    (
+        "BYTES a lone surrogate",
+        "t-bytes",
+        _body("v", "BYTES", [1, 1], ["a\ud800"]),
+        "input 'v': not valid UTF-8 (a lone surrogate U+D800 at character 1)",
+    ),
+    (
+        "BYTES invalid UTF-8 in the body",
+        "t-bytes",
+        b'{"inputs": [{"name": "v", "datatype": "BYTES", "shape": [1, 1], "data": ["\xff\xfe"]}]}',
+        "not a KServe v2 JSON infer request: UnicodeDecodeError",
+    ),
+    (
+        "BYTES with a NUL",
+        "t-bytes",
+        _body("v", "BYTES", [1, 1], ["a\u0000b"]),
+        "input 'v': a NUL character (U+0000) at byte 1; not allowed",
+    ),
+    (
+        "BYTES as UINT8",
+        "t-bytes",
+        _body("v", "UINT8", [1, 1], [97]),
+        "input 'v': datatype UINT8 but the model takes BYTES",
+    ),
+    (
+        "BYTES two a row",
+        "t-bytes",
+        _body("v", "BYTES", [1, 2], ["a", "b"]),
+        "input 'v': shape [2] but the model takes [1] (-1: any size)",
+    ),
+    (
+        "BYTES batch over max",
+        "t-bytes",
+        _body("v", "BYTES", [3, 1], ["a", "b", "c"]),
+        "input 'v': shape [3, 1]: the batch (first) dimension must be 1..2",
+    ),
+    (
+        "BYTES an unknown output asked",
+        "t-bytes",
+        json.dumps(
+            {"inputs": [{"name": "v", "datatype": "BYTES", "shape": [1, 1], "data": ["a"]}], "outputs": [{"name": "w"}]}
+        ).encode(),
+        "output 'w': the model has no such output (outputs: v)",
+    ),
     ("JSON null", "m", b"null", "not a KServe v2 JSON infer request: an object with an inputs list"),
     ("JSON list", "m", b"[1, 2]", "not a KServe v2 JSON infer request: an object with an inputs list"),
     ("not JSON", "m", b"\xff\xfe", "not a KServe v2 JSON infer request: JSONDecodeError: Expecting value"),
@@ -367,6 +433,55 @@ def test_values_the_model_cannot_take_are_400_naming_the_input(front, case, mode
     assert status == 400 and message in doc["error"], (case, doc)
     assert front.echo.q.depth() == 0  # nothing queued
     good(front)
+
+
+def test_bytes_go_in_as_text_and_come_back_as_bytes_json_and_binary(front):
+    """A BYTES input (UTF-8 text, up to the bound) crosses the queue as UINT8 rows and comes back as BYTES: as JSON
+    strings, and in KServe's binary layout (a 4-byte little-endian length before each value) when asked."""
+    values = ["café ☕", "x" * 16]
+    doc: dict[str, Any] = {"inputs": [{"name": "v", "datatype": "BYTES", "shape": [2, 1], "data": values}]}
+    status, got = post(front, "t-bytes", doc)
+    assert status == 200, got
+    assert got["outputs"] == [{"name": "v", "datatype": "BYTES", "shape": [2, 1], "data": values}]
+
+    doc["outputs"] = [{"name": "v", "parameters": {"binary_data": True}}]
+    c = http.client.HTTPConnection("127.0.0.1", _port(front), timeout=20)
+    c.request("POST", "/v2/models/t-bytes/infer", json.dumps(doc).encode(), {"Content-Type": "application/json"})
+    r = c.getresponse()
+    body = r.read()
+    c.close()
+    assert r.status == 200, body
+    n = int(r.getheader("Inference-Header-Content-Length") or "")
+    head, blob = json.loads(body[:n]), body[n:]
+    (out,) = head["outputs"]
+    assert (out["datatype"], out["shape"], out["parameters"]) == ("BYTES", [2, 1], {"binary_data_size": len(blob)})
+    want = b"".join(len(v.encode()).to_bytes(4, "little") + v.encode() for v in values)
+    assert blob == want
+    good(front)
+
+
+def test_a_job_that_would_wait_past_shed_wait_ms_is_503_and_not_queued(front, redis_srv):
+    """Shedding: with ``shed_wait_ms`` set, a submit behind a job that has already waited longer is refused at once
+    (503, Retry-After, the wait named), nothing is queued; once the queue moves again the next job is served."""
+    front.echo.paused.set()
+    assert front.echo.holding.wait(10)
+    r = redis.Redis(port=redis_srv.port)
+    q = JobQueue(r, QueueConfig(shed_wait_ms=200))
+    held = q.submit("m", {"x": np.ones((1, 4), np.float32)})
+    time.sleep(0.3)  # the waiting job is now older than 200 ms: a new one would wait at least that long
+    shedding = Front(q, timeout_s=10, models=MODELS, limits=LIMITS)
+    status, headers, shed = shedding.handle("m", BODY_M, None)
+    assert status == 503 and isinstance(shed, dict), (status, shed)
+    doc = shed
+    assert status == 503 and headers == {"Retry-After": "1"}, (status, doc)
+    assert doc["shed_wait_ms"] == 200 and doc["wait_ms"] >= 200, doc
+    assert "over the 200 ms allowed (shed_wait_ms); not queued" in doc["error"]
+    assert q.depth() == 1 and q.stats()["shed"] == 1
+    front.echo.paused.clear()
+    assert q.result(held, timeout_s=10).status == "ok"
+    status, _, answer = shedding.handle("m", BODY_M, None)
+    assert status == 200 and isinstance(answer, dict) and answer["outputs"][0]["data"] == [2.0, 4.0, 6.0, 8.0], answer
+    r.close()
 
 
 def test_unknown_model_and_path_are_404(front):

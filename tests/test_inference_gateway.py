@@ -10,6 +10,7 @@ from __future__ import annotations
 import copy
 import json
 import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -246,6 +247,18 @@ def test_worker_unit_runs_the_worker_with_its_config():
     assert set(files) >= {f"/opt/gpuhost/gateway/serving/{m}" for m in gw.SERVING_MODULES}
     for m in gw.SERVING_MODULES:
         assert files[f"/opt/gpuhost/gateway/serving/{m}"] == (ROOT / "serving" / m).read_text()
+
+
+def test_the_shipped_modules_are_all_the_front_and_the_worker_import(tmp_path):
+    """The gateway host gets SERVING_MODULES alone: the front and the worker import from such a copy (isolated: no
+    repository on the path), with the runtime's packages."""
+    (tmp_path / "serving").mkdir()
+    for m in gw.SERVING_MODULES:
+        (tmp_path / "serving" / m).write_text((ROOT / "serving" / m).read_text())
+    code = f"import sys; sys.path.insert(0, {str(tmp_path)!r}); import serving.front, serving.worker; print(serving.front.__file__)"
+    got = subprocess.run([sys.executable, "-I", "-c", code], cwd=tmp_path, capture_output=True, text=True)
+    assert got.returncode == 0, got.stderr
+    assert got.stdout.strip() == str(tmp_path / "serving" / "front.py")
 
 
 def _graph(p95_s: float = 2.5) -> MonitoringGraph:
