@@ -20,7 +20,7 @@ from plans.mig_fit import layout_problems
 from stacks.args import cmdline_args
 from stacks.errors import ConfigError
 from stacks.program import model_spec, plan_host
-from stacks.schema import Fleet, Host, Jump, Topology
+from stacks.schema import Fleet, Host, Jump, Service, Topology, Vm
 
 # Presets whose model code gpuhost ships itself (serving/models): the artifact is their weights file.
 WEIGHTS_ONLY = ("yolov8n_torch",)
@@ -35,11 +35,20 @@ HOST_KEEP_PERCENT = 10
 
 
 def host_problems(i: int, h: Host) -> Iterator[str]:
+    """One host's consistency: its VMs, devices, GPUs, what its topology must hold, its kernel arguments."""
     at = f"fleet.hosts[{i}]"
+    yield from _vm_problems(at, h)
+    yield from _device_problems(at, h)
+    yield from _gpu_problems(at, h)
+    yield from _topology_problems(at, h)
+    yield from _kernel_arg_problems(at, h)
+
+
+def _vm_problems(at: str, h: Host) -> Iterator[str]:
+    """VM names unique on the host; each VM's GPUs declared, passed through, given to it alone; each VM fits a node."""
     gpus = {g.address: g for g in h.gpus}
     seen_gpu: dict[str, str] = {}
     names: set[str] = set()
-    t = h.topology
     for j, vm in enumerate(h.vms):
         if vm.name in names:
             yield f"{at}.vms[{j}].name: {vm.name!r} appears twice on host {h.name} (VM names are unique per host)"
@@ -63,20 +72,30 @@ def host_problems(i: int, h: Host) -> Iterator[str]:
                     "(a GPU passes through to one VM only)"
                 )
             seen_gpu[a] = vm.name
-        if t:
-            nodes = sorted(n for a in vm.gpus if a in gpus for n in [gpus[a].numa_node] if n is not None)
-            reserved_per_node = len(h.reserved_cpus) // max(1, t.nodes)
-            cap = t.cpus_per_node - reserved_per_node
-            if vm.vcpus > cap:
-                where = f"node {nodes[0]}" if nodes else "any node"
-                yield (
-                    f"{at}.vms[{j}].vcpus: {vm.vcpus} vCPUs do not fit on {where} of {h.name}: "
-                    f"{t.cpus_per_node} CPUs per node, about {reserved_per_node} reserved for the host, "
-                    f"so at most {cap}"
-                )
-            if vm.memory_gib > t.memory_gib_per_node:
-                yield f"{at}.vms[{j}].memory_gib: {vm.memory_gib} GiB exceeds a node's {t.memory_gib_per_node} GiB"
-    yield from _device_problems(at, h)
+        if h.topology:
+            yield from _vm_fit_problems(f"{at}.vms[{j}]", h, vm, h.topology)
+
+
+def _vm_fit_problems(at: str, h: Host, vm: Vm, t: Topology) -> Iterator[str]:
+    """A VM's vCPUs within one node's CPUs less the host's share, its memory within one node's."""
+    gpus = {g.address: g for g in h.gpus}
+    nodes = sorted(n for a in vm.gpus if a in gpus for n in [gpus[a].numa_node] if n is not None)
+    reserved_per_node = len(h.reserved_cpus) // max(1, t.nodes)
+    cap = t.cpus_per_node - reserved_per_node
+    if vm.vcpus > cap:
+        where = f"node {nodes[0]}" if nodes else "any node"
+        yield (
+            f"{at}.vcpus: {vm.vcpus} vCPUs do not fit on {where} of {h.name}: "
+            f"{t.cpus_per_node} CPUs per node, about {reserved_per_node} reserved for the host, "
+            f"so at most {cap}"
+        )
+    if vm.memory_gib > t.memory_gib_per_node:
+        yield f"{at}.memory_gib: {vm.memory_gib} GiB exceeds a node's {t.memory_gib_per_node} GiB"
+
+
+def _gpu_problems(at: str, h: Host) -> Iterator[str]:
+    """Each GPU's NUMA node within the topology; MIG only on a GPU the host keeps, in a layout that fits."""
+    t = h.topology
     for k, g in enumerate(h.gpus):
         if t and g.numa_node is not None and g.numa_node >= t.nodes:
             yield f"{at}.gpus[{k}].numa_node: {g.numa_node} but the topology has {t.nodes} nodes"
@@ -88,6 +107,11 @@ def host_problems(i: int, h: Host) -> Iterator[str]:
                 )
             for problem in layout_problems(g.model, g.mig):
                 yield f"{at}.gpus[{k}].mig: {problem} (`nvidia-smi mig -lgip` lists what fits)"
+
+
+def _topology_problems(at: str, h: Host) -> Iterator[str]:
+    """Reserved CPUs, hugepages and SR-IOV nodes within the topology; without one, no hugepages."""
+    t = h.topology
     if t:
         ncpu = t.sockets * t.cores_per_socket * t.threads_per_core
         bad = [c for c in h.reserved_cpus if c >= ncpu]
@@ -97,16 +121,21 @@ def host_problems(i: int, h: Host) -> Iterator[str]:
         for k, p in enumerate(h.sriov):
             if p.numa_node is not None and p.numa_node >= t.nodes:
                 yield f"{at}.sriov[{k}].numa_node: {p.numa_node} but the topology has {t.nodes} nodes (0-{t.nodes - 1})"
-    else:
-        # Without a topology nothing bounds these by the machine: refuse them until the host declares one.
-        why = (
-            "on a host without topology, so gpuhost cannot check that the host holds them; declare topology "
-            "(sockets, cores_per_socket, threads_per_core, memory_gib_per_node) on this host"
-        )
-        if h.hugepages.count:
-            yield f"{at}.hugepages.count: {h.hugepages.count} pages {why}"
-        if h.hugepages.per_node:
-            yield f"{at}.hugepages.per_node: pages on node(s) {sorted(h.hugepages.per_node)} {why}"
+        return
+    # Without a topology nothing bounds these by the machine: refuse them until the host declares one.
+    why = (
+        "on a host without topology, so gpuhost cannot check that the host holds them; declare topology "
+        "(sockets, cores_per_socket, threads_per_core, memory_gib_per_node) on this host"
+    )
+    if h.hugepages.count:
+        yield f"{at}.hugepages.count: {h.hugepages.count} pages {why}"
+    if h.hugepages.per_node:
+        yield f"{at}.hugepages.per_node: pages on node(s) {sorted(h.hugepages.per_node)} {why}"
+
+
+def _kernel_arg_problems(at: str, h: Host) -> Iterator[str]:
+    """kernel.extra_args: unsafe ones acknowledged, gpuhost's own ones acknowledged as overrides; every
+    acknowledgement used; remove_args never removing what gpuhost adds."""
     ack = {flag for flag in UNSAFE.values() if getattr(h, flag)}
     overrides = set(h.kernel.overrides_acknowledged)
     for k, arg in enumerate(h.kernel.extra_args):
@@ -265,7 +294,6 @@ def _address_problems(fleet: Fleet) -> list[str]:
 def _service_problems(fleet: Fleet, unknown: frozenset[str]) -> list[str]:
     """Each service: its name, models and artifacts, its host or VM, its GPUs and MIG device; one per machine."""
     out: list[str] = []
-    hosts = {h.name: h for h in fleet.hosts}
     services_on: dict[tuple, int] = {}
     svc_names: dict[str, int] = {}
     for i, s in enumerate(fleet.services):
@@ -273,66 +301,14 @@ def _service_problems(fleet: Fleet, unknown: frozenset[str]) -> list[str]:
         if s.name in svc_names:
             out.append(f"{at}.name: {s.name!r} appears twice (services[{svc_names[s.name]}] too)")
         svc_names.setdefault(s.name, i)
-        models = [x.name for x in s.models]
-        for k, mname in enumerate(models):
-            if models.index(mname) != k:
-                out.append(
-                    f"{at}.models[{k}].name: {mname!r} appears twice in this service (one repository directory per model)"
-                )
-        if not s.models:
-            out.append(f"{at}.models: a service needs at least one model")
-        sh = hosts.get(s.host)
+        out += _model_name_problems(at, s)
+        sh, where = _service_machine(fleet, at, s, unknown)
+        out += where
         if sh is None:
-            out.append(f"{at}.host: unknown host {s.host!r} (hosts: {', '.join(hosts) or 'none'})")
             continue
-        if s.vm:
-            svm = next((v for v in sh.vms if v.name == s.vm), None)
-            if svm is None:
-                out.append(
-                    f"{at}.vm: host {s.host} has no VM {s.vm!r} (VMs: {', '.join(v.name for v in sh.vms) or 'none'})"
-                )
-                continue
-            hi = next(k for k, x in enumerate(fleet.hosts) if x.name == s.host)
-            if not svm.address and f"fleet.hosts[{hi}].vms[{sh.vms.index(svm)}].address" not in unknown:
-                out.append(
-                    f"{at}.vm: VM {s.vm!r} has no address, so the service cannot reach it; set address on that VM"
-                )
         out += _service_gpu_problems(at, s, sh)
-        for k, mdl in enumerate(s.models):
-            if mdl.artifact is None and mdl.preset in WEIGHTS_ONLY:
-                out.append(
-                    f"{at}.models[{k}].artifact: required for preset {mdl.preset}: its weights file (an Ultralytics "
-                    "yolov8n.onnx or yolov8n.pt, a state_dict or safetensors; url or path, and sha256); a stack may "
-                    "not serve random weights"
-                )
-            elif mdl.artifact is None:
-                out.append(
-                    f"{at}.models[{k}].artifact: required for preset {mdl.preset}: the model's file (url or path, "
-                    "and sha256); gpuhost ships no stand-in"
-                )
-            if "input" in mdl.model_fields_set and mdl.preset != "yolov8n_torch":
-                out.append(
-                    f"{at}.models[{k}].input: only preset yolov8n_torch takes frames as jpeg or raw; preset "
-                    f"{mdl.preset} has its own input signature (remove input)"
-                )
-            if "jpeg_decoder" in mdl.model_fields_set and (mdl.preset, mdl.input) != ("yolov8n_torch", "jpeg"):
-                out.append(
-                    f"{at}.models[{k}].jpeg_decoder: only preset yolov8n_torch with input jpeg decodes frames; "
-                    + (
-                        "input raw takes frames letterboxed by the client (remove jpeg_decoder, or set input: jpeg)"
-                        if mdl.preset == "yolov8n_torch"
-                        else f"preset {mdl.preset} decodes none (remove jpeg_decoder)"
-                    )
-                )
-        if s.mig:
-            g = next((g for g in sh.gpus if g.address == s.mig.gpu and g.mig), None)
-            if s.vm or g is None:
-                out.append(
-                    f"{at}.mig.gpu: {s.mig.gpu} is not a MIG GPU of host {s.host}"
-                    + (" (a service in a VM has its GPU passed through whole)" if s.vm else "")
-                )
-            elif s.mig.instance >= len(g.mig or []):
-                out.append(f"{at}.mig.instance: {s.mig.instance} but {s.mig.gpu} has {len(g.mig or [])} MIG instances")
+        out += _model_problems(at, s)
+        out += _service_mig_problems(at, s, sh)
         machine = (s.host, s.vm)
         if machine in services_on:
             j = services_on[machine]
@@ -343,6 +319,85 @@ def _service_problems(fleet: Fleet, unknown: frozenset[str]) -> list[str]:
             )
         services_on.setdefault(machine, i)
     return out
+
+
+def _model_name_problems(at: str, s: Service) -> list[str]:
+    """At least one model, each name once (one repository directory per model)."""
+    out = []
+    models = [x.name for x in s.models]
+    for k, mname in enumerate(models):
+        if models.index(mname) != k:
+            out.append(
+                f"{at}.models[{k}].name: {mname!r} appears twice in this service (one repository directory per model)"
+            )
+    if not s.models:
+        out.append(f"{at}.models: a service needs at least one model")
+    return out
+
+
+def _service_machine(fleet: Fleet, at: str, s: Service, unknown: frozenset[str]) -> tuple[Optional[Host], list[str]]:
+    """(the service's host, problems): None when its host or VM does not exist (nothing more to check then); a VM
+    it runs in must have an address, unless that address was dropped as bad (`unknown`)."""
+    hosts = {h.name: h for h in fleet.hosts}
+    sh = hosts.get(s.host)
+    if sh is None:
+        return None, [f"{at}.host: unknown host {s.host!r} (hosts: {', '.join(hosts) or 'none'})"]
+    if not s.vm:
+        return sh, []
+    svm = next((v for v in sh.vms if v.name == s.vm), None)
+    if svm is None:
+        return None, [f"{at}.vm: host {s.host} has no VM {s.vm!r} (VMs: {', '.join(v.name for v in sh.vms) or 'none'})"]
+    hi = next(k for k, x in enumerate(fleet.hosts) if x.name == s.host)
+    if not svm.address and f"fleet.hosts[{hi}].vms[{sh.vms.index(svm)}].address" not in unknown:
+        return sh, [f"{at}.vm: VM {s.vm!r} has no address, so the service cannot reach it; set address on that VM"]
+    return sh, []
+
+
+def _model_problems(at: str, s: Service) -> list[str]:
+    """Each model's artifact (gpuhost ships no stand-in), and input/jpeg_decoder only where the preset takes them."""
+    out = []
+    for k, mdl in enumerate(s.models):
+        if mdl.artifact is None and mdl.preset in WEIGHTS_ONLY:
+            out.append(
+                f"{at}.models[{k}].artifact: required for preset {mdl.preset}: its weights file (an Ultralytics "
+                "yolov8n.onnx or yolov8n.pt, a state_dict or safetensors; url or path, and sha256); a stack may "
+                "not serve random weights"
+            )
+        elif mdl.artifact is None:
+            out.append(
+                f"{at}.models[{k}].artifact: required for preset {mdl.preset}: the model's file (url or path, "
+                "and sha256); gpuhost ships no stand-in"
+            )
+        if "input" in mdl.model_fields_set and mdl.preset != "yolov8n_torch":
+            out.append(
+                f"{at}.models[{k}].input: only preset yolov8n_torch takes frames as jpeg or raw; preset "
+                f"{mdl.preset} has its own input signature (remove input)"
+            )
+        if "jpeg_decoder" in mdl.model_fields_set and (mdl.preset, mdl.input) != ("yolov8n_torch", "jpeg"):
+            out.append(
+                f"{at}.models[{k}].jpeg_decoder: only preset yolov8n_torch with input jpeg decodes frames; "
+                + (
+                    "input raw takes frames letterboxed by the client (remove jpeg_decoder, or set input: jpeg)"
+                    if mdl.preset == "yolov8n_torch"
+                    else f"preset {mdl.preset} decodes none (remove jpeg_decoder)"
+                )
+            )
+    return out
+
+
+def _service_mig_problems(at: str, s: Service, sh: Host) -> list[str]:
+    """A MIG binding names a MIG GPU of the service's host (not in a VM) and one of its instances."""
+    if not s.mig:
+        return []
+    g = next((g for g in sh.gpus if g.address == s.mig.gpu and g.mig), None)
+    if s.vm or g is None:
+        return [
+            f"{at}.mig.gpu: {s.mig.gpu} is not a MIG GPU of host {s.host}"
+            + (" (a service in a VM has its GPU passed through whole)" if s.vm else "")
+        ]
+    if s.mig.instance >= len(g.mig or []):
+        return [f"{at}.mig.instance: {s.mig.instance} but {s.mig.gpu} has {len(g.mig or [])} MIG instances"]
+    return []
 
 
 def _monitoring_problems(fleet: Fleet) -> list[str]:
