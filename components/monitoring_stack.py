@@ -221,6 +221,14 @@ def children(name: str, args: MonitoringStackArgs) -> list[Child]:
 
 
 class MonitoringStack(Wired, type_name="gpuhost:monitoring:MonitoringStack", children=children):
+    RECREATED = {
+        "*-node-exporter": "container is recreated: node-exporter restarts",
+        "*-dcgm-exporter": "container is recreated: dcgm-exporter restarts",
+        "prometheus": "container is recreated: Prometheus restarts",
+        "grafana": "container is recreated: Grafana restarts",
+    }
+    RECREATED_DERIVED = (("labels",),)
+
     def wire(self, args: MonitoringStackArgs, made: dict[str, Any]) -> dict[str, Any]:
         self.exporters: dict[str, list[pulumi.Resource]] = {
             m.name: [made[s] for s in (f"{m.name}-node-exporter", f"{m.name}-dcgm-exporter") if s in made]

@@ -525,6 +525,10 @@ def children(name: str, args: TritonServiceArgs) -> list[Child]:
 
 
 class TritonService(Wired, type_name="gpuhost:serving:TritonService", children=children):
+    # A new label (the repository digest, the GPUs) or control-key stamp recreates the container: Triton restarts.
+    RECREATED = {"triton": "container is recreated: Triton restarts"}
+    RECREATED_DERIVED = (("labels",),)
+
     def wire(self, args: TritonServiceArgs, made: dict[str, Any]) -> dict[str, Any]:
         specs = _specs(args)
         self.snapshot = made["snapshot"]

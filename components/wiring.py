@@ -151,10 +151,19 @@ class Wired(pulumi.ComponentResource):
 
     TYPE: ClassVar[str]
     CHILDREN: ClassVar[Callable[..., list[Child]]]
+    # Every component class by its type token (tools/plan_diff finds a child's component from its parent's type).
+    BY_TYPE: ClassVar[dict[str, type[Wired]]] = {}
+    # Children whose provider is not gpuhost's and recreates them on any change (pulumi-docker's containers), by
+    # suffix pattern (fnmatch): what restarts then, in words. gpuhost's own providers say it themselves
+    # (Provider.effects); tools/plan_diff reads both for a PR's "Restarts:" line.
+    RECREATED: ClassVar[Mapping[str, str]] = {}
+    # Inputs of those children that only carry a hash of others (labels that make a change recreate a container).
+    RECREATED_DERIVED: ClassVar[tuple[tuple[str, ...], ...]] = ()
 
     def __init_subclass__(cls, *, type_name: str, children: Callable[..., list[Child]], **kwargs: Any):
         super().__init_subclass__(**kwargs)
         cls.TYPE, cls.CHILDREN = type_name, staticmethod(children)
+        Wired.BY_TYPE[type_name] = cls
 
     def __init__(self, name: str, args: Any, opts: Optional[pulumi.ResourceOptions] = None):
         super().__init__(self.TYPE, name, None, opts)

@@ -56,6 +56,7 @@ from facts import state
 from facts.state import Change, Record
 from plans.plan import Plan
 from providers import progress
+from providers.effects import Effect, Path
 
 # Inputs that are bookkeeping, never a reason to touch the host.
 _IGNORED = {"__provider", "version", "owner_tag"}
@@ -115,6 +116,13 @@ class Provider(ResourceProvider):
     DELETE_BEFORE_REPLACE = True
     # Properties the provider fills in (declared as None inputs so Pulumi exposes them); never diffed.
     OUTPUT_ONLY: tuple[str, ...] = ()
+    # Input paths that only carry a hash of other inputs (providers.effects): counted, not listed, in a PR's diff.
+    DERIVED: tuple[Path, ...] = ()
+
+    def effects(self, olds: dict | None, news: dict) -> list[Effect]:
+        """What applying olds → news (olds None: a create) does to what runs, for a PR's plan diff
+        (providers.effects); asked only when the provider's diff has changes. Default: nothing that runs."""
+        return []
 
     # -- check ------------------------------------------------------------------------------------------------
     def check_known(self, olds: dict[str, Any], news: dict[str, Any]) -> CheckResult:

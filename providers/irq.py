@@ -21,6 +21,7 @@ from facts.host import facts_script, parse_host_facts, read_host_facts
 from facts.state import Change, Record
 from plans import irq as plan
 from providers.base import HostResource, TemplateProvider
+from providers.effects import Effect, host_name
 
 PATHS = list(plan.PATHS)
 AFFINITY = "irq/affinity"
@@ -36,6 +37,12 @@ class IrqIsolationProvider(TemplateProvider):
     KIND = "irq-isolation"
     INPUTS = ("host", "banned_cpus", "pin")
     OUTPUT_ONLY = ("prior", "prior_affinity", "config_path", "banned", "pinned", "unmovable", "plan")
+
+    def effects(self, olds: dict | None, news: dict) -> list[Effect]:
+        # A new ban list is a new irqbalance config: irqbalance restarts to read it (plans.irq).
+        if olds is None or olds.get("banned_cpus") == news.get("banned_cpus"):
+            return []
+        return [Effect("restart", host_name(news), "irqbalance", "restarts (if running) to read the new ban list")]
 
     def validate(self, news: dict) -> list[CheckFailure]:
         failures: list[CheckFailure] = []

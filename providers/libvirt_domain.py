@@ -57,6 +57,7 @@ from facts.state import Change, Record
 from plans import vm_storage
 from plans.domain_xml import CloudInit, DomainSpec, cpuset_str, parse, render_element, seed_iso
 from providers.base import HostProvider, HostResource, is_safe_abs_path, validation_failures
+from providers.effects import Effect, host_name
 from providers.managed_file import remove_dirs_lines
 
 # Changes libvirt applies to a running domain without a restart.
@@ -447,6 +448,20 @@ class LibvirtDomainProvider(HostProvider):
             d.delete_before_replace = True
             d.changes = True
         return d
+
+    def effects(self, olds: dict | None, news: dict) -> list[Effect]:
+        # What `update` does to a running guest: pins alone apply live; another definition or seed means a
+        # shutdown and a start; a replacement (another name or host) shuts the old domain down for good first.
+        if olds is None:
+            return []
+        od, nd = olds.get("domain") or {}, news.get("domain") or {}
+        name = str(nd.get("name") or od.get("name"))
+        if self.replaces(olds, news, self.changed_keys(olds, news)) or od.get("name") != nd.get("name"):
+            return [Effect("restart", host_name(olds), str(od.get("name")), "shuts down and is deleted (replaced)")]
+        redefined = {k for k in set(od) | set(nd) if od.get(k) != nd.get(k)} - LIVE_FIELDS
+        if redefined or olds.get("cloud_init") != news.get("cloud_init"):
+            return [Effect("restart", host_name(news), name, "shuts down (ACPI) and starts again, redefined")]
+        return []
 
     # -- the seed ISO path and the disk, as found -----------------------------------------------------------------
     @staticmethod

@@ -16,6 +16,7 @@ from pulumi.dynamic import CheckFailure
 from facts.state import Change, Record
 from plans import triton_mig as mig
 from providers.base import HostResource, TemplateProvider
+from providers.effects import Effect, host_name
 
 
 def _layout(props: dict) -> dict[int, list[str]]:
@@ -27,6 +28,18 @@ class MigLayoutProvider(TemplateProvider):
     KIND = "mig"
     INPUTS = ("host", "layout")
     OUTPUT_ONLY = ("mig_uuids", "pending_reset", "prior_layout")
+
+    def effects(self, olds: dict | None, news: dict) -> list[Effect]:
+        # Another layout destroys the GPU's instances and creates the new ones: work running on them stops.
+        if olds is None:
+            return []
+        old, new = _layout(olds), _layout(news)
+        how = "MIG instances destroyed and created again (work on them stops)"
+        return [
+            Effect("restart", host_name(news), f"GPU {i}", how)
+            for i in sorted(set(old) | set(new))
+            if old.get(i) != new.get(i)
+        ]
 
     def _state(self, props: dict) -> list[mig.Gpu]:
         conn = self.conn(props)

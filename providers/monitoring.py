@@ -32,6 +32,7 @@ from access.shell import Script, sh
 from facts.files import FileState, files_script, parse_files
 from facts.state import Change, Record
 from providers.base import HostResource, TemplateProvider, is_safe_abs_path
+from providers.effects import Effect, host_name
 from providers.managed_file import dirs_key, make_dirs_lines, missing_dirs_command, parse_missing, remove_dirs_lines
 
 STAGED = ".gpuhost-staged"
@@ -85,6 +86,20 @@ class MonitoringFilesProvider(TemplateProvider):
     KIND = "monitoring-files"
     INPUTS = ("host", "files", "config_path", "rules_paths", "reload", "grafana_unit", "grafana_restart_on", "promtool")
     OUTPUT_ONLY = ("prior", "sha256", "made_dirs")
+
+    def effects(self, olds: dict | None, news: dict) -> list[Effect]:
+        # apply_lines: Prometheus reloads after every change; Grafana restarts when a file it only reads at start
+        # changed.
+        if olds is None:
+            return []
+        host, out = host_name(news), []
+        if news.get("config_path"):
+            out.append(Effect("restart", host, "Prometheus", "reloads its configuration (no restart)"))
+        old, new = olds.get("files") or {}, news.get("files") or {}
+        changed = {p for p in set(old) | set(new) if old.get(p) != new.get(p)}
+        if news.get("grafana_unit") and changed & set(news.get("grafana_restart_on") or []):
+            out.append(Effect("restart", host, str(news["grafana_unit"]), "restarts"))
+        return out
 
     def validate(self, news: dict) -> list[CheckFailure]:
         failures = []

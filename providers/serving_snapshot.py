@@ -93,6 +93,7 @@ class ServingSnapshotProvider(TemplateProvider):
     REPLACE_ON = ("host", "snapshot")
     INPUTS = ("host", "root", "snapshot", "files", "restart", "trigger", "prepare")
     OUTPUT_ONLY = ("taken",)
+    DERIVED = (("trigger",),)  # a hash over everything the deploy writes, each shown itself
     PATHS = ("root", "snapshot")
 
     def apply(self, props: dict, prior: Optional[dict]) -> dict:

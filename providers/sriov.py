@@ -42,6 +42,7 @@ from facts.state import Change, Record
 from plans import irq as irq_plan
 from plans import sriov as plan
 from providers.base import HostResource, TemplateProvider, unknown_paths, validation_failures
+from providers.effects import Effect, host_name
 
 UNKNOWN = rpc.UNKNOWN  # the SDK's placeholder for a value not known during preview
 WANT_KEYS = ("pf", "num_vfs", "numa_node", "numa_policy", "vfio", "vfs", "irq_cpus")
@@ -109,6 +110,15 @@ class SriovVfsProvider(TemplateProvider):
     INPUTS = ("host", *WANT_KEYS, "persist")
     # A different PF (or host) is a different set of VFs: restore the old PF, then set up the new one.
     REPLACE_ON = ("host", "pf")
+
+    def effects(self, olds: dict | None, news: dict) -> list[Effect]:
+        # The kernel changes a non-zero VF count only through 0 (plans.sriov): every VF goes away, then the new ones.
+        if olds is None or olds.get("num_vfs") == news.get("num_vfs"):
+            return []
+        return [
+            Effect("restart", host_name(news), f"VFs of {news.get('pf')}", "removed and created again (a VM's VF goes)")
+        ]
+
     OUTPUT_ONLY = (
         "plan",
         "pf_address",

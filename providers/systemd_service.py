@@ -32,7 +32,8 @@ from pulumi.dynamic import CheckFailure
 from access.shell import Script, quote, sh
 from facts.files import FileState, files_script, parse_files
 from facts.state import Change, Record
-from providers.base import HostResource, TemplateProvider, is_safe_abs_path
+from providers.base import HostResource, TemplateProvider, host_identity, is_safe_abs_path
+from providers.effects import Effect, host_name
 
 UNIT_RE = re.compile(r"^[A-Za-z0-9@._\-]+$")
 USER_RE = re.compile(r"^[a-z_][a-z0-9_-]{0,31}$")
@@ -112,6 +113,21 @@ class SystemdServiceProvider(TemplateProvider):
     # drift that `up` repairs.
     INPUTS = ("host", "unit", "files", "enabled", "active", "action", "check", "user", "trigger")
     OUTPUT_ONLY = ("priors", "sha256", "prior", "user_created")
+    DERIVED = (("trigger",),)  # a config's sha256, a repository digest: what it follows is shown itself
+
+    def effects(self, olds: dict | None, news: dict) -> list[Effect]:
+        # Every update runs start_lines again: the unit restarts, or reloads (started if it was stopped).
+        if olds is None:
+            return []
+        host, unit = host_name(news), str(news.get("unit"))
+        if olds.get("unit") != news.get("unit") or host_identity(olds.get("host")) != host_identity(news.get("host")):
+            return [
+                Effect("restart", host_name(olds), str(olds.get("unit")), "stops (replaced)"),
+                Effect("restart", host, unit, "starts in its place"),
+            ]
+        if news.get("action") == "reload":
+            return [Effect("restart", host, unit, "reloads (no restart; started if it was stopped)")]
+        return [Effect("restart", host, unit, "restarts")]
 
     def validate(self, news: dict) -> list[CheckFailure]:
         failures = []

@@ -39,6 +39,7 @@ import pulumi
 from pulumi.dynamic import CheckFailure, CheckResult, CreateResult, DiffResult
 
 from providers.base import HostProvider, HostResource, Provider
+from providers.effects import Effect, host_name
 from providers.progress import resource_label, ticking
 from serving import kserve, loadgate
 from serving.health import NotReady, wait_ready
@@ -133,6 +134,24 @@ class AcceptanceGateProvider(Provider):
     VERSION = "6"  # 6: the health gate and the loads say every 5 s what they wait for (providers.progress)
     OUTPUT_ONLY = ("result", "overhead")
     _BOOKKEEPING = {"__provider", "version", "owner_tag", "result", "overhead"}
+    DERIVED = (("expectDigest",), ("trigger",))  # the repository's digest; a hash of the deploy it measures
+
+    def effects(self, olds: dict | None, news: dict) -> list[Effect]:
+        # Created or replaced (any change), the gate runs its load against the serving endpoint once.
+        host = host_name(news.get("rollback") or {}) or urllib.parse.urlsplit(str(news.get("url"))).hostname or ""
+        load = {
+            "url": news.get("url"),
+            "connections": news.get("concurrency"),
+            "duration_s": news.get("durationS"),
+            "max_requests": news.get("maxRequests"),
+            "rate_rps": news.get("rate"),
+            "p95_ms": news.get("p95Ms"),
+            "p99_ms": news.get("p99Ms"),
+            "max_error_rate": news.get("maxErrorRate"),
+            "min_rps": news.get("minRps"),
+        }
+        how = "a miss rolls the deploy back" if news.get("rollback") else "a miss fails the update"
+        return [Effect("gate", host, str(news.get("model")), how, load)]
 
     def check_known(self, olds: dict, news: dict) -> CheckResult:
         failures = []

@@ -28,6 +28,7 @@ from facts.files import FileState, files_script, parse_files
 from facts.state import Change, Record
 from plans.triton_repo import plan_repository, repository_digest, repository_dirs
 from providers.base import HostResource, TemplateProvider
+from providers.serving_snapshot import MARKER
 
 
 def repository_inputs(files: dict[str, bytes]) -> dict:
@@ -56,6 +57,8 @@ class TritonModelRepositoryProvider(TemplateProvider):
     REPLACE_ON = ("host", "root")
     OUTPUT_ONLY = ("prior", "priorRootExists", "prior_dirs", "plan")
     PATHS = ("root",)
+    # One hash over the files, each file's sha256 beside its content, and the marker file holding the digest.
+    DERIVED = (("digest",), ("files", "*", "sha256"), ("files", MARKER))
 
     def validate(self, news: dict) -> list[CheckFailure]:
         failures: list[CheckFailure] = []
