@@ -6,6 +6,7 @@ Each commit is planned once: the base of each stack once for the module, each he
 
 from __future__ import annotations
 
+import fnmatch
 import re
 import shutil
 import subprocess
@@ -79,12 +80,12 @@ def resource_lines(text: str) -> list[str]:
     return [ln for ln in block.splitlines() if not ln.startswith(" ")]
 
 
-def test_every_rendered_diff_says_it_is_declared_state_not_a_preview(repo, key, base_plans):
+def test_an_unchanged_stack_is_one_line_and_its_digest_without_the_disclaimer(repo, key, base_plans):
     path, base = repo
     text = diff(repo, key, base_plans["dev"], base, "dev")
-    assert "Declared-state diff" in text and "No refresh, no host contacted" in text
-    assert "runs on main before `up`" in text
     assert "**No changes** (13 resources unchanged)." in text
+    assert "Declared-state diff" not in text and "**Reboots:**" not in text  # the comment says it once (`main`)
+    assert re.search(r"^\*\*Plan digest\*\* of `dev`: `sha256:[0-9a-f]{64}`", text, re.M)
 
 
 def test_sysctl_value_change_is_one_update_with_that_one_path(repo, key, base_plans):
@@ -119,7 +120,7 @@ def test_kernel_argument_added_updates_the_cmdline_and_names_the_host_that_reboo
     assert "~ emulated-gpu-01-cmdline (host:KernelCmdline): update" in lines
     assert '    ~ add[5]: + "nosmt"' in text or re.search(r'~ add\[\d+\]: \+ "nosmt"', text)
     top = text.split("```diff")[0]
-    assert "**Reboots:** `emulated-gpu-01` reboots: kernel argument `nosmt` added." in top
+    assert "**Reboots:** `emulated-gpu-01` reboots: kernel argument `nosmt` added (its running VMs" in top
     # the reboot's expected running state follows the command line; no resource is replaced
     assert "~ emulated-gpu-01-reboot (host:HostReboot): update" in lines
     assert not [ln for ln in lines if ln.startswith(("+", "-"))]
@@ -244,7 +245,8 @@ def test_reboots_are_the_hosts_whose_expected_running_state_changes_in_plain_wor
     assert plan_diff.reboots(base, head) == [
         "`b` needs a reboot (`reboot: never`: reported as pending, not rebooted): kernel argument `nosmt` added; "
         "kernel argument to remove `quiet` added.",
-        "`c` reboots: `0000:02:00.0` bound to `vfio-pci`; `0000:01:00.0` given back to its host driver.",
+        "`c` reboots: `0000:02:00.0` bound to `vfio-pci`; `0000:01:00.0` given back to its host driver (its running "
+        "VMs are shut down first and started again after).",
         "`d` reboots: new host, the first `up` reboots it once unless its running kernel already matches.",
     ]
 
@@ -265,10 +267,146 @@ def test_value_changes_show_secrets_and_large_values_as_digests_and_text_as_a_un
     lines = plan_diff.value_changes(
         {"m/config.pbtxt": {"content": enc["o"]}}, {"m/config.pbtxt": {"content": enc["n"]}}
     )
-    assert lines[0].startswith('["m/config.pbtxt"].content: base64 text, sha256:')
+    # sizes, no digests, beside a diff
+    assert lines[0] == f'["m/config.pbtxt"].content: base64 text, {len(old)} → {len(new)} bytes'
     body = [ln[1:] for ln in lines[1:]]
     assert "-  max_queue_delay_microseconds: 1500" in body and "+  max_queue_delay_microseconds: 2500" in body
     assert plan_diff.value_changes({"a": [1, 2]}, {"a": [1, 3, 2]}) == ["a[1]: + 3"]
+
+
+# -- what an operator reads first, and the plan's digest (issue 40 §3) ----------------------------------------------
+def _edit(old: str, new: str):
+    def apply(text: str) -> str:
+        assert text.count(old) == 1, old  # the edit lands on the stack file as it is
+        return text.replace(old, new)
+
+    return apply
+
+
+HK_EDITS = {
+    "window": _edit("max_batch_size: 32, max_queue_delay_us: 1500,", "max_batch_size: 32, max_queue_delay_us: 2500,"),
+    "kernel": _edit("kernel: {video_efifb_off: true}", "kernel: {video_efifb_off: true, extra_args: [pcie_aspm=off]}"),
+    "docker-window": _edit(
+        "{name: yolov8n, preset: yolov8n,", "{name: yolov8n, preset: yolov8n, max_queue_delay_us: 700,"
+    ),
+}
+
+
+@pytest.fixture(scope="module")
+def hk_heads(repo, key, base_plans) -> dict[str, tuple[str, dict]]:
+    """Each one-line hk-prod edit committed on the base and planned against it: name → (commit, head plan)."""
+    path, base = repo
+    out = {}
+    for name, edit in HK_EDITS.items():
+        head = commit_edit(path, base, {"Pulumi.hk-prod.yaml": edit}, f"hk-prod: {name}")
+        with plan_diff.checkout(path, head) as tree:
+            out[name] = head, plan_diff.plan_tree(tree, "hk-prod", key, against=base_plans["hk-prod"])
+    return out
+
+
+def _hk(base_plans, hk_heads, name: str) -> tuple[str, str, dict]:
+    """(the comment's head lines, its diff block, the head plan) of one hk-prod edit."""
+    head = hk_heads[name][1]
+    text, ok = plan_diff.render(base_plans["hk-prod"], head)
+    assert ok
+    top, _, rest = text.partition("```diff\n")
+    return top, rest.split("\n```", 1)[0], head
+
+
+def _resource(plan: dict, name: str) -> dict:
+    (r,) = [r for r in plan["resources"] if r["name"] == name]
+    return r
+
+
+def test_window_change_leads_with_the_restart_and_the_gate_and_its_size(base_plans, hk_heads):
+    top, block_, head = _hk(base_plans, hk_heads, "window")
+    svc = _resource(head, "resnet-rhel-triton-service")["inputs"]
+    gate = _resource(head, "resnet-rhel-resnet50-gate")["inputs"]
+    guest = svc["host"]["name"]
+    assert f"**Restarts:** on `{guest}`: `{svc['unit']}` restarts." in top
+    assert gate["rollback"]["host"]["name"] == guest and gate["model"] == "resnet50"
+    size = (
+        f"{int(gate['concurrency'])} connections for {int(gate['durationS'])} s, "
+        f"up to {int(gate['maxRequests']):,} requests through `{gate['url']}`, must hold p95 ≤ {int(gate['p95Ms'])} ms"
+    )
+    assert f"**Gates re-run:** `resnet50` on `{guest}`: {size}; a miss rolls the deploy back." in top
+    assert "**Reboots:** none." in top and "**Replaced** (deleted, then created again): none." in top
+    # the one value, as the file it lands in
+    assert "-  max_queue_delay_microseconds: 1500" in block_ and "+  max_queue_delay_microseconds: 2500" in block_
+
+
+def test_window_change_folds_its_hashes_and_names_no_untouched_dependent(base_plans, hk_heads):
+    top, block_, head = _hk(base_plans, hk_heads, "window")
+    assert not re.search(r"[0-9a-f]{32}", block_), block_  # no trigger, digest or sha256 line
+    assert not re.search(r"sha256:[0-9a-f]{16}", top.split("**Plan digest**")[0])
+    assert "monitoring" not in top + block_ and "depends on it" not in block_  # monitoring is untouched
+    folded = re.search(r"\(derived: (\d+) values, not listed", top)
+    assert folded and int(folded.group(1)) >= 5
+    lines = resource_lines("```diff\n" + block_ + "\n```")
+    assert "~ resnet-rhel-triton-service (host:ServiceState): update (derived values only)" in lines
+
+
+def test_kernel_argument_change_says_the_host_reboots_and_nothing_restarts(base_plans, hk_heads):
+    top, block_, _ = _hk(base_plans, hk_heads, "kernel")
+    assert "**Reboots:** `rtx4090-01` reboots: kernel argument `pcie_aspm=off` added" in top
+    assert "**Restarts:** none." in top and "**Gates re-run:** none." in top
+    assert not re.search(r"[0-9a-f]{32}", block_)
+    assert resource_lines("```diff\n" + block_ + "\n```") == [
+        "~ rtx4090-01-cmdline (host:KernelCmdline): update",
+        "~ rtx4090-01-reboot (host:HostReboot): update",
+    ]
+
+
+def test_docker_window_change_names_the_container_its_component_says_is_recreated(base_plans, hk_heads):
+    top, block_, head = _hk(base_plans, hk_heads, "docker-window")
+    guest = _resource(head, "yolo-rt-models")["inputs"]["host"]["name"]
+    assert f"**Restarts:** on `{guest}`: `triton` container is recreated: Triton restarts." in top
+    assert "**Gates re-run:** `yolov8n` on " in top
+    # the run script differs only in the repository digest's label: derived, not a 1,000-character line
+    assert "~ yolo-rt-triton-run (host:ManagedFile): update (derived values only)" in block_
+    assert not re.search(r"[0-9a-f]{32}", block_)
+
+
+def test_recreated_patterns_match_containers_of_the_stack(base_plans):
+    """Every RECREATED pattern a component declares names containers hk-prod has (a renamed child would silently
+    stop being reported as a restart)."""
+    import components.monitoring_stack
+    import components.triton_service
+    from components.wiring import Wired
+
+    res = base_plans["hk-prod"]["resources"]
+    by_urn = {r["urn"]: r for r in res}
+    for cls in (components.triton_service.TritonService, components.monitoring_stack.MonitoringStack):
+        assert Wired.BY_TYPE[cls.TYPE] is cls and cls.RECREATED
+        kids = [r for r in res if r["type"].startswith("docker:index/container") and r["parent"] in by_urn]
+        suffixes = [
+            r["name"][len(by_urn[r["parent"]]["name"]) + 1 :] for r in kids if by_urn[r["parent"]]["type"] == cls.TYPE
+        ]
+        for pattern in cls.RECREATED:
+            assert fnmatch.filter(suffixes, pattern), (cls.TYPE, pattern, suffixes)
+
+
+def test_every_derived_path_a_provider_declares_names_an_input_it_is_given(hk_heads):
+    """A derived path (providers.effects) starts at an input the resource has: a typo would fold nothing."""
+    plan = hk_heads["window"][1]
+    declared = [(r["name"], tuple(p)) for r in plan["resources"] for p in r.get("derived") or ()]
+    kinds = {r["type"] for r in plan["resources"] if r.get("derived")}
+    assert {"pulumi-python:dynamic/serving:AcceptanceGate", "pulumi-python:dynamic/host:ServiceState"} <= kinds
+    names = {r["name"]: r for r in plan["resources"]}
+    for name, path in declared:
+        assert path[0] in names[name]["inputs"], (name, path)
+
+
+def test_plan_digest_is_the_same_on_every_run_and_differs_for_another_plan(repo, key, base_plans, hk_heads):
+    path, base = repo
+    window, window_plan = hk_heads["window"]
+    with plan_diff.checkout(path, base) as btree, plan_diff.checkout(path, window) as htree:
+        again_base = plan_diff.plan_tree(btree, "hk-prod", plan_diff.throwaway_key())
+        again = plan_diff.plan_tree(htree, "hk-prod", plan_diff.throwaway_key(), against=again_base)
+    first = plan_diff.plan_digest(base_plans["hk-prod"], window_plan)
+    assert first and first.startswith("sha256:") and plan_diff.plan_digest(again_base, again) == first
+    assert plan_diff.plan_digest(base_plans["hk-prod"], hk_heads["kernel"][1]) != first
+    assert plan_diff.plan_digest(base_plans["hk-prod"], base_plans["hk-prod"]) != first
 
 
 # -- the comment is not an input channel (issue 38 §5) -------------------------------------------------------------
@@ -326,8 +464,16 @@ def test_pr_controlled_text_renders_only_inside_code_that_it_cannot_close(evil):
         ],
         "verdicts": {},
     }
+    load = {"url": evil, "connections": evil, "duration_s": 3, "max_requests": evil, "rate_rps": evil, "p95_ms": evil}
+    head["effects"] = {
+        head["resources"][0]["urn"]: [
+            {"kind": "restart", "host": evil, "what": evil, "how": evil, "load": {}},
+            {"kind": "gate", "host": evil, "what": evil, "how": evil, "load": load},
+        ]
+    }
     text, ok = plan_diff.render(base, head, f"base {plan_diff.code(evil)}", "head `abc1234`")
     assert ok
+    assert "**Restarts:** on " in text and "**Gates re-run:** " in text  # the provider's lines are printed too
     html = _html(text)
     outside = _outside_code(html)
     assert "<img" not in html and "<script" not in html and "<a " not in html and "<details" not in html
@@ -389,6 +535,7 @@ def test_a_stack_that_fails_or_hangs_is_its_own_section_and_the_others_are_still
     rc = plan_diff.main(["--repo", str(path), "--base", base, "--head", head])
     out = capsys.readouterr().out
     assert rc == 1
+    assert out.startswith(plan_diff.DECLARED) and out.count("Declared-state diff") == 1  # once per comment
     sections = {s.split("`", 1)[0]: s for s in out.split("### `")[1:]}
     assert set(sections) == {"dev", "hk-prod", "slow"}
     assert "Pulumi.dev.yaml: line 11: aliases expand to more than 100000 values (a YAML alias bomb)" in sections["dev"]

@@ -1,27 +1,36 @@
 """What a pull request changes in each stack, resource by resource: the program under Pulumi mocks at the PR's base
-and at its head, compared and rendered the way `pulumi preview --diff` shows a plan.
+and at its head, compared and rendered the way `pulumi preview --diff` shows a plan, led by what happens on which host.
 
 It is a declared-state diff, not a preview: no refresh, no host is contacted, no provider `check` runs (preflight
-included) and no secret is read (every stack secret is one throwaway key, the same at both commits). Each commit is
-checked out into its own temporary `git worktree` and planned there in a subprocess, with that tree's code and that
-tree's stack file. Whether a change updates or replaces a resource is the provider's own answer: the head's
-provider (unpickled from the resource's `__provider` input, as the engine does) is asked `diff(olds, news)`.
+included) and no secret is read (every stack secret is one fixed, public key, the same at both commits and on every
+run). Each commit is checked out into its own temporary `git worktree` and planned there in a subprocess, with that
+tree's code and that tree's stack file. Whether a change updates or replaces a resource, and what that does to what
+runs, is the head's provider's own answer: the provider (unpickled from the resource's `__provider` input, as the
+engine does) is asked `diff(olds, news)` and `effects(olds, news)` (providers.effects); a child whose provider is not
+gpuhost's (a pulumi-docker container) is named by its component (`Wired.RECREATED`).
 
-Output, per stack (Markdown; the workflow writes it to the job summary and a PR comment)::
+Output (Markdown; the workflow writes it to the job summary and a PR comment): the disclaimer once, then per stack::
 
-    ### `hk-prod`: base 1a2b3c4 → head 5d6e7f8
-    > Declared-state diff ... the real preview runs on main before `up`.
-    **Reboots:** trt-l40s-01 reboots: kernel argument nosmt added.
-    1 to update, 223 unchanged.
-    ~ trt-l40s-01-cmdline (host:KernelCmdline): update
-        ~ add[5]: + "nosmt"
+    ### `hk-prod`: base `1a2b3c4` → head `5d6e7f8`
+    - **Reboots:** `trt-l40s-01` reboots: kernel argument `nosmt` added (its running VMs are shut down first ...).
+    - **Restarts:** on `rhel-mt-01-tenant-a100`: `gpuhost-triton` restarts.
+    - **Gates re-run:** `resnet50` on `rhel-mt-01-tenant-a100`: 8 connections for 10 s, up to 200,000 requests ...
+    - **Replaced** (deleted, then created again): none.
+    **Plan digest** of `hk-prod`: `sha256:…` (main's apply job recomputes it and refuses another plan).
+    3 to update, 1 to replace, 225 unchanged (derived: 8 values, not listed: hashes that follow the lines shown).
+    ~ resnet-rhel-models (serving:TritonModelRepository): update
+        ~ files["resnet50/config.pbtxt"].content: base64 text, 419 → 419 bytes
+            -  max_queue_delay_microseconds: 1500
 
-Markers: `+` create, `-` delete, `~` update (only the changed input paths, old → new), `+-` replace (the input the
-provider replaces on is named, and what depends on the resource). Secrets and large values are shown as sha256 and
-size; file contents (also base64 ones) as a unified diff when they are text. Changed dependency edges alone are no
-change (the engine updates nothing for them), nor a provider `version` bump the provider's diff ignores. A stack
-config the loader refuses prints the loader's lines instead (exit status 1); so does a stack whose plan fails or does
-not finish in SNAPSHOT_TIMEOUT_S, and the other stacks are still planned and shown.
+Markers: `+` create, `-` delete, `~` update (only the changed input paths, old → new), `+-` replace (the inputs the
+provider replaces on, and what depends on it and goes too). Inputs a provider declares derived (`DERIVED`: restart
+triggers, digests, a file's sha256 beside its content) and texts whose only change is a sha256 are counted, not
+listed. Secrets and large values are shown as sha256 and size; file contents (also base64 ones) as a unified diff
+when they are text. Changed dependency edges alone are no change (the engine updates nothing for them), nor a
+provider `version` bump the provider's diff ignores. A stack config the loader refuses prints the loader's lines
+instead (exit status 1); so does a stack whose plan fails or does not finish in SNAPSHOT_TIMEOUT_S, and the other
+stacks are still planned and shown. The plan digest (`plan_digest`: the steps and their inputs, secrets masked) is
+what main's apply job checks before `up` (tools/plan_check.py).
 
 Everything that comes from the pull request (stack names, resource names, keys and values, loader lines, program
 output) is printed in code: a code span or block whose backtick fence is longer than any run of backticks inside it,
@@ -40,6 +49,7 @@ import argparse
 import base64
 import contextlib
 import difflib
+import fnmatch
 import hashlib
 import json
 import os
@@ -61,8 +71,12 @@ REBOOT_INPUTS = ("expect_args", "expect_absent", "expect_drivers")
 REBOOT_TYPE = "pulumi-python:dynamic/host:HostReboot"
 LARGE = 160  # characters: a longer one-line value is shown as sha256 and size
 BODY = "\t"  # marks a line of a text diff among the changed paths
+DERIVED_MARK = "\x00"  # marks a changed path that only carries a hash of others (counted, not listed)
+_HASH = re.compile(r"\b[0-9a-f]{64}\b")  # a sha256 in a text: a text whose only changes are these is derived
 MAX_LIST = 12  # dependents named before "and N more"
 SNAPSHOT_TIMEOUT_S = 600
+DIGEST_HEAD = "**Plan digest** of"  # the line main's apply job reads back (tools.plan_check)
+FOREIGN = "not a gpuhost provider: update or replace is its provider's call"
 
 
 # -- planning one tree (runs inside the tree, in its own process) -----------------------------------------------------
@@ -70,24 +84,69 @@ def _canonical(value: Any) -> Any:
     return json.loads(json.dumps(value, sort_keys=True, default=str))
 
 
-def _provider_verdict(provider_blob: Any, olds: dict, news: dict) -> dict:
-    """The provider's own diff of olds → news: {"changes", "replaces", "rule"} (rule: where the answer came from)."""
+def _provider(provider_blob: Any) -> Any:
+    """The resource's provider as the engine would run it (unpickled from its `__provider` input), or None."""
     blob = provider_blob.get("value") if isinstance(provider_blob, dict) else provider_blob
     if not isinstance(blob, str):
-        return {"changes": olds != news, "replaces": [], "rule": None}
+        return None
     import dill  # type: ignore[import-untyped]  # what pulumi.dynamic stores providers with
 
-    provider = dill.loads(base64.b64decode(blob))
+    return dill.loads(base64.b64decode(blob))
+
+
+def _verdict(provider: Any, olds: dict, news: dict) -> dict:
+    """The provider's own diff of olds → news: {"changes", "replaces", "rule"} (rule: where the answer came from)."""
+    if provider is None:
+        return {"changes": olds != news, "replaces": [], "rule": None}
     d = provider.diff("planned", olds, news)
     changes = True if d.changes is None else bool(d.changes)
     return {"changes": changes, "replaces": sorted(d.replaces or []), "rule": type(provider).__name__}
 
 
-def snapshot(stack: str, key_pem: str, against: dict | None = None) -> dict:
-    """Plan `stack` of the tree this process runs in: {"stack", "error", "resources", "verdicts"}.
+def _effects(provider: Any, olds: dict | None, news: dict) -> list[dict]:
+    """What the provider says applying olds → news does to what runs (providers.effects), as dicts."""
+    fn = getattr(provider, "effects", None)  # an older tree's providers say nothing
+    return [e.as_dict() for e in fn(olds, news)] if fn is not None else []
 
-    `against`: an earlier snapshot (the base); for every resource in both whose inputs differ, this tree's provider
-    says whether it is an update or a replacement (`verdicts`, by URN).
+
+def _recreated(rec: Any) -> dict[str, tuple[str, list]]:
+    """Children whose provider is not gpuhost's and that their component declares recreated on any change
+    (components.wiring.Wired.RECREATED): URN → (what restarts, in words; the inputs that only carry a hash)."""
+    try:
+        from components.wiring import Wired
+    except ImportError:
+        return {}
+    kinds = getattr(Wired, "BY_TYPE", {})
+    by_urn = {r.urn: r for r in rec.registrations}
+    out = {}
+    for r in rec.registrations:
+        parent = by_urn.get(r.parent)
+        if parent is None or not r.custom or "__provider" in r.inputs or parent.type not in kinds:
+            continue
+        cls = kinds[parent.type]
+        suffix = r.name[len(parent.name) + 1 :]
+        for pattern, words in getattr(cls, "RECREATED", {}).items():
+            if fnmatch.fnmatchcase(suffix, pattern):
+                out[r.urn] = (words, [list(p) for p in getattr(cls, "RECREATED_DERIVED", ())])
+    return out
+
+
+def _sibling_host(r: Any, registrations: list) -> str:
+    """The one machine a resource's gpuhost siblings (same component) name as `host`, or "" (several, or none)."""
+    hosts = {
+        str(s.inputs["host"].get("name"))
+        for s in registrations
+        if s.parent == r.parent and isinstance(s.inputs.get("host"), dict)
+    }
+    return hosts.pop() if len(hosts) == 1 else ""
+
+
+def snapshot(stack: str, key_pem: str, against: dict | None = None) -> dict:
+    """Plan `stack` of the tree this process runs in: {"stack", "error", "resources", "verdicts", "effects"}.
+
+    `against`: an earlier snapshot (the base). For every resource in both whose inputs differ, this tree's provider
+    says whether it is an update or a replacement (`verdicts`, by URN); for those that change and those that are
+    new, what that does to what runs (`effects`, by URN); each resource's `derived` input paths (hashes of others).
     """
     from tests.mocks import attempt_program
     from tests.stackfiles import stack_config
@@ -104,7 +163,8 @@ def snapshot(stack: str, key_pem: str, against: dict | None = None) -> dict:
         lines = str(err).splitlines() or [repr(err)]
         return {"stack": stack, "error": lines, "resources": [], "verdicts": {}}
     old = {r["urn"]: r for r in (against or {}).get("resources", [])}
-    resources, verdicts = [], {}
+    recreated = _recreated(rec) if against is not None else {}
+    resources, verdicts, effects = [], {}, {}
     for r in rec.registrations:
         inputs = _canonical({k: v for k, v in r.inputs.items() if k != "__provider"})
         res = {
@@ -118,9 +178,25 @@ def snapshot(stack: str, key_pem: str, against: dict | None = None) -> dict:
             "inputs": inputs,
         }
         resources.append(res)
-        if r.urn in old and old[r.urn]["inputs"] != inputs and r.custom:
-            verdicts[r.urn] = _provider_verdict(r.inputs.get("__provider"), old[r.urn]["inputs"], inputs)
-    return {"stack": stack, "error": None, "resources": resources, "verdicts": verdicts}
+        if against is None or not r.custom:
+            continue
+        provider = _provider(r.inputs.get("__provider"))
+        res["derived"] = [list(p) for p in getattr(provider, "DERIVED", ())]
+        o = old.get(r.urn)
+        if o is not None and o["inputs"] != inputs:
+            verdicts[r.urn] = v = _verdict(provider, o["inputs"], inputs)
+            if v["changes"] and provider is not None:
+                effects[r.urn] = _effects(provider, o["inputs"], inputs)
+        elif o is None and provider is not None:
+            effects[r.urn] = _effects(provider, None, inputs)
+        if r.urn in recreated:
+            words, res["derived"] = recreated[r.urn]
+            if o is not None and o["inputs"] != inputs:
+                what = inputs.get("name") if isinstance(inputs.get("name"), str) else r.name
+                host = _sibling_host(r, rec.registrations)
+                effects[r.urn] = [{"kind": "restart", "host": host, "what": what, "how": words, "load": {}}]
+    effects = {u: e for u, e in effects.items() if e}
+    return {"stack": stack, "error": None, "resources": resources, "verdicts": verdicts, "effects": effects}
 
 
 # -- planning a commit ----------------------------------------------------------------------------------------------
@@ -171,11 +247,14 @@ def plan_tree(tree: Path, stack: str, key_pem: str, against: dict | None = None)
 
 
 def throwaway_key() -> str:
-    """One ed25519 key for both commits, so what derives from it (guests' authorized key) compares equal."""
+    """One fixed, public ed25519 key in place of every stack secret, for both commits and on every run (the seed of
+    tools.mock_plan's key): what derives from it (guests' authorized key) compares equal, and a plan's digest comes
+    out the same on the pull request and on main. Not a secret: it never reaches a host."""
     from cryptography.hazmat.primitives import serialization
     from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
-    pem = Ed25519PrivateKey.generate().private_bytes(
+    seed = hashlib.sha256(b"gpuhost mock plan: public throwaway key").digest()
+    pem = Ed25519PrivateKey.from_private_bytes(seed).private_bytes(
         serialization.Encoding.PEM, serialization.PrivateFormat.OpenSSH, serialization.NoEncryption()
     )
     return pem.decode()
@@ -291,10 +370,18 @@ def _fmt(value: Any, secret: bool = False) -> str:
     return text
 
 
-def value_changes(old: Any, new: Any, path: tuple = (), secret: bool = False) -> list[str]:
-    """Lines for every changed leaf under `path`: `path: old → new`, `path: + new`, `path: - old`, text as a diff."""
+def value_changes(
+    old: Any, new: Any, path: tuple = (), secret: bool = False, derived: tuple[tuple, ...] = ()
+) -> list[str]:
+    """Lines for every changed leaf under `path`: `path: old → new`, `path: + new`, `path: - old`, text as a diff.
+    A leaf under a `derived` pattern (providers.effects: a hash of other inputs) is one line marked DERIVED_MARK."""
     if old == new:
         return []
+    if derived:
+        from providers.effects import matches  # the tool's own checkout; never the planned tree's
+
+        if any(matches(path, tuple(p)) for p in derived):
+            return [DERIVED_MARK + ln for ln in value_changes(old, new, path, secret) if not ln.startswith(BODY)]
     if secret:
         return [f"{_path(path)}: {_fmt(old, True)} → {_fmt(new, True)}"]
     if isinstance(old, dict) and isinstance(new, dict):
@@ -305,11 +392,12 @@ def value_changes(old: Any, new: Any, path: tuple = (), secret: bool = False) ->
             elif k not in old:
                 out += _added(new[k], (*path, k))
             else:
-                out += value_changes(old[k], new[k], (*path, k))
+                out += value_changes(old[k], new[k], (*path, k), derived=derived)
         return out
     if isinstance(old, list) and isinstance(new, list):
         if len(old) == len(new):
-            return [ln for i, (a, b) in enumerate(zip(old, new, strict=True)) for ln in value_changes(a, b, (*path, i))]
+            pairs = enumerate(zip(old, new, strict=True))
+            return [ln for i, (a, b) in pairs for ln in value_changes(a, b, (*path, i), derived=derived)]
         sm = difflib.SequenceMatcher(
             a=[json.dumps(x, sort_keys=True) for x in old], b=[json.dumps(x, sort_keys=True) for x in new]
         )
@@ -325,7 +413,9 @@ def value_changes(old: Any, new: Any, path: tuple = (), secret: bool = False) ->
     if a is not None or b is not None:
         a, b = a or "", b or ""
         what = "base64 text" if key == "content" and isinstance(old, str) and "\n" not in old else "text"
-        head = f"{_path(path)}: {what}, {_digest(a)} → {_digest(b)}"
+        head = f"{_path(path)}: {what}, {len(a.encode())} → {len(b.encode())} bytes"
+        if _HASH.sub("#", a) == _HASH.sub("#", b):
+            return [DERIVED_MARK + head]  # only sha256s changed in it (a digest label in a script): derived
         body = list(difflib.unified_diff(a.splitlines(), b.splitlines(), "base", "head", n=2, lineterm=""))
         return [head, *(BODY + ln for ln in body[2:])]
     da, db = (_b64_text(old), _b64_text(new)) if key == "content" else (None, None)
@@ -341,8 +431,9 @@ def _added(value: Any, path: tuple) -> list[str]:
     return [f"{_path(path)}: + {_fmt(value)}"]
 
 
-def _dependents(urn: str, resources: list[dict]) -> list[str]:
-    """Who depends on `urn` directly (a dependency edge or a child), a component with its resource count."""
+def _dependents(urn: str, resources: list[dict], gone: set[str]) -> list[str]:
+    """Who depends on `urn` directly (a dependency edge or a child) and goes too (`gone`: replaced or deleted), a
+    component with its resource count. A dependent that is only updated, or untouched, is not named."""
     children: dict[str, list[dict]] = {}
     for r in resources:
         children.setdefault(r["parent"], []).append(r)
@@ -352,7 +443,7 @@ def _dependents(urn: str, resources: list[dict]) -> list[str]:
 
     out = []
     for r in resources:
-        if urn in r["dependencies"] or r["parent"] == urn:
+        if (urn in r["dependencies"] or r["parent"] == urn) and r["urn"] in gone:
             n = size(r["urn"])
             out.append(f"{r['name']} ({short_type(r['type'])}" + (f", {n} resources)" if n else ")"))
     if len(out) > MAX_LIST:
@@ -395,17 +486,179 @@ def reboots(base: list[dict], head: list[dict]) -> list[str]:
                 why += [f"{code(d)} bound to {code(b[d])}" for d in sorted(b) if a.get(d) != b[d]]
                 why += [f"{code(d)} given back to its host driver" for d in sorted(a) if d not in b]
         if why:
-            out.append(f"{code(_host(r))} {verb}: {'; '.join(why)}.")
+            drain = "" if never else " (its running VMs are shut down first and started again after)"
+            out.append(f"{code(_host(r))} {verb}: {'; '.join(why)}{drain}.")
     return out
 
 
-def render(base: dict, head: dict, base_ref: str = "base", head_ref: str = "head") -> tuple[str, bool]:
-    """Markdown for one stack: (text, whether the head's config loads)."""
-    stack = head.get("stack") or base.get("stack")
-    out = [f"### {code(stack)}: {base_ref} → {head_ref}", "", DECLARED, ""]
+def steps(base: dict, head: dict) -> list[dict]:
+    """What `up` would do, base → head, one step per resource that changes, in the head's order, deletes last:
+    {"op": create | update | replace | delete, "urn", "old", "new" (the resources, None where absent),
+    "replaces" (the inputs the provider replaces on)}. Whether a change is one, and a replacement, is the head's
+    provider's answer (`verdicts`)."""
+    bres = [] if base.get("error") else base.get("resources", [])
+    hres = head.get("resources", [])
+    old, new = {r["urn"]: r for r in bres}, {r["urn"] for r in hres}
+    verdicts = head.get("verdicts", {})
+    out = []
+    for r in hres:
+        o = old.get(r["urn"])
+        if o is None:
+            out.append({"op": "create", "urn": r["urn"], "old": None, "new": r, "replaces": []})
+            continue
+        v = verdicts.get(r["urn"])
+        if o["inputs"] == r["inputs"] or (v is not None and not v["changes"]):
+            continue
+        replaces = (v or {}).get("replaces") or []
+        out.append(
+            {"op": "replace" if replaces else "update", "urn": r["urn"], "old": o, "new": r, "replaces": replaces}
+        )
+    out += [
+        {"op": "delete", "urn": o["urn"], "old": o, "new": None, "replaces": []} for o in bres if o["urn"] not in new
+    ]
+    return out
+
+
+def plan_digest(base: dict, head: dict) -> str | None:
+    """sha256 over the plan's steps and their inputs (secret inputs masked), the same on every run of the same two
+    commits; None when the head's config does not load (no plan). `plan_digest(base, head)` → "sha256:9f2c…"."""
     if head.get("error"):
-        out += ["The head's stack config is refused by the loader, before any resource:", ""]
-        out += [*block(head["error"]), ""]
+        return None
+
+    def masked(r: dict | None) -> dict | None:
+        return {k: "[secret]" if k in r["secret"] else v for k, v in r["inputs"].items()} if r else None
+
+    doc = {
+        "stack": head.get("stack"),
+        "steps": [
+            {
+                "op": s["op"],
+                "urn": s["urn"],
+                "replaces": s["replaces"],
+                "old": masked(s["old"]),
+                "new": masked(s["new"]),
+            }
+            for s in steps(base, head)
+        ],
+    }
+    text = json.dumps(doc, sort_keys=True, separators=(",", ":"), ensure_ascii=True)
+    return "sha256:" + hashlib.sha256(text.encode()).hexdigest()
+
+
+def digest_line(stack: str, digest: str | None) -> str:
+    """The comment's line the apply job on main reads back (tools.plan_check)."""
+    if digest is None:
+        return f"{DIGEST_HEAD} {code(stack)}: none (the head's config does not load: there is nothing to apply)."
+    return f"{DIGEST_HEAD} {code(stack)}: `{digest}` (main's apply job recomputes it and refuses another plan)."
+
+
+_WORDS = re.compile(r"[A-Za-z0-9 ,.;:()'/-]*")
+
+
+def _words(text: Any) -> str:
+    """A provider's own words as they are; anything else (it should hold no input value) as code."""
+    return text if isinstance(text, str) and _WORDS.fullmatch(text) else code(text)
+
+
+def _num(v: Any) -> str:
+    if isinstance(v, bool) or not isinstance(v, int | float):
+        return code(v)
+    return f"{int(v):,}" if float(v).is_integer() else f"{v:g}"
+
+
+def _load(load: dict) -> str:
+    """A gate's load in words: connections, duration, requests, rate, what it must hold, where it goes."""
+    size = f"{_num(load.get('connections'))} connections for {_num(load.get('duration_s'))} s"
+    size += f", up to {_num(load.get('max_requests'))} requests"
+    if load.get("rate_rps"):
+        size += f" (open loop at {_num(load['rate_rps'])} requests/s)"
+    slo = [f"{k} ≤ {_num(load[f'{k}_ms'])} ms" for k in ("p95", "p99") if load.get(f"{k}_ms")]
+    if load.get("max_error_rate"):
+        slo.append(f"errors ≤ {_num(load['max_error_rate'] * 100)} %")
+    if load.get("min_rps"):
+        slo.append(f"≥ {_num(load['min_rps'])} requests/s")
+    return size + f" through {code(load.get('url'))}" + (f", must hold {', '.join(slo)}" if slo else "")
+
+
+def _restarts(effects: list[dict]) -> str:
+    by_host: dict[str, list[str]] = {}
+    for e in effects:
+        by_host.setdefault(e["host"], []).append(f"{code(e['what'])} {_words(e['how'])}")
+    parts = [(f"on {code(h)}: " if h else "") + "; ".join(w) for h, w in by_host.items()]
+    return ". ".join(parts) + "." if parts else "none."
+
+
+def _head(plan: list[dict], head: dict, bres: list[dict], hres: list[dict]) -> list[str]:
+    """The lines a 2 a.m. operator reads first: what reboots, restarts, runs a load against production, goes."""
+    said = [(s, e) for s in plan for e in head.get("effects", {}).get(s["urn"], [])]
+    gates = [e for _, e in said if e["kind"] == "gate"]
+    gated = {s["urn"] for s, e in said if e["kind"] == "gate"}
+    boots = reboots(bres, hres)
+    out = ["- **Reboots:** " + (" ".join(boots) if boots else "none.")]
+    out.append("- **Restarts:** " + _restarts([e for _, e in said if e["kind"] == "restart"]))
+    runs = [f"{code(e['what'])} on {code(e['host'])}: {_load(e['load'])}; {_words(e['how'])}." for e in gates]
+    out.append("- **Gates re-run:** " + (" ".join(runs) if runs else "none."))
+    replaced = [
+        f"{code(s['new']['name'])} ({short_type(s['new']['type'])}) on {code(_host(s['new']))}, on "
+        + ", ".join(code(k) for k in s["replaces"])
+        for s in plan
+        if s["op"] == "replace" and s["urn"] not in gated  # a gate's replacement is its re-run, said above
+    ]
+    out.append("- **Replaced** (deleted, then created again): " + ("; ".join(replaced) + "." if replaced else "none."))
+    return out
+
+
+def _detail(s: dict) -> tuple[list[str], int]:
+    """The changed input paths of an update or replacement, and how many derived ones were left out."""
+    o, r = s["old"], s["new"]
+    secret = set(r["secret"]) | set(o["secret"])
+    derived = tuple(tuple(p) for p in r.get("derived") or ())
+    lines = []
+    for k in sorted(set(o["inputs"]) | set(r["inputs"])):
+        if k not in ("version", "owner_tag"):
+            lines += value_changes(o["inputs"].get(k), r["inputs"].get(k), (k,), k in secret, derived)
+    shown = [ln for ln in lines if not ln.startswith(DERIVED_MARK)]
+    return shown, len(lines) - len(shown)
+
+
+def _diff_lines(plan: list[dict], head: dict, bres: list[dict], hres: list[dict]) -> tuple[list[str], int]:
+    """The diff block's lines (`+`, `-`, `~`, `+-`), and how many derived values it leaves out."""
+    gone = {s["urn"] for s in plan if s["op"] in ("replace", "delete")}
+    verdicts = head.get("verdicts", {})
+    lines: list[str] = []
+    folded = 0
+    for s in plan:
+        r = s["new"] or s["old"]
+        label = f"{r['name']} ({short_type(r['type'])})"
+        if s["op"] in ("create", "delete"):
+            lines.append(f"{'+' if s['op'] == 'create' else '-'} {label}: {s['op']}")
+            dep = _dependents(r["urn"], bres, gone) if s["op"] == "delete" else []
+            lines += [f"    depended on it: {', '.join(dep)}"] if dep else []
+            continue
+        detail, n = _detail(s)
+        folded += n
+        v = verdicts.get(s["urn"])
+        notes = ["derived values only"] if n and not detail else []
+        notes += [FOREIGN] if r["custom"] and not (v and v.get("rule")) else []
+        note = f" ({'; '.join(notes)})" if notes else ""
+        if s["op"] == "replace":
+            lines.append(f"+- {label}: replace (the provider replaces on {', '.join(s['replaces'])}){note}")
+        else:
+            lines.append(f"~ {label}: update{note}")
+        lines += [f"        {d[1:]}" if d.startswith(BODY) else f"    ~ {d}" for d in detail]
+        dep = _dependents(r["urn"], hres, gone) if s["op"] == "replace" else []
+        lines += [f"    depends on it, replaced too: {', '.join(dep)}"] if dep else []
+    return lines, folded
+
+
+def render(base: dict, head: dict, base_ref: str = "base", head_ref: str = "head") -> tuple[str, bool]:
+    """Markdown for one stack: (text, whether the head's config loads). The disclaimer (DECLARED) is the comment's,
+    once, above every stack (`main`)."""
+    stack = head.get("stack") or base.get("stack")
+    out = [f"### {code(stack)}: {base_ref} → {head_ref}", ""]
+    if head.get("error"):
+        out += [digest_line(str(stack), None), ""]
+        out += ["The head's stack config is refused by the loader, before any resource:", "", *block(head["error"]), ""]
         return "\n".join(out) + "\n", False
     if head.get("absent"):
         out += [
@@ -416,57 +669,19 @@ def render(base: dict, head: dict, base_ref: str = "base", head_ref: str = "head
         out += ["The base's stack config did not load (shown as all created):", "", *block(base["error"]), ""]
     bres = [] if base.get("error") else base.get("resources", [])
     hres = head.get("resources", [])
-    old = {r["urn"]: r for r in bres}
-    new = {r["urn"]: r for r in hres}
-    verdicts = head.get("verdicts", {})
-    lines: list[str] = []
-    counts = {"create": 0, "update": 0, "replace": 0, "delete": 0, "same": 0}
-    for r in hres:
-        label = f"{r['name']} ({short_type(r['type'])})"
-        o = old.get(r["urn"])
-        if o is None:
-            counts["create"] += 1
-            lines.append(f"+ {label}: create")
-            continue
-        v = verdicts.get(r["urn"])
-        if o["inputs"] == r["inputs"] or (v is not None and not v["changes"]):
-            counts["same"] += 1
-            continue
-        secret = set(r["secret"]) | set(o["secret"])
-        changed = sorted(set(o["inputs"]) | set(r["inputs"]))
-        detail = []
-        for k in changed:
-            if k in ("version", "owner_tag"):
-                continue
-            detail += value_changes(o["inputs"].get(k), r["inputs"].get(k), (k,), k in secret)
-        replaces = (v or {}).get("replaces") or []
-        if replaces:
-            counts["replace"] += 1
-            lines.append(f"+- {label}: replace (the provider replaces on {', '.join(replaces)})")
-        else:
-            counts["update"] += 1
-            note = "" if v and v.get("rule") else " (not a gpuhost provider: update or replace is its provider's call)"
-            lines.append(f"~ {label}: update{note if r['custom'] else ''}")
-        lines += [f"        {d[1:]}" if d.startswith(BODY) else f"    ~ {d}" for d in detail]
-        if replaces:
-            dep = _dependents(r["urn"], hres)
-            if dep:
-                lines.append(f"    depends on it: {', '.join(dep)}")
-    for o in bres:
-        if o["urn"] not in new:
-            counts["delete"] += 1
-            lines.append(f"- {o['name']} ({short_type(o['type'])}): delete")
-            dep = [d for d in _dependents(o["urn"], bres)]
-            if dep:
-                lines.append(f"    depended on it: {', '.join(dep)}")
-    boots = reboots(bres, hres)
-    out.append("**Reboots:** " + (" ".join(boots) if boots else "none (no kernel-argument or driver change)."))
-    out.append("")
-    parts = [f"{counts[k]} to {k}" for k in ("create", "update", "replace", "delete") if counts[k]]
-    if not parts:
-        out += [f"**No changes** ({counts['same']} resources unchanged).", ""]
+    plan = steps(base, head)
+    digest = digest_line(str(stack), plan_digest(base, head))
+    if not plan:
+        out += [f"**No changes** ({len(hres)} resources unchanged).", "", digest, ""]
         return "\n".join(out) + "\n", True
-    out += [", ".join(parts) + f", {counts['same']} unchanged.", "", *block(lines, "diff"), ""]
+    lines, folded = _diff_lines(plan, head, bres, hres)
+    counts = {k: sum(1 for s in plan if s["op"] == k) for k in ("create", "update", "replace", "delete")}
+    same = len(hres) - counts["create"] - counts["update"] - counts["replace"]
+    note = f" (derived: {folded} values, not listed: hashes that follow the lines shown)" if folded else ""
+    summary = ", ".join(f"{n} to {k}" for k, n in counts.items() if n) + f", {same} unchanged{note}."
+    # The digest before the diff block: a comment cut at GitHub's size limit still holds it (main's apply job reads
+    # it back).
+    out += [*_head(plan, head, bres, hres), "", digest, "", summary, "", *block(lines, "diff"), ""]
     return "\n".join(out) + "\n", True
 
 
@@ -485,6 +700,7 @@ def main(argv: list[str]) -> int:
     repo = Path(a.repo)
     refs = [git(repo, "rev-parse", "--short", c) for c in (a.base, a.head)]
     ok = True
+    sys.stdout.write(DECLARED + "\n\n")  # once, above every stack
     for b, h in plan_commits(repo, a.base, a.head, a.stacks or None):
         where = (f"base {code(refs[0])}", f"head {code(refs[1])}")
         try:
