@@ -422,64 +422,82 @@ def build_vms(
         taken = [0] * len(host_nics)
         for vm in h.vms:
             assert plan is not None  # a host with VMs has a placement (plan_host)
-            vfs_out = None
-            if vm.vfs:
-                node = plan.vm(vm.name).node
-                pfi: Optional[int] = next((k for k, pf in enumerate(h.sriov) if pf.numa_node == node), None)
-                if pfi is None:
-                    pfi = next((k for k, pf in enumerate(h.sriov) if pf.numa_node is None), None)
-                if pfi is None or taken[pfi] + vm.vfs > h.sriov[pfi].num_vfs:
-                    raise ConfigError(
-                        [
-                            f"fleet.hosts[{fleet.hosts.index(h)}].vms[{h.vms.index(vm)}].vfs: "
-                            f"{vm.vfs} VF(s) wanted on node {node} but no SR-IOV PF there has them free"
-                        ]
-                    )
-                start = taken[pfi]
-                taken[pfi] += vm.vfs
-                vfs_out = host_nics[pfi].vf_addresses.apply(
-                    lambda all_vfs, s=start, n=vm.vfs: list(all_vfs or [])[s : s + n]
-                )
+            vfs_out = _vm_vfs(fleet, h, vm, plan.vm(vm.name).node, host_nics, taken) if vm.vfs else None
             gs = guest_spec(h, vm)
             if gs:
                 guests[(h.name, vm.name)] = gs
-            ci = cloud_init(h, vm, guest_keys)
             vms[(h.name, vm.name)] = new(
                 PinnedVM,
                 f"{h.name}-{vm.name}",
-                PinnedVMArgs(
-                    host=spec,
-                    placement=plan.vm(vm.name),
-                    gpus=tuple(a for g in vm.gpus for a in gpu_functions(h, g)),
-                    vfs_output=vfs_out,
-                    base_image=vm.image,
-                    consumer_card=any(g.consumer for g in h.gpus if g.address in vm.gpus),
-                    guest=gs,
-                    bootstrap=bootstrap_config(fleet, h, vm) if gs else None,
-                    cloud_init=ci,
-                    bridge=h.vm_network.bridge if h.vm_network else None,
-                    mac=ci.network.mac if ci and ci.network else None,
-                    shutdown_timeout=vm.shutdown_timeout_s,
-                    **(
-                        # No libvirt NIC: the emulated server has no `default` network running (its only link is
-                        # the SSH port forward), and the first up of the dev stack failed on it under the driver.
-                        {
-                            "domain_type": "qemu",
-                            "cpu_mode": "maximum",
-                            "loader": None,
-                            "nvram_template": None,
-                            "network": None,
-                            # and no disk without an image: no storage pool there to make an empty one in
-                            "with_disk": vm.image is not None,
-                        }
-                        if vm.emulated
-                        else {}
-                    ),
-                ),
+                _pinned_vm_args(fleet, h, vm, spec, plan.vm(vm.name), vfs_out, gs, guest_keys),
                 [ph, *host_nics],
                 f"fleet.hosts[{hi}].vms[{h.vms.index(vm)}]",
             )
     return vms, guests
+
+
+def _vm_vfs(
+    fleet: Fleet, h: Host, vm: Vm, node: int, host_nics: list[SriovNic], taken: list[int]
+) -> pulumi.Output[list[str]]:
+    """The VM's slice of the VFs of a PF on its node (else a PF with no node), counted in `taken` per PF."""
+    pfi: Optional[int] = next((k for k, pf in enumerate(h.sriov) if pf.numa_node == node), None)
+    if pfi is None:
+        pfi = next((k for k, pf in enumerate(h.sriov) if pf.numa_node is None), None)
+    if pfi is None or taken[pfi] + vm.vfs > h.sriov[pfi].num_vfs:
+        raise ConfigError(
+            [
+                f"fleet.hosts[{fleet.hosts.index(h)}].vms[{h.vms.index(vm)}].vfs: "
+                f"{vm.vfs} VF(s) wanted on node {node} but no SR-IOV PF there has them free"
+            ]
+        )
+    start = taken[pfi]
+    taken[pfi] += vm.vfs
+    return host_nics[pfi].vf_addresses.apply(lambda all_vfs, s=start, n=vm.vfs: list(all_vfs or [])[s : s + n])
+
+
+def _pinned_vm_args(
+    fleet: Fleet,
+    h: Host,
+    vm: Vm,
+    spec: HostSpec,
+    placement: pl.VmPlacement,
+    vfs_out: Optional[pulumi.Output[list[str]]],
+    gs: Optional[HostSpec],
+    guest_keys: tuple[str, ...],
+) -> PinnedVMArgs:
+    ci = cloud_init(h, vm, guest_keys)
+    return PinnedVMArgs(
+        host=spec,
+        placement=placement,
+        gpus=tuple(a for g in vm.gpus for a in gpu_functions(h, g)),
+        vfs_output=vfs_out,
+        base_image=vm.image,
+        consumer_card=any(g.consumer for g in h.gpus if g.address in vm.gpus),
+        guest=gs,
+        bootstrap=bootstrap_config(fleet, h, vm) if gs else None,
+        cloud_init=ci,
+        bridge=h.vm_network.bridge if h.vm_network else None,
+        mac=ci.network.mac if ci and ci.network else None,
+        shutdown_timeout=vm.shutdown_timeout_s,
+        **_emulated_domain(vm),
+    )
+
+
+def _emulated_domain(vm: Vm) -> dict[str, Any]:
+    """A VM on the emulated server: TCG, no firmware, no libvirt NIC, and no disk without an image."""
+    if not vm.emulated:
+        return {}
+    # No libvirt NIC: the emulated server has no `default` network running (its only link is the SSH port
+    # forward), and the first up of the dev stack failed on it under the driver.
+    return {
+        "domain_type": "qemu",
+        "cpu_mode": "maximum",
+        "loader": None,
+        "nvram_template": None,
+        "network": None,
+        # and no disk without an image: no storage pool there to make an empty one in
+        "with_disk": vm.image is not None,
+    }
 
 
 def build_migs(fleet: Fleet, hosts: dict[str, PassthroughHost], new: New) -> dict[str, MigGpus]:
