@@ -221,26 +221,7 @@ def yolov8n_torch(
     Without it the backend refuses to load, unless ``random_weights_for_benchmarks`` (never reachable from stack
     config) asks for the seeded random model, whose answers do not depend on the image.
     """
-    if output not in ("nms", "raw"):
-        raise ValueError(f"output must be 'nms' or 'raw', not {output!r}")
-    if input not in ("jpeg", "raw"):
-        raise ValueError(f"input must be 'jpeg' or 'raw', not {input!r}")
-    if input == "jpeg" and output != "nms":
-        raise ValueError("input 'jpeg' answers boxes in the frame's pixels: it needs output 'nms'")
-    if jpeg_decoder not in ("exact", "nvjpeg") or (jpeg_decoder != "exact" and input != "jpeg"):
-        raise ValueError(f"jpeg_decoder must be 'exact' or 'nvjpeg' (nvjpeg with input 'jpeg'), not {jpeg_decoder!r}")
-    image = (
-        Tensor(name="images", data_type="UINT8", dims=[-1], allow_ragged_batch=True)
-        if input == "jpeg"
-        else Tensor(name="images", data_type="UINT8", dims=[640, 640, 3])
-    )
-    if output == "nms":
-        outputs = [
-            Tensor(name="detections", data_type="FP32", dims=[max_det, 6]),
-            Tensor(name="num_detections", data_type="INT32", dims=[1]),
-        ]
-    else:
-        outputs = [Tensor(name="output0", data_type="FP16" if gpu else "FP32", dims=[84, 8400])]
+    _check_yolov8n_torch(output, input, jpeg_decoder)
     batch = 8 if max_batch_size is None else max_batch_size
     preferred = (
         preferred_batch_size if preferred_batch_size is not None else [b for b in (1, 2, 4, 8, 16, 32) if b <= batch]
@@ -249,8 +230,8 @@ def yolov8n_torch(
         name=name,
         platform="python",
         max_batch_size=batch,
-        inputs=[image],
-        outputs=outputs,
+        inputs=[_yolov8n_image(input)],
+        outputs=_yolov8n_outputs(output, gpu, max_det),
         instance_group=[InstanceGroup(kind="KIND_GPU" if gpu else "KIND_CPU", count=instances or 2)],
         dynamic_batching=DynamicBatching(preferred_batch_size=preferred, max_queue_delay_microseconds=window_us or 0),
         parameters={
@@ -275,3 +256,31 @@ def yolov8n_torch(
         if given is None:
             spec.model_fields_set.discard(field)
     return spec
+
+
+def _check_yolov8n_torch(output: str, input: str, jpeg_decoder: str) -> None:
+    if output not in ("nms", "raw"):
+        raise ValueError(f"output must be 'nms' or 'raw', not {output!r}")
+    if input not in ("jpeg", "raw"):
+        raise ValueError(f"input must be 'jpeg' or 'raw', not {input!r}")
+    if input == "jpeg" and output != "nms":
+        raise ValueError("input 'jpeg' answers boxes in the frame's pixels: it needs output 'nms'")
+    if jpeg_decoder not in ("exact", "nvjpeg") or (jpeg_decoder != "exact" and input != "jpeg"):
+        raise ValueError(f"jpeg_decoder must be 'exact' or 'nvjpeg' (nvjpeg with input 'jpeg'), not {jpeg_decoder!r}")
+
+
+def _yolov8n_image(input: str) -> Tensor:
+    """``images``: one encoded JPEG per row (ragged), or one letterboxed 640×640 RGB frame (NHWC)."""
+    if input == "jpeg":
+        return Tensor(name="images", data_type="UINT8", dims=[-1], allow_ragged_batch=True)
+    return Tensor(name="images", data_type="UINT8", dims=[640, 640, 3])
+
+
+def _yolov8n_outputs(output: str, gpu: bool, max_det: int) -> list[Tensor]:
+    """Boxes after NMS (``detections``, ``num_detections``), or the raw head ``output0`` (FP16 on a GPU)."""
+    if output == "nms":
+        return [
+            Tensor(name="detections", data_type="FP32", dims=[max_det, 6]),
+            Tensor(name="num_detections", data_type="INT32", dims=[1]),
+        ]
+    return [Tensor(name="output0", data_type="FP16" if gpu else "FP32", dims=[84, 8400])]
