@@ -121,7 +121,7 @@ def planes_to_rgb(y: torch.Tensor, cbcr: torch.Tensor, factors: tuple[int, int])
 try:
     import triton
     import triton.language as tl
-except ImportError:  # a CPU machine: planes_to_rgb in torch only
+except Exception:  # noqa: BLE001 - not installed (a CPU machine) or broken: planes_to_rgb in torch only
     triton = None
 
 if triton is not None:
