@@ -6,7 +6,7 @@ Usage::
                      vfs=[VfSettings(mac="02:00:00:00:00:01", vlan=100)], irq_cpus=[0, 32])
     p = plan_sriov(facts, parse_pf_detail(detail_text), want)
     p.errors          # ["0000:41:00.0 supports at most 4 VFs (sriov_totalvfs=4); 8 were asked for"]
-    p.actions         # [Action("numvfs-zero", ..., "set sriov_numvfs 2 -> 0 first: ..."), ...]
+    p.actions         # [SriovAction("numvfs-zero", ..., "set sriov_numvfs 2 -> 0 first: ..."), ...]
     p.sentence        # every action's sentence, or why nothing is needed
 
 The seed's lessons this encodes:
@@ -222,7 +222,12 @@ def parse_vfinfo(js: str) -> dict[int, dict]:
 
 
 @dataclass(frozen=True)
-class Action:
+class SriovAction:
+    """One step of an SR-IOV plan: its kind (what the provider runs), the sentence, the values it needs.
+
+    Not `plans.plan.Action` (a shell command and its reason): the SR-IOV provider builds its commands from `kind`.
+    """
+
     kind: str
     sentence: str
     data: dict = field(default_factory=dict)
@@ -243,7 +248,7 @@ class Problem:
 class SriovPlan:
     pf: Optional[str]
     want: SriovWant
-    actions: list[Action] = field(default_factory=list)
+    actions: list[SriovAction] = field(default_factory=list)
     errors: list[Problem] = field(default_factory=list)
     warnings: list[str] = field(default_factory=list)
     # Addresses the VFs have (or will have, from the PF's offset/stride) after the plan runs.
@@ -504,13 +509,13 @@ def numa_mismatch(f: HostFacts, dev: PciDevice, node: int) -> str:
     )
 
 
-def count_actions(dev: PciDevice, detail: PfDetail, want: SriovWant) -> list[Action]:
+def count_actions(dev: PciDevice, detail: PfDetail, want: SriovWant) -> list[SriovAction]:
     """The VF count, through 0 when it changes between two non-zero values; autoprobe off before vfio VFs appear."""
     name, cur, n = dev.address, dev.sriov_numvfs or 0, want.num_vfs
     out = []
     if cur != n and cur and n:
         out.append(
-            Action(
+            SriovAction(
                 "numvfs-zero",
                 (
                     f"set sriov_numvfs of {name} {cur} -> 0 first: the kernel refuses to change a non-zero VF count "
@@ -523,7 +528,7 @@ def count_actions(dev: PciDevice, detail: PfDetail, want: SriovWant) -> list[Act
     want_autoprobe = False if (want.vfio and n) else None
     if want_autoprobe is not None and detail.autoprobe is not None and detail.autoprobe != want_autoprobe:
         out.append(
-            Action(
+            SriovAction(
                 "autoprobe",
                 (
                     f"turn off host-driver autoprobe for new VFs of {name} (sriov_drivers_autoprobe 1 -> 0): they go to "
@@ -534,7 +539,7 @@ def count_actions(dev: PciDevice, detail: PfDetail, want: SriovWant) -> list[Act
         )
     if cur != n:
         out.append(
-            Action(
+            SriovAction(
                 "numvfs",
                 (
                     f"create {n} VF(s) on {name} (sriov_numvfs {'0' if cur else cur} -> {n})"
@@ -559,14 +564,14 @@ def planned_vf_addresses(dev: PciDevice, detail: PfDetail, n: int) -> list[str]:
 
 def persist_actions(
     name: str, want: SriovWant, unit_text: Optional[str], new_unit: str, detail: PfDetail
-) -> list[Action]:
+) -> list[SriovAction]:
     """Write, rewrite or enable the boot unit when it is not the wanted one, enabled."""
     if unit_text == new_unit and detail.unit_enabled is not False:
         return []
     n = want.num_vfs
     verb = "write" if unit_text is None else ("rewrite" if unit_text != new_unit else "enable")
     return [
-        Action(
+        SriovAction(
             "persist",
             (
                 f"{verb} {unit_path(name)} (enabled, Before=libvirtd): sets {n} VF(s) at every boot"
@@ -583,7 +588,7 @@ def bind_actions(
     want: SriovWant,
     cur: int,
     vf_state: Optional[dict[str, tuple[Optional[str], Optional[str]]]],
-) -> list[Action]:
+) -> list[SriovAction]:
     """vfio-pci for every VF not on it with a persistent driverctl override (all of them when the count changes)."""
     n = want.num_vfs
     if not (want.vfio and n):
@@ -601,7 +606,7 @@ def bind_actions(
     if not todo:
         return []
     return [
-        Action(
+        SriovAction(
             "bind",
             (f"bind {', '.join(todo)} to vfio-pci with driverctl set-override (persistent across reboots)"),
             {"vfs": todo},
@@ -633,7 +638,7 @@ def vf_config_steps(p: SriovPlan, dev: PciDevice, netdev: Optional[str], detail:
         ]
         if diff:
             p.actions.append(
-                Action(
+                SriovAction(
                     "vf-config",
                     (f"set VF {i} of {netdev} ({name}): " + " ".join(s.ip_args())),
                     {"vf": i, "args": s.ip_args(), "netdev": netdev},
@@ -661,7 +666,7 @@ def irq_steps(p: SriovPlan, f: HostFacts, name: str, detail: PfDetail) -> None:
     if moving:
         was = "; ".join(f"{i}: {format_cpulist(c or [])}" for i, c in sorted(moving.items(), key=lambda kv: int(kv[0])))
         p.actions.append(
-            Action(
+            SriovAction(
                 "irq",
                 (
                     f"pin IRQs {', '.join(sorted(moving, key=int))} of {name} to host-reserved CPUs "
