@@ -13,7 +13,7 @@ Steps, each one only when its check says it is needed:
    inference instance with its `CUDA_MPS_ACTIVE_THREAD_PERCENTAGE` (seed 001: 60/40 or 50/50 per instance).
 
 `read_script()` is the one round trip that gathers `GuestFacts`; `parse_facts(text)` is its pure parser;
-`plan(facts, config)` is pure and returns `Plan(steps, noop_reason)`.
+`plan(facts, config)` is pure and returns `GuestPlan(steps, checks, noop_reason)`.
 
 Example:
     facts = parse_facts(conn.run(read_script()).stdout)
@@ -96,7 +96,7 @@ class GuestFacts:
 
 
 @dataclass(frozen=True)
-class Step:
+class GuestStep:
     name: str
     why: str
     script: str
@@ -104,8 +104,11 @@ class Step:
 
 
 @dataclass(frozen=True)
-class Plan:
-    steps: tuple[Step, ...]
+class GuestPlan:
+    """What a guest needs: whole scripts run in the guest, in order, and the state of every check. Not
+    `plans.plan.Plan` (a host's shell actions under the host lock)."""
+
+    steps: tuple[GuestStep, ...]
     checks: dict[str, str]  # every step: "ok", "needed" or "absent: <why it cannot apply here>"
     noop_reason: str = ""
 
@@ -245,19 +248,19 @@ class _Wanted:
     """The steps a plan has so far and the state of every check (`want` records both)."""
 
     def __init__(self) -> None:
-        self.steps: list[Step] = []
+        self.steps: list[GuestStep] = []
         self.checks: dict[str, str] = {}
 
     def want(self, name: str, needed: bool, why: str, script: str, data: Optional[bytes] = None) -> None:
         self.checks[name] = "needed" if needed else "ok"
         if needed:
-            self.steps.append(Step(name, why, script, data))
+            self.steps.append(GuestStep(name, why, script, data))
 
 
-def plan(facts: GuestFacts, config: BootstrapConfig) -> Plan:
+def plan(facts: GuestFacts, config: BootstrapConfig) -> GuestPlan:
     """Steps the guest needs, in order, each with the reason; `checks` says the state of every step."""
     if facts.family == "unknown":
-        return Plan((), {"os": f"absent: unsupported guest OS {facts.os_id!r}"}, "nothing to do on an unknown OS")
+        return GuestPlan((), {"os": f"absent: unsupported guest OS {facts.os_id!r}"}, "nothing to do on an unknown OS")
     w = _Wanted()
     driver_and_docker_steps(w, facts, config)
     toolkit_steps(w, facts)
@@ -269,7 +272,7 @@ def plan(facts: GuestFacts, config: BootstrapConfig) -> Plan:
     if config.only is not None:
         steps = [s for s in steps if s.name in config.only or s.name.split(":")[0] in config.only]
     noop = "" if steps else "guest GPU stack is as wanted (" + ", ".join(f"{k}: {v}" for k, v in checks.items()) + ")"
-    return Plan(tuple(steps), checks, noop)
+    return GuestPlan(tuple(steps), checks, noop)
 
 
 def _apt_update(family: str) -> str:
@@ -356,7 +359,7 @@ def persistence_steps(w: _Wanted, facts: GuestFacts) -> None:
         return
     w.checks["persistence"] = "absent: no nvidia-smi (driver not installed or no GPU in this guest)"
     if "driver" in [s.name for s in w.steps]:
-        w.steps.append(Step("persistence", "enable persistence mode after the driver install", script))
+        w.steps.append(GuestStep("persistence", "enable persistence mode after the driver install", script))
 
 
 def mps_steps(w: _Wanted, facts: GuestFacts, config: MpsConfig) -> None:
