@@ -19,7 +19,7 @@ from plans.gateway import is_loopback
 from plans.mig_fit import layout_problems
 from stacks.args import cmdline_args
 from stacks.errors import ConfigError
-from stacks.program import model_spec, plan_host
+from stacks.program import model_spec, place_vms
 from stacks.schema import Fleet, Host, Jump, Service, Topology, Vm
 
 # Presets whose model code gpuhost ships itself (serving/models): the artifact is their weights file.
@@ -738,7 +738,7 @@ def placement_problems(fleet: Fleet) -> list[str]:
     out = []
     for i, h in enumerate(fleet.hosts):
         try:
-            plan_host(i, h)
+            place_vms(i, h)
         except ConfigError as e:
             out += e.lines
     return out

@@ -161,7 +161,7 @@ def cloud_init(h: Host, vm: Vm, guest_keys: tuple[str, ...] = ()) -> Optional[Cl
 def solver_host(h: Host) -> pl.Host:
     """The placement solver's view of a host, from the topology declared in stack config."""
     t = h.topology
-    assert t is not None  # plan_host refuses a host with VMs and no topology
+    assert t is not None  # place_vms refuses a host with VMs and no topology
     devices = {g.address: g.numa_node if g.numa_node is not None else -1 for g in h.gpus}
     hp1g = h.hugepages.count // t.nodes if h.hugepages.size == "1G" else 0
     base = pl.Host.uniform(
@@ -221,7 +221,9 @@ def vm_request(h: Host, vm: Vm) -> pl.VmRequest:
     )
 
 
-def plan_host(i: int, h: Host) -> Optional[pl.HostPlacement]:
+def place_vms(i: int, h: Host) -> Optional[pl.HostPlacement]:
+    """The NUMA placement of host `i`'s VMs (plans.placement's solver); None without VMs. ConfigError names the
+    VM that does not fit, or the missing topology."""
     if not h.vms:
         return None
     if h.topology is None:
@@ -346,7 +348,7 @@ def build(fleet: Fleet, new: New = declare_component, guest_keys: tuple[str, ...
     providers reach guests with."""
     # Plan every host before declaring anything: a VM that cannot fit fails the program with no resource
     # registered.
-    placements = {h.name: plan_host(i, h) for i, h in enumerate(fleet.hosts)}
+    placements = {h.name: place_vms(i, h) for i, h in enumerate(fleet.hosts)}
     exports: dict = {"placement": {}, "pending_reboot": {}, "endpoints": {}}
     hosts = build_host_prep(fleet, new, exports)
     nics = build_nics(fleet, hosts, new)
@@ -415,21 +417,21 @@ def build_vms(
     for hi, h in enumerate(fleet.hosts):
         spec = host_spec(h)
         ph, host_nics = hosts[h.name], nics[h.name]
-        plan = placements[h.name]
-        if plan is not None:
-            exports["placement"][h.name] = plan.report()
+        placed = placements[h.name]
+        if placed is not None:
+            exports["placement"][h.name] = placed.report()
         # VFs come from a PF on the VM's own node (seed 002), each PF sliced on its own.
         taken = [0] * len(host_nics)
         for vm in h.vms:
-            assert plan is not None  # a host with VMs has a placement (plan_host)
-            vfs_out = _vm_vfs(fleet, h, vm, plan.vm(vm.name).node, host_nics, taken) if vm.vfs else None
+            assert placed is not None  # a host with VMs has a placement (place_vms)
+            vfs_out = _vm_vfs(fleet, h, vm, placed.vm(vm.name).node, host_nics, taken) if vm.vfs else None
             gs = guest_spec(h, vm)
             if gs:
                 guests[(h.name, vm.name)] = gs
             vms[(h.name, vm.name)] = new(
                 PinnedVM,
                 f"{h.name}-{vm.name}",
-                _pinned_vm_args(fleet, h, vm, spec, plan.vm(vm.name), vfs_out, gs, guest_keys),
+                _pinned_vm_args(fleet, h, vm, spec, placed.vm(vm.name), vfs_out, gs, guest_keys),
                 [ph, *host_nics],
                 f"fleet.hosts[{hi}].vms[{h.vms.index(vm)}]",
             )
