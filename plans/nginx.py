@@ -158,19 +158,27 @@ def _files(spec: NginxSpec) -> tuple[str, str, str, list[str]]:
     return f"{p}/nginx.pid", f"{p}/error.log", f"{p}/access.log" if spec.access_log else "off", temps
 
 
-def _http_server(spec: NginxSpec) -> list[str]:
-    """The HTTP upstream (keepalive) and server: health from nginx itself, ``/infer``, the allowed v2 routes."""
+def _server_start(upstream: str, address: str, listen: str, spec: NginxSpec) -> list[str]:
+    """An upstream to Triton with idle keepalive connections (without them nginx opens one per request), and the
+    start of the server in front of it: its listener and body limit."""
     return [
         "",
-        "    upstream triton_http {",
-        f"        server {spec.upstream_http};",
+        f"    upstream {upstream} {{",
+        f"        server {address};",
         f"        keepalive {spec.upstream_keepalive};",
         f"        keepalive_requests {spec.keepalive_requests};",
         "    }",
         "",
         "    server {",
-        f"        listen {spec.listen_address}:{spec.listen_http} reuseport;",
+        f"        listen {spec.listen_address}:{listen};",
         f"        client_max_body_size {spec.client_max_body_size};",
+    ]
+
+
+def _http_server(spec: NginxSpec) -> list[str]:
+    """The HTTP upstream (keepalive) and server: health from nginx itself, ``/infer``, the allowed v2 routes."""
+    return [
+        *_server_start("triton_http", spec.upstream_http, f"{spec.listen_http} reuseport", spec),
         "        proxy_http_version 1.1;",
         '        proxy_set_header Connection "";',
         "        proxy_request_buffering off;",
@@ -196,16 +204,7 @@ def _http_server(spec: NginxSpec) -> list[str]:
 def _grpc_server(spec: NginxSpec) -> list[str]:
     """The HTTP/2 gRPC upstream and server: only GRPC_METHODS are passed, everything else answers 404."""
     return [
-        "",
-        "    upstream triton_grpc {",
-        f"        server {spec.upstream_grpc};",
-        f"        keepalive {spec.upstream_keepalive};",
-        f"        keepalive_requests {spec.keepalive_requests};",
-        "    }",
-        "",
-        "    server {",
-        f"        listen {spec.listen_address}:{spec.listen_grpc} http2;",
-        f"        client_max_body_size {spec.client_max_body_size};",
+        *_server_start("triton_grpc", spec.upstream_grpc, f"{spec.listen_grpc} http2", spec),
         f"        grpc_read_timeout {spec.proxy_read_timeout_s}s;",
         f"        grpc_buffer_size {spec.body_buffer_size};",
         f"        client_body_buffer_size {spec.body_buffer_size};",
