@@ -401,6 +401,31 @@ def test_every_derived_path_a_provider_declares_names_an_input_it_is_given(hk_he
             assert any(path[0] in r["inputs"] for r in rs), (rs[0]["type"], path)
 
 
+def test_replaced_names_host_and_reason_and_only_dependents_that_go_too():
+    host = {"name": "gpu-a"}
+    base = {"stack": "s", "resources": [
+        _res("repo", {"host": host, "root": "/srv/a"}),
+        _res("svc", {"host": host, "trigger": "1"}) | {"dependencies": ["urn:pulumi:s::gpuhost::pulumi-python:dynamic/host:Sysctls::repo"]},
+        _res("engine", {"host": host, "root": "/srv/a"}) | {"dependencies": ["urn:pulumi:s::gpuhost::pulumi-python:dynamic/host:Sysctls::repo"]},
+    ]}  # fmt: skip
+    head = {"stack": "s", "resources": [
+        _res("repo", {"host": host, "root": "/srv/b"}),
+        _res("svc", {"host": host, "trigger": "2"}) | {"dependencies": [base["resources"][0]["urn"]]},
+        _res("engine", {"host": host, "root": "/srv/b"}) | {"dependencies": [base["resources"][0]["urn"]]},
+    ]}  # fmt: skip
+    head["verdicts"] = {
+        head["resources"][0]["urn"]: {"changes": True, "replaces": ["root"], "rule": "P"},
+        head["resources"][1]["urn"]: {"changes": True, "replaces": [], "rule": "P"},
+        head["resources"][2]["urn"]: {"changes": True, "replaces": ["root"], "rule": "P"},
+    }
+    text, ok = plan_diff.render(base, head)
+    assert (
+        ok and "**Replaced** (deleted, then created again): `repo` (host:Sysctls) on `gpu-a`: `root` changed;" in text
+    )
+    # svc is only updated: not named as a dependent
+    assert "    depends on it, replaced too: engine (host:Sysctls)" in text.splitlines()
+
+
 def test_plan_digest_is_the_same_on_every_run_and_differs_for_another_plan(repo, key, base_plans, hk_heads):
     path, base = repo
     window, window_plan = hk_heads["window"]

@@ -588,6 +588,12 @@ def _restarts(effects: list[dict]) -> str:
     return ". ".join(parts) + "." if parts else "none."
 
 
+def _replaced(r: dict, keys: list[str]) -> str:
+    host = r["inputs"].get("host")
+    where = f" on {code(host.get('name'))}" if isinstance(host, dict) else ""
+    return f"{code(r['name'])} ({short_type(r['type'])}){where}: {', '.join(code(k) for k in keys)} changed"
+
+
 def _head(plan: list[dict], head: dict, bres: list[dict], hres: list[dict]) -> list[str]:
     """The lines a 2 a.m. operator reads first: what reboots, restarts, runs a load against production, goes."""
     said = [(s, e) for s in plan for e in head.get("effects", {}).get(s["urn"], [])]
@@ -599,8 +605,7 @@ def _head(plan: list[dict], head: dict, bres: list[dict], hres: list[dict]) -> l
     runs = [f"{code(e['what'])} on {code(e['host'])}: {_load(e['load'])}; {_words(e['how'])}." for e in gates]
     out.append("- **Gates re-run:** " + (" ".join(runs) if runs else "none."))
     replaced = [
-        f"{code(s['new']['name'])} ({short_type(s['new']['type'])}) on {code(_host(s['new']))}, on "
-        + ", ".join(code(k) for k in s["replaces"])
+        _replaced(s["new"], s["replaces"])
         for s in plan
         if s["op"] == "replace" and s["urn"] not in gated  # a gate's replacement is its re-run, said above
     ]
