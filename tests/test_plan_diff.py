@@ -11,6 +11,7 @@ import re
 import shutil
 import subprocess
 from pathlib import Path
+from typing import Any
 
 import pytest
 import yaml
@@ -403,20 +404,24 @@ def test_every_derived_path_a_provider_declares_names_an_input_it_is_given(hk_he
 
 def test_replaced_names_host_and_reason_and_only_dependents_that_go_too():
     host = {"name": "gpu-a"}
-    base = {"stack": "s", "resources": [
-        _res("repo", {"host": host, "root": "/srv/a"}),
-        _res("svc", {"host": host, "trigger": "1"}) | {"dependencies": ["urn:pulumi:s::gpuhost::pulumi-python:dynamic/host:Sysctls::repo"]},
-        _res("engine", {"host": host, "root": "/srv/a"}) | {"dependencies": ["urn:pulumi:s::gpuhost::pulumi-python:dynamic/host:Sysctls::repo"]},
-    ]}  # fmt: skip
-    head = {"stack": "s", "resources": [
-        _res("repo", {"host": host, "root": "/srv/b"}),
-        _res("svc", {"host": host, "trigger": "2"}) | {"dependencies": [base["resources"][0]["urn"]]},
-        _res("engine", {"host": host, "root": "/srv/b"}) | {"dependencies": [base["resources"][0]["urn"]]},
-    ]}  # fmt: skip
+    repo_urn = _res("repo", {})["urn"]
+
+    def plan(root: str, trigger: str) -> dict[str, Any]:
+        return {
+            "stack": "s",
+            "resources": [
+                _res("repo", {"host": host, "root": root}),
+                _res("svc", {"host": host, "trigger": trigger}) | {"dependencies": [repo_urn]},
+                _res("engine", {"host": host, "root": root}) | {"dependencies": [repo_urn]},
+            ],
+        }
+
+    base, head = plan("/srv/a", "1"), plan("/srv/b", "2")
+    repo_, svc, engine = (r["urn"] for r in head["resources"])
     head["verdicts"] = {
-        head["resources"][0]["urn"]: {"changes": True, "replaces": ["root"], "rule": "P"},
-        head["resources"][1]["urn"]: {"changes": True, "replaces": [], "rule": "P"},
-        head["resources"][2]["urn"]: {"changes": True, "replaces": ["root"], "rule": "P"},
+        repo_: {"changes": True, "replaces": ["root"], "rule": "P"},
+        svc: {"changes": True, "replaces": [], "rule": "P"},
+        engine: {"changes": True, "replaces": ["root"], "rule": "P"},
     }
     text, ok = plan_diff.render(base, head)
     assert (
