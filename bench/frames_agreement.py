@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import hashlib
 import http.client
 import json
 import os
@@ -37,6 +38,7 @@ import sys
 import tempfile
 import time
 import urllib.parse
+import urllib.request
 from pathlib import Path
 from typing import Any, Optional, Sequence
 
@@ -337,11 +339,19 @@ def serve(directory: Path, gpu: bool, commit: str = "") -> dict:
         "frames": len(frames),
         "models": models,
     }
+    # The model code shipped, by hash: the GPU machine has no .git, and frames.py changes under other work.
+    shipped = yolov8n_files(specs[0].name, 1)
+    result["model_files"] = {k.split("/")[-1]: hashlib.sha256(v).hexdigest()[:16] for k, v in shipped.items()}
     result["device"] = (result["machine"].get("gpus") or ["CPU"])[0].split(",")[0] if gpu else "CPU Triton"
     device = torch.device("cuda:0" if gpu else "cpu")
     t0 = time.monotonic()
-    pixels = pixel_diffs(frames, fr.Decoder(device))
-    result["decoder"] = {"seconds": round(time.monotonic() - t0, 2)}
+    decoder = fr.Decoder(device)
+    pixels = pixel_diffs(frames, decoder)
+    result["decoder"] = {
+        "name": decoder.name,
+        "served": dict(decoder.served),
+        "seconds": round(time.monotonic() - t0, 2),
+    }
     workdir = Path(tempfile.mkdtemp(prefix="gpuhost-frames-agreement-"))
     triton = start_triton(workdir, specs, files, ready_timeout=600)
     served = {}
@@ -350,6 +360,9 @@ def serve(directory: Path, gpu: bool, commit: str = "") -> dict:
             t0 = time.monotonic()
             served[label] = served_answers(triton.http, name, frames)
             log(f"{label}: {len(frames)} frames in {time.monotonic() - t0:.1f} s")
+        with urllib.request.urlopen(f"{triton.metrics}/metrics", timeout=10) as r:
+            text = r.read().decode()
+        result["decoded_in_triton"] = [ln for ln in text.splitlines() if ln.startswith("gpuhost_frames_decoded_total{")]
     finally:
         triton.stop()
     decoded = [ln for ln in triton.log().splitlines() if "gpuhost-frames" in ln]
