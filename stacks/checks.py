@@ -593,14 +593,6 @@ def service_address(fleet: Fleet, s) -> Optional[str]:
     return h.ssh.address
 
 
-def triton_addresses(fleet: Fleet, s, machine_address: str) -> tuple[str, str]:
-    """(HTTP/gRPC bind, metrics bind) of a service's Triton: its ``triton_listen``, else loopback, and the metrics
-    on the machine's address when Prometheus (on another host, or through that address) scrapes it."""
-    if s.triton_listen:
-        return s.triton_listen, s.triton_listen
-    return "127.0.0.1", machine_address if fleet.monitoring else "127.0.0.1"
-
-
 def triton_listen_problems(fleet: Fleet, machine_address) -> list[str]:
     """Triton listens on loopback unless told: a reader on another machine needs ``triton_listen``; the metrics
     bind the machine's address for Prometheus, which must then be an IP (Triton resolves no names)."""

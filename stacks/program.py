@@ -559,11 +559,17 @@ def service_artifacts(s: Service, specs: list[ModelSpec], root: str) -> tuple[li
 
 
 def triton_server(fleet: Fleet, s: Any, machine_address: str) -> ServerOptions:
-    """Where the service's Triton listens (stacks.checks.triton_addresses: loopback unless the stack says)."""
-    from stacks.checks import triton_addresses
-
+    """Where the service's Triton listens (triton_addresses: loopback unless the stack says)."""
     listen, metrics = triton_addresses(fleet, s, machine_address)
     return ServerOptions(http_address=listen, grpc_address=listen, metrics_address=metrics)
+
+
+def triton_addresses(fleet: Fleet, s: Any, machine_address: str) -> tuple[str, str]:
+    """(HTTP/gRPC bind, metrics bind) of a service's Triton: its ``triton_listen``, else loopback, and the metrics
+    on the machine's address when Prometheus (on another host, or through that address) scrapes it."""
+    if s.triton_listen:
+        return s.triton_listen, s.triton_listen
+    return "127.0.0.1", machine_address if fleet.monitoring else "127.0.0.1"
 
 
 def triton_reach(bind: str, machine_address: str) -> str:
