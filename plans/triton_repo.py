@@ -284,3 +284,64 @@ def _yolov8n_outputs(output: str, gpu: bool, max_det: int) -> list[Tensor]:
             Tensor(name="num_detections", data_type="INT32", dims=[1]),
         ]
     return [Tensor(name="output0", data_type="FP16" if gpu else "FP32", dims=[84, 8400])]
+
+
+def sdxl_generator(
+    *,
+    name: str = "sdxl_generator",
+    size: str = "sdxl",
+    gpu: bool = True,
+    instances: int = 1,
+    max_batch_size: int = 2,
+    window_us: int = 4000,
+    height: int = 1024,
+    width: int = 1024,
+    steps: int = 30,
+    max_prompt_bytes: int = 1024,
+) -> ModelSpec:
+    """Seed 001's generator at SDXL's shape with random weights (``serving/sdxl_generator_model.py``; benchmarks
+    and tests only: ``random_weights_for_benchmarks`` is set, so no stack serves it): ``prompt`` UINT8 [-1] (a
+    UTF-8 prompt a row, zero-padded; ragged) and ``seed`` INT64 [1] → ``image`` UINT8 [-1] (a PNG a row). The
+    gateway's front takes the prompt and answers the image as KServe BYTES (``serving/bytes_rows.py``).
+    ``size="tiny"`` is the same code at a few channels (CPU tests: 64×64, 1–2 steps). The batching is the seed's:
+    batch ≤ 2, a 4 ms window (seed 001 §4.4)."""
+    return ModelSpec(
+        name=name,
+        platform="python",
+        max_batch_size=max_batch_size,
+        inputs=[
+            Tensor(name="prompt", data_type="UINT8", dims=[-1], allow_ragged_batch=True),
+            Tensor(name="seed", data_type="INT64", dims=[1]),
+        ],
+        outputs=[Tensor(name="image", data_type="UINT8", dims=[-1])],
+        instance_group=[InstanceGroup(kind="KIND_GPU" if gpu else "KIND_CPU", count=instances)],
+        dynamic_batching=DynamicBatching(
+            preferred_batch_size=[b for b in (1, 2, 4, 8) if b <= max_batch_size],
+            max_queue_delay_microseconds=window_us,
+        ),
+        parameters={
+            "model_code": "sdxl_generator",
+            "size": size,
+            "height": str(height),
+            "width": str(width),
+            "steps": str(steps),
+            "precision": "fp16" if gpu else "fp32",
+            "max_prompt_bytes": str(max_prompt_bytes),
+            "random_weights_for_benchmarks": "true",
+        },
+        workload="diffusion",
+    )
+
+
+def sdxl_generator_front(spec: ModelSpec) -> dict:
+    """The gateway front's signature of an ``sdxl_generator`` model (``serving.front.ModelSig.from_dict``): the
+    prompt as KServe BYTES [1] a row, at most the model's ``max_prompt_bytes``, the seed INT64 [1], and the image
+    answered as BYTES (a PNG); inside they travel as the model's UINT8 rows."""
+    return {
+        "max_batch_size": spec.max_batch_size,
+        "inputs": [
+            {"name": "prompt", "datatype": "BYTES", "dims": [1], "max_bytes": int(spec.parameters["max_prompt_bytes"])},
+            {"name": "seed", "datatype": "INT64", "dims": [1]},
+        ],
+        "outputs": [{"name": "image", "datatype": "BYTES"}],
+    }

@@ -8,9 +8,11 @@ Runs on the serving hosts (installed there by the components; each keeps to what
     metrics.py          the Prometheus text format the queue workers expose
     microbatch.py       client micro-batching: items within a short window into one request (seed 004)
     adaptive_window.py  the adaptive batching-window controller beside Triton (seed 004), its /metrics
+    bytes_rows.py       KServe BYTES carried inside as UINT8 rows (the front, the workers, the python backend)
     standin_model.py    Triton python-backend stand-in keeping a real model's signature
     yolov8n_model.py    Triton python-backend model: YOLOv8n on the GPU
-    models/             the model code shipped into Triton repositories (YOLOv8n, its weights loader)
+    sdxl_generator_model.py  Triton python-backend model: seed 001's text-to-image generator at SDXL's shape
+    models/             the model code shipped into Triton repositories (YOLOv8n, its weights loader, the generator)
 
 Runs on the runner (the machine running Pulumi: the AcceptanceGate provider, the benchmarks):
     loadgate.py         the acceptance gate's bounded load run, percentiles and SLO check (standard library only:

@@ -24,3 +24,12 @@ def yolov8n_files(
     if weights is not None:
         files[f"{name}/{version}/{weights_file}"] = weights
     return files
+
+
+def sdxl_generator_files(name: str = "sdxl_generator", version: int = 1) -> dict[str, bytes]:
+    """``model.py`` and ``sdxl_generator.py`` for ``<name>/<version>/`` of a repository: seed 001's generator at
+    SDXL's shape with random weights (``plans.triton_repo.sdxl_generator``; benchmarks and tests only)."""
+    return {
+        f"{name}/{version}/model.py": (_SERVING / "sdxl_generator_model.py").read_bytes(),
+        f"{name}/{version}/sdxl_generator.py": (_SERVING / "models" / "sdxl_generator.py").read_bytes(),
+    }
