@@ -207,8 +207,12 @@ def backend_specs(spec: Any, by_weight: bool) -> dict[str, Any]:
     return out
 
 
-def start_backends(base: Path, specs: dict[str, Any], weights: bytes, gpu: bool) -> dict[str, Backend]:
-    """Both Tritons, started side by side (each captures its CUDA graphs on load)."""
+def start_backends(
+    base: Path, specs: dict[str, Any], weights: bytes, gpu: bool, files: Optional[Any] = None
+) -> dict[str, Backend]:
+    """Both Tritons, started side by side (each captures its CUDA graphs on load). ``files(spec)``: the repository's
+    files of another model (default: the detector's, with ``weights``)."""
+    from bench import servers
     from bench.window_gpu import start_triton
 
     out: dict[str, Backend] = {}
@@ -218,7 +222,11 @@ def start_backends(base: Path, specs: dict[str, Any], weights: bytes, gpu: bool)
         try:
             wd = base / name
             wd.mkdir(parents=True, exist_ok=True)
-            proc, http, grpc = start_triton(wd, [specs[name]], weights, gpu)
+            if files is None:
+                proc, http, grpc = start_triton(wd, [specs[name]], weights, gpu)
+            else:
+                t = servers.start_triton(wd, [specs[name]], files(specs[name]), ready_timeout=600)
+                proc, http, grpc = t.process, t.http, t.grpc
             out[name] = Backend(name, WEIGHTS[name], proc, http, grpc, wd)
         except BaseException as e:  # noqa: BLE001 - raised below
             errors.append(e)
@@ -349,11 +357,38 @@ def gateway_config(redis_port: int, backends: dict[str, Backend], a: argparse.Na
 # ---------------------------------------------------------------- the load processes
 
 
+class Detector:
+    """The detector's workload in a load process: job ``j``'s inputs (frame ``j mod n``) and the check of its answer
+    against that frame's reference. A load process takes another workload from ``setup["workload"]``: a module
+    whose ``Workload(setup)`` has the same two methods (``bench.gen_gpu``: prompts in, PNGs out)."""
+
+    def __init__(self, setup: dict):
+        self.arrays, self.refs = load_frames(setup["frames"])
+        self.conf = setup["conf"]
+
+    def inputs(self, j: int) -> dict[str, np.ndarray]:
+        return {"images": self.arrays[j % len(self.arrays)]}
+
+    def check(self, j: int, out: dict[str, np.ndarray]) -> Optional[str]:
+        from bench.window_gpu import check
+
+        det, num = out["detections"].reshape(-1, 6), out["num_detections"].reshape(-1)
+        return check(det, num, self.refs[j % len(self.refs)], conf=self.conf)
+
+
+def workload(setup: dict) -> Any:
+    if setup.get("workload"):
+        import importlib
+
+        return importlib.import_module(setup["workload"]).Workload(setup)
+    return Detector(setup)
+
+
 def load_main(conn: Any, setup: dict, k: int) -> None:
     """One load process: waits for a run's spec, runs it with its threads, sends back its rows."""
     if setup.get("cpus"):
         os.sched_setaffinity(0, setup["cpus"])  # before any thread: they inherit it
-    arrays, refs = load_frames(setup["frames"])
+    wl = workload(setup)
     import redis  # noqa: F401 - imported before the first run, not inside its clock
     import tritonclient.grpc  # noqa: F401
 
@@ -365,53 +400,56 @@ def load_main(conn: Any, setup: dict, k: int) -> None:
         if spec is None:
             return
         try:
-            conn.send(run_spec(spec, setup, k, arrays, refs))
+            conn.send(run_spec(spec, setup, k, wl))
         except Exception as e:  # noqa: BLE001 - the parent reports it
             conn.send({"crash": f"{type(e).__name__}: {e}"})
 
 
-def run_spec(spec: dict, setup: dict, k: int, arrays: list[np.ndarray], refs: list) -> dict:
+def run_spec(spec: dict, setup: dict, k: int, wl: Any) -> dict:
     import redis
     import tritonclient.grpc as grpcclient
 
-    from bench.window_gpu import check
     from serving import triton_wire
-    from serving.queue import JobQueue, QueueConfig, QueueFull, ResultTimeout
+    from serving.bytes_rows import wire_inputs
+    from serving.queue import JobQueue, QueueConfig, QueueFull, QueueShed, ResultTimeout
 
     procs, threads, duration = spec["procs"], spec["threads"], spec["duration"]
     start, open_loop = spec["start"], spec["mode"] == "open"
     give_up = start + duration + spec["drain_s"]
-    n_img = len(arrays)
     r = redis.Redis(port=setup["redis_port"], socket_timeout=10, socket_connect_timeout=2)
-    q = JobQueue(r, QueueConfig(max_depth=setup["max_depth"]))
+    q = JobQueue(r, QueueConfig(max_depth=setup["max_depth"], shed_wait_ms=spec.get("shed_wait_ms", 0.0)))
     clients = {n: grpcclient.InferenceServerClient(u, channel_args=GRPC_OPTS) for n, u in setup["grpc"].items()}
     calls = {n: triton_wire.model_infer(c._channel) for n, c in clients.items()}
     rr = WeightedRoundRobin(dict(WEIGHTS))
     lock = threading.Lock()
     nxt = [k]
     rows: list[list] = []
-    answers: list[tuple[int, Any, Any]] = []
+    answers: list[tuple[int, dict[str, np.ndarray]]] = []
     counters = {"submit_retries": 0, "refused": 0, "result_retries": 0}
     parts = threading.local()  # the gateway's parts of the current job, ms: submit, to dispatch, service, stored
 
-    def direct(j: int, arr: np.ndarray) -> tuple[str, Any, Any, str, int, bool]:
+    def direct(j: int, inputs: dict[str, np.ndarray]) -> tuple[str, Any, str, int, bool]:
         name = rr.next()
         t0 = time.time()
         # The request as the worker builds it (serving.triton_wire: one copy of the frame), over the same gRPC.
-        out = triton_wire.outputs(calls[name](triton_wire.tensors_request(spec["model"], {"images": arr}), timeout=30))
+        request = triton_wire.tensors_request(spec["model"], wire_inputs(inputs))
+        out = triton_wire.outputs(calls[name](request, timeout=setup.get("call_timeout_s", 30)))
         parts.times = (0.0, 0.0, (time.time() - t0) * 1000, 0.0)
-        return "ok", out["detections"], out["num_detections"], name, 1, False
+        return "ok", out, name, 1, False
 
-    def queued(j: int, arr: np.ndarray) -> tuple[str, Any, Any, str, int, bool]:
+    def queued(j: int, inputs: dict[str, np.ndarray]) -> tuple[str, Any, str, int, bool]:
         key = f"{spec['key_prefix']}-{j}"
         t0 = time.time()
         while True:  # accepted once submit returns; a retry with the same key is never queued twice
             if time.time() > give_up:
-                return "unaccepted", None, None, "", 0, False
+                return "unaccepted", None, "", 0, False
             try:
-                q.submit(spec["model"], {"images": arr}, key=key)
+                q.submit(spec["model"], inputs, key=key)
                 submitted = time.time()
                 break
+            except QueueShed:  # answered at once (the front's 503): not retried, counted apart
+                parts.times = ((time.time() - t0) * 1000, 0.0, 0.0, 0.0)
+                return "shed", None, "", 0, False
             except QueueFull:
                 with lock:
                     counters["refused"] += 1
@@ -423,7 +461,7 @@ def run_spec(spec: dict, setup: dict, k: int, arrays: list[np.ndarray], refs: li
         while True:
             left = give_up - time.time()
             if left <= 0:
-                return "lost", None, None, "", 0, False
+                return "lost", None, "", 0, False
             try:
                 res = q.result(key, timeout_s=min(5.0, max(1.0, left)))
                 break
@@ -435,9 +473,8 @@ def run_spec(spec: dict, setup: dict, k: int, arrays: list[np.ndarray], refs: li
                 time.sleep(0.05)
         parts.times = ((submitted - t0) * 1000, res.queue_ms, res.service_ms, res.latency_ms)
         if res.status != "ok":
-            return "error:" + res.error[:200], None, None, res.backend, res.attempts, res.reclaimed
-        o = res.outputs
-        return "ok", o["detections"], o["num_detections"], res.backend, res.attempts, res.reclaimed
+            return "error:" + res.error[:200], None, res.backend, res.attempts, res.reclaimed
+        return "ok", res.outputs, res.backend, res.attempts, res.reclaimed
 
     call = direct if spec["path"] == "direct" else queued
     times = spec.get("arrivals_s") or []
@@ -460,19 +497,11 @@ def run_spec(spec: dict, setup: dict, k: int, arrays: list[np.ndarray], refs: li
                 if t_sched >= start + duration:
                     return
             t_issue = time.time()
-            img = j % n_img
             parts.times = (0.0, 0.0, 0.0, 0.0)
             try:
-                status, det, num, backend, attempts, reclaimed = call(j, arrays[img])
+                status, out, backend, attempts, reclaimed = call(j, wl.inputs(j))
             except Exception as e:  # noqa: BLE001 - a failed call is counted, the loop goes on
-                status, det, num, backend, attempts, reclaimed = (
-                    f"error:{type(e).__name__}: {e}"[:200],
-                    None,
-                    None,
-                    "",
-                    0,
-                    False,
-                )
+                status, out, backend, attempts, reclaimed = f"error:{type(e).__name__}: {e}"[:200], None, "", 0, False
             t_end = time.time()
             with lock:
                 rows.append(
@@ -490,8 +519,8 @@ def run_spec(spec: dict, setup: dict, k: int, arrays: list[np.ndarray], refs: li
                         *parts.times,
                     ]
                 )
-                if det is not None:
-                    answers.append((len(rows) - 1, det, num))
+                if out is not None:
+                    answers.append((len(rows) - 1, out))
 
     pool = [threading.Thread(target=thread_main, daemon=True) for _ in range(threads)]
     time.sleep(max(0.0, start - time.time()))
@@ -500,11 +529,11 @@ def run_spec(spec: dict, setup: dict, k: int, arrays: list[np.ndarray], refs: li
     for t in pool:
         t.join(duration + spec["drain_s"] + 60)
     first_wrong = ""
-    for idx, det, num in answers:  # after the timed part: checking costs no load time
-        problem = check(det.reshape(-1, 6), num.reshape(-1), refs[rows[idx][0] % n_img], conf=setup["conf"])
+    for idx, out in answers:  # after the timed part: checking costs no load time
+        problem = wl.check(rows[idx][0], out)
         if problem:
             rows[idx][4] = "wrong"
-            first_wrong = first_wrong or f"job {rows[idx][0]} (image {rows[idx][0] % n_img}): {problem}"
+            first_wrong = first_wrong or f"job {rows[idx][0]}: {problem}"
     for c in clients.values():
         c.close()
     r.close()
@@ -656,6 +685,7 @@ def summarise(path: str, mode: str, spec: dict, parts: list[dict]) -> dict:
         "errors": by_status.get("error", 0),
         "lost": by_status.get("lost", 0),
         "unaccepted": by_status.get("unaccepted", 0),
+        "shed": by_status.get("shed", 0),
         "jobs_per_s": round(len(ok) / seconds, 1) if seconds > 0 else 0.0,
         **latency(lat),
         "max_ms": round(lat[-1], 2) if lat else None,
@@ -933,68 +963,8 @@ def main(argv: Optional[list[str]] = None) -> int:
             "cpus": pin.get("load"),
         }
         pool = LoadPool(a.procs, setup)
-        seq = [0]
-
-        def go(
-            path: str,
-            mode: str,
-            *,
-            rate: float = 0.0,
-            kind: str = "even",
-            conc: int = 0,
-            duration: float = a.duration,
-            fault: Optional[Any] = None,
-        ) -> dict:
-            seq[0] += 1
-            prefix = f"r{seq[0]}"
-            threads = a.threads if mode == "open" else max(1, conc // a.procs)
-            s = {
-                "path": path,
-                "mode": mode,
-                "rate": rate,
-                "arrivals": kind if mode == "open" else None,
-                "arrivals_s": arrivals(kind, rate, duration, a.seed) if mode == "open" else [],
-                "concurrency": threads * a.procs if mode == "closed" else None,
-                "threads": threads,
-                "duration": duration,
-                "start": time.time() + 1.0,
-                "model": MODEL,
-                "drain_s": max(30.0, duration * 2),
-                "key_prefix": prefix,
-            }
-            r.delete(q.cfg.stats_key)
-            r.config_resetstat()
-            t_before = triton_stats(backends)
-            timer = None
-            if fault is not None:
-                timer = threading.Thread(target=fault, args=(s["start"],), daemon=True)
-                timer.start()
-            sampler = WorkerSampler(metrics_ports if path == "gateway" else {})
-            with sampler:
-                parts = pool.run(s)  # type: ignore[union-attr]
-            if timer is not None:
-                timer.join(120)
-            res = summarise(path, mode, s, parts)
-            t_after = triton_stats(backends)
-            res["triton"] = {n: stats_delta(t_before[n], x) for n, x in t_after.items() if n in t_before}
-            if path == "gateway":
-                wait_drained(q, 60)
-                res["redis"] = queue_accounting(r, q, prefix, res)
-                res["backends_seen_by_workers"] = sampler.summary()
-                res["redis"]["per_job"] = {
-                    c.removeprefix("cmdstat_"): {
-                        "calls": round(v["calls"] / max(1, res["sent"]), 3),
-                        "usec": round(v["usec"] / max(1, res["sent"]), 1),
-                    }
-                    for c, v in r.info("commandstats").items()
-                    if c.removeprefix("cmdstat_") not in ("config", "info", "scan", "llen", "ttl", "hgetall", "del")
-                }
-            rows = res.pop("_rows")
-            res["_rows"] = rows
-            shown = {k: v for k, v in res.items() if k != "_rows"}
-            log(f"{path} {mode} {f'{rate:g}/s {kind}' if mode == 'open' else conc}: {json.dumps(shown)}")
-            return res
-
+        bench = Bench(pool, r, q, backends, workers, metrics_ports, worker_cfg, base, MODEL, a, pin)
+        go = bench.run
         log("warm-up")
         for path in ("direct", "gateway"):
             go(path, "open", rate=rates[0] / 4, duration=3.0)
@@ -1012,39 +982,7 @@ def main(argv: Optional[list[str]] = None) -> int:
             result["front"] = front_run(cfg, base, arrays, refs, CONF[a.input], a.front_requests)
             log(f"front: {json.dumps(result['front'])}")
         for f in faults:
-            ev: dict[str, Any] = {"fault": f}
-            if f == "redis":
-                r.config_set("appendonly", "yes")
-                wait_aof(r)
-            act = Fault(f, ev, a.fault_duration / 3, q, workers, backends, rs, WorkerSampler(metrics_ports))
-            res = go(
-                "gateway",
-                "open",
-                rate=a.fault_rate or rates[0],
-                kind=kinds[0],
-                duration=a.fault_duration,
-                fault=act.run,
-            )
-            if f == "worker":
-                ev["pending_of_killed_after"] = len(q.pending_of(VICTIM_WORKER))
-                ev["claim_idle_ms"] = a.claim_idle_ms
-                workers[VICTIM_WORKER] = spawn_worker(worker_cfg(VICTIM_WORKER), VICTIM_WORKER, base)  # back
-                pin_tree(workers[VICTIM_WORKER].pid, pin.get("gateway"))
-            elif f == "redis":
-                ev["aof_bytes"] = sum(x.stat().st_size for x in (base / "redis").rglob("*.aof"))
-                r.config_set("appendonly", "no")
-                shutil.rmtree(base / "redis" / "appendonlydir", ignore_errors=True)
-            rows = res.pop("_rows")
-            at = ev.get("at_s", 0.0)
-            moved = [x for x in rows if x[4] == "ok" and (x[6] > 1 or x[7])]
-            ev["jobs_moved"] = len(moved)
-            ev["moved_max_latency_ms"] = round(max((x[2] for x in moved), default=0.0), 1)
-            ev["moved_done_by_s_after_fault"] = round(max((x[8] - at for x in moved), default=0.0), 3)
-            ev["in_flight_at_fault"] = sum(1 for x in rows if x[1] < at < x[8])
-            ev["after_fault_p99_ms"] = round(pct(sorted(x[2] for x in rows if x[4] == "ok" and x[1] >= at), 99), 1)
-            ev["run"] = res
-            log(f"fault {f}: {json.dumps({k: v for k, v in ev.items() if k != 'run'})}")
-            result["faults"].append(ev)
+            result["faults"].append(bench.fault_run(f, rs, rate=a.fault_rate or rates[0], kind=kinds[0]))
     except Exception:  # noqa: BLE001 - what was measured is still written, with the error
         import traceback
 
@@ -1122,6 +1060,125 @@ VICTIM_BACKEND = "triton-b"
 
 
 @dataclasses.dataclass
+class Bench:
+    """What every run of one benchmark shares (the load processes, Redis, the backends, the workers), and one run:
+    ``run`` (a path, open or closed loop, a fault beside it), ``fault_run`` (a fault run, the victim put back after).
+    ``a`` holds the command's settings: procs, threads, duration, seed, fault_duration, claim_idle_ms."""
+
+    pool: LoadPool
+    r: Any
+    q: Any
+    backends: dict[str, Backend]
+    workers: dict[str, subprocess.Popen]
+    metrics_ports: dict[str, int]
+    worker_cfg: Any  # consumer -> its config
+    base: Path
+    model: str
+    a: argparse.Namespace
+    pin: dict[str, set[int]]
+    seq: int = 0
+
+    def run(
+        self,
+        path: str,
+        mode: str,
+        *,
+        rate: float = 0.0,
+        kind: str = "even",
+        conc: int = 0,
+        duration: Optional[float] = None,
+        fault: Optional[Any] = None,
+        shed_wait_ms: float = 0.0,
+    ) -> dict:
+        """One run; ``shed_wait_ms``: the gateway path's submits shed past that queue time (``QueueShed``)."""
+        a, r, q = self.a, self.r, self.q
+        duration = a.duration if duration is None else duration
+        self.seq += 1
+        prefix = f"r{self.seq}"
+        threads = a.threads if mode == "open" else max(1, conc // a.procs)
+        s = {
+            "path": path,
+            "mode": mode,
+            "rate": rate,
+            "arrivals": kind if mode == "open" else None,
+            "arrivals_s": arrivals(kind, rate, duration, a.seed) if mode == "open" else [],
+            "concurrency": threads * a.procs if mode == "closed" else None,
+            "threads": threads,
+            "duration": duration,
+            "start": time.time() + 1.0,
+            "model": self.model,
+            "drain_s": max(30.0, duration * 2),
+            "key_prefix": prefix,
+            "shed_wait_ms": shed_wait_ms,
+        }
+        r.delete(q.cfg.stats_key)
+        r.config_resetstat()
+        t_before = triton_stats(self.backends, self.model)
+        timer = None
+        if fault is not None:
+            timer = threading.Thread(target=fault, args=(s["start"],), daemon=True)
+            timer.start()
+        sampler = WorkerSampler(self.metrics_ports if path == "gateway" else {})
+        with sampler:
+            parts = self.pool.run(s)
+        if timer is not None:
+            timer.join(120)
+        res = summarise(path, mode, s, parts)
+        t_after = triton_stats(self.backends, self.model)
+        res["triton"] = {n: stats_delta(t_before[n], x) for n, x in t_after.items() if n in t_before}
+        if shed_wait_ms:
+            res["shed_wait_ms"] = shed_wait_ms
+        if path == "gateway":
+            wait_drained(q, max(60.0, duration * 2))
+            res["redis"] = queue_accounting(r, q, prefix, res)
+            res["backends_seen_by_workers"] = sampler.summary()
+            res["redis"]["per_job"] = {
+                c.removeprefix("cmdstat_"): {
+                    "calls": round(v["calls"] / max(1, res["sent"]), 3),
+                    "usec": round(v["usec"] / max(1, res["sent"]), 1),
+                }
+                for c, v in r.info("commandstats").items()
+                if c.removeprefix("cmdstat_") not in ("config", "info", "scan", "llen", "ttl", "hgetall", "del")
+            }
+        shown = {k: v for k, v in res.items() if k != "_rows"}
+        log(f"{path} {mode} {f'{rate:g}/s {kind}' if mode == 'open' else conc}: {json.dumps(shown)}")
+        return res
+
+    def fault_run(self, f: str, rs: "Redis", *, rate: float, kind: str) -> dict:
+        """The gateway at ``rate`` with fault ``f`` (worker, redis, backend) a third into the run; the killed worker
+        is started again after it, Redis's AOF turned off again. The fault's event and the run."""
+        a, r, q = self.a, self.r, self.q
+        from tests.servers.gateway import spawn_worker
+
+        ev: dict[str, Any] = {"fault": f}
+        if f == "redis":
+            r.config_set("appendonly", "yes")
+            wait_aof(r)
+        act = Fault(f, ev, a.fault_duration / 3, q, self.workers, self.backends, rs, WorkerSampler(self.metrics_ports))
+        res = self.run("gateway", "open", rate=rate, kind=kind, duration=a.fault_duration, fault=act.run)
+        if f == "worker":
+            ev["pending_of_killed_after"] = len(q.pending_of(VICTIM_WORKER))
+            ev["claim_idle_ms"] = a.claim_idle_ms
+            self.workers[VICTIM_WORKER] = spawn_worker(self.worker_cfg(VICTIM_WORKER), VICTIM_WORKER, self.base)
+            pin_tree(self.workers[VICTIM_WORKER].pid, self.pin.get("gateway"))
+        elif f == "redis":
+            ev["aof_bytes"] = sum(x.stat().st_size for x in (self.base / "redis").rglob("*.aof"))
+            r.config_set("appendonly", "no")
+            shutil.rmtree(self.base / "redis" / "appendonlydir", ignore_errors=True)
+        rows = res.pop("_rows")
+        at = ev.get("at_s", 0.0)
+        moved = [x for x in rows if x[4] == "ok" and (x[6] > 1 or x[7])]
+        ev["jobs_moved"] = len(moved)
+        ev["moved_max_latency_ms"] = round(max((x[2] for x in moved), default=0.0), 1)
+        ev["moved_done_by_s_after_fault"] = round(max((x[8] - at for x in moved), default=0.0), 3)
+        ev["in_flight_at_fault"] = sum(1 for x in rows if x[1] < at < x[8])
+        ev["after_fault_p99_ms"] = round(pct(sorted(x[2] for x in rows if x[4] == "ok" and x[1] >= at), 99), 1)
+        ev["run"] = res
+        log(f"fault {f}: {json.dumps({k: v for k, v in ev.items() if k != 'run'})}")
+        return ev
+
+
+@dataclasses.dataclass
 class Fault:
     """One fault, ``after_s`` into a run: a worker, Redis (restarted with AOF) or a backend SIGKILLed."""
 
@@ -1161,7 +1218,7 @@ class Fault:
             ev["killed"] = VICTIM_BACKEND
 
 
-def triton_stats(backends: dict[str, Backend]) -> dict[str, dict]:
+def triton_stats(backends: dict[str, Backend], model: str = MODEL) -> dict[str, dict]:
     """Each running backend's model statistics (cumulative: queue, compute, batches), read before and after a run so
     the report can say whether a path's calls waited longer inside Triton or outside it."""
     from bench.servers import model_stats
@@ -1169,7 +1226,7 @@ def triton_stats(backends: dict[str, Backend]) -> dict[str, dict]:
     out = {}
     for b in backends.values():
         try:
-            out[b.name] = model_stats(b.http, MODEL)
+            out[b.name] = model_stats(b.http, model)
         except (OSError, ValueError, KeyError):  # killed by a fault run
             pass
     return out
