@@ -504,9 +504,11 @@ def faults_of(a: argparse.Namespace) -> list[str]:
 
 def markdown(result: dict) -> str:
     m = result.get("meta", {})
-    lines = (
-        [f"**The run stopped early:** `{result['error'].strip().splitlines()[-1]}`", ""] if "error" in result else []
-    )
+    bad = sum(x["wrong"] + x["errors"] + x["lost"] for x in result["runs"])
+    bad += sum(f["run"]["wrong"] + f["run"]["lost"] + f["run"]["redis"]["answered_twice"] for f in result["faults"])
+    lines = [f"**INVALID: {bad} answers wrong, failed, lost or given twice.**", ""] if bad else []
+    if "error" in result:
+        lines += [f"**The run stopped early:** `{result['error'].strip().splitlines()[-1]}`", ""]
     lines += [f"Machine: {m.get('machine')}; commit {m.get('commit')}; {m.get('when')}.", ""]
     lines += [f"Command: `{m.get('command')}`.", ""]
     g = result.get("gpu")
