@@ -365,8 +365,7 @@ def serve(directory: Path, gpu: bool, commit: str = "") -> dict:
         result["decoded_in_triton"] = [ln for ln in text.splitlines() if ln.startswith("gpuhost_frames_decoded_total{")]
     finally:
         triton.stop()
-    decoded = [ln for ln in triton.log().splitlines() if "gpuhost-frames" in ln]
-    result["triton_log"] = decoded[-4:]
+    result["triton_log"] = [ln for ln in triton.log().splitlines() if ln.startswith("gpuhost-frames {")][-4:]
     result["rows"] = compare(frames, refs, served, pixels)
     result["per_frame"] = {
         f.name: {
