@@ -270,7 +270,8 @@ def table(result: dict) -> str:
         f"{result['commit']}; Ultralytics {result['versions']['ultralytics']}, predict on the CPU in FP32): "
         f'{result["frames"]} frames, each sent alone; conf {CONF}, IoU {IOU}, max_det {MAX_DET}. "rect": `predict` '
         "as called (its default `rect=True` letterboxes a checkpoint's frame to the smallest multiple of 32); "
-        '"640²": `predict(..., rect=False)`, the 640×640 letterbox the served model uses.',
+        '"640²": `predict(..., rect=False)`, the 640×640 letterbox (a static ONNX export gets it; the served model '
+        "with `letterbox: square`).",
         "",
         *md_table(head, lines, "lrr" + "r" * len(labels) + "rrr"),
         "",

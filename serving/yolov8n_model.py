@@ -42,7 +42,12 @@ Parameters (``config.pbtxt``): ``weights``, ``random_weights_for_benchmarks``, `
 fails initialize), ``decode_threads`` (frames of a batch decoded on the host at once; 4 on a GPU, 1 on a CPU
 instance), ``max_frame_pixels``, ``max_frame_side``, ``frame_graphs`` (jpeg input on a GPU: the frame sizes,
 ``WxH,...`` or ``none``, whose lone frames run as one CUDA graph each: letterbox + model + NMS + boxes back, no
-launches between them; default 1280x720,1920x1080,640x480), ``report_every`` (print the mean time of each execute's
+launches between them; default 1280x720,1920x1080,640x480), ``letterbox`` (jpeg input: ``square`` pads every frame
+to 640×640, ``rect`` only to the next multiple of 32 around the resized frame, 1280×720 → 640×384, as Ultralytics'
+``LetterBox(auto=True)``; default what ``YOLO(artifact).predict`` does with the artifact: ``rect`` for a checkpoint,
+state_dict or safetensors, ``square`` for an ONNX export (static 640×640; a dynamic export predicts rect: set it) and
+for random weights; a batch of frames of several rect shapes runs one forward per shape, eagerly on a GPU where the
+shape is not 640×640: the batch graphs are captured at 640×640), ``report_every`` (print the mean time of each execute's
 phases every N executes to Triton's log, and the frames each decoder served, 0 = never). At start each instance
 prints the GPU time of one graph replay per batch size (``gpuhost-graph-ms``).
 """
@@ -148,7 +153,11 @@ class TritonPythonModel:
         else:
             h, w, c = (int(d) for d in config["input"][0]["dims"])
         self.input_name = config["input"][0]["name"]
+        self.artifact_format = "random"
         model = yolo.fuse(self._load(config)).to(self.device, self.dtype)
+        self.rect = self._letterbox_mode(config) == "rect"
+        if self.input_mode == "jpeg":
+            print(f"gpuhost-letterbox {json.dumps({'instance': self.name, 'rect': self.rect})}", flush=True)
         self.model = model.to(memory_format=torch.channels_last) if gpu else model
         self.pre = yolo.Preprocess(self.dtype)
         pin = gpu
@@ -219,8 +228,23 @@ class TritonPythonModel:
         path = os.path.join(os.path.dirname(os.path.abspath(__file__)), os.path.basename(name))
         data = yolov8n_weights.read_artifact(path)  # a regular file of bounded size, read in chunks
         model = yolov8n_weights.load_model(data, trusted=True, what=path)
+        self.artifact_format = yolov8n_weights.detect_format(data)
         print(f"gpuhost-weights {json.dumps({'instance': self.name, 'file': path, 'bytes': len(data)})}", flush=True)
         return model
+
+    def _letterbox_mode(self, config):
+        """``letterbox`` parameter, else what Ultralytics' predict does with the artifact (module docstring)."""
+        default = "rect" if self.artifact_format in ("torch", "safetensors") else "square"
+        mode = _param(config, "letterbox", default)
+        if mode not in ("square", "rect"):
+            raise ValueError(f"{self.name}: parameter letterbox: {mode!r}; write square or rect")
+        return mode
+
+    def _slot(self, n, shape):
+        """``gpu_in``'s first ``n`` frames viewed as [n, H, W, 3] (a rect shape fits in the 640×640 buffer)."""
+        if tuple(shape) == tuple(self.gpu_in.shape[1:3]):
+            return self.gpu_in[:n]
+        return self.gpu_in.view(-1)[: n * shape[0] * shape[1] * 3].view(n, shape[0], shape[1], 3)
 
     def _report_graph_times(self):
         """GPU time of one graph replay per batch size (CUDA events, median of 20), printed to Triton's log."""
@@ -306,10 +330,11 @@ class TritonPythonModel:
     def _capture_frame(self, w, h):
         """One CUDA graph of ``frames.letterboxed_forward`` for a w×h frame at batch 1 (warmed up eagerly first)."""
         src = torch.full((3, h, w), frames.PAD, dtype=torch.uint8, device=self.device)
-        geo = torch.tensor([frames.geometry(w, h)], dtype=torch.float32, device=self.device)
+        geo = torch.tensor([frames.geometry(w, h, rect=self.rect)], dtype=torch.float32, device=self.device)
+        slot = self._slot(1, frames.letterbox_shape(w, h, rect=self.rect))
 
         def run():
-            return frames.letterboxed_forward(src, self.gpu_in[:1], geo, self._forward)
+            return frames.letterboxed_forward(src, slot, geo, self._forward)
 
         for _ in range(3):
             run()
@@ -322,30 +347,55 @@ class TritonPythonModel:
         # scope here, its block went back to the caching allocator and the next size's capture took it, so every
         # lone-frame graph mapped its boxes with the last size's geometry (on the H200 every lone 1280x720 and
         # 1920x1080 frame came back with boxes in another frame's pixels; bench/jpeg_diag.py).
-        return graph, src, geo, outs
+        return graph, src, geo, outs, slot
 
     def _frames_forward(self, batch):
         """Decoded frames (on the device) → (detections in each frame's pixels, counts), still on the device.
 
         A lone frame: one replay of its size's graph (``frame_graphs``) after one copy into the graph's source
         buffer; on a CPU instance the same ``letterboxed_forward`` eagerly. Otherwise (a batch, or a size without a
-        graph): ``letterbox_batch``, the batch size's graph, ``unletterbox``."""
+        graph): per letterbox shape (one, 640×640, when square), ``letterbox_batch``, the model (the batch size's
+        graph at 640×640), ``unletterbox``; the answers back in the batch's order."""
         total = len(batch)
         if total == 1:
             h, w = int(batch[0].shape[1]), int(batch[0].shape[2])
             captured = self.frame_graphs.get((w, h))
             if captured is not None:
-                graph, src, _geo, outs = captured
+                graph, src, _geo, outs, _slot_view = captured
                 src.copy_(batch[0])
                 graph.replay()
                 return outs
             if self.device.type != "cuda":
-                geo = torch.tensor([frames.geometry(w, h)], dtype=torch.float32)
-                return frames.letterboxed_forward(batch[0], self.gpu_in[:1], geo, self._forward)
-        self.geo[:total] = torch.tensor(frames.letterbox_batch(batch, self.gpu_in))
-        det, count = self._run(total)
-        geo = self.geo[:total].to(self.device, non_blocking=True)
-        return frames.unletterbox(det[:total], geo), count
+                geo = torch.tensor([frames.geometry(w, h, rect=self.rect)], dtype=torch.float32)
+                slot = self._slot(1, frames.letterbox_shape(w, h, rect=self.rect))
+                return frames.letterboxed_forward(batch[0], slot, geo, self._forward)
+        groups = frames.rect_groups(batch, rect=self.rect)
+        if len(groups) == 1:
+            return self._shape_forward(batch, next(iter(groups)), 0)
+        dets, counts = [], []
+        first = 0
+        for shape, idx in groups.items():
+            det, count = self._shape_forward([batch[i] for i in idx], shape, first)
+            # Copied out before the next shape's forward reuses gpu_in and (at 640×640) the graph's outputs.
+            dets.append(det[: len(idx)].clone())
+            counts.append(count[: len(idx)].clone())
+            first += len(idx)
+        order = [i for idx in groups.values() for i in idx]
+        back = torch.tensor(sorted(range(total), key=order.__getitem__), device=self.device)
+        return torch.cat(dets)[back], torch.cat(counts)[back]
+
+    def _shape_forward(self, images, shape, first):
+        """Frames that letterbox to one ``shape``: letterbox, the model, boxes back (geometry in ``self.geo`` from
+        row ``first``)."""
+        n = len(images)
+        slot = self._slot(n, shape)
+        self.geo[first : first + n] = torch.tensor(frames.letterbox_batch(images, slot, rect=self.rect))
+        if tuple(shape) == tuple(self.gpu_in.shape[1:3]):
+            det, count = self._run(n)
+        else:
+            det, count = self._forward(slot)
+        geo = self.geo[first : first + n].to(self.device, non_blocking=True)
+        return frames.unletterbox(det[:n], geo), count
 
     @torch.no_grad()
     def _execute_frames(self, requests):

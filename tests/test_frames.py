@@ -66,15 +66,16 @@ def _bytes(row):
     [(1280, 720), (1920, 1080), (640, 480), (720, 1280), (333, 500), (32, 32), (3840, 2160)],
     ids=["hd", "full-hd", "vga", "portrait", "odd-portrait", "tiny-32", "4k"],
 )
-def test_letterbox_and_back_gives_the_painted_boxes_in_the_frames_pixels(w, h):
+@pytest.mark.parametrize("rect", [False, True], ids=["square", "rect"])
+def test_letterbox_and_back_gives_the_painted_boxes_in_the_frames_pixels(w, h, rect):
     img, painted = _painted(w, h)
     data = _jpeg(img)
     assert frames.jpeg_size(data) == (w, h)
     decoded = frames.Decoder(torch.device("cpu")).decode([_bytes(data)])[0]
     assert isinstance(decoded, torch.Tensor) and decoded.shape == (3, h, w)
-    batch = torch.zeros((1, 640, 640, 3), dtype=torch.uint8)
+    batch = torch.zeros((1, *frames.letterbox_shape(w, h, rect=rect), 3), dtype=torch.uint8)
     geo = frames.letterbox(decoded, batch[0])
-    new_w, new_h, left, top = frames.letterbox_geometry(w, h)
+    new_w, new_h, left, top = frames.letterbox_geometry(w, h, rect=rect)
     # Ultralytics' layout: the frame scaled to fit, centred, the rest 114.
     assert max(new_w, new_h) == 640 and abs(new_w / new_h - w / h) < 2 / min(new_w, new_h)
     assert (batch[0, :top] == 114).all() and (batch[0, top + new_h :] == 114).all()
@@ -113,6 +114,26 @@ def test_known_letterbox_layouts_match_ultralytics():
     assert frames.letterbox_geometry(3840, 2160) == (640, 360, 0, 140)
     assert frames.letterbox_geometry(333, 500) == (426, 640, 107, 0)  # dw = 107: left 107, right 107
     assert frames.letterbox_geometry(641, 480) == (640, 479, 0, 80)  # dh = 80.5: top 80, bottom 81
+
+
+def test_known_rect_layouts_match_ultralytics_auto():
+    """LetterBox(auto=True), what predict uses for a checkpoint: dw, dh = (640 − new) mod 32, halved, round(d ∓ 0.1);
+    the input is the resized frame plus that padding."""
+    assert frames.letterbox_geometry(1280, 720, rect=True) == (640, 360, 0, 12)
+    assert frames.letterbox_shape(1280, 720, rect=True) == (384, 640)
+    assert frames.letterbox_shape(1920, 1080, rect=True) == (384, 640)
+    assert frames.letterbox_shape(640, 480, rect=True) == (480, 640)  # no padding at all
+    assert frames.letterbox_geometry(640, 480, rect=True) == (640, 480, 0, 0)
+    assert frames.letterbox_shape(720, 1280, rect=True) == (640, 384)
+    assert frames.letterbox_geometry(333, 500, rect=True) == (426, 640, 11, 0)  # dw = 22: 11 and 11
+    assert frames.letterbox_shape(333, 500, rect=True) == (640, 448)
+    assert frames.letterbox_geometry(641, 480, rect=True) == (640, 479, 0, 0)  # dh = 1: top 0, bottom 1
+    assert frames.letterbox_shape(641, 480, rect=True) == (480, 640)
+    assert frames.letterbox_geometry(3000, 100, rect=True) == (640, 21, 0, 5)  # dh = 11: top 5, bottom 6
+    assert frames.letterbox_shape(3000, 100, rect=True) == (32, 640)
+    assert frames.letterbox_shape(1280, 720) == (640, 640)
+    with pytest.raises(ValueError, match="letterboxes to"):
+        frames.letterbox(torch.zeros((3, 720, 1280), dtype=torch.uint8), torch.zeros((480, 640, 3), dtype=torch.uint8))
 
 
 def test_rows_past_the_count_stay_zero():
@@ -211,8 +232,30 @@ def test_batched_letterbox_equals_one_frame_at_a_time():
     assert frames.letterbox_batch([], batch) == []
 
 
+def test_rect_batch_groups_by_shape_and_equals_one_frame_at_a_time():
+    """With the rect letterbox a batch runs one forward per input shape (``rect_groups``, in first-seen order);
+    each group letterboxed at once gives the pixels and geometry of one frame at a time into its own shape."""
+    sizes = [(1280, 720), (640, 480), (1920, 1080), (480, 640), (1280, 720)]
+    images = [
+        torch.from_numpy(sample_frames.pixels(w, h, seed=k).copy()).permute(2, 0, 1) for k, (w, h) in enumerate(sizes)
+    ]
+    groups = frames.rect_groups(images, rect=True)
+    assert groups == {(384, 640): [0, 2, 4], (480, 640): [1], (640, 480): [3]}
+    assert frames.rect_groups(images) == {(640, 640): [0, 1, 2, 3, 4]}
+    for shape, idx in groups.items():
+        batch = torch.zeros((len(idx), *shape, 3), dtype=torch.uint8)
+        geos = frames.letterbox_batch([images[i] for i in idx], batch, rect=True)
+        for j, i in enumerate(idx):
+            one = torch.zeros((*shape, 3), dtype=torch.uint8)
+            assert frames.letterbox(images[i], one) == geos[j] == frames.geometry(sizes[i][0], sizes[i][1], rect=True)
+            assert torch.equal(one, batch[j]), sizes[i]
+    with pytest.raises(ValueError, match="letterboxes to"):
+        frames.letterbox_batch(images[:2], torch.zeros((2, 384, 640, 3), dtype=torch.uint8), rect=True)
+
+
 @pytest.mark.parametrize("w,h", [(1280, 720), (640, 480), (720, 1280), (640, 640), (32, 32)])
-def test_one_frame_end_to_end_equals_the_batched_path(w, h):
+@pytest.mark.parametrize("rect", [False, True], ids=["square", "rect"])
+def test_one_frame_end_to_end_equals_the_batched_path(w, h, rect):
     """``letterboxed_forward`` (what a GPU instance captures in one CUDA graph per frame size, and a CPU instance
     runs eagerly for a lone frame) answers what the batched path does for the same frame: letterbox_batch, the model
     (here the box echo), unletterbox; and the painted boxes come back in the frame's pixels."""
@@ -223,11 +266,12 @@ def test_one_frame_end_to_end_equals_the_batched_path(w, h):
     def echo(slot):
         return _echo(slot[0]), torch.tensor([[len(COLOURS)]], dtype=torch.int32)
 
-    slot = torch.zeros((1, 640, 640, 3), dtype=torch.uint8)
-    det, count = frames.letterboxed_forward(decoded, slot, torch.tensor([frames.geometry(w, h)]), echo)
-    batch = torch.zeros((4, 640, 640, 3), dtype=torch.uint8)
-    geos = frames.letterbox_batch([decoded], batch)
-    assert geos == [frames.geometry(w, h)]
+    shape = frames.letterbox_shape(w, h, rect=rect)
+    slot = torch.zeros((1, *shape, 3), dtype=torch.uint8)
+    det, count = frames.letterboxed_forward(decoded, slot, torch.tensor([frames.geometry(w, h, rect=rect)]), echo)
+    batch = torch.zeros((4, *shape, 3), dtype=torch.uint8)
+    geos = frames.letterbox_batch([decoded], batch, rect=rect)
+    assert geos == [frames.geometry(w, h, rect=rect)]
     assert torch.equal(slot[0], batch[0])
     want = frames.unletterbox(echo(batch[:1])[0], torch.tensor(geos))
     assert torch.equal(det, want) and int(count[0, 0]) == len(COLOURS)

@@ -10,9 +10,9 @@ and ``tests/test_frames_ultralytics_triton.py`` compare the served model with wh
 * per frame file, ``YOLO("OUT/yolov8n.pt").predict(<its path>, conf, iou, max_det=100, imgsz=640)``: Ultralytics
   reads the file itself (``ultralytics.utils.patches.imread``: OpenCV's ``imdecode``, which applies the EXIF
   orientation and converts gray, CMYK and YCCK to BGR). ``predict`` defaults to ``rect=True``: a checkpoint's
-  frame is letterboxed to the smallest rectangle of multiples of 32 (1280×720 → 640×384, 640×480 unpadded), where
-  the served model (and Ultralytics with a static-shape ONNX export) letterboxes to 640×640; so each file is
-  answered both ways, ``predict`` (the default) and ``square`` (``rect=False``);
+  frame is letterboxed to the smallest rectangle of multiples of 32 (1280×720 → 640×384, 640×480 unpadded), as the
+  served model does by default for a checkpoint; a static-shape ONNX export is letterboxed to 640×640; so each file
+  is answered both ways, ``predict`` (the default) and ``square`` (``rect=False``);
 * the noise floor, both ways: the frame as Ultralytics read it with every channel value moved one level up or down
   at random (clipped to 0–255; ``DRAWS`` draws, seeded by the frame's place in the list), through ``predict`` as an
   array;

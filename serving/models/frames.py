@@ -55,6 +55,7 @@ except ImportError:  # beside model.py in a Triton version directory, where this
 
 SIZE = 640
 PAD = 114
+STRIDE = 32  # YOLOv8n's largest stride: the rect letterbox pads each side to a multiple of it
 # A frame larger than this is refused from its header (8K UHD: 33 M pixels, 100 MB once decoded to RGB).
 MAX_PIXELS = 7680 * 4320
 MAX_SIDE = 8192
@@ -532,22 +533,62 @@ def _pillow(frame: torch.Tensor, head: Header) -> torch.Tensor:
     return torch.from_numpy(rgb.copy()).permute(2, 0, 1)
 
 
-def letterbox_geometry(w: int, h: int, size: int = SIZE) -> tuple[int, int, int, int]:
-    """(new_w, new_h, left, top) of Ultralytics' LetterBox for a w×h frame (scale up or down, centred)."""
+def letterbox_geometry(w: int, h: int, size: int = SIZE, rect: bool = False) -> tuple[int, int, int, int]:
+    """(new_w, new_h, left, top) of Ultralytics' LetterBox for a w×h frame (scale up or down, centred).
+
+    ``rect`` is its ``auto=True`` (what ``YOLO("x.pt").predict`` uses, ``letterbox_shape``): the padding is only
+    what reaches the next multiple of ``STRIDE``, split as LetterBox splits it (``round(d - 0.1)`` first).
+
+    >>> letterbox_geometry(1280, 720)
+    (640, 360, 0, 140)
+    >>> letterbox_geometry(1280, 720, rect=True)
+    (640, 360, 0, 12)
+    >>> letterbox_geometry(641, 480, rect=True)  # dh = 479 → 480: 1 pixel, top 0, bottom 1
+    (640, 479, 0, 0)
+    >>> letterbox_geometry(333, 500, rect=True)  # dw = 426 → 448: 22 pixels, 11 each side
+    (426, 640, 11, 0)
+    """
     r = min(size / h, size / w)
     new_w, new_h = int(round(w * r)), int(round(h * r))
-    dw, dh = (size - new_w) / 2, (size - new_h) / 2
-    return new_w, new_h, int(round(dw - 0.1)), int(round(dh - 0.1))
+    dw, dh = size - new_w, size - new_h
+    if rect:
+        dw, dh = dw % STRIDE, dh % STRIDE
+    return new_w, new_h, int(round(dw / 2 - 0.1)), int(round(dh / 2 - 0.1))
 
 
-def geometry(w: int, h: int, size: int = SIZE) -> Geometry:
+def letterbox_shape(w: int, h: int, size: int = SIZE, rect: bool = False) -> tuple[int, int]:
+    """(height, width) of the model input a w×h frame is letterboxed into: ``size``×``size``, or with ``rect`` the
+    smallest multiple of ``STRIDE`` per side around the resized frame (Ultralytics' ``LetterBox(auto=True)``).
+
+    >>> letterbox_shape(1280, 720, rect=True), letterbox_shape(1920, 1080, rect=True)
+    ((384, 640), (384, 640))
+    >>> letterbox_shape(640, 480, rect=True), letterbox_shape(480, 640, rect=True), letterbox_shape(1280, 720)
+    ((480, 640), (640, 480), (640, 640))
+    """
+    if not rect:
+        return size, size
+    new_w, new_h, _, _ = letterbox_geometry(w, h, size, rect=True)
+    return new_h + (size - new_h) % STRIDE, new_w + (size - new_w) % STRIDE
+
+
+def geometry(w: int, h: int, size: int = SIZE, rect: bool = False) -> Geometry:
     """(left, top, sx, sy, w, h) of a w×h frame letterboxed to ``size`` (what ``letterbox`` returns)."""
-    new_w, new_h, left, top = letterbox_geometry(w, h, size)
+    new_w, new_h, left, top = letterbox_geometry(w, h, size, rect)
     return (float(left), float(top), new_w / w, new_h / h, float(w), float(h))
 
 
-def letterbox(image: torch.Tensor, out: torch.Tensor, size: int = SIZE) -> Geometry:
-    """Write ``image`` (uint8 [3, H, W]) letterboxed into ``out`` (uint8 [size, size, 3], same device).
+def _slot_mode(w: int, h: int, slot_h: int, slot_w: int) -> tuple[int, bool]:
+    """(size, rect) of a w×h frame letterboxed into a slot_h×slot_w slot: a square slot is the square letterbox
+    (a frame whose rect shape is square letterboxes the same either way), any other the frame's rect shape."""
+    size, rect = max(slot_h, slot_w), slot_h != slot_w
+    if letterbox_shape(w, h, size, rect) != (slot_h, slot_w):
+        raise ValueError(f"a {w}x{h} frame letterboxes to {letterbox_shape(w, h, size, True)}, not {slot_h}x{slot_w}")
+    return size, rect
+
+
+def letterbox(image: torch.Tensor, out: torch.Tensor) -> Geometry:
+    """Write ``image`` (uint8 [3, H, W]) letterboxed into ``out`` (uint8 [size, size, 3], or the frame's rect shape
+    ``letterbox_shape(W, H, rect=True)`` + [3]; same device).
 
     Resize like OpenCV's ``INTER_LINEAR`` (bilinear, half-pixel centres, no antialiasing), round to uint8, pad
     114. Returns the frame's geometry (left, top, sx, sy, w, h): the resized image's true scale per axis
@@ -555,7 +596,8 @@ def letterbox(image: torch.Tensor, out: torch.Tensor, size: int = SIZE) -> Geome
     ``w * r`` was rounded, so boxes map back exactly.
     """
     _, h, w = image.shape
-    new_w, new_h, left, top = letterbox_geometry(w, h, size)
+    size, rect = _slot_mode(w, h, int(out.shape[0]), int(out.shape[1]))
+    new_w, new_h, left, top = letterbox_geometry(w, h, size, rect)
     out.fill_(PAD)
     if (new_w, new_h) == (w, h):
         resized = image
@@ -568,11 +610,11 @@ def letterbox(image: torch.Tensor, out: torch.Tensor, size: int = SIZE) -> Geome
             .to(torch.uint8)[0]
         )
     out[top : top + new_h, left : left + new_w].copy_(resized.permute(1, 2, 0))
-    return geometry(w, h, size)
+    return geometry(w, h, size, rect)
 
 
 def to_letterbox(boxes: torch.Tensor, geo: Sequence[float]) -> torch.Tensor:
-    """xyxy boxes in a frame's pixels → the letterboxed 640×640 space (the inverse of ``unletterbox``)."""
+    """xyxy boxes in a frame's pixels → the letterboxed model input's space (the inverse of ``unletterbox``)."""
     left, top, sx, sy = geo[:4]
     out = boxes.clone().float()
     out[..., [0, 2]] = out[..., [0, 2]] * sx + left
@@ -581,7 +623,7 @@ def to_letterbox(boxes: torch.Tensor, geo: Sequence[float]) -> torch.Tensor:
 
 
 def unletterbox(det: torch.Tensor, geo: torch.Tensor) -> torch.Tensor:
-    """Detections [B, N, 6] (x1 y1 x2 y2 score class, 640×640 space) → each frame's pixels, clipped to it.
+    """Detections [B, N, 6] (x1 y1 x2 y2 score class, model-input space) → each frame's pixels, clipped to it.
 
     ``geo`` [B, 6]: (left, top, sx, sy, w, h) per frame from ``letterbox``. Rows past a frame's count are zero
     and stay zero (score and class are untouched; the corners clip to 0). A few batched kernels, whatever B.
@@ -593,9 +635,12 @@ def unletterbox(det: torch.Tensor, geo: torch.Tensor) -> torch.Tensor:
     return torch.cat((boxes, det[..., 4:]), -1) * (det[..., 4:5] > 0)
 
 
-def letterbox_batch(images: Sequence[torch.Tensor], out: torch.Tensor, size: int = SIZE) -> list[Geometry]:
-    """``letterbox`` for a batch: ``images[i]`` into ``out[i]``; frames of one size are resized in one call (the
-    kernels a batch launches grow with its distinct sizes, not its frames). Returns each frame's geometry."""
+def letterbox_batch(
+    images: Sequence[torch.Tensor], out: torch.Tensor, size: int = SIZE, rect: bool = False
+) -> list[Geometry]:
+    """``letterbox`` for a batch: ``images[i]`` into ``out[i]`` ([B, size, size, 3], or with ``rect`` the one rect
+    shape all the frames share: ``rect_groups``); frames of one size are resized in one call (the kernels a batch
+    launches grow with its distinct sizes, not its frames). Returns each frame's geometry."""
     if not images:
         return []
     out[: len(images)].fill_(PAD)
@@ -604,7 +649,9 @@ def letterbox_batch(images: Sequence[torch.Tensor], out: torch.Tensor, size: int
         groups.setdefault((int(img.shape[1]), int(img.shape[2])), []).append(i)
     geos: list[Geometry] = [(0.0,) * 6] * len(images)  # type: ignore[list-item]
     for (h, w), idx in groups.items():
-        new_w, new_h, left, top = letterbox_geometry(w, h, size)
+        if letterbox_shape(w, h, size, rect) != (out.shape[1], out.shape[2]):
+            raise ValueError(f"a {w}x{h} frame letterboxes to {letterbox_shape(w, h, size, rect)}, not {out.shape}")
+        new_w, new_h, left, top = letterbox_geometry(w, h, size, rect)
         x = torch.stack([images[i] for i in idx]) if len(idx) > 1 else images[idx[0]].unsqueeze(0)
         if (new_w, new_h) != (w, h):
             x = (
@@ -616,17 +663,26 @@ def letterbox_batch(images: Sequence[torch.Tensor], out: torch.Tensor, size: int
         # One copy per frame: an index tensor would come from the host and wait for the GPU mid-execute.
         for j, i in enumerate(idx):
             out[i, top : top + new_h, left : left + new_w].copy_(x[j].permute(1, 2, 0))
-            geos[i] = geometry(w, h, size)
+            geos[i] = geometry(w, h, size, rect)
     return geos
+
+
+def rect_groups(images: Sequence[torch.Tensor], size: int = SIZE, rect: bool = False) -> dict:
+    """{(height, width) of the letterboxed input: [indices of ``images`` of that shape]} in first-seen order: a
+    batch runs one forward per shape (all one ``size``×``size`` group without ``rect``)."""
+    groups: dict[tuple[int, int], list[int]] = {}
+    for i, img in enumerate(images):
+        groups.setdefault(letterbox_shape(int(img.shape[2]), int(img.shape[1]), size, rect), []).append(i)
+    return groups
 
 
 def letterboxed_forward(image: torch.Tensor, slot: torch.Tensor, geo: torch.Tensor, forward) -> tuple:
     """One frame end to end on its device: ``image`` (uint8 [3, H, W]) letterboxed into ``slot`` (uint8
-    [1, size, size, 3]), ``forward(slot)`` → (detections [1, N, 6] in the model's space, counts), the boxes mapped
-    back to the frame with ``geo`` ([1, 6] on the device: ``geometry(W, H)``). Static shapes and no host sync for a
+    [1, size, size, 3], or [1, *letterbox_shape(W, H, rect=True), 3] for the rect letterbox), ``forward(slot)`` → (detections [1, N, 6] in the model's space, counts), the boxes mapped
+    back to the frame with ``geo`` ([1, 6] on the device: ``geometry(W, H, rect=...)``). Static shapes and no host sync for a
     given frame size, so a GPU instance captures the whole of it in one CUDA graph per frame size (no launches
     between letterbox, model, NMS and boxes back); a CPU instance runs the same code eagerly."""
-    letterbox(image, slot[0], slot.shape[1])
+    letterbox(image, slot[0])
     det, count = forward(slot)
     return unletterbox(det, geo), count
 

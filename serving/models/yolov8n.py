@@ -123,7 +123,9 @@ class Detect(nn.Module):
             assert box_out.bias is not None and cls_out.bias is not None
             box_out.bias.data[:] = 1.0
             cls_out.bias.data[:nc] = math.log(5 / nc / (640 / s) ** 2)
-        self._anchor_shape: tuple = ()
+        # Anchors per input shape, every one kept: a CUDA graph captured for one shape holds the address of that
+        # shape's anchors, so another shape must not replace (and free) them (rect letterbox: a shape per frame size).
+        self._anchor_cache: dict = {}
 
     def _anchors(self, feats):
         points, strides = [], []
@@ -142,15 +144,15 @@ class Detect(nn.Module):
         b = xs[0].shape[0]
         feats = [torch.cat((self.cv2[i](xs[i]), self.cv3[i](xs[i])), 1) for i in range(len(xs))]
         shape = (tuple(f.shape[2:] for f in feats), xs[0].dtype, xs[0].device)
-        if shape != self._anchor_shape:
-            self.anchors, self.strides = self._anchors(feats)
-            self._anchor_shape = shape
+        if shape not in self._anchor_cache:
+            self._anchor_cache[shape] = self._anchors(feats)
+        anchors, strides = self._anchor_cache[shape]
         x = torch.cat([f.reshape(b, self.no, -1) for f in feats], 2)
         box, cls = x.split((self.reg_max * 4, self.nc), 1)
         lt, rb = self.dfl(box).chunk(2, 1)
-        a = self.anchors.unsqueeze(0)
+        a = anchors.unsqueeze(0)
         x1y1, x2y2 = a - lt, a + rb
-        dbox = torch.cat(((x1y1 + x2y2) / 2, x2y2 - x1y1), 1) * self.strides
+        dbox = torch.cat(((x1y1 + x2y2) / 2, x2y2 - x1y1), 1) * strides
         return torch.cat((dbox, cls.sigmoid()), 1)
 
 
