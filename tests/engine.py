@@ -21,6 +21,8 @@ import asyncio
 import os
 import subprocess
 import sys
+import threading
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Optional
@@ -70,11 +72,22 @@ class DiffOutcome:
 
 
 class ProviderServer:
-    """One `python -m pulumi.dynamic` process, configured with the stack's config like the engine does."""
+    """One `python -m pulumi.dynamic` process, configured with the stack's config like the engine does.
 
-    def __init__(self, config: Optional[dict[str, Any]] = None, project: str = "gpuhost"):
+    `on_stderr`: called with each non-blank line the provider writes to stderr, as it arrives (the stream the engine
+    shows in `pulumi up`: progress lines of long steps, providers/progress.py); the lines still reach this process's
+    stderr. None: the provider writes to this process's stderr directly."""
+
+    def __init__(
+        self,
+        config: Optional[dict[str, Any]] = None,
+        project: str = "gpuhost",
+        on_stderr: Optional[Callable[[str], None]] = None,
+    ):
         self.config = config or {}
         self.project = project
+        self.on_stderr = on_stderr
+        self.reader: threading.Thread | None = None
         self.proc: subprocess.Popen | None = None
         self.channel = None
         self.stub: Optional[provider_pb2_grpc.ResourceProviderStub] = None
@@ -86,9 +99,17 @@ class ProviderServer:
             PYTHONPATH=os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")]),
         )
         self.proc = subprocess.Popen(
-            [sys.executable, "-u", "-m", "pulumi.dynamic"], cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=None
+            [sys.executable, "-u", "-m", "pulumi.dynamic"],
+            cwd=ROOT,
+            env=env,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE if self.on_stderr else None,
         )
         assert self.proc.stdout is not None  # stdout=PIPE
+        if self.proc.stderr is not None:
+            # Read from the start, as the engine does: a full pipe would stall the provider.
+            self.reader = threading.Thread(target=self._forward, args=(self.proc.stderr,), daemon=True)
+            self.reader.start()
         port = int(self.proc.stdout.readline().decode().strip())
         self.channel = grpc.insecure_channel(f"127.0.0.1:{port}")
         grpc.channel_ready_future(self.channel).result(timeout=30)
@@ -97,11 +118,21 @@ class ProviderServer:
         stub.Configure(provider_pb2.ConfigureRequest(args=_ser(self.config), acceptSecrets=True))
         return self
 
+    def _forward(self, stream: Any) -> None:
+        assert self.on_stderr is not None
+        for raw in iter(stream.readline, b""):
+            line = raw.decode(errors="replace").rstrip("\r\n")
+            print(line, file=sys.stderr, flush=True)
+            if line.strip():
+                self.on_stderr(line)
+
     def __exit__(self, *exc) -> None:
         if self.channel:
             self.channel.close()
         if self.proc:
             stop_process(self.proc, timeout=5)
+        if self.reader is not None:
+            self.reader.join(5)
 
     def resource(self, provider, type_: str, name: str) -> "DrivenResource":
         return DrivenResource(self, serialize_provider(provider), type_, name)

@@ -25,6 +25,7 @@ import pytest
 from access.shell import sh
 from providers.libvirt_domain import AUTOSTART_DIR
 from tests.hostmanifest import differences, manifest
+from tests.progress_lines import Display, dones, tail, waits
 from tests.servers import free_port
 from tests.test_passthrough_host import snapshot
 from tests.testhost.fixtures import kernel_starts
@@ -102,8 +103,16 @@ def test_dev_stack_preview_up_drift_port_change_destroy(testhost, tmp_path):
     th.ssh(f"cat > /tmp/{TENANT}.xml", input=TENANT_XML)
     th.ssh(f"virsh define /tmp/{TENANT}.xml && virsh autostart {TENANT} && virsh start {TENANT}")
     new_port = None
+    shown = Display()  # up's output as the user sees it
     try:
-        d = Driver(ROOT, "dev", passphrase="gpuhost-dev", config=dev_config(th, th.port), state=tmp_path / "dev.json")
+        d = Driver(
+            ROOT,
+            "dev",
+            passphrase="gpuhost-dev",
+            config=dev_config(th, th.port),
+            state=tmp_path / "dev.json",
+            out=shown,
+        )
 
         t = time.monotonic()
         plan = d.preview()
@@ -114,11 +123,17 @@ def test_dev_stack_preview_up_drift_port_change_destroy(testhost, tmp_path):
         assert "[unknown]" in text  # e.g. the VM's VF address before the VFs exist
         assert snapshot(th) == pristine_files  # preview changed nothing
 
-        t = time.monotonic()
+        t, start = time.monotonic(), len(shown.getvalue())
         up = d.up()
         times["up"] = time.monotonic() - t
         assert not up.errors, up.errors
         assert kernel_starts(th) == boots + 1  # exactly one reboot
+        # The reboot wait (firmware, GRUB and a kernel under TCG: minutes, far past the 5 s tick) said what it waited
+        # for, the time and the bound in up's output, on the stack's row as the engine shows a provider's stderr.
+        seen, row = shown.getvalue()[start:], "pulumi:pulumi:Stack  gpuhost-dev"
+        back = "emulated-gpu-01 to come back from its reboot"
+        assert waits(seen, "emulated-gpu-01-reboot", back, row), f"no progress line of the reboot in:\n{tail(seen)}"
+        assert dones(seen, "emulated-gpu-01-reboot", back, row), f"no closing line of the reboot in:\n{tail(seen)}"
         reboot = next(r for r in d.resources() if r.type.endswith("HostReboot"))
         assert reboot.outputs["rebooted"] is True and reboot.outputs["drained"] == [TENANT]
         # the tenant was shut down before the reboot and runs again after it

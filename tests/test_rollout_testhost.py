@@ -16,6 +16,7 @@ from pathlib import Path
 
 import pytest
 
+from tests.progress_lines import Display, dones, tail, waits
 from tests.testhost.fixtures import kernel_starts
 from tools.driver import Driver, StackConfig
 
@@ -64,7 +65,8 @@ def test_second_hosts_reboot_starts_after_the_first_is_verified_back(testhost, t
     fleet = {"hosts": [host("rollout-a", a), host("rollout-b", b)], "rollout": {"max_parallel_reboots": 1}}
     cfg = StackConfig({}, []).with_values(fleet=fleet, sshPrivateKey=a.private_key_pem)
     cfg.secret_keys.append("gpuhost:sshPrivateKey")
-    d = Driver(ROOT, "rollout", passphrase="test", config=cfg, state=tmp_path / "rollout.json")
+    shown = Display()  # up's output as the user sees it
+    d = Driver(ROOT, "rollout", passphrase="test", config=cfg, state=tmp_path / "rollout.json", out=shown)
     watch = ConsoleWatch({"a": a, "b": b})
     watch.start()
     try:
@@ -78,6 +80,13 @@ def test_second_hosts_reboot_starts_after_the_first_is_verified_back(testhost, t
         ra, rb = up.step("rollout-a-reboot"), up.step("rollout-b-reboot")
         a_verified = ra.started + ra.seconds
         assert rb.started >= a_verified  # the driver started B's reboot step only after A's completed
+        # Each reboot wait (a boot under TCG: minutes, far past the 5 s tick) said in up's output, on the stack's row,
+        # what it waited for, the time and the bound, and then that it was done.
+        seen, row = shown.getvalue(), "pulumi:pulumi:Stack  gpuhost-rollout"
+        for n in ("rollout-a", "rollout-b"):
+            back = f"{n} to come back from its reboot"
+            assert waits(seen, f"{n}-reboot", back, row), f"no progress line of {n}'s reboot in:\n{tail(seen)}"
+            assert dones(seen, f"{n}-reboot", back, row), f"no closing line of {n}'s reboot in:\n{tail(seen)}"
 
         def utc(t: float) -> str:
             return time.strftime("%H:%M:%S", time.gmtime(t + watch.wall)) + f".{int(t * 10) % 10}"

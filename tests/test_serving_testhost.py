@@ -34,6 +34,7 @@ from plans.triton_runtime import CONTROL_KEY_PATH, ProcessRuntime, ServerOptions
 from serving.kserve import binary_request
 from tests.engine import ProviderError, ProviderServer
 from tests.mocks import EchoMocks, RecordingMonitor
+from tests.progress_lines import tail, waits
 from tests.servers.triton import STANDIN_MODEL, triton_available
 
 # In the devstack session of ./gpuhost.sh test (second_session): six minutes that balance its two chains.
@@ -266,11 +267,13 @@ def apply_all(srv, children, names_done: dict) -> dict:
     return outs
 
 
-def test_process_runtime_serves_through_nginx_then_a_broken_version_rolls_back(serving_host):
+def test_process_runtime_serves_through_nginx_then_a_broken_version_rolls_back(serving_host, monkeypatch):
     host, url = serving_host
     spec = echo_spec()
     resources: dict = {}
-    with ProviderServer(config={"gpuhost:sshPrivateKey": host.private_key_pem}) as srv:
+    said: list[str] = []  # the providers' stderr, which the engine shows in `pulumi up`
+    monkeypatch.setenv("GPUHOST_PROGRESS_INTERVAL_S", "1")
+    with ProviderServer(config={"gpuhost:sshPrivateKey": host.private_key_pem}, on_stderr=said.append) as srv:
         # 1. version 1: installed, started, gated through nginx
         t = time.monotonic()
         v1 = declared(service_args(spec, STANDIN_MODEL.read_bytes(), 80, url))
@@ -278,6 +281,12 @@ def test_process_runtime_serves_through_nginx_then_a_broken_version_rolls_back(s
         TIMES["deploy_v1_s"] = round(time.monotonic() - t, 1)
         gate = outs["svc-echo-gate"][1]["result"]
         assert gate["requests"] > 0 and gate["error_rate"] == 0, gate
+        # Each of the gate's loads (nginx's floor, then the model's) runs gate_duration_s (5 s) unless its
+        # max_requests run out first, and the floor load, unchecked, runs in wrk for exactly that time: with the
+        # tick at 1 s, the gate said at least once which load it waited for, the time and the bound.
+        seen = "\n".join(said)
+        loads = waits(seen, "svc-echo-gate", "nginx's floor load on ") + waits(seen, "svc-echo-gate", "the acceptance")
+        assert loads, f"no progress line of the gate's loads on the providers' stderr:\n{tail(seen)}"
         TIMES.update({"v1_p50_ms": gate["p50_ms"], "v1_p95_ms": gate["p95_ms"], "v1_rps": gate["throughput_rps"]})
         status = host.ssh("systemctl is-enabled gpuhost-triton nginx; systemctl is-active gpuhost-triton nginx").stdout
         assert status.split() == ["enabled", "enabled", "active", "active"], status
