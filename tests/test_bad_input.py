@@ -157,7 +157,7 @@ BAD = [
         ),
         [
             "fleet.gateways[1]: would write /etc/systemd/system/gpuhost-gateway-redis.service, "
-            "/etc/gpuhost/gateway/redis.conf, /etc/systemd/system/gpuhost-gateway-worker-0.service and 9 more on "
+            "/etc/gpuhost/gateway/redis.conf, /etc/systemd/system/gpuhost-gateway-worker-0.service and 11 more on "
             "a100-mig-01, as fleet.gateways[0] (sdxl-gen) does (one file has one owner: each would undo the other's "
             "change and restore its own original on destroy); one gateway per host (its units and "
             "/etc/gpuhost/gateway are fixed paths): move one to another host, or serve both from one gateway"
