@@ -18,6 +18,7 @@ the reboot and started again), forced (domains that had to be destroyed after th
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import time
 from typing import Optional
@@ -93,40 +94,45 @@ def running_domains(conn) -> list[str]:
     return [n for n in out.split() if n]
 
 
-def drain(conn, timeout: float) -> tuple[list[str], list[str]]:
+def drain(conn, timeout: float, label: str) -> tuple[list[str], list[str]]:
     """Shut running domains down gracefully; destroy what is still running after `timeout`. Returns (drained,
-    forced)."""
+    forced). `label` names the resource in the progress lines of the wait (a guest that ignores ACPI holds it for
+    the whole `timeout`)."""
     names = running_domains(conn)
     for n in names:
         conn.run(sh("virsh", "shutdown", n), check=False)
     deadline = time.monotonic() + timeout
     left = list(names)
-    while left and time.monotonic() < deadline:
-        time.sleep(2)
-        left = [n for n in running_domains(conn) if n in names]
+    what = f"{', '.join(names)} on {conn.spec.name} to shut down for the reboot (then virsh destroy)"
+    with ticking(label, what, timeout) if names else contextlib.nullcontext():
+        while left and time.monotonic() < deadline:
+            time.sleep(2)
+            left = [n for n in running_domains(conn) if n in names]
     for n in left:
         conn.run(sh("virsh", "destroy", n), check=False)
     return names, left
 
 
-def restart(conn, names: list[str], timeout: float = 120) -> None:
+def restart(conn, names: list[str], label: str, timeout: float = 120) -> None:
     """Start the drained domains again. libvirtd (socket-activated) starts autostart domains itself when the first
     client connects, possibly while we look: a failed `virsh start` counts only if the domain is still not running."""
     deadline = time.monotonic() + timeout
     left = [n for n in names if n not in set(running_domains(conn))]
-    while left:
-        for n in left:
-            conn.run(sh("virsh", "start", n), check=False)
-        time.sleep(2)
-        left = [n for n in names if n not in set(running_domains(conn))]
-        if left and time.monotonic() > deadline:
-            raise RuntimeError(f"domains drained for the reboot did not start again: {', '.join(left)}")
+    with ticking(label, f"{', '.join(names)} on {conn.spec.name} to run again after the reboot", timeout):
+        while left:
+            for n in left:
+                conn.run(sh("virsh", "start", n), check=False)
+            time.sleep(2)
+            left = [n for n in names if n not in set(running_domains(conn))]
+            if left and time.monotonic() > deadline:
+                raise RuntimeError(f"domains drained for the reboot did not start again: {', '.join(left)}")
 
 
 class HostRebootProvider(TemplateProvider):
-    # 7: the reboot wait says every 5 s what it waits for (providers.progress); 6: verified once the new boot has
-    # settled; 5: on the template; 4: the reboot wait keeps its deadline and stops at a host-key mismatch
-    VERSION = "7"
+    # 8: the drain and the restart of drained VMs say every 5 s what they wait for; 7: the reboot wait does
+    # (providers.progress); 6: verified once the new boot has settled; 5: on the template; 4: the reboot wait keeps
+    # its deadline and stops at a host-key mismatch
+    VERSION = "8"
     KIND = "reboot"
     INPUTS = (
         "host",
@@ -152,12 +158,13 @@ class HostRebootProvider(TemplateProvider):
         reasons = unmet(f, props)
         if not reasons or props.get("policy", "auto") == "never":
             return {"pending": reasons, "rebooted": False, "boot_id": f.boot_id, "drained": [], "forced": []}
-        drained, forced = drain(conn, float(props.get("drain_timeout") or 180))
+        label = resource_label(props.get("owner_tag"), f"{spec.name}-reboot")
+        drained, forced = drain(conn, float(props.get("drain_timeout") or 180), label)
         conn.run("nohup sh -c 'sleep 1; systemctl reboot' >/dev/null 2>&1 &")
         REBOOTS[spec.name] = REBOOTS.get(spec.name, 0) + 1
         bound = float(props.get("timeout") or 900)
         what = f"{spec.name} to come back from its reboot (a new boot id, units started)"
-        with ticking(resource_label(props.get("owner_tag"), f"{spec.name}-reboot"), what, bound):
+        with ticking(label, what, bound):
             f2 = wait_for_new_boot(spec, f.boot_id, bound)
         still = unmet(f2, props)
         if still:
@@ -168,7 +175,7 @@ class HostRebootProvider(TemplateProvider):
                 changed=True,
             )
         if drained:
-            restart(ssh.connect(spec), drained)
+            restart(ssh.connect(spec), drained, label)
         return {"pending": [], "rebooted": True, "boot_id": f2.boot_id, "drained": drained, "forced": forced}
 
     def diff_known(self, _id: str, olds: dict, news: dict):

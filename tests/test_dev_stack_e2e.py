@@ -128,9 +128,12 @@ def test_dev_stack_preview_up_drift_port_change_destroy(testhost, tmp_path):
         times["up"] = time.monotonic() - t
         assert not up.errors, up.errors
         assert kernel_starts(th) == boots + 1  # exactly one reboot
-        # The reboot wait (firmware, GRUB and a kernel under TCG: minutes, far past the 5 s tick) said what it waited
-        # for, the time and the bound in up's output, on the stack's row as the engine shows a provider's stderr.
+        # The drain (the tenant ignores ACPI: drain_timeout_s, 20 s) and the reboot wait (firmware, GRUB and a kernel
+        # under TCG: minutes), both far past the 5 s tick, said what they waited for, the time and the bound in up's
+        # output, on the stack's row as the engine shows a provider's stderr.
         seen, row = shown.getvalue()[start:], "pulumi:pulumi:Stack  gpuhost-dev"
+        off = f"{TENANT} on emulated-gpu-01 to shut down for the reboot"
+        assert waits(seen, "emulated-gpu-01-reboot", off, row), f"no progress line of the drain in:\n{tail(seen)}"
         back = "emulated-gpu-01 to come back from its reboot"
         assert waits(seen, "emulated-gpu-01-reboot", back, row), f"no progress line of the reboot in:\n{tail(seen)}"
         assert dones(seen, "emulated-gpu-01-reboot", back, row), f"no closing line of the reboot in:\n{tail(seen)}"
