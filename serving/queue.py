@@ -10,6 +10,7 @@ Keys (``prefix`` defaults to ``gen``, the stream to ``gen:queue`` as in the seed
                          get it; once read its TTL (and the job and done keys') drops to ``read_ttl_s``
     gen:in:<key>         a large job's input tensors (``inline_max_bytes`` or more), one string beside a small
                          stream entry that names it; deleted when the job completes
+    gen:out:<key>        a large result (an image), one string the result list names; the result's TTLs
     gen:stats            counters: accepted, refused, shed, duplicates, served:<backend>, failed
     gen:drain            shedding's clock (``shed_wait_ms``): the group's entries read at a time, and the measured
                          ms between dispatches
@@ -247,6 +248,9 @@ class Result:
 
 
 _RESULT_HEAD = tuple(f for f in dataclasses.fields(Result) if f.name not in ("outputs", "received_ms"))
+# A result list's element that names the key holding a large result (``JobQueue.complete``): an encoded result never
+# starts with a zero head length.
+_REF = b"\0\0\0\0ref:"
 
 # ------------------------------------------------------------------ the queue
 
@@ -324,10 +328,17 @@ class JobQueue:
             if left <= 1.0:
                 raise ResultTimeout(f"no result for job {key} within {timeout_s:g}s")
         pipe = self.r.pipeline(transaction=False)
-        for k in (rkey, self.cfg.key("job", key), self.cfg.key("done", key)):
+        out = self.cfg.key("out", key)
+        for k in (rkey, self.cfg.key("job", key), self.cfg.key("done", key), out):
             pipe.expire(k, self.cfg.read_ttl_s, lt=True)  # LT: only ever shortened, by whichever reader is first
-        pipe.execute()
-        res = Result.decode(got)
+        ref = got.startswith(_REF)
+        if ref:
+            pipe.get(got[len(_REF) :])
+        replies = pipe.execute()
+        data = replies[-1] if ref else got
+        if data is None:  # the result's own key expired before its reference: as if no result came
+            raise ResultTimeout(f"the result of job {key} expired before it was read")
+        res = Result.decode(data)
         if submitted_at is not None:
             res.received_ms = (time.time() - submitted_at) * 1000
         return res
@@ -418,17 +429,35 @@ class JobQueue:
             self.r.xclaim(self.cfg.stream, self.cfg.group, consumer, 0, ids, justid=True)
 
     def complete(self, job: Job, result: Result) -> bool:
-        """Store the result unless the job was already completed; XACK and XDEL either way. True when first."""
+        """Store the result unless the job was already completed; XACK and XDEL either way. True when first.
+
+        A result of ``inline_max_bytes`` or more (an image) goes in a key of its own (``gen:out:<key>``, SET NX in
+        the same round trip, before the script): through the script its bytes were copied into Lua and out again,
+        8 ms of Redis's one thread for a 2.4 MB PNG. The result list then holds a reference to it (``_REF``)."""
         c = self.cfg
         counter = f"served:{result.backend}" if result.status == "ok" else "failed"
         keys = [c.stream, c.key("done", job.key), c.key("result", job.key), c.stats_key]
         if job.payload:
             keys.append(job.payload)
-        first = self._complete(
-            keys=keys,
-            args=[c.group, job.id, c.result_ttl_s, result.backend or "-", result.encode(), counter],
-        )
-        return bool(first)
+        data = result.encode()
+        if len(data) < c.inline_max_bytes:
+            first = self._complete(
+                keys=keys, args=[c.group, job.id, c.result_ttl_s, result.backend or "-", data, counter]
+            )
+            return bool(first)
+        out = c.key("out", job.key)
+        args: list[Any] = [c.group, job.id, c.result_ttl_s, result.backend or "-", _REF + out.encode(), counter]
+        pipe = self.r.pipeline(transaction=False)
+        pipe.set(out, data, ex=c.result_ttl_s, nx=True)  # NX: a second completion keeps the first one's bytes
+        pipe.evalsha(self._complete.sha, len(keys), *keys, *args)
+        got = pipe.execute(raise_on_error=False)
+        if isinstance(got[0], Exception):
+            raise got[0]
+        if isinstance(got[1], redis.exceptions.NoScriptError):  # a restarted Redis: load it, run it once
+            got[1] = self._complete(keys=keys, args=args)
+        elif isinstance(got[1], Exception):
+            raise got[1]
+        return bool(got[1])
 
     # -------------------------------------------------------------- state
 

@@ -63,6 +63,28 @@ def test_large_inputs_travel_beside_the_entry_and_go_with_the_job(queue):
         assert q.result(key, timeout_s=2).outputs["n"].tolist() == [int(image(i).sum())]
 
 
+def test_a_large_result_goes_in_its_own_key_and_every_reader_gets_it(queue):
+    """An image-sized result (a PNG row) is SET in gen:out:<key> beside the complete script, which stores only a
+    reference: Redis copies none of its bytes through Lua. Two readers get it whole; a second completion (a reclaimed
+    job run twice) keeps the first one's bytes; once read, its key expires with the result."""
+    q = queue()
+    r = q.r
+    png = np.random.default_rng(3).integers(1, 256, (1, 300_000), dtype=np.uint8)
+    key = q.submit("g", {"prompt": np.array([[b"a fox"]], dtype="S")})
+    (job,) = q.read("w", count=1, block_ms=100)
+    first = Result(job.key, "ok", "a", "w", 1.0, 0.5, 0.4, outputs={"image": png})
+    r.script_flush()  # as after a Redis restart: the script is loaded again, the result stored once
+    assert q.complete(job, first)
+    assert not q.complete(job, Result(job.key, "ok", "b", "w2", 1.0, 0.5, 0.4, outputs={"image": png[:, ::-1]}))
+    (element,) = r.lrange(q.cfg.key("result", key), 0, -1)
+    assert len(element) < 100 and r.strlen(q.cfg.key("out", key)) > 300_000
+    for _ in range(2):
+        got = q.result(key, timeout_s=2)
+        assert got.backend == "a" and np.array_equal(got.outputs["image"], png)
+    assert 0 < r.ttl(q.cfg.key("out", key)) <= q.cfg.read_ttl_s
+    assert q.stats()["duplicates"] == 1
+
+
 def test_small_inputs_stay_in_the_entry(queue):
     q = queue()
     r = q.r
