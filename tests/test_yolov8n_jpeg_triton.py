@@ -82,8 +82,7 @@ def triton(tmp_path_factory, weights):
 
 @pytest.fixture(scope="module")
 def reference(weights):
-    """The pipeline eagerly in this process: decode, letterbox (rect), the same weights file, NMS, boxes back to the
-    frame."""
+    """The pipeline eagerly in this process: decode, letterbox, the same weights file, NMS, boxes back to the frame."""
     from serving.models import yolov8n as yolo
     from serving.models.yolov8n_weights import load_model
 
@@ -97,10 +96,7 @@ def reference(weights):
         try:
             img = frames.prepare([torch.frombuffer(bytearray(data), dtype=torch.uint8)], decoder)[0]
             assert isinstance(img, torch.Tensor), img
-            # The rect letterbox: the model's default for a safetensors file, as predict's for a checkpoint.
-            batch = torch.zeros(
-                (1, *frames.letterbox_shape(img.shape[2], img.shape[1], rect=True), 3), dtype=torch.uint8
-            )
+            batch = torch.zeros((1, 640, 640, 3), dtype=torch.uint8)  # the model's default letterbox, square
             geo = frames.letterbox(img, batch[0])
             with torch.no_grad():
                 det, count = yolo.fast_nms(model(pre(batch)), max_det=MAX_DET, conf=CONF)
