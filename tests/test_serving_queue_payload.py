@@ -10,7 +10,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from serving.queue import JobQueue, QueueConfig, QueueFull, Result
+from serving.queue import QueueFull, Result
 from tests.servers import redis as redis_server
 
 redis = pytest.importorskip("redis")
@@ -18,19 +18,7 @@ redis = pytest.importorskip("redis")
 redis_srv = redis_server.redis_fixture()
 
 
-@pytest.fixture
-def queue(redis_srv):
-    """queue(**config): a JobQueue with its group, on a flushed server (its client: ``.r``)."""
-    client = redis.Redis(port=redis_srv.port)
-    client.flushall()
-
-    def make(**config) -> JobQueue:
-        q = JobQueue(client, QueueConfig(**config))
-        q.ensure_group()
-        return q
-
-    yield make
-    client.close()
+queue = redis_server.job_queue_fixture()
 
 
 def image(i: int) -> np.ndarray:

@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 
 from serving.bytes_rows import from_rows, wire_inputs
-from serving.queue import JobQueue, QueueConfig, QueueShed
+from serving.queue import QueueShed
 from tests.servers import redis as redis_server
 
 redis = pytest.importorskip("redis")
@@ -20,18 +20,7 @@ redis = pytest.importorskip("redis")
 redis_srv = redis_server.redis_fixture()
 
 
-@pytest.fixture
-def queue(redis_srv):
-    client = redis.Redis(port=redis_srv.port)
-    client.flushall()
-
-    def make(**config) -> JobQueue:
-        q = JobQueue(client, QueueConfig(**config))
-        q.ensure_group()
-        return q
-
-    yield make
-    client.close()
+queue = redis_server.job_queue_fixture()
 
 
 def job(i: int) -> dict[str, np.ndarray]:

@@ -110,3 +110,27 @@ def redis_fixture(scope: Literal["session", "module", "function"] = "module"):
             yield h
 
     return _redis
+
+
+def job_queue_fixture():
+    """A pytest fixture ``queue(**config)``: a ``serving.queue.JobQueue`` with its group, on the module's flushed
+    redis-server (the fixture named ``redis_srv``, from ``redis_fixture``)."""
+    import pytest
+    import redis
+
+    from serving.queue import JobQueue, QueueConfig
+
+    @pytest.fixture
+    def _queue(redis_srv):
+        client = redis.Redis(port=redis_srv.port)
+        client.flushall()
+
+        def make(**config) -> JobQueue:
+            q = JobQueue(client, QueueConfig(**config))
+            q.ensure_group()
+            return q
+
+        yield make
+        client.close()
+
+    return _queue
