@@ -1,9 +1,10 @@
 """One file, one owner: resources of one stack that would write the same host path are refused at load.
 
 The program is run once with a recorder in place of each component (`stacks.program.build(fleet, new=...)`): every
-component's children come from its pure `children(name, args)` function, `components.wiring.writes` reads the
-paths each child writes, and two children from different places in the config that write one path on one machine
-are reported, one line per pair of config paths, with the fix. No resource is registered and nothing is reached.
+component's children come from its pure `children(name, args)` function (the class's `CHILDREN`),
+`components.wiring.writes` reads the paths each child writes, and two children from different places in the config
+that write one path on one machine are reported, one line per pair of config paths, with the fix. No resource is
+registered and nothing is reached.
 
 Usage (in stacks.load.parse_fleet)::
 
@@ -13,11 +14,10 @@ Usage (in stacks.load.parse_fleet)::
 from __future__ import annotations
 
 import re
-import sys
 from dataclasses import dataclass, field
 from typing import Any
 
-from components.wiring import Child, Write, writes
+from components.wiring import Child, Wired, Write, writes
 from stacks.program import build
 from stacks.schema import Fleet
 
@@ -51,8 +51,9 @@ def planned(fleet: Fleet) -> list[Planned]:
     out: list[Planned] = []
 
     def record(cls: type, name: str, args: Any, after: list, where: str) -> Planned:
-        children = sys.modules[cls.__module__].children  # each component module's one pure wiring function
-        p = Planned(cls, name, args, where, children(name, args))
+        if not issubclass(cls, Wired):
+            raise TypeError(f"{where}: {cls.__name__} is not a Wired component (no pure children function)")
+        p = Planned(cls, name, args, where, cls.CHILDREN(name, args))  # the component's own wiring, declared on it
         out.append(p)
         return p
 
