@@ -134,6 +134,70 @@ class GpuSampler:
         }
 
 
+class CpuSampler:
+    """CPU cores each part of the run used over a point (Linux ``/proc``; nothing elsewhere): ``client`` (this
+    process and its client processes, counted once reaped), ``nginx``, ``tritonserver``, ``python_stubs`` (the
+    python backend's stub processes), ``other``, and the whole machine's busy share. Tells whether a point is bound
+    by the GPU or by the processes sharing the machine's cores."""
+
+    GROUPS = {"nginx": "nginx", "tritonserver": "tritonserver", "triton_python_b": "python_stubs"}
+
+    def __init__(self):
+        self.summary_: dict = {}
+        self._tick = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
+        self._p0: Optional[dict[int, tuple[str, int]]] = None
+
+    def _procs(self) -> dict[int, tuple[str, int]]:
+        out = {}
+        me = os.getpid()
+        for d in os.listdir("/proc"):
+            if not d.isdigit():
+                continue
+            try:
+                raw = Path(f"/proc/{d}/stat").read_text()
+            except OSError:
+                continue
+            comm = raw[raw.index("(") + 1 : raw.rindex(")")]
+            f = raw[raw.rindex(")") + 2 :].split()
+            ticks = int(f[11]) + int(f[12]) + (int(f[13]) + int(f[14]) if int(d) == me else 0)
+            out[int(d)] = ("client" if int(d) == me else self.GROUPS.get(comm, "other"), ticks)
+        return out
+
+    @staticmethod
+    def _machine() -> tuple[int, int]:
+        v = [int(x) for x in Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:]]
+        idle = v[3] + (v[4] if len(v) > 4 else 0)
+        return sum(v) - idle, sum(v)
+
+    def __enter__(self):
+        try:
+            self._t0, self._p0, self._m0 = time.monotonic(), self._procs(), self._machine()
+        except (OSError, ValueError, IndexError):
+            self._p0 = None
+        return self
+
+    def __exit__(self, *exc):
+        if self._p0 is None:
+            return
+        try:
+            p1, m1 = self._procs(), self._machine()
+        except (OSError, ValueError, IndexError):
+            return
+        seconds = max(1e-6, time.monotonic() - self._t0)
+        used: dict[str, float] = {}
+        for pid, (group, ticks) in p1.items():
+            before = self._p0.get(pid, (group, 0))[1]
+            used[group] = used.get(group, 0.0) + (ticks - before) / self._tick / seconds
+        busy, total = m1[0] - self._m0[0], m1[1] - self._m0[1]
+        self.summary_ = {
+            "cpu_cores": {k: round(v, 2) for k, v in sorted(used.items())},
+            "cpu_busy_pct": round(100.0 * busy / total, 1) if total else None,
+        }
+
+    def summary(self) -> dict:
+        return dict(self.summary_)
+
+
 # ---------------------------------------------------------------- gRPC load (same shape as loadgate's)
 
 
@@ -329,10 +393,10 @@ def point(
     per-request phases and the GPU's utilisation over it; returns the row (``load``'s own fields added)."""
     check = loadgate.ResponseCheck.from_config(get_json(f"{s.http}/v2/models/{model}/config"), batch=1)
     before = model_stats(s.http, model)
-    with GpuSampler() as gpu:
+    with GpuSampler() as gpu, CpuSampler() as cpu:
         r, extra = load(check)
     after = model_stats(s.http, model)
-    row = {"name": name, "model": model, "via": via, **r.as_dict(), **gpu.summary()}
+    row = {"name": name, "model": model, "via": via, **r.as_dict(), **gpu.summary(), **cpu.summary()}
     row.update(triton=stats_delta(before, after), **extra)
     log(f"{name}: {r.summary()} | triton {row['triton']} | gpu {gpu.summary()}")
     return row

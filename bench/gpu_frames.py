@@ -475,21 +475,43 @@ def table(results: dict) -> str:
                 f"| {name} | {p['mean_ms']:.2f} | {t.get('success_us')} | {t.get('queue_us')} | "
                 f"{t.get('compute_input_us')} | {t.get('compute_infer_us')} | {t.get('compute_output_us')} |"
             )
+    cpu = [p for p in results["points"] if p.get("cpu_cores")]
+    if cpu:
+        groups = ("client", "nginx", "tritonserver", "python_stubs", "other")
+        lines += [
+            "",
+            f"CPU cores used over each point (of {m.get('cpus')}; /proc, client = the gate's processes):",
+            "",
+            "| Point | " + " | ".join(groups) + " | machine busy |",
+            "|---|" + "---|" * (len(groups) + 1),
+        ]
+        for p in cpu:
+            c = p["cpu_cores"]
+            lines.append(
+                f"| {p['name']} | " + " | ".join(str(c.get(g, 0)) for g in groups) + f" | {p.get('cpu_busy_pct')} % |"
+            )
     reps = [r for r in results.get("backend_reports", []) if "respond_ms" in r]
-    for mode in ("jpeg", "raw"):
-        mine = [r for r in reps if r.get("input") == mode]
-        if mine:
-            order = ("decode_ms", "launch_ms", "letterbox_ms", "gather_ms", "gpu_ms", "respond_ms")
-            keys = [k for k in order if k in mine[0]]
-            mean = {k: sum(r[k] for r in mine) / len(mine) for k in keys}
-            fpe = sum(r["frames_per_execute"] for r in mine) / len(mine)
-            lines.append(
-                "",
-            )
-            lines.append(
-                f"Inside the backend's execute, {mode} input (means of {len(mine)} reports, {fpe:.1f} frames per "
-                "execute): " + ", ".join(f"{k.removesuffix('_ms')} {v:.3f} ms" for k, v in mean.items()) + "."
-            )
+    order = ("decode_ms", "launch_ms", "letterbox_ms", "gather_ms", "gpu_ms", "respond_ms")
+    if reps:
+        lines += [
+            "",
+            "Inside the backend's execute (means of the instances' reports, ms per execute; lone = the reports of "
+            "one frame per execute, the c=1 point's):",
+            "",
+            "| Model | load | reports | frames per execute | "
+            + " | ".join(k.removesuffix("_ms") for k in order)
+            + " |",
+            "|---|---|---|---|" + "---|" * len(order),
+        ]
+    by: dict = {}
+    for r in reps:
+        model = str(r.get("instance", "?")).rsplit("_", 2)[0]
+        by.setdefault((model, "lone" if r["frames_per_execute"] <= 1.0 else "batched"), []).append(r)
+    for (model, load), mine in sorted(by.items()):
+        mean = {k: sum(r[k] for r in mine) / len(mine) for k in order if k in mine[0]}
+        fpe = sum(r["frames_per_execute"] for r in mine) / len(mine)
+        cells = " | ".join(f"{mean[k]:.3f}" if k in mean else "" for k in order)
+        lines.append(f"| {model} | {load} | {len(mine)} | {fpe:.2f} | {cells} |")
     b = results.get("best") or {}
     lines += [
         "",

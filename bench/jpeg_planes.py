@@ -156,12 +156,84 @@ def timing(torch, fr, jp, repeats: int) -> list[dict]:
     return out
 
 
+def steps(torch, fr, jp, repeats: int) -> list[dict]:
+    """Host ms of each call of the planes path for a batch of 1 and 8 distinct 1280×720 4:2:0 frames, median of
+    ``repeats``: the header checks nvJPEG makes per frame (``accepts``), ``nvjpegDecodeBatchedInitialize``,
+    ``nvjpegDecodeBatched`` until it returns and then until the stream is done (whether the call waits for the
+    hardware decoder), the same decode without a new Initialize before it (the state kept from the last batch of the
+    same size), the fused kernel's launch, and ``Decoder.decode`` as a whole (what an execute's decode phase runs)."""
+    import ctypes
+
+    dev = torch.device("cuda")
+    data = [sample_frames.jpeg(1280, 720, seed=100 + k) for k in range(8)]
+    rows_all = [torch.frombuffer(bytearray(d), dtype=torch.uint8) for d in data]
+    exact = fr.Decoder(dev, "gpu")
+    nv = exact._planes
+    assert nv is not None
+    sampling = fr.read_header(data[0]).sampling
+    lib = nv._lib
+    out = []
+    for n in (1, 8):
+        rows = rows_all[:n]
+        y = torch.empty((n, 720, 1280), dtype=torch.uint8, device=dev)
+        c = torch.empty((n, 2, 360, 640), dtype=torch.uint8, device=dev)
+        imgs = (jp._Image * n)()
+        for j in range(n):
+            imgs[j].channel[0], imgs[j].pitch[0] = y[j].data_ptr(), 1280
+            imgs[j].channel[1], imgs[j].pitch[1] = c[j, 0].data_ptr(), 640
+            imgs[j].channel[2], imgs[j].pitch[2] = c[j, 1].data_ptr(), 640
+        ptrs = (ctypes.c_void_p * n)(*[r.data_ptr() for r in rows])
+        lens = (ctypes.c_size_t * n)(*[r.numel() for r in rows])
+        stream = ctypes.c_void_p(torch.cuda.current_stream().cuda_stream)
+        times: dict[str, list[float]] = {}
+
+        def lap(name: str, t0: float, times: dict = times) -> float:
+            t = time.perf_counter()
+            times.setdefault(name, []).append((t - t0) * 1000)
+            return t
+
+        for k in range(repeats + 3):
+            torch.cuda.synchronize()
+            t = time.perf_counter()
+            for r in rows:
+                nv.accepts(r, 1280, 720, sampling)
+            t = lap("accepts (per batch)", t)
+            lib.nvjpegDecodeBatchedInitialize(nv.handle, nv.state, n, 1, nv.output)
+            t = lap("nvjpegDecodeBatchedInitialize", t)
+            lib.nvjpegDecodeBatched(nv.handle, nv.state, ptrs, lens, imgs, stream)
+            t = lap("nvjpegDecodeBatched (returns)", t)
+            torch.cuda.synchronize()
+            t = lap("then until the stream is done", t)
+            lib.nvjpegDecodeBatched(nv.handle, nv.state, ptrs, lens, imgs, stream)
+            t = lap("nvjpegDecodeBatched again, no Initialize (returns)", t)
+            torch.cuda.synchronize()
+            t = lap("then until the stream is done (no Initialize)", t)
+            jp.fused_planes_to_rgb(y, c, (2, 2))
+            t = lap("fused kernel (launch)", t)
+            torch.cuda.synchronize()
+            t = lap("fused kernel (then done)", t)
+            exact.decode(rows)
+            t = lap("Decoder.decode (returns)", t)
+            torch.cuda.synchronize()
+            lap("Decoder.decode (then done)", t)
+            if k < 3:
+                times.clear()
+        for name, ms in times.items():
+            ms.sort()
+            out.append({"batch": n, "step": name, "median_ms": round(statistics.median(ms), 3),
+                        "p95_ms": round(ms[int(0.95 * (len(ms) - 1))], 3)})  # fmt: skip
+            print(json.dumps(out[-1]), flush=True)
+    return out
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--out", required=True)
     ap.add_argument("--repeats", type=int, default=50)
     ap.add_argument("--commit", default="", help="the tree's commit where it is not a git checkout")
+    ap.add_argument("--only", default="pixels,variants,timing,steps", help="parts to run (comma-separated)")
     args = ap.parse_args(argv)
+    only = set(args.only.split(","))
     import torch
 
     from serving.models import frames as fr
@@ -184,9 +256,10 @@ def main(argv=None) -> int:
     print(json.dumps(head), flush=True)
     result: dict[str, Any] = {
         **head,
-        "variants": variants(torch, fr, jp),
-        "pixels": pixels(torch, fr),
-        "timing": timing(torch, fr, jp, args.repeats) if nv else [],
+        "variants": variants(torch, fr, jp) if "variants" in only else [],
+        "pixels": pixels(torch, fr) if "pixels" in only else [],
+        "timing": timing(torch, fr, jp, args.repeats) if nv and "timing" in only else [],
+        "steps": steps(torch, fr, jp, args.repeats) if nv and "steps" in only else [],
     }
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
@@ -206,6 +279,11 @@ def main(argv=None) -> int:
     lines += ["", "| batch | decoder | median ms | p95 ms | frames/s |", "|---|---|---|---|---|"]
     for t in result["timing"]:
         lines.append(f"| {t['batch']} | {t['decoder']} | {t['median_ms']} | {t['p95_ms']} | {t['frames_per_s']} |")
+    if result["steps"]:
+        lines += ["", "Host ms per call of the planes path (median / p95):", "", "| batch | step | median | p95 |"]
+        lines += ["|---|---|---|---|"] + [
+            f"| {t['batch']} | {t['step']} | {t['median_ms']} | {t['p95_ms']} |" for t in result["steps"]
+        ]
     (out / "jpeg_planes.md").write_text("\n".join(lines) + "\n")
     print("\n".join(lines), flush=True)
     bad = [r for r in result["pixels"] if "diff" in r and r["diff"] not in (0, 1) and "Error" not in str(r["diff"])]

@@ -284,6 +284,8 @@ class NvjpegPlanes:
             self._check(lib.nvjpegJpegStateCreate(self.handle, ctypes.byref(self.state)), "nvjpegJpegStateCreate")
             self._check(lib.nvjpegJpegStreamCreate(self.handle, ctypes.byref(self.stream)), "nvjpegJpegStreamCreate")
         self._keep: tuple = ()
+        # The batch size the state was last initialized for (``nvjpegDecodeBatchedInitialize``), None after a failure.
+        self._batch: Optional[int] = None
         self.kernel, self.kernel_error = "torch", None
         if triton is not None:
             try:
@@ -379,12 +381,16 @@ class NvjpegPlanes:
             lengths = (ctypes.c_size_t * n)(*[frames[k].numel() for k in sub])
             images = (_Image * n)(*[planes[k] for k in sub])
             lib = self._lib
-            status = lib.nvjpegDecodeBatchedInitialize(self.handle, self.state, n, 1, self.output)
-            call = "nvjpegDecodeBatchedInitialize"
+            status, call = 0, "nvjpegDecodeBatchedInitialize"
+            if self._batch != n:  # once per batch size (nvJPEG's guide), and again after a failed batch
+                self._batch = None
+                status = lib.nvjpegDecodeBatchedInitialize(self.handle, self.state, n, 1, self.output)
             if status == 0:
+                self._batch = n
                 status = lib.nvjpegDecodeBatched(self.handle, self.state, data, lengths, images, stream)
                 call = "nvjpegDecodeBatched"
             if status != 0:
+                self._batch = None
                 self.last_error = f"{call} of {n} frames: nvJPEG status {status} ({_STATUS.get(status, '?')})"
             return status == 0
 
