@@ -53,7 +53,7 @@ def request_body(props: dict) -> tuple[bytes, dict[str, str]]:
         if kserve.takes_frames(props["request"]):
             first = kserve.frame_payloads(props["request"])[0]
             return first.body, dict(first.headers)
-        return kserve.binary_request(props["request"])
+        return kserve.signature_request(props["request"])
     spec = props.get("bodySpec")
     if spec and spec.get("binary"):
         import math
@@ -113,9 +113,9 @@ def checked_request(infer_url: str, sig: dict, body: bytes, headers: dict, expec
         return [f"request failed: {type(e).__name__}: {e}"]
     if status != 200:
         return [f"HTTP {status}: {data[:300]!r}"]
-    problems = kserve.check_response(sig, h, data)
+    problems = kserve.answer_problems(sig, h, data)
     if not problems and expect is not None:
-        why = expect(data, {k.lower(): v for k, v in h.items()}.get(kserve.HEADER.lower()))
+        why = expect(data, {k.lower(): v for k, v in h.items()}.get(loadgate.HEADER_LENGTH.lower()))
         problems = [why] if why else []
     return problems
 

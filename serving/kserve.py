@@ -1,5 +1,6 @@
 """KServe v2 inference requests with the binary tensor extension, built from a model's own signature, and the check
-that an answer really carries the model's outputs. Standard library only (it runs wherever the gate runs).
+that an answer really carries the model's outputs. Standard library only (it runs wherever the gate runs). The
+codec itself (encode, decode, check) is ``serving.loadgate``'s; this module speaks in signatures.
 
 A 640×640 FP32 image is 1.2 M numbers: as JSON that is ~6 MB of text per request, which alone blows an 8 ms p95.
 With the binary extension the body is a small JSON header followed by the raw tensor bytes (4.9 MB for that image,
@@ -9,9 +10,9 @@ Usage::
 
     sig = {"inputs": [{"name": "images", "datatype": "FP32", "shape": [1, 3, 640, 640]}],
            "outputs": [{"name": "output0", "datatype": "FP32", "shape": [1, 84, 8400]}]}
-    body, headers = binary_request(sig)
+    body, headers = signature_request(sig)
     status, resp_headers, data = post(...)
-    problems = check_response(sig, resp_headers, data)     # [] when every output is there, right shape and size
+    problems = answer_problems(sig, resp_headers, data)     # [] when every output is there, right shape and size
 """
 
 from __future__ import annotations
@@ -21,12 +22,6 @@ import struct
 from typing import Mapping
 
 from serving import loadgate
-from serving.loadgate import DTYPE_BYTES
-
-HEADER = loadgate.HEADER_LENGTH
-
-# Bytes per element of each KServe datatype (BYTES, a config's TYPE_STRING: 4-byte length + bytes per element).
-ELEMENT_BYTES = DTYPE_BYTES
 
 # What a STRING input carries in the gate's requests (a short prompt: the SDXL pipeline's `prompt`).
 DEFAULT_TEXT = "a lighthouse on a rocky coast at dawn"
@@ -37,7 +32,7 @@ def _tensor_bytes(datatype: str, shape: list[int], text: str) -> bytes:
     if datatype == "BYTES":
         one = text.encode()
         return (struct.pack("<I", len(one)) + one) * n
-    size = ELEMENT_BYTES[datatype]
+    size = loadgate.DTYPE_BYTES[datatype]
     if datatype in ("FP32",):
         return struct.pack("<f", 0.5) * n
     if datatype in ("FP16",):
@@ -48,7 +43,7 @@ def _tensor_bytes(datatype: str, shape: list[int], text: str) -> bytes:
     return (1).to_bytes(size, "little") * n
 
 
-def binary_request(sig: dict, *, text: str = DEFAULT_TEXT, frame: bytes = b"") -> tuple[bytes, dict[str, str]]:
+def signature_request(sig: dict, *, text: str = DEFAULT_TEXT, frame: bytes = b"") -> tuple[bytes, dict[str, str]]:
     """(body, headers) of an infer request for every input of ``sig`` with binary data, asking for every output
     in binary too (the encoding is ``serving.loadgate.binary_request``'s). An input whose ``content`` is ``jpeg``
     carries ``frame`` (one encoded frame: UINT8 [1, bytes])."""
@@ -67,11 +62,13 @@ def binary_request(sig: dict, *, text: str = DEFAULT_TEXT, frame: bytes = b"") -
     return body, dict(headers)
 
 
-def check_response(sig: dict, headers: Mapping[str, str], data: bytes) -> list[str]:
+def answer_problems(sig: dict, headers: Mapping[str, str], data: bytes) -> list[str]:
     """Why an answer does not carry the outputs of ``sig`` (names, datatypes, shapes, sizes, not empty), as
     ``serving.loadgate.check_response`` judges every answer of a load run; [] when it does."""
     lower = {k.lower(): v for k, v in headers.items()}
-    problem = loadgate.check_response(data, lower.get(HEADER.lower()), loadgate.ResponseCheck.from_signature(sig))
+    problem = loadgate.check_response(
+        data, lower.get(loadgate.HEADER_LENGTH.lower()), loadgate.ResponseCheck.from_signature(sig)
+    )
     return [problem] if problem else []
 
 
@@ -110,7 +107,7 @@ def frame_payloads(sig: dict) -> list[loadgate.Payload]:
 
     out = []
     for w, h, data in sample_frames.gate_frames():
-        body, headers = binary_request(sig, frame=data)
+        body, headers = signature_request(sig, frame=data)
         out.append(loadgate.Payload(body, tuple(headers.items()), expect=BoxesInFrame(w, h)))
     return out
 
@@ -124,16 +121,8 @@ class BoxesInFrame:
         self.width, self.height = width, height
 
     def __call__(self, body: bytes, header_length) -> str | None:
-        import json
-
         try:
-            n = int(header_length)
-            head = json.loads(body[:n])
-            blobs, pos = {}, n
-            for o in head["outputs"]:
-                size = int(o["parameters"]["binary_data_size"])
-                blobs[o["name"]] = body[pos : pos + size]
-                pos += size
+            blobs = loadgate.binary_outputs(body, header_length)
             count_raw, det_raw = blobs["num_detections"], blobs["detections"]
         except (KeyError, TypeError, ValueError) as e:
             return f"detections not readable from the answer: {type(e).__name__}: {e}"

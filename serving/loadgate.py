@@ -179,6 +179,20 @@ def binary_request(inputs: list[tuple[str, str, list[int], bytes]], outputs: Seq
     return body, (("Content-Type", "application/octet-stream"), (HEADER_LENGTH, str(len(head))))
 
 
+def binary_outputs(body: bytes, header_length) -> dict[str, bytes]:
+    """Each output's raw bytes of a binary answer (``binary_request``'s reverse), by name: the JSON head is the first
+    ``header_length`` bytes, the outputs follow in its order. Checks nothing (``check_response`` does); raises
+    KeyError, TypeError or ValueError when the answer is not laid out so."""
+    n = int(header_length)
+    head = json.loads(body[:n])
+    blobs, pos = {}, n
+    for o in head["outputs"]:
+        size = int(o["parameters"]["binary_data_size"])
+        blobs[o["name"]] = body[pos : pos + size]
+        pos += size
+    return blobs
+
+
 @dataclasses.dataclass(frozen=True)
 class ExpectedOutput:
     name: str
@@ -465,45 +479,77 @@ class OversizedResponse(Exception):
 
 
 def _run_threads(spec: LoadSpec, concurrency: int, max_requests: int, sync, abort=None) -> dict:
-    url = urllib.parse.urlsplit(spec.url)
-    if not url.hostname:
-        raise ValueError(f"{spec.url!r} names no host (write http://HOST:PORT/path)")
-    path = url.path + (f"?{url.query}" if url.query else "")
+    """One process's share of a python-client run: ``concurrency`` threads warm up, start together (``sync``
+    returns the common start when several processes run), send until the deadline or ``max_requests``; their
+    tallies, latencies in ms. ``abort`` is called when a thread fails before the start (the other processes then
+    need not wait out the barrier)."""
+    run = _ThreadRun(spec, concurrency, max_requests, sync, abort)
+    threads = [threading.Thread(target=run.worker, args=(i,), daemon=True) for i in range(concurrency)]
+    for t in threads:
+        t.start()
+    run.release()
+    run.join(threads)
+    return run.tally()
+
+
+def _payloads(spec: LoadSpec) -> list[tuple[bytes, dict[str, str], Optional[Callable]]]:
+    """(body, headers, expect) of each distinct request, sent in turn: ``payloads``, else ``bodies``, else ``body``."""
     headers = dict(spec.headers)
     if spec.body:
         headers["Content-Length"] = str(len(spec.body))
-    budget = _wait_budget(spec)
-    lock = threading.Lock()
-    latencies: list[float] = []
-    errors = [0]
-    invalid = [0]
-    first_invalid = [""]
-    failures: list[str] = []
-    finished: set[int] = set()
-    issued = [0]
-    deadline = [0.0]
-    started = [0.0]
-
-    def _open_gate():
-        # Runs once, after every worker finished its warmup and before any is released; with several
-        # processes, after every process's workers did (``sync`` returns the common start).
-        started[0] = sync() if sync else time.perf_counter()
-        deadline[0] = started[0] + spec.duration_s
-
-    start_gate = threading.Barrier(concurrency + 1, action=_open_gate, timeout=budget)
-
-    payloads = (
+    return (
         [(p.body, {**headers, **dict(p.headers), "Content-Length": str(len(p.body))}, p.expect) for p in spec.payloads]
         or [(b, {**headers, "Content-Length": str(len(b))}, None) for b in spec.bodies]
         or [(spec.body, headers, None)]
     )
-    turn = itertools.count()  # next() is atomic under the GIL: the threads take the payloads in turn
 
-    def one(conn) -> tuple[int, Optional[str], float]:
+
+@dataclasses.dataclass
+class _Worker:
+    """One thread's connection and its own tallies, merged into the run's when it ends."""
+
+    idx: int
+    conn: Optional[http.client.HTTPConnection] = None
+    lat: list[float] = dataclasses.field(default_factory=list)
+    bad: int = 0
+    wrong: int = 0
+    why: str = ""
+
+
+class _ThreadRun:
+    """The state the threads of one process share: the start barrier, the request budget, the tallies."""
+
+    def __init__(self, spec: LoadSpec, concurrency: int, max_requests: int, sync, abort) -> None:
+        url = urllib.parse.urlsplit(spec.url)
+        if not url.hostname:
+            raise ValueError(f"{spec.url!r} names no host (write http://HOST:PORT/path)")
+        self.spec, self.url, self.concurrency, self.max_requests = spec, url, concurrency, max_requests
+        self.path = url.path + (f"?{url.query}" if url.query else "")
+        self.sync, self.abort = sync, abort
+        self.budget = _wait_budget(spec)
+        self.lock = threading.Lock()
+        self.latencies: list[float] = []
+        self.errors = self.invalid = self.issued = 0
+        self.first_invalid = ""
+        self.failures: list[str] = []
+        self.finished: set[int] = set()
+        self.deadline = self.started = 0.0
+        self.start_gate = threading.Barrier(concurrency + 1, action=self._open_gate, timeout=self.budget)
+        self.payloads = _payloads(spec)
+        self.turn = itertools.count()  # next() is atomic under the GIL: the threads take the payloads in turn
+
+    def _open_gate(self) -> None:
+        # Runs once, after every worker finished its warmup and before any is released; with several
+        # processes, after every process's workers did (``sync`` returns the common start).
+        self.started = self.sync() if self.sync else time.perf_counter()
+        self.deadline = self.started + self.spec.duration_s
+
+    def one(self, conn: http.client.HTTPConnection) -> tuple[int, Optional[str], float]:
         """(status, what is wrong with the answer or None, when its last byte was read): the latency is the
         exchange's, the checks run after it (a client's own verification is not the service's time)."""
-        body, hdrs, expect = payloads[next(turn) % len(payloads)]
-        conn.request(spec.method, path, body=body or None, headers=hdrs)
+        spec = self.spec
+        body, hdrs, expect = self.payloads[next(self.turn) % len(self.payloads)]
+        conn.request(spec.method, self.path, body=body or None, headers=hdrs)
         r = conn.getresponse()
         data = read_limited(r, spec.max_response_bytes)
         done = time.perf_counter()
@@ -513,101 +559,121 @@ def _run_threads(spec: LoadSpec, concurrency: int, max_requests: int, sync, abor
             return r.status, problem or (expect(data, length) if expect is not None else None), done
         return r.status, None, done
 
-    def worker(idx: int = 0):
-        conn: Optional[http.client.HTTPConnection] = None
-        mine: list[float] = []
-        bad = wrong = 0
-        why = ""
+    def worker(self, idx: int = 0) -> None:
+        w = _Worker(idx)
         try:
-            conn = _connection(url, spec.timeout_s)
-            for _ in range(spec.warmup_requests):
-                try:
-                    one(conn)
-                except Exception:  # warmup answers are not judged; a broken one must not end the thread
-                    conn.close()
-                    conn = _connection(url, spec.timeout_s)
-            start_gate.wait()
-            interval = concurrency / spec.rate if spec.rate else 0.0
-            k = 0
-            while True:
-                with lock:
-                    if issued[0] >= max_requests:
-                        break
-                    issued[0] += 1
-                if interval:
-                    # This connection's k-th scheduled send, connections spread evenly over one interval.
-                    t0 = started[0] + interval * (k + idx / concurrency)
-                    k += 1
-                    now = time.perf_counter()
-                    if t0 > now:
-                        time.sleep(t0 - now)
-                else:
-                    t0 = time.perf_counter()
-                if t0 >= deadline[0]:
-                    with lock:
-                        issued[0] -= 1
-                    break
-                done = 0.0
-                try:
-                    status, problem, done = one(conn)
-                    ok = 200 <= status < 300 and problem is None
-                    if problem is not None:
-                        wrong += 1
-                        why = why or problem
-                except Exception as e:  # any failed exchange is an error that counts, never a dead thread
-                    ok = False
-                    if not isinstance(e, (OSError, http.client.HTTPException)):
-                        wrong += 1
-                        why = why or f"{type(e).__name__}: {str(e)[:200]}"
-                    conn.close()
-                    conn = _connection(url, spec.timeout_s)
-                mine.append((done or time.perf_counter()) - t0)
-                if not ok:
-                    bad += 1
+            self._warm_up(w)
+            self.start_gate.wait()
+            self._send(w)
         except threading.BrokenBarrierError:
-            with lock:
-                failures.append(f"thread {idx}: the start barrier broke (a warmup or another process overran)")
+            with self.lock:
+                self.failures.append(f"thread {idx}: the start barrier broke (a warmup or another process overran)")
         except BaseException as e:
-            with lock:
-                failures.append(f"thread {idx}: {type(e).__name__}: {str(e)[:200]}")
+            with self.lock:
+                self.failures.append(f"thread {idx}: {type(e).__name__}: {str(e)[:200]}")
             # The others need not wait out the barrier's timeout for a thread that will never come.
-            start_gate.abort()
-            if abort is not None and not started[0]:
-                abort()
+            self.start_gate.abort()
+            if self.abort is not None and not self.started:
+                self.abort()
         finally:
-            if conn is not None:
-                conn.close()
-            with lock:
-                latencies.extend(mine)
-                errors[0] += bad
-                invalid[0] += wrong
-                first_invalid[0] = first_invalid[0] or why
-                finished.add(idx)
+            if w.conn is not None:
+                w.conn.close()
+            with self.lock:
+                self.latencies.extend(w.lat)
+                self.errors += w.bad
+                self.invalid += w.wrong
+                self.first_invalid = self.first_invalid or w.why
+                self.finished.add(idx)
 
-    threads = [threading.Thread(target=worker, args=(i,), daemon=True) for i in range(concurrency)]
-    for t in threads:
-        t.start()
-    try:
-        start_gate.wait()
-    except Exception:  # broken (a warmup overran) or the multi-process start failed in the barrier's action
-        with lock:
-            failures.append(f"the load did not start: not every thread was through its warmup within {budget:.0f}s")
-    end_by = time.monotonic() + spec.duration_s + spec.timeout_s + 30
-    for t in threads:
-        t.join(max(0.0, end_by - time.monotonic()))
-    with lock:
-        late = [i for i in range(concurrency) if i not in finished]
-        if late:
-            failures.append(f"threads {late} did not finish within {spec.duration_s + spec.timeout_s + 30:.0f}s")
-        return {
-            "lat": [x * 1000 for x in latencies],
-            "errors": errors[0],
-            "invalid": invalid[0],
-            "first_invalid": first_invalid[0],
-            "failures": list(failures),
-            "start": started[0],
-            "end": time.perf_counter(),
-        }
+    def _warm_up(self, w: _Worker) -> None:
+        w.conn = _connection(self.url, self.spec.timeout_s)
+        for _ in range(self.spec.warmup_requests):
+            try:
+                self.one(w.conn)
+            except Exception:  # warmup answers are not judged; a broken one must not end the thread
+                w.conn.close()
+                w.conn = _connection(self.url, self.spec.timeout_s)
+
+    def _take_turn(self) -> bool:
+        with self.lock:
+            if self.issued >= self.max_requests:
+                return False
+            self.issued += 1
+            return True
+
+    def _send(self, w: _Worker) -> None:
+        """Requests until the deadline or the budget: as fast as answers come (closed loop), or each at its
+        scheduled time and timed from it (open loop, ``spec.rate``)."""
+        interval = self.concurrency / self.spec.rate if self.spec.rate else 0.0
+        k = 0
+        while self._take_turn():
+            if interval:
+                # This connection's k-th scheduled send, connections spread evenly over one interval.
+                t0 = self.started + interval * (k + w.idx / self.concurrency)
+                k += 1
+                now = time.perf_counter()
+                if t0 > now:
+                    time.sleep(t0 - now)
+            else:
+                t0 = time.perf_counter()
+            if t0 >= self.deadline:
+                with self.lock:
+                    self.issued -= 1
+                break
+            self._exchange(w, t0)
+
+    def _exchange(self, w: _Worker, t0: float) -> None:
+        assert w.conn is not None  # _warm_up opened it
+        done = 0.0
+        try:
+            status, problem, done = self.one(w.conn)
+            ok = 200 <= status < 300 and problem is None
+            if problem is not None:
+                w.wrong += 1
+                w.why = w.why or problem
+        except Exception as e:  # any failed exchange is an error that counts, never a dead thread
+            ok = False
+            if not isinstance(e, (OSError, http.client.HTTPException)):
+                w.wrong += 1
+                w.why = w.why or f"{type(e).__name__}: {str(e)[:200]}"
+            w.conn.close()
+            w.conn = _connection(self.url, self.spec.timeout_s)
+        w.lat.append((done or time.perf_counter()) - t0)
+        if not ok:
+            w.bad += 1
+
+    def release(self) -> None:
+        """Wait at the start barrier with the threads (its action starts the clock)."""
+        try:
+            self.start_gate.wait()
+        except Exception:  # broken (a warmup overran) or the multi-process start failed in the barrier's action
+            with self.lock:
+                self.failures.append(
+                    f"the load did not start: not every thread was through its warmup within {self.budget:.0f}s"
+                )
+
+    def join(self, threads: list[threading.Thread]) -> None:
+        end_by = time.monotonic() + self.spec.duration_s + self.spec.timeout_s + 30
+        for t in threads:
+            t.join(max(0.0, end_by - time.monotonic()))
+
+    def tally(self) -> dict:
+        spec = self.spec
+        with self.lock:
+            late = [i for i in range(self.concurrency) if i not in self.finished]
+            if late:
+                self.failures.append(
+                    f"threads {late} did not finish within {spec.duration_s + spec.timeout_s + 30:.0f}s"
+                )
+            return {
+                "lat": [x * 1000 for x in self.latencies],
+                "errors": self.errors,
+                "invalid": self.invalid,
+                "first_invalid": self.first_invalid,
+                "failures": list(self.failures),
+                "start": self.started,
+                "end": time.perf_counter(),
+            }
 
 
 def _result(

@@ -169,7 +169,7 @@ def test_well_formed_answers_pass(scores, labs):
     assert check_response(body, hl, CHECK) is None
     # the same through kserve's entry, headers in any case
     assert (
-        kserve.check_response(
+        kserve.answer_problems(
             {
                 "outputs": [
                     {"name": "scores", "datatype": "FP32", "shape": [1, 4]},

@@ -31,7 +31,7 @@ import pytest
 
 from plans.triton_model import DynamicBatching, InstanceGroup, ModelSpec, Tensor
 from plans.triton_runtime import CONTROL_KEY_PATH, ProcessRuntime, ServerOptions
-from serving.kserve import binary_request
+from serving.kserve import signature_request
 from tests.engine import ProviderError, ProviderServer
 from tests.mocks import EchoMocks, RecordingMonitor
 from tests.progress_lines import tail, waits
@@ -325,7 +325,7 @@ def test_process_runtime_serves_through_nginx_then_a_broken_version_rolls_back(s
         from providers.triton_gate import checked_request
 
         sig = gate_signature(spec)
-        body, headers = binary_request(sig)
+        body, headers = signature_request(sig)
         assert checked_request(f"{url}/v2/models/echo/infer", sig, body, headers) == []
         served = host.ssh(f"cat {ROOT}/echo/1/model.py").stdout.encode()
         assert served == STANDIN_MODEL.read_bytes()

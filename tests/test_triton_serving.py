@@ -282,10 +282,10 @@ def test_binary_request_from_the_models_config_is_answered_through_nginx(nginx, 
     back with the config's names, datatypes, shapes and byte sizes (SDXL: STRING prompt in, 1024x1024x3 out)."""
     from components.triton_service import gate_signature
     from providers.triton_gate import checked_request
-    from serving.kserve import binary_request
+    from serving.kserve import signature_request
 
     sig = gate_signature(real)
-    body, headers = binary_request(sig)
+    body, headers = signature_request(sig)
     assert checked_request(f"{nginx.http}/v2/models/{real.name}/infer", sig, body, headers) == []
     if real.name == "yolov8n":  # the JSON body it replaces: ~6 MB of text for the same tensor
         assert len(body) < len(loadgate.infer_body("images", [1, 3, 640, 640])) / 1.2
@@ -382,35 +382,36 @@ def test_acceptance_gate_provider_binary_body_and_checked_outputs(nginx):
     assert outs["result"]["invalid"] == 0 and outs["result"]["errors"] == 0 and outs["result"]["tool"] == "python"
 
 
-def test_check_response_flags_a_200_without_the_models_outputs():
+def test_answer_problems_flags_a_200_without_the_models_outputs():
     """Pure: what a broken model can answer with status 200 (captured shapes of Triton's binary answers)."""
-    from serving.kserve import HEADER, check_response
+    from serving.kserve import answer_problems
+    from serving.loadgate import HEADER_LENGTH
 
     sig = {"inputs": [], "outputs": [{"name": "logits", "datatype": "FP16", "shape": [1, 1000]}]}
 
     def answer(outputs, blob):
         head = json.dumps({"model_name": "m", "outputs": outputs}).encode()
-        return {HEADER: str(len(head))}, head + blob
+        return {HEADER_LENGTH: str(len(head))}, head + blob
 
     ok = answer(
         [{"name": "logits", "datatype": "FP16", "shape": [1, 1000], "parameters": {"binary_data_size": 2000}}],
         b"\0" * 2000,
     )
-    assert check_response(sig, *ok) == []
+    assert answer_problems(sig, *ok) == []
     empty = answer([], b"")
-    assert check_response(sig, *empty) == ["outputs [] but the model config names ['logits']"]
+    assert answer_problems(sig, *empty) == ["outputs [] but the model config names ['logits']"]
     short = answer(
         [{"name": "logits", "datatype": "FP16", "shape": [1, 0], "parameters": {"binary_data_size": 0}}], b""
     )
-    assert check_response(sig, *short) == ["output logits: shape [1, 0] but the config says [1, 1000]"]
+    assert answer_problems(sig, *short) == ["output logits: shape [1, 0] but the config says [1, 1000]"]
     variable = {"inputs": [], "outputs": [{"name": "logits", "datatype": "FP16", "shape": [1, -1]}]}
-    assert check_response(variable, *short) == ["output logits: empty (shape [1, 0])"]
+    assert answer_problems(variable, *short) == ["output logits: empty (shape [1, 0])"]
     wrong_size = answer(
         [{"name": "logits", "datatype": "FP16", "shape": [1, 1000], "parameters": {"binary_data_size": 4000}}],
         b"\0" * 4000,
     )
-    assert any("4000 bytes" in p for p in check_response(sig, *wrong_size))
-    assert check_response(sig, {}, b"<html>502</html>")[0].startswith("response is not a v2 infer response")
+    assert any("4000 bytes" in p for p in answer_problems(sig, *wrong_size))
+    assert answer_problems(sig, {}, b"<html>502</html>")[0].startswith("response is not a v2 infer response")
 
 
 # Every other endpoint of Triton's v2 HTTP API, and ways around the allowlist: answered by nginx itself.
