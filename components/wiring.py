@@ -209,52 +209,13 @@ class Write:
     child: str
 
 
-def _fixed_paths(kind: str, inputs: Mapping[str, Any]) -> list[Any]:
-    """Files a host-prep provider writes that are not among its inputs (its own fixed paths)."""
-    from plans import hugepages, sysctls
-    from providers import irq, kernel_cmdline, vfio
-
-    if kind == "KernelCmdline":
-        return [kernel_cmdline.GRUB]
-    if kind == "VfioBinding":
-        devices = [d for d in inputs.get("devices") or [] if isinstance(d, str)]
-        return [vfio.MODULES_LOAD, vfio.MODPROBE_VFIO, vfio.BLACKLIST, *(vfio.driverctl_file(d) for d in devices)]
-    if kind == "Hugepages2M":
-        return [hugepages.UNIT, hugepages.WANTS]
-    if kind == "Sysctls":
-        return [sysctls.FILE]
-    if kind == "SriovVfs":
-        from plans import sriov
-
-        pf = inputs.get("pf")
-        return [sriov.unit_path(pf)] if isinstance(pf, str) and sriov.PCI_RE.match(pf) else []
-    if kind == "LibvirtDomain":
-        domain = inputs.get("domain")  # known unless it waits for VF addresses
-        return [domain.get(k) for k in ("disk", "seed_iso", "nvram")] if isinstance(domain, Mapping) else []
-    if kind == "IrqIsolation":
-        return list(irq.PATHS)  # which one depends on the host's OS family
-    return []
-
-
 def writes(name: str, children: list[Child]) -> list[Write]:
-    """The host paths `children` write (files, and the files of a model repository), per machine."""
+    """The host paths `children` write, per machine: what each one's provider declares (`Provider.writes`)."""
     out: list[Write] = []
     for c in children:
-        if not c.dynamic or not isinstance(c.inputs.get("host"), Mapping):
+        provider = getattr(c.kind, "PROVIDER", None)
+        if not c.dynamic or provider is None or not isinstance(c.inputs.get("host"), Mapping):
             continue
         machine = str(c.inputs["host"].get("name"))
-        kind = c.kind.__name__
-        paths: list[Any] = list(_fixed_paths(kind, c.inputs))
-        if kind == "ManagedFile":
-            paths.append(c.inputs["path"])
-        elif kind in ("SystemdService", "MonitoringFiles"):
-            paths += list(c.inputs.get("files") or {})
-        elif kind == "ModelArtifact":
-            paths.append(c.inputs["dest"])
-        elif kind == "TensorRTEngine":
-            paths.append((c.inputs.get("build") or {}).get("plan_path"))
-        elif kind == "TritonModelRepository":
-            root = str(c.inputs["root"]).rstrip("/")
-            paths += [f"{root}/{rel}" for rel in c.inputs.get("files") or {}]
-        out += [Write(machine, p, f"{name}-{c.suffix}") for p in paths if isinstance(p, str)]
+        out += [Write(machine, p, f"{name}-{c.suffix}") for p in provider.writes(dict(c.inputs)) if isinstance(p, str)]
     return out

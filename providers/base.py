@@ -119,6 +119,12 @@ class Provider(ResourceProvider):
     # Input paths that only carry a hash of other inputs (providers.effects): counted, not listed, in a PR's diff.
     DERIVED: tuple[Path, ...] = ()
 
+    @classmethod
+    def writes(cls, inputs: dict) -> list:
+        """The host paths a resource with these inputs writes, for the one-owner check at load
+        (`components.wiring.writes`); a value not known yet (an Output) is skipped there. Default: none."""
+        return []
+
     def effects(self, olds: dict | None, news: dict) -> list[Effect]:
         """What applying olds → news (olds None: a create) does to what runs, for a PR's plan diff
         (providers.effects); asked only when the provider's diff has changes. Default: nothing that runs."""

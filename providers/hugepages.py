@@ -39,6 +39,10 @@ class Hugepages2MProvider(TemplateProvider):
     OUTPUT_ONLY = ("prior", "prior_counts", "plan")
 
     @classmethod
+    def writes(cls, inputs: dict) -> list:
+        return [plan.UNIT, plan.WANTS]
+
+    @classmethod
     def read_spec(cls, inputs: dict) -> dict:
         """What the plan is made from (HostPreflight reads it too): the 2 MiB page counts and the unit files."""
         return {"sections": ["hugepages-nr"], "files": [UNIT, WANTS]}

@@ -38,6 +38,11 @@ class IrqIsolationProvider(TemplateProvider):
     INPUTS = ("host", "banned_cpus", "pin")
     OUTPUT_ONLY = ("prior", "prior_affinity", "config_path", "banned", "pinned", "unmovable", "plan")
 
+    # Which of PATHS depends on the host's OS family: both count.
+    @classmethod
+    def writes(cls, inputs: dict) -> list:
+        return list(PATHS)
+
     def effects(self, olds: dict | None, news: dict) -> list[Effect]:
         # A new ban list is a new irqbalance config: irqbalance restarts to read it (plans.irq).
         if olds is None or olds.get("banned_cpus") == news.get("banned_cpus"):

@@ -33,6 +33,10 @@ class KernelCmdlineProvider(TemplateProvider):
     INPUTS = ("host", "add", "remove", "acknowledged", "family")
     OUTPUT_ONLY = ("prior", "configured", "running", "pending_reboot", "plan")
 
+    @classmethod
+    def writes(cls, inputs: dict) -> list:
+        return [GRUB]
+
     def validate(self, news: dict) -> list[CheckFailure]:
         failures: list[CheckFailure] = []
         for field in ("add", "remove"):

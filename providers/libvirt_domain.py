@@ -41,6 +41,7 @@ import tempfile
 import threading
 import time
 import xml.etree.ElementTree as ET
+from collections.abc import Mapping
 from typing import Any, Optional
 from xml.sax.saxutils import escape
 
@@ -412,6 +413,11 @@ class LibvirtDomainProvider(HostProvider):
         # libvirt's autostart directory when it did not exist before the first create (through `host` only)
         "made_dirs",
     )
+
+    @classmethod
+    def writes(cls, inputs: dict) -> list:
+        domain = inputs.get("domain")  # known unless it waits for VF addresses
+        return [domain.get(k) for k in ("disk", "seed_iso", "nvram")] if isinstance(domain, Mapping) else []
 
     def check_known(self, olds: dict, news: dict) -> CheckResult:
         failures: list[CheckFailure] = []

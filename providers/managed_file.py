@@ -111,6 +111,11 @@ class ManagedFileProvider(TemplateProvider):
     REPLACE_ON = ("host", "path")
     INPUTS = ("host", "path", "content", "mode", "owner")
     OUTPUT_ONLY = ("prior", "sha256", "made_dirs")
+
+    @classmethod
+    def writes(cls, inputs: dict) -> list:
+        return [inputs["path"]]
+
     PATHS = ("path",)
 
     def validate(self, news: dict) -> list[CheckFailure]:

@@ -85,6 +85,11 @@ class ModelArtifactProvider(TemplateProvider):
     REPLACE_ON = ("host", "dest")
     INPUTS = ("host", "dest", "sha256", "url", "path")
     OUTPUT_ONLY = ("prior_existed", "found_sha256")
+
+    @classmethod
+    def writes(cls, inputs: dict) -> list:
+        return [inputs["dest"]]
+
     PATHS = ("dest",)
 
     def validate(self, news: dict) -> list[CheckFailure]:

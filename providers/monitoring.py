@@ -87,6 +87,10 @@ class MonitoringFilesProvider(TemplateProvider):
     INPUTS = ("host", "files", "config_path", "rules_paths", "reload", "grafana_unit", "grafana_restart_on", "promtool")
     OUTPUT_ONLY = ("prior", "sha256", "made_dirs")
 
+    @classmethod
+    def writes(cls, inputs: dict) -> list:
+        return list(inputs.get("files") or {})
+
     def effects(self, olds: dict | None, news: dict) -> list[Effect]:
         # apply_lines: Prometheus reloads after every change; Grafana restarts when a file it only reads at start
         # changed.

@@ -140,6 +140,11 @@ class SriovVfsProvider(TemplateProvider):
         "prior",
     )
 
+    @classmethod
+    def writes(cls, inputs: dict) -> list:
+        pf = inputs.get("pf")
+        return [plan.unit_path(pf)] if isinstance(pf, str) and plan.PCI_RE.match(pf) else []
+
     # -- check: everything the host's hardware rules out fails here, before any change --------------------------
     def check_known(self, olds: dict, news: dict) -> CheckResult:
         failures = self.check_host(news)

@@ -31,6 +31,10 @@ class SysctlsProvider(TemplateProvider):
     INPUTS = ("host", "values")
     OUTPUT_ONLY = ("prior", "prior_values", "plan")
 
+    @classmethod
+    def writes(cls, inputs: dict) -> list:
+        return [FILE]
+
     def validate(self, news: dict) -> list[CheckFailure]:
         values = news.get("values")
         if not isinstance(values, dict) or not values:

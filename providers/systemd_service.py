@@ -113,6 +113,11 @@ class SystemdServiceProvider(TemplateProvider):
     # drift that `up` repairs.
     INPUTS = ("host", "unit", "files", "enabled", "active", "action", "check", "user", "trigger")
     OUTPUT_ONLY = ("priors", "sha256", "prior", "user_created")
+
+    @classmethod
+    def writes(cls, inputs: dict) -> list:
+        return list(inputs.get("files") or {})
+
     DERIVED = (("trigger",),)  # a config's sha256, a repository digest: what it follows is shown itself
 
     def effects(self, olds: dict | None, news: dict) -> list[Effect]:

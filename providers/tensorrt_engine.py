@@ -33,6 +33,10 @@ class TensorRTEngineProvider(TemplateProvider):
     INPUTS = ("host", "build", *KEYS)
     OUTPUT_ONLY = ("decision",)
 
+    @classmethod
+    def writes(cls, inputs: dict) -> list:
+        return [(inputs.get("build") or {}).get("plan_path")]
+
     def validate(self, news: dict) -> list[CheckFailure]:
         try:
             EngineBuild.model_validate(news.get("build") or {}).tensorrt_version  # noqa: B018 - raises for an image of unknown TensorRT version

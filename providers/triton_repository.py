@@ -56,6 +56,12 @@ class TritonModelRepositoryProvider(TemplateProvider):
     INPUTS = ("host", "root", "files", "digest")
     REPLACE_ON = ("host", "root")
     OUTPUT_ONLY = ("prior", "priorRootExists", "prior_dirs", "plan")
+
+    @classmethod
+    def writes(cls, inputs: dict) -> list:
+        root = str(inputs["root"]).rstrip("/")
+        return [f"{root}/{rel}" for rel in inputs.get("files") or {}]
+
     PATHS = ("root",)
     # One hash over the files, each file's sha256 beside its content, and the marker file holding the digest.
     DERIVED = (("digest",), ("files", "*", "sha256"), ("files", MARKER))

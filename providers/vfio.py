@@ -163,6 +163,11 @@ class VfioBindingProvider(HostProvider):
     KIND = "vfio"
     OUTPUT_ONLY = ("prior", "prior_drivers", "prior_overrides", "drivers", "pending_reboot", "initramfs")
 
+    @classmethod
+    def writes(cls, inputs: dict) -> list:
+        devices = [d for d in inputs.get("devices") or [] if isinstance(d, str)]
+        return [*FILES, *(driverctl_file(d) for d in devices)]
+
     def check_known(self, olds: dict, news: dict) -> CheckResult:
         failures = self.check_host(news)
         devs = news.get("devices") or []
