@@ -363,7 +363,11 @@ def _check_response(body: bytes, header_length: Optional[str], check: ResponseCh
 
 
 def percentile(sorted_values: list[float], q: float) -> float:
-    """Nearest-rank percentile (q in 0..100) of an ascending list."""
+    """Nearest-rank percentile (q in 0..100) of an ascending list; NaN for none.
+
+    The same rule as ``serving.adaptive_window.percentile`` (tests/test_loadgate_checks.py holds them equal): each
+    module must stand alone as one file (this one piped to a guest, that one shipped as the window unit's script),
+    so neither can import the other."""
     if not sorted_values:
         return float("nan")
     rank = max(1, math.ceil(q / 100.0 * len(sorted_values)))

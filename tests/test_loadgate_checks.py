@@ -1,11 +1,14 @@
 """The acceptance gate's binary bodies and response checks (pure): a 200 is not a success."""
 
 import json
+import math
 import struct
 
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
-from serving import loadgate
+from serving import adaptive_window, loadgate
 from serving.loadgate import ExpectedOutput, ResponseCheck, binary_request, check_response
 
 CHECK = ResponseCheck(
@@ -206,3 +209,23 @@ def test_latency_is_the_exchange_and_the_answer_is_still_checked():
             assert (r.invalid, r.first_invalid) == ((0, "") if verdict is None else (2, "wrong boxes"))
     finally:
         srv.shutdown()
+
+
+def test_binary_outputs_reads_back_each_output_by_name():
+    body, hl = _binary_response(
+        [
+            ("detections", "FP32", [1, 1, 6], struct.pack("<6f", *range(6))),
+            ("num_detections", "INT32", [1, 1], b"\1\0\0\0"),
+        ]
+    )
+    blobs = loadgate.binary_outputs(body, hl)
+    assert blobs == {"detections": struct.pack("<6f", *range(6)), "num_detections": b"\1\0\0\0"}
+    with pytest.raises(KeyError):
+        loadgate.binary_outputs(b'{"model_name": "m"}', "19")
+
+
+@given(st.lists(st.floats(allow_nan=False), max_size=40), st.floats(0, 100))
+def test_the_gate_and_the_window_take_the_same_nearest_rank_percentile(values, q):
+    """Two copies by necessity (each module stands alone as one file): they must not drift apart."""
+    gate, window = loadgate.percentile(sorted(values), q), adaptive_window.percentile(values, q)
+    assert gate == window or (math.isnan(gate) and math.isnan(window))
