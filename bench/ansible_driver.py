@@ -8,7 +8,7 @@ count against `-vvv`'s "SSH: EXEC" lines.
 
 Usage::
 
-    a = AnsibleRun(workdir, host)             # host: tests.testhost.machine.TestHost (started)
+    a = AnsibleRun(workdir, host)             # host: testbed.testhost.machine.TestHost (started)
     r = a.playbook()                          # -> PlaybookResult(wall_s, roundtrips, changed, tasks, ...)
     r = a.playbook("--check", "--diff")
     f = a.adhoc_setup()                       # `ansible gpu -m setup`

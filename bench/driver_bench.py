@@ -3,8 +3,8 @@
     .venv/bin/python -m bench.driver_bench                  # both phases (~15 min on 2 TCG cores)
     .venv/bin/python -m bench.driver_bench --only gpuhost   # or --only ansible; --keep merges into the last results
 
-Each phase boots a fresh copy-on-write overlay of the cached base image (tests/testhost). gpuhost: a one-host stack
-(the same PassthroughHost values as bench/run.py, tests/test_passthrough_host.py::host_config) run by
+Each phase boots a fresh copy-on-write overlay of the cached base image (testbed/testhost). gpuhost: a one-host stack
+(the same PassthroughHost values as bench/run.py, testbed/testhost/passthrough.py::host_config) run by
 `tools.driver.Driver.up()`, as `pulumi up` would: the program registers every resource, each step runs as soon as
 its dependencies are done. Every step's start and duration come from the driver's own step records
 (`Plan.steps`); "excluding the reboot" is the time from the start of the `up` to the start of the HostReboot step
@@ -44,7 +44,7 @@ PASSPHRASE = "bench"
 
 def one_host_stack(th) -> tuple:
     """StackConfig for a fleet of one host: PassthroughHost with bench/run.py's values, the run's key as secret."""
-    from tests.test_passthrough_host import host_config
+    from testbed.testhost.passthrough import host_config
     from tools.driver import StackConfig
 
     host = host_config(th).model_dump(mode="json", exclude_none=True)
@@ -330,7 +330,7 @@ def gpuhost_phase(out: dict, work: Path) -> dict:
             }
             log(f"gpuhost (driver): up {wall:.0f} s, reboot decision at {reboot['start_s']:.0f} s")
             from bench.run import host_files
-            from tests.test_passthrough_host import runtime
+            from testbed.testhost.passthrough import runtime
 
             out["runtime_after"] = runtime(th)
             out["files"] = host_files(th)

@@ -6,7 +6,7 @@ one of which is the monitoring host; every template's services are repeated with
 
 Usage::
 
-    cfg, secret = fleet_config(100)          # stack config as tests.mocks.run_program takes it
+    cfg, secret = fleet_config(100)          # stack config as testbed.mocks.run_program takes it
     rec = run_program(cfg, secret, stack="bench-100")
 """
 
@@ -17,7 +17,7 @@ import json
 
 import yaml
 
-from tests.stackfiles import ROOT, stack_config
+from testbed.stackfiles import ROOT, stack_config
 
 
 def fleet(n: int) -> dict:

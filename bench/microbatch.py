@@ -33,7 +33,7 @@ import tritonclient.grpc.aio as grpcaio
 from bench.report import latency, md_table
 from serving.adaptive_window import WindowPolicy, in_process
 from serving.microbatch import BatchPolicy, MicroBatcher, TritonBatchInfer
-from tests.servers.triton import start_triton, write_sleep_model
+from testbed.servers.triton import start_triton, write_sleep_model
 
 ROOT = Path(__file__).resolve().parents[1]
 RESULTS = ROOT / "bench" / "results"

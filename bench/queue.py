@@ -120,10 +120,10 @@ def main(argv: list[str] | None = None) -> int:
     import tritonclient.grpc as grpcclient
 
     from serving.queue import JobQueue, QueueConfig
-    from tests.servers import stop_process
-    from tests.servers.gateway import spawn_worker, worker_config
-    from tests.servers.redis import start_redis
-    from tests.servers.triton import sleep_model_config, start_triton, write_python_model
+    from testbed.servers import stop_process
+    from testbed.servers.gateway import spawn_worker, worker_config
+    from testbed.servers.redis import start_redis
+    from testbed.servers.triton import sleep_model_config, start_triton, write_python_model
 
     levels = [int(x) for x in a.concurrency.split(",")]
     base = Path(tempfile.mkdtemp(prefix="gpuhost-bench-queue-"))

@@ -68,7 +68,7 @@ def run(a: argparse.Namespace) -> dict:
     import redis
 
     from serving.queue import JobQueue, QueueConfig
-    from tests.servers.redis import start_redis
+    from testbed.servers.redis import start_redis
 
     with start_redis(Path(tempfile.mkdtemp(prefix="gpuhost-queue-floor-"))) as h:
         r = redis.Redis(port=h.port, socket_timeout=10)

@@ -25,7 +25,7 @@ def main(argv: list[str] | None = None) -> int:
     import redis
 
     from serving.queue import JobQueue, QueueConfig, Result
-    from tests.servers.redis import start_redis
+    from testbed.servers.redis import start_redis
 
     png = np.random.default_rng(0).integers(1, 256, (1, a.bytes), dtype=np.uint8)
     with start_redis(Path(tempfile.mkdtemp(prefix="gpuhost-result-cost-"))) as h:

@@ -51,7 +51,7 @@ def stats(samples: Sequence[float]) -> dict:
 
 
 def machine() -> dict:
-    from tests.testhost.machine import accel
+    from testbed.testhost.machine import accel
 
     model = next(
         (
@@ -82,8 +82,8 @@ def machine() -> dict:
 
 
 def boot(workdir: Path, name: str):
-    from tests.testhost.image import ensure_image
-    from tests.testhost.machine import SshKey, TestHost
+    from testbed.testhost.image import ensure_image
+    from testbed.testhost.machine import SshKey, TestHost
 
     key = SshKey.generate(workdir / "key")
     th = TestHost(ensure_image(), workdir / name, key, name=name)
@@ -99,7 +99,7 @@ def boots_seen(th) -> int:
 
 def host_files(th) -> dict[str, str | None]:
     """Text of every file PassthroughHost manages (None when absent), in one round trip."""
-    from tests.test_passthrough_host import WATCHED
+    from testbed.testhost.passthrough import WATCHED
 
     out = th.ssh(
         "for f in " + " ".join(WATCHED) + '; do echo "@@@ $f"; if [ -e "$f" ]; then cat "$f"; '
@@ -127,7 +127,7 @@ class RoundTripLog:
 
 def provider_server(th, rtlog: RoundTripLog):
     """A fresh `python -m pulumi.dynamic` (what each `pulumi up` starts) that logs round trips to rtlog."""
-    from tests.engine import ProviderServer
+    from testbed.provider_server import ProviderServer
 
     os.environ["GPUHOST_ROUNDTRIP_LOG"] = str(rtlog.path)
     # host_config(th) names the key "sshPrivateKey", the stack's secret config key
@@ -219,7 +219,7 @@ def refreshed_preview(th, rtlog: RoundTripLog, flow):
 
 
 def gpuhost_phase(out: dict, work: Path, n: int, n_facts_ansible: int) -> dict:
-    from tests.test_passthrough_host import host_config, host_flow, runtime
+    from testbed.testhost.passthrough import host_config, host_flow, runtime
 
     th = boot(work, "gpuhost-a")
     try:
@@ -340,7 +340,7 @@ REBOOT_DECISION = "Running kernel arguments and passthrough drivers"
 
 def ansible_phase(out: dict, work: Path, n: int) -> dict:
     from bench.ansible_driver import AnsibleRun
-    from tests.test_passthrough_host import runtime
+    from testbed.testhost.passthrough import runtime
 
     th = boot(work, "ansible-b")
     try:
@@ -426,7 +426,7 @@ def pure_phase(out: dict, n: int) -> dict:
     from bench.bench_placement import make
     from bench.fleet import fleet_config
     from plans.placement import place
-    from tests.mocks import run_program
+    from testbed.mocks import run_program
 
     rng = random.Random(5)
     cases = [make(i, rng) for i in range(1000)]

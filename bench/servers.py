@@ -10,7 +10,7 @@ goes first there. Runs on the GPU device machine too: only the standard library,
 * ``start_servers``: that Triton and nginx with gpuhost's rendered config in front (``plans.nginx``), plus more nginx
   fronts by ``worker_processes``;
 * ``launch_triton`` / ``wait_ready`` / ``stop_process``: the parts, for a caller with its own arguments
-  (``tests/servers/triton.py``);
+  (``testbed/servers/triton.py``);
 * ``worker_backends``: ``serving.worker``'s backends config for such Tritons;
 * ``get_json``, ``model_stats``, ``batch_sizes``, ``stats_delta``: Triton's statistics over a run.
 

@@ -2,7 +2,7 @@
 
 Each component module has a `children(name, args) -> list[Child]` function (no Pulumi call, no I/O); the component
 declares exactly that list (`declare`), tests and the bench drive the same list through the SDK's provider server
-(`tests.engine.ChildFlow`), and the stack loader reads from it which host paths every resource writes (`writes`),
+(`testbed.provider_server.ChildFlow`), and the stack loader reads from it which host paths every resource writes (`writes`),
 to refuse two resources that would write the same file before the first one is registered.
 
 Outputs of an earlier child are referenced symbolically (`Ref`); a value that arrives from outside the component

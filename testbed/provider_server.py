@@ -33,7 +33,7 @@ from pulumi.dynamic.dynamic import serialize_provider
 from pulumi.runtime import rpc
 from pulumi.runtime.proto import provider_pb2, provider_pb2_grpc
 
-from tests.servers import stop_process
+from testbed.servers import stop_process
 
 ROOT = Path(__file__).resolve().parent.parent
 PROVIDER_KEY = "__provider"

@@ -1,5 +1,5 @@
 """Pulumi mocks for one component's tests: every registration recorded, each resource's outputs its inputs plus
-what the provider would add (a Pulumi mock, since no engine runs in these tests; tests/mocks.py runs the whole
+what the provider would add (a Pulumi mock, since no engine runs in these tests; testbed/mocks.py runs the whole
 stack program the same way).
 
 Usage::
@@ -13,7 +13,7 @@ from typing import Any, Callable, Optional
 
 import pulumi
 
-from tests.stackfiles import throwaway_key
+from testbed.stackfiles import throwaway_key
 
 Outputs = Callable[[Any, dict], None]
 

@@ -7,21 +7,19 @@ from hypothesis import HealthCheck, settings
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-pytest_plugins = []
+# The emulated GPU server's fixtures (testbed/: shared with bench/ and tools/).
+pytest_plugins = ["testbed.testhost.fixtures"]
 
 # No per-example deadline (hypothesis's default is 200 ms) and no too_slow health check: on the shared 2-core CI machine
 # an example's time says how busy the machine is, not whether the code is right.
 settings.register_profile("gpuhost", deadline=None, suppress_health_check=[HealthCheck.too_slow])
 settings.load_profile("gpuhost")
 
-if (ROOT / "tests" / "testhost" / "fixtures.py").exists():
-    pytest_plugins.append("tests.testhost.fixtures")
-
 
 @pytest.fixture(scope="module")
 def local_sshd():
     """A real sshd on loopback with per-run keys; yields the server (host_spec(), client_key_pem)."""
-    from tests.servers.sshd import LocalSshd
+    from testbed.servers.sshd import LocalSshd
 
     with LocalSshd() as srv:
         yield srv
@@ -42,7 +40,7 @@ def conn(local_sshd):
 @pytest.fixture
 def provider_server_for(local_sshd):
     """Factory: a gRPC dynamic-provider server configured with the local sshd's key as secret config."""
-    from tests.engine import ProviderServer
+    from testbed.provider_server import ProviderServer
 
     servers = []
 

@@ -17,7 +17,7 @@ import threading
 import time
 from typing import Callable, TypeVar
 
-from tests.engine import ProviderError
+from testbed.provider_server import ProviderError
 
 T = TypeVar("T")
 MARKERS = "/run/gpuhost-drop-armed /run/gpuhost-drop-now"

@@ -69,8 +69,8 @@ def main() -> None:
     import tempfile
     from pathlib import Path
 
-    from tests.testhost.image import ensure_image
-    from tests.testhost.machine import SshKey, TestHost
+    from testbed.testhost.image import ensure_image
+    from testbed.testhost.machine import SshKey, TestHost
 
     with tempfile.TemporaryDirectory() as d:
         th = TestHost(ensure_image(), Path(d) / "host", SshKey.generate(Path(d) / "key"), name="manifest")

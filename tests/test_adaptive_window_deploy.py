@@ -27,9 +27,9 @@ from plans.adaptive_window import (
 from plans.triton_runtime import parse_unit_exec
 from providers.systemd_service import SystemdServiceProvider, parse_status, start_lines, stop_lines
 from stacks.load import ConfigError, parse_fleet
-from tests.mocks import run_program
-from tests.servers.triton import free_port, triton_fixture, write_sleep_model
-from tests.stackfiles import stack_config
+from testbed.mocks import run_program
+from testbed.servers.triton import free_port, triton_fixture, write_sleep_model
+from testbed.stackfiles import stack_config
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -275,7 +275,7 @@ def test_mocked_program_scrapes_every_adaptive_window_controller_and_promtool_ac
     real promtool; the program runs under Pulumi mocks (no monitoring host here)."""
     import yaml
 
-    from tests.servers import prometheus as prom
+    from testbed.servers import prometheus as prom
 
     cfg, secret, fleet = fleet_with({"target_p95_ms": 48}, service=1)
     fleet["services"][4]["adaptive_window"] = {"listen": "0.0.0.0:9200"}

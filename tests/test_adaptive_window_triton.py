@@ -22,7 +22,7 @@ import tritonclient.grpc.aio as grpcaio
 
 from serving.adaptive_window import WindowPolicy, decide, in_process, serve_metrics
 from serving.microbatch import BatchPolicy, MicroBatcher, TritonBatchInfer
-from tests.servers.triton import free_port, triton_fixture, write_sleep_model
+from testbed.servers.triton import free_port, triton_fixture, write_sleep_model
 
 # The seed's rule alone (widen_min_per_batch=1): the light phase's one caller never batches, and this test is about
 # the window moving both ways in process; the batching condition is tested on its own in test_adaptive_window.py.

@@ -13,8 +13,8 @@ from typing import Any
 import pytest
 
 from stacks.load import ConfigError
-from tests.mocks import attempt_program
-from tests.stackfiles import stack_config
+from testbed.mocks import attempt_program
+from testbed.stackfiles import stack_config
 
 
 def H(f, i=0):

@@ -24,8 +24,8 @@ from plans.cmdline import OWNED
 from plans.triton_runtime import docker_gpus_flag, docker_gpus_value
 from stacks.load import ConfigError, parse_fleet
 from stacks.rawconfig import BAD_CHAR_RE
-from tests.mocks import EchoMocks, attempt_program
-from tests.stackfiles import stack_config
+from testbed.mocks import EchoMocks, attempt_program
+from testbed.stackfiles import stack_config
 
 KEY = "ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIL/kSwgf9qVUgtkwpJuQBIIevT94BAXy29qU5XlIfwG3"
 # One host (topology, two GPUs: one for a VM, one kept on the host), one guest, one service on the host.

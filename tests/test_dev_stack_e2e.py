@@ -24,12 +24,12 @@ import pytest
 
 from access.shell import sh
 from providers.libvirt_domain import AUTOSTART_DIR
+from testbed.servers import free_port
+from testbed.testhost.fixtures import kernel_starts
+from testbed.testhost.machine import hmp
+from testbed.testhost.passthrough import snapshot
 from tests.hostmanifest import differences, manifest
 from tests.progress_lines import Display, dones, tail, waits
-from tests.servers import free_port
-from tests.test_passthrough_host import snapshot
-from tests.testhost.fixtures import kernel_starts
-from tests.testhost.machine import hmp
 from tools.driver import Driver, StackConfig
 
 # Part of `./gpuhost.sh test` (about 13 min under TCG), on its own emulated server (marker devstack, see gpuhost.sh).

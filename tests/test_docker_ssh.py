@@ -14,7 +14,7 @@ import pytest
 
 from access.docker_ssh import PinError, docker_host, known_hosts_line, materialise
 from access.ssh import JumpHost
-from tests.servers.sshd import keygen
+from testbed.servers.sshd import keygen
 
 WRONG_PIN = "ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIL/kSwgf9qVUgtkwpJuQBIIevT94BAXy29qU5XlIfwG3"
 

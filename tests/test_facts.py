@@ -140,7 +140,7 @@ def test_script_quotes_extra_values_and_has_every_section():
 
 @pytest.fixture(scope="module")
 def emulated():
-    """Captured from the emulated GPU server (tests/testhost) as Debian boots it, before gpuhost touched it."""
+    """Captured from the emulated GPU server (testbed/testhost) as Debian boots it, before gpuhost touched it."""
     return parse_host_facts((FIX / "testhost_fresh.txt").read_text())
 
 

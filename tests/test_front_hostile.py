@@ -22,8 +22,8 @@ from hypothesis import strategies as st
 from serving.bytes_rows import wire_inputs
 from serving.front import BadRequest, Front, InputSig, Limits, ModelSig, parse_request
 from serving.queue import JobQueue, QueueConfig, Result
+from testbed.servers import redis as redis_server
 from tests.hostile import live_threads, threads_left
-from tests.servers import redis as redis_server
 
 redis = pytest.importorskip("redis")
 redis_srv = redis_server.redis_fixture()

@@ -22,10 +22,10 @@ from plans import gateway as gw
 from serving.front import redis_client as front_redis
 from serving.worker import WorkerConfig, redis_password
 from stacks.load import ConfigError, load
-from tests.mocks import run_program
-from tests.servers import redis as redis_srv
-from tests.servers import stop_process
-from tests.stackfiles import stack_config
+from testbed.mocks import run_program
+from testbed.servers import redis as redis_srv
+from testbed.servers import stop_process
+from testbed.stackfiles import stack_config
 
 PASSWORD = "Gw-redis.pass_0123456789~abc"
 SECRET = "gatewayRedisPassword"
@@ -114,7 +114,7 @@ def test_bad_listen_or_redis_auth_refused_at_load_before_any_resource(gateway, e
 
 def test_bad_config_registers_nothing():
     cfg, secret = _config(redis_bind="10.20.0.13")
-    from tests.mocks import EchoMocks, RecordingMonitor
+    from testbed.mocks import EchoMocks, RecordingMonitor
 
     monitor = RecordingMonitor(EchoMocks())
     pulumi.runtime.set_mocks(EchoMocks(), project="gpuhost", stack="hk-prod", preview=False, monitor=monitor)

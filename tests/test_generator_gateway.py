@@ -21,10 +21,10 @@ from plans.triton_repo import repository_files, sdxl_generator, sdxl_generator_f
 from serving.front import Front, Limits, ModelSig
 from serving.models import sdxl_generator_files
 from serving.queue import JobQueue, QueueConfig
-from tests.servers import redis as redis_server
-from tests.servers import stop_process
-from tests.servers.gateway import spawn_worker, worker_config
-from tests.servers.triton import start_triton, triton_available
+from testbed.servers import redis as redis_server
+from testbed.servers import stop_process
+from testbed.servers.gateway import spawn_worker, worker_config
+from testbed.servers.triton import start_triton, triton_available
 
 redis = pytest.importorskip("redis")
 Image = pytest.importorskip("PIL.Image")

@@ -11,7 +11,7 @@ from grafana_foundation_sdk.models import prometheus as prom_model
 
 from plans.monitoring import dcgm, grafana, promql, rules
 from plans.monitoring.model import MonitoringGraph
-from tests.servers.prometheus import available, promtool
+from testbed.servers.prometheus import available, promtool
 
 FIXTURES = Path(__file__).parent / "fixtures" / "monitoring"
 

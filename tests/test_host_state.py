@@ -19,7 +19,7 @@ from access.errors import HostError
 from access.shell import sh
 from facts.state import LOCK, Change, Record, locked
 from providers.base import HostProvider
-from tests.servers import wait_until
+from testbed.servers import wait_until
 
 
 @pytest.fixture
@@ -202,7 +202,7 @@ def test_a_provider_refusing_after_its_read_leaves_no_record(local_sshd, provide
     """VfioBinding on this machine (through the gRPC provider server): the device is not there, so it refuses after
     the round trip that records its files; no record may stay (it would refuse the next owner of those files)."""
     from providers.vfio import VfioBindingProvider
-    from tests.engine import ProviderError
+    from testbed.provider_server import ProviderError
 
     srv = provider_server_for()
     r = srv.resource(VfioBindingProvider(), "gpuhost:host:VfioBinding", "refused-vfio")

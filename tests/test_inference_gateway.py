@@ -27,11 +27,11 @@ from providers.base import host_input
 from serving.worker import WorkerConfig
 from stacks.checks import fleet_problems
 from stacks.schema import Fleet
-from tests.mocks import run_program
-from tests.servers import prometheus as prom
-from tests.servers import redis as redis_srv
-from tests.servers import stop_process
-from tests.stackfiles import stack_config
+from testbed.mocks import run_program
+from testbed.servers import prometheus as prom
+from testbed.servers import redis as redis_srv
+from testbed.servers import stop_process
+from testbed.stackfiles import stack_config
 
 ROOT = Path(__file__).resolve().parents[1]
 

@@ -19,7 +19,7 @@ from facts.files import FileState
 from facts.state import ROOT, Change, Record
 from plans.domain_xml import DomainSpec, Topology
 from providers.libvirt_domain import AUTOSTART_DIR, DomainInputs, LibvirtDomainProvider, _lookup, open_libvirt
-from tests.engine import ProviderError, ProviderServer
+from testbed.provider_server import ProviderError, ProviderServer
 
 TYPE = "gpuhost:vm:LibvirtDomain"
 

@@ -18,7 +18,7 @@ from providers.managed_file import (
     parse_not_dirs,
     remove_dirs_lines,
 )
-from tests.engine import ProviderError
+from testbed.provider_server import ProviderError
 
 
 def _snap(path):

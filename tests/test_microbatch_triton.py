@@ -17,7 +17,7 @@ import tritonclient.grpc.aio as grpcaio
 from tritonclient.utils import InferenceServerException
 
 from serving.microbatch import BatchPolicy, MicroBatcher, TritonBatchInfer
-from tests.servers.triton import triton_fixture, write_sleep_model
+from testbed.servers.triton import triton_fixture, write_sleep_model
 
 COST_A_MS, COST_B_MS = 2.0, 0.25
 

@@ -1,4 +1,4 @@
-"""tests/mocks.py's lean runtime swaps SDK functions for cheaper ones that must answer exactly as the SDK's do; each
+"""testbed/mocks.py's lean runtime swaps SDK functions for cheaper ones that must answer exactly as the SDK's do; each
 stand-in is compared here with the SDK function it replaces, on inputs where the answers differ from each other,
 and the SDK's own functions are back once a run ends."""
 
@@ -18,7 +18,7 @@ from pulumi.runtime._serialization import _serialize
 
 import providers
 import providers.base
-from tests import mocks
+from testbed import mocks
 
 shared: list = [1, 2]
 UNKNOWN_CASES = [

@@ -15,8 +15,8 @@ from plans.monitoring import prometheus, rules
 from plans.monitoring.model import MonitoringGraph
 from providers.base import host_input
 from providers.monitoring import MonitoringFilesProvider
-from tests.engine import ProviderError
-from tests.servers import prometheus as prom_server
+from testbed.provider_server import ProviderError
+from testbed.servers import prometheus as prom_server
 
 FIXTURES = Path(__file__).parent / "fixtures" / "monitoring"
 pytestmark = pytest.mark.skipif(not prom_server.available(), reason="Debian prometheus not installed")

@@ -9,7 +9,7 @@ import yaml
 
 from plans.monitoring import prometheus, rules
 from plans.monitoring.model import MonitoringGraph, ServingSlo, TritonTarget
-from tests.servers.prometheus import available, promtool
+from testbed.servers.prometheus import available, promtool
 
 FIXTURES = Path(__file__).parent / "fixtures" / "monitoring"
 pytestmark = pytest.mark.skipif(not available(), reason="Debian prometheus/promtool not installed")

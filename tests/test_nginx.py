@@ -4,7 +4,7 @@ import pytest
 from pydantic import ValidationError
 
 from plans.nginx import NginxSpec, render
-from tests.servers.nginx import check_config, nginx_available
+from testbed.servers.nginx import check_config, nginx_available
 
 pytestmark = pytest.mark.skipif(not nginx_available(), reason="nginx is not installed")
 

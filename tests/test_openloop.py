@@ -16,7 +16,7 @@ from bench import openloop
 from bench.openloop import FAILED, RIGHT, SHED, WRONG, ClientSpec, drive, same_arrays
 from bench.window_gpu import Phase
 from serving.adaptive_window import WindowPolicy
-from tests.servers.triton import triton_fixture, write_sleep_model
+from testbed.servers.triton import triton_fixture, write_sleep_model
 
 
 @pytest.fixture(autouse=True)

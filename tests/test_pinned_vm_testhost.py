@@ -28,8 +28,8 @@ from facts.host import read_host_facts
 from plans.domain_xml import DomainSpec
 from plans.placement import VmRequest, from_facts, place
 from providers.libvirt_domain import LibvirtDomainProvider
-from tests.engine import ProviderError, ProviderServer
-from tests.testhost.machine import GPU_FN0, GPU_FN1
+from testbed.provider_server import ProviderError, ProviderServer
+from testbed.testhost.machine import GPU_FN0, GPU_FN1
 
 pytestmark = pytest.mark.testhost
 

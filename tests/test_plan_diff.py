@@ -553,7 +553,7 @@ def test_a_stack_that_fails_or_hangs_is_its_own_section_and_the_others_are_still
         base,
         {
             "Pulumi.dev.yaml": lambda t: t.replace("config:\n", "config:\n  l0: &l0 [lol, lol]\n" + lol, 1),
-            "tests/stackfiles.py": lambda t: t.replace(
+            "testbed/stackfiles.py": lambda t: t.replace(
                 "    doc = stack_file(stack)\n",
                 "    if stack == 'slow':\n        import time\n\n        time.sleep(3600)\n    doc = stack_file(stack)\n",
             ),

@@ -10,8 +10,8 @@ from typing import Any
 
 import pytest
 
-from tests.mocks import run_program
-from tests.stackfiles import stack_config, stack_file, throwaway_key
+from testbed.mocks import run_program
+from testbed.stackfiles import stack_config, stack_file, throwaway_key
 
 KEY = "gpuhost:sshPrivateKey"
 
@@ -45,7 +45,7 @@ def test_stack_files_hold_no_plaintext_key_and_no_production_secret():
 
 def test_prod_stack_without_its_key_stops_before_any_resource():
     from stacks.load import ConfigError
-    from tests.mocks import attempt_program
+    from testbed.mocks import attempt_program
 
     cfg, _ = stack_config("hk-prod")
     del cfg[KEY]
@@ -524,7 +524,7 @@ def test_private_key_reaches_no_resource_input_state_or_output(hk):
 
 def test_a_stack_key_that_is_not_a_private_key_is_refused_before_any_resource():
     from stacks.load import ConfigError
-    from tests.mocks import attempt_program
+    from testbed.mocks import attempt_program
 
     cfg, secret = stack_config("hk-prod")
     cfg[KEY] = "not-a-key AAAAsecretmaterial"

@@ -15,10 +15,10 @@ from plans.monitoring import grafana, prometheus, promql, rules
 from plans.monitoring import triton as triton_plan
 from plans.monitoring.model import MonitoringGraph, ServingSlo
 from serving import adaptive_window as aw
+from testbed.servers import node_exporter as ne_server
+from testbed.servers import prometheus as prom_server
+from testbed.servers.triton import triton_fixture, write_sleep_model
 from tests.promlive import infer_load, local_graph
-from tests.servers import node_exporter as ne_server
-from tests.servers import prometheus as prom_server
-from tests.servers.triton import triton_fixture, write_sleep_model
 
 pytestmark = pytest.mark.skipif(
     not (prom_server.available() and ne_server.available()),

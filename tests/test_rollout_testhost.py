@@ -16,8 +16,8 @@ from pathlib import Path
 
 import pytest
 
+from testbed.testhost.fixtures import kernel_starts
 from tests.progress_lines import Display, dones, tail, waits
-from tests.testhost.fixtures import kernel_starts
 from tools.driver import Driver, StackConfig
 
 # A whole-stack run (8 min under TCG): in `./gpuhost.sh test`'s devstack session, after the dev stack end to end.

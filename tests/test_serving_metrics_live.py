@@ -20,9 +20,9 @@ from plans.monitoring import grafana, prometheus, promql, rules
 from plans.monitoring.model import MonitoringGraph
 from plans.triton_repo import repository_files, resnet50_fp16, standin
 from plans.triton_runtime import ServerOptions, server_args
+from testbed.servers import prometheus as prom_server
+from testbed.servers.triton import STANDIN_MODEL, start_triton, triton_available
 from tests.promlive import infer_load, local_graph
-from tests.servers import prometheus as prom_server
-from tests.servers.triton import STANDIN_MODEL, start_triton, triton_available
 
 pytestmark = pytest.mark.skipif(
     not (prom_server.available() and triton_available()), reason="Debian prometheus / pytriton's tritonserver missing"

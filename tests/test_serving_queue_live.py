@@ -21,10 +21,10 @@ import numpy as np
 import pytest
 
 from serving.queue import JobQueue, QueueConfig, QueueFull, Result
-from tests.servers import redis as redis_server
-from tests.servers import stop_process
-from tests.servers.gateway import spawn_worker, worker_config
-from tests.servers.triton import TritonHandle, sleep_model_config, start_triton, triton_available, write_python_model
+from testbed.servers import redis as redis_server
+from testbed.servers import stop_process
+from testbed.servers.gateway import spawn_worker, worker_config
+from testbed.servers.triton import TritonHandle, sleep_model_config, start_triton, triton_available, write_python_model
 
 redis = pytest.importorskip("redis")
 WEIGHTS = {"mig-a": 3, "vm-b": 2}
@@ -448,7 +448,7 @@ def test_full_queue_refuses_then_drains(tritons, r, workers):
 
 
 def test_worker_metrics_endpoint(tritons, r, workers, tmp_path):
-    from tests.servers.redis import free_port
+    from testbed.servers.redis import free_port
 
     handles = tritons.live()
     q = _queue(r)
@@ -482,7 +482,7 @@ def test_http_front_answers_with_latency_and_refuses_when_full(tritons, r, worke
     import http.client
 
     from serving.front import Front
-    from tests.servers.redis import free_port
+    from testbed.servers.redis import free_port
 
     handles = tritons.live()
     q = _queue(r, max_depth=5)

@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 from serving.queue import QueueFull, Result
-from tests.servers import redis as redis_server
+from testbed.servers import redis as redis_server
 
 redis = pytest.importorskip("redis")
 
@@ -158,7 +158,7 @@ def test_a_worker_stores_its_result_in_a_redis_restarted_while_the_job_ran_stand
 
     from serving.scheduler import Signals
     from serving.worker import Worker, WorkerConfig
-    from tests.servers.redis import start_redis
+    from testbed.servers.redis import start_redis
 
     first = start_redis(tmp_path / "a")
     back: list = []

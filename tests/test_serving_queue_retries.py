@@ -18,7 +18,7 @@ import pytest
 
 from serving.front import Front
 from serving.queue import JobQueue, QueueConfig, Result, ResultTimeout
-from tests.servers import redis as redis_server
+from testbed.servers import redis as redis_server
 
 redis = pytest.importorskip("redis")
 

@@ -13,7 +13,7 @@ import pytest
 
 from serving.bytes_rows import from_rows, wire_inputs
 from serving.queue import QueueShed
-from tests.servers import redis as redis_server
+from testbed.servers import redis as redis_server
 
 redis = pytest.importorskip("redis")
 

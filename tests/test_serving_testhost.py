@@ -32,10 +32,10 @@ import pytest
 from plans.triton_model import DynamicBatching, InstanceGroup, ModelSpec, Tensor
 from plans.triton_runtime import CONTROL_KEY_PATH, ProcessRuntime, ServerOptions
 from serving.kserve import signature_request
-from tests.engine import ProviderError, ProviderServer
-from tests.mocks import EchoMocks, RecordingMonitor
+from testbed.mocks import EchoMocks, RecordingMonitor
+from testbed.provider_server import ProviderError, ProviderServer
+from testbed.servers.triton import STANDIN_MODEL, triton_available
 from tests.progress_lines import tail, waits
-from tests.servers.triton import STANDIN_MODEL, triton_available
 
 # In the devstack session of ./gpuhost.sh test (second_session): six minutes that balance its two chains.
 pytestmark = [

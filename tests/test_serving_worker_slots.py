@@ -15,7 +15,7 @@ import pytest
 from serving.queue import JobQueue, QueueConfig
 from serving.scheduler import Signals
 from serving.worker import Worker, WorkerConfig
-from tests.servers import redis as redis_server
+from testbed.servers import redis as redis_server
 
 redis = pytest.importorskip("redis")
 

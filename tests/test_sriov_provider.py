@@ -7,7 +7,7 @@ from pulumi.output import Unknown
 
 from providers.base import host_input
 from providers.sriov import UNKNOWN, SriovVfs, SriovVfsProvider
-from tests.engine import ProviderError
+from testbed.provider_server import ProviderError
 
 TYPE = "gpuhost:host:SriovVfs"
 

@@ -24,8 +24,8 @@ from plans.placement import VmRequest, from_facts, place
 from providers.irq import IrqIsolationProvider
 from providers.libvirt_domain import LibvirtDomainProvider
 from providers.sriov import SriovVfsProvider
-from tests.engine import ProviderError, ProviderServer
-from tests.testhost.machine import GPU_FN0, NVME_PF
+from testbed.provider_server import ProviderError, ProviderServer
+from testbed.testhost.machine import GPU_FN0, NVME_PF
 
 pytestmark = pytest.mark.testhost
 

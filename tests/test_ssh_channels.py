@@ -14,7 +14,7 @@ import pytest
 
 from access import keys, ssh
 from access.shell import sh
-from tests.servers.sshd import LocalSshd
+from testbed.servers.sshd import LocalSshd
 
 
 @pytest.fixture

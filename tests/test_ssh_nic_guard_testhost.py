@@ -23,9 +23,9 @@ from facts.host import parse_host_facts, read_raw, split_sections
 from providers.base import host_input
 from providers.preflight import HostPreflightProvider
 from providers.vfio import VfioBindingProvider
-from tests.engine import ProviderError, ProviderServer
-from tests.servers import free_port
-from tests.testhost.machine import hmp
+from testbed.provider_server import ProviderError, ProviderServer
+from testbed.servers import free_port
+from testbed.testhost.machine import hmp
 
 pytestmark = pytest.mark.testhost
 

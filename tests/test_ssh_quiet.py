@@ -1,7 +1,7 @@
 """A connection attempt to a host that is still booting (the port resets before sshd's banner) fails with
 HostUnreachable and leaves stderr clean: no paramiko traceback in `./gpuhost.sh up`'s transcript.
 
-Run in a fresh interpreter with no logging configured, as `python -m tests.testhost start` and the providers run
+Run in a fresh interpreter with no logging configured, as `python -m testbed.testhost start` and the providers run
 (pytest's own log capture would hide what Python's last-resort handler prints)."""
 
 from __future__ import annotations

@@ -23,8 +23,8 @@ import pytest
 
 from plans.domain_xml import DomainSpec, Topology
 from providers.libvirt_domain import AUTOSTART_DIR, LibvirtDomainProvider
+from testbed.provider_server import ProviderError, ProviderServer
 from tests.dropharness import drop_first_apply
-from tests.engine import ProviderError, ProviderServer
 from tests.test_state_testhost import snapshot
 
 pytestmark = pytest.mark.testhost

@@ -25,9 +25,9 @@ from providers.sriov import SriovVfsProvider
 from providers.sysctls import SysctlsProvider
 from providers.triton_repository import TritonModelRepositoryProvider, repository_inputs
 from providers.tuning import HostTuningProvider
+from testbed.provider_server import ProviderError, ProviderServer
+from testbed.testhost.machine import NVME_PF
 from tests.dropharness import assert_no_records, drop_first_apply, undo
-from tests.engine import ProviderError, ProviderServer
-from tests.testhost.machine import NVME_PF
 
 pytestmark = pytest.mark.testhost
 

@@ -13,7 +13,7 @@ import pytest
 
 from plans.adaptive_window import SCRIPT_PATH, UNIT_NAME, UNIT_PATH, AdaptiveWindow, controller_unit
 from providers.systemd_service import SystemdServiceProvider
-from tests.engine import ProviderServer
+from testbed.provider_server import ProviderServer
 
 pytestmark = pytest.mark.testhost
 ROOT = Path(__file__).resolve().parents[1]

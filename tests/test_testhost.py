@@ -1,7 +1,7 @@
 """The emulated GPU server is a real host: facts read back, GRUB/initramfs changes survive real reboots, vfio-pci
 binding and SR-IOV VF creation work in the guest and can be undone.
 
-All tests boot Debian 12 under QEMU (tests/testhost); nothing here is mocked. Facts come from the project's own
+All tests boot Debian 12 under QEMU (testbed/testhost); nothing here is mocked. Facts come from the project's own
 one-round-trip reader (`facts.host.read_host_facts`) over the project's SSH layer with the guest's host key pinned.
 """
 

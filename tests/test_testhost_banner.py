@@ -6,7 +6,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from tests.testhost.__main__ import banner
+from testbed.testhost.__main__ import banner
 
 HOST = SimpleNamespace(
     timings={"boot_s": 71.5},

@@ -10,8 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from tests.servers import stop_process
-from tests.testhost.machine import QEMU, hmp
+from testbed.servers import stop_process
+from testbed.testhost.machine import QEMU, hmp
 
 
 @pytest.fixture

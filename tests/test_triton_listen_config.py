@@ -8,8 +8,8 @@ import json
 import pytest
 
 from stacks.load import ConfigError, parse_fleet
-from tests.mocks import run_program
-from tests.stackfiles import stack_config
+from testbed.mocks import run_program
+from testbed.stackfiles import stack_config
 
 
 def hk_fleet() -> dict:

@@ -136,7 +136,7 @@ def test_systemd_unit_runs_triton_under_numactl_and_survives_odd_values():
 
 def test_systemd_unit_execstart_really_starts_triton_here(tmp_path):
     """The rendered ExecStart (numactl node 0 + the wheel's tritonserver) run as systemd would run it."""
-    from tests.servers.triton import (
+    from testbed.servers.triton import (
         _pytriton_dirs,
         free_port,
         prepare_backend_dir,

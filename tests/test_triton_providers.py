@@ -1,4 +1,4 @@
-"""Serving providers through the SDK's provider server against a real local sshd (tests/engine.py)."""
+"""Serving providers through the SDK's provider server against a real local sshd (testbed/provider_server.py)."""
 
 import urllib.request
 
@@ -7,7 +7,7 @@ import pytest
 from plans.triton_repo import repository_files, standin, yolov8n
 from providers.base import host_input
 from providers.triton_repository import TritonModelRepositoryProvider, repository_inputs
-from tests.servers.triton import STANDIN_MODEL, start_triton, triton_available
+from testbed.servers.triton import STANDIN_MODEL, start_triton, triton_available
 
 
 def _files(max_batch_size=8):
@@ -61,7 +61,7 @@ def test_repository_create_serves_noop_drift_update_and_restore(local_sshd, prov
 
 
 def test_repository_check_refuses_escaping_paths(local_sshd, provider_server_for, tmp_path):
-    from tests.engine import ProviderError
+    from testbed.provider_server import ProviderError
 
     srv = provider_server_for()
     r = srv.resource(TritonModelRepositoryProvider(), "gpuhost:serving:TritonModelRepository", "bad")

@@ -23,7 +23,7 @@ from tritonclient.utils import InferenceServerException
 
 import serving.adaptive_window as aw
 from plans import triton_runtime as rt
-from tests.servers.triton import triton_fixture, write_sleep_model
+from testbed.servers.triton import triton_fixture, write_sleep_model
 
 ROOT = Path(__file__).resolve().parents[1]
 KEY = "5f" * 32

@@ -6,7 +6,7 @@ import urllib.request
 import numpy as np
 import tritonclient.http as httpclient
 
-from tests.servers.triton import triton_fixture, write_sleep_model
+from testbed.servers.triton import triton_fixture, write_sleep_model
 
 triton = triton_fixture(lambda repo: write_sleep_model(repo, "echo", sleep_ms=0, max_batch_size=4))
 

@@ -23,8 +23,8 @@ from bench.servers import write_repository
 from plans.triton_repo import repository_files, resnet50_fp16, sdxl, standin, yolov8n
 from serving import loadgate
 from serving.health import NotReady, wait_ready, warmup
-from tests.servers.nginx import front_triton_fixture
-from tests.servers.triton import (
+from testbed.servers.nginx import front_triton_fixture
+from testbed.servers.triton import (
     STANDIN_MODEL,
     gate_inputs,
     start_triton,
@@ -293,7 +293,7 @@ def test_binary_request_from_the_models_config_is_answered_through_nginx(nginx, 
 
 def test_gate_fails_a_200_with_wrong_or_missing_outputs(nginx):
     from providers.triton_gate import AcceptanceGateProvider
-    from tests.engine import ProviderError, ProviderServer
+    from testbed.provider_server import ProviderError, ProviderServer
 
     wrong = {**SLEEP_SIG, "outputs": [{"name": "OUTPUT0", "datatype": "FP32", "shape": [1, 8]}]}
     missing = {**SLEEP_SIG, "outputs": [{"name": "output0", "datatype": "FP32", "shape": [1, 84, 8400]}]}
@@ -309,7 +309,7 @@ def test_gate_fails_a_200_with_wrong_or_missing_outputs(nginx):
 def test_acceptance_gate_provider_fails_up_with_numbers_and_passes_above(nginx):
     """Through the SDK's provider server: the gate's create is what `pulumi up` runs."""
     from providers.triton_gate import AcceptanceGateProvider
-    from tests.engine import ProviderError, ProviderServer
+    from testbed.provider_server import ProviderError, ProviderServer
 
     inputs = gate_inputs(
         nginx.http, "sleep20", request=SLEEP_SIG, concurrency=2, maxRequests=1000, warmupRequests=4, version="1"
@@ -368,7 +368,7 @@ def test_acceptance_gate_provider_binary_body_and_checked_outputs(nginx):
     """The gate built from a binary bodySpec (raw FP32 bytes, no JSON numbers) against the real echo model;
     every answer is checked against the config Triton reports, and the count of wrong outputs is an output."""
     from providers.triton_gate import AcceptanceGateProvider, request_body
-    from tests.engine import ProviderServer
+    from testbed.provider_server import ProviderServer
 
     spec = {"input": "INPUT0", "shape": [1, 4], "datatype": "FP32", "binary": True}
     body, headers = request_body({"bodySpec": spec})

@@ -4,7 +4,7 @@ Under the real engine any input computed from another resource's output is unkno
 the provider the string `UNKNOWN` in its place, at any depth. The inputs here are the ones the program really
 declares for the dev and hk-prod stacks (run under mocks), one of each provider type, plus inputs for those the
 stacks leave off (every module in providers/ is covered). The providers are real; only the engine is stood in
-for by tests/engine.py's server.
+for by testbed/provider_server.py's server.
 """
 
 from __future__ import annotations
@@ -20,9 +20,9 @@ from pulumi.runtime.proto import provider_pb2
 
 import providers
 from providers.base import HINTS, UNKNOWN, HostProvider, HostResource, Provider, TemplateProvider, unknown_paths
-from tests.engine import ProviderServer, _de, _ser
-from tests.mocks import run_program
-from tests.stackfiles import stack_config
+from testbed.mocks import run_program
+from testbed.provider_server import ProviderServer, _de, _ser
+from testbed.stackfiles import stack_config
 
 # Never diffed: the provider version and the owner tag (who records pristine state on the host).
 BOOKKEEPING = ("version", "owner_tag")

@@ -13,8 +13,8 @@ from __future__ import annotations
 import pytest
 
 from providers.vfio import BLACKLIST, MODPROBE_VFIO, MODULES_LOAD, VfioBindingProvider, driverctl_file
+from testbed.provider_server import ProviderError, ProviderServer
 from tests.dropharness import assert_no_records, drop_first_apply, undo
-from tests.engine import ProviderError, ProviderServer
 from tests.test_state_testhost import SLOW_DATE
 
 pytestmark = pytest.mark.testhost

@@ -56,7 +56,7 @@ def made_frames(tmp_path_factory):
 def triton(made_frames, tmp_path_factory):
     from plans.triton_repo import repository_files, yolov8n_torch
     from serving.models import yolov8n_files
-    from tests.servers.triton import start_triton, triton_available
+    from testbed.servers.triton import start_triton, triton_available
 
     if not triton_available():
         pytest.skip("tritonserver from the nvidia-pytriton wheel is not installed")

@@ -22,8 +22,8 @@ pytest.importorskip("PIL")
 from plans.triton_repo import repository_files, yolov8n_torch  # noqa: E402
 from serving import loadgate, sample_frames  # noqa: E402
 from serving.models import frames, yolov8n_files  # noqa: E402
-from tests.servers.nginx import front_triton_fixture  # noqa: E402
-from tests.servers.redis import redis_fixture  # noqa: E402
+from testbed.servers.nginx import front_triton_fixture  # noqa: E402
+from testbed.servers.redis import redis_fixture  # noqa: E402
 
 MAX_DET, CONF = 100, 0.1
 SIZES = [(1280, 720), (1920, 1080), (640, 480), (480, 640), (32, 32)]
@@ -68,7 +68,7 @@ def _populate(repo, weights):
 
 @pytest.fixture(scope="module")
 def triton(tmp_path_factory, weights):
-    from tests.servers.triton import start_triton, triton_available
+    from testbed.servers.triton import start_triton, triton_available
 
     if not triton_available():
         pytest.skip("tritonserver from the nvidia-pytriton wheel is not installed")
@@ -339,8 +339,8 @@ def test_jpeg_frames_through_the_queue_gateway_each_answer_its_own_frame(triton,
     import redis
 
     from serving.queue import JobQueue, QueueConfig
-    from tests.servers import stop_process
-    from tests.servers.gateway import spawn_worker, worker_config
+    from testbed.servers import stop_process
+    from testbed.servers.gateway import spawn_worker, worker_config
 
     sizes = [(1280, 720), (640, 480), (1920, 1080), (640, 480)]
     sent = [sample_frames.jpeg(w, h, seed=20 + k) for k, (w, h) in enumerate(sizes)]
@@ -382,8 +382,8 @@ def test_the_gate_sends_jpeg_frames_of_three_sizes_through_nginx_and_checks_each
     frame."""
     from components.triton_service import gate_signature
     from providers.triton_gate import AcceptanceGateProvider
-    from tests.engine import ProviderServer
-    from tests.servers.triton import gate_inputs
+    from testbed.provider_server import ProviderServer
+    from testbed.servers.triton import gate_inputs
 
     spec = yolov8n_torch(name="det", input="jpeg", gpu=False, max_batch_size=4, max_det=MAX_DET, weights="w.pt")
     sig = gate_signature(spec)

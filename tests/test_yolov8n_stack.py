@@ -12,8 +12,8 @@ import torch
 from plans.triton_model import parse_config
 from serving.models import yolov8n as yolo
 from serving.models.yolov8n_weights import to_ultralytics_key
-from tests.mocks import run_program
-from tests.stackfiles import stack_config
+from testbed.mocks import run_program
+from testbed.stackfiles import stack_config
 
 
 def _with_model(model: dict):

@@ -36,7 +36,7 @@ from plans.presets import preset_for
 from plans.triton_repo import repository_files
 from serving.models import yolov8n_files
 from serving.models.yolov8n_synthetic import synthetic_images
-from tests.servers.triton import start_triton, triton_available
+from testbed.servers.triton import start_triton, triton_available
 
 N, CONCURRENCY = 64, 8
 PRESET = preset_for("NVIDIA H200")

@@ -24,13 +24,13 @@ def emulated_host(by: str) -> dict:
     or "driver", how this run points the dev stack at it (the host's banner says so instead of a by-hand hint)."""
     py = str(ROOT / ".venv" / "bin" / "python")
     st = subprocess.run(
-        [py, "-m", "tests.testhost", "status", "--name", "dev"], cwd=ROOT, capture_output=True, text=True, check=False
+        [py, "-m", "testbed.testhost", "status", "--name", "dev"], cwd=ROOT, capture_output=True, text=True, check=False
     )
     if st.returncode != 0 or not json.loads(st.stdout or "{}").get("running"):
         print("== booting the emulated GPU server (QEMU; a few minutes under TCG)", flush=True)
-        subprocess.run([py, "-m", "tests.testhost", "start", "--name", "dev", "--by-up", by], cwd=ROOT, check=True)
+        subprocess.run([py, "-m", "testbed.testhost", "start", "--name", "dev", "--by-up", by], cwd=ROOT, check=True)
         st = subprocess.run(
-            [py, "-m", "tests.testhost", "status", "--name", "dev"],
+            [py, "-m", "testbed.testhost", "status", "--name", "dev"],
             cwd=ROOT,
             capture_output=True,
             text=True,

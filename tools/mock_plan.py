@@ -22,8 +22,8 @@ from collections import Counter
 from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
-from tests.mocks import attempt_program
-from tests.stackfiles import stack_config
+from testbed.mocks import attempt_program
+from testbed.stackfiles import stack_config
 
 HIDDEN = ("__provider", "host", "prior")
 # Not a secret: a key every run derives the same way, so two runs of one tree print the same bytes.

@@ -148,8 +148,8 @@ def snapshot(stack: str, key_pem: str, against: dict | None = None) -> dict:
     says whether it is an update or a replacement (`verdicts`, by URN); for those that change and those that are
     new, what that does to what runs (`effects`, by URN); each resource's `derived` input paths (hashes of others).
     """
-    from tests.mocks import attempt_program
-    from tests.stackfiles import stack_config
+    from testbed.mocks import attempt_program
+    from testbed.stackfiles import stack_config
 
     try:
         cfg, secret = stack_config(stack)  # the stack file's own checks (nesting, alias bombs) raise here

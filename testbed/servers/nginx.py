@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import Optional
 
 from bench.servers import front_conf
-from tests.servers import stop_process
+from testbed.servers import stop_process
 
 NGINX = shutil.which("nginx") or "/usr/sbin/nginx"
 

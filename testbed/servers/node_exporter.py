@@ -13,7 +13,7 @@ import shutil
 import subprocess
 from pathlib import Path
 
-from tests.servers import LaunchedServer, free_port
+from testbed.servers import LaunchedServer, free_port
 
 NODE_EXPORTER = shutil.which("prometheus-node-exporter") or "/usr/bin/prometheus-node-exporter"
 

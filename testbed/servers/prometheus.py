@@ -25,7 +25,7 @@ import urllib.request
 from pathlib import Path
 from typing import Any, Optional
 
-from tests.servers import LaunchedServer, free_port
+from testbed.servers import LaunchedServer, free_port
 
 PROMETHEUS = shutil.which("prometheus") or "/usr/bin/prometheus"
 PROMTOOL = shutil.which("promtool") or "/usr/bin/promtool"

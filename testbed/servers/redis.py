@@ -20,7 +20,7 @@ import time
 from pathlib import Path
 from typing import Literal, Optional
 
-from tests.servers import LaunchedServer, free_port
+from testbed.servers import LaunchedServer, free_port
 
 REDIS_SERVER = shutil.which("redis-server") or "/usr/bin/redis-server"
 

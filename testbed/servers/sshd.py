@@ -18,7 +18,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from tests.servers import free_port, stop_process
+from testbed.servers import free_port, stop_process
 
 SSHD = shutil.which("sshd") or "/usr/sbin/sshd"
 

@@ -1,13 +1,13 @@
-"""``python -m tests.testhost build|start|stop|ssh|status``: the emulated GPU server by hand.
+"""``python -m testbed.testhost build|start|stop|ssh|status``: the emulated GPU server by hand.
 
 Usage::
 
-    python -m tests.testhost build [--force]          # build/refresh the cached base image, print its times
-    python -m tests.testhost start [--name dev] [--no-iommu]
+    python -m testbed.testhost build [--force]          # build/refresh the cached base image, print its times
+    python -m testbed.testhost start [--name dev] [--no-iommu]
                                                        # boot it (left running), print the dev-stack settings
-    python -m tests.testhost ssh [--name dev] [CMD...] # an interactive or one-shot ssh as gpuadmin
-    python -m tests.testhost status|stop [--name dev]
-    python -m tests.testhost capture [--out tests/fixtures/testhost]   # raw outputs for parser fixtures
+    python -m testbed.testhost ssh [--name dev] [CMD...] # an interactive or one-shot ssh as gpuadmin
+    python -m testbed.testhost status|stop [--name dev]
+    python -m testbed.testhost capture [--out tests/fixtures/testhost]   # raw outputs for parser fixtures
 
 State of a started host lives in ``$GPUHOST_TESTHOST_CACHE/run/<name>/`` (state.json, overlay, serial.log, key).
 """
@@ -23,7 +23,7 @@ import sys
 import time
 from pathlib import Path
 
-from tests.testhost.image import cache_root, ensure_image
+from testbed.testhost.image import cache_root, ensure_image
 
 
 def _rundir(name: str) -> Path:
@@ -63,11 +63,11 @@ def cmd_build(a) -> None:
 
 
 def cmd_start(a) -> None:
-    from tests.testhost.machine import SshKey, TestHost
+    from testbed.testhost.machine import SshKey, TestHost
 
     d = _rundir(a.name)
     if (d / "state.json").exists() and _alive(json.loads((d / "state.json").read_text())["pid"]):
-        sys.exit(f"{a.name} is already running; `python -m tests.testhost stop --name {a.name}` first")
+        sys.exit(f"{a.name} is already running; `python -m testbed.testhost stop --name {a.name}` first")
     img = ensure_image()
     key = SshKey.generate(d / "key")
     host = TestHost(img, d, key, iommu=not a.no_iommu, name=a.name)
@@ -109,8 +109,8 @@ and:  pulumi config set --secret gpuhost:sshPrivateKey < {host.private_key_path}
     return f"""{head}
 {nxt}
 
-ssh:  python -m tests.testhost ssh --name {name}
-stop: python -m tests.testhost stop --name {name}"""
+ssh:  python -m testbed.testhost ssh --name {name}
+stop: python -m testbed.testhost stop --name {name}"""
 
 
 def cmd_stop(a) -> None:
@@ -157,14 +157,14 @@ def cmd_ssh(a) -> None:
 
 
 def cmd_capture(a) -> None:
-    from tests.testhost.capture import capture
+    from testbed.testhost.capture import capture
 
     capture(Path(a.out))
 
 
 def main(argv=None) -> None:
     p = argparse.ArgumentParser(
-        prog="python -m tests.testhost", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+        prog="python -m testbed.testhost", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
     sub = p.add_subparsers(dest="cmd", required=True)
     b = sub.add_parser("build")
@@ -180,7 +180,7 @@ def main(argv=None) -> None:
     for name in ("stop", "status"):
         sub.add_parser(name)
     c = sub.add_parser("capture")
-    c.add_argument("--out", default=str(Path(__file__).resolve().parents[1] / "fixtures" / "testhost"))
+    c.add_argument("--out", default=str(Path(__file__).resolve().parents[2] / "tests" / "fixtures" / "testhost"))
     x = sub.add_parser("ssh")
     x.add_argument("command", nargs=argparse.REMAINDER)
     for sp in sub.choices.values():

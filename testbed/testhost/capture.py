@@ -2,7 +2,7 @@
 
 Usage::
 
-    python -m tests.testhost capture [--out tests/fixtures/testhost]
+    python -m testbed.testhost capture [--out tests/fixtures/testhost]
 
 Boots the default host (IOMMU device, Debian's default cmdline) and the no-IOMMU variant, runs each command in
 `COMMANDS` (and the project's facts script), and writes ``<out>/<variant>/<name>.txt`` plus ``index.json``
@@ -61,8 +61,8 @@ WITH_VFIO = (
 
 def capture(out: Path) -> None:
     from facts.host import facts_script
-    from tests.testhost.image import ensure_image
-    from tests.testhost.machine import SshKey, TestHost
+    from testbed.testhost.image import ensure_image
+    from testbed.testhost.machine import SshKey, TestHost
 
     img = ensure_image()
     work = Path(tempfile.mkdtemp(prefix="gpuhost-capture-"))

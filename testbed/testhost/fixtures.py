@@ -35,21 +35,21 @@ from __future__ import annotations
 
 import pytest
 
-from tests.testhost.machine import SshKey, TestHost, qemu_available
+from testbed.testhost.machine import SshKey, TestHost, qemu_available
 
 HOST_FIXTURES = ("testhost", "testhost_iommu", "testhost_noiommu")
 _BOOTED: list[TestHost] = []
 
 
 def pytest_configure(config):
-    config.addinivalue_line("markers", "testhost: boots the emulated QEMU GPU server (tests/testhost; slow)")
+    config.addinivalue_line("markers", "testhost: boots the emulated QEMU GPU server (testbed/testhost; slow)")
 
 
 @pytest.fixture(scope="session")
 def testhost_image():
     if not qemu_available():
         pytest.skip("qemu-system-x86_64 is not installed: the emulated GPU server cannot boot")
-    from tests.testhost.image import ensure_image
+    from testbed.testhost.image import ensure_image
 
     return ensure_image()
 
@@ -154,6 +154,6 @@ def pytest_runtest_makereport(item, call):
 def pytest_terminal_summary(terminalreporter):
     if not _BOOTED:
         return
-    terminalreporter.section("emulated GPU servers (tests/testhost)")
+    terminalreporter.section("emulated GPU servers (testbed/testhost)")
     for h in _BOOTED:
         terminalreporter.write_line(f"{h.name}: {h.timings}  reboots={h.reboots}  serial log: {h.serial_log}")

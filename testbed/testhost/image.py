@@ -2,12 +2,12 @@
 
 Usage::
 
-    from tests.testhost.image import ensure_image
+    from testbed.testhost.image import ensure_image
     img = ensure_image()              # builds on first use (a few minutes), then reuses the cache
     img.disk                          # .../base.qcow2: GPT disk, ESP with GRUB EFI + ext4 root
     img.host_key_line                 # "ssh-ed25519 AAAA..." of the guest's sshd, pinned by tests
 
-or from a shell: ``python -m tests.testhost build [--force]``.
+or from a shell: ``python -m testbed.testhost build [--force]``.
 
 Recipe: ``debootstrap --variant=minbase`` of bookworm from Debian's mirror, then the packages in `PACKAGES`
 installed with apt inside the chroot (apt resolves the virtual ``logind`` that polkitd needs, which debootstrap's
@@ -303,7 +303,7 @@ def build(dest: Path) -> None:
         times["disk_s"] = round(time.monotonic() - t, 1)
         t = time.monotonic()
         _log("first boot: update-grub inside the guest")
-        from tests.testhost.machine import build_boot
+        from testbed.testhost.machine import build_boot
 
         build_boot(qcow, work / "build-serial.log")
         times["first_boot_s"] = round(time.monotonic() - t, 1)

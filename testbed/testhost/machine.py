@@ -2,8 +2,8 @@
 
 Usage::
 
-    from tests.testhost.image import ensure_image
-    from tests.testhost.machine import TestHost, SshKey
+    from testbed.testhost.image import ensure_image
+    from testbed.testhost.machine import TestHost, SshKey
 
     key = SshKey.generate(workdir)                    # per run; handed to the guest through fw_cfg at boot
     with TestHost(ensure_image(), workdir / "h1", key=key) as host:   # fresh qcow2 overlay over the base
@@ -37,7 +37,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Optional
 
-from tests.servers import free_port
+from testbed.servers import free_port
 
 QEMU = shutil.which("qemu-system-x86_64") or "/usr/bin/qemu-system-x86_64"
 OVMF_CODE = Path("/usr/share/OVMF/OVMF_CODE_4M.fd")
