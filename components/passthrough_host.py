@@ -1,7 +1,8 @@
 """PassthroughHost: one GPU server made ready for VFIO passthrough, the seeds' host half in one component.
 
 Preflight → kernel command line, VFIO binding, hugepages, sysctls, IRQ isolation, tuning → one verified reboot.
-Its children come from `children(name, args)` (pure; tests and the bench drive the same list); stack config turns
+Its children come from `children(name, args)` (pure; tests and the bench drive the same list), which reads top to
+bottom as one call per resource (`preflight`, `cmdline`, `vfio_binding`, ..., `reboot`, `irq`); stack config turns
 into `PassthroughHostArgs` in `stacks/args.py`.
 
 Usage::
@@ -19,7 +20,7 @@ from pulumi import Output
 from pydantic import BaseModel, ConfigDict, Field
 
 from access.ssh import HostSpec
-from components.wiring import Child, Ref, Wired
+from components.wiring import Child, Wired, present, suffixes
 from providers.base import host_input
 from providers.hugepages import Hugepages2M
 from providers.irq import IrqIsolation
@@ -89,110 +90,144 @@ class _Pick:
 
 
 def children(name: str, args: PassthroughHostArgs) -> list[Child]:
-    """PassthroughHost's resources in declaration order (HostReboot after all host prep, IRQs after the reboot)."""
+    """PassthroughHost's resources in declaration order: preflight, the host prep, one reboot after all of it, then
+    the IRQs (which a reboot would lose)."""
     conn = host_input(args.host)
-    gpus = list(args.gpus)
-    devices = gpus + list(args.extra_vfio_devices)
-    out = [
-        Child(
-            "preflight",
-            HostPreflight,
-            {
-                "host": conn,
-                "gpus": gpus,
-                "devices": list(args.extra_vfio_devices),
-                "enables_iommu": True,
-                "acs_override_acknowledged": "acs_override_acknowledged" in args.acknowledged,
-                "allow_unsafe_interrupts_acknowledged": "allow_unsafe_interrupts_acknowledged" in args.acknowledged,
-                "bind_by_ids": args.bind == "ids",
-            },
-        ),
-        Child(
-            "cmdline",
-            KernelCmdline,
-            {
-                "host": conn,
-                "family": args.os_family,
-                "add": list(args.cmdline_add),
-                "remove": list(args.cmdline_remove),
-                "acknowledged": list(args.acknowledged),
-            },
-            after=("preflight",),
-        ),
-    ]
-    if devices:
-        out.append(
-            Child(
-                "vfio",
-                VfioBinding,
-                {"host": conn, "devices": devices, "mode": args.bind, "blacklist_nouveau": True, "disable_vga": True},
-                after=("preflight",),
-            )
-        )
-    if args.hugepages_2m_per_node:
-        out.append(
-            Child(
-                "hugepages", Hugepages2M, {"host": conn, "per_node": dict(args.hugepages_2m_per_node)}, ("preflight",)
-            )
-        )
-    if args.sysctls:
-        out.append(Child("sysctls", Sysctls, {"host": conn, "values": dict(args.sysctls)}, ("preflight",)))
-    out.append(
-        Child(
-            "tuning",
-            HostTuning,
-            {"host": conn, "tuned_profile": args.tuned_profile, "governor": args.governor},
-            ("preflight",),
-        )
+    check = preflight(conn, args)
+    vfio = vfio_binding(conn, args, check)
+    prep = present(
+        cmdline(conn, args, check),
+        vfio,
+        hugepages(conn, args, check),
+        sysctls(conn, args, check),
+        tuning(conn, args, check),
     )
-    # One read of the host per `up`: preflight reads what each prep step plans from (`reads`), each step gets it
-    # back (`host_read`) and checks it again inside its own change before changing anything.
-    steps = [c for c in out if c.suffix != "preflight"]
+    check, prep = read_once(check, prep)
+    boot = reboot(conn, args, prep, vfio)
+    return [check, *prep, boot, *present(irq(conn, args, boot))]
+
+
+def preflight(conn: dict, args: PassthroughHostArgs) -> Child:
+    """HostPreflight: refuses a host that cannot take the change (IOMMU, ACS, unsafe arguments) before any prep."""
+    return Child(
+        "preflight",
+        HostPreflight,
+        {
+            "host": conn,
+            "gpus": list(args.gpus),
+            "devices": list(args.extra_vfio_devices),
+            "enables_iommu": True,
+            "acs_override_acknowledged": "acs_override_acknowledged" in args.acknowledged,
+            "allow_unsafe_interrupts_acknowledged": "allow_unsafe_interrupts_acknowledged" in args.acknowledged,
+            "bind_by_ids": args.bind == "ids",
+        },
+    )
+
+
+def cmdline(conn: dict, args: PassthroughHostArgs, check: Child) -> Child:
+    """KernelCmdline: the wanted kernel arguments in GRUB (they take effect at the reboot)."""
+    return Child(
+        "cmdline",
+        KernelCmdline,
+        {
+            "host": conn,
+            "family": args.os_family,
+            "add": list(args.cmdline_add),
+            "remove": list(args.cmdline_remove),
+            "acknowledged": list(args.acknowledged),
+        },
+        after=suffixes(check),
+    )
+
+
+def vfio_binding(conn: dict, args: PassthroughHostArgs, check: Child) -> Optional[Child]:
+    """VfioBinding of the GPUs and extra devices to vfio-pci (None when there are none)."""
+    devices = list(args.gpus) + list(args.extra_vfio_devices)
+    if not devices:
+        return None
+    return Child(
+        "vfio",
+        VfioBinding,
+        {"host": conn, "devices": devices, "mode": args.bind, "blacklist_nouveau": True, "disable_vga": True},
+        after=suffixes(check),
+    )
+
+
+def hugepages(conn: dict, args: PassthroughHostArgs, check: Child) -> Optional[Child]:
+    """Hugepages2M per NUMA node (None when none are wanted)."""
+    if not args.hugepages_2m_per_node:
+        return None
+    return Child(
+        "hugepages", Hugepages2M, {"host": conn, "per_node": dict(args.hugepages_2m_per_node)}, suffixes(check)
+    )
+
+
+def sysctls(conn: dict, args: PassthroughHostArgs, check: Child) -> Optional[Child]:
+    """Sysctls (None when none are wanted)."""
+    if not args.sysctls:
+        return None
+    return Child("sysctls", Sysctls, {"host": conn, "values": dict(args.sysctls)}, suffixes(check))
+
+
+def tuning(conn: dict, args: PassthroughHostArgs, check: Child) -> Child:
+    """HostTuning: the tuned profile and the CPU governor."""
+    return Child(
+        "tuning",
+        HostTuning,
+        {"host": conn, "tuned_profile": args.tuned_profile, "governor": args.governor},
+        suffixes(check),
+    )
+
+
+def read_once(check: Child, steps: list[Child]) -> tuple[Child, list[Child]]:
+    """One read of the host per `up`: preflight reads what each prep step plans from (`reads`), each step gets it
+    back (`host_read`) and checks it again inside its own change before changing anything."""
     reads = {c.suffix: _read_spec(c) for c in steps if _read_spec(c) is not None}
-    out[0] = replace(out[0], inputs={**out[0].inputs, "reads": reads})
-    out[1:] = [
-        replace(c, inputs={**c.inputs, "host_read": Ref("preflight", "read_out", _Pick(c.suffix))})
-        if c.suffix in reads
-        else c
+    check = replace(check, inputs={**check.inputs, "reads": reads})
+    steps = [
+        replace(c, inputs={**c.inputs, "host_read": check.ref("read_out", _Pick(c.suffix))}) if c.suffix in reads else c
         for c in steps
     ]
-    # The reboot waits for ALL host prep, not only the boot-time resources: under the engine every step runs as
-    # soon as its dependencies are done, so a sysctl or tuned change ordered only after preflight would run in
-    # parallel with the reboot (and its SSH session die with it).
-    prep = [c.suffix for c in out if c.suffix not in ("preflight",)]
-    out.append(
-        Child(
-            "reboot",
-            HostReboot,
-            {
-                "host": conn,
-                "policy": args.reboot,
-                "expect_args": list(args.cmdline_add),
-                "expect_absent": list(args.cmdline_remove),
-                "expect_drivers": Ref("vfio", "drivers", _vfio_pci) if devices else {},
-                # Running libvirt domains are shut down gracefully before the reboot and started again after it.
-                "drain_timeout": args.drain_timeout_s,
-                # Ordering only: the wanted running state is in expect_*; pending flags would change on every refresh.
-            },
-            after=tuple(prep),
-            after_outside=tuple(args.reboot_after),
-        )
+    return check, steps
+
+
+def reboot(conn: dict, args: PassthroughHostArgs, prep: list[Child], vfio: Optional[Child]) -> Child:
+    """HostReboot into the wanted kernel and drivers, verified. It waits for ALL host prep, not only the boot-time
+    resources: under the engine every step runs as soon as its dependencies are done, so a sysctl or tuned change
+    ordered only after preflight would run in parallel with the reboot (and its SSH session die with it)."""
+    return Child(
+        "reboot",
+        HostReboot,
+        {
+            "host": conn,
+            "policy": args.reboot,
+            "expect_args": list(args.cmdline_add),
+            "expect_absent": list(args.cmdline_remove),
+            "expect_drivers": vfio.ref("drivers", _vfio_pci) if vfio else {},
+            # Running libvirt domains are shut down gracefully before the reboot and started again after it.
+            "drain_timeout": args.drain_timeout_s,
+            # Ordering only: the wanted running state is in expect_*; pending flags would change on every refresh.
+        },
+        after=suffixes(*prep),
+        after_outside=tuple(args.reboot_after),
     )
-    # IRQ affinities are runtime state a reboot loses: pin them once the host runs its final kernel.
-    if args.irq_banned_cpus:
-        out.append(
-            Child(
-                "irq",
-                IrqIsolation,
-                {
-                    "host": conn,
-                    "banned_cpus": list(args.irq_banned_cpus),
-                    "pin": [{"match": m, "cpus": list(args.irq_cpus)} for m in args.irq_pin],
-                },
-                after=("reboot",),
-            )
-        )
-    return out
+
+
+def irq(conn: dict, args: PassthroughHostArgs, boot: Child) -> Optional[Child]:
+    """IrqIsolation once the host runs its final kernel (IRQ affinities are runtime state a reboot loses); None when
+    no CPUs are kept free of IRQs."""
+    if not args.irq_banned_cpus:
+        return None
+    return Child(
+        "irq",
+        IrqIsolation,
+        {
+            "host": conn,
+            "banned_cpus": list(args.irq_banned_cpus),
+            "pin": [{"match": m, "cpus": list(args.irq_cpus)} for m in args.irq_pin],
+        },
+        after=suffixes(boot),
+    )
 
 
 class PassthroughHost(Wired, type_name="gpuhost:host:PassthroughHost", children=children):

@@ -78,6 +78,24 @@ class Child:
     def dynamic(self) -> bool:
         return issubclass(self.kind, dynamic.Resource)
 
+    def ref(self, output: str, then: Optional[Callable[[Any], Any]] = None) -> Ref:
+        """This child's output `output` as an input of a later child (through `then` when given)."""
+        return Ref(self.suffix, output, then)
+
+
+def suffixes(*children: Child) -> tuple[str, ...]:
+    """The suffixes of earlier children, for `after`: a children function passes the children it built, not names.
+
+    >>> suffixes(Child("preflight", object, {}), Child("cmdline", object, {}))
+    ('preflight', 'cmdline')
+    """
+    return tuple(c.suffix for c in children)
+
+
+def present(*children: Optional[Child]) -> list[Child]:
+    """The children that a builder made (it returns None for a part the args leave out), in order."""
+    return [c for c in children if c is not None]
+
 
 def refs(value: Any) -> Iterator[Ref]:
     """Every Ref inside an input value (dicts, lists and tuples at any depth)."""
