@@ -53,25 +53,25 @@ def test_tool_plan_diff_runs_without_any_passphrase(monkeypatch):
     assert ok and "**No changes** (229 resources unchanged)." in text and "no secret read" in plan_diff.DECLARED
 
 
-def test_tool_mock_plan_runs_without_any_passphrase(monkeypatch):
-    from tools import mock_plan
+def test_tool_plan_diff_declared_runs_without_any_passphrase(monkeypatch):
+    from tools import plan_diff
 
     monkeypatch.delenv("PULUMI_CONFIG_PASSPHRASE", raising=False)
-    text, ok = mock_plan.render("hk-prod")
+    text, ok = plan_diff.declared("hk-prod")
     assert ok and "| `gpuhost:host:PassthroughHost` | 6 |" in text and "no secrets" in text
 
 
-def test_tool_mock_plan_prints_the_same_bytes_on_every_run():
+def test_tool_plan_diff_declared_prints_the_same_bytes_on_every_run():
     """Two plans of one tree compare byte for byte (the check issue 29 asks of a refactor): registrations sorted by
     name, and one fixed key in place of the stack's secrets, whose private part is never printed."""
-    from tools import mock_plan
+    from tools import plan_diff
 
-    first, ok1 = mock_plan.render("hk-prod")
-    second, ok2 = mock_plan.render("hk-prod")
+    first, ok1 = plan_diff.declared("hk-prod")
+    second, ok2 = plan_diff.declared("hk-prod")
     assert ok1 and ok2 and first == second
     lines = [ln for ln in first.splitlines() if " (pulumi-python:" in ln or " (gpuhost:" in ln]
     assert len(lines) > 100 and lines == sorted(lines, key=lambda ln: ln.split(" (")[0])
-    assert "PRIVATE KEY" not in first and mock_plan.PLAN_KEY.splitlines()[1] not in first
+    assert "PRIVATE KEY" not in first and plan_diff.throwaway_key().splitlines()[1] not in first
 
 
 def test_the_comment_job_edits_only_its_own_comment():

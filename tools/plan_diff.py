@@ -32,6 +32,10 @@ instead (exit status 1); so does a stack whose plan fails or does not finish in 
 stacks are still planned and shown. The plan digest (`plan_digest`: the steps and their inputs, secrets masked) is
 what main's apply job checks before `up` (tools/plan_check.py).
 
+`--declared STACK...` prints what a stack declares instead, at the tree it runs in (`declared`): each resource type
+with its count, then every resource's inputs (secrets, providers and hosts hidden), under the same mocks and the same
+throwaway key; the same text on every run, so two trees compare byte for byte.
+
 Everything that comes from the pull request (stack names, resource names, keys and values, loader lines, program
 output) is printed in code: a code span or block whose backtick fence is longer than any run of backticks inside it,
 with control characters written as escapes, so it cannot close its fence, start a line, render HTML (`<img>`) or
@@ -41,6 +45,7 @@ Usage::
 
     .venv/bin/python -m tools.plan_diff --base origin/main --head HEAD              # every Pulumi.*.yaml
     .venv/bin/python -m tools.plan_diff --base "$BASE_SHA" --head "$HEAD_SHA" hk-prod >> "$GITHUB_STEP_SUMMARY"
+    .venv/bin/python -m tools.plan_diff --declared hk-prod                          # what hk-prod declares
 """
 
 from __future__ import annotations
@@ -57,6 +62,7 @@ import re
 import subprocess
 import sys
 import tempfile
+from collections import Counter
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -77,6 +83,8 @@ MAX_LIST = 12  # dependents named before "and N more"
 SNAPSHOT_TIMEOUT_S = 600
 DIGEST_HEAD = "**Plan digest** of"  # the line main's apply job reads back (tools.plan_check)
 FOREIGN = "not a gpuhost provider: update or replace is its provider's call"
+# Inputs `declared` leaves out: the pickled provider, the connection, what a resource found before it (restore).
+HIDDEN = ("__provider", "host", "prior")
 
 
 # -- planning one tree (runs inside the tree, in its own process) -----------------------------------------------------
@@ -200,6 +208,35 @@ def snapshot(stack: str, key_pem: str, against: dict | None = None) -> dict:
 
 
 # -- planning a commit ----------------------------------------------------------------------------------------------
+def declared(stack: str) -> tuple[str, bool]:
+    """What `stack` declares, as Markdown: each resource type and its count, then every resource's inputs (one line
+    each, sorted by name; `HIDDEN` left out). Not a preview: no refresh, no host contacted, no provider `check`
+    (preflight included); the stack's secrets are `throwaway_key()`. It runs the whole stack loader, so a bad config
+    comes back as its lines and False."""
+    from testbed.mocks import attempt_program
+    from testbed.stackfiles import stack_config
+
+    cfg, secret = stack_config(stack)
+    key = throwaway_key()
+    for k in secret:
+        cfg[k] = key
+    rec, err = attempt_program(cfg, secret, stack=stack)
+    out = [f"### `{stack}`: declared resources (Pulumi mocks: no refresh, hosts not contacted, no secrets)", ""]
+    if err is not None:
+        out += ["```", str(err), "```"]
+        return "\n".join(out) + "\n", False
+    counts = Counter(r.type for r in rec.registrations)
+    out += ["| type | count |", "| --- | --- |"] + [f"| `{t}` | {n} |" for t, n in sorted(counts.items())]
+    out += ["", "<details><summary>inputs per resource</summary>", "", "```"]
+    # By name: registrations arrive in the order their inputs resolve, which varies between runs.
+    for r in sorted(rec.registrations, key=lambda r: (r.name, r.type)):
+        if r.custom:
+            shown = {k: v for k, v in sorted(r.inputs.items()) if k not in HIDDEN and v is not None}
+            out.append(f"{r.name} ({r.type}): {json.dumps(shown, default=str, sort_keys=True)[:2000]}")
+    out += ["```", "</details>", ""]
+    return "\n".join(out), True
+
+
 def git(repo: Path, *args: str) -> str:
     return subprocess.run(["git", "-C", str(repo), *args], check=True, capture_output=True, text=True).stdout.strip()
 
@@ -247,9 +284,9 @@ def plan_tree(tree: Path, stack: str, key_pem: str, against: dict | None = None)
 
 
 def throwaway_key() -> str:
-    """One fixed, public ed25519 key in place of every stack secret, for both commits and on every run (the seed of
-    tools.mock_plan's key): what derives from it (guests' authorized key) compares equal, and a plan's digest comes
-    out the same on the pull request and on main. Not a secret: it never reaches a host."""
+    """One fixed, public ed25519 key in place of every stack secret, for both commits, `declared` and every run: what
+    derives from it (guests' authorized key) compares equal, and a plan's digest comes out the same on the pull
+    request and on main. Not a secret: it never reaches a host."""
     from cryptography.hazmat.primitives import serialization
     from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
@@ -696,6 +733,13 @@ def main(argv: list[str]) -> int:
         against_doc = json.loads(Path(against).read_text()) or None
         Path(out).write_text(json.dumps(snapshot(stack, Path(key).read_text(), against_doc), sort_keys=True))
         return 0
+    if argv[:1] == ["--declared"]:
+        ok = True
+        for stack in argv[1:] or ["hk-prod"]:
+            text, good = declared(stack)
+            sys.stdout.write(text)
+            ok = ok and good
+        return 0 if ok else 1
     ap = argparse.ArgumentParser(prog="python -m tools.plan_diff", description=__doc__.split("\n\n")[0])
     ap.add_argument("--base", required=True, help="base commit (the PR's target)")
     ap.add_argument("--head", default="HEAD", help="head commit (the PR, merged or not)")
