@@ -8,7 +8,10 @@ not end with a zero byte: a prompt has no NUL (the front refuses one), a PNG end
 (AE 42 60 82) and a JPEG with FFD9.
 
 In the queue a BYTES input is a NumPy fixed-width bytes array (dtype ``S``: zero-padded too), [n] or [n, 1]; the
-worker (and the benchmark's direct path) turns it into rows before the Triton call (``wire_inputs``).
+worker (and the benchmark's direct path) turns it into rows before the Triton call (``wire_inputs``), except for an
+input the model itself declares BYTES (``TYPE_STRING``: a backend with no NumPy-2 trap, e.g. hk-prod's ``sdxl``),
+which gets BYTES as the client sent them; a BYTES output such a model answers comes back into the queue as rows
+(``queue_outputs``), so the front answers it as it answers the python backends' images.
 
 >>> rows = to_rows([b"a fox", b"dawn"])
 >>> rows.shape, rows.dtype.name
@@ -17,11 +20,15 @@ worker (and the benchmark's direct path) turns it into rows before the Triton ca
 [b'a fox', b'dawn']
 >>> from_rows(wire_inputs({"prompt": np.array([[b"hi"]], dtype="S")})["prompt"])
 [b'hi']
+>>> wire_inputs({"prompt": np.array([[b"hi"]], dtype="S")}, as_bytes={"prompt"})["prompt"].dtype.kind
+'S'
+>>> queue_outputs({"echo": np.array([[b"a fox"]], dtype=object)})["echo"].tolist()
+[[97, 32, 102, 111, 120]]
 """
 
 from __future__ import annotations
 
-from typing import Mapping, Sequence
+from typing import AbstractSet, Mapping, Sequence
 
 import numpy as np
 
@@ -55,6 +62,13 @@ def bytes_to_rows(a: np.ndarray) -> np.ndarray:
     return to_rows([bytes(v) for v in a.ravel()])
 
 
-def wire_inputs(inputs: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
-    """``inputs`` with every BYTES tensor as UINT8 rows, the others as they are (no copy)."""
-    return {n: bytes_to_rows(a) if is_bytes(a) else a for n, a in inputs.items()}
+def wire_inputs(inputs: Mapping[str, np.ndarray], as_bytes: AbstractSet[str] = frozenset()) -> dict[str, np.ndarray]:
+    """``inputs`` with every BYTES tensor as UINT8 rows, except those named in ``as_bytes`` (the model declares them
+    BYTES: sent as BYTES); the others as they are (no copy)."""
+    return {n: bytes_to_rows(a) if is_bytes(a) and n not in as_bytes else a for n, a in inputs.items()}
+
+
+def queue_outputs(outputs: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
+    """A model's answer as the queue carries it: every BYTES output (tritonclient reads it as an object array of
+    ``bytes``) as UINT8 rows, the others as they are. ValueError for a BYTES output of several values a row."""
+    return {n: bytes_to_rows(a) if a.dtype == np.object_ and is_bytes(a) else a for n, a in outputs.items()}

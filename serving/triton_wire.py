@@ -12,6 +12,10 @@ fields may come in any order, so the bytes parse to the message tritonclient wou
 * ``model_infer``: the ``ModelInfer`` method on a channel (sync or asyncio) that sends such bytes as they are and
   parses the answer; ``outputs`` reads its tensors (through tritonclient's ``InferResult``);
 * ``server_error``: a gRPC error as tritonclient's ``InferenceServerException``, as ``client.infer`` raises it.
+
+A BYTES tensor (NumPy ``S``, or an object array of ``bytes``) goes in KServe's BYTES layout, each value after its
+4-byte little-endian length, as tritonclient serializes it: for a model whose config declares the input BYTES
+(``TYPE_STRING``); the project's python backends take such values as UINT8 rows instead (``serving/bytes_rows.py``).
 """
 
 from __future__ import annotations
@@ -19,6 +23,8 @@ from __future__ import annotations
 from typing import Any, Mapping, Optional, Sequence
 
 import numpy as np
+
+from serving.bytes_rows import is_bytes
 
 _RAW_INPUT_TAG = bytes([7 << 3 | 2])  # field 7, wire type 2 (length-delimited)
 _METHOD = "/inference.GRPCInferenceService/ModelInfer"
@@ -34,8 +40,10 @@ def _varint(n: int) -> bytes:
 
 
 def _buffer(name: str, a: np.ndarray) -> memoryview:
+    if is_bytes(a):  # KServe's BYTES layout; an ``S`` value has no trailing NULs (NumPy drops them)
+        return memoryview(b"".join(len(v).to_bytes(4, "little") + bytes(v) for v in a.ravel()))
     if a.dtype == np.object_:
-        raise TypeError(f"input {name!r}: BYTES tensors are not sent this way (numeric dtypes only)")
+        raise TypeError(f"input {name!r}: an object array of other than bytes values (BYTES: bytes values only)")
     return memoryview(np.ascontiguousarray(a).data).cast("B")
 
 

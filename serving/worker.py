@@ -49,7 +49,7 @@ import numpy as np
 import redis
 
 from serving import triton_wire
-from serving.bytes_rows import wire_inputs
+from serving.bytes_rows import is_bytes, queue_outputs, wire_inputs
 from serving.metrics import Counter, Histogram, parse_samples, render
 from serving.queue import Job, JobQueue, QueueConfig, Result
 from serving.scheduler import Policy, Scheduler, Signals
@@ -145,7 +145,9 @@ class JobFailed(RuntimeError):
 class TritonBackend:
     """Triton over gRPC (binary tensors; the request serialized with one copy of the job's bytes,
     ``serving.triton_wire``); thread-safe, one channel per backend. A BYTES input (a prompt: a NumPy ``S`` array in
-    the queue) goes as UINT8 rows, one value a row (``serving/bytes_rows.py``)."""
+    the queue) goes as the model declares it, read from its metadata once per model, as a client would: BYTES where
+    the config says ``TYPE_STRING`` (hk-prod's ``sdxl``), else UINT8 rows, one value a row (the project's python
+    backends, ``serving/bytes_rows.py``); a BYTES output comes back into the queue as rows."""
 
     def __init__(self, cfg: BackendConfig, timeout_s: float):
         import tritonclient.grpc as grpcclient
@@ -163,19 +165,43 @@ class TritonBackend:
             ],
         )
         self._call = triton_wire.model_infer(self.client._channel)
+        self._bytes_inputs: dict[str, frozenset[str]] = {}  # model -> the inputs its metadata declares BYTES
+
+    def _failed(self, status: str, err: Any) -> Exception:
+        if status in BACKEND_DOWN:
+            return BackendDown(f"{self.cfg.name}: {err}")
+        return JobFailed(f"{self.cfg.name}: {err}", status)
+
+    def bytes_inputs(self, model: str) -> frozenset[str]:
+        """The inputs ``model`` declares BYTES on this backend (its metadata, read once; again after a failed call:
+        the model may have been reloaded with another config). Its failures as ``infer``'s."""
+        from tritonclient.utils import InferenceServerException
+
+        known = self._bytes_inputs.get(model)
+        if known is None:
+            try:
+                meta = self.client.get_model_metadata(model, as_json=True, client_timeout=self.timeout_s)
+            except InferenceServerException as e:
+                raise self._failed(str(e.status()), e) from None
+            known = frozenset(i["name"] for i in meta.get("inputs", ()) if i.get("datatype") == "BYTES")
+            self._bytes_inputs[model] = known
+        return known
 
     def infer(self, job: Job) -> dict[str, np.ndarray]:
         import grpc
 
+        has_bytes = any(is_bytes(a) for a in job.inputs.values())
+        as_bytes = self.bytes_inputs(job.model) if has_bytes else frozenset()
         try:
-            request = triton_wire.tensors_request(job.model, wire_inputs(job.inputs))
+            request = triton_wire.tensors_request(job.model, wire_inputs(job.inputs, as_bytes))
             response = self._call(request, timeout=self.timeout_s)
         except grpc.RpcError as e:
-            err = triton_wire.server_error(e)
-            if str(e.code()) in BACKEND_DOWN:
-                raise BackendDown(f"{self.cfg.name}: {err}") from None
-            raise JobFailed(f"{self.cfg.name}: {err}", str(e.code())) from None
-        return triton_wire.outputs(response)
+            self._bytes_inputs.pop(job.model, None)
+            raise self._failed(str(e.code()), triton_wire.server_error(e)) from None
+        try:
+            return queue_outputs(triton_wire.outputs(response))
+        except ValueError as e:  # a BYTES output of several values a row: not carried (serving/bytes_rows.py)
+            raise JobFailed(f"{self.cfg.name}: {e}", "StatusCode.INVALID_ARGUMENT") from None
 
 
 def _get(url: str, timeout: float = 1.0) -> tuple[int, bytes]:

@@ -3,7 +3,12 @@ backend) serving the SDXL-shaped generator at its tiny size (``plans.triton_repo
 diffusers UNet and VAE classes at a few channels, 64×64, 2 steps), Debian's redis-server, a real worker process
 (``python -m serving.worker``) and the real front (``serving.front``) on loopback; the client is tritonclient's HTTP
 client, as users call a KServe v2 server. Every answer is decoded with Pillow and checked against the prompt and
-seed it was asked for."""
+seed it was asked for.
+
+Beside it, on the same Triton and worker, a model that declares its prompt BYTES as hk-prod's ``sdxl`` does
+(``plans.triton_repo.sdxl``: ``TYPE_STRING`` [1], batch ≤ 2), served by the stand-in that echoes it: the worker
+reads each model's metadata and sends the prompt as BYTES there and as UINT8 rows to the generator; the echo is
+checked value by value (a 200 alone proves nothing: a NumPy-2 stub answers 0-byte outputs with 200)."""
 
 from __future__ import annotations
 
@@ -17,14 +22,15 @@ import numpy as np
 import pytest
 
 from bench.servers import write_repository
-from plans.triton_repo import repository_files, sdxl_generator, sdxl_generator_front
+from plans.triton_model import InstanceGroup, Tensor
+from plans.triton_repo import repository_files, sdxl, sdxl_generator, sdxl_generator_front, standin
 from serving.front import Front, Limits, ModelSig
 from serving.models import sdxl_generator_files
 from serving.queue import JobQueue, QueueConfig
 from testbed.servers import redis as redis_server
 from testbed.servers import stop_process
 from testbed.servers.gateway import spawn_worker, worker_config
-from testbed.servers.triton import start_triton, triton_available
+from testbed.servers.triton import STANDIN_MODEL, start_triton, triton_available
 
 redis = pytest.importorskip("redis")
 Image = pytest.importorskip("PIL.Image")
@@ -34,6 +40,22 @@ pytest.importorskip("diffusers")
 MODEL = "sdxl_generator"
 SIZE = 64
 SPEC = sdxl_generator(size="tiny", gpu=False, height=SIZE, width=SIZE, steps=2, max_prompt_bytes=256)
+ECHO = "prompt_echo"
+ECHO_SPEC = standin(
+    sdxl().model_copy(
+        update={
+            "name": ECHO,
+            "inputs": [sdxl().inputs[0]],  # hk-prod's prompt: STRING [1]
+            "outputs": [Tensor(name="echo", data_type="STRING", dims=[1])],
+            "instance_group": [InstanceGroup(kind="KIND_GPU", count=1)],  # one stub process is enough here
+        }
+    )
+)
+ECHO_SIG = {
+    "max_batch_size": ECHO_SPEC.max_batch_size,
+    "inputs": [{"name": "prompt", "datatype": "BYTES", "dims": [1]}],
+    "outputs": [{"name": "echo", "datatype": "BYTES"}],
+}
 
 redis_srv = redis_server.redis_fixture()
 
@@ -44,16 +66,18 @@ def gateway(tmp_path_factory, redis_srv):
     if not triton_available():
         pytest.skip("tritonserver from the nvidia-pytriton wheel is not installed")
     base = tmp_path_factory.mktemp("gen")
-    files = repository_files([SPEC], gpu_count=0, model_files=sdxl_generator_files(MODEL))
+    files = repository_files(
+        [SPEC, ECHO_SPEC], gpu_count=0, model_py=STANDIN_MODEL.read_bytes(), model_files=sdxl_generator_files(MODEL)
+    )
     triton = start_triton(write_repository(base / "models", files), workdir=base / "triton")
     worker = None
     server = None
     try:
-        cfg = worker_config(redis_srv.port, {"gen": triton}, {"gen": 1}, slots=2, models=[MODEL])
+        cfg = worker_config(redis_srv.port, {"gen": triton}, {"gen": 1}, slots=2, models=[MODEL, ECHO])
         worker = spawn_worker(cfg, "gen-w1", base)
         q = JobQueue(redis.Redis(port=redis_srv.port), QueueConfig())
         q.ensure_group()
-        sig = {MODEL: ModelSig.from_dict(sdxl_generator_front(SPEC))}
+        sig = {MODEL: ModelSig.from_dict(sdxl_generator_front(SPEC)), ECHO: ModelSig.from_dict(ECHO_SIG)}
         server = Front(q, timeout_s=60, models=sig, limits=Limits()).server("127.0.0.1", 0)
         threading.Thread(target=server.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True).start()
         yield f"127.0.0.1:{server.server_address[1]}", triton
@@ -172,4 +196,23 @@ def test_the_model_refuses_a_bad_row_alone(gateway):
     assert "prompt: not UTF-8 (invalid start byte at byte 2)" in str(e.value)
     png = ask("a red fox in the snow".encode()).as_numpy("image")
     assert png is not None and png.dtype == np.uint8 and png.shape[0] == 1
+    client.close()
+
+
+def test_a_model_that_declares_bytes_gets_bytes_and_its_answer_back(gateway):
+    """The prompt as BYTES to a model whose config says TYPE_STRING (the worker read its metadata): each echoed value
+    is its own prompt, UTF-8 and of different lengths in one request (the generator's tests above: rows)."""
+    url, triton = gateway
+    meta = httpclient.InferenceServerClient(triton.http_url.removeprefix("http://")).get_model_metadata(ECHO)
+    assert [(i["name"], i["datatype"]) for i in meta["inputs"]] == [("prompt", "BYTES")]
+    prompts = ["a red fox in the snow", "ein Leuchtturm im Morgengrauen ☀"]
+    client = httpclient.InferenceServerClient(url, network_timeout=60)
+    for binary in (False, True):
+        p = httpclient.InferInput("prompt", [2, 1], "BYTES")
+        p.set_data_from_numpy(np.array([[x.encode()] for x in prompts], dtype=np.object_), binary_data=False)
+        out = httpclient.InferRequestedOutput("echo", binary_data=binary)
+        echo = client.infer(ECHO, [p], outputs=[out]).as_numpy("echo")
+        assert echo is not None and echo.shape == (2, 1)
+        # JSON: the strings themselves; binary: KServe's BYTES layout, read back as bytes
+        assert [v.decode() if isinstance(v, bytes) else v for v in echo.ravel()] == prompts
     client.close()

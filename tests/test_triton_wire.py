@@ -11,7 +11,7 @@ from tritonclient.grpc._utils import _get_inference_request
 from serving.microbatch import stack
 from serving.triton_wire import _varint, batch_request, tensors_request
 
-DTYPES = {np.uint8: "UINT8", np.float16: "FP16", np.int64: "INT64", np.float32: "FP32"}
+DTYPES = {np.uint8: "UINT8", np.float16: "FP16", np.int64: "INT64", np.float32: "FP32", np.object_: "BYTES"}
 
 
 def tritonclients_request(model: str, tensors: dict[str, np.ndarray], outputs: list[str], version: str = ""):
@@ -74,8 +74,23 @@ def test_a_tensors_request_keeps_each_tensors_own_shape():
     assert list(ours.inputs[0].shape) == [1, 128000] and list(ours.inputs[1].shape) == [3, 4]
 
 
-def test_bytes_tensors_are_refused_with_the_inputs_name():
-    with pytest.raises(TypeError, match="input 'text': BYTES tensors are not sent this way"):
-        batch_request("m", [{"text": np.array([b"a"], dtype=object)}], ["y"])
-    with pytest.raises(TypeError, match="input 'text': BYTES"):
-        tensors_request("m", {"text": np.array([b"a"], dtype=object)})
+def test_a_bytes_tensor_is_the_request_tritonclient_builds_for_bytes():
+    """A prompt for a model that declares it BYTES (TYPE_STRING): the queue's ``S`` array (and an object array of
+    bytes) in KServe's BYTES layout, as tritonclient serializes it, beside a numeric input; UTF-8 and empty values."""
+    prompts = [["a red fox in the snow".encode()], ["ein Leuchtturm ☀".encode()], [b""]]
+    seed = np.array([[7], [8], [9]], dtype=np.int64)
+    expected = tritonclients_request("sdxl", {"prompt": np.array(prompts, dtype=object), "seed": seed}, [])
+    for prompt in (np.array(prompts, dtype="S"), np.array(prompts, dtype=object)):
+        ours = service_pb2.ModelInferRequest.FromString(tensors_request("sdxl", {"prompt": prompt, "seed": seed}))
+        assert ours == expected
+        assert (ours.inputs[0].datatype, list(ours.inputs[0].shape)) == ("BYTES", [3, 1])
+    rows = [{"prompt": np.array([p[0]], dtype="S")} for p in prompts]  # the micro-batcher's items, stacked
+    stacked = service_pb2.ModelInferRequest.FromString(batch_request("sdxl", rows))
+    assert stacked.raw_input_contents[0] == expected.raw_input_contents[0]
+
+
+def test_an_object_tensor_of_other_values_is_refused_with_the_inputs_name():
+    with pytest.raises(TypeError, match="input 'text': an object array of other than bytes values"):
+        batch_request("m", [{"text": np.array(["a"], dtype=object)}], ["y"])
+    with pytest.raises(TypeError, match="input 'text': an object array"):
+        tensors_request("m", {"text": np.array([1], dtype=object)})
