@@ -25,9 +25,9 @@ import pulumi_docker as docker
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from access.ssh import HostSpec
-from components.wiring import Child, DockerEngine, Wired, container
+from components.wiring import Child, DockerEngine, Wired, container, suffixes
 from plans.monitoring import dcgm, grafana, prometheus, rules
-from plans.monitoring.model import MonitoringGraph
+from plans.monitoring.model import HostTarget, MonitoringGraph
 from providers.base import host_input
 from providers.managed_file import ManagedFile
 from providers.monitoring import MonitoringFiles
@@ -35,6 +35,7 @@ from providers.monitoring import MonitoringFiles
 PROMETHEUS_IMAGE = "quay.io/prometheus/prometheus:v2.53.2"
 GRAFANA_IMAGE = "docker.io/grafana/grafana-oss:10.4.8"
 NODE_EXPORTER_IMAGE = "quay.io/prometheus/node-exporter:v1.8.2"
+DASHBOARDS_DIR = "/var/lib/grafana/dashboards/gpuhost"  # Grafana's container view of grafana_dir/dashboards
 
 
 class MonitoringStackArgs(BaseModel):
@@ -72,99 +73,127 @@ def _sha(text: str) -> str:
 
 def children(name: str, args: MonitoringStackArgs) -> list[Child]:
     """Exporters per machine, then the monitoring host's files, Prometheus and Grafana; pure."""
-    # Prometheus reads its files at /etc/prometheus inside the container.
-    graph = args.graph.model_copy(
+    graph = container_view(args)
+    prov = grafana.provisioning_files(graph, prometheus_url=prometheus_url(args), dashboards_dir=DASHBOARDS_DIR)
+    exporters = [c for m in graph.machines for c in machine_exporters(m, args)]
+    files = monitoring_files(graph, prov, args)
+    engine = Child("monitoring-docker", DockerEngine, {"spec": args.monitoring_host})
+    return [
+        *exporters,
+        files,
+        engine,
+        *prometheus_server(args, engine, files),
+        *grafana_server(args, prov, engine, files),
+    ]
+
+
+def container_view(args: MonitoringStackArgs) -> MonitoringGraph:
+    """The graph as Prometheus sees it: its files at /etc/prometheus inside the container, itself at the listen
+    address."""
+    return args.graph.model_copy(
         update={
             "rules_path": "/etc/prometheus/rules/gpuhost.rules.yml",
             "self_address": f"{args.listen_address}:{args.prometheus_port}",
         }
     )
-    out: list[Child] = []
 
-    # -- exporters on every machine ----------------------------------------------------------------------------
-    counters = dcgm.counters_csv()
-    for m in graph.machines:
-        spec = args.machines[m.name]
-        engine = f"{m.name}-docker"
-        out.append(Child(engine, DockerEngine, {"spec": spec}))
-        out += container(
-            f"{m.name}-node-exporter",
-            args.node_exporter_image,
+
+def prometheus_url(args: MonitoringStackArgs) -> str:
+    return f"http://{args.listen_address}:{args.prometheus_port}"
+
+
+def machine_exporters(m: HostTarget, args: MonitoringStackArgs) -> list[Child]:
+    """One machine's Docker engine, its node-exporter and, where the NVIDIA driver runs, its dcgm-exporter."""
+    engine = Child(f"{m.name}-docker", DockerEngine, {"spec": args.machines[m.name]})
+    node = node_exporter(m, args, engine)
+    return [engine, *node, *(dcgm_exporter(m, args, engine) if m.gpu_driver else [])]
+
+
+def node_exporter(m: HostTarget, args: MonitoringStackArgs, engine: Child) -> list[Child]:
+    """node-exporter (pinned image and container) in the host's namespaces, reading the root file system."""
+    return container(
+        f"{m.name}-node-exporter",
+        args.node_exporter_image,
+        {
+            "name": "gpuhost-node-exporter",
+            "network_mode": "host",
+            "pid_mode": "host",
+            "restart": "unless-stopped",
+            "command": ["--path.rootfs=/host", f"--web.listen-address=:{m.node_exporter_port}"],
+            "volumes": [docker.ContainerVolumeArgs(host_path="/", container_path="/host", read_only=True)],
+        },
+        provider=engine.suffix,
+    )
+
+
+def dcgm_exporter(m: HostTarget, args: MonitoringStackArgs, engine: Child) -> list[Child]:
+    """The dcgm-exporter counters file (ManagedFile), then dcgm-exporter (pinned image and container) reading it."""
+    counters_csv = dcgm.counters_csv()
+    counters = Child(
+        f"{m.name}-dcgm-counters",
+        ManagedFile,
+        {
+            "host": host_input(args.machines[m.name]),
+            "path": dcgm.COUNTERS_PATH,
+            "content": counters_csv,
+            "mode": "0644",
+            "owner": "root:root",
+        },
+    )
+    cs = dcgm.container_spec(m.dcgm_exporter_port, image=args.dcgm_exporter_image)
+    return [
+        counters,
+        *container(
+            f"{m.name}-dcgm-exporter",
+            cs.image,
             {
-                "name": "gpuhost-node-exporter",
-                "network_mode": "host",
-                "pid_mode": "host",
-                "restart": "unless-stopped",
-                "command": ["--path.rootfs=/host", f"--web.listen-address=:{m.node_exporter_port}"],
-                "volumes": [docker.ContainerVolumeArgs(host_path="/", container_path="/host", read_only=True)],
+                "name": "gpuhost-dcgm-exporter",
+                "gpus": cs.gpus,
+                "restart": cs.restart,
+                "command": list(cs.command),
+                "capabilities": docker.ContainerCapabilitiesArgs(adds=list(cs.capabilities)),
+                "ports": [docker.ContainerPortArgs(internal=c, external=h) for h, c in cs.ports.items()],
+                "volumes": [
+                    docker.ContainerVolumeArgs(host_path=h, container_path=c, read_only=True)
+                    for h, c in cs.volumes.items()
+                ],
+                # A new counters file means a new container: dcgm-exporter reads it only at start.
+                "labels": [docker.ContainerLabelArgs(label="gpuhost.counters-sha256", value=_sha(counters_csv))],
             },
-            provider=engine,
-        )
-        if m.gpu_driver:
-            out.append(
-                Child(
-                    f"{m.name}-dcgm-counters",
-                    ManagedFile,
-                    {
-                        "host": host_input(spec),
-                        "path": dcgm.COUNTERS_PATH,
-                        "content": counters,
-                        "mode": "0644",
-                        "owner": "root:root",
-                    },
-                )
-            )
-            cs = dcgm.container_spec(m.dcgm_exporter_port, image=args.dcgm_exporter_image)
-            out += container(
-                f"{m.name}-dcgm-exporter",
-                cs.image,
-                {
-                    "name": "gpuhost-dcgm-exporter",
-                    "gpus": cs.gpus,
-                    "restart": cs.restart,
-                    "command": list(cs.command),
-                    "capabilities": docker.ContainerCapabilitiesArgs(adds=list(cs.capabilities)),
-                    "ports": [docker.ContainerPortArgs(internal=c, external=h) for h, c in cs.ports.items()],
-                    "volumes": [
-                        docker.ContainerVolumeArgs(host_path=h, container_path=c, read_only=True)
-                        for h, c in cs.volumes.items()
-                    ],
-                    # A new counters file means a new container: dcgm-exporter reads it only at start.
-                    "labels": [docker.ContainerLabelArgs(label="gpuhost.counters-sha256", value=_sha(counters))],
-                },
-                provider=engine,
-                after=(f"{m.name}-dcgm-counters",),
-            )
+            provider=engine.suffix,
+            after=suffixes(counters),
+        ),
+    ]
 
-    # -- configuration on the monitoring host -------------------------------------------------------------------
-    mon = args.monitoring_host
+
+def monitoring_files(graph: MonitoringGraph, prov: dict[str, str], args: MonitoringStackArgs) -> Child:
+    """MonitoringFiles on the monitoring host: prometheus.yml, the SLO rules, Grafana's provisioning and dashboards
+    (validated with promtool, then Prometheus hot-reloaded)."""
     cfg_path = f"{args.config_dir}/prometheus.yml"
     rules_host_path = f"{args.config_dir}/rules/gpuhost.rules.yml"
-    dashboards_dir = "/var/lib/grafana/dashboards/gpuhost"  # container view of grafana_dir/dashboards
-    prom_url = f"http://{args.listen_address}:{args.prometheus_port}"
-    prov = grafana.provisioning_files(graph, prometheus_url=prom_url, dashboards_dir=dashboards_dir)
     files = {cfg_path: prometheus.render_config(graph), rules_host_path: rules.render_rules(graph)}
     for rel, text in prov.items():
         if rel.startswith("json/"):
             files[f"{args.grafana_dir}/dashboards/{rel[len('json/') :]}"] = text
         else:
             files[f"{args.grafana_dir}/provisioning/{rel}"] = text
-    out.append(
-        Child(
-            "files",
-            MonitoringFiles,
-            {
-                "host": host_input(mon),
-                "files": files,
-                "config_path": cfg_path,
-                "rules_paths": [rules_host_path],
-                "reload": {"kind": "http", "url": prom_url, "when_running": True},
-                "promtool": args.promtool,
-            },
-        )
+    return Child(
+        "files",
+        MonitoringFiles,
+        {
+            "host": host_input(args.monitoring_host),
+            "files": files,
+            "config_path": cfg_path,
+            "rules_paths": [rules_host_path],
+            "reload": {"kind": "http", "url": prometheus_url(args), "when_running": True},
+            "promtool": args.promtool,
+        },
     )
-    out.append(Child("monitoring-docker", DockerEngine, {"spec": mon}))
-    out += container(
+
+
+def prometheus_server(args: MonitoringStackArgs, engine: Child, files: Child) -> list[Child]:
+    """Prometheus (pinned image and container) on the monitoring host, reading the files' directory."""
+    return container(
         "prometheus",
         args.prometheus_image,
         {
@@ -182,10 +211,14 @@ def children(name: str, args: MonitoringStackArgs) -> list[Child]:
                 docker.ContainerVolumeArgs(volume_name="gpuhost-prometheus-data", container_path="/prometheus"),
             ],
         },
-        provider="monitoring-docker",
-        after=("files",),
+        provider=engine.suffix,
+        after=suffixes(files),
     )
-    out += container(
+
+
+def grafana_server(args: MonitoringStackArgs, prov: dict[str, str], engine: Child, files: Child) -> list[Child]:
+    """Grafana (pinned image and container) on the monitoring host, reading its provisioning and dashboards."""
+    return container(
         "grafana",
         args.grafana_image,
         {
@@ -204,7 +237,7 @@ def children(name: str, args: MonitoringStackArgs) -> list[Child]:
                     read_only=True,
                 ),
                 docker.ContainerVolumeArgs(
-                    host_path=f"{args.grafana_dir}/dashboards", container_path=dashboards_dir, read_only=True
+                    host_path=f"{args.grafana_dir}/dashboards", container_path=DASHBOARDS_DIR, read_only=True
                 ),
             ],
             # Dashboards reload by polling; a datasource change needs a fresh Grafana, hence this label.
@@ -214,10 +247,9 @@ def children(name: str, args: MonitoringStackArgs) -> list[Child]:
                 )
             ],
         },
-        provider="monitoring-docker",
-        after=("files",),
+        provider=engine.suffix,
+        after=suffixes(files),
     )
-    return out
 
 
 class MonitoringStack(Wired, type_name="gpuhost:monitoring:MonitoringStack", children=children):
@@ -237,7 +269,7 @@ class MonitoringStack(Wired, type_name="gpuhost:monitoring:MonitoringStack", chi
         self.files = made["files"]
         self.prometheus = made["prometheus"]
         self.grafana = made["grafana"]
-        self.prometheus_url = pulumi.Output.from_input(f"http://{args.listen_address}:{args.prometheus_port}")
+        self.prometheus_url = pulumi.Output.from_input(prometheus_url(args))
         self.grafana_url = pulumi.Output.from_input(f"http://{args.listen_address}:{args.grafana_port}")
         return {
             "prometheus_url": self.prometheus_url,
