@@ -27,6 +27,12 @@ later retry for the job key's hour was a duplicate with nothing left to read. Ro
 Keeping a read result for an hour would keep every image in memory; ``read_ttl_s`` after the first read bounds it,
 and a retry later than that is a new job (its job key expires with the result), answered again, never a 504.
 
+Round trips: a caller's submit is one (the submit script, after a large input's SET in the same pipeline) and each
+wait for its result is one: BLMOVE, then in the same pipeline the script that shortens the TTLs once the result is
+there and a GET of the key a large result is kept in (nil for a small one). Redis runs a connection's commands in
+order, so the two after BLMOVE wait for it; the GET is a plain command, not in the script, so an image's bytes are
+not copied through Lua. The worker's are its XREADGROUP, a large input's MGET and the complete script.
+
 Why large inputs are not in the stream entry: passed through the submit script, every byte is copied into a Lua
 string and back (a 1.2 MB image cost Redis ~8x what a plain SET of the same bytes does, which Redis keeps without a
 copy), and Redis's one thread is the gateway's ceiling. So the inputs go in a SET pipelined in the same round trip
@@ -124,6 +130,16 @@ redis.call('XACK', KEYS[1], ARGV[1], ARGV[2])
 redis.call('XDEL', KEYS[1], ARGV[2])
 if KEYS[5] then redis.call('DEL', KEYS[5]) end
 if first then return 1 else return 0 end
+"""
+
+
+# After a result wait's BLMOVE, in the same round trip: the result's TTLs (and its job's, done's and large result's)
+# shortened to read_ttl_s, only once the result exists: a wait that timed out must not shorten the job key's TTL of
+# a job still queued (a retry after that would queue it twice).
+_READ = """
+if redis.call('EXISTS', KEYS[1]) == 0 then return 0 end
+for _, k in ipairs(KEYS) do redis.call('EXPIRE', k, ARGV[1], 'LT') end
+return 1
 """
 
 
@@ -262,6 +278,7 @@ class JobQueue:
         self.cfg = config
         self._submit = r.register_script(_SUBMIT)
         self._complete = r.register_script(_COMPLETE)
+        self._read = r.register_script(_READ)
 
     def ensure_group(self) -> None:
         """Create the stream and consumer group (id 0: jobs queued before the group existed are served too)."""
@@ -318,24 +335,32 @@ class JobQueue:
         see the module docstring), readable for ``read_ttl_s`` more."""
         # In slices of at most a second: one BLMOVE longer than the client's socket timeout (redis-py's default is
         # 5 s) fails client-side and is retried.
-        rkey = self.cfg.key("result", key)
+        rkey, out = self.cfg.key("result", key), self.cfg.key("out", key)
+        keys = [rkey, self.cfg.key("job", key), self.cfg.key("done", key), out]
         deadline = time.monotonic() + timeout_s
         while True:
             left = deadline - time.monotonic()
-            got = self.r.blmove(rkey, rkey, max(0.01, min(1.0, left)), "LEFT", "RIGHT")
+            pipe = self.r.pipeline(transaction=False)  # one round trip (the module docstring)
+            pipe.blmove(rkey, rkey, max(0.01, min(1.0, left)), "LEFT", "RIGHT")
+            # EVALSHA itself: a pipeline's script call would first ask SCRIPT EXISTS, one more round trip.
+            pipe.evalsha(self._read.sha, len(keys), *keys, self.cfg.read_ttl_s)
+            pipe.get(out)
+            got, read, large = pipe.execute(raise_on_error=False)
+            for reply in (got, large):
+                if isinstance(reply, Exception):
+                    raise reply
+            if isinstance(read, redis.exceptions.NoScriptError):  # a restarted Redis: load it, run it once
+                read = self._read(keys=keys, args=[self.cfg.read_ttl_s])
+            elif isinstance(read, Exception):
+                raise read
             if got is not None:
                 break
             if left <= 1.0:
                 raise ResultTimeout(f"no result for job {key} within {timeout_s:g}s")
-        pipe = self.r.pipeline(transaction=False)
-        out = self.cfg.key("out", key)
-        for k in (rkey, self.cfg.key("job", key), self.cfg.key("done", key), out):
-            pipe.expire(k, self.cfg.read_ttl_s, lt=True)  # LT: only ever shortened, by whichever reader is first
-        ref = got.startswith(_REF)
-        if ref:
-            pipe.get(got[len(_REF) :])
-        replies = pipe.execute()
-        data = replies[-1] if ref else got
+        data = got
+        if got.startswith(_REF):
+            # The reference names this job's out key (complete()); another name is read on its own
+            data = large if got[len(_REF) :] == out.encode() else self.r.get(got[len(_REF) :])
         if data is None:  # the result's own key expired before its reference: as if no result came
             raise ResultTimeout(f"the result of job {key} expired before it was read")
         res = Result.decode(data)

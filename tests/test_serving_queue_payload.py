@@ -10,7 +10,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from serving.queue import QueueFull, Result
+from serving.queue import QueueFull, Result, ResultTimeout
 from testbed.servers import redis as redis_server
 
 redis = pytest.importorskip("redis")
@@ -199,3 +199,60 @@ def test_a_worker_stores_its_result_in_a_redis_restarted_while_the_job_ran_stand
         for h in back:
             h.stop()
         first.stop()
+
+
+@pytest.fixture
+def round_trips(monkeypatch):
+    """The requests redis-py writes before it reads the replies (a command, or a whole pipeline): round trips."""
+    import redis.connection
+
+    sent: list[bytes] = []
+    send = redis.connection.AbstractConnection.send_packed_command
+
+    def counted(self, command, check_health=True):
+        sent.append(command)
+        return send(self, command, check_health)
+
+    monkeypatch.setattr(redis.connection.AbstractConnection, "send_packed_command", counted)
+    return sent
+
+
+@pytest.mark.parametrize("size", ["small", "large"])
+def test_a_submit_and_a_result_wait_are_one_round_trip_each(queue, round_trips, size):
+    """The caller's part of a job's latency: its submit (a large input's SET pipelined before the script) and its
+    wait for the result (BLMOVE, the TTL script and the large result's GET pipelined) one round trip each; the
+    worker's read one (two with a large input's MGET) and its complete one. The result read is the job's own."""
+    q = queue()
+    inputs = {"images": image(1) if size == "large" else np.arange(4, dtype=np.uint8)}
+    outputs = {"image": image(2)} if size == "large" else {"n": np.array([5])}
+    for _ in range(2):  # the first job loads the scripts (EVALSHA, SCRIPT LOAD, again): the second is counted
+        before = len(round_trips)
+        key = q.submit("m", inputs)
+        submit = len(round_trips) - before
+        (job,) = q.read("w", count=1, block_ms=100)
+        read = len(round_trips) - before - submit
+        assert q.complete(job, Result(job.key, "ok", "a", "w", 1.0, 0.5, 0.4, outputs=outputs))
+        complete = len(round_trips) - before - submit - read
+        got = q.result(key, timeout_s=2)
+        wait = len(round_trips) - before - submit - read - complete
+    assert (submit, wait) == (1, 1)
+    assert (read, complete) == (2 if size == "large" else 1, 1)
+    assert np.array_equal(job.inputs["images"], inputs["images"])
+    assert all(np.array_equal(got.outputs[n], a) for n, a in outputs.items())
+    assert 0 < q.r.ttl(q.cfg.key("job", key)) <= q.cfg.read_ttl_s
+
+
+def test_a_wait_that_times_out_leaves_the_queued_jobs_ttl(queue):
+    """The TTL script runs after every BLMOVE, also one that found no result: a job still queued keeps its job key's
+    hour (a retry within it is not queued twice); once the result is read it drops to ``read_ttl_s``."""
+    q = queue(read_ttl_s=300)
+    key = q.submit("m", {"x": np.arange(4, dtype=np.float32)})
+    with pytest.raises(ResultTimeout):
+        q.result(key, timeout_s=0.05)
+    assert q.r.ttl(q.cfg.key("job", key)) > 300
+    q.r.script_flush()  # as after a Redis restart: the wait loads the script again
+    (job,) = q.read("w", count=1, block_ms=100)
+    assert q.complete(job, Result(job.key, "ok", "a", "w", 1.0, 0.5, 0.4))
+    assert q.result(key, timeout_s=2).status == "ok"
+    assert 0 < q.r.ttl(q.cfg.key("job", key)) <= 300
+    assert q.submit("m", {"x": np.arange(4, dtype=np.float32)}, key=key) == key and q.depth() == 0
