@@ -10,11 +10,17 @@ answer (detections [1, 100, 6] FP32 + num_detections) returned at once by a stan
     .venv/bin/python -m bench.queue_floor                        # one client: the latency floor
     .venv/bin/python -m bench.queue_floor --clients 8 --workers 2
     .venv/bin/python -m bench.queue_floor --inline-max-bytes 1048576    # the frame through the submit script
+    .venv/bin/python -m bench.queue_floor --round-trips     # + the round trips per job, caller's and worker's
+
+``--round-trips`` counts the requests each side's redis-py writes before it reads the replies (one command, or one
+whole pipeline: a round trip), by the commands in each; Redis's own count of commands (INFO commandstats) is printed
+either way. The count parses every request it sends, so its latencies are not the floor's.
 """
 
 from __future__ import annotations
 
 import argparse
+import collections
 import multiprocessing
 import os
 import signal
@@ -46,7 +52,40 @@ class AtOnce:
         return ANSWER
 
 
-def worker_main(redis_port: int, consumer: str, slots: int, conn: Any) -> None:
+def command_names(request: Any) -> str:
+    """The commands of one request redis-py writes (RESP arrays of bulk strings; a pipeline's several), e.g.
+    ``SET+EVALSHA``."""
+    data = request if isinstance(request, bytes) else b"".join(bytes(c) for c in request)
+    names, pos = [], 0
+    while pos < len(data):
+        end = data.index(b"\r\n", pos)
+        n, pos = int(data[pos + 1 : end]), end + 2
+        for i in range(n):
+            end = data.index(b"\r\n", pos)
+            size = int(data[pos + 1 : end])
+            if i == 0:
+                names.append(data[end + 2 : end + 2 + size].decode().upper())
+            pos = end + 2 + size + 2
+    return "+".join(names)
+
+
+def count_round_trips() -> collections.Counter:
+    """From now on, this process's round trips to Redis by their commands: redis-py writes a command, or a whole
+    pipeline, with one ``send_packed_command`` before it reads the replies."""
+    import redis.connection
+
+    counts: collections.Counter = collections.Counter()
+    send = redis.connection.AbstractConnection.send_packed_command
+
+    def counted(self: Any, command: Any, check_health: bool = True) -> None:
+        counts[command_names(command)] += 1
+        send(self, command, check_health)
+
+    redis.connection.AbstractConnection.send_packed_command = counted  # type: ignore[method-assign]
+    return counts
+
+
+def worker_main(redis_port: int, consumer: str, slots: int, conn: Any, round_trips: bool = False) -> None:
     from serving.scheduler import Signals
     from serving.worker import Worker, WorkerConfig
 
@@ -58,10 +97,11 @@ def worker_main(redis_port: int, consumer: str, slots: int, conn: Any) -> None:
     cfg = WorkerConfig.from_dict({"redis": {"port": redis_port}, "backends": backends, "slots": slots})
     w = StandInWorker(cfg, consumer, backend_factory=AtOnce)
     signal.signal(signal.SIGTERM, lambda *_: w.stop.set())
+    counts = count_round_trips() if round_trips else collections.Counter()
     t0 = os.times()
     w.run()
     t1 = os.times()
-    conn.send(t1.user - t0.user + t1.system - t0.system)
+    conn.send((t1.user - t0.user + t1.system - t0.system, dict(counts)))
 
 
 def run(a: argparse.Namespace) -> dict:
@@ -78,7 +118,7 @@ def run(a: argparse.Namespace) -> dict:
         procs = []
         for i in range(a.workers):
             parent, child = ctx.Pipe()
-            p = ctx.Process(target=worker_main, args=(h.port, f"w{i}", a.slots, child), daemon=True)
+            p = ctx.Process(target=worker_main, args=(h.port, f"w{i}", a.slots, child, a.round_trips), daemon=True)
             p.start()
             procs.append((p, parent))
         deadline = time.monotonic() + 60
@@ -90,6 +130,7 @@ def run(a: argparse.Namespace) -> dict:
         for i in range(20):  # warm: scripts loaded, connections open, probes done
             q.call("m", {"images": inputs[i % 16]}, timeout_s=30)
         r.config_resetstat()
+        caller = count_round_trips() if a.round_trips else collections.Counter()
         rows: list[tuple[float, ...]] = []
         lock, nxt = threading.Lock(), [0]
 
@@ -120,15 +161,25 @@ def run(a: argparse.Namespace) -> dict:
         for t in threads:
             t.join()
         seconds, c1 = time.perf_counter() - t0, os.times()
+        caller_counts = dict(caller)
         stats = r.info("commandstats")
         worker_cpu = 0.0
+        worker_counts: collections.Counter = collections.Counter()
         for p, conn in procs:
-            p.terminate()  # SIGTERM: the worker stops and reports its CPU
-            worker_cpu += conn.recv() if conn.poll(30) else float("nan")
+            p.terminate()  # SIGTERM: the worker stops and reports its CPU and round trips
+            cpu, counts = conn.recv() if conn.poll(30) else (float("nan"), {})
+            worker_cpu += cpu
+            worker_counts.update(counts)
             p.join(10)
         r.close()
     names = ("total", "submit call", "submit to dispatch (from the call)", "dispatch to stored", "stored to caller")
     cols = [sorted(c) for c in zip(*rows)]
+    trips = {}
+    if a.round_trips:  # the workers' count runs from their start: the 20 warm-up jobs are in it
+        trips = {
+            "caller_round_trips_per_job": per_job(caller_counts, a.jobs),
+            "worker_round_trips_per_job (polls that found no job included)": per_job(worker_counts, a.jobs + 20),
+        }
     return {
         "jobs": a.jobs,
         "jobs_per_s": round(a.jobs / seconds, 1),
@@ -142,7 +193,14 @@ def run(a: argparse.Namespace) -> dict:
             for k, v in stats.items()
             if k != "cmdstat_config"
         },
+        **trips,
     }
+
+
+def per_job(counts: dict[str, int], jobs: int) -> dict[str, float]:
+    """Round trips per job by their commands, and their sum under ``all``."""
+    out = {k: round(v / jobs, 3) for k, v in sorted(counts.items(), key=lambda kv: -kv[1])}
+    return {"all": round(sum(counts.values()) / jobs, 3), **out}
 
 
 def main(argv: Optional[list[str]] = None) -> int:
@@ -153,6 +211,7 @@ def main(argv: Optional[list[str]] = None) -> int:
     p.add_argument("--slots", type=int, default=12)
     p.add_argument("--bytes", type=int, default=106_805, help="input bytes a job (a 1280x720 JPEG frame's)")
     p.add_argument("--inline-max-bytes", type=int, default=64 * 1024)
+    p.add_argument("--round-trips", action="store_true", help="count each side's round trips to Redis per job")
     a = p.parse_args(argv)
     import redis.utils
 

@@ -17,7 +17,8 @@ Paths compared:
     copy of the frame; tritonclient's channel and InferResult), the backend by smooth
     weighted round robin 3:2;
   * gateway: ``JobQueue.submit`` (the submit script's XADD with the depth check; a frame of 64 KiB or more SET
-    beside it in the same round trip) and ``JobQueue.result`` (BLPOP),
+    beside it in the same round trip) and ``JobQueue.result`` (BLMOVE, the TTL script and a large result's GET in
+    one round trip),
     what ``serving.front`` does per request after parsing its HTTP body; the workers XREADGROUP, pick a backend
     (``serving.scheduler``), call it over gRPC and store the result once.
 The front's HTTP/JSON parsing is not in the path: KServe v2 JSON of a frame is several times its bytes in text,
@@ -280,11 +281,8 @@ def parse_pin(text: str, cpu_count: int) -> dict[str, set[int]]:
     return out
 
 
-def pin_tree(pid: int, cpus: Optional[set[int]]) -> int:
-    """Every thread of ``pid`` and of its descendants onto ``cpus`` (threads and children made later inherit it);
-    the number of threads moved. Nothing for ``None``."""
-    if not cpus:
-        return 0
+def process_tree(pids: list[int]) -> list[int]:
+    """``pids`` and every living descendant of theirs."""
     children: dict[int, list[int]] = {}
     for stat in Path("/proc").glob("[0-9]*/stat"):
         try:
@@ -292,10 +290,33 @@ def pin_tree(pid: int, cpus: Optional[set[int]]) -> int:
         except OSError:
             continue
         children.setdefault(int(fields[1]), []).append(int(stat.parent.name))
-    todo, moved = [pid], 0
+    out, todo = [], list(pids)
     while todo:
         p = todo.pop()
+        out.append(p)
         todo += children.get(p, [])
+    return out
+
+
+def cpu_seconds(pids: list[int]) -> float:
+    """User + system CPU seconds so far of ``pids`` and their living descendants (all their threads)."""
+    total = 0
+    for p in process_tree(pids):
+        try:
+            fields = Path(f"/proc/{p}/stat").read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        total += int(fields[11]) + int(fields[12])  # utime, stime: fields 14 and 15 of proc(5)
+    return total / os.sysconf("SC_CLK_TCK")
+
+
+def pin_tree(pid: int, cpus: Optional[set[int]]) -> int:
+    """Every thread of ``pid`` and of its descendants onto ``cpus`` (threads and children made later inherit it);
+    the number of threads moved. Nothing for ``None``."""
+    if not cpus:
+        return 0
+    moved = 0
+    for p in process_tree([pid]):
         for task in Path(f"/proc/{p}/task").glob("[0-9]*"):
             try:
                 os.sched_setaffinity(int(task.name), cpus)
@@ -709,7 +730,9 @@ def summarise(path: str, mode: str, spec: dict, parts: list[dict]) -> dict:
             "client's submit call (EVALSHA, a large input's SET in the same round trip)": med([x[10] for x in ok]),
             "submit to dispatch (XREADGROUP, a large input's MGET, decode, pick)": med([x[11] for x in ok]),
             "Triton call from the worker (gRPC)": med([x[12] for x in ok]),
-            "stored to caller (encode, complete script, BLPOP, decode)": med([x[9] - x[13] for x in ok]),
+            "stored to caller (encode, complete script, the result wait's round trip, decode)": med(
+                [x[9] - x[13] for x in ok]
+            ),
         }
     else:
         out["parts_ms_p50"] = {"client_total": med([x[9] for x in ok]), "Triton call (gRPC)": med([x[12] for x in ok])}
@@ -1119,13 +1142,17 @@ class Bench:
             timer = threading.Thread(target=fault, args=(s["start"],), daemon=True)
             timer.start()
         sampler = WorkerSampler(self.metrics_ports if path == "gateway" else {})
+        cpu0, t0 = self.role_cpu(), time.monotonic()
         with sampler:
             parts = self.pool.run(s)
+        cpu1, wall = self.role_cpu(), time.monotonic() - t0
         if timer is not None:
             timer.join(120)
         res = summarise(path, mode, s, parts)
         t_after = triton_stats(self.backends, self.model)
         res["triton"] = {n: stats_delta(t_before[n], x) for n, x in t_after.items() if n in t_before}
+        if fault is None:  # a killed process's CPU time goes with it
+            res["cpus_busy"] = {k: round((cpu1[k] - cpu0[k]) / wall, 2) for k in cpu1}
         if shed_wait_ms:
             res["shed_wait_ms"] = shed_wait_ms
         if path == "gateway":
@@ -1143,6 +1170,15 @@ class Bench:
         shown = {k: v for k, v in res.items() if k != "_rows"}
         log(f"{path} {mode} {f'{rate:g}/s {kind}' if mode == 'open' else conc}: {json.dumps(shown)}")
         return res
+
+    def role_cpu(self) -> dict[str, float]:
+        """CPU seconds so far by role (``PIN_ROLES``): the load processes; Redis and the workers; the Tritons."""
+        redis_pid = int(self.r.info("server")["process_id"])
+        return {
+            "load": cpu_seconds([p.pid for p in self.pool.procs if p.pid]),
+            "gateway": cpu_seconds([redis_pid, *(w.pid for w in self.workers.values())]),
+            "triton": cpu_seconds([b.proc.pid for b in self.backends.values()]),
+        }
 
     def fault_run(self, f: str, rs: "Redis", *, rate: float, kind: str) -> dict:
         """The gateway at ``rate`` with fault ``f`` (worker, redis, backend) a third into the run; the killed worker
@@ -1328,6 +1364,12 @@ def markdown(result: dict) -> str:
             )
         if x.get("triton"):
             lines.append("  Inside Triton (per request, µs): " + triton_line(x["triton"]))
+        if x.get("cpus_busy"):
+            given = m.get("pinned") or {}
+            lines.append(
+                "  CPUs busy by role (CPU seconds ÷ the run's wall seconds, drain included): "
+                + ", ".join(f"{k} {v}" + (f" of {given[k]}" if k in given else "") for k, v in x["cpus_busy"].items())
+            )
         if x.get("backends_seen_by_workers"):
             lines.append(
                 "  Backends as the workers saw them (0.5 s samples): " + json.dumps(x["backends_seen_by_workers"])
