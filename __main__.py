@@ -2,11 +2,9 @@
 
 import pulumi
 
-from stacks.load import guest_public_key, load
-from stacks.program import build
+from stacks.load import load
 
-fleet, _ssh_key = load(pulumi.Config("gpuhost"))  # every bad field reported at once, before any resource
-# new guests authorize the public half of the key gpuhost reaches them with (cloud-init); the private key stays secret
-outputs = build(fleet, guest_keys=(guest_public_key(pulumi.Config("gpuhost")),))
-for name, value in outputs.items():
+# Every bad field reported at once, and the components listed and checked, before the first resource.
+program = load(pulumi.Config("gpuhost"))
+for name, value in program.declare().items():
     pulumi.export(name, value)

@@ -210,7 +210,14 @@ class _PinnedKeyPolicy(paramiko.MissingHostKeyPolicy):
             )
 
 
-def _load_pkey(pem: str) -> paramiko.PKey:
+def load_pkey(pem: str) -> paramiko.PKey:
+    """A private key from its PEM or OpenSSH text: ed25519, ECDSA or RSA, unencrypted. SshError when none reads it
+    (its message may quote the key material: show it to no one).
+
+    Usage::
+
+        key = load_pkey(config.get("sshPrivateKey"))   # key.get_name(), key.get_base64(): the public half
+    """
     errors = []
     for cls in (paramiko.Ed25519Key, paramiko.ECDSAKey, paramiko.RSAKey):
         try:
@@ -488,7 +495,7 @@ def _client(host: str, pin: Optional[str], insecure: bool) -> paramiko.SSHClient
 
 
 def _open(spec: HostSpec) -> Conn:
-    pkey = _load_pkey(keys.get_private_key(spec.key_name, spec.name))
+    pkey = load_pkey(keys.get_private_key(spec.key_name, spec.name))
     jump_client = None
     sock = None
     if spec.jump:

@@ -1,12 +1,13 @@
 """Load and check the stack's config: `gpuhost:fleet` (structured) and `gpuhost:sshPrivateKey` (a Pulumi secret).
 
-Every problem is reported at once, one line per bad field (`stacks.schema`) or inconsistency (`stacks.checks`),
-before any SSH connection or resource registration.
+Every problem is reported at once, one line per bad field (`stacks.schema`) or inconsistency (`stacks.checks`,
+and `stacks.paths` on the program's own list of components), before any SSH connection or resource registration:
+the components are listed once (`stacks.program.plan`), checked, and only then declared.
 
 Usage (in __main__.py)::
 
-    fleet, key = load(pulumi.Config("gpuhost"))      # raises ConfigError listing every bad field
-    pub = guest_public_key(pulumi.Config("gpuhost"))  # "ssh-ed25519 AAAA... gpuhost": what new guests authorize
+    program = load(pulumi.Config("gpuhost"))   # raises ConfigError listing every bad field; nothing registered
+    outputs = program.declare()                # the components, registered in order
 """
 
 from __future__ import annotations
@@ -22,12 +23,13 @@ import pulumi
 from pulumi.runtime.config import is_config_secret
 from pydantic import ValidationError
 
-from access.ssh import SshError, _load_pkey
+from access.ssh import SshError, load_pkey
 from stacks.checks import fleet_problems, placement_problems
 from stacks.errors import ConfigError
-from stacks.paths import path_problems
+from stacks.paths import collisions
+from stacks.program import Program, plan
 from stacks.rawconfig import fleet_json, path_of, scrubbed, value_problems, visible
-from stacks.schema import Fleet, _find_private_keys
+from stacks.schema import Fleet, find_private_keys
 
 
 def _loc(loc: tuple) -> str:
@@ -113,7 +115,7 @@ def parse_fleet(raw: Any) -> Fleet:
     lines = [
         f"{where}: looks like a private key in plain config; keys belong in "
         "`pulumi config set --secret gpuhost:sshPrivateKey`"
-        for _, where in _find_private_keys(raw)
+        for _, where in find_private_keys(raw)
     ] + chars
     raw, quiet = scrubbed(raw, refused)
     dropped: list[str] = [path_of(loc) for loc in quiet]
@@ -129,8 +131,6 @@ def parse_fleet(raw: Any) -> Fleet:
             cross = placement_problems(fleet)
         if not cross and not lines:
             cross = _artifact_problems(fleet)
-        if not cross and not lines:
-            cross = _declaration_problems(fleet)
         lines += [ln for ln in cross if not any(ln.startswith(d) and ln[len(d)] in ".[:" for d in dropped)]
     if lines:
         # a value quoted by a message is shown with its control characters escaped, never raw
@@ -190,15 +190,6 @@ def _artifact_problems(fleet: Fleet) -> list[str]:
     return out
 
 
-def _declaration_problems(fleet: Fleet) -> list[str]:
-    """What only declaring the program finds (run with a recorder, nothing registered): resources that would write
-    one path (`stacks.paths`), and the program's own refusals (a VF shortage, a VM that cannot fit)."""
-    try:
-        return path_problems(fleet)
-    except ConfigError as e:
-        return e.lines
-
-
 def _good_part(raw: Any, err: ValidationError, rounds: int = 4) -> tuple[Optional[Fleet], list[str]]:
     """The fleet without its bad fields (each dropped back to its default), for the cross-field checks; and the
     config paths dropped, whose cross-field findings would be noise. None when a required field is bad."""
@@ -232,13 +223,25 @@ def _good_part(raw: Any, err: ValidationError, rounds: int = 4) -> tuple[Optiona
     return None, dropped
 
 
-def load(config: pulumi.Config) -> tuple[Fleet, pulumi.Output[str]]:
+def load(config: pulumi.Config) -> Program:
+    """The stack's components, checked and not yet declared (`Program.declare` registers them). ConfigError: every
+    bad field and inconsistency of the config, one line each (the program's own findings only when the fields are
+    all good, as they need a whole fleet)."""
     lines: list[str] = []
-    fleet = None
+    fleet, program = None, None
     try:
         fleet = parse_fleet(fleet_json(config.get("fleet")))
     except ConfigError as e:
         lines += e.lines
+    guest_keys: tuple[str, ...] = ()
+    key_lines: list[str] = []
+    try:
+        guest_keys = (guest_public_key(config),)
+    except ConfigError as e:
+        key_lines = e.lines
+    if fleet is not None:
+        program, found = _checked_program(fleet, guest_keys)
+        lines += found
     key_names = {"sshPrivateKey"} | ({h.ssh.key_name for h in fleet.hosts} if fleet else set())
     for name in sorted(key_names):
         full = f"gpuhost:{name}"
@@ -252,14 +255,21 @@ def load(config: pulumi.Config) -> tuple[Fleet, pulumi.Output[str]]:
     if fleet is not None:
         lines += gateway_secret_problems(config, fleet)
     if not lines:
-        try:
-            guest_public_key(config)
-        except ConfigError as e:
-            lines += e.lines
+        lines += key_lines
     if lines:
         raise ConfigError(lines)
-    assert fleet is not None  # parse_fleet either returned one or added its lines
-    return fleet, config.require_secret("sshPrivateKey")
+    assert program is not None  # a fleet with no problem has its program
+    return program
+
+
+def _checked_program(fleet: Fleet, guest_keys: tuple[str, ...]) -> tuple[Optional[Program], list[str]]:
+    """(the program, its problems): what only listing the components finds (a VF shortage, a VM that cannot fit:
+    `plan`'s refusals) and resources that would write one path (`stacks.paths`)."""
+    try:
+        program = plan(fleet, guest_keys)
+    except ConfigError as e:
+        return None, [visible(ln) for ln in e.lines]
+    return program, list(dict.fromkeys(visible(ln) for ln in collisions(program.components, fleet)))
 
 
 REDIS_PASSWORD_RE = re.compile(r"[A-Za-z0-9._~+/=-]{16,256}")
@@ -296,7 +306,7 @@ def guest_public_key(config: pulumi.Config) -> str:
             ["gpuhost:sshPrivateKey: missing; set it with `pulumi config set --secret sshPrivateKey < key`"]
         )
     try:
-        key = _load_pkey(pem)
+        key = load_pkey(pem)
     except SshError:
         # paramiko's message may quote the key material; say what is wrong without it
         raise ConfigError(

@@ -1,64 +1,22 @@
 """One file, one owner: resources of one stack that would write the same host path are refused at load.
 
-The program is run once with a recorder in place of each component (`stacks.program.build(fleet, new=...)`): every
-component's children come from its pure `children(name, args)` function (the class's `CHILDREN`),
+The loader checks the program's own list of components (`stacks.program.plan`: nothing registered, nothing
+reached): each one's children come from its pure `children(name, args)` function (the class's `CHILDREN`),
 `components.wiring.writes` reads the paths each child writes, and two children from different places in the config
-that write one path on one machine are reported, one line per pair of config paths, with the fix. No resource is
-registered and nothing is reached.
+that write one path on one machine are reported, one line per pair of config paths, with the fix.
 
-Usage (in stacks.load.parse_fleet)::
+Usage (in stacks.load.load)::
 
-    lines = path_problems(fleet)   # ["fleet.gateways[1]: would write ... on trt-a10-01, which ... writes too; ..."]
+    lines = collisions(program.components, fleet)   # ["fleet.gateways[1]: would write ... on trt-a10-01, ..."]
 """
 
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass, field
-from typing import Any
 
-from components.wiring import Child, Wired, Write, writes
-from stacks.program import build
+from components.wiring import Write, writes
+from stacks.program import Planned
 from stacks.schema import Fleet
-
-
-class _Later:
-    """An output of a component in the recorder's run: known only later, never needed for paths."""
-
-    def apply(self, fn: Any) -> "_Later":
-        return self
-
-    def __getattr__(self, name: str) -> "_Later":
-        return self
-
-
-@dataclass
-class Planned:
-    """One component as `build` would declare it: its class, name, args and config path, and its children."""
-
-    cls: type
-    name: str
-    args: Any
-    where: str
-    children: list[Child] = field(default_factory=list)
-
-    def __getattr__(self, name: str) -> Any:
-        return _Later()
-
-
-def planned(fleet: Fleet) -> list[Planned]:
-    """Every component of the fleet with its children, as the program would declare them (nothing registered)."""
-    out: list[Planned] = []
-
-    def record(cls: type, name: str, args: Any, after: list, where: str) -> Planned:
-        if not issubclass(cls, Wired):
-            raise TypeError(f"{where}: {cls.__name__} is not a Wired component (no pure children function)")
-        p = Planned(cls, name, args, where, cls.CHILDREN(name, args))  # the component's own wiring, declared on it
-        out.append(p)
-        return p
-
-    build(fleet, new=record)
-    return out
 
 
 def _what(where: str, fleet: Fleet | None) -> str:
@@ -102,8 +60,3 @@ def collisions(components: list[Planned], fleet: Fleet | None = None) -> list[st
             f"the other's change and restore its own original on destroy); {fix}"
         )
     return lines
-
-
-def path_problems(fleet: Fleet) -> list[str]:
-    """`collisions` of the whole fleet as the program would declare it."""
-    return collisions(planned(fleet), fleet)

@@ -2,16 +2,21 @@
 
 host prep (and its one reboot) → SR-IOV VFs → tenant VMs pinned beside their GPU → guest services → monitoring.
 
-Usage (what __main__.py does)::
+The components are made once, as a list (`plan`: each one's class, name, args, what it waits for and its children,
+nothing registered), which the loader checks before `Program.declare` registers it in order. An output of a
+component not declared yet is `Pending` in that list; `declare` passes the real Output.
 
-    fleet, _key = stacks.load.load(pulumi.Config("gpuhost"))
-    outputs = build(fleet, guest_keys=(stacks.load.guest_public_key(pulumi.Config("gpuhost")),))
+Usage (what __main__.py does through stacks.load.load)::
+
+    program = plan(fleet, guest_keys=("ssh-ed25519 AAAA... gpuhost",))   # ConfigError: a VM that cannot fit, ...
+    outputs = program.declare()                                          # the stack's outputs
 """
 
 from __future__ import annotations
 
 import os
 from collections.abc import Callable
+from dataclasses import dataclass, field
 from typing import Any, Optional
 
 import pulumi
@@ -25,6 +30,7 @@ from components.passthrough_host import PassthroughHost
 from components.pinned_vm import PinnedVM, PinnedVMArgs
 from components.sriov_nic import SriovNic, SriovNicArgs
 from components.triton_service import ArtifactSpec, TritonService, TritonServiceArgs
+from components.wiring import Child, Wired
 from plans import placement as pl
 from plans.domain_xml import CloudInit, StaticNetwork, vm_mac
 from plans.gateway import GatewayBackend, GatewaySpec
@@ -94,7 +100,7 @@ def model_spec(m: ServiceModel, gpu_model: str) -> ModelSpec:
     return spec
 
 
-def mig_devices(h: Host, s: Service, layout: MigGpus):
+def mig_devices(h: Host, s: Service, layout: Planned) -> Pending:
     """The MIG UUID the service is bound to (seed 001 route A: one MIG device per Triton)."""
     order = [g.address for g in sorted(h.gpus, key=lambda g: g.address) if not g.passthrough]
     gpu = s.mig.gpu if s.mig else next(g.address for g in sorted(h.gpus, key=lambda g: g.address) if g.mig)
@@ -333,21 +339,106 @@ def front_models(fleet: Fleet, g: Gateway, models: set[str]) -> dict[str, dict]:
     return out
 
 
-def declare_component(cls: type, name: str, args: Any, after: list, where: str) -> Any:
-    """Register one component (what `build` does with each; `stacks.paths` passes a recorder instead)."""
-    return cls(name, args, ResourceOptions(depends_on=after) if after else None)
+@dataclass(eq=False)
+class Planned:
+    """One component as the program declares it: its class, name, args and config path (`where`), its children
+    (the class's pure `CHILDREN(name, args)`) and what it waits for (`after`: components, or their outputs).
+    An attribute it would have once declared (`ph.reboot`, `mon.grafana_url`) is `Pending` until then."""
+
+    cls: type
+    name: str
+    args: Any
+    where: str
+    children: list[Child] = field(default_factory=list)
+    after: list[Any] = field(default_factory=list)
+
+    def __getattr__(self, attr: str) -> Pending:
+        if attr.startswith("_"):  # copy, pickle and friends ask for dunders: a plain missing attribute
+            raise AttributeError(attr)
+        return Pending(self, attr)
+
+
+@dataclass(frozen=True, eq=False)
+class Pending:
+    """The output `attr` of the component `of`, passed through `then` in order: known once `of` is declared."""
+
+    of: Planned
+    attr: str
+    then: tuple[Callable[[Any], Any], ...] = ()
+
+    def apply(self, fn: Callable[[Any], Any]) -> Pending:
+        return Pending(self.of, self.attr, (*self.then, fn))
+
+
+def _waits(value: Any) -> bool:
+    """Whether `value` holds a component not declared yet, or one of its outputs (in lists, tuples or dicts)."""
+    if isinstance(value, Planned | Pending):
+        return True
+    if isinstance(value, dict):
+        return any(_waits(v) for v in value.values())
+    return isinstance(value, list | tuple) and any(_waits(v) for v in value)
+
+
+@dataclass
+class Program:
+    """The fleet's components in declaration order, and the stack outputs (with `Pending` ones)."""
+
+    components: list[Planned] = field(default_factory=list)
+    exports: dict = field(default_factory=dict)
+
+    def add(self, cls: type, name: str, args: Any, after: list, where: str) -> Planned:
+        """List one component (a `Wired` class: its children are listed with it), after the ones it waits for."""
+        if not issubclass(cls, Wired):
+            raise TypeError(f"{where}: {cls.__name__} is not a Wired component (no pure children function)")
+        p = Planned(cls, name, args, where, cls.CHILDREN(name, args), list(after))
+        self.components.append(p)
+        return p
+
+    def declare(self) -> dict:
+        """Register each component in order, its `Pending` args and dependencies made real; returns the outputs."""
+        made: dict[int, Any] = {}
+
+        def real(value: Any) -> Any:
+            if isinstance(value, Planned):
+                return made[id(value)]
+            if isinstance(value, Pending):
+                out = getattr(made[id(value.of)], value.attr)
+                for fn in value.then:
+                    out = out.apply(fn)
+                return out
+            if isinstance(value, dict):
+                return {k: real(v) for k, v in value.items()}
+            if isinstance(value, list):
+                return [real(v) for v in value]
+            if isinstance(value, tuple):
+                return tuple(real(v) for v in value)
+            return value
+
+        for p in self.components:
+            waiting = {k: real(v) for k in type(p.args).model_fields if _waits(v := getattr(p.args, k))}
+            args = p.args.model_copy(update=waiting) if waiting else p.args
+            after = [real(a) for a in p.after]
+            made[id(p)] = p.cls(p.name, args, ResourceOptions(depends_on=after) if after else None)
+        return real(self.exports)
+
+
+def plan(fleet: Fleet, guest_keys: tuple[str, ...] = ()) -> Program:
+    """Every component of the fleet, in declaration order, with its children; nothing registered, nothing
+    reached. ConfigError: what only the program finds (a VM that cannot fit, a VF shortage). `guest_keys`:
+    public keys a new guest's user authorizes (cloud-init); the loader passes the public half of
+    `gpuhost:sshPrivateKey` (`stacks.load.guest_public_key`), the key the providers reach guests with."""
+    program = Program()
+    program.exports = build(fleet, program.add, guest_keys)
+    return program
 
 
 New = Callable[[type, str, Any, list, str], Any]
 
 
-def build(fleet: Fleet, new: New = declare_component, guest_keys: tuple[str, ...] = ()) -> dict:
-    """Declare the fleet's components in the seeds' order. `new(cls, name, args, after, where)` makes each one
-    (`where`: the config path it comes from). `guest_keys`: public keys a new guest's user authorizes (cloud-init);
-    __main__ passes the public half of `gpuhost:sshPrivateKey` (`stacks.load.guest_public_key`), the key the
-    providers reach guests with."""
-    # Plan every host before declaring anything: a VM that cannot fit fails the program with no resource
-    # registered.
+def build(fleet: Fleet, new: New, guest_keys: tuple[str, ...] = ()) -> dict:
+    """Make the fleet's components in the seeds' order; returns the stack outputs. `new(cls, name, args, after,
+    where)` makes each one (`plan` passes `Program.add`; `where`: the config path it comes from)."""
+    # Plan every host first: a VM that cannot fit is refused before any component is made.
     placements = {h.name: place_vms(i, h) for i, h in enumerate(fleet.hosts)}
     exports: dict = {"placement": {}, "pending_reboot": {}, "endpoints": {}}
     hosts = build_host_prep(fleet, new, exports)
@@ -360,9 +451,9 @@ def build(fleet: Fleet, new: New = declare_component, guest_keys: tuple[str, ...
     return exports
 
 
-def build_host_prep(fleet: Fleet, new: New, exports: dict) -> dict[str, PassthroughHost]:
+def build_host_prep(fleet: Fleet, new: New, exports: dict) -> dict[str, Planned]:
     """Seed 002 host prep, one PassthroughHost per host, reboots rolled out `max_parallel_reboots` at a time."""
-    hosts: dict[str, PassthroughHost] = {}
+    hosts: dict[str, Planned] = {}
     for hi, h in enumerate(fleet.hosts):
         # Rollout: with max_parallel_reboots k, host i's reboot waits for host i-k's verified reboot.
         k = fleet.rollout.max_parallel_reboots
@@ -374,9 +465,9 @@ def build_host_prep(fleet: Fleet, new: New, exports: dict) -> dict[str, Passthro
     return hosts
 
 
-def build_nics(fleet: Fleet, hosts: dict[str, PassthroughHost], new: New) -> dict[str, list[SriovNic]]:
+def build_nics(fleet: Fleet, hosts: dict[str, Planned], new: New) -> dict[str, list[Planned]]:
     """Seed 002 SR-IOV: one SriovNic per PF of each host, after that host's prep."""
-    nics: dict[str, list[SriovNic]] = {}
+    nics: dict[str, list[Planned]] = {}
     for hi, h in enumerate(fleet.hosts):
         spec = host_spec(h)
         nics[h.name] = [
@@ -404,15 +495,15 @@ def build_nics(fleet: Fleet, hosts: dict[str, PassthroughHost], new: New) -> dic
 def build_vms(
     fleet: Fleet,
     placements: dict[str, Optional[pl.HostPlacement]],
-    hosts: dict[str, PassthroughHost],
-    nics: dict[str, list[SriovNic]],
+    hosts: dict[str, Planned],
+    nics: dict[str, list[Planned]],
     new: New,
     guest_keys: tuple[str, ...],
     exports: dict,
-) -> tuple[dict[tuple[str, str], PinnedVM], dict[tuple[str, str], HostSpec]]:
+) -> tuple[dict[tuple[str, str], Planned], dict[tuple[str, str], HostSpec]]:
     """Seed 002 VMs: one PinnedVM per VM at its planned placement, with its VFs and GPUs; and the guests gpuhost
     reaches over SSH (host, vm) → endpoint, for the services, gateways and monitoring in them."""
-    vms: dict[tuple[str, str], PinnedVM] = {}
+    vms: dict[tuple[str, str], Planned] = {}
     guests: dict[tuple[str, str], HostSpec] = {}
     for hi, h in enumerate(fleet.hosts):
         spec = host_spec(h)
@@ -438,9 +529,7 @@ def build_vms(
     return vms, guests
 
 
-def _vm_vfs(
-    fleet: Fleet, h: Host, vm: Vm, node: int, host_nics: list[SriovNic], taken: list[int]
-) -> pulumi.Output[list[str]]:
+def _vm_vfs(fleet: Fleet, h: Host, vm: Vm, node: int, host_nics: list[Planned], taken: list[int]) -> Pending:
     """The VM's slice of the VFs of a PF on its node (else a PF with no node), counted in `taken` per PF."""
     pfi: Optional[int] = next((k for k, pf in enumerate(h.sriov) if pf.numa_node == node), None)
     if pfi is None:
@@ -452,9 +541,9 @@ def _vm_vfs(
                 f"{vm.vfs} VF(s) wanted on node {node} but no SR-IOV PF there has them free"
             ]
         )
-    start = taken[pfi]
-    taken[pfi] += vm.vfs
-    return host_nics[pfi].vf_addresses.apply(lambda all_vfs, s=start, n=vm.vfs: list(all_vfs or [])[s : s + n])
+    start, end = taken[pfi], taken[pfi] + vm.vfs
+    taken[pfi] = end
+    return host_nics[pfi].vf_addresses.apply(lambda all_vfs: list(all_vfs or [])[start:end])
 
 
 def _pinned_vm_args(
@@ -463,7 +552,7 @@ def _pinned_vm_args(
     vm: Vm,
     spec: HostSpec,
     placement: pl.VmPlacement,
-    vfs_out: Optional[pulumi.Output[list[str]]],
+    vfs_out: Optional[Pending],
     gs: Optional[HostSpec],
     guest_keys: tuple[str, ...],
 ) -> PinnedVMArgs:
@@ -502,9 +591,9 @@ def _emulated_domain(vm: Vm) -> dict[str, Any]:
     }
 
 
-def build_migs(fleet: Fleet, hosts: dict[str, PassthroughHost], new: New) -> dict[str, MigGpus]:
+def build_migs(fleet: Fleet, hosts: dict[str, Planned], new: New) -> dict[str, Planned]:
     """Seed 001 route A: the MIG layout of each host that keeps MIG GPUs on its own driver."""
-    migs: dict[str, MigGpus] = {}
+    migs: dict[str, Planned] = {}
     for hi, h in enumerate(fleet.hosts):
         mig_gpus = [g for g in sorted(h.gpus, key=lambda g: g.address) if g.mig]
         if mig_gpus:
@@ -579,13 +668,13 @@ def triton_reach(bind: str, machine_address: str) -> str:
 
 def build_services(
     fleet: Fleet,
-    hosts: dict[str, PassthroughHost],
-    vms: dict[tuple[str, str], PinnedVM],
+    hosts: dict[str, Planned],
+    vms: dict[tuple[str, str], Planned],
     guests: dict[tuple[str, str], HostSpec],
-    migs: dict[str, MigGpus],
+    migs: dict[str, Planned],
     new: New,
     exports: dict,
-) -> list[TritonService]:
+) -> list[Planned]:
     """Seed 001 services: one TritonService per service, on its host (MIG devices) or in its VM."""
     services = []
     for si, s in enumerate(fleet.services):
@@ -649,12 +738,12 @@ def build_services(
 
 def build_gateways(
     fleet: Fleet,
-    hosts: dict[str, PassthroughHost],
+    hosts: dict[str, Planned],
     guests: dict[tuple[str, str], HostSpec],
-    services: list[TritonService],
+    services: list[Planned],
     new: New,
     exports: dict,
-) -> list[InferenceGateway]:
+) -> list[Planned]:
     """Seed 001 gateways: one InferenceGateway per gateway, after its host and the services behind it."""
     gateways = []
     by_service = dict(zip((s.name for s in fleet.services), services))
@@ -732,7 +821,7 @@ def monitoring_graph(fleet: Fleet, guests: dict[tuple[str, str], HostSpec]) -> M
 
 def build_monitoring(
     fleet: Fleet, guests: dict[tuple[str, str], HostSpec], after: list, new: New, exports: dict
-) -> Optional[MonitoringStack]:
+) -> Optional[Planned]:
     """Seed 003 monitoring: Prometheus and Grafana on the monitoring host, after everything they scrape."""
     if not fleet.monitoring:
         return None

@@ -643,12 +643,13 @@ class Fleet(Strict):
     rollout: Rollout = Field(default_factory=Rollout)
 
 
-def _find_private_keys(obj, path="fleet"):
+def find_private_keys(obj, path="fleet"):
+    """(value, config path) of every string in `obj` that holds a private key (keys belong in secret config)."""
     if isinstance(obj, dict):
         for k, v in obj.items():
-            yield from _find_private_keys(v, f"{path}.{k}")
+            yield from find_private_keys(v, f"{path}.{k}")
     elif isinstance(obj, list):
         for i, v in enumerate(obj):
-            yield from _find_private_keys(v, f"{path}[{i}]")
+            yield from find_private_keys(v, f"{path}[{i}]")
     elif isinstance(obj, str) and "PRIVATE KEY-----" in obj:
         yield obj, path

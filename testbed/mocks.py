@@ -416,7 +416,7 @@ class Recording:
 def run_program(
     config: dict[str, Any], secret_keys: list[str], stack: str = "test", body: Optional[Callable[[], dict]] = None
 ) -> Recording:
-    """Run stacks.program.build (or `body`) fresh under mocks with this stack config."""
+    """Run the program as __main__ does (or `body`) fresh under mocks with this stack config."""
     mocks = EchoMocks()
     monitor = RecordingMonitor(mocks)
     pulumi.runtime.set_mocks(mocks, project="gpuhost", stack=stack, preview=False, monitor=monitor)
@@ -425,11 +425,9 @@ def run_program(
     rec = Recording()
 
     def default_body():
-        from stacks.load import guest_public_key, load
-        from stacks.program import build
+        from stacks.load import load
 
-        fleet, _ = load(pulumi.Config("gpuhost"))
-        return build(fleet, guest_keys=(guest_public_key(pulumi.Config("gpuhost")),))
+        return load(pulumi.Config("gpuhost")).declare()
 
     @pulumi.runtime.test
     def program():
@@ -468,12 +466,10 @@ def attempt_program(
 
     @pulumi.runtime.test
     def program():
-        from stacks.load import guest_public_key, load
-        from stacks.program import build
+        from stacks.load import load
 
         try:
-            fleet, _ = load(pulumi.Config("gpuhost"))
-            out = build(fleet, guest_keys=(guest_public_key(pulumi.Config("gpuhost")),))
+            out = load(pulumi.Config("gpuhost")).declare()
         except Exception as e:  # noqa: BLE001 - the error is the result under test
             error.append(e)
             return None

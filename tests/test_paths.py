@@ -14,7 +14,8 @@ from plans.sysctls import FILE as SYSCTL_FILE
 from providers.managed_file import ManagedFile
 from providers.monitoring import MonitoringFiles
 from stacks.args import passthrough_args
-from stacks.paths import Planned, collisions
+from stacks.paths import collisions
+from stacks.program import Planned
 from stacks.schema import Host
 
 H1 = {"name": "h1", "address": "10.0.0.1"}

@@ -451,11 +451,11 @@ def test_children_functions_are_the_wiring_and_every_resource_is_under_a_compone
     """What each component registers is exactly its pure `children(name, args)` list (which tests, the bench and
     the load-time path check use), and nothing is declared outside a component."""
     from stacks.load import parse_fleet
-    from stacks.paths import planned
+    from stacks.program import plan
 
     rec = {"hk-prod": hk, "dev": dev}[stack]
     cfg, _ = stack_config(stack)
-    comps = planned(parse_fleet(json.loads(cfg["gpuhost:fleet"])))
+    comps = plan(parse_fleet(json.loads(cfg["gpuhost:fleet"]))).components
     stack_urn = next(r.parent for r in rec.registrations if r.type == "gpuhost:host:PassthroughHost")
     assert [r.name for r in rec.registrations if r.custom and r.parent == stack_urn] == []
     assert sorted(r.name for r in rec.registrations if not r.custom) == sorted(p.name for p in comps)
