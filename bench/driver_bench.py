@@ -36,7 +36,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from bench.run import DOC, RESULTS, ROOT, RoundTripLog, boot, boots_seen, log, machine
+from bench.run import DOC, RESULTS, ROOT, RoundTripLog, boot, boots_seen, host_files, log, machine
 
 BEGIN, END = "<!-- BEGIN bench/driver_bench.py table -->", "<!-- END bench/driver_bench.py table -->"
 PASSPHRASE = "bench"
@@ -272,9 +272,59 @@ def step_records(plan, t_start: float) -> list[dict]:
     return sorted(out, key=lambda r: r["start_s"])
 
 
+def apply_record(up: Any, wall: float, steps: list[dict], reboot: dict, rtlog: RoundTripLog, th: Any) -> dict:
+    """The first `up`: its wall time up to and past the reboot decision, its steps, round trips and reboots."""
+    prep = [s for s in steps if s["type"] != "HostReboot" and s["start_s"] < reboot["start_s"]]
+    return {
+        "total_s": wall,
+        "plan_seconds": up.seconds,
+        "excluding_reboot_s": reboot["start_s"],
+        "reboot_resource_s": wall - reboot["start_s"],
+        "reboot_step_s": reboot["seconds"],
+        "host_prep_steps_sum_s": sum(s["seconds"] for s in prep),
+        "first_step_start_s": min(s["start_s"] for s in steps),
+        "steps": steps,
+        "roundtrips": rtlog.count(),
+        "reboots_serial": boots_seen(th) - 1,
+        "resources": len(steps),
+        "counts": up.counts(),
+    }
+
+
+def lock_record(watch: LockWatch, offset: float, steps: list[dict], t0_wall: float, reboot: dict) -> dict:
+    """The host lock's log over the first `up` and each step's time waiting for it, holding it and the rest."""
+    lines = [ln for _, ln in watch.lines]
+    holds = lock_holds(parse_lock_log(lines))
+    return {
+        "log_lines": lines,
+        "clock_samples": watch.clock,
+        "host_minus_local_s": offset,
+        # arrival (local, moved to the host's clock) minus the line's own time: the stream's delay
+        "stream_delay_s": [round(at + offset - ev[0], 3) for at, ln in watch.lines for ev in parse_lock_log([ln])],
+        **lock_account(steps, holds, t0_wall + offset, reboot["start_s"], lock_classes(lines)),
+    }
+
+
+def noop_record(d: Any, rtlog: RoundTripLog) -> dict:
+    """A second `up` right after the first: its wall time, changes and round trips."""
+    rtlog.reset()
+    t0 = time.monotonic()
+    noop = d.up()
+    rec = {
+        "wall_s": time.monotonic() - t0,
+        "changes": noop.changes(),
+        "counts": noop.counts(),
+        "roundtrips": rtlog.count(),
+        "errors": noop.errors,
+    }
+    log(f"gpuhost (driver): no-op up {rec['wall_s']:.0f} s, {noop.changes()} changes")
+    return rec
+
+
 def gpuhost_phase(out: dict, work: Path) -> dict:
     import os
 
+    from testbed.testhost.passthrough import runtime
     from tools.driver import Driver
 
     th = boot(work, "driver-a")
@@ -301,50 +351,12 @@ def gpuhost_phase(out: dict, work: Path) -> dict:
                 raise RuntimeError(f"up failed: {up.errors}")
             steps = step_records(up, t0)
             reboot = next(s for s in steps if s["type"] == "HostReboot")
-            prep = [s for s in steps if s["type"] != "HostReboot" and s["start_s"] < reboot["start_s"]]
-            out["apply"] = {
-                "total_s": wall,
-                "plan_seconds": up.seconds,
-                "excluding_reboot_s": reboot["start_s"],
-                "reboot_resource_s": wall - reboot["start_s"],
-                "reboot_step_s": reboot["seconds"],
-                "host_prep_steps_sum_s": sum(s["seconds"] for s in prep),
-                "first_step_start_s": min(s["start_s"] for s in steps),
-                "steps": steps,
-                "roundtrips": rtlog.count(),
-                "reboots_serial": boots_seen(th) - 1,
-                "resources": len(steps),
-                "counts": up.counts(),
-            }
-            lines = [ln for _, ln in watch.lines]
-            holds = lock_holds(parse_lock_log(lines))
-            out["lock"] = {
-                "log_lines": lines,
-                "clock_samples": watch.clock,
-                "host_minus_local_s": offset,
-                # arrival (local, moved to the host's clock) minus the line's own time: the stream's delay
-                "stream_delay_s": [
-                    round(at + offset - ev[0], 3) for at, ln in watch.lines for ev in parse_lock_log([ln])
-                ],
-                **lock_account(steps, holds, t0_wall + offset, reboot["start_s"], lock_classes(lines)),
-            }
+            out["apply"] = apply_record(up, wall, steps, reboot, rtlog, th)
+            out["lock"] = lock_record(watch, offset, steps, t0_wall, reboot)
             log(f"gpuhost (driver): up {wall:.0f} s, reboot decision at {reboot['start_s']:.0f} s")
-            from bench.run import host_files
-            from testbed.testhost.passthrough import runtime
-
             out["runtime_after"] = runtime(th)
             out["files"] = host_files(th)
-            rtlog.reset()
-            t0 = time.monotonic()
-            noop = d.up()
-            out["noop"] = {
-                "wall_s": time.monotonic() - t0,
-                "changes": noop.changes(),
-                "counts": noop.counts(),
-                "roundtrips": rtlog.count(),
-                "errors": noop.errors,
-            }
-            log(f"gpuhost (driver): no-op up {out['noop']['wall_s']:.0f} s, {noop.changes()} changes")
+            out["noop"] = noop_record(d, rtlog)
         os.environ.pop("GPUHOST_ROUNDTRIP_LOG", None)
         out["reboots_serial_end"] = boots_seen(th) - 1
     finally:
@@ -393,10 +405,11 @@ def ansible_from_run_results(path: Path = RESULTS / "results.json") -> dict | No
     }
 
 
-def table(r: dict) -> str:
+def _header(r: dict) -> list[str]:
+    """The machine and load line, then the head of the first-apply table."""
     m = r["machine"]
     g, a = r.get("gpuhost", {}), r.get("ansible", {})
-    lines = [
+    return [
         f"Machine: {m['nproc']} CPUs ({m['cpu_model']}), emulated host under {m['accel'].upper()}, load average (1, 5, "
         f"15 min) at the start of each phase: gpuhost {' '.join(g.get('machine', {}).get('loadavg_start', ['?']))}, "
         f"ansible {' '.join(a.get('machine', {}).get('loadavg_start', ['?']))} (shared with other work); {m['date']}; "
@@ -420,25 +433,89 @@ def table(r: dict) -> str:
         "Ansible ÷ gpuhost | Target |",
         "|---|---|---|---|---|",
     ]
+
+
+def _apply_rows(r: dict, ga: dict, aa: dict) -> list[str]:
+    """Both first applies side by side, and whether they left the same files and runtime state."""
+    ratio = aa["excluding_reboot_s"] / ga["excluding_reboot_s"]
+    lines = [
+        f"| Excluding the reboot (to the reboot decision) | {ga['excluding_reboot_s']:.0f} s | "
+        f"{aa['excluding_reboot_s']:.0f} s | {ratio:.2f}× | ≥ 3.5× |",
+        f"| Total incl. reboot | {ga['total_s']:.0f} s | {aa['total_s']:.0f} s | "
+        f"{aa['total_s'] / ga['total_s']:.1f}× | – |",
+        f"| SSH round trips | {ga['roundtrips']} | {aa['roundtrips']} | – | – |",
+        f"| Reboots (serial console kernel starts − 1) | {ga['reboots_serial']} | {aa['reboots_serial']} | – | 1 |",
+    ]
+    if r.get("compare"):
+        same = [k for k, v in r["compare"].items() if v == "identical"]
+        other = "; ".join(f"`{k}`: {v}" for k, v in r["compare"].items() if v != "identical")
+        lines.append(
+            f"| Files both wrote, runtime state after (bench/run.py's comparison) | {len(same)} of "
+            f"{len(r['compare'])} byte-identical{' (' + other + ')' if other else ''}; runtime state "
+            f"{r.get('runtime_compare', '?')} | – | – | identical |"
+        )
+    return lines
+
+
+def _step_rows(ga: dict, lk: dict) -> list[str]:
+    """gpuhost's steps as the driver ran them, each split into waiting for the host lock, holding it and the rest."""
+    acc = lk.get("steps", {})
+    lines = [
+        "",
+        "gpuhost's steps as the driver ran them (seconds from the start of the `up`), each split by the host "
+        "lock's log into waiting for the locks, holding them (the host's own commands; in brackets the lock: "
+        "`host` alone excludes every other change, a class — boot, hugepages, sysctl, vfio — only changes of "
+        "that class) and the rest (gpuhost's own: provider call, connect, reads, checks):",
+        "",
+        "| Step | Resource | Starts at | Ends at | Takes | Waiting for the lock | Holding it | Rest |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
+    for s in ga["steps"]:
+        a_ = acc.get(s["name"])
+        split = (
+            f"{a_['wait_s']:.1f} s"
+            + (f" (behind {', '.join(a_['waited_behind'])})" if a_["waited_behind"] else "")
+            + f" | {a_['hold_s']:.1f} s{' (' + a_['classes'] + ')' if a_.get('classes') else ''}"
+            + f"{' (cut off by the reboot)' if a_['cut_off'] else ''} | {a_['rest_s']:.1f} s"
+            if a_
+            else "– | – | –"
+        )
+        lines.append(
+            f"| {s['name']} | {s['type']} ({s['op']}) | {s['start_s']:.1f} s | "
+            f"{s['start_s'] + s['seconds']:.1f} s | {s['seconds']:.1f} s | {split} |"
+        )
+    return lines
+
+
+def _critical_path(lk: dict) -> list[str]:
+    """The step that ended last before the reboot decision, and how busy the host lock was until then."""
+    c = lk["critical"]
+    return [
+        "",
+        f"Critical path: {c['step']} ended last ({c['ends_s']:.1f} s; waited {c['wait_s']:.1f} s for the "
+        f"lock{' behind ' + ', '.join(c['waited_behind']) if c['waited_behind'] else ''}, held it "
+        f"{c['hold_s']:.1f} s, rest {c['rest_s']:.1f} s); the HostReboot step started at "
+        f"{c['reboot_starts_s']:.1f} s. The lock was held {lk['lock_busy_s']:.1f} s of the "
+        f"{c['reboot_starts_s'] - lk['lock_first_acquired_s']:.1f} s from its first acquisition "
+        f"({lk['lock_first_acquired_s']:.1f} s) to the reboot decision ({100 * (lk['lock_busy_share'] or 0):.0f} %)"
+        + (
+            "; held per class (holds of different classes overlap): "
+            + ", ".join(f"{k} {v:.1f} s" for k, v in sorted(lk["held_by_class_s"].items()))
+            if lk.get("held_by_class_s")
+            else ""
+        )
+        + "; "
+        f"host clock − local {lk['host_minus_local_s']:+.3f} s (smallest-RTT `date` of "
+        f"{len(lk['clock_samples'])}).",
+    ]
+
+
+def table(r: dict) -> str:
+    g, a = r.get("gpuhost", {}), r.get("ansible", {})
+    lines = _header(r)
     ga, aa = g.get("apply"), a.get("apply")
     if ga and aa:
-        ratio = aa["excluding_reboot_s"] / ga["excluding_reboot_s"]
-        lines += [
-            f"| Excluding the reboot (to the reboot decision) | {ga['excluding_reboot_s']:.0f} s | "
-            f"{aa['excluding_reboot_s']:.0f} s | {ratio:.2f}× | ≥ 3.5× |",
-            f"| Total incl. reboot | {ga['total_s']:.0f} s | {aa['total_s']:.0f} s | "
-            f"{aa['total_s'] / ga['total_s']:.1f}× | – |",
-            f"| SSH round trips | {ga['roundtrips']} | {aa['roundtrips']} | – | – |",
-            f"| Reboots (serial console kernel starts − 1) | {ga['reboots_serial']} | {aa['reboots_serial']} | – | 1 |",
-        ]
-        if r.get("compare"):
-            same = [k for k, v in r["compare"].items() if v == "identical"]
-            other = "; ".join(f"`{k}`: {v}" for k, v in r["compare"].items() if v != "identical")
-            lines.append(
-                f"| Files both wrote, runtime state after (bench/run.py's comparison) | {len(same)} of "
-                f"{len(r['compare'])} byte-identical{' (' + other + ')' if other else ''}; runtime state "
-                f"{r.get('runtime_compare', '?')} | – | – | identical |"
-            )
+        lines += _apply_rows(r, ga, aa)
     if g.get("noop"):
         lines.append(
             f"| No-op `up` right after (preview + up, {g['noop']['changes']} changes) | {g['noop']['wall_s']:.0f} s, "
@@ -446,51 +523,9 @@ def table(r: dict) -> str:
         )
     if ga:
         lk = g.get("lock") or {}
-        acc = lk.get("steps", {})
-        lines += [
-            "",
-            "gpuhost's steps as the driver ran them (seconds from the start of the `up`), each split by the host "
-            "lock's log into waiting for the locks, holding them (the host's own commands; in brackets the lock: "
-            "`host` alone excludes every other change, a class — boot, hugepages, sysctl, vfio — only changes of "
-            "that class) and the rest (gpuhost's own: provider call, connect, reads, checks):",
-            "",
-            "| Step | Resource | Starts at | Ends at | Takes | Waiting for the lock | Holding it | Rest |",
-            "|---|---|---|---|---|---|---|---|",
-        ]
-        for s in ga["steps"]:
-            a_ = acc.get(s["name"])
-            split = (
-                f"{a_['wait_s']:.1f} s"
-                + (f" (behind {', '.join(a_['waited_behind'])})" if a_["waited_behind"] else "")
-                + f" | {a_['hold_s']:.1f} s{' (' + a_['classes'] + ')' if a_.get('classes') else ''}"
-                + f"{' (cut off by the reboot)' if a_['cut_off'] else ''} | {a_['rest_s']:.1f} s"
-                if a_
-                else "– | – | –"
-            )
-            lines.append(
-                f"| {s['name']} | {s['type']} ({s['op']}) | {s['start_s']:.1f} s | "
-                f"{s['start_s'] + s['seconds']:.1f} s | {s['seconds']:.1f} s | {split} |"
-            )
-        c = lk.get("critical")
-        if c:
-            lines += [
-                "",
-                f"Critical path: {c['step']} ended last ({c['ends_s']:.1f} s; waited {c['wait_s']:.1f} s for the "
-                f"lock{' behind ' + ', '.join(c['waited_behind']) if c['waited_behind'] else ''}, held it "
-                f"{c['hold_s']:.1f} s, rest {c['rest_s']:.1f} s); the HostReboot step started at "
-                f"{c['reboot_starts_s']:.1f} s. The lock was held {lk['lock_busy_s']:.1f} s of the "
-                f"{c['reboot_starts_s'] - lk['lock_first_acquired_s']:.1f} s from its first acquisition "
-                f"({lk['lock_first_acquired_s']:.1f} s) to the reboot decision ({100 * (lk['lock_busy_share'] or 0):.0f} %)"
-                + (
-                    "; held per class (holds of different classes overlap): "
-                    + ", ".join(f"{k} {v:.1f} s" for k, v in sorted(lk["held_by_class_s"].items()))
-                    if lk.get("held_by_class_s")
-                    else ""
-                )
-                + "; "
-                f"host clock − local {lk['host_minus_local_s']:+.3f} s (smallest-RTT `date` of "
-                f"{len(lk['clock_samples'])}).",
-            ]
+        lines += _step_rows(ga, lk)
+        if lk.get("critical"):
+            lines += _critical_path(lk)
     return "\n".join(lines) + "\n"
 
 

@@ -16,6 +16,7 @@ OUT/jpeg_diag.json); exits 1 when any answer was wrong.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import os
 import sys
@@ -41,6 +42,100 @@ def frame_size(jpeg: bytes) -> str:
     return f"{w}x{h}"
 
 
+@dataclasses.dataclass
+class Frames:
+    """The requests' JPEG frames, each one's reference answer and size, and the check of an answer against them."""
+
+    arrays: list[np.ndarray]
+    refs: list[tuple[np.ndarray, np.ndarray]]
+    conf: float
+    sizes: list[str] = dataclasses.field(init=False)
+
+    def __post_init__(self) -> None:
+        self.sizes = [frame_size(x.tobytes()) for x in self.arrays]
+
+    def call(self, client: Any, name: str, i: int) -> tuple[np.ndarray, np.ndarray]:
+        import tritonclient.grpc as grpcclient
+
+        t = grpcclient.InferInput("images", list(self.arrays[i].shape), "UINT8")
+        t.set_data_from_numpy(self.arrays[i])
+        r = client.infer(name, [t], client_timeout=60)
+        return r.as_numpy("detections").reshape(-1, 6), r.as_numpy("num_detections").reshape(-1)
+
+    def problem(self, i: int, det: np.ndarray, num: np.ndarray) -> Optional[str]:
+        n = int(num[0])
+        ref = self.refs[i]
+        return set_problem(det[:n], np.asarray(ref[0], np.float32)[: int(ref[1][0])], self.conf)
+
+    def whose(self, det: np.ndarray, num: np.ndarray) -> list[int]:
+        """The frames whose reference this answer matches."""
+        return [j for j in range(len(self.arrays)) if self.problem(j, det, num) is None]
+
+
+def one_at_a_time(client: Any, name: str, frames: Frames, repeat: int) -> dict[str, Any]:
+    """Every frame alone, ``repeat`` times: requests and wrong answers per frame size, the first four wrong ones."""
+    wrong: dict[str, list] = {}
+    total: dict[str, int] = {}
+    examples: list[dict[str, Any]] = []
+    for rep in range(repeat):
+        for i, size in enumerate(frames.sizes):
+            det, num = frames.call(client, name, i)
+            total[size] = total.get(size, 0) + 1
+            if frames.problem(i, det, num):
+                wrong.setdefault(size, []).append(i)
+                if len(examples) < 4:
+                    examples.append(
+                        {
+                            "frame": i,
+                            "rep": rep,
+                            "got": int(num[0]),
+                            "ref": int(frames.refs[i][1][0]),
+                            "matches_frames": frames.whose(det, num),
+                            "got_first": det[:2].round(1).tolist(),
+                            "ref_first": np.asarray(frames.refs[i][0])[:2].round(1).tolist(),
+                        }
+                    )
+    return {"total": total, "wrong": wrong, "examples": examples}
+
+
+def eight_at_once(grpc_url: str, name: str, frames: Frames, repeat: int) -> dict[str, Any]:
+    """Every frame ``repeat`` times from 8 threads at once (Triton batches them): requests and the wrong ones."""
+    import tritonclient.grpc as grpcclient
+
+    def one(i: int) -> tuple[int, bool]:
+        c = grpcclient.InferenceServerClient(grpc_url)  # one per call: the threads share none
+        try:
+            det, num = frames.call(c, name, i)
+        finally:
+            c.close()
+        return i, frames.problem(i, det, num) is not None
+
+    with ThreadPoolExecutor(8) as pool:
+        got = list(pool.map(one, [i for _ in range(repeat) for i in range(len(frames.arrays))]))
+    return {"total": len(got), "wrong_frames": sorted(i for i, w in got if w)}
+
+
+def run_modes(grpc_url: str, specs: dict[str, Any], frames: Frames, repeat: int) -> dict[str, dict]:
+    """Both models, one at a time and then 8 at once, printed as they finish."""
+    import tritonclient.grpc as grpcclient
+
+    runs: dict[str, dict] = {}
+    client = grpcclient.InferenceServerClient(grpc_url)
+    for mode, spec in specs.items():
+        runs[f"{mode} one at a time"] = one_at_a_time(client, spec.name, frames, repeat)
+        print(mode, json.dumps(runs[f"{mode} one at a time"])[:3000], flush=True)
+        runs[f"{mode} 8 at once"] = eight_at_once(grpc_url, spec.name, frames, repeat)
+        print(
+            mode,
+            "8 at once",
+            runs[f"{mode} 8 at once"]["total"],
+            "wrong",
+            runs[f"{mode} 8 at once"]["wrong_frames"],
+            flush=True,
+        )
+    return runs
+
+
 def main(argv: Optional[list[str]] = None) -> int:
     p = argparse.ArgumentParser()
     p.add_argument("--out", required=True)
@@ -51,7 +146,7 @@ def main(argv: Optional[list[str]] = None) -> int:
     gpu = not a.cpu
     out = Path(a.out)
     out.mkdir(parents=True, exist_ok=True)
-    import tritonclient.grpc as grpcclient
+    import tritonclient.grpc  # noqa: F401 - missing, it fails here and not after Triton's start
 
     gpu_name, machine = machine_line(gpu)
     model, weights = detector_weights()
@@ -64,63 +159,10 @@ def main(argv: Optional[list[str]] = None) -> int:
     workdir = Path(os.environ.get("TMPDIR", "/tmp")) / f"gpuhost-jpeg-diag-{os.getpid()}"
     workdir.mkdir(parents=True, exist_ok=True)
     proc, _http, grpc_url = start_triton(workdir, list(specs.values()), weights, gpu)
-    sizes = [frame_size(x.tobytes()) for x in arrays]
-    conf = CONF["jpeg"]
-
-    def call(client: Any, name: str, i: int) -> tuple[np.ndarray, np.ndarray]:
-        t = grpcclient.InferInput("images", list(arrays[i].shape), "UINT8")
-        t.set_data_from_numpy(arrays[i])
-        r = client.infer(name, [t], client_timeout=60)
-        return r.as_numpy("detections").reshape(-1, 6), r.as_numpy("num_detections").reshape(-1)
-
-    def problem(i: int, det: np.ndarray, num: np.ndarray) -> Optional[str]:
-        n = int(num[0])
-        return set_problem(det[:n], np.asarray(refs[i][0], np.float32)[: int(refs[i][1][0])], conf)
-
-    def whose(det: np.ndarray, num: np.ndarray) -> list[int]:
-        return [j for j in range(len(arrays)) if problem(j, det, num) is None]
-
-    result: dict[str, Any] = {"machine": machine, "frames": len(arrays), "sizes": sizes, "runs": {}}
+    frames = Frames(arrays, refs, CONF["jpeg"])
+    result: dict[str, Any] = {"machine": machine, "frames": len(arrays), "sizes": frames.sizes, "runs": {}}
     try:
-        client = grpcclient.InferenceServerClient(grpc_url)
-        for mode, spec in specs.items():
-            wrong: dict[str, list] = {}
-            total: dict[str, int] = {}
-            examples: list[dict[str, Any]] = []
-            for rep in range(a.repeat):
-                for i in range(len(arrays)):
-                    det, num = call(client, spec.name, i)
-                    total[sizes[i]] = total.get(sizes[i], 0) + 1
-                    if problem(i, det, num):
-                        wrong.setdefault(sizes[i], []).append(i)
-                        if len(examples) < 4:
-                            examples.append(
-                                {
-                                    "frame": i,
-                                    "rep": rep,
-                                    "got": int(num[0]),
-                                    "ref": int(refs[i][1][0]),
-                                    "matches_frames": whose(det, num),
-                                    "got_first": det[:2].round(1).tolist(),
-                                    "ref_first": np.asarray(refs[i][0])[:2].round(1).tolist(),
-                                }
-                            )
-            result["runs"][f"{mode} one at a time"] = {"total": total, "wrong": wrong, "examples": examples}
-            print(mode, json.dumps(result["runs"][f"{mode} one at a time"])[:3000], flush=True)
-
-            def one(i: int, name: str = spec.name) -> tuple[int, bool]:
-                c = grpcclient.InferenceServerClient(grpc_url)  # one per call: the threads share none
-                try:
-                    det, num = call(c, name, i)
-                finally:
-                    c.close()
-                return i, problem(i, det, num) is not None
-
-            with ThreadPoolExecutor(8) as pool:
-                got = list(pool.map(one, [i for _ in range(a.repeat) for i in range(len(arrays))]))
-            bad = sorted(i for i, w in got if w)
-            result["runs"][f"{mode} 8 at once"] = {"total": len(got), "wrong_frames": bad}
-            print(mode, "8 at once", len(got), "wrong", bad, flush=True)
+        result["runs"] = run_modes(grpc_url, specs, frames, a.repeat)
     finally:
         proc.terminate()
         proc.wait(30)

@@ -29,6 +29,7 @@ import tempfile
 import threading
 import time
 from pathlib import Path
+from typing import Any, Callable
 
 import numpy as np
 
@@ -106,7 +107,7 @@ class WeightedRoundRobin:
             return best
 
 
-def main(argv: list[str] | None = None) -> int:
+def arg_parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--duration", type=float, default=10.0)
     ap.add_argument("--concurrency", default="4,16")
@@ -114,106 +115,157 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--workers", type=int, default=2)
     ap.add_argument("--slots", type=int, default=8)
     ap.add_argument("--no-doc", action="store_true", help="do not touch docs/benchmarks.md")
-    a = ap.parse_args(argv)
-    sys.path.insert(0, str(ROOT))
-    import redis
+    return ap
+
+
+def start_tritons(base: Path, batch_ms: float, handles: dict) -> None:
+    """One Triton per backend of WEIGHTS serving the stand-in ``gen``, into ``handles`` as each is ready (so a
+    failed start still stops those before it)."""
+    from testbed.servers.triton import sleep_model_config, start_triton, write_python_model
+
+    for name in WEIGHTS:
+        repo = base / name / "models"
+        repo.mkdir(parents=True)
+        write_python_model(repo, "gen", sleep_model_config("gen", sleep_ms=batch_ms, max_batch_size=8))
+        handles[name] = start_triton(repo, workdir=base / name / "work")
+
+
+def direct_caller(handles: dict) -> Callable[[np.ndarray], np.ndarray]:
+    """A call straight to a Triton over gRPC, the backend chosen by smooth weighted round robin."""
     import tritonclient.grpc as grpcclient
 
+    clients = {n: grpcclient.InferenceServerClient(h.grpc_url) for n, h in handles.items()}
+    rr = WeightedRoundRobin(WEIGHTS)
+
+    def direct(x):
+        i = grpcclient.InferInput("INPUT0", list(x.shape), "FP32")
+        i.set_data_from_numpy(x)
+        return clients[rr.next()].infer("gen", [i], client_timeout=30).as_numpy("OUTPUT0")
+
+    return direct
+
+
+def start_workers(a: argparse.Namespace, port: int, handles: dict, base: Path, workers: list) -> Any:
+    """``--workers`` queue worker processes (into ``workers``), waited for until each is a consumer of the
+    stream; the JobQueue a caller submits to."""
+    import redis
+
     from serving.queue import JobQueue, QueueConfig
-    from testbed.servers import stop_process
     from testbed.servers.gateway import spawn_worker, worker_config
+
+    cfg = worker_config(port, handles, WEIGHTS, queue={"max_depth": 10_000}, slots=a.slots, models=["gen"])
+    workers += [spawn_worker(cfg, f"bench-{i}", base) for i in range(a.workers)]
+    r = redis.Redis(port=port)
+    q = JobQueue(r, QueueConfig(max_depth=10_000))
+    q.ensure_group()
+    deadline = time.monotonic() + 60
+    while int(r.xinfo_groups(q.cfg.stream)[0]["consumers"]) < a.workers:
+        if time.monotonic() > deadline:
+            raise TimeoutError("workers did not start")
+        time.sleep(0.1)
+    return q
+
+
+def queued_caller(q: Any) -> Callable[[np.ndarray], np.ndarray]:
+    """A call through the queue: ``JobQueue.call``, submit to result."""
+
+    def queued(x):
+        res = q.call("gen", {"INPUT0": x}, timeout_s=30)
+        if res.status != "ok":
+            raise RuntimeError(res.error)
+        return res.outputs["OUTPUT0"]
+
+    return queued
+
+
+def measure(levels: list[int], direct: Callable, queued: Callable, q: Any, duration: float) -> list[dict]:
+    """Both paths warmed, then a closed loop per concurrency and path; the queue's rows with the backends' split."""
+    for f in (direct, queued):  # warm both paths
+        closed_loop(f, 4, 1.0)
+    rows = []
+    for c in levels:
+        for path, f in (("direct", direct), ("queue", queued)):
+            q.r.delete(q.cfg.stats_key)
+            res = closed_loop(f, c, duration)
+            if path == "queue":
+                st = q.stats()
+                res["served"] = {k.split(":", 1)[1]: v for k, v in st.items() if k.startswith("served:")}
+                res["duplicates"] = st.get("duplicates", 0)
+            log(f"{path:6s} c={c}: {res}")
+            rows.append({"path": path, **res})
+    return rows
+
+
+def result_of(a: argparse.Namespace, rows: list[dict]) -> dict:
+    return {
+        "when": time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime()),
+        "commit": subprocess.run(
+            ["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True, cwd=ROOT
+        ).stdout.strip(),
+        "machine": {
+            "nproc": os.cpu_count(),
+            "python": platform.python_version(),
+            "loadavg_start": Path("/proc/loadavg").read_text().split()[:3],
+        },
+        "setup": {
+            "batch_ms": a.batch_ms,
+            "max_batch_size": 8,
+            "workers": a.workers,
+            "slots": a.slots,
+            "weights": WEIGHTS,
+            "duration_s": a.duration,
+        },
+        "rows": rows,
+    }
+
+
+def write(result: dict, doc: bool) -> str:
+    """bench/results/queue.{json,md} and, with ``doc``, the table between docs/benchmarks.md's markers."""
+    RESULTS.mkdir(parents=True, exist_ok=True)
+    (RESULTS / "queue.json").write_text(json.dumps(result, indent=2) + "\n")
+    table = render(result)
+    (RESULTS / "queue.md").write_text(table)
+    if doc:
+        text = DOC.read_text()
+        block = f"{BEGIN}\n{table}{END}"
+        text = (
+            text[: text.index(BEGIN)] + block + text[text.index(END) + len(END) :]
+            if BEGIN in text
+            else (text.rstrip("\n") + "\n\n" + block + "\n")
+        )
+        DOC.write_text(text)
+    return table
+
+
+def main(argv: list[str] | None = None) -> int:
+    a = arg_parser().parse_args(argv)
+    sys.path.insert(0, str(ROOT))
+    # Missing, these fail here and not after the servers' start.
+    import redis  # noqa: F401
+    import tritonclient.grpc  # noqa: F401
+
+    from testbed.servers import stop_process
     from testbed.servers.redis import start_redis
-    from testbed.servers.triton import sleep_model_config, start_triton, write_python_model
 
     levels = [int(x) for x in a.concurrency.split(",")]
     base = Path(tempfile.mkdtemp(prefix="gpuhost-bench-queue-"))
-    handles, workers = {}, []
+    handles: dict = {}
+    workers: list = []
     rs = start_redis(base / "redis")
     try:
-        for name in WEIGHTS:
-            repo = base / name / "models"
-            repo.mkdir(parents=True)
-            write_python_model(repo, "gen", sleep_model_config("gen", sleep_ms=a.batch_ms, max_batch_size=8))
-            handles[name] = start_triton(repo, workdir=base / name / "work")
+        start_tritons(base, a.batch_ms, handles)
         log(f"redis on {rs.port}, tritons {[h.grpc_url for h in handles.values()]}")
-        clients = {n: grpcclient.InferenceServerClient(h.grpc_url) for n, h in handles.items()}
-        rr = WeightedRoundRobin(WEIGHTS)
-
-        def direct(x):
-            i = grpcclient.InferInput("INPUT0", list(x.shape), "FP32")
-            i.set_data_from_numpy(x)
-            return clients[rr.next()].infer("gen", [i], client_timeout=30).as_numpy("OUTPUT0")
-
-        cfg = worker_config(rs.port, handles, WEIGHTS, queue={"max_depth": 10_000}, slots=a.slots, models=["gen"])
-        workers += [spawn_worker(cfg, f"bench-{i}", base) for i in range(a.workers)]
-        r = redis.Redis(port=rs.port)
-        q = JobQueue(r, QueueConfig(max_depth=10_000))
-        q.ensure_group()
-        deadline = time.monotonic() + 60
-        while int(r.xinfo_groups(q.cfg.stream)[0]["consumers"]) < a.workers:
-            if time.monotonic() > deadline:
-                raise TimeoutError("workers did not start")
-            time.sleep(0.1)
-
-        def queued(x):
-            res = q.call("gen", {"INPUT0": x}, timeout_s=30)
-            if res.status != "ok":
-                raise RuntimeError(res.error)
-            return res.outputs["OUTPUT0"]
-
-        for f in (direct, queued):  # warm both paths
-            closed_loop(f, 4, 1.0)
-        rows = []
-        for c in levels:
-            for path, f in (("direct", direct), ("queue", queued)):
-                r.delete(q.cfg.stats_key)
-                res = closed_loop(f, c, a.duration)
-                if path == "queue":
-                    st = q.stats()
-                    res["served"] = {k.split(":", 1)[1]: v for k, v in st.items() if k.startswith("served:")}
-                    res["duplicates"] = st.get("duplicates", 0)
-                log(f"{path:6s} c={c}: {res}")
-                rows.append({"path": path, **res})
-        result = {
-            "when": time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime()),
-            "commit": subprocess.run(
-                ["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True, cwd=ROOT
-            ).stdout.strip(),
-            "machine": {
-                "nproc": os.cpu_count(),
-                "python": platform.python_version(),
-                "loadavg_start": Path("/proc/loadavg").read_text().split()[:3],
-            },
-            "setup": {
-                "batch_ms": a.batch_ms,
-                "max_batch_size": 8,
-                "workers": a.workers,
-                "slots": a.slots,
-                "weights": WEIGHTS,
-                "duration_s": a.duration,
-            },
-            "rows": rows,
-        }
+        direct = direct_caller(handles)
+        q = start_workers(a, rs.port, handles, base, workers)
+        rows = measure(levels, direct, queued_caller(q), q, a.duration)
+        result = result_of(a, rows)
     finally:
         for p in workers:
             stop_process(p)
         for h in handles.values():
             h.stop()
         rs.stop()
-    RESULTS.mkdir(parents=True, exist_ok=True)
-    (RESULTS / "queue.json").write_text(json.dumps(result, indent=2) + "\n")
-    table = render(result)
-    (RESULTS / "queue.md").write_text(table)
-    if not a.no_doc:
-        doc = DOC.read_text()
-        block = f"{BEGIN}\n{table}{END}"
-        doc = (
-            doc[: doc.index(BEGIN)] + block + doc[doc.index(END) + len(END) :]
-            if BEGIN in doc
-            else (doc.rstrip("\n") + "\n\n" + block + "\n")
-        )
-        DOC.write_text(doc)
-    print(table)
+    print(write(result, doc=not a.no_doc))
     return 0
 
 

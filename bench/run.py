@@ -30,6 +30,7 @@ import tempfile
 import time
 from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
 from unittest import mock
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -218,8 +219,108 @@ def refreshed_preview(th, rtlog: RoundTripLog, flow):
     return time.monotonic() - t0, pv, srv
 
 
+def first_apply(th, rtlog: RoundTripLog, h) -> tuple[Any, dict]:
+    """One `pulumi up` = one fresh provider server; each resource timed as the engine runs it. Returns the flow
+    (for the runs after it) and the apply's record."""
+    from testbed.testhost.passthrough import host_flow
+
+    rtlog.reset()
+    t0 = time.monotonic()
+    srv = provider_server(th, rtlog)
+    flow = host_flow(srv, h)
+    per, ops = {}, {}
+    for s in flow.suffixes:
+        ts = time.monotonic()
+        ops[s] = flow.res[s].up(flow.inputs(s))[0]
+        per[s] = time.monotonic() - ts
+    total = time.monotonic() - t0
+    record = {
+        "total_s": total,
+        "excluding_reboot_s": total - per["reboot"],
+        "reboot_resource_s": per["reboot"],
+        "per_resource_s": per,
+        "ops": ops,
+        "roundtrips": rtlog.count(),
+        "rebooted_output": flow.res["reboot"].outputs.get("rebooted"),
+        "pending_after": flow.res["reboot"].outputs.get("pending"),
+        "reboots_serial": boots_seen(th) - 1,
+        "resources": len(flow.suffixes),
+    }
+    srv.__exit__(None, None, None)
+    log(f"gpuhost: apply {total:.0f} s, ops {ops}")
+    return flow, record
+
+
+def noop_runs(th, rtlog: RoundTripLog, flow, n: int) -> dict:
+    """`pulumi up` (preview then update) on an unchanged host ``n`` times, a fresh provider process each time."""
+    noop: dict[str, list] = {"wall_s": [], "roundtrips": [], "preview_changes": [], "up_ops": []}
+    for _i in range(n):
+        rtlog.reset()
+        t0 = time.monotonic()
+        srv = provider_server(th, rtlog)
+        rebind(flow, srv)
+        pv = flow.preview()
+        ops = flow.up()
+        noop["wall_s"].append(time.monotonic() - t0)
+        srv.__exit__(None, None, None)
+        noop["roundtrips"].append(rtlog.count())
+        noop["preview_changes"].append(sum(1 for d in pv.values() if d.changes))
+        noop["up_ops"].append(sorted(set(ops.values())))
+    return {**noop, "wall": stats(noop["wall_s"]), "rt": stats(noop["roundtrips"]), "resources": len(flow.suffixes)}
+
+
+def refresh_runs(th, rtlog: RoundTripLog, flow, n: int) -> dict:
+    """`pulumi up --refresh` on the unchanged host: every resource read from the host first."""
+    ref: dict[str, list] = {"wall_s": [], "roundtrips": [], "preview_changes": [], "changed": []}
+    for _i in range(max(1, n - 1)):
+        wall, pv, srv = refreshed_preview(th, rtlog, flow)
+        ref["wall_s"].append(wall)
+        srv.__exit__(None, None, None)
+        ref["roundtrips"].append(rtlog.count())
+        ref["changed"].append(sorted(s for s, d in pv.items() if d.changes))
+        ref["preview_changes"].append(len(ref["changed"][-1]))
+    return {**ref, "wall": stats(ref["wall_s"]), "rt": stats(ref["roundtrips"])}
+
+
+def drift_runs(th, rtlog: RoundTripLog, flow, n: int) -> dict:
+    """A hand edit of /etc/default/grub, then `pulumi preview --refresh` (all resources) ``n`` times, each followed
+    by the preview of the one resource that owns the file."""
+    th.ssh("sed -i 's/^GRUB_CMDLINE_LINUX=.*/GRUB_CMDLINE_LINUX=\"quiet\"/' /etc/default/grub")
+    drift: dict[str, list] = {
+        "wall_s": [],
+        "roundtrips": [],
+        "detected": [],
+        "changed": [],
+        "target_wall_s": [],
+        "target_roundtrips": [],
+    }
+    for _i in range(n):
+        wall, pv, srv = refreshed_preview(th, rtlog, flow)
+        drift["wall_s"].append(wall)
+        drift["roundtrips"].append(rtlog.count())
+        drift["changed"].append(sorted(s for s, d in pv.items() if d.changes))
+        drift["detected"].append(
+            pv["cmdline"].changes is True and flow.res["cmdline"].outputs.get("configured") == ["quiet"]
+        )
+        # `pulumi preview --refresh --target <cmdline>`: the one resource that owns the file
+        rtlog.reset()
+        t0 = time.monotonic()
+        flow.res["cmdline"].refresh()
+        flow.res["cmdline"].preview(flow.inputs("cmdline"))
+        drift["target_wall_s"].append(time.monotonic() - t0)
+        drift["target_roundtrips"].append(rtlog.count())
+        srv.__exit__(None, None, None)
+    return {
+        **drift,
+        "wall": stats(drift["wall_s"]),
+        "rt": stats(drift["roundtrips"]),
+        "target_wall": stats(drift["target_wall_s"]),
+        "target_rt": stats(drift["target_roundtrips"]),
+    }
+
+
 def gpuhost_phase(out: dict, work: Path, n: int, n_facts_ansible: int) -> dict:
-    from testbed.testhost.passthrough import host_config, host_flow, runtime
+    from testbed.testhost.passthrough import host_config, runtime
 
     th = boot(work, "gpuhost-a")
     try:
@@ -227,105 +328,17 @@ def gpuhost_phase(out: dict, work: Path, n: int, n_facts_ansible: int) -> dict:
         out["pristine_runtime"] = runtime(th)
         log("facts: gpuhost read_host_facts vs ansible -m setup, interleaved on the fresh host")
         out["facts"] = facts_phase(th, work, n_gpuhost=max(n, 5), n_ansible=n_facts_ansible)
-        h = host_config(th)
-
-        # -- first apply: one `pulumi up` = one fresh provider server; each resource timed as the engine runs it
         log("gpuhost: first apply")
-        rtlog.reset()
-        t0 = time.monotonic()
-        srv = provider_server(th, rtlog)
-        flow = host_flow(srv, h)
-        per, ops = {}, {}
-        for s in flow.suffixes:
-            ts = time.monotonic()
-            ops[s] = flow.res[s].up(flow.inputs(s))[0]
-            per[s] = time.monotonic() - ts
-        total = time.monotonic() - t0
-        out["apply"] = {
-            "total_s": total,
-            "excluding_reboot_s": total - per["reboot"],
-            "reboot_resource_s": per["reboot"],
-            "per_resource_s": per,
-            "ops": ops,
-            "roundtrips": rtlog.count(),
-            "rebooted_output": flow.res["reboot"].outputs.get("rebooted"),
-            "pending_after": flow.res["reboot"].outputs.get("pending"),
-            "reboots_serial": boots_seen(th) - 1,
-            "resources": len(flow.suffixes),
-        }
-        srv.__exit__(None, None, None)
-        log(f"gpuhost: apply {total:.0f} s, ops {ops}")
+        flow, out["apply"] = first_apply(th, rtlog, host_config(th))
         out["runtime_after"] = runtime(th)
         out["files"] = host_files(th)
-
-        # -- no-op: `pulumi up` (preview then update) on an unchanged host, a fresh provider process each time
-        noop: dict[str, list] = {"wall_s": [], "roundtrips": [], "preview_changes": [], "up_ops": []}
-        for _i in range(n):
-            rtlog.reset()
-            t0 = time.monotonic()
-            srv = provider_server(th, rtlog)
-            rebind(flow, srv)
-            pv = flow.preview()
-            ops = flow.up()
-            noop["wall_s"].append(time.monotonic() - t0)
-            srv.__exit__(None, None, None)
-            noop["roundtrips"].append(rtlog.count())
-            noop["preview_changes"].append(sum(1 for d in pv.values() if d.changes))
-            noop["up_ops"].append(sorted(set(ops.values())))
-        out["noop"] = {
-            **noop,
-            "wall": stats(noop["wall_s"]),
-            "rt": stats(noop["roundtrips"]),
-            "resources": len(flow.suffixes),
-        }
+        out["noop"] = noop_runs(th, rtlog, flow, n)
         log(f"gpuhost: no-op {out['noop']['wall']}")
-
-        # -- no-op with refresh (`pulumi up --refresh`): reads every resource from the host first
-        ref: dict[str, list] = {"wall_s": [], "roundtrips": [], "preview_changes": [], "changed": []}
-        for _i in range(max(1, n - 1)):
-            wall, pv, srv = refreshed_preview(th, rtlog, flow)
-            ref["wall_s"].append(wall)
-            srv.__exit__(None, None, None)
-            ref["roundtrips"].append(rtlog.count())
-            ref["changed"].append(sorted(s for s, d in pv.items() if d.changes))
-            ref["preview_changes"].append(len(ref["changed"][-1]))
-        out["noop_refresh"] = {**ref, "wall": stats(ref["wall_s"]), "rt": stats(ref["roundtrips"])}
-        log(f"gpuhost: refresh+preview on the unchanged host {out['noop_refresh']['wall']}, changed {ref['changed']}")
-
-        # -- drift: hand edit of /etc/default/grub, then `pulumi preview --refresh` (all resources) n times
-        th.ssh("sed -i 's/^GRUB_CMDLINE_LINUX=.*/GRUB_CMDLINE_LINUX=\"quiet\"/' /etc/default/grub")
-        drift: dict[str, list] = {
-            "wall_s": [],
-            "roundtrips": [],
-            "detected": [],
-            "changed": [],
-            "target_wall_s": [],
-            "target_roundtrips": [],
-        }
-        for _i in range(n):
-            wall, pv, srv = refreshed_preview(th, rtlog, flow)
-            drift["wall_s"].append(wall)
-            drift["roundtrips"].append(rtlog.count())
-            drift["changed"].append(sorted(s for s, d in pv.items() if d.changes))
-            drift["detected"].append(
-                pv["cmdline"].changes is True and flow.res["cmdline"].outputs.get("configured") == ["quiet"]
-            )
-            # `pulumi preview --refresh --target <cmdline>`: the one resource that owns the file
-            rtlog.reset()
-            t0 = time.monotonic()
-            flow.res["cmdline"].refresh()
-            flow.res["cmdline"].preview(flow.inputs("cmdline"))
-            drift["target_wall_s"].append(time.monotonic() - t0)
-            drift["target_roundtrips"].append(rtlog.count())
-            srv.__exit__(None, None, None)
-        out["drift"] = {
-            **drift,
-            "wall": stats(drift["wall_s"]),
-            "rt": stats(drift["roundtrips"]),
-            "target_wall": stats(drift["target_wall_s"]),
-            "target_rt": stats(drift["target_roundtrips"]),
-        }
-        log(f"gpuhost: drift {out['drift']['wall']} detected {drift['detected']}")
+        out["noop_refresh"] = refresh_runs(th, rtlog, flow, n)
+        changed = out["noop_refresh"]["changed"]
+        log(f"gpuhost: refresh+preview on the unchanged host {out['noop_refresh']['wall']}, changed {changed}")
+        out["drift"] = drift_runs(th, rtlog, flow, n)
+        log(f"gpuhost: drift {out['drift']['wall']} detected {out['drift']['detected']}")
     finally:
         stop_servers()
         th.stop()

@@ -426,8 +426,8 @@ def groups(configs: list[str], together: list[str]) -> list[list[str]]:
     return out
 
 
-def markdown(result: dict) -> str:
-    m = result["meta"]
+def _header_lines(m: dict) -> list[str]:
+    """The run's machine, command, load and models, then each capacity probe."""
     lines = [
         f"Machine: {m['machine']}; commit {m['commit']}; {m['when']}.",
         "",
@@ -457,14 +457,18 @@ def markdown(result: dict) -> str:
             f"{pr['right_per_s']}/s right (wrong {pr['wrong']}, failed {pr['failed']}), p50 {pr['p50_ms']} ms, "
             f"p95 {pr['p95_ms']} ms."
         )
-    lines += ["", "Verdict:", ""] + [f"- {v}" for v in result["verdict"]]
-    lines += [
+    return lines
+
+
+def _phase_table(runs: list[dict]) -> list[str]:
+    """One row per configuration and phase."""
+    lines = [
         "",
         "| config | phase | offered/s | served right/s | shed | wrong | failed | p50 ms | p95 ms | p99 ms | p95 ≤ target "
         "| issue lag p99 ms |",
         "|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
-    for r in result["runs"]:
+    for r in runs:
         for p in r["phases"]:
             ok = "–" if p["p95_under_target"] is None else ("yes" if p["p95_under_target"] else "**no**")
             lines.append(
@@ -472,39 +476,52 @@ def markdown(result: dict) -> str:
                 f"{p['wrong_answers']} | {p['failed']} | {p['p50_ms']} | {p['p95_ms']} | {p['p99_ms']} | {ok} "
                 f"| {p['lag_p99_ms']} |"
             )
-    lines += [
+    return lines
+
+
+def _timeline_table(runs: list[dict], m: dict) -> list[str]:
+    """p95 per time bucket for every configuration, with (d)'s window beside it."""
+    lines = [
         "",
         f"p95 over time (ms, per {m['bucket_s']:g} s bucket of scheduled time; target {m['target_ms']:g}):",
         "",
     ]
-    runs = result["runs"]
-    if runs:
-        lines.append("| t s | " + " | ".join(f"({r['config']})" for r in runs) + " | (d) window µs, mean (min–max) |")
-        lines.append("|---" * (len(runs) + 2) + "|")
-        d = next((r for r in runs if r["config"] == "d"), None)
-        for i, row in enumerate(runs[0]["timeline"]):
-            cells = []
-            for r in runs:
-                v = r["timeline"][i]["p95_ms"] if i < len(r["timeline"]) else None
-                cells.append("–" if v is None else (f"**{v}**" if v > m["target_ms"] else str(v)))
-            w = "–"
-            if d and i < len(d["timeline"]):
-                w = "{} ({}–{})".format(d["timeline"][i]["window_us"], *d["timeline"][i]["window_range_us"])
-            lines.append(f"| {row['t_s']} | " + " | ".join(cells) + f" | {w} |")
+    if not runs:
+        return lines
+    lines.append("| t s | " + " | ".join(f"({r['config']})" for r in runs) + " | (d) window µs, mean (min–max) |")
+    lines.append("|---" * (len(runs) + 2) + "|")
     d = next((r for r in runs if r["config"] == "d"), None)
-    if d:
-        lines += [
-            "",
-            "(d)'s decisions per period, over its client processes (each decides from its own records):",
-            "",
-            "| t s | actions | window after, µs (min–max) | p95 ms (min–max) | requests |",
-            "|---|---|---|---|---|",
-        ]
-        for x in d["decisions"]:
-            acts = ", ".join(f"{a} ×{n}" for a, n in x["actions"].items())
-            p95 = "–" if x["p95_ms"] is None else "{}–{}".format(*x["p95_ms"])
-            lines.append(f"| {x['t_s']} | {acts} | {x['window_us'][0]}–{x['window_us'][1]} | {p95} | {x['requests']} |")
-    lines += [""] + [
+    for i, row in enumerate(runs[0]["timeline"]):
+        cells = []
+        for r in runs:
+            v = r["timeline"][i]["p95_ms"] if i < len(r["timeline"]) else None
+            cells.append("–" if v is None else (f"**{v}**" if v > m["target_ms"] else str(v)))
+        w = "–"
+        if d and i < len(d["timeline"]):
+            w = "{} ({}–{})".format(d["timeline"][i]["window_us"], *d["timeline"][i]["window_range_us"])
+        lines.append(f"| {row['t_s']} | " + " | ".join(cells) + f" | {w} |")
+    return lines
+
+
+def _decision_table(d: dict) -> list[str]:
+    """(d)'s window decisions per period."""
+    lines = [
+        "",
+        "(d)'s decisions per period, over its client processes (each decides from its own records):",
+        "",
+        "| t s | actions | window after, µs (min–max) | p95 ms (min–max) | requests |",
+        "|---|---|---|---|---|",
+    ]
+    for x in d["decisions"]:
+        acts = ", ".join(f"{a} ×{n}" for a, n in x["actions"].items())
+        p95 = "–" if x["p95_ms"] is None else "{}–{}".format(*x["p95_ms"])
+        lines.append(f"| {x['t_s']} | {acts} | {x['window_us'][0]}–{x['window_us'][1]} | {p95} | {x['requests']} |")
+    return lines
+
+
+def _run_totals(runs: list[dict]) -> list[str]:
+    """Each configuration's totals, then its first problems."""
+    lines = [""] + [
         f"({r['config']}) requests {r['requests']}, served right {r['served_right']}, wrong {r['wrong_answers']}, "
         f"failed {r['failed']}, shed {r['shed']}, model reloads {r['model_reloads']}, client issue lag p50 "
         f"{r['issue_lag_ms']['p50_ms']} / p99 {r['issue_lag_ms']['p99_ms']} / max {r['max_issue_lag_ms']} ms, client "
@@ -514,6 +531,19 @@ def markdown(result: dict) -> str:
     for r in runs:
         if r["problems"]:
             lines += ["", f"({r['config']}) first problems: " + "; ".join(r["problems"])]
+    return lines
+
+
+def markdown(result: dict) -> str:
+    m, runs = result["meta"], result["runs"]
+    lines = _header_lines(m)
+    lines += ["", "Verdict:", ""] + [f"- {v}" for v in result["verdict"]]
+    lines += _phase_table(runs)
+    lines += _timeline_table(runs, m)
+    d = next((r for r in runs if r["config"] == "d"), None)
+    if d:
+        lines += _decision_table(d)
+    lines += _run_totals(runs)
     return "\n".join(lines) + "\n"
 
 
@@ -535,7 +565,7 @@ def machine_line(gpu: bool) -> tuple[str, str]:
     return name, f"{platform.machine()} CPU only, {os.cpu_count()} CPUs, load average {load}"
 
 
-def main(argv: Optional[list[str]] = None) -> int:
+def arg_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(description="seed 004 on the GPU: (a)–(d) under a changing open-loop load")
     p.add_argument("--out", required=True)
     p.add_argument("--cpu", action="store_true", help="no GPU: KIND_CPU, FP32 (smoke test)")
@@ -591,8 +621,12 @@ def main(argv: Optional[list[str]] = None) -> int:
     p.add_argument("--timeout-s", type=float, default=30.0)
     p.add_argument("--gpu-model", default="", help="preset key (default: from nvidia-smi)")
     p.add_argument("--commit", default="")
-    args = p.parse_args(argv)
-    gpu = not args.cpu
+    return p
+
+
+def settle(args: argparse.Namespace) -> tuple[list[Phase], tuple[float, ...], list[str], list[str]]:
+    """``--tiny``'s smaller settings filled in, every argument checked: (the given phases, or none for auto; the
+    auto phases' seconds; the configurations; those of them that run together)."""
     if args.tiny:
         args.phases = args.phases or TINY_PHASES
         args.images = args.images or 4
@@ -608,7 +642,6 @@ def main(argv: Optional[list[str]] = None) -> int:
         auto_seconds = ()
     if len(auto_seconds) != 4 or min(auto_seconds) <= 0:
         raise SystemExit(f"--auto-seconds: {args.auto_seconds!r} is not four durations > 0 (idle,burst,steady,idle)")
-    n_images = args.images or 64
     configs = args.configs.split(",")
     if any(c not in CONFIGS for c in configs):
         raise SystemExit(f"--configs: only {', '.join(CONFIGS)}")
@@ -619,68 +652,102 @@ def main(argv: Optional[list[str]] = None) -> int:
     together = together if len(together) >= 2 else []
     if len(together) > args.procs:
         raise SystemExit(f"--together: {len(together)} configurations need at least as many --procs ({args.procs})")
-    out = Path(args.out)
-    out.mkdir(parents=True, exist_ok=True)
-    gpu_name, machine = machine_line(gpu)
-    t0 = time.monotonic()
+    return phases, auto_seconds, configs, together
 
-    log("test weights and images")
-    model, weights = detector_weights()
-    images, refs = pick_images(model, n_images, gpu)
-    counts = [int(r[1][0]) for r in refs]
-    log(f"references: detections per image {counts[:16]}{' …' if len(counts) > 16 else ''}")
-    specs = model_specs(gpu, args.gpu_model or gpu_name)
-    workdir = Path(os.environ.get("TMPDIR", "/tmp")) / f"gpuhost-window-gpu-{os.getpid()}"
-    workdir.mkdir(parents=True, exist_ok=True)
-    proc, _http, grpc_url = start_triton(workdir, list(specs.values()), weights, gpu)
-    log(f"Triton ready after {time.monotonic() - t0:.1f} s")
-    payload = openloop.write_payload(workdir, images, refs)
-    runs = []
+
+def model_name(specs: dict[str, Any], config: str) -> str:
+    return specs["default"].name if config == "a" else specs["preset"].name
+
+
+def probe_and_size(
+    phases: list[Phase],
+    specs: dict[str, Any],
+    grpc_url: str,
+    payload: str,
+    args: argparse.Namespace,
+    auto_seconds: tuple[float, ...],
+) -> tuple[list[Phase], dict[str, dict]]:
+    """With no phases given: closed-loop capacity probes of (a) and (b), and the phases sized from them."""
     probes: dict[str, dict] = {}
+    if phases:
+        return phases, probes
+    for c in ("a", "b"):
+        probes[c] = openloop.probe(
+            client_spec(c, model_name(specs, c), grpc_url, payload, args),
+            args.procs,
+            args.probe_concurrency,
+            args.probe_s,
+        )
+        log(f"({c}) capacity probe: {probes[c]}")
+    phases = sized_phases(
+        probes["a"]["right_per_s"],
+        probes["b"]["right_per_s"],
+        auto_seconds,
+        args.burst_over_a,
+        args.preset_headroom,
+    )
+    log("phases: " + ",".join(f"{ph.name}:{ph.seconds:g}:{ph.rate:g}" for ph in phases))
+    return phases, probes
+
+
+def run_groups(
+    configs: list[str],
+    together: list[str],
+    specs: dict[str, Any],
+    workdir: Path,
+    grpc_url: str,
+    payload: str,
+    phases: list[Phase],
+    args: argparse.Namespace,
+) -> list[dict]:
+    """Every configuration under the phases' load, alone or with those it runs together with; each run with the
+    model reloads Triton logged during it."""
+    runs = []
+    for group in groups(configs, together):
+        names = {c: model_name(specs, c) for c in group}
+        loads = {c: model_loads(workdir, names[c]) for c in group}
+        log(" + ".join(f"({c}) {CONFIGS[c]}: {names[c]}" for c in group))
+        cspecs = {c: client_spec(c, names[c], grpc_url, payload, args) for c in group}
+        for r in run_configs(group, cspecs, phases, args):
+            c = r["config"]
+            r["model_reloads"] = model_loads(workdir, names[c]) - loads[c]
+            summary = ", ".join(f"{p['phase']} {p['served_per_s']}/s p95 {p['p95_ms']} ms" for p in r["phases"])
+            log(
+                f"({c}) {summary}; wrong {r['wrong_answers']} failed {r['failed']} shed {r['shed']}, "
+                f"client issue lag {r['issue_lag_ms']}, client busy {r['client_cpu_share']}, "
+                f"reloads {r['model_reloads']}{', CLIENT-BOUND: ' + '; '.join(r['client_bound']) if r['client_bound'] else ''}"
+            )
+            runs.append(r)
+    return runs
+
+
+def stop_triton(proc: subprocess.Popen) -> None:
+    proc.terminate()
     try:
-        for c in ("a", "b") if not phases else ():
-            name = specs["default"].name if c == "a" else specs["preset"].name
-            probes[c] = openloop.probe(
-                client_spec(c, name, grpc_url, payload, args), args.procs, args.probe_concurrency, args.probe_s
-            )
-            log(f"({c}) capacity probe: {probes[c]}")
-        if not phases:
-            phases = sized_phases(
-                probes["a"]["right_per_s"],
-                probes["b"]["right_per_s"],
-                auto_seconds,
-                args.burst_over_a,
-                args.preset_headroom,
-            )
-            log("phases: " + ",".join(f"{ph.name}:{ph.seconds:g}:{ph.rate:g}" for ph in phases))
-        for group in groups(configs, together):
-            names = {c: specs["default"].name if c == "a" else specs["preset"].name for c in group}
-            loads = {c: model_loads(workdir, names[c]) for c in group}
-            log(" + ".join(f"({c}) {CONFIGS[c]}: {names[c]}" for c in group))
-            cspecs = {c: client_spec(c, names[c], grpc_url, payload, args) for c in group}
-            for r in run_configs(group, cspecs, phases, args):
-                c = r["config"]
-                r["model_reloads"] = model_loads(workdir, names[c]) - loads[c]
-                summary = ", ".join(f"{p['phase']} {p['served_per_s']}/s p95 {p['p95_ms']} ms" for p in r["phases"])
-                log(
-                    f"({c}) {summary}; wrong {r['wrong_answers']} failed {r['failed']} shed {r['shed']}, "
-                    f"client issue lag {r['issue_lag_ms']}, client busy {r['client_cpu_share']}, "
-                    f"reloads {r['model_reloads']}{', CLIENT-BOUND: ' + '; '.join(r['client_bound']) if r['client_bound'] else ''}"
-                )
-                runs.append(r)
-    finally:
-        proc.terminate()
-        try:
-            proc.wait(30)
-        except subprocess.TimeoutExpired:
-            proc.kill()
+        proc.wait(30)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+
+
+def run_meta(
+    args: argparse.Namespace,
+    argv: Optional[list[str]],
+    machine: str,
+    phases: list[Phase],
+    together: list[str],
+    probes: dict[str, dict],
+    specs: dict[str, Any],
+    counts: list[int],
+    t0: float,
+) -> dict:
+    """What ran, where and how (the JSON's ``meta``; the markdown's header)."""
     commit = (
         args.commit
         or subprocess.run(
             ["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True, cwd=ROOT
         ).stdout.strip()
     )
-    meta = {
+    return {
         "machine": machine,
         "commit": commit,
         "when": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
@@ -698,7 +765,7 @@ def main(argv: Optional[list[str]] = None) -> int:
         "start_window_us": args.start_window_us,
         "widen_min_per_batch": args.widen_min_per_batch,
         "bucket_s": args.bucket_s,
-        "images": n_images,
+        "images": len(counts),
         "reference_detections": counts,
         "models": {
             k: {
@@ -711,18 +778,51 @@ def main(argv: Optional[list[str]] = None) -> int:
         },
         "wall_s": round(time.monotonic() - t0, 1),
     }
-    result = {
-        "meta": meta,
-        "runs": runs,
-        "verdict": verdict(runs, probes, args.target_ms),
-    }
+
+
+def write_result(out: Path, workdir: Path, result: dict) -> None:
     (out / "window_gpu.json").write_text(json.dumps(result, indent=2) + "\n")
     (out / "window_gpu.md").write_text(markdown(result))
     (out / "triton.log").write_bytes((workdir / "triton.log").read_bytes()[-2_000_000:])
-    log(f"wrote {out}/window_gpu.json and .md in {meta['wall_s']} s")
+    log(f"wrote {out}/window_gpu.json and .md in {result['meta']['wall_s']} s")
     print(markdown(result))
+
+
+def exit_code(runs: list[dict], probes: dict[str, dict]) -> int:
+    """1: a wrong or failed answer anywhere; 3: a run was client-bound; else 0."""
     bad = sum(r["wrong_answers"] + r["failed"] for r in runs) + sum(p["wrong"] + p["failed"] for p in probes.values())
     return 1 if bad else (3 if any(r["client_bound"] for r in runs) else 0)
+
+
+def main(argv: Optional[list[str]] = None) -> int:
+    args = arg_parser().parse_args(argv)
+    gpu = not args.cpu
+    phases, auto_seconds, configs, together = settle(args)
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    gpu_name, machine = machine_line(gpu)
+    t0 = time.monotonic()
+
+    log("test weights and images")
+    model, weights = detector_weights()
+    images, refs = pick_images(model, args.images or 64, gpu)
+    counts = [int(r[1][0]) for r in refs]
+    log(f"references: detections per image {counts[:16]}{' …' if len(counts) > 16 else ''}")
+    specs = model_specs(gpu, args.gpu_model or gpu_name)
+    workdir = Path(os.environ.get("TMPDIR", "/tmp")) / f"gpuhost-window-gpu-{os.getpid()}"
+    workdir.mkdir(parents=True, exist_ok=True)
+    proc, _http, grpc_url = start_triton(workdir, list(specs.values()), weights, gpu)
+    log(f"Triton ready after {time.monotonic() - t0:.1f} s")
+    payload = openloop.write_payload(workdir, images, refs)
+    try:
+        phases, probes = probe_and_size(phases, specs, grpc_url, payload, args, auto_seconds)
+        runs = run_groups(configs, together, specs, workdir, grpc_url, payload, phases, args)
+    finally:
+        stop_triton(proc)
+    meta = run_meta(args, argv, machine, phases, together, probes, specs, counts, t0)
+    result = {"meta": meta, "runs": runs, "verdict": verdict(runs, probes, args.target_ms)}
+    write_result(out, workdir, result)
+    return exit_code(runs, probes)
 
 
 if __name__ == "__main__":
