@@ -5,9 +5,9 @@ Runs from where Pulumi runs, against ``url`` (the nginx front). The request is b
 model's own signature (input names, datatypes, shapes; STRING inputs for a prompt), as a KServe binary-extension
 body (``serving.kserve``): no multi-megabyte JSON in state or on the wire. Steps:
 
-1. ``expectDigest``: the guest must serve the repository this deploy wrote (a marker the repository provider
+1. ``expect_digest``: the guest must serve the repository this deploy wrote (a marker the repository provider
    keeps); otherwise a previous gate rolled it back and `pulumi up --refresh` is needed.
-2. ``/v2/health/ready`` and every model's ready; then ``checkRequests`` answers, each checked against the model's
+2. ``/v2/health/ready`` and every model's ready; then ``check_requests`` answers, each checked against the model's
    outputs (names, datatypes, shapes, byte sizes): a 200 with wrong or empty outputs fails the gate.
 3. Warmup, the load tool's own floor on ``/nginx-health``, then the load (``serving.loadgate``; open loop at
    ``rate`` when set, every answer checked by the Python client) against p95/p99, error rate and throughput.
@@ -20,8 +20,8 @@ gate as a replacement, so every deploy that changes serving is measured again.
 Usage::
 
     AcceptanceGate("svc-yolov8n-gate", {"url": "http://10.0.0.5:80", "models": ["yolov8n"], "model": "yolov8n",
-                   "request": signature, "concurrency": 8, "durationS": 30, "maxRequests": 200000,
-                   "p95Ms": 8.0, "p99Ms": None, "maxErrorRate": 0.0, "rate": None, "minRps": None,
+                   "request": signature, "concurrency": 8, "duration_s": 30, "max_requests": 200000,
+                   "p95_ms": 8.0, "p99_ms": None, "max_error_rate": 0.0, "rate": None, "min_rps": None,
                    "trigger": repo.digest, "rollback": None})
 """
 
@@ -47,14 +47,14 @@ from serving.health import NotReady, wait_ready
 
 def request_body(props: dict) -> tuple[bytes, dict[str, str]]:
     """The infer request the gate sends, built here (never carried in state): from ``request``, the model's whole
-    signature (every input, STRING prompts included, binary); or from ``bodySpec`` (one input; ``binary`` sends
+    signature (every input, STRING prompts included, binary); or from ``body_spec`` (one input; ``binary`` sends
     raw bytes) or ``body`` (JSON text) as earlier gates were given."""
     if props.get("request"):
         if kserve.takes_frames(props["request"]):
             first = kserve.frame_payloads(props["request"])[0]
             return first.body, dict(first.headers)
         return kserve.signature_request(props["request"])
-    spec = props.get("bodySpec")
+    spec = props.get("body_spec")
     if spec and spec.get("binary"):
         import math
         import random
@@ -78,14 +78,14 @@ ANSWER_LIMIT = 256 * 1024 * 1024
 
 def response_check(url: str, model: str, props: dict) -> Optional[loadgate.ResponseCheck]:
     """What every answer of the load run must hold, from the model config the server reports (names, datatypes,
-    shapes, bytes; a -1 dimension checked against the shape answered). ``checkOutputs: false`` turns it off."""
-    if not props.get("checkOutputs", True):
+    shapes, bytes; a -1 dimension checked against the shape answered). ``check_outputs: false`` turns it off."""
+    if not props.get("check_outputs", True):
         return None
     try:
         with urllib.request.urlopen(f"{url}/v2/models/{model}/config", timeout=30) as r:
             config = json.loads(loadgate.read_limited(r, CONFIG_LIMIT))
         sig = props.get("request") or {}
-        spec = props.get("bodySpec") or {}
+        spec = props.get("body_spec") or {}
         shape = sig["inputs"][0]["shape"] if sig.get("inputs") else spec.get("shape")
         batch = int(shape[0]) if shape and int(config.get("max_batch_size", 0)) > 0 else 1
         return loadgate.ResponseCheck.from_config(config, batch=batch)
@@ -124,6 +124,34 @@ class GateError(RuntimeError):
     pass
 
 
+# Up to VERSION 6 the inputs were camelCase; state written then still carries these keys in its olds.
+OLD_KEYS = {
+    "durationS": "duration_s",
+    "maxRequests": "max_requests",
+    "p95Ms": "p95_ms",
+    "p99Ms": "p99_ms",
+    "maxErrorRate": "max_error_rate",
+    "minRps": "min_rps",
+    "bodySpec": "body_spec",
+    "checkOutputs": "check_outputs",
+    "checkRequests": "check_requests",
+    "warmupRequests": "warmup_requests",
+    "requestTimeoutS": "request_timeout_s",
+    "readyTimeoutS": "ready_timeout_s",
+    "expectDigest": "expect_digest",
+}
+
+
+def current_keys(props: dict) -> dict:
+    """``props`` with the camelCase keys of state written before VERSION 7 renamed (a key already in snake_case
+    wins), so old state diffs against new inputs value by value instead of as every input changed."""
+    out = {k: v for k, v in props.items() if k not in OLD_KEYS}
+    for old, new in OLD_KEYS.items():
+        if old in props and new not in out:
+            out[new] = props[old]
+    return out
+
+
 def _label(props: dict) -> str:
     return resource_label(props.get("owner_tag"), f"gate-{props.get('model')}")
 
@@ -131,10 +159,13 @@ def _label(props: dict) -> str:
 class AcceptanceGateProvider(Provider):
     # Keys from secret config as every host provider gets them: the rollback reaches the guest over SSH.
     configure = HostProvider.configure
-    VERSION = "6"  # 6: the health gate and the loads say every 5 s what they wait for (providers.progress)
+    VERSION = "7"  # 7: inputs in snake_case (state written before reads through OLD_KEYS)
     OUTPUT_ONLY = ("result", "overhead")
     _BOOKKEEPING = {"__provider", "version", "owner_tag", "result", "overhead"}
-    DERIVED = (("expectDigest",), ("trigger",))  # the repository's digest; a hash of the deploy it measures
+    DERIVED = (("expect_digest",), ("trigger",))  # the repository's digest; a hash of the deploy it measures
+
+    def diff(self, _id: str, olds: dict, news: dict) -> DiffResult:
+        return super().diff(_id, current_keys(olds), news)
 
     def effects(self, olds: dict | None, news: dict) -> list[Effect]:
         # Created or replaced (any change), the gate runs its load against the serving endpoint once.
@@ -142,13 +173,13 @@ class AcceptanceGateProvider(Provider):
         load = {
             "url": news.get("url"),
             "connections": news.get("concurrency"),
-            "duration_s": news.get("durationS"),
-            "max_requests": news.get("maxRequests"),
+            "duration_s": news.get("duration_s"),
+            "max_requests": news.get("max_requests"),
             "rate_rps": news.get("rate"),
-            "p95_ms": news.get("p95Ms"),
-            "p99_ms": news.get("p99Ms"),
-            "max_error_rate": news.get("maxErrorRate"),
-            "min_rps": news.get("minRps"),
+            "p95_ms": news.get("p95_ms"),
+            "p99_ms": news.get("p99_ms"),
+            "max_error_rate": news.get("max_error_rate"),
+            "min_rps": news.get("min_rps"),
         }
         how = "a miss rolls the deploy back" if news.get("rollback") else "a miss fails the update"
         return [Effect("gate", host, str(news.get("model")), how, load)]
@@ -157,17 +188,17 @@ class AcceptanceGateProvider(Provider):
         failures = []
         if not str(news.get("url", "")).startswith(("http://", "https://")):
             failures.append(CheckFailure("url", "must be an http(s) URL of the nginx front"))
-        for key, low in (("concurrency", 1), ("durationS", 0.1), ("maxRequests", 1)):
+        for key, low in (("concurrency", 1), ("duration_s", 0.1), ("max_requests", 1)):
             if not isinstance(news.get(key), (int, float)) or news[key] < low:
                 failures.append(CheckFailure(key, f"must be a number >= {low}"))
-        for key in ("p95Ms", "p99Ms", "rate", "minRps"):
+        for key in ("p95_ms", "p99_ms", "rate", "min_rps"):
             if news.get(key) is not None and not (isinstance(news[key], (int, float)) and news[key] > 0):
                 failures.append(CheckFailure(key, "must be > 0"))
         req = news.get("request")
         if req is not None and (not isinstance(req, dict) or not req.get("inputs") or not req.get("outputs")):
             failures.append(CheckFailure("request", "the model's signature: inputs and outputs"))
-        if req is None and not news.get("bodySpec") and not news.get("body"):
-            failures.append(CheckFailure("request", "the model's signature (or a bodySpec / body)"))
+        if req is None and not news.get("body_spec") and not news.get("body"):
+            failures.append(CheckFailure("request", "the model's signature (or a body_spec / body)"))
         return CheckResult(news, failures)
 
     def diff_known(self, _id: str, olds: dict, news: dict) -> DiffResult:
@@ -191,7 +222,7 @@ class AcceptanceGateProvider(Provider):
         frames = kserve.frame_payloads(sig) if sig and kserve.takes_frames(sig) else []
         if sig:
             # Against the stack's own signature of the model: what was meant to be deployed answers.
-            for i in range(int(props.get("checkRequests") or 3)):
+            for i in range(int(props.get("check_requests") or 3)):
                 for p in frames or [loadgate.Payload(body, tuple(headers.items()))]:
                     problems = checked_request(infer, sig, p.body, dict(p.headers), p.expect)
                     if problems:
@@ -203,15 +234,15 @@ class AcceptanceGateProvider(Provider):
             body=body,
             headers=tuple(headers.items()),
             concurrency=concurrency,
-            duration_s=float(props["durationS"]),
-            max_requests=int(props["maxRequests"]),
+            duration_s=float(props["duration_s"]),
+            max_requests=int(props["max_requests"]),
             tool=props.get("tool") or "auto",
             rate=props.get("rate"),
             check=check,
             # One client process per 4 connections: one process's GIL would queue requests at high concurrency.
             processes=max(1, min(os.cpu_count() or 1, concurrency // 4)),
-            warmup_requests=int(props.get("warmupRequests") or 5),
-            timeout_s=float(props.get("requestTimeoutS") or 30),
+            warmup_requests=int(props.get("warmup_requests") or 5),
+            timeout_s=float(props.get("request_timeout_s") or 30),
             payloads=tuple(frames),
         )
         label, bound = _label(props), loadgate.bound_s(spec)
@@ -221,10 +252,10 @@ class AcceptanceGateProvider(Provider):
         with ticking(label, load + f", up to {spec.max_requests} requests)", bound):
             result = loadgate.run(spec)
         slo = loadgate.Slo(
-            p95_ms=props.get("p95Ms"),
-            p99_ms=props.get("p99Ms"),
-            max_error_rate=float(props.get("maxErrorRate") or 0.0),
-            min_throughput_rps=props.get("minRps"),
+            p95_ms=props.get("p95_ms"),
+            p99_ms=props.get("p99_ms"),
+            max_error_rate=float(props.get("max_error_rate") or 0.0),
+            min_throughput_rps=props.get("min_rps"),
         )
         loadgate.check_slo(result, slo)
         return result, floor
@@ -232,14 +263,14 @@ class AcceptanceGateProvider(Provider):
     def create(self, props: dict) -> CreateResult:
         rb = props.get("rollback")
         try:
-            if rb and props.get("expectDigest"):
+            if rb and props.get("expect_digest"):
                 from providers.serving_snapshot import served_digest
 
                 served = served_digest(rb)
-                if served != props["expectDigest"]:
+                if served != props["expect_digest"]:
                     raise GateError(
                         f"the guest serves repository {served or 'unknown'}, not this deploy's "
-                        f"{props['expectDigest']} (a failed gate rolled it back): run `pulumi up --refresh`"
+                        f"{props['expect_digest']} (a failed gate rolled it back): run `pulumi up --refresh`"
                     )
             result, floor = self._measure(props)
         except (GateError, NotReady, loadgate.GateFailed) as e:
@@ -253,7 +284,7 @@ class AcceptanceGateProvider(Provider):
     def _wait_ready(props: dict, url: str) -> float:
         """Triton's health gate: the server and every model ready, saying so every 5 s while a model loads."""
         models = list(props.get("models") or [])
-        bound = float(props.get("readyTimeoutS") or 300)
+        bound = float(props.get("ready_timeout_s") or 300)
         what = f"{', '.join(models) or 'Triton'} to be ready at {url} (/v2/health/ready and each model's ready)"
         with ticking(_label(props), what, bound):
             return wait_ready(url, models, timeout_s=bound)
@@ -295,7 +326,7 @@ class AcceptanceGate(HostResource, module="serving", name="AcceptanceGate"):
     overhead: pulumi.Output[dict]
 
     PROVIDER = AcceptanceGateProvider
-    DEFAULTS = {"rollback": None, "expectDigest": None}
+    DEFAULTS = {"rollback": None, "expect_digest": None}
 
 
 def summary(result: dict) -> str:

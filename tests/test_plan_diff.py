@@ -327,8 +327,8 @@ def test_window_change_leads_with_the_restart_and_the_gate_and_its_size(base_pla
     assert f"**Restarts:** on `{guest}`: `{svc['unit']}` restarts." in top
     assert gate["rollback"]["host"]["name"] == guest and gate["model"] == "resnet50"
     size = (
-        f"{int(gate['concurrency'])} connections for {int(gate['durationS'])} s, "
-        f"up to {int(gate['maxRequests']):,} requests through `{gate['url']}`, must hold p95 ≤ {int(gate['p95Ms'])} ms"
+        f"{int(gate['concurrency'])} connections for {int(gate['duration_s'])} s, "
+        f"up to {int(gate['max_requests']):,} requests through `{gate['url']}`, must hold p95 ≤ {int(gate['p95_ms'])} ms"
     )
     assert f"**Gates re-run:** `resnet50` on `{guest}`: {size}; a miss rolls the deploy back." in top
     assert "**Reboots:** none." in top and "**Replaced** (deleted, then created again): none." in top

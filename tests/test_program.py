@@ -359,12 +359,12 @@ def pbtype(v: int) -> str:
 
 def test_gates_carry_every_slo_field_and_a_rollback(hk):
     y = hk.by_name("yolo-rt-yolov8n-gate").inputs
-    assert (y["p95Ms"], y["p99Ms"], y["maxErrorRate"]) == (8, 15, 0.001)
+    assert (y["p95_ms"], y["p99_ms"], y["max_error_rate"]) == (8, 15, 0.001)
     r = hk.by_name("resnet-a10-resnet50-gate").inputs
-    assert r["rate"] == 400 and r["concurrency"] == 16 and r["p99Ms"] == 80
+    assert r["rate"] == 400 and r["concurrency"] == 16 and r["p99_ms"] == 80
     assert y["rollback"]["snapshot"] == "/var/lib/gpuhost/serving/yolo-rt"
     marker = hk.by_name("yolo-rt-models").inputs["files"][".gpuhost-digest"]["content"]
-    assert y["expectDigest"] == base64.b64decode(marker).decode()
+    assert y["expect_digest"] == base64.b64decode(marker).decode()
     snap = hk.by_name("yolo-rt-snapshot")
     assert snap.urn in hk.by_name("yolo-rt-yolov8n-artifact").dependencies
 

@@ -181,13 +181,13 @@ def test_a_gate_waiting_for_its_model_shows_progress_in_the_driver_s_display(slo
             "models": ["m"],
             "model": "m",
             "body": "{}",
-            "readyTimeoutS": 60,
-            "checkOutputs": False,
+            "ready_timeout_s": 60,
+            "check_outputs": False,
             "tool": "python",
             "concurrency": 1,
-            "durationS": 0.3,
-            "maxRequests": 20,
-            "warmupRequests": 1,
+            "duration_s": 0.3,
+            "max_requests": 20,
+            "warmup_requests": 1,
         }
         _id, outs = prov.create("urn:pulumi:dev::gpuhost::gpuhost:serving:AcceptanceGate::svc-m-gate", inputs)
     finally:

@@ -60,8 +60,8 @@ def test_a_vm_restarts_for_a_new_definition_but_not_for_pins_applied_live():
 
 def _gate(**kw) -> dict:
     rollback = {"host": HOST, "root": "/srv/triton-repo"}
-    return {"url": "http://10.0.0.5:80", "model": "yolov8n", "concurrency": 8, "durationS": 30, "maxRequests": 1000,
-            "rate": None, "p95Ms": 8.0, "p99Ms": None, "maxErrorRate": 0.0, "minRps": None, "rollback": rollback,
+    return {"url": "http://10.0.0.5:80", "model": "yolov8n", "concurrency": 8, "duration_s": 30, "max_requests": 1000,
+            "rate": None, "p95_ms": 8.0, "p99_ms": None, "max_error_rate": 0.0, "min_rps": None, "rollback": rollback,
             "trigger": "t1", **kw}  # fmt: skip
 
 

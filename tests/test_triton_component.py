@@ -88,8 +88,8 @@ def test_repository_holds_preset_configs_and_gate_triggers_on_digest():
     gates = [r for r in res if r.name.endswith("-gate")]
     assert [g.inputs["model"] for g in gates] == ["yolov8n", "sdxl"]
     gate = gates[0]
-    digest = gate.inputs["expectDigest"]
-    assert gate.inputs["p95Ms"] == 8.0 and gate.inputs["trigger"].startswith(digest)
+    digest = gate.inputs["expect_digest"]
+    assert gate.inputs["p95_ms"] == 8.0 and gate.inputs["trigger"].startswith(digest)
 
 
 def test_python_model_without_artifact_is_refused():

@@ -297,7 +297,7 @@ def test_gate_fails_a_200_with_wrong_or_missing_outputs(nginx):
 
     wrong = {**SLEEP_SIG, "outputs": [{"name": "OUTPUT0", "datatype": "FP32", "shape": [1, 8]}]}
     missing = {**SLEEP_SIG, "outputs": [{"name": "output0", "datatype": "FP32", "shape": [1, 84, 8400]}]}
-    base = gate_inputs(nginx.http, "sleep20", concurrency=1, maxRequests=10, p95Ms=10_000, trigger="t", version="1")
+    base = gate_inputs(nginx.http, "sleep20", concurrency=1, max_requests=10, p95_ms=10_000, trigger="t", version="1")
     with ProviderServer({}) as srv:
         for i, (sig, words) in enumerate(((wrong, "shape [1, 4] but the config says [1, 8]"), (missing, "output0"))):
             gate = srv.resource(AcceptanceGateProvider(), "gpuhost:serving:AcceptanceGate", f"gate-wrong-{i}")
@@ -312,20 +312,33 @@ def test_acceptance_gate_provider_fails_up_with_numbers_and_passes_above(nginx):
     from testbed.provider_server import ProviderError, ProviderServer
 
     inputs = gate_inputs(
-        nginx.http, "sleep20", request=SLEEP_SIG, concurrency=2, maxRequests=1000, warmupRequests=4, version="1"
+        nginx.http, "sleep20", request=SLEEP_SIG, concurrency=2, max_requests=1000, warmup_requests=4, version="1"
     )
     with ProviderServer({}) as srv:
         failing = srv.resource(AcceptanceGateProvider(), "gpuhost:serving:AcceptanceGate", "gate-low")
         with pytest.raises(ProviderError) as e:
-            failing.up({**inputs, "p95Ms": SLEEP_MS / 2})
+            failing.up({**inputs, "p95_ms": SLEEP_MS / 2})
         assert "p95" in str(e.value) and "SLO 10.0 ms" in str(e.value) and "p99" in str(e.value)
         passing = srv.resource(AcceptanceGateProvider(), "gpuhost:serving:AcceptanceGate", "gate-high")
         # 1 s: far above the 20 ms sleep, robust to the shared machine's bursts (emulated hosts booting).
-        op, outs = passing.up({**inputs, "p95Ms": SLEEP_MS * 50})
+        op, outs = passing.up({**inputs, "p95_ms": SLEEP_MS * 50})
         assert op == "create" and SLEEP_MS <= outs["result"]["p50_ms"] < SLEEP_MS * 50
         assert outs["result"]["error_rate"] == 0 and outs["overhead"]["p50_ms"] < outs["result"]["p50_ms"]
-        d = passing.preview({**inputs, "p95Ms": SLEEP_MS * 50, "trigger": "digest-2"})
+        d = passing.preview({**inputs, "p95_ms": SLEEP_MS * 50, "trigger": "digest-2"})
         assert d.changes and d.replaces == ["trigger"]
+        # State written before VERSION 7 carries camelCase keys (in the engine's olds): it diffs value by value
+        # against the snake_case inputs, then deletes, through the same provider server.
+        from providers.triton_gate import OLD_KEYS
+
+        camel = {new: old for old, new in OLD_KEYS.items()}
+        passing.inputs = {camel.get(k, k): v for k, v in passing.inputs.items()}
+        passing.outputs = {camel.get(k, k): v for k, v in passing.outputs.items()}
+        assert "p95Ms" in passing.outputs and "max_requests" not in passing.outputs
+        assert not passing.preview({**inputs, "p95_ms": SLEEP_MS * 50}).changes
+        d = passing.preview({**inputs, "p95_ms": SLEEP_MS * 40})
+        assert d.changes and d.replaces == ["p95_ms"]
+        passing.destroy()
+        assert passing.calls[-1] == "delete" and passing.id is None
 
 
 def test_gate_sends_binary_tensors_and_checks_every_response_through_nginx(triton, nginx):
@@ -365,16 +378,16 @@ def test_gate_sends_binary_tensors_and_checks_every_response_through_nginx(trito
 
 
 def test_acceptance_gate_provider_binary_body_and_checked_outputs(nginx):
-    """The gate built from a binary bodySpec (raw FP32 bytes, no JSON numbers) against the real echo model;
+    """The gate built from a binary body_spec (raw FP32 bytes, no JSON numbers) against the real echo model;
     every answer is checked against the config Triton reports, and the count of wrong outputs is an output."""
     from providers.triton_gate import AcceptanceGateProvider, request_body
     from testbed.provider_server import ProviderServer
 
     spec = {"input": "INPUT0", "shape": [1, 4], "datatype": "FP32", "binary": True}
-    body, headers = request_body({"bodySpec": spec})
+    body, headers = request_body({"body_spec": spec})
     assert dict(headers)["Content-Type"] == "application/octet-stream" and len(body) > 16
     inputs = gate_inputs(
-        nginx.http, "zero", bodySpec=spec, concurrency=2, maxRequests=1000, warmupRequests=4, p95Ms=1000.0
+        nginx.http, "zero", body_spec=spec, concurrency=2, max_requests=1000, warmup_requests=4, p95_ms=1000.0
     )
     with ProviderServer({}) as srv:
         op, outs = srv.resource(AcceptanceGateProvider(), "gpuhost:serving:AcceptanceGate", "gate-bin").up(inputs)

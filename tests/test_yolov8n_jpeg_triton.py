@@ -389,9 +389,9 @@ def test_the_gate_sends_jpeg_frames_of_three_sizes_through_nginx_and_checks_each
     sig = gate_signature(spec)
     assert sig["inputs"] == [{"name": "images", "datatype": "UINT8", "shape": [1, 1], "content": "jpeg"}]
     before = _stats(triton.http_url)
-    load = {"concurrency": 1, "maxRequests": 6, "warmupRequests": 1, "checkRequests": 1}
+    load = {"concurrency": 1, "max_requests": 6, "warmup_requests": 1, "check_requests": 1}
     # CPU model on a shared 2-core machine: the SLO here is only that every answer is right.
-    slo = {"p95Ms": 600_000, "requestTimeoutS": 120}
+    slo = {"p95_ms": 600_000, "request_timeout_s": 120}
     inputs = gate_inputs(nginx.http, "det", request=sig, version="1", **load, **slo)
     with ProviderServer({}) as srv:
         gate = srv.resource(AcceptanceGateProvider(), "gpuhost:serving:AcceptanceGate", "gate-det")

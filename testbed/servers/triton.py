@@ -208,8 +208,8 @@ def gate_inputs(url: str, model: str, **over) -> dict:
         "url": url,
         "models": [model],
         "model": model,
-        "durationS": 1,
-        "maxErrorRate": 0.0,
+        "duration_s": 1,
+        "max_error_rate": 0.0,
         "trigger": "digest-1",
         **over,
     }
