@@ -149,57 +149,80 @@ class Timer:
         return out
 
 
-def stages(gpu: bool, reps: int, weights: bytes, jpeg: bytes) -> dict:
-    """Part 1 (see the module docstring): {stage: {wall_ms, host_ms[, gpu_ms]}} plus notes."""
-    import torch
-    import torch.nn.functional as F
+class StageRun:
+    """Part 1's shared state: the device, the model and its NMS settings, the frame as each stage leaves it (row
+    → decoded image → letterboxed input → detections), the pinned host buffers and the captured graphs. Each
+    method times one group of stages into ``res["stages"]``, in the order the product runs them."""
 
-    from serving.models import frames as fr
-    from serving.models import yolov8n as yolo
-    from serving.models.yolov8n_weights import load_model
+    def __init__(self, gpu: bool, reps: int, weights: bytes, jpeg: bytes):
+        import torch
 
-    cuda = gpu and torch.cuda.is_available()
-    dev = torch.device("cuda:0" if cuda else "cpu")
-    dtype = torch.float16 if cuda else torch.float32
-    torch.backends.cudnn.benchmark = True
-    model = yolo.fuse(load_model(weights)).to(dev, dtype)
-    if cuda:
-        model = model.to(memory_format=torch.channels_last)  # type: ignore[call-overload]
-    pre = yolo.Preprocess(dtype)
-    nms: dict[str, Any] = dict(max_det=MAX_DET, candidates=256, conf=CONF, iou=0.45)
-    timer = Timer(torch, cuda, reps)
-    res: dict = {"device": str(dev), "dtype": str(dtype), "frame_bytes": len(jpeg), "reps": reps, "stages": {}}
-    st = res["stages"]
-    stream = torch.cuda.Stream(dev) if cuda else None
-    ctx = torch.cuda.stream(stream) if cuda else _Null()
-    decoder = fr.Decoder(dev)
-    res["decoder"] = decoder.name
-    try:
-        from torchvision import io as tvio
-    except Exception:  # noqa: BLE001 - no torchvision here: Pillow decodes, the torchvision rows are skipped
-        tvio = None
-    with torch.no_grad(), ctx:
-        decoder.warm((1, 8)) if cuda else None
-        row = torch.frombuffer(bytearray(jpeg), dtype=torch.uint8)
+        from serving.models import frames as fr
+        from serving.models import yolov8n as yolo
+        from serving.models.yolov8n_weights import load_model
+
+        self.torch, self.fr, self.yolo, self.jpeg = torch, fr, yolo, jpeg
+        self.cuda = cuda = gpu and torch.cuda.is_available()
+        self.dev = dev = torch.device("cuda:0" if cuda else "cpu")
+        dtype = torch.float16 if cuda else torch.float32
+        torch.backends.cudnn.benchmark = True
+        model = yolo.fuse(load_model(weights)).to(dev, dtype)
+        if cuda:
+            model = model.to(memory_format=torch.channels_last)  # type: ignore[call-overload]
+        self.model = model
+        self.pre = yolo.Preprocess(dtype)
+        self.nms: dict[str, Any] = dict(max_det=MAX_DET, candidates=256, conf=CONF, iou=0.45)
+        self.timer = Timer(torch, cuda, reps)
+        self.res: dict = {"device": str(dev), "dtype": str(dtype), "frame_bytes": len(jpeg), "reps": reps, "stages": {}}
+        self.st = self.res["stages"]
+        self.stream = torch.cuda.Stream(dev) if cuda else None
+        self.ctx = torch.cuda.stream(self.stream) if cuda else _Null()
+        self.decoder = fr.Decoder(dev)
+        self.res["decoder"] = self.decoder.name
+        self.graphs: dict = {}
+
+    def forward(self, x):
+        return self.yolo.fast_nms(self.model(self.pre(x)), **self.nms)
+
+    def respond(self):
+        return [self.host_det[:1].clone(), self.host_cnt[:1].clone()]
+
+    def decode(self) -> None:
+        """Bytes to tensor, header check, the product's decode and prepare, torchvision's decoders; then the
+        decoded image and the letterbox's buffers for the stages after."""
+        torch, fr, timer, st, dev, jpeg = self.torch, self.fr, self.timer, self.st, self.dev, self.jpeg
+        try:
+            from torchvision import io as tvio
+        except Exception:  # noqa: BLE001 - no torchvision here: Pillow decodes, the torchvision rows are skipped
+            tvio = None
+        self.decoder.warm((1, 8)) if self.cuda else None
+        row = self.row = torch.frombuffer(bytearray(jpeg), dtype=torch.uint8)
         st["bytes_to_tensor"] = timer(lambda: fr.frame_bytes(torch.frombuffer(bytearray(jpeg), dtype=torch.uint8)))
         st["header_check"] = timer(lambda: fr.jpeg_size(fr._np_bytes(row)))
-        st["decode_product"] = timer(lambda: decoder.decode([row]))
-        st["prepare_product"] = timer(lambda: fr.prepare([row], decoder))
+        st["decode_product"] = timer(lambda: self.decoder.decode([row]))
+        st["prepare_product"] = timer(lambda: fr.prepare([row], self.decoder))
         if tvio is not None:
             rgb = tvio.ImageReadMode.RGB
-            if cuda:
+            if self.cuda:
                 st["decode_nvjpeg_list"] = timer(lambda: tvio.decode_jpeg([row], mode=rgb, device=dev))
                 st["decode_nvjpeg_single"] = timer(lambda: tvio.decode_jpeg(row, mode=rgb, device=dev))
             st["decode_cpu_libjpeg_to_device"] = timer(lambda: tvio.decode_jpeg(row, mode=rgb).to(dev))
-        img = decoder.decode([row])[0]
+        img = self.decoder.decode([row])[0]
         assert isinstance(img, torch.Tensor), img
+        self.img = img
+        self.gpu_in = torch.zeros((8, 640, 640, 3), dtype=torch.uint8, device=dev)
+        self.geo_host = torch.zeros((8, 6), dtype=torch.float32, pin_memory=self.cuda)
+
+    def letterbox(self) -> None:
+        """The product's letterbox_batch and single letterbox, cheaper variants, and how the FP16 one differs."""
+        torch, fr, timer, st, img, gpu_in = self.torch, self.fr, self.timer, self.st, self.img, self.gpu_in
+        import torch.nn.functional as F
+
         h, w = int(img.shape[1]), int(img.shape[2])
         new_w, new_h, left, top = fr.letterbox_geometry(w, h)
-        gpu_in = torch.zeros((8, 640, 640, 3), dtype=torch.uint8, device=dev)
-        geo_host = torch.zeros((8, 6), dtype=torch.float32, pin_memory=cuda)
 
         def lb_product():
-            geo_host[:1] = torch.tensor(fr.letterbox_batch([img], gpu_in))
+            self.geo_host[:1] = torch.tensor(fr.letterbox_batch([img], gpu_in))
 
         st["letterbox_product"] = timer(lb_product)
         st["letterbox_single"] = timer(lambda: fr.letterbox(img, gpu_in[0]))
@@ -215,103 +238,135 @@ def stages(gpu: bool, reps: int, weights: bytes, jpeg: bytes) -> dict:
 
             return run
 
-        if cuda:
+        if self.cuda:
             st["letterbox_fp16"] = timer(lb_variant(torch.float16, False))
             st["letterbox_fp16_channels_last"] = timer(lb_variant(torch.float16, True))
         st["letterbox_fp32_channels_last"] = timer(lb_variant(torch.float32, True))
         # The product's letterbox against the FP16 one: how many pixels differ (rounding) and by how much.
         ref_in = torch.zeros_like(gpu_in[:1])
         fr.letterbox(img, ref_in[0])
-        if cuda:
+        if self.cuda:
             lb_variant(torch.float16, True)()
             diff = (gpu_in[0].int() - ref_in[0].int()).abs()
-            res["letterbox_fp16_vs_product"] = {"pixels_differ": int((diff > 0).sum()), "max_diff": int(diff.max())}
+            self.res["letterbox_fp16_vs_product"] = {
+                "pixels_differ": int((diff > 0).sum()),
+                "max_diff": int(diff.max()),
+            }
 
-        def forward(x):
-            return yolo.fast_nms(model(pre(x)), **nms)
-
+    def model_and_graphs(self) -> None:
+        """Eager model + NMS and their parts; on a GPU the captured graphs (the product's, the model alone, the
+        lone frame's fused one) replayed. Leaves the product's detections for the stages after."""
+        torch, fr, timer, st, gpu_in, img = self.torch, self.fr, self.timer, self.st, self.gpu_in, self.img
+        forward, model, pre = self.forward, self.model, self.pre
         for _ in range(3):
             forward(gpu_in[:1])
         timer.sync()
         st["eager_model_nms"] = timer(lambda: forward(gpu_in[:1]))
         st["eager_model_only"] = timer(lambda: model(pre(gpu_in[:1])))
         raw = model(pre(gpu_in[:1]))
-        st["eager_nms"] = timer(lambda: yolo.fast_nms(raw, **nms))
-        src = torch.empty_like(img)
+        st["eager_nms"] = timer(lambda: self.yolo.fast_nms(raw, **self.nms))
+        src = self.src = torch.empty_like(img)
         src.copy_(img)
-        geo_dev = torch.tensor([fr.letterbox(img, gpu_in[0])], device=dev)
-        graphs: dict = {}
-        if cuda:
-            graphs["product"] = _capture(torch, stream, lambda: forward(gpu_in[:1]))
-            graphs["model_only"] = _capture(torch, stream, lambda: model(pre(gpu_in[:1])))
+        geo_dev = self.geo_dev = torch.tensor([fr.letterbox(img, gpu_in[0])], device=self.dev)
+        graphs = self.graphs
+        if self.cuda:
+            graphs["product"] = _capture(torch, self.stream, lambda: forward(gpu_in[:1]))
+            graphs["model_only"] = _capture(torch, self.stream, lambda: model(pre(gpu_in[:1])))
 
             def fused():  # the product's lone-frame graph (serving/yolov8n_model.py, frame_graphs)
                 return fr.letterboxed_forward(src, gpu_in[:1], geo_dev, forward)
 
-            graphs["fused"] = _capture(torch, stream, fused)
+            graphs["fused"] = _capture(torch, self.stream, fused)
             for k, (g, _) in graphs.items():
                 st[f"graph_{k}_replay"] = timer(g.replay)
-        det, count = graphs["product"][1] if cuda else forward(gpu_in[:1])
-        host_det = torch.zeros((8, MAX_DET, 6), dtype=torch.float32, pin_memory=cuda)
-        host_cnt = torch.zeros((8, 1), dtype=torch.int32, pin_memory=cuda)
+        self.det, self.count = graphs["product"][1] if self.cuda else forward(gpu_in[:1])
+
+    def answer(self) -> None:
+        """Boxes back to the frame's coordinates, the device → host copy, the response's clones."""
+        torch, fr, timer, st, det, count, cuda = (
+            self.torch,
+            self.fr,
+            self.timer,
+            self.st,
+            self.det,
+            self.count,
+            self.cuda,
+        )
+        self.host_det = torch.zeros((8, MAX_DET, 6), dtype=torch.float32, pin_memory=cuda)
+        self.host_cnt = torch.zeros((8, 1), dtype=torch.int32, pin_memory=cuda)
 
         def unlb_product():
-            return fr.unletterbox(det[:1], geo_host[:1].to(dev, non_blocking=True))
+            return fr.unletterbox(det[:1], self.geo_host[:1].to(self.dev, non_blocking=True))
 
         st["unletterbox_product"] = timer(unlb_product)
-        st["unletterbox_geo_on_device"] = timer(lambda: fr.unletterbox(det[:1], geo_dev))
+        st["unletterbox_geo_on_device"] = timer(lambda: fr.unletterbox(det[:1], self.geo_dev))
 
         def d2h():
-            host_det[:1].copy_(det[:1], non_blocking=cuda)
-            host_cnt[:1].copy_(count[:1], non_blocking=cuda)
+            self.host_det[:1].copy_(det[:1], non_blocking=cuda)
+            self.host_cnt[:1].copy_(count[:1], non_blocking=cuda)
 
         st["d2h"] = timer(d2h)
+        st["respond_clones"] = timer(self.respond)
 
-        def respond():
-            return [host_det[:1].clone(), host_cnt[:1].clone()]
-
-        st["respond_clones"] = timer(respond)
-
-        def product_total():
-            r = fr.frame_bytes(torch.frombuffer(bytearray(jpeg), dtype=torch.uint8))
-            images = [x for x in fr.prepare([r], decoder) if isinstance(x, torch.Tensor)]
-            geo_host[:1] = torch.tensor(fr.letterbox_batch(images, gpu_in))
-            if cuda:
-                graphs["product"][0].replay()
-                d, c = graphs["product"][1]
-            else:
-                d, c = forward(gpu_in[:1])
-            d = fr.unletterbox(d[:1], geo_host[:1].to(dev, non_blocking=True))
-            host_det[:1].copy_(d, non_blocking=cuda)
-            host_cnt[:1].copy_(c[:1], non_blocking=cuda)
-            timer.sync()
-            return respond()
-
-        st["total_batched_path"] = timer(product_total)
+    def batched_total(self):
+        """One frame end to end as ``_execute_frames`` runs a batch: letterbox_batch, the graph, unletterbox."""
+        torch, fr, cuda = self.torch, self.fr, self.cuda
+        r = fr.frame_bytes(torch.frombuffer(bytearray(self.jpeg), dtype=torch.uint8))
+        images = [x for x in fr.prepare([r], self.decoder) if isinstance(x, torch.Tensor)]
+        self.geo_host[:1] = torch.tensor(fr.letterbox_batch(images, self.gpu_in))
         if cuda:
-            res["batched_path_host_syncs"] = _count_syncs(torch, product_total)
+            self.graphs["product"][0].replay()
+            d, c = self.graphs["product"][1]
+        else:
+            d, c = self.forward(self.gpu_in[:1])
+        d = fr.unletterbox(d[:1], self.geo_host[:1].to(self.dev, non_blocking=True))
+        self.host_det[:1].copy_(d, non_blocking=cuda)
+        self.host_cnt[:1].copy_(c[:1], non_blocking=cuda)
+        self.timer.sync()
+        return self.respond()
 
-            def fused_total():
-                r = fr.frame_bytes(torch.frombuffer(bytearray(jpeg), dtype=torch.uint8))
-                src.copy_(fr.prepare([r], decoder)[0])  # type: ignore[arg-type]  # a good frame: a tensor
-                graphs["fused"][0].replay()
-                d, c = graphs["fused"][1]
-                host_det[:1].copy_(d, non_blocking=True)
-                host_cnt[:1].copy_(c, non_blocking=True)
-                timer.sync()
-                return respond()
+    def fused_total(self):
+        """One frame end to end on the lone frame's path: decode, then the fused graph."""
+        fr = self.fr
+        r = fr.frame_bytes(self.torch.frombuffer(bytearray(self.jpeg), dtype=self.torch.uint8))
+        self.src.copy_(fr.prepare([r], self.decoder)[0])  # type: ignore[arg-type]  # a good frame: a tensor
+        self.graphs["fused"][0].replay()
+        d, c = self.graphs["fused"][1]
+        self.host_det[:1].copy_(d, non_blocking=True)
+        self.host_cnt[:1].copy_(c, non_blocking=True)
+        self.timer.sync()
+        return self.respond()
 
-            st["total_frame_graph"] = timer(fused_total)
-            # c=1 through the preset: a request every ~4.5 ms, each instance idle ~4 ms (1 instance) or ~13 ms (3).
-            for idle in (4, 13):
-                st[f"total_frame_graph_idle_{idle}ms"] = timer(fused_total, idle_ms=idle)
-                st[f"total_batched_path_idle_{idle}ms"] = timer(product_total, idle_ms=idle)
-            res["frame_graph_host_syncs"] = _count_syncs(torch, fused_total)
-            # The lone frame's graph answers what the batched path does (same frame, same kernels).
-            a = [t.clone() for t in product_total()]
-            b = fused_total()
-            res["frame_graph_matches_batched_path"] = bool(torch.equal(a[1], b[1]) and torch.equal(a[0], b[0]))
-    return res
+    def totals(self) -> None:
+        """Both end-to-end paths (the lone frame's on a GPU only), also after an instance's idle time, their host
+        syncs, and whether they answer the same."""
+        torch, timer, st = self.torch, self.timer, self.st
+        st["total_batched_path"] = timer(self.batched_total)
+        if not self.cuda:
+            return
+        self.res["batched_path_host_syncs"] = _count_syncs(torch, self.batched_total)
+        st["total_frame_graph"] = timer(self.fused_total)
+        # c=1 through the preset: a request every ~4.5 ms, each instance idle ~4 ms (1 instance) or ~13 ms (3).
+        for idle in (4, 13):
+            st[f"total_frame_graph_idle_{idle}ms"] = timer(self.fused_total, idle_ms=idle)
+            st[f"total_batched_path_idle_{idle}ms"] = timer(self.batched_total, idle_ms=idle)
+        self.res["frame_graph_host_syncs"] = _count_syncs(torch, self.fused_total)
+        # The lone frame's graph answers what the batched path does (same frame, same kernels).
+        a = [t.clone() for t in self.batched_total()]
+        b = self.fused_total()
+        self.res["frame_graph_matches_batched_path"] = bool(torch.equal(a[1], b[1]) and torch.equal(a[0], b[0]))
+
+
+def stages(gpu: bool, reps: int, weights: bytes, jpeg: bytes) -> dict:
+    """Part 1 (see the module docstring): {stage: {wall_ms, host_ms[, gpu_ms]}} plus notes."""
+    run = StageRun(gpu, reps, weights, jpeg)
+    with run.torch.no_grad(), run.ctx:
+        run.decode()
+        run.letterbox()
+        run.model_and_graphs()
+        run.answer()
+        run.totals()
+    return run.res
 
 
 class _Null:
