@@ -3,6 +3,7 @@
 Usage::
 
     raise ConfigError([f"fleet.hosts[{i}].vms[{k}]: {why}; {fix}"])
+    raise FieldProblems([f"sysctl name {k!r} ...", ...])   # in a validator: one line each at the field's path
 """
 
 from __future__ import annotations
@@ -12,3 +13,12 @@ class ConfigError(ValueError):
     def __init__(self, lines: list[str]):
         self.lines = lines
         super().__init__("stack config is invalid:\n" + "\n".join(f"  - {ln}" for ln in lines))
+
+
+class FieldProblems(ValueError):
+    """Several problems one validator found in one field (two bad sysctls of `sysctls`): the loader gives each its
+    own line at the field's config path."""
+
+    def __init__(self, lines: list[str]):
+        self.lines = lines
+        super().__init__("; ".join(lines))

@@ -25,7 +25,7 @@ from pydantic import ValidationError
 
 from access.ssh import SshError, load_pkey
 from stacks.checks import fleet_problems, placement_problems
-from stacks.errors import ConfigError
+from stacks.errors import ConfigError, FieldProblems
 from stacks.paths import collisions
 from stacks.program import Program, plan
 from stacks.rawconfig import fleet_json, path_of, scrubbed, value_problems, visible
@@ -77,32 +77,26 @@ _TYPE_MSG = {
 
 
 def errors_of(err: ValidationError, prefix: str = "fleet", skip: tuple[tuple, ...] = ()) -> list[str]:
-    """One line per error; none for a field under a location in `skip` (reported already, by `value_problems`)."""
+    """One line per error; none for a field under a location in `skip` (reported already, by `value_problems`).
+    A validator's own ValueError is its message as raised; `FieldProblems` is a line per problem."""
     lines = []
     for e in err.errors():
         loc = tuple(p for p in e["loc"] if p not in ("function-after", "function-before"))
         if any(loc[: len(s)] == s for s in skip):
             continue
         where = _loc(loc)
-        msg = e["msg"].removeprefix("Value error, ")
+        raised = (e.get("ctx") or {}).get("error") if e["type"] == "value_error" else None
         if e["type"] in ("less_than_equal", "greater_than_equal") and str(e["loc"][-1]).endswith("port"):
-            msg = f"{e['input']!r} is not a TCP port (use 1-65535)"
+            found = [f"{e['input']!r} is not a TCP port (use 1-65535)"]
+        elif isinstance(raised, FieldProblems):
+            found = raised.lines
+        elif raised is not None:
+            found = [str(raised)]
         else:
             typed = _TYPE_MSG.get(e["type"])
-            msg = typed(e) if typed else msg
+            found = [typed(e) if typed else e["msg"]]
         base = f"{prefix}.{where}" if where else prefix
-        # Cross-field checks report several fields at once, "a: ...; b: ..."; give each its own line.
-        for part in msg.split("; "):
-            head, sep, rest = part.partition(": ")
-            if sep and (
-                head.startswith(
-                    ("vms[", "gpus[", "services[", "hosts", "reserved_cpus", "kernel.", "monitoring.", "fleet")
-                )
-                or head.endswith("]")
-            ):
-                lines.append(f"{base}.{head}: {rest}" if not head.startswith("fleet") else f"{head}: {rest}")
-            else:
-                lines.append(f"{base}: {part}")
+        lines += [f"{base}: {msg}" for msg in found]
     return lines
 
 

@@ -42,6 +42,7 @@ from facts.model import normalize_pci
 from plans import values as val
 from plans.adaptive_window import AdaptiveWindow  # one definition of the controller's settings
 from plans.sriov import VfSettings  # one definition of per-VF settings
+from stacks.errors import FieldProblems
 
 # Every regex below is applied with fullmatch: `re.match(r"...$")` lets a trailing newline through.
 PCI_RE = re.compile(r"([0-9a-fA-F]{4}:)?[0-9a-fA-F]{2}:[0-9a-fA-F]{2}\.[0-7]")
@@ -136,7 +137,7 @@ def _pin(v: Optional[str]) -> Optional[str]:
         try:
             HostSpec(name="x", address="127.0.0.1", host_key=v)
         except ValidationError as e:
-            why = " ".join(x["msg"].removeprefix("Value error, ") for x in e.errors())
+            why = " ".join(str(x["ctx"]["error"]) if x["type"] == "value_error" else x["msg"] for x in e.errors())
             raise ValueError(f"{why} ({PIN_FIX})") from None
     return v
 
@@ -301,7 +302,7 @@ class Tuning(Strict):
             except ValueError as e:
                 errors.append(str(e))
         if errors:
-            raise ValueError("; ".join(errors))
+            raise FieldProblems(errors)
         return out
 
 

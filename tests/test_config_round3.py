@@ -163,3 +163,41 @@ def test_stack_files_read_as_before_and_small_aliases_still_work():
         assert load_yaml(text, stack) == yaml.safe_load(text)
     doc = load_yaml("config:\n  a: &gpu {model: L40S}\n  b: [*gpu, *gpu]\n", "x")
     assert doc == {"config": {"a": {"model": "L40S"}, "b": [{"model": "L40S"}, {"model": "L40S"}]}}
+
+
+@pytest.mark.parametrize(
+    ("edit", "lines"),
+    [
+        (
+            lambda d: d["hosts"][0]["ssh"].__setitem__("address", "10.0.0.1 ; rm"),
+            [
+                "fleet.hosts[0].ssh.address: address '10.0.0.1 ; rm' is neither an IP address nor a DNS host name "
+                "(letters, digits, '-' and '.')"
+            ],
+        ),
+        (
+            lambda d: d["hosts"][0]["gpus"][0].__setitem__("functions", [0, 0]),
+            [
+                "fleet.hosts[0].gpus[0].functions: functions [0, 0]: distinct PCI function numbers 0-7, e.g. [0] or [0, 1]"
+            ],
+        ),
+        (
+            lambda d: d["hosts"][0].setdefault("tuning", {}).__setitem__("sysctls", {"a.b": "$(id)", "bad name!": "1"}),
+            [
+                "fleet.hosts[0].tuning.sysctls: sysctl value '$(id)' may hold only letters, digits, spaces and "
+                "_ . , : / + -",
+                "fleet.hosts[0].tuning.sysctls: sysctl name 'bad name!' may hold only dotted names like "
+                "net.core.somaxconn (letters, digits, _ and -)",
+            ],
+        ),
+    ],
+    ids=["a quoted value holding '; '", "a message holding ': '", "two bad sysctls"],
+)
+def test_a_validators_message_is_its_fields_line_as_raised(edit, lines):
+    """The loader writes what a validator raised at the field's path and reads nothing back from the text (a value
+    with '; ' in it was once cut in two); a validator that finds several problems gives each its own line."""
+    doc = copy.deepcopy(BASE)
+    edit(doc)
+    with pytest.raises(ConfigError) as e:
+        parse_fleet(json.loads(json.dumps(doc)))
+    assert e.value.lines == lines
