@@ -16,6 +16,11 @@ Children (all named ``f"{name}-…"``, parented to the component):
     reloaded;
   * ``{name}-{model}-gate``: AcceptanceGate through nginx per model, chained so their loads never overlap.
 
+`children` reads top to bottom as one builder per part (`snapshot`, `control_key`, `artifacts`, `engines`,
+`model_repository`, `docker_triton` or `process_triton`, `nginx`, `window_controller`, `gates`), each given the
+children it depends on; what the deploy is before any child (`Deploy`: the repository, how Triton runs, nginx's
+config, the rollback and the deploy's id) comes first, pure.
+
 Usage::
 
     TritonService("gpu-a-serving", TritonServiceArgs(host=spec, gpu_model="NVIDIA H200", gpu_count=1,
@@ -27,6 +32,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal, Optional
 
@@ -35,7 +41,7 @@ import pulumi_docker as docker
 from pydantic import BaseModel, ConfigDict, Field
 
 from access.ssh import HostSpec
-from components.wiring import Child, DockerEngine, Later, Ref, Wired
+from components.wiring import Child, DockerEngine, Later, Wired, present, suffixes
 from plans.adaptive_window import SCRIPT_PATH as WINDOW_SCRIPT_PATH
 from plans.adaptive_window import UNIT_NAME as WINDOW_UNIT_NAME
 from plans.adaptive_window import UNIT_PATH as WINDOW_UNIT_PATH
@@ -217,49 +223,105 @@ def repository(name: str, args: TritonServiceArgs) -> tuple[dict[str, bytes], st
 
 
 def children(name: str, args: TritonServiceArgs) -> list[Child]:
-    """TritonService's resources in declaration order (see the module docstring); pure."""
-    specs = _specs(args)
-    files, digest = repository(name, args)
-    repo_inputs = repository_inputs(files)
-    host = host_input(args.host)
-
-    # -- server definition (pure) ---------------------------------------------------------------------------------
-    env = _mps_env(args.mps_percentage)
-    window_flags = adaptive_window_flags(args, specs)
-    o = args.server
-    if args.runtime == "docker":
-        # Inside the container's own network namespace Triton binds every interface of it; the host side is only
-        # the published ports, each on the address the stack gives (loopback by default).
-        inside = {"model_repository": "/models", "http_address": "0.0.0.0", "grpc_address": "0.0.0.0"}
-        srv_args = with_flags(
-            server_args(o.model_copy(update={**inside, "metrics_address": "0.0.0.0"}), specs), window_flags
-        )
-        publish = {o.http_port: o.http_address, o.grpc_port: o.grpc_address, o.metrics_port: o.metrics_address}
-        rt = args.docker.model_copy(
-            update={
-                "host_repository": args.repository_root,
-                "env": {**env, **args.docker.env},
-                "publish": {**publish, **args.docker.publish},
-            }
-        )
-        c = container_spec(rt, srv_args)
-        runtime_id = hashlib.sha256(json.dumps(c, sort_keys=True).encode()).hexdigest()
-        # This deploy's own `docker run` on the guest: the snapshot keeps the previous deploy's, so a failed gate
-        # restarts the previous image and flags, not this deploy's container (plans.triton_runtime).
-        run_path = f"{args.snapshot_dir}/{name}.docker-run.sh"
-        server_files: list[str] = [run_path]
-        restart = [docker_rollback_restart(run_path, c["name"])]
+    """TritonService's resources in declaration order (see the module docstring), one builder per part; pure."""
+    d = deploy(name, args)
+    snap = snapshot(d)
+    key = control_key(d, snap)
+    arts = artifacts(d, snap)
+    engs = engines(d, snap, arts)
+    repo = model_repository(d, snap, arts, engs)
+    if isinstance(d.server, DockerServer):
+        triton = docker_triton(d, d.server, snap, key, repo)
     else:
-        srv_args = with_flags(
-            server_args(args.server.model_copy(update={"model_repository": args.repository_root}), specs),
-            window_flags,
-        )
-        rt_p = args.process.model_copy(update={"env": {**env, **args.process.env}})
-        unit = systemd_unit(rt_p, srv_args)
-        runtime_id = hashlib.sha256(unit.encode()).hexdigest()
-        server_files = [UNIT_PATH]
-        restart = [["systemctl", "daemon-reload"], ["systemctl", "restart", "gpuhost-triton"]]
-    nginx_text = render_nginx(
+        triton = process_triton(d, d.server, snap, key, repo)
+    web = nginx(d, snap)  # [] when the stack runs its own nginx
+    window = window_controller(d, triton)
+    serving = [triton.started, *web[-1:]]  # what runs before a gate: Triton, and nginx reloaded
+    return [snap, *present(key), *arts, *engs, repo, *triton.children, *web, *present(window), *gates(d, serving)]
+
+
+# -- what one deploy is, before any child (pure) ------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class DockerServer:
+    """Triton in a container: the runtime (with the stack's env and published ports), its `docker run` spec
+    (plans.triton_runtime.container_spec) and the path of this deploy's run script on the guest. The snapshot keeps
+    the previous deploy's script, so a failed gate restarts the previous image and flags, not this deploy's."""
+
+    runtime: DockerRuntime
+    spec: dict
+    run_path: str
+
+    @property
+    def id(self) -> str:
+        return hashlib.sha256(json.dumps(self.spec, sort_keys=True).encode()).hexdigest()
+
+    def files(self) -> list[str]:
+        return [self.run_path]
+
+    def restart(self) -> list[list[str]]:
+        return [docker_rollback_restart(self.run_path, self.spec["name"])]
+
+    def prepare(self) -> list[list[str]]:
+        return [docker_unroll(self.spec["name"], self.spec["restart"])]
+
+
+@dataclass(frozen=True)
+class ProcessServer:
+    """Triton as a systemd unit (numactl-bound to the GPU's node)."""
+
+    runtime: ProcessRuntime
+    unit: str
+
+    @property
+    def id(self) -> str:
+        return hashlib.sha256(self.unit.encode()).hexdigest()
+
+    def files(self) -> list[str]:
+        return [UNIT_PATH]
+
+    def restart(self) -> list[list[str]]:
+        return [["systemctl", "daemon-reload"], ["systemctl", "restart", "gpuhost-triton"]]
+
+    def prepare(self) -> list[list[str]]:
+        return []
+
+
+def docker_server(name: str, args: TritonServiceArgs, specs: list[ModelSpec]) -> DockerServer:
+    """Inside the container's own network namespace Triton binds every interface of it; the host side is only the
+    published ports, each on the address the stack gives (loopback by default)."""
+    o = args.server
+    inside = {"model_repository": "/models", "http_address": "0.0.0.0", "grpc_address": "0.0.0.0"}
+    srv_args = with_flags(
+        server_args(o.model_copy(update={**inside, "metrics_address": "0.0.0.0"}), specs),
+        adaptive_window_flags(args, specs),
+    )
+    publish = {o.http_port: o.http_address, o.grpc_port: o.grpc_address, o.metrics_port: o.metrics_address}
+    rt = args.docker.model_copy(
+        update={
+            "host_repository": args.repository_root,
+            "env": {**_mps_env(args.mps_percentage), **args.docker.env},
+            "publish": {**publish, **args.docker.publish},
+        }
+    )
+    return DockerServer(rt, container_spec(rt, srv_args), f"{args.snapshot_dir}/{name}.docker-run.sh")
+
+
+def process_server(args: TritonServiceArgs, specs: list[ModelSpec]) -> ProcessServer:
+    """Triton's systemd unit, serving the repository where it lies on the host."""
+    srv_args = with_flags(
+        server_args(args.server.model_copy(update={"model_repository": args.repository_root}), specs),
+        adaptive_window_flags(args, specs),
+    )
+    rt = args.process.model_copy(update={"env": {**_mps_env(args.mps_percentage), **args.process.env}})
+    return ProcessServer(rt, systemd_unit(rt, srv_args))
+
+
+def nginx_conf(args: TritonServiceArgs, specs: list[ModelSpec]) -> str:
+    """nginx's config in front of Triton's HTTP and gRPC ports."""
+    o = args.server
+    return render_nginx(
         NginxSpec(
             default_model=specs[0].name,
             models=tuple(sp.name for sp in specs),
@@ -268,259 +330,322 @@ def children(name: str, args: TritonServiceArgs) -> list[Child]:
             upstream_grpc=f"{connect_address(o.grpc_address)}:{o.grpc_port}",
         )
     )
-    if args.manage_nginx:
-        server_files.append(args.nginx_conf_path)
-        restart.append(["systemctl", "reload-or-restart", "nginx"])
 
-    # -- snapshot of what serves now, before anything below changes it --------------------------------------------
-    deploy_id = hashlib.sha256(
-        json.dumps(
-            {
-                "repo": digest,
-                "runtime": runtime_id,
-                "nginx": nginx_text,
-                "artifacts": [a.model_dump() for a in args.artifacts],
-                "engines": [e.model_dump(mode="json") for e in args.engines],
-            },
-            sort_keys=True,
-        ).encode()
-    ).hexdigest()
-    rollback = {
-        "host": host,
-        "root": args.repository_root,
-        "snapshot": f"{args.snapshot_dir}/{name}",
-        "files": server_files,
-        "restart": restart,
-    }
-    prepare = [docker_unroll(c["name"], c["restart"])] if args.runtime == "docker" else []
-    out = [Child("snapshot", ServingSnapshot, {**rollback, "trigger": deploy_id, "prepare": prepare})]
-    key = ("control-key",) if o.restrict_apis else ()
-    if o.restrict_apis:
-        out.append(
-            Child(
-                "control-key", TritonControlKey, {"host": host, "path": CONTROL_KEY_PATH, "mode": "0600"}, ("snapshot",)
-            )
-        )
 
-    # -- model artifacts, engines, repository ---------------------------------------------------------------------
-    artifacts: dict[str, str] = {}  # dest -> suffix
-    for a in args.artifacts:
-        artifacts[a.dest] = f"{a.model}-artifact"
-        out.append(
-            Child(
-                f"{a.model}-artifact",
-                ModelArtifact,
-                {"host": host, "dest": a.dest, "sha256": a.sha256, "url": a.url, "path": a.path},
-                after=("snapshot",),
-            )
-        )
-    engines = []
-    for b in args.engines:
-        mine = tuple(sfx for dest, sfx in artifacts.items() if dest == b.onnx_path)
-        engines.append(f"{b.model}-engine")
-        out.append(Child(f"{b.model}-engine", TensorRTEngine, {"host": host, **engine_inputs(b)}, ("snapshot", *mine)))
-    out.append(
-        Child(
-            "models",
-            TritonModelRepository,
-            {"host": host, "root": args.repository_root, **repo_inputs},
-            after=("snapshot", *artifacts.values(), *engines),
-        )
+@dataclass(frozen=True)
+class Deploy:
+    """One deploy of a TritonService, before any child: the models (presets applied), the repository's files and
+    digest, how Triton runs and nginx's config; `rollback` and `id` follow from them."""
+
+    name: str
+    args: TritonServiceArgs
+    specs: list[ModelSpec]
+    host: dict
+    files: dict[str, bytes]
+    digest: str
+    server: DockerServer | ProcessServer
+    nginx: str
+
+    @property
+    def rollback(self) -> dict:
+        """What a failed gate restores (the snapshot's files) and restarts."""
+        nginx = self.args.manage_nginx
+        return {
+            "host": self.host,
+            "root": self.args.repository_root,
+            "snapshot": f"{self.args.snapshot_dir}/{self.name}",
+            "files": [*self.server.files(), *([self.args.nginx_conf_path] if nginx else [])],
+            "restart": [*self.server.restart(), *([["systemctl", "reload-or-restart", "nginx"]] if nginx else [])],
+        }
+
+    @property
+    def id(self) -> str:
+        """Changes with anything this deploy changes on the guest: a new snapshot and new gates."""
+        what = {
+            "repo": self.digest,
+            "runtime": self.server.id,
+            "nginx": self.nginx,
+            "artifacts": [a.model_dump() for a in self.args.artifacts],
+            "engines": [e.model_dump(mode="json") for e in self.args.engines],
+        }
+        return hashlib.sha256(json.dumps(what, sort_keys=True).encode()).hexdigest()
+
+
+def deploy(name: str, args: TritonServiceArgs) -> Deploy:
+    """The deploy `args` describe; raises ValueError for a model without its weights or model.py, or an adaptive
+    window over a model that does not batch dynamically."""
+    specs = _specs(args)
+    files, digest = repository(name, args)
+    server = docker_server(name, args, specs) if args.runtime == "docker" else process_server(args, specs)
+    return Deploy(name, args, specs, host_input(args.host), files, digest, server, nginx_conf(args, specs))
+
+
+# -- the children, in declaration order ---------------------------------------------------------------------------
+
+
+def snapshot(d: Deploy) -> Child:
+    """ServingSnapshot of what serves now, before anything below changes it (a failed gate restores it)."""
+    return Child("snapshot", ServingSnapshot, {**d.rollback, "trigger": d.id, "prepare": d.server.prepare()})
+
+
+def control_key(d: Deploy, snap: Child) -> Optional[Child]:
+    """TritonControlKey: the host's key for Triton's restricted APIs, made on the host (None: APIs unrestricted)."""
+    if not d.args.server.restrict_apis:
+        return None
+    return Child(
+        "control-key", TritonControlKey, {"host": d.host, "path": CONTROL_KEY_PATH, "mode": "0600"}, suffixes(snap)
     )
 
-    # -- Triton ---------------------------------------------------------------------------------------------------
-    if args.runtime == "docker":
-        # gpuhost's own pins, key and jump host, not the runner's ~/.ssh (access/docker_ssh.py).
-        out.append(Child("docker", DockerEngine, {"spec": args.host}))
-        out.append(
-            Child("triton-image", docker.RemoteImage, {"name": rt.image, "keep_locally": True}, provider="docker")
-        )
-        devices = args.devices if args.devices is not None else list(rt.gpus)
-        out.append(
-            Child(
-                "triton-run",
-                ManagedFile,
-                {
-                    "host": host,
-                    "path": run_path,
-                    "content": Later(
-                        devices,
-                        lambda ids: docker_run_script(
-                            c,
-                            docker_gpus_flag(list(ids or [])),
-                            {"gpuhost.repository-digest": digest, "gpuhost.gpus": ",".join(ids or [])},
-                        ),
-                    ),
-                    "mode": "0700",
-                    "owner": "root:root",
-                },
-                after=("snapshot", *key),
-            )
-        )
-        out.append(
-            Child(
-                "triton",
-                docker.Container,
-                {
-                    "name": c["name"],
-                    "image": Ref("triton-image", "image_id"),
-                    "command": c["command"],
-                    "ports": [docker.ContainerPortArgs(**p) for p in c["ports"]],
-                    # docker's --gpus syntax: "all" or "device=<index|GPU-uuid|MIG-uuid>,...".
-                    # An empty list (MIG UUID not known) fails: never widened to "all".
-                    "gpus": Later(devices, lambda ids: docker_gpus_value(list(ids or []))),
-                    "shm_size": c["shm_size"],
-                    "restart": c["restart"],
-                    # A new control key (a new file on the host) replaces the container: Triton reads it at start.
-                    "envs": [*c["envs"], Ref("control-key", "stamp", lambda k: f"GPUHOST_CONTROL_KEY_STAMP={k}")]
-                    if o.restrict_apis
-                    else c["envs"],
-                    "must_run": True,
-                    "ulimits": [docker.ContainerUlimitArgs(**u) for u in c["ulimits"]],
-                    "volumes": [docker.ContainerVolumeArgs(**v) for v in c["volumes"]],
-                    # A repository change restarts Triton through this label.
-                    "labels": Later(
-                        devices,
-                        lambda ids: [
-                            docker.ContainerLabelArgs(label="gpuhost.repository-digest", value=digest),
-                            docker.ContainerLabelArgs(label="gpuhost.gpus", value=",".join(ids or [])),
-                        ],
-                    ),
-                },
-                after=("models", *key),
-                provider="docker",
-            )
-        )
-        started = ["triton"]
-        server_defs: list[str] = []
-    else:
-        out.append(
-            Child(
-                "triton-unit",
-                ManagedFile,
-                {"host": host, "path": UNIT_PATH, "content": unit, "mode": "0644", "owner": "root:root"},
-                after=("snapshot",),
-            )
-        )
-        out.append(
-            Child(
-                "triton-service",
-                ServiceState,
-                {
-                    "host": host,
-                    "unit": "gpuhost-triton",
-                    "action": "restart",
-                    "user": rt_p.user,
-                    "check": [rt_p.numactl, "--hardware"] if rt_p.numa_node is not None else [],
-                    # A new control key (a new file on the host) restarts Triton, which reads it only at start.
-                    "trigger": (
-                        Ref("control-key", "stamp", lambda k: f"{digest}:{runtime_id}:{k}")
-                        if o.restrict_apis
-                        else f"{digest}:{runtime_id}"
-                    ),
-                },
-                after=("models", "triton-unit", *key),
-            )
-        )
-        started = ["triton-service"]
-        server_defs = ["triton-unit"]
 
-    # -- nginx ----------------------------------------------------------------------------------------------------
-    if args.manage_nginx:
-        out.append(
-            Child(
-                "nginx-pkg",
-                SystemPackages,
-                {"host": host, "packages": ["nginx"], "debs_dir": args.nginx_debs_dir},
-                after=("snapshot",),
-            )
+def artifacts(d: Deploy, snap: Child) -> list[Child]:
+    """ModelArtifact per artifact (ONNX or model.py from a URL or path, sha256-checked)."""
+    return [
+        Child(
+            f"{a.model}-artifact",
+            ModelArtifact,
+            {"host": d.host, "dest": a.dest, "sha256": a.sha256, "url": a.url, "path": a.path},
+            after=suffixes(snap),
         )
-        out.append(
-            Child(
-                "nginx-conf",
-                ManagedFile,
-                {
-                    "host": host,
-                    "path": args.nginx_conf_path,
-                    "content": nginx_text,
-                    "mode": "0644",
-                    "owner": "root:root",
-                },
-                after=("nginx-pkg",),
-            )
-        )
-        out.append(
-            Child(
-                "nginx",
-                ServiceState,
-                {
-                    "host": host,
-                    "unit": "nginx",
-                    "action": "reload",
-                    "check": ["nginx", "-t", "-c", args.nginx_conf_path],
-                    "trigger": hashlib.sha256(nginx_text.encode()).hexdigest(),
-                },
-                after=("nginx-conf",),
-            )
-        )
-        started.append("nginx")
+        for a in d.args.artifacts
+    ]
 
-    if args.adaptive_window:
-        unit_text = controller_unit(
-            args.adaptive_window,
-            [m.name for m in specs],
-            triton_url=f"http://{connect_address(o.http_address)}:{o.http_port}",
-            metrics_url=f"http://{connect_address(o.metrics_address)}:{o.metrics_port}",
+
+def _by_dest(arts: list[Child]) -> dict[str, Child]:
+    """The artifact children by destination (the last one of a destination given twice, which the load refuses)."""
+    return {a.inputs["dest"]: a for a in arts}
+
+
+def engines(d: Deploy, snap: Child, arts: list[Child]) -> list[Child]:
+    """TensorRTEngine per TensorRT model, after the ONNX it is built from arrived."""
+    onnx = _by_dest(arts)
+    return [
+        Child(
+            f"{b.model}-engine",
+            TensorRTEngine,
+            {"host": d.host, **engine_inputs(b)},
+            suffixes(snap, *present(onnx.get(b.onnx_path))),
         )
+        for b in d.args.engines
+    ]
+
+
+def model_repository(d: Deploy, snap: Child, arts: list[Child], engs: list[Child]) -> Child:
+    """TritonModelRepository: config.pbtxt per model (validated) and the ``.gpuhost-digest`` marker."""
+    return Child(
+        "models",
+        TritonModelRepository,
+        {"host": d.host, "root": d.args.repository_root, **repository_inputs(d.files)},
+        after=suffixes(snap, *_by_dest(arts).values(), *engs),
+    )
+
+
+@dataclass(frozen=True)
+class Triton:
+    """Triton's children in one runtime: `started` runs Triton, `defined` are the files it starts from."""
+
+    children: list[Child]
+    started: Child
+    defined: list[Child]
+
+
+def docker_triton(d: Deploy, srv: DockerServer, snap: Child, key: Optional[Child], repo: Child) -> Triton:
+    """pulumi-docker's provider at the guest's engine (gpuhost's own pins, key and jump host, not the runner's
+    ~/.ssh: access/docker_ssh.py), the pinned image, this deploy's run script and the container."""
+    engine = Child("docker", DockerEngine, {"spec": d.args.host})
+    image = Child(
+        "triton-image", docker.RemoteImage, {"name": srv.runtime.image, "keep_locally": True}, provider=engine.suffix
+    )
+    devices = d.args.devices if d.args.devices is not None else list(srv.runtime.gpus)
+    run = run_script(d, srv, devices, after=suffixes(snap, *present(key)))
+    box = triton_container(d, srv, devices, image, key, after=suffixes(repo, *present(key)), provider=engine.suffix)
+    return Triton([engine, image, run, box], started=box, defined=[])
+
+
+def run_script(d: Deploy, srv: DockerServer, devices: Any, after: tuple[str, ...]) -> Child:
+    """This deploy's own `docker run` on the guest, mode 0700 (plans.triton_runtime.docker_run_script)."""
+    c, digest = srv.spec, d.digest
+    return Child(
+        "triton-run",
+        ManagedFile,
+        {
+            "host": d.host,
+            "path": srv.run_path,
+            "content": Later(
+                devices,
+                lambda ids: docker_run_script(
+                    c,
+                    docker_gpus_flag(list(ids or [])),
+                    {"gpuhost.repository-digest": digest, "gpuhost.gpus": ",".join(ids or [])},
+                ),
+            ),
+            "mode": "0700",
+            "owner": "root:root",
+        },
+        after=after,
+    )
+
+
+def triton_container(
+    d: Deploy,
+    srv: DockerServer,
+    devices: Any,
+    image: Child,
+    key: Optional[Child],
+    after: tuple[str, ...],
+    provider: str,
+) -> Child:
+    """The Triton container (ports, GPUs or MIG UUIDs, shm, restart, MPS env); a new label or key recreates it."""
+    c, digest = srv.spec, d.digest
+    return Child(
+        "triton",
+        docker.Container,
+        {
+            "name": c["name"],
+            "image": image.ref("image_id"),
+            "command": c["command"],
+            "ports": [docker.ContainerPortArgs(**p) for p in c["ports"]],
+            # docker's --gpus syntax: "all" or "device=<index|GPU-uuid|MIG-uuid>,...".
+            # An empty list (MIG UUID not known) fails: never widened to "all".
+            "gpus": Later(devices, lambda ids: docker_gpus_value(list(ids or []))),
+            "shm_size": c["shm_size"],
+            "restart": c["restart"],
+            # A new control key (a new file on the host) replaces the container: Triton reads it at start.
+            "envs": [*c["envs"], key.ref("stamp", lambda k: f"GPUHOST_CONTROL_KEY_STAMP={k}")] if key else c["envs"],
+            "must_run": True,
+            "ulimits": [docker.ContainerUlimitArgs(**u) for u in c["ulimits"]],
+            "volumes": [docker.ContainerVolumeArgs(**v) for v in c["volumes"]],
+            # A repository change restarts Triton through this label.
+            "labels": Later(
+                devices,
+                lambda ids: [
+                    docker.ContainerLabelArgs(label="gpuhost.repository-digest", value=digest),
+                    docker.ContainerLabelArgs(label="gpuhost.gpus", value=",".join(ids or [])),
+                ],
+            ),
+        },
+        after=after,
+        provider=provider,
+    )
+
+
+def process_triton(d: Deploy, srv: ProcessServer, snap: Child, key: Optional[Child], repo: Child) -> Triton:
+    """Triton's systemd unit, then the service (enabled, restarted on every repository or unit change)."""
+    unit = Child(
+        "triton-unit",
+        ManagedFile,
+        {"host": d.host, "path": UNIT_PATH, "content": srv.unit, "mode": "0644", "owner": "root:root"},
+        after=suffixes(snap),
+    )
+    trigger = f"{d.digest}:{srv.id}"
+    service = Child(
+        "triton-service",
+        ServiceState,
+        {
+            "host": d.host,
+            "unit": "gpuhost-triton",
+            "action": "restart",
+            "user": srv.runtime.user,
+            "check": [srv.runtime.numactl, "--hardware"] if srv.runtime.numa_node is not None else [],
+            # A new control key (a new file on the host) restarts Triton, which reads it only at start.
+            "trigger": key.ref("stamp", lambda k: f"{trigger}:{k}") if key else trigger,
+        },
+        after=suffixes(repo, unit, *present(key)),
+    )
+    return Triton([unit, service], started=service, defined=[unit])
+
+
+def nginx(d: Deploy, snap: Child) -> list[Child]:
+    """nginx installed, its config, then checked (`nginx -t` on the target) and reloaded; [] when not managed."""
+    if not d.args.manage_nginx:
+        return []
+    conf_path = d.args.nginx_conf_path
+    pkg = Child(
+        "nginx-pkg",
+        SystemPackages,
+        {"host": d.host, "packages": ["nginx"], "debs_dir": d.args.nginx_debs_dir},
+        after=suffixes(snap),
+    )
+    conf = Child(
+        "nginx-conf",
+        ManagedFile,
+        {"host": d.host, "path": conf_path, "content": d.nginx, "mode": "0644", "owner": "root:root"},
+        after=suffixes(pkg),
+    )
+    service = Child(
+        "nginx",
+        ServiceState,
+        {
+            "host": d.host,
+            "unit": "nginx",
+            "action": "reload",
+            "check": ["nginx", "-t", "-c", conf_path],
+            "trigger": hashlib.sha256(d.nginx.encode()).hexdigest(),
+        },
+        after=suffixes(conf),
+    )
+    return [pkg, conf, service]
+
+
+def window_controller(d: Deploy, triton: Triton) -> Optional[Child]:
+    """Seed 004's adaptive batching window: its controller unit, after Triton is defined and started."""
+    if not d.args.adaptive_window:
+        return None
+    o = d.args.server
+    unit_text = controller_unit(
+        d.args.adaptive_window,
+        [m.name for m in d.specs],
+        triton_url=f"http://{connect_address(o.http_address)}:{o.http_port}",
+        metrics_url=f"http://{connect_address(o.metrics_address)}:{o.metrics_port}",
+    )
+    return Child(
+        "adaptive-window",
+        SystemdService,
+        {
+            "host": d.host,
+            "unit": WINDOW_UNIT_NAME,
+            "files": {WINDOW_UNIT_PATH: unit_text, WINDOW_SCRIPT_PATH: ADAPTIVE_WINDOW_PY.read_text()},
+        },
+        after=suffixes(*triton.defined, triton.started),
+    )
+
+
+def gates(d: Deploy, serving: list[Child]) -> list[Child]:
+    """AcceptanceGate through nginx per model (or only `gate_model`), chained so their loads never overlap; [] when
+    the stack gives no endpoint."""
+    args, rollback, digest, runtime_id, deploy_id = d.args, d.rollback, d.digest, d.server.id, d.id
+    if not args.endpoint:
+        return []
+    names = [s.name for s in d.specs]
+    out: list[Child] = []
+    for s in d.specs:
+        if args.gate_model and s.name != args.gate_model:
+            continue
         out.append(
             Child(
-                "adaptive-window",
-                SystemdService,
+                f"{s.name}-gate",
+                AcceptanceGate,
                 {
-                    "host": host,
-                    "unit": WINDOW_UNIT_NAME,
-                    "files": {WINDOW_UNIT_PATH: unit_text, WINDOW_SCRIPT_PATH: ADAPTIVE_WINDOW_PY.read_text()},
+                    "url": args.endpoint,
+                    "models": names,
+                    "model": s.name,
+                    "request": gate_signature(s),
+                    "concurrency": args.gate_concurrency,
+                    "duration_s": args.gate_duration_s,
+                    "max_requests": args.gate_max_requests,
+                    "rate": args.gate_rate,
+                    "p95_ms": args.slo_p95_ms,
+                    "p99_ms": args.slo_p99_ms,
+                    "max_error_rate": args.slo_max_error_rate,
+                    "min_rps": args.slo_min_rps,
+                    "ready_timeout_s": args.gate_ready_timeout_s,
+                    "request_timeout_s": args.gate_request_timeout_s,
+                    "rollback": rollback,
+                    "expect_digest": digest,
+                    "trigger": f"{digest}:{runtime_id}:{deploy_id}",
                 },
-                # After Triton is defined and started (the unit file, then the running service, in the process
-                # runtime).
-                after=(*server_defs, started[0]),
+                after=suffixes(*serving, *out[-1:]),
             )
         )
-
-    # -- one gate per model, one after the other ------------------------------------------------------------------
-    if args.endpoint:
-        names = [s.name for s in specs]
-        gates: list[str] = []
-        for s in specs:
-            if args.gate_model and s.name != args.gate_model:
-                continue
-            out.append(
-                Child(
-                    f"{s.name}-gate",
-                    AcceptanceGate,
-                    {
-                        "url": args.endpoint,
-                        "models": names,
-                        "model": s.name,
-                        "request": gate_signature(s),
-                        "concurrency": args.gate_concurrency,
-                        "duration_s": args.gate_duration_s,
-                        "max_requests": args.gate_max_requests,
-                        "rate": args.gate_rate,
-                        "p95_ms": args.slo_p95_ms,
-                        "p99_ms": args.slo_p99_ms,
-                        "max_error_rate": args.slo_max_error_rate,
-                        "min_rps": args.slo_min_rps,
-                        "ready_timeout_s": args.gate_ready_timeout_s,
-                        "request_timeout_s": args.gate_request_timeout_s,
-                        "rollback": rollback,
-                        "expect_digest": digest,
-                        "trigger": f"{digest}:{runtime_id}:{deploy_id}",
-                    },
-                    after=(*started, *gates[-1:]),
-                )
-            )
-            gates.append(f"{s.name}-gate")
     return out
 
 
