@@ -2,20 +2,21 @@
 
 Each component module has a `children(name, args) -> list[Child]` function (no Pulumi call, no I/O); the component
 declares exactly that list (`declare`), tests and the bench drive the same list through the SDK's provider server
-(`testbed.provider_server.ChildFlow`), and the stack loader reads from it which host paths every resource writes (`writes`),
-to refuse two resources that would write the same file before the first one is registered.
+(`testbed.provider_server.ChildFlow`), and the stack loader reads from it which host paths every resource writes
+(`writes`, from each provider's own `writes`), to refuse two resources that would write the same file before the
+first one is registered.
 
-Outputs of an earlier child are referenced symbolically (`Ref`); a value that arrives from outside the component
-later (another component's Output) is wrapped in `Later` when the component transforms it.
+Outputs of an earlier child are referenced symbolically (`Ref`, made by `child.ref(output)`); `after` takes
+`suffixes(*children)`, so a builder is given the children it depends on, not their names. A value that arrives from
+outside the component later (another component's Output) is wrapped in `Later` when the component transforms it.
 
 Usage::
 
-    def children(name: str, args: MyArgs) -> list[Child]:
-        return [
-            Child("vfio", VfioBinding, {"host": conn, "devices": args.gpus}),
-            Child("reboot", HostReboot, {"host": conn, "expect_drivers": Ref("vfio", "drivers", to_vfio_pci)},
-                  after=("vfio",)),
-        ]
+    def children(name: str, args: MyArgs) -> list[Child]:      # one named builder per resource in a real one
+        vfio = Child("vfio", VfioBinding, {"host": conn, "devices": args.gpus})
+        reboot = Child("reboot", HostReboot, {"host": conn, "expect_drivers": vfio.ref("drivers", to_vfio_pci)},
+                       after=suffixes(vfio))
+        return [vfio, reboot]
 
     class MyComponent(Wired, type_name="gpuhost:host:MyComponent", children=children):
         def wire(self, args, made):                       # attributes and registered outputs from the children
