@@ -63,7 +63,7 @@ class LockWatch:
 
     def __init__(self, th):
         from access import ssh
-        from facts.state import LOCK
+        from pristine import LOCK
 
         self.log_path = LOCK + ".log"
         self.spec = th.host_spec(name=f"{th.name}-lockwatch")

@@ -1,6 +1,6 @@
 """A tenant VM's disk and cloud-init seed ISO: what LibvirtDomain found there, and what puts it back (pure).
 
-LibvirtDomain records both paths on the host the first time (facts/state.py `Record`): the seed ISO as a file
+LibvirtDomain records both paths on the host the first time (pristine/ `Record`): the seed ISO as a file
 (content, mode, owner, or its absence), the disk only as `disk_stat` prints it (a disk is too big to copy; gpuhost
 never writes into a disk it found, it only has to leave it as found: mode and owner, which libvirt's DAC labelling
 changes while the VM runs). Facts in, actions out: `release_plan` is what delete (and a failed create) runs after

@@ -49,12 +49,12 @@ from pulumi.dynamic import (
 from pulumi.runtime.rpc import UNKNOWN
 from pydantic import BaseModel, ValidationError
 
+import pristine
 from access import keys
 from access.errors import HostError
 from access.ssh import CommandFailed, Conn, HostSpec, HostUnreachable, NothingRan, connect
-from facts import state
-from facts.state import Change, Record
 from plans.plan import Plan
+from pristine import Change, Record
 from providers import progress
 from providers.effects import Effect, Path
 
@@ -204,7 +204,7 @@ def _one_attempt(method: Callable[..., Any]) -> Callable[..., Any]:
         return method
 
     def run(self: HostProvider, *args: Any) -> Any:
-        with state.attempt():
+        with pristine.attempt():
             return method(self, *args)
 
     run._one_attempt = True  # type: ignore[attr-defined]
@@ -216,7 +216,7 @@ class HostProvider(Provider):
     REPLACE_ON: tuple[str, ...] = ("host",)
 
     def __init_subclass__(cls, **kwargs: Any) -> None:
-        # Every create/update runs as one attempt (facts.state.attempt): one that fails before it changes the host
+        # Every create/update runs as one attempt (pristine.attempt): one that fails before it changes the host
         # (a refusal after reading it) removes the records it made, so nothing of it stays on the host.
         super().__init_subclass__(**kwargs)
         for name in ("create", "update"):
@@ -273,7 +273,7 @@ class HostProvider(Provider):
         `before`: a check run first, which may end the script (`exit 0`) before anything is recorded."""
         text = before + rec.script().render() + facts_text
         out = self.guarded(conn, "reading the host", lambda: conn.run(text).stdout)
-        state.note_fresh(conn, rec.owner, out)
+        pristine.note_fresh(conn, rec.owner, out)
         files, values = rec.parse(out, conn.spec.name)
         return out, files, values
 
@@ -324,7 +324,7 @@ class HostProvider(Provider):
         `read`: the script whose output the plan is made from (facts.host.facts_script with the step's sections,
         files and sysctls); `props["host_read"]`: that output as HostPreflight read it (base64), when the component
         wired it. `plan(read_output, pristine_files, prior_values)` returns the Change (with its lock classes), or
-        None when it needs the records first (they are None on the first try). Each try runs facts.state.guarded:
+        None when it needs the records first (they are None on the first try). Each try runs pristine.guarded:
         the records, the read again under the change's locks, the change only if the read is unchanged; otherwise
         the host's fresh read comes back in the same round trip and the plan is made again from it. A refusal
         raised by `plan` (an SSH NIC, an unknown node) comes before any change, so the attempt leaves no records.
@@ -343,12 +343,12 @@ class HostProvider(Provider):
             ch = plan(seen, files, values) if seen is not None else None
             sha = hashlib.sha256(seen).hexdigest() if seen is not None and ch is not None else None
             body = ch.script.render() if ch is not None else "true"
-            script = state.guarded(rec, read, sha, body)
+            script = pristine.guarded(rec, read, sha, body)
             # Only a change takes the locks; recording and reading alone never waited for them (the record itself
             # is under the pristine store's lock).
-            whole = state.locked(script, rec.owner, ch.classes) if ch is not None else script
+            whole = pristine.locked(script, rec.owner, ch.classes) if ch is not None else script
             stdin = bytes(ch.stdin) if ch is not None else None
-            was = state.attempt_changed()
+            was = pristine.attempt_changed()
             with self.ticking(props, conn, ch):
                 out = self.guarded(
                     conn,
@@ -357,10 +357,10 @@ class HostProvider(Provider):
                     changing=ch is not None,
                 )
             if "\n@@changing\n" not in "\n" + out:
-                state.reset_changed(was)
-            state.note_fresh(conn, rec.owner, out)
+                pristine.reset_changed(was)
+            pristine.note_fresh(conn, rec.owner, out)
             files, values = rec.parse(out, conn.spec.name)
-            fresh = state.stale_read(out)
+            fresh = pristine.stale_read(out)
             if fresh is None:
                 return out, files, values, seen or b"", ch
             seen = fresh
@@ -368,14 +368,14 @@ class HostProvider(Provider):
             conn.spec.name,
             "the host kept changing between gpuhost's read and its change (4 tries)",
             fix="find what else is changing it (another tool, a hand edit in progress), then run `pulumi up` again",
-            changed=state.attempt_changed(),
+            changed=pristine.attempt_changed(),
         )
 
     @staticmethod
     def guarded(conn: Conn, doing: str, fn: Callable[[], Any], changing: bool = False) -> Any:
-        was = state.attempt_changed()
+        was = pristine.attempt_changed()
         if changing:
-            state.changing()
+            pristine.changing()
         try:
             return fn()
         except (CommandFailed, HostUnreachable) as e:
@@ -384,7 +384,7 @@ class HostProvider(Provider):
             # whose channel never opened did not run.
             changed: bool | None
             if isinstance(e, NothingRan):
-                state.reset_changed(was)
+                pristine.reset_changed(was)
                 changed = was
             else:
                 changed = (True if failed else None) if changing else False

@@ -27,8 +27,8 @@ import pulumi
 from pulumi.dynamic import CheckFailure
 
 from access.shell import quote
-from facts.state import Change, Record, restore_from_store_lines
 from plans.triton_runtime import KEY_VAR
+from pristine import Change, Record, restore_from_store_lines
 from providers.base import HostResource, TemplateProvider
 from providers.managed_file import (
     dirs_key,

@@ -22,8 +22,8 @@ from typing import Optional
 
 import pulumi
 
-from facts.state import Change
 from plans.guest_bootstrap import MPS_ENV_DIR, MPS_UNIT, BootstrapConfig, parse_facts, plan, read_script
+from pristine import Change
 from providers.base import HostResource, TemplateProvider
 from providers.managed_file import remove_dirs_lines
 

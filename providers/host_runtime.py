@@ -22,8 +22,8 @@ from typing import Optional
 import pulumi
 
 from access.errors import HostError
-from facts.state import Change, Record
 from plans.host_runtime import Runtime, facts_from_dict, facts_to_dict, parse_facts, plan, read_script, restore_steps
+from pristine import Change, Record
 from providers.base import HostResource, TemplateProvider
 
 

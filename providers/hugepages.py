@@ -21,8 +21,8 @@ from access.errors import HostError
 from access.shell import quote, sh
 from facts.files import FileState
 from facts.host import facts_script, parse_host_facts, read_host_facts
-from facts.state import Change, Record
 from plans import hugepages as plan
+from pristine import Change, Record
 from providers.base import HostResource, TemplateProvider
 
 UNIT, WANTS, SIZE_KB = plan.UNIT, plan.WANTS, plan.SIZE_KB

@@ -4,7 +4,7 @@ Seed 002 §9 ("irqbalance 禁用 VM 的核", the IRQ-affinity script) and its pi
 plans/irq.py. Inputs: host, banned_cpus (list), pin ([{"match": "nvme|mlx5", "cpus": [0, 1]}]), version.
 Outputs: config_path, banned, pinned ({irq: cpus}), unmovable (kernel-managed IRQs), plan, and what delete puts
 back: prior (the irqbalance files as first found) and prior_affinity ({irq: cpus as first found}); both are
-recorded on the host (facts/state.py) before the first change, so a re-run after a dropped connection keeps them.
+recorded on the host (pristine/) before the first change, so a re-run after a dropped connection keeps them.
 Runtime affinities do not survive a reboot: refresh shows a moved IRQ as a change of `pin`, the next `up` repairs it.
 """
 
@@ -18,8 +18,8 @@ from pulumi.dynamic import CheckFailure
 from facts.cpulist import parse_cpulist
 from facts.files import FileState
 from facts.host import facts_script, parse_host_facts, read_host_facts
-from facts.state import Change, Record
 from plans import irq as plan
+from pristine import Change, Record
 from providers.base import HostResource, TemplateProvider
 from providers.effects import Effect, host_name
 

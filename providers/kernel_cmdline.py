@@ -17,9 +17,9 @@ from pulumi.dynamic import CheckFailure
 from access.errors import HostError
 from facts.files import FileState
 from facts.host import facts_script, parse_host_facts, read_host_facts
-from facts.state import Change, Record
 from plans import cmdline as plan
 from plans.values import kernel_arg
+from pristine import Change, Record
 from providers.base import HostResource, TemplateProvider
 
 GRUB = plan.GRUB

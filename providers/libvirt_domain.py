@@ -5,7 +5,7 @@ create = disk overlay + cloud-init seed + define + start. update = pin changes a
 fails the previous definition is put back (and started again if it was running) before the error is raised.
 delete = graceful shutdown, destroy after `shutdown_timeout`, undefine with its NVRAM; then the seed ISO path and the
 disk are put back as create found them (plans.vm_storage): through `host`, both are recorded on the host the first
-time (facts/state.py `Record` through the base's `record_and_read`, tagged with the owner), so a re-run after a
+time (pristine/ `Record` through the base's `record_and_read`, tagged with the owner), so a re-run after a
 dropped connection still knows the real original. A file found at the seed ISO path comes back byte for byte (content, mode, owner), a
 path that was empty is emptied; a disk that was there is never removed (`keep_disk: false` removes only the overlay
 this resource made) and gets its mode and owner back. With `uri` only there is no host record: a seed ISO volume
@@ -50,13 +50,13 @@ import pulumi
 from pulumi.dynamic import CheckFailure, CheckResult, CreateResult, ReadResult, UpdateResult
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
+import pristine
 from access.shell import quote, sh
 from access.ssh import Conn, HostSpec, connect
-from facts import state
 from facts.files import FileState
-from facts.state import Change, Record
 from plans import vm_storage
 from plans.domain_xml import CloudInit, DomainSpec, cpuset_str, parse, render_element, seed_iso
+from pristine import Change, Record
 from providers.base import HostProvider, HostResource, is_safe_abs_path, validation_failures
 from providers.effects import Effect, host_name
 from providers.managed_file import remove_dirs_lines
@@ -574,7 +574,7 @@ class LibvirtDomainProvider(HostProvider):
         dom = None
         xml = ""
         try:
-            state.changing()  # libvirt's changes too: from here on the records describe the original, kept
+            pristine.changing()  # libvirt's changes too: from here on the records describe the original, kept
             if disk:
                 made = False if disk_there else ensure_overlay(lv, disk, inp.storage)
                 disk_created = disk_created or made
@@ -661,7 +661,7 @@ class LibvirtDomainProvider(HostProvider):
                 found["seed_found"] = seed_found
             if new_disk:
                 found["disk_found"], disk_created = disk_found, disk_found == "absent"
-        state.changing()
+        pristine.changing()
         seed_uploaded = bool(olds.get("seed_uploaded"))
         if seed and (new_seed or new.cloud_init != old.cloud_init):
             was = dom.isActive()

@@ -6,7 +6,7 @@ is now, so `pulumi refresh` shows a hand edit as drift.
 
 Missing parent directories are made, top down, each ``0755 root:root`` whatever the file's own mode and owner (what
 ``mkdir -p`` as root with the usual umask gives: listable, only root writes). Which of them were missing is recorded
-on the host with the file, the first time (facts/state.py), so a re-run after a dropped connection still knows;
+on the host with the file, the first time (pristine/), so a re-run after a dropped connection still knows;
 the ``made_dirs`` output shows them. Delete puts the file back first, then removes those directories, deepest first
 and only when empty: one another file still lives in stays (also when that file belongs to another ManagedFile that
 was created later: its own record says the directory existed, so it is not removed after that one goes either).
@@ -29,7 +29,7 @@ from pulumi.dynamic import CheckFailure
 from access.errors import HostError
 from access.shell import quote
 from facts.files import FileState, files_script, parse_files
-from facts.state import Change, Record
+from pristine import Change, Record
 from providers.base import HostResource, TemplateProvider
 
 DIR_MODE = "0755"  # directories ManagedFile makes, root:root
@@ -46,7 +46,7 @@ def parent_dirs(path: str) -> list[str]:
 
 
 def dirs_key(path: str, kind: str = "managed-file") -> str:
-    """The record (facts/state.py runtime value) of which of `path`'s parents were missing; one per file, so two
+    """The record (pristine/ runtime value) of which of `path`'s parents were missing; one per file, so two
     ManagedFiles in one directory never share (and so never refuse) a record. `kind`: another provider that makes
     the parents of the files it writes the same way (MonitoringFiles) keeps its records apart."""
     return f"{kind}{path}/missing-dirs"

@@ -13,8 +13,8 @@ from typing import Optional
 import pulumi
 from pulumi.dynamic import CheckFailure
 
-from facts.state import Change, Record
 from plans import triton_mig as mig
+from pristine import Change, Record
 from providers.base import HostResource, TemplateProvider
 from providers.effects import Effect, host_name
 

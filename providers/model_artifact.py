@@ -23,7 +23,7 @@ from typing import Optional
 from pulumi.dynamic import CheckFailure
 
 from access.shell import Script, quote, sh
-from facts.state import Change, prune_lines
+from pristine import Change, prune_lines
 from providers.base import HostResource, TemplateProvider
 from providers.managed_file import missing_dirs_command
 

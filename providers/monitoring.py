@@ -30,7 +30,7 @@ from pulumi.dynamic import CheckFailure
 
 from access.shell import Script, sh
 from facts.files import FileState, files_script, parse_files
-from facts.state import Change, Record
+from pristine import Change, Record
 from providers.base import HostResource, TemplateProvider, is_safe_abs_path
 from providers.effects import Effect, host_name
 from providers.managed_file import dirs_key, make_dirs_lines, missing_dirs_command, parse_missing, remove_dirs_lines

@@ -18,9 +18,9 @@ from pulumi.dynamic import CheckFailure, CheckResult
 from access.errors import HostError
 from access.shell import Script, quote
 from facts.host import facts_script, parse_host_facts, step_read_script
-from facts.state import Change
 from plans.preflight import PreflightWant, failures, preflight, report
 from plans.vfio import initramfs_read
+from pristine import Change
 from providers.base import HostResource, TemplateProvider, unknown_paths
 
 WANT_KEYS = (

@@ -31,8 +31,8 @@ from access.errors import HostError
 from access.shell import sh
 from facts.host import facts_script, parse_host_facts, read_host_facts
 from facts.model import HostFacts
-from facts.state import Change
 from plans.cmdline import key
+from pristine import Change
 from providers.base import HostResource, TemplateProvider
 from providers.progress import resource_label, ticking
 

@@ -19,7 +19,7 @@ from typing import Optional
 from pulumi.dynamic import CheckFailure
 
 from access.shell import Script, quote
-from facts.state import Change, Record
+from pristine import Change, Record
 from providers.base import HostResource, TemplateProvider, is_safe_abs_path
 from providers.systemd_service import ServiceState
 

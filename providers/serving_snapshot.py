@@ -24,7 +24,7 @@ from typing import Optional
 
 from access.shell import Script, quote, sh
 from access.ssh import HostSpec, connect
-from facts.state import Change, prune_lines
+from pristine import Change, prune_lines
 from providers.base import HostResource, TemplateProvider
 
 MARKER = ".gpuhost-digest"

@@ -10,7 +10,7 @@ Outputs: pf_address, vf_addresses (for PinnedVM hostdevs), numvfs, drivers ({vf:
 ({irq: cpus}), unmovable (kernel-managed IRQs), vf_config ({vf: result}), unsupported (reasons), warnings, and
 the prior state delete restores: prior_numvfs, prior_autoprobe, prior_overrides, prior_affinity (by position in
 the PF's IRQ list: IRQ numbers change between boots), prior_unit_enabled, prior (the unit, its wants link and the
-driverctl files as first found). All of it is recorded on the host before the first change (facts/state.py), so a
+driverctl files as first found). All of it is recorded on the host before the first change (pristine/), so a
 re-run after a dropped connection reports the host's real originals, not what the dropped run had set.
 
 Persistence is a systemd unit (see `plans.sriov.render_unit` for why not a udev rule); vfio-pci overrides are
@@ -38,9 +38,9 @@ from facts.cpulist import parse_cpulist
 from facts.files import FileState
 from facts.host import facts_script, parse_host_facts, read_host_facts, split_sections
 from facts.model import HostFacts, normalize_pci
-from facts.state import Change, Record
 from plans import irq as irq_plan
 from plans import sriov as plan
+from pristine import Change, Record
 from providers.base import HostResource, TemplateProvider, unknown_paths, validation_failures
 from providers.effects import Effect, host_name
 
@@ -162,7 +162,7 @@ class SriovVfsProvider(TemplateProvider):
         failures += [CheckFailure(e.field, e.message) for e in p.errors]
         return CheckResult({**news, "plan": p.sentence}, failures)
 
-    # What the PF had before gpuhost, recorded on the host the first time (facts/state.py): the unit and its wants
+    # What the PF had before gpuhost, recorded on the host the first time (pristine/): the unit and its wants
     # link, each VF's driverctl override file, the VF count, autoprobe and the PF vectors' affinities.
     def _record(self, props: dict, pf: str, files: list[str], irqs: Sequence[str] = ()) -> Record:
         d = f"/sys/bus/pci/devices/{pf}"

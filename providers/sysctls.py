@@ -17,9 +17,9 @@ from access.errors import HostError
 from access.shell import sh
 from facts.files import FileState
 from facts.host import facts_script, parse_host_facts, read_host_facts
-from facts.state import Change, Record
 from plans import sysctls as plan
 from plans import values as allowed
+from pristine import Change, Record
 from providers.base import HostResource, TemplateProvider
 
 FILE = plan.FILE

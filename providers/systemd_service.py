@@ -31,7 +31,7 @@ from pulumi.dynamic import CheckFailure
 
 from access.shell import Script, quote, sh
 from facts.files import FileState, files_script, parse_files
-from facts.state import Change, Record
+from pristine import Change, Record
 from providers.base import HostResource, TemplateProvider, host_identity, is_safe_abs_path
 from providers.effects import Effect, host_name
 

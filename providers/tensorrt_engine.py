@@ -16,8 +16,8 @@ from pulumi.dynamic import CheckFailure
 from pydantic import ValidationError
 
 from access.shell import Script, quote, sh
-from facts.state import Change
 from plans.triton_engine import EngineBuild, build_command, key_inputs, plan_rebuild
+from pristine import Change
 from providers.base import HostResource, TemplateProvider, validation_failures
 
 KEYS = ("onnxSha256", "shapes", "precision", "calibSha256", "gpuModel", "tensorrtVersion")

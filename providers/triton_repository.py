@@ -2,7 +2,7 @@
 
 Inputs carry each file's sha256 (and its content) so ``pulumi preview`` shows which file changes;
 ``digest`` is one hash over all of them. Before the first change each file (content, mode, owner, or absence) and
-whether each directory existed are recorded on the host (facts/state.py), so a re-run after a dropped connection
+whether each directory existed are recorded on the host (pristine/), so a re-run after a dropped connection
 keeps the real originals; delete puts exactly that back and removes the directories it created (only when empty:
 an engine plan built there stays). Read returns the hashes the guest has now, so a hand edit of a config.pbtxt
 shows as drift on refresh. Decisions are in plans/triton_repo.py.
@@ -25,8 +25,8 @@ from pulumi.dynamic import CheckFailure
 
 from access.shell import quote
 from facts.files import FileState, files_script, parse_files
-from facts.state import Change, Record
 from plans.triton_repo import plan_repository, repository_digest, repository_dirs
+from pristine import Change, Record
 from providers.base import HostResource, TemplateProvider
 from providers.serving_snapshot import MARKER
 

@@ -19,9 +19,9 @@ from pulumi.dynamic import CheckFailure
 from facts.files import FileState
 from facts.host import facts_script, parse_governors, parse_host_facts, read_host_facts
 from facts.model import HostFacts
-from facts.state import Change, Record
 from plans import tuning as plan
 from plans import values as allowed
+from pristine import Change, Record
 from providers.base import HostResource, TemplateProvider
 
 MODE_FILE = "/etc/tuned/profile_mode"

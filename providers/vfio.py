@@ -19,7 +19,6 @@ from access.shell import quote, sh
 from facts.files import FileState
 from facts.host import facts_script, parse_host_facts, read_host_facts
 from facts.model import HostFacts, normalize_pci
-from facts.state import Change, Record
 from plans.preflight import binding_refusals, report
 from plans.vfio import (
     claims_script,
@@ -30,6 +29,7 @@ from plans.vfio import (
     plan_initramfs_restore,
     stamp,
 )
+from pristine import Change, Record
 from providers.base import HostProvider, HostResource
 
 MODULES_LOAD = "/etc/modules-load.d/gpuhost-vfio.conf"

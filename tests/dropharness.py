@@ -71,7 +71,7 @@ def drop_first_apply(
 
 
 def assert_no_records(testhost, owner: str) -> None:
-    """The resource's records on the host (facts/state.py) are gone with it, and no directory of the store is left
+    """The resource's records on the host (pristine/) are gone with it, and no directory of the store is left
     empty (forgetting the last record under one removes it)."""
     left = testhost.ssh(
         f"grep -rl '{owner}' /var/lib/gpuhost/pristine 2>/dev/null; find /var/lib/gpuhost -type d -empty 2>/dev/null; true"

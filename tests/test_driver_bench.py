@@ -10,7 +10,7 @@ import uuid
 
 from access import keys, ssh
 from bench.driver_bench import LockWatch, lock_account, lock_holds, parse_lock_log
-from facts.state import LOCK, Change, locked
+from pristine import LOCK, Change, locked
 from testbed.servers import wait_until
 
 # Host epoch 1000.0 is the start of the `up`. a holds 1002-1010; b waits from 1003, holds 1010-1011; c never waits;

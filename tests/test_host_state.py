@@ -1,4 +1,4 @@
-"""facts.state against a real local sshd: first-time records, owners, symlinks, stdin writes, the host lock.
+"""pristine against a real local sshd: first-time records, owners, symlinks, stdin writes, the host lock.
 
 The local sshd runs commands on this machine, so the records land under the real /var/lib/gpuhost/pristine (at the
 test's own tmp paths) and the lock is the real /run/gpuhost.lock.
@@ -17,7 +17,7 @@ import pytest
 from access import keys, ssh
 from access.errors import HostError
 from access.shell import sh
-from facts.state import LOCK, Change, Record, locked
+from pristine import LOCK, Change, Record, locked
 from providers.base import HostProvider
 from testbed.servers import wait_until
 
@@ -163,7 +163,7 @@ def test_two_concurrent_applies_on_one_host_serialize(conn, local_sshd, tmp_path
 
 def _records(rec: Record) -> list[str]:
     """The record entries of `rec` that exist on this machine (the local sshd's host)."""
-    from facts.state import ROOT
+    from pristine import ROOT
 
     paths = [f"{ROOT}/files{p}{sfx}" for p in rec.files for sfx in ("", ".absent", ".owner")]
     paths += [f"{ROOT}/runtime/{k}{sfx}" for k in rec.values for sfx in ("", ".owner")]
@@ -171,7 +171,7 @@ def _records(rec: Record) -> list[str]:
 
 
 def test_an_attempt_that_fails_before_changing_drops_only_the_records_it_made(conn, tmp_path):
-    from facts.state import attempt, note_fresh
+    from pristine import attempt, note_fresh
 
     old, new = tmp_path / "old.conf", tmp_path / "new.conf"
     old.write_text("recorded by an earlier attempt\n")
@@ -239,7 +239,7 @@ def test_a_change_planned_from_preflights_read_is_one_round_trip_and_a_stale_rea
     the read still holds and changes. After a hand edit the check fails: nothing changes in that round trip, the
     fresh read comes back with it, and the plan is made again from it."""
     from facts.host import facts_script, parse_host_facts
-    from facts.state import attempt
+    from pristine import attempt
     from providers.preflight import parse_reads, read_script
 
     f = str(tmp_path / "managed.conf")
@@ -275,7 +275,7 @@ def test_a_guarded_change_refused_by_another_owners_record_changes_nothing_and_k
     conn, local_sshd, tmp_path
 ):
     from facts.host import facts_script
-    from facts.state import attempt
+    from pristine import attempt
     from providers.preflight import parse_reads, read_script
 
     mine, theirs = str(tmp_path / "mine.conf"), str(tmp_path / "theirs.conf")
@@ -353,7 +353,7 @@ def _gone_or_held(path: str) -> bool:
 
 def _store_dirs(path: str) -> list[str]:
     """The store's directories above the record of `path`, deepest first, up to and including BASE."""
-    from facts.state import BASE, ROOT
+    from pristine import BASE, ROOT
 
     d, out = os.path.dirname(f"{ROOT}/files{path}"), []
     while d.startswith(BASE):
@@ -363,7 +363,7 @@ def _store_dirs(path: str) -> list[str]:
 
 
 def test_forgetting_the_last_record_removes_the_directories_that_only_held_records(conn, tmp_path):
-    from facts.state import BASE, ROOT
+    from pristine import BASE, ROOT
 
     near, deep = tmp_path / "a" / "x.conf", tmp_path / "a" / "b" / "c" / "y.conf"
     first = Record(owner=f"test/{tmp_path.name}", files=[str(near)], values={f"test{tmp_path}/a/v": "echo 1"})
@@ -389,7 +389,7 @@ def test_forgetting_the_last_record_removes_the_directories_that_only_held_recor
 
 
 def test_a_directory_holding_a_file_that_is_not_a_record_stays(conn, tmp_path):
-    from facts.state import BASE, ROOT, prune_lines
+    from pristine import BASE, ROOT, prune_lines
 
     rec = Record(owner=f"test/{tmp_path.name}", files=[str(tmp_path / "f.conf")])
     rec.parse(conn.run(rec.script().render()).stdout)
@@ -406,7 +406,7 @@ def test_a_directory_holding_a_file_that_is_not_a_record_stays(conn, tmp_path):
 
 
 def test_a_refused_attempt_drops_its_fresh_records_and_the_directories_they_made(conn, tmp_path):
-    from facts.state import ROOT, attempt, note_fresh
+    from pristine import ROOT, attempt, note_fresh
 
     rec = Record(
         owner=f"test/{tmp_path.name}",

@@ -12,12 +12,12 @@ import os
 import libvirt
 import pytest
 
+import pristine
 from access import keys, ssh
 from access.errors import HostError
-from facts import state
 from facts.files import FileState
-from facts.state import ROOT, Change, Record
 from plans.domain_xml import DomainSpec, Topology
+from pristine import ROOT, Change, Record
 from providers.libvirt_domain import AUTOSTART_DIR, DomainInputs, LibvirtDomainProvider, _lookup, open_libvirt
 from testbed.provider_server import ProviderError, ProviderServer
 
@@ -227,7 +227,7 @@ def test_records_survive_a_rerun_and_release_puts_both_paths_back(local_sshd, ho
     before = {seed: _file(seed), disk: _file(disk)}
     autostart_was = os.path.isdir(AUTOSTART_DIR)
     try:
-        with state.attempt():
+        with pristine.attempt():
             seed_found, disk_found, disk_there, made_dirs = p._found(host_conn, props, inp, disk)
             assert p._write_seed(None, props, inp, host_conn) is True  # over SSH: no libvirt connection needed
         assert disk_there is found and disk_found == ("640 0 4" if found else "absent")
@@ -263,7 +263,7 @@ def test_a_create_refused_by_another_owners_record_leaves_no_record_of_its_own(l
     host_conn.run(theirs.script().render())
     ours = p._record(props, inp)
     try:
-        with pytest.raises(HostError, match="test/someone-else"), state.attempt():
+        with pytest.raises(HostError, match="test/someone-else"), pristine.attempt():
             p._found(host_conn, props, inp, inp.domain.disk)
         assert not os.path.exists(f"{ROOT}/runtime/libvirt-disk{inp.domain.disk}.owner"), "a fresh record stayed"
     finally:

@@ -3,7 +3,7 @@
 The host drops every SSH session after a provider's change ran and before its result came back (a test hook
 makes the lock's closing `date` wait, and the test kills the sessions meanwhile). The engine then has no state
 for the resource, so the re-run is a create again, reading a host that is already changed. The records on the host
-(facts/state.py) keep the real originals: the re-run reports them as priors, and destroy puts files, modes,
+(pristine/) keep the real originals: the re-run reports them as priors, and destroy puts files, modes,
 owners and runtime values back exactly as the pristine host had them. Uses the session's shared `testhost`.
 """
 
