@@ -51,11 +51,11 @@ def _dir_of(key: str) -> str:
 
 
 class TritonModelRepositoryProvider(TemplateProvider):
-    VERSION = "2"
+    VERSION = "3"  # 3: prior_root_exists, was priorRootExists (an output, never read back)
     KIND = "triton-repository"
     INPUTS = ("host", "root", "files", "digest")
     REPLACE_ON = ("host", "root")
-    OUTPUT_ONLY = ("prior", "priorRootExists", "prior_dirs", "plan")
+    OUTPUT_ONLY = ("prior", "prior_root_exists", "prior_dirs", "plan")
 
     @classmethod
     def writes(cls, inputs: dict) -> list:
@@ -101,7 +101,7 @@ class TritonModelRepositoryProvider(TemplateProvider):
         dirs = {**{_dir_of(k): v for k, v in values.items()}, **((prior or {}).get("prior_dirs") or {})}
         return {
             "prior": {r: pristine[a].model_dump() for r, a in full.items()},
-            "priorRootExists": dirs.get(root) != "absent",
+            "prior_root_exists": dirs.get(root) != "absent",
             "prior_dirs": dirs,
             "plan": p.sentences,
         }

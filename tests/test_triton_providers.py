@@ -28,7 +28,7 @@ def test_repository_create_serves_noop_drift_update_and_restore(local_sshd, prov
         "root": str(root),
         **repository_inputs(_files()),
         "prior": None,
-        "priorRootExists": None,
+        "prior_root_exists": None,
         "version": "1",
     }
     op, outs = r.up(inputs)
@@ -42,6 +42,9 @@ def test_repository_create_serves_noop_drift_update_and_restore(local_sshd, prov
             assert urllib.request.urlopen(t.http_url + "/v2/models/yolov8n/ready").status == 200
 
     assert r.preview(inputs).changes is False
+    # State written before VERSION 3 names one output priorRootExists; the update and delete below run on it.
+    r.outputs = {("priorRootExists" if k == "prior_root_exists" else k): v for k, v in r.outputs.items()}
+    assert "priorRootExists" in r.outputs and r.preview(inputs).changes is False
     (root / "yolov8n" / "config.pbtxt").write_text("max_batch_size: 64\n")
     assert r.refresh()["files"]["yolov8n/config.pbtxt"]["sha256"] != inputs["files"]["yolov8n/config.pbtxt"]["sha256"]
     changed = {**inputs, **repository_inputs(_files(max_batch_size=4))}
