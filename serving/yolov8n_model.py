@@ -42,9 +42,7 @@ Parameters (``config.pbtxt``): ``weights``, ``random_weights_for_benchmarks``, `
 fails initialize), ``decode_threads`` (frames of a batch decoded on the host at once; 4 on a GPU, 1 on a CPU
 instance), ``max_frame_pixels``, ``max_frame_side``, ``frame_graphs`` (jpeg input on a GPU: the frame sizes,
 ``WxH,...`` or ``none``, whose lone frames run as one CUDA graph each: letterbox + model + NMS + boxes back, no
-launches between them; default 1280x720,1920x1080,640x480; where nvJPEG's planes are in use, a lone upright baseline
-4:2:0 / 4:2:2 frame of these sizes is decoded straight into a second graph's plane buffers, whose replay also does
-libjpeg's upsampling and colour conversion), ``letterbox`` (jpeg input: ``square`` pads every frame
+launches between them; default 1280x720,1920x1080,640x480), ``letterbox`` (jpeg input: ``square`` pads every frame
 to 640×640, ``rect`` only to the next multiple of 32 around the resized frame, 1280×720 → 640×384, as Ultralytics'
 ``LetterBox(auto=True)``, which ``YOLO(checkpoint).predict`` uses for a checkpoint, state_dict or safetensors and a
 dynamic ONNX export, while a static ONNX export gets 640×640; default ``square`` for every artifact: on a GPU a rect
@@ -171,11 +169,6 @@ class TritonPythonModel:
         # (w, h) → (graph, its source frame buffer, its geometry, its outputs): a lone frame of a size here runs
         # letterbox, the model, NMS and the boxes' mapping back as one graph replay (``frames.letterboxed_forward``).
         self.frame_graphs = {}
-        # (w, h, chroma factors) → (graph, its Y and CbCr plane buffers, its outputs, ...): a lone baseline 4:2:0 /
-        # 4:2:2 frame of a size here (upright, EXIF orientation 1) is decoded by nvJPEG straight into the graph's
-        # plane buffers, and one replay does libjpeg's upsampling and colour conversion, letterbox, the model, NMS and
-        # the boxes back (no RGB copy, no kernel launched from Python between them).
-        self.plane_graphs = {}
         frame_sizes = (
             frames.frame_sizes(_param(config, "frame_graphs", DEFAULT_FRAME_GRAPHS))
             if self.input_mode == "jpeg"
@@ -205,9 +198,6 @@ class TritonPythonModel:
                     if use_graphs:
                         for fw, fh in frame_sizes:
                             self.frame_graphs[(fw, fh)] = self._capture_frame(fw, fh)
-                            for factors in sorted(set(frames.jpeg_planes.FACTORS.values())):
-                                if self.decoder.planes_to_rgb is not None:
-                                    self.plane_graphs[(fw, fh, factors)] = self._capture_planes(fw, fh, factors)
         self._phases = [0.0, 0.0, 0.0]
         self._frames = 0
         self._executes = 0
@@ -359,46 +349,6 @@ class TritonPythonModel:
         # 1920x1080 frame came back with boxes in another frame's pixels; bench/jpeg_diag.py).
         return graph, src, geo, outs, slot
 
-    def _capture_planes(self, w, h, factors):
-        """One CUDA graph for a lone w×h frame from its decoded planes (chroma ``factors`` (2, 2) or (2, 1)): the
-        decoder's planes→RGB (``Decoder.planes_to_rgb``), then ``frames.letterboxed_forward``; warmed up eagerly."""
-        y = torch.full((1, h, w), 16, dtype=torch.uint8, device=self.device)
-        c = torch.full((1, 2, -(-h // factors[1]), -(-w // factors[0])), 128, dtype=torch.uint8, device=self.device)
-        geo = torch.tensor([frames.geometry(w, h, rect=self.rect)], dtype=torch.float32, device=self.device)
-        slot = self._slot(1, frames.letterbox_shape(w, h, rect=self.rect))
-        to_rgb = self.decoder.planes_to_rgb
-
-        def run():
-            return frames.letterboxed_forward(to_rgb(y, c, factors)[0], slot, geo, self._forward)
-
-        for _ in range(3):
-            run()
-        self.stream.synchronize()
-        graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(graph, stream=self.stream):
-            outs = run()
-        self.stream.synchronize()
-        return graph, y, c, outs, geo, slot  # all kept: the graph holds their addresses (see _capture_frame)
-
-    def _lone_planes(self, row):
-        """A request's lone frame through its plane graph (``plane_graphs``): (detections, counts) on the device,
-        queued on the stream; None where the frame is not one for it (another size, layout, route or orientation,
-        a bad header, nvJPEG refusing it), and the usual path then serves it, errors included."""
-        frame = frames.frame_bytes(row)
-        try:
-            head = frames.read_header(frames._np_bytes(frame), **self.frame_limits)
-        except frames.FrameError:
-            return None
-        factors = frames.jpeg_planes.FACTORS.get(tuple(head.sampling))
-        captured = self.plane_graphs.get((head.width, head.height, factors))
-        if captured is None:
-            return None
-        graph, y, c, outs = captured[:4]
-        if not self.decoder.planes_into(frame, head, y, c):
-            return None
-        graph.replay()
-        return outs
-
     def _frames_forward(self, batch):
         """Decoded frames (on the device) → (detections in each frame's pixels, counts), still on the device.
 
@@ -465,12 +415,7 @@ class TritonPythonModel:
         cuda = self.device.type == "cuda"
         slots: dict[int, list[int]] = {}
         with torch.cuda.stream(self.stream) if cuda else _nullcontext():
-            lone = self._lone_planes(rows[0]) if len(rows) == 1 and self.plane_graphs else None
-            if lone is not None:
-                images = []
-                slots, total = {owner[0]: [0]}, 1
-            else:
-                images = frames.prepare(rows, self.decoder, **self.frame_limits)
+            images = frames.prepare(rows, self.decoder, **self.frame_limits)
             t_dec = time.perf_counter()
             self._count_decoded()
             for k, (i, img) in enumerate(zip(owner, images)):
@@ -481,10 +426,9 @@ class TritonPythonModel:
                 if i not in errors:
                     slots.setdefault(i, []).append(len(batch))
                     batch.append(img)
-            if lone is None:
-                total = len(batch)
+            total = len(batch)
             if total:
-                det, count = lone if lone is not None else self._frames_forward(batch)
+                det, count = self._frames_forward(batch)
                 outs = {"detections": det, "num_detections": count}
                 for name in self.outputs:
                     out = outs[name] if outs[name].shape[0] == total else outs[name][:total]

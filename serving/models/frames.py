@@ -429,26 +429,6 @@ class Decoder:
         torch.cuda.synchronize(self.device)
 
     @property
-    def planes_to_rgb(self):
-        """The function that turns nvJPEG's planes into libjpeg's RGB on this instance (``jpeg_planes``' fused
-        kernel where it passed its check, else its torch code), or None where the planes path is not in use."""
-        p = self._planes
-        if p is None:
-            return None
-        return jpeg_planes.fused_planes_to_rgb if p.kernel == "triton" else jpeg_planes.planes_to_rgb
-
-    def planes_into(self, frame: torch.Tensor, head: Header, y: torch.Tensor, c: torch.Tensor) -> bool:
-        """A lone frame that ``route`` gives to nvJPEG's planes and that needs no turning (EXIF orientation 1): its
-        planes decoded into ``y`` and ``c`` (``NvjpegPlanes.into``), counted as ``nvjpeg-planes``; False, with
-        nothing counted, for any other frame or where nvJPEG does not take it (``decode`` then decodes it)."""
-        if self._planes is None or head.orientation != 1 or route(head, self.jpeg_decoder)[0] != "planes":
-            return False
-        if not self._planes.into(frame.contiguous(), head.width, head.height, head.sampling, y, c):
-            return False
-        self.served["nvjpeg-planes"] += 1
-        return True
-
-    @property
     def planes_info(self) -> Optional[str]:
         p = self._planes
         if p is None:

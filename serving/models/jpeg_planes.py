@@ -369,25 +369,6 @@ class NvjpegPlanes:
                     out[k] = rgb[j] if k in done else None
         return out
 
-    def into(self, frame: torch.Tensor, width: int, height: int, sampling, y: torch.Tensor, c: torch.Tensor) -> bool:
-        """One frame's planes decoded into ``y`` ([1, H, W]) and ``c`` ([1, 2, h, w]), contiguous uint8 buffers on the
-        device that a caller's CUDA graph reads (a lone frame: the planes, libjpeg's upsampling, letterbox and the
-        model as one replay); queued on the current stream. False, with nothing written, where nvJPEG does not take
-        the frame (``accepts``) or the decode fails: the caller's other path decodes it then."""
-        factors = FACTORS.get(tuple(sampling))
-        if factors is None or tuple(y.shape) != (1, height, width):
-            return False
-        if tuple(c.shape) != (1, 2, -(-height // factors[1]), -(-width // factors[0])):
-            return False
-        if not self.accepts(frame, width, height, sampling):
-            return False
-        img = _Image()
-        img.channel[0], img.pitch[0] = y.data_ptr(), width
-        img.channel[1], img.pitch[1] = c[0, 0].data_ptr(), c.shape[-1]
-        img.channel[2], img.pitch[2] = c[0, 1].data_ptr(), c.shape[-1]
-        with torch.cuda.device(self.device):
-            return bool(self._batched([0], [frame], {0: img}))
-
     def _batched(self, ks: list[int], frames: Sequence[torch.Tensor], planes: dict[int, _Image]) -> set[int]:
         """One ``nvjpegDecodeBatched`` of frames ``ks`` into their planes; where the batch fails, each frame alone.
         Returns the frames decoded."""
