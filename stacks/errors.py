@@ -22,3 +22,19 @@ class FieldProblems(ValueError):
     def __init__(self, lines: list[str]):
         self.lines = lines
         super().__init__("; ".join(lines))
+
+
+class Problem(str):
+    """One line of a ConfigError, ``"{path}: {text}"``, that keeps its config path apart: the loader leaves out a
+    cross-field finding under a path whose bad value it already reported, by the path, not by reading the line.
+
+    >>> Problem("fleet.hosts[0].vms[1].gpus", "0000:81:00.0 is already given to VM 'a'").path
+    'fleet.hosts[0].vms[1].gpus'
+    """
+
+    path: str
+
+    def __new__(cls, path: str, text: str) -> Problem:
+        line = super().__new__(cls, f"{path}: {text}")
+        line.path = path
+        return line

@@ -120,17 +120,22 @@ def parse_fleet(raw: Any) -> Fleet:
         fleet, more = _good_part(raw, e)
         dropped += more
     if fleet is not None:
-        cross = fleet_problems(fleet, frozenset(dropped))
-        if not cross and not lines:
-            cross = placement_problems(fleet)
-        if not cross and not lines:
-            cross = _artifact_problems(fleet)
-        lines += [ln for ln in cross if not any(ln.startswith(d) and ln[len(d)] in ".[:" for d in dropped)]
+        # a finding under a path whose bad value was dropped (and reported above) would be noise
+        lines += [p for p in fleet_problems(fleet, frozenset(dropped)) if not _under(p.path, dropped)]
+        if not lines:
+            lines += placement_problems(fleet)
+        if not lines:
+            lines += _artifact_problems(fleet)
     if lines:
         # a value quoted by a message is shown with its control characters escaped, never raw
         raise ConfigError(list(dict.fromkeys(visible(ln) for ln in lines)))
     assert fleet is not None
     return fleet
+
+
+def _under(path: str, dropped: list[str]) -> bool:
+    """Whether config path `path` is one of `dropped` or inside one (`fleet.hosts[0].vms` holds `...vms[1].gpus`)."""
+    return any(path == d or path.startswith((d + ".", d + "[")) for d in dropped)
 
 
 def _file_sha256(path: str) -> tuple[str, str]:

@@ -161,7 +161,7 @@ def _fleet(**gateway) -> dict:
 )
 def test_bad_gateway_config_refused_before_any_resource(over, message):
     try:
-        lines = fleet_problems(Fleet.model_validate(_fleet(**over)))
+        lines: list[str] = list(fleet_problems(Fleet.model_validate(_fleet(**over))))
     except ValueError as e:  # field-level errors
         lines = [str(e)]
     assert any(message in line for line in lines), lines
