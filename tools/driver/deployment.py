@@ -93,69 +93,99 @@ class Deployment:
         urn = self.urn(req.parent, req.type, req.name)
         if self.failed:
             raise StepFailed(f"{req.name}: not started, an earlier step failed")
-        unsupported = unimplemented_options(req)
-        if unsupported:
-            with self.lock:
-                self.failed = True
-                self.plan.errors.append(
-                    f"{req.name}: the driver does not implement the resource option(s) {', '.join(unsupported)}; "
-                    "run this program with the pulumi CLI"
-                )
-            raise StepFailed(f"{req.name}: unsupported resource options {unsupported}")
+        self._refuse_unimplemented(req)
         goal = to_py(req.object)
         deps = list(req.dependencies)
         pdeps = {k: list(v.urns) for k, v in req.propertyDependencies.items()}
-        if self.d.continue_on_error:
-            # deployment_executor.go handleSingleEvent: a step that depends (dependencies, property dependencies,
-            # parent) on an errored or skipped one is skipped; the SDK resolves its outputs as unknown.
-            with self.lock:
-                blocked = sorted(({*deps, req.parent, *(u for v in pdeps.values() for u in v)} - {""}) & self.skipped)
-                if blocked:
-                    self.skipped.add(urn)
-                    self.plan.steps.append(
-                        Step("skip", urn, req.type, new=goal, keys=[b.rsplit("::", 1)[-1] for b in blocked])
-                    )
-            if blocked:
-                self.d.emit(
-                    f"  ⊘  {req.type}  {req.name}  skipped (depends on {', '.join(b.rsplit('::', 1)[-1] for b in blocked)})"
-                )
-                # The engine answers SKIP; this SDK's proto knows only SUCCESS and FAIL and treats any non-success
-                # alike (outputs unknown), so FAIL it is.
-                return resource_pb2.RegisterResourceResponse(urn=urn, result=resource_pb2.Result.FAIL)
+        if self.d.continue_on_error and self._skip_if_blocked(urn, req, goal, deps, pdeps):
+            # The engine answers SKIP; this SDK's proto knows only SUCCESS and FAIL and treats any non-success
+            # alike (outputs unknown), so FAIL it is.
+            return resource_pb2.RegisterResourceResponse(urn=urn, result=resource_pb2.Result.FAIL)
         if not req.custom:
-            res = Resource(urn, req.type, False, req.parent, "", goal, {}, deps, pdeps)
-            with self.lock:
-                self.new[urn] = res
-                self.order.append(urn)
-                if req.type == STACK_TYPE:
-                    self.root_urn = urn
-                op = "same" if urn in self.old else "create"
-                self.plan.steps.append(Step(op, urn, req.type, new=goal))
-            return resource_pb2.RegisterResourceResponse(urn=urn, object=to_struct({}))
+            return self._register_component(urn, req, goal, deps, pdeps)
         t0 = time.monotonic()
         try:
             step, res = self._custom(urn, req, goal, deps, pdeps)
         except ProviderError as e:
-            # step_executor.go cancelDueToError: by default the first failed step cancels the run (steps in flight
-            # finish, none starts); with continue-on-error only its dependents are skipped. A Check or Diff failure
-            # is the step generator's and always ends the run (deployment_executor.go Execute).
-            carry_on = self.d.continue_on_error and e.method in ("Create", "Update", "Delete")
-            with self.lock:
-                if carry_on:
-                    self.skipped.add(urn)
-                else:
-                    self.failed = True
-                self.plan.errors.append(str(e) + ("\n" + e.details if e.method != "Check" else ""))
-                self.plan.steps.append(
-                    Step("create" if urn not in self.old else "update", urn, req.type, new=goal, error=str(e))
-                )
-            self.d.emit(f"  ✗  {req.type}  {req.name}: {e}")
-            if carry_on:
+            if self._step_failed(urn, req, goal, e):
                 return resource_pb2.RegisterResourceResponse(urn=urn, result=resource_pb2.Result.FAIL)
             raise StepFailed(str(e)) from None
         step.seconds = time.monotonic() - t0
         step.started = t0
         mark_secret(res.outputs, list(req.additionalSecretOutputs))
+        self._record(urn, req, step, res)
+        # Preview: the outputs of a create/update are the checked inputs; properties the provider alone fills in
+        # are absent, which the SDK resolves as unknown in a dry run (provider_plugin.go Create/Update with
+        # req.Preview when the provider does not support previews; sdk/python/lib/pulumi/runtime/resource.py).
+        outs = res.outputs if req.acceptSecrets else plain(res.outputs)
+        return resource_pb2.RegisterResourceResponse(urn=urn, id=res.id or "", object=to_struct(outs))
+
+    def _refuse_unimplemented(self, req) -> None:
+        """A resource option the driver does not implement fails the run, naming the option."""
+        unsupported = unimplemented_options(req)
+        if not unsupported:
+            return
+        with self.lock:
+            self.failed = True
+            self.plan.errors.append(
+                f"{req.name}: the driver does not implement the resource option(s) {', '.join(unsupported)}; "
+                "run this program with the pulumi CLI"
+            )
+        raise StepFailed(f"{req.name}: unsupported resource options {unsupported}")
+
+    def _skip_if_blocked(self, urn: str, req, goal: dict, deps: list[str], pdeps: dict) -> bool:
+        """With continue-on-error: whether the resource is skipped, and its skip recorded and shown.
+
+        deployment_executor.go handleSingleEvent: a step that depends (dependencies, property dependencies,
+        parent) on an errored or skipped one is skipped; the SDK resolves its outputs as unknown."""
+        with self.lock:
+            blocked = sorted(({*deps, req.parent, *(u for v in pdeps.values() for u in v)} - {""}) & self.skipped)
+            if blocked:
+                self.skipped.add(urn)
+                self.plan.steps.append(
+                    Step("skip", urn, req.type, new=goal, keys=[b.rsplit("::", 1)[-1] for b in blocked])
+                )
+        if blocked:
+            self.d.emit(
+                f"  ⊘  {req.type}  {req.name}  skipped (depends on {', '.join(b.rsplit('::', 1)[-1] for b in blocked)})"
+            )
+        return bool(blocked)
+
+    def _register_component(
+        self, urn: str, req, goal: dict, deps: list[str], pdeps: dict
+    ) -> resource_pb2.RegisterResourceResponse:
+        """A component (or the stack): recorded, no provider call, no outputs."""
+        res = Resource(urn, req.type, False, req.parent, "", goal, {}, deps, pdeps)
+        with self.lock:
+            self.new[urn] = res
+            self.order.append(urn)
+            if req.type == STACK_TYPE:
+                self.root_urn = urn
+            op = "same" if urn in self.old else "create"
+            self.plan.steps.append(Step(op, urn, req.type, new=goal))
+        return resource_pb2.RegisterResourceResponse(urn=urn, object=to_struct({}))
+
+    def _step_failed(self, urn: str, req, goal: dict, e: ProviderError) -> bool:
+        """A provider call failed: recorded and shown; whether the run carries on without the resource.
+
+        step_executor.go cancelDueToError: by default the first failed step cancels the run (steps in flight
+        finish, none starts); with continue-on-error only its dependents are skipped. A Check or Diff failure
+        is the step generator's and always ends the run (deployment_executor.go Execute)."""
+        carry_on = self.d.continue_on_error and e.method in ("Create", "Update", "Delete")
+        with self.lock:
+            if carry_on:
+                self.skipped.add(urn)
+            else:
+                self.failed = True
+            self.plan.errors.append(str(e) + ("\n" + e.details if e.method != "Check" else ""))
+            self.plan.steps.append(
+                Step("create" if urn not in self.old else "update", urn, req.type, new=goal, error=str(e))
+            )
+        self.d.emit(f"  ✗  {req.type}  {req.name}: {e}")
+        return carry_on
+
+    def _record(self, urn: str, req, step: Step, res: Resource) -> None:
+        """A custom resource's step done: kept in the new state (saved unless previewing) and shown."""
         with self.lock:
             self.new[urn] = res
             self.order.append(urn)
@@ -168,11 +198,6 @@ class Deployment:
                 f"  {SYMBOLS[step.op]:<2} {req.type}  {req.name}  "
                 f"{'(' + step.op + ')' if self.dry_run else verb + f' ({step.seconds:.1f}s)'}"
             )
-        # Preview: the outputs of a create/update are the checked inputs; properties the provider alone fills in
-        # are absent, which the SDK resolves as unknown in a dry run (provider_plugin.go Create/Update with
-        # req.Preview when the provider does not support previews; sdk/python/lib/pulumi/runtime/resource.py).
-        outs = res.outputs if req.acceptSecrets else plain(res.outputs)
-        return resource_pb2.RegisterResourceResponse(urn=urn, id=res.id or "", object=to_struct(outs))
 
     def _custom(self, urn: str, req, goal: dict, deps: list[str], pdeps: dict) -> tuple[Step, Resource]:
         old = self.old.get(urn)
