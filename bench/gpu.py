@@ -201,6 +201,77 @@ class CpuSampler:
 # ---------------------------------------------------------------- gRPC load (same shape as loadgate's)
 
 
+def _grpc_requests(model: str, images: list[bytes]) -> list:
+    """One ModelInferRequest per image (raw binary contents). Call after a fork: gRPC must not cross one."""
+    from tritonclient.grpc import service_pb2
+
+    reqs = []
+    for image in images:
+        req = service_pb2.ModelInferRequest(model_name=model)
+        t = req.inputs.add(name="images", datatype="UINT8")
+        t.shape.extend(IMAGE_SHAPE)
+        req.raw_input_contents.append(image)
+        reqs.append(req)
+    return reqs
+
+
+def _output_problem(resp, want: dict) -> Optional[str]:
+    """What is wrong with a response's outputs against the config's (names, datatypes, shapes, bytes), or None."""
+    got = {o.name: (o, raw) for o, raw in zip(resp.outputs, resp.raw_output_contents)}
+    if set(got) != set(want):
+        return f"outputs {sorted(got)} but the config names {sorted(want)}"
+    for name, exp in want.items():
+        o, raw = got[name]
+        if o.datatype != exp.datatype or tuple(o.shape) != exp.shape or len(raw) != exp.nbytes:
+            return f"output {name}: {o.datatype}{list(o.shape)} {len(raw)} B, want {exp}"
+    return None
+
+
+def _grpc_worker(
+    target: str,
+    reqs: list,
+    want: dict,
+    warmup: int,
+    duration_s: float,
+    gate: threading.Barrier,
+    t0s: list[float],
+    offset: int,
+    tallies: list[dict],
+) -> None:
+    """One connection: ``warmup`` requests, then (once every worker of every process is at the gate) requests
+    back to back until ``duration_s`` after the common start; its tally appended to ``tallies``."""
+    import grpc
+    from tritonclient.grpc import service_pb2_grpc
+
+    opts = [("grpc.max_send_message_length", 64 << 20), ("grpc.max_receive_message_length", 64 << 20)]
+    channel = grpc.insecure_channel(target, options=opts)
+    stub = service_pb2_grpc.GRPCInferenceServiceStub(channel)
+    for k in range(warmup):
+        try:
+            stub.ModelInfer(reqs[(offset + k) % len(reqs)], timeout=30)
+        except grpc.RpcError:
+            pass
+    mine, bad, wrong, why = [], 0, 0, ""
+    gate.wait()
+    end = t0s[0] + duration_s
+    k = offset
+    while True:
+        t0 = time.perf_counter()
+        if t0 >= end:
+            break
+        k += 1
+        try:
+            p = _output_problem(stub.ModelInfer(reqs[k % len(reqs)], timeout=30), want)
+            if p:
+                wrong, why, bad = wrong + 1, why or p, bad + 1
+        except grpc.RpcError as e:
+            bad += 1
+            why = why or f"gRPC {e.code()}"
+        mine.append((time.perf_counter() - t0) * 1000)
+    channel.close()
+    tallies.append({"lat": mine, "errors": bad, "invalid": wrong, "first_invalid": why})
+
+
 def grpc_run(
     target: str,
     model: str,
@@ -227,16 +298,7 @@ def grpc_run(
     shares = [concurrency // procs + (1 if i < concurrency % procs else 0) for i in range(procs)]
 
     def child(n: int) -> None:
-        import grpc  # imported after fork: a gRPC channel must never cross a fork
-        from tritonclient.grpc import service_pb2, service_pb2_grpc
-
-        reqs = []
-        for image in images:
-            req = service_pb2.ModelInferRequest(model_name=model)
-            t = req.inputs.add(name="images", datatype="UINT8")
-            t.shape.extend(IMAGE_SHAPE)
-            req.raw_input_contents.append(image)
-            reqs.append(req)
+        reqs = _grpc_requests(model, images)  # after the fork: a gRPC channel must never cross one
         want = {o.name: o for o in check.outputs}
         tallies: list[dict] = []  # one per thread, appended when it is done
         t0s = [0.0, 0.0]
@@ -246,47 +308,14 @@ def grpc_run(
             t0s[0] = start.value
 
         gate = threading.Barrier(n + 1, action=_gate)
-
-        def problem(resp) -> Optional[str]:
-            got = {o.name: (o, raw) for o, raw in zip(resp.outputs, resp.raw_output_contents)}
-            if set(got) != set(want):
-                return f"outputs {sorted(got)} but the config names {sorted(want)}"
-            for name, exp in want.items():
-                o, raw = got[name]
-                if o.datatype != exp.datatype or tuple(o.shape) != exp.shape or len(raw) != exp.nbytes:
-                    return f"output {name}: {o.datatype}{list(o.shape)} {len(raw)} B, want {exp}"
-            return None
-
-        def worker(offset: int):
-            opts = [("grpc.max_send_message_length", 64 << 20), ("grpc.max_receive_message_length", 64 << 20)]
-            channel = grpc.insecure_channel(target, options=opts)
-            stub = service_pb2_grpc.GRPCInferenceServiceStub(channel)
-            for k in range(warmup):
-                try:
-                    stub.ModelInfer(reqs[(offset + k) % len(reqs)], timeout=30)
-                except grpc.RpcError:
-                    pass
-            mine, bad, wrong, why = [], 0, 0, ""
-            gate.wait()
-            end = t0s[0] + duration_s
-            k = offset
-            while True:
-                t0 = time.perf_counter()
-                if t0 >= end:
-                    break
-                k += 1
-                try:
-                    p = problem(stub.ModelInfer(reqs[k % len(reqs)], timeout=30))
-                    if p:
-                        wrong, why, bad = wrong + 1, why or p, bad + 1
-                except grpc.RpcError as e:
-                    bad += 1
-                    why = why or f"gRPC {e.code()}"
-                mine.append((time.perf_counter() - t0) * 1000)
-            channel.close()
-            tallies.append({"lat": mine, "errors": bad, "invalid": wrong, "first_invalid": why})
-
-        threads = [threading.Thread(target=worker, args=(7 * i,), daemon=True) for i in range(n)]
+        threads = [
+            threading.Thread(
+                target=_grpc_worker,
+                args=(target, reqs, want, warmup, duration_s, gate, t0s, 7 * i, tallies),
+                daemon=True,
+            )
+            for i in range(n)
+        ]
         for th in threads:
             th.start()
         gate.wait()
@@ -493,15 +522,10 @@ def _extras(text: str) -> list[tuple[int, int, int]]:
     return out
 
 
-def run(args) -> dict:
-    nginx_bin = args.nginx or shutil.which("nginx") or "/usr/sbin/nginx"
-    from serving.models.yolov8n_synthetic import synthetic_image
-
-    weights = weights_file()  # the test detector: answers depend on the image, NMS does real work
-    gpu = not args.cpu
-    windows = [int(w) for w in args.windows.split(",")]
-    conc = [int(c) for c in args.concurrency.split(",")]
-    gpu_name = preset_key(machine(nginx_bin), args.gpu_model)
+def model_specs(args, gpu: bool, gpu_name: str, windows: list[int], extras: list[tuple[int, int, int]]) -> list:
+    """The models of one run, the main one first: the GPU's preset as shipped (window, instances, max batch)
+    unless given on the command line; one per window; the extra instance/window/batch points; raw output; the
+    old preset if asked. Each prints its execute phases every ``--report-every`` executes."""
 
     def model(name: str, **kw):
         spec = yolov8n_torch(
@@ -509,26 +533,26 @@ def run(args) -> dict:
         )
         return on_preset(spec, gpu_name) if gpu else spec
 
-    # The main model: the GPU's preset as shipped (window, instances, max batch), unless given on the command line.
-    specs = [model("yolov8n_preset")]
-    specs += [model(f"yolov8n_w{w}", window_us=w) for w in windows]
-    extras = _extras(args.extra)
-
     def fixed(name: str, w: int, n: int, b: int, p: Optional[list[int]] = None):
         """A model that does not take the preset: window ``w`` µs, ``n`` instances, max batch ``b``, preferred ``p``."""
         return yolov8n_torch(
             name=name, window_us=w, instances=n, max_batch_size=b, preferred_batch_size=p, gpu=gpu, weights=WEIGHTS_FILE
         )
 
+    specs = [model("yolov8n_preset")]
+    specs += [model(f"yolov8n_w{w}", window_us=w) for w in windows]
     specs += [fixed(f"yolov8n_i{n}_w{w}_b{b}", w, n, b) for n, w, b in extras]
     specs.append(model("yolov8n_raw", output="raw"))
     if args.compare_old_preset:
         # gpuhost's H100/H200 low-latency preset before this sweep: max batch 32, preferred 4/8/16/32, 1 ms, 2 inst.
         specs.append(fixed("yolov8n_old_preset", 1000, 2, 32, [4, 8, 16, 32]))
     # Each instance prints its execute phases every 500 executes (gather, GPU, respond) to Triton's log.
-    specs = [with_parameters(x, report_every=str(args.report_every)) for x in specs]
-    files = repository(specs, weights, gpu)
-    results: dict = {
+    return [with_parameters(x, report_every=str(args.report_every)) for x in specs]
+
+
+def run_header(args, nginx_bin: str, gpu_name: str, main) -> dict:
+    """The results' head: machine, arguments, targets, weights, images and the main model's settings."""
+    return {
         "machine": machine(nginx_bin),
         "args": vars(args),
         "targets": TARGETS,
@@ -540,30 +564,31 @@ def run(args) -> dict:
         "images": f"{args.images} distinct synthetic images, sent in turn (serving/models/yolov8n_synthetic.py)",
         "gpu_model": gpu_name,
         "main": {
-            "model": specs[0].name,
-            "instances": specs[0].instance_group[0].count,
-            "max_batch": specs[0].max_batch_size,
-            "window_us": specs[0].dynamic_batching.max_queue_delay_microseconds if specs[0].dynamic_batching else None,
-            "preferred": specs[0].dynamic_batching.preferred_batch_size if specs[0].dynamic_batching else None,
+            "model": main.name,
+            "instances": main.instance_group[0].count,
+            "max_batch": main.max_batch_size,
+            "window_us": main.dynamic_batching.max_queue_delay_microseconds if main.dynamic_batching else None,
+            "preferred": main.dynamic_batching.preferred_batch_size if main.dynamic_batching else None,
         },
     }
-    log(json.dumps(results["machine"]))
-    if gpu:
-        results["gpu_floor"] = gpu_floor(max(specs[0].max_batch_size, *(b for _, _, b in extras), 8))
-        log(f"GPU floor: {results['gpu_floor']}")
-    workers = tuple(w for w in args.nginx_workers.split(",") if w)
-    s = serve(results, "gpuhost-gpu-bench-", specs, files, nginx_bin, args)
-    results["model_config"] = get_json(f"{s.http}/v2/models/{specs[0].name}/config")
-    images = [synthetic_image(i, seed=3).tobytes() for i in range(args.images)]
-    w0 = specs[0].name
-    d = args.duration
+
+
+def load_plan(
+    main: str,
+    conc: list[int],
+    windows: list[int],
+    extras: list[tuple[int, int, int]],
+    workers: tuple[str, ...],
+    old_preset: bool,
+) -> list[tuple[str, str, str, str, int]]:
+    """Every point of a run in order: (name, model, via, protocol, concurrency)."""
     plan = []
     for c in conc:
-        plan.append((f"nginx-http c={c}", w0, "nginx", "http", c))
-        plan.append((f"direct-http c={c}", w0, "direct", "http", c))
+        plan.append((f"nginx-http c={c}", main, "nginx", "http", c))
+        plan.append((f"direct-http c={c}", main, "direct", "http", c))
     for c in conc:
-        plan.append((f"nginx-grpc c={c}", w0, "nginx", "grpc", c))
-        plan.append((f"direct-grpc c={c}", w0, "direct", "grpc", c))
+        plan.append((f"nginx-grpc c={c}", main, "nginx", "grpc", c))
+        plan.append((f"direct-grpc c={c}", main, "direct", "grpc", c))
     for w in windows:
         for c in conc:
             plan.append((f"window {w} nginx-http c={c}", f"yolov8n_w{w}", "nginx", "http", c))
@@ -573,29 +598,60 @@ def run(args) -> dict:
             plan.append((f"instances {n} window {w} batch {b} nginx-http c={c}", extra, "nginx", "http", c))
     for wk in workers:
         for c in conc:
-            plan.append((f"nginx workers {wk} http c={c}", w0, f"nginx-w{wk}", "http", c))
-    if args.compare_old_preset:
+            plan.append((f"nginx workers {wk} http c={c}", main, f"nginx-w{wk}", "http", c))
+    if old_preset:
         for c in conc:
             plan.append((f"old preset nginx-http c={c}", "yolov8n_old_preset", "nginx", "http", c))
     for c in (conc[0], conc[-1]):
         plan.append((f"raw-output nginx-http c={c}", "yolov8n_raw", "nginx", "http", c))
+    return plan
+
+
+def gate_floors(results: dict, s: Servers, conc: list[int], duration_s: float, processes: int) -> None:
+    """The gate's own floor per concurrency (the same client against nginx's ``/nginx-health``) into
+    ``results["gate_floor"]`` as each is measured."""
+    for c in conc:
+        spec = loadgate.LoadSpec(
+            url=f"{s.nginx_http}/nginx-health",
+            concurrency=c,
+            duration_s=min(duration_s, 3),
+            max_requests=10**7,
+            tool="python",
+            processes=processes,
+        )
+        floor = loadgate.overhead(spec, f"{s.nginx_http}/nginx-health")
+        log(f"gate floor c={c}: {floor.summary()}")
+        results.setdefault("gate_floor", []).append(floor.as_dict())
+
+
+def run(args) -> dict:
+    nginx_bin = args.nginx or shutil.which("nginx") or "/usr/sbin/nginx"
+    from serving.models.yolov8n_synthetic import synthetic_image
+
+    weights = weights_file()  # the test detector: answers depend on the image, NMS does real work
+    gpu = not args.cpu
+    windows = [int(w) for w in args.windows.split(",")]
+    conc = [int(c) for c in args.concurrency.split(",")]
+    gpu_name = preset_key(machine(nginx_bin), args.gpu_model)
+    extras = _extras(args.extra)
+    specs = model_specs(args, gpu, gpu_name, windows, extras)
+    files = repository(specs, weights, gpu)
+    results = run_header(args, nginx_bin, gpu_name, specs[0])
+    log(json.dumps(results["machine"]))
+    if gpu:
+        results["gpu_floor"] = gpu_floor(max(specs[0].max_batch_size, *(b for _, _, b in extras), 8))
+        log(f"GPU floor: {results['gpu_floor']}")
+    workers = tuple(w for w in args.nginx_workers.split(",") if w)
+    s = serve(results, "gpuhost-gpu-bench-", specs, files, nginx_bin, args)
+    results["model_config"] = get_json(f"{s.http}/v2/models/{specs[0].name}/config")
+    images = [synthetic_image(i, seed=3).tobytes() for i in range(args.images)]
+    plan = load_plan(specs[0].name, conc, windows, extras, workers, args.compare_old_preset)
     try:
         for name, target, via, proto, c in plan:
             row = {"model": target, "via": via, "proto": proto, "concurrency": c}
-            point_ = partial(measure, s, name, target, via, proto, c, d, images, args.processes)
+            point_ = partial(measure, s, name, target, via, proto, c, args.duration, images, args.processes)
             results["points"].append(guarded(name, row, point_))
-        for c in conc:
-            spec = loadgate.LoadSpec(
-                url=f"{s.nginx_http}/nginx-health",
-                concurrency=c,
-                duration_s=min(d, 3),
-                max_requests=10**7,
-                tool="python",
-                processes=args.processes,
-            )
-            floor = loadgate.overhead(spec, f"{s.nginx_http}/nginx-health")
-            log(f"gate floor c={c}: {floor.summary()}")
-            results.setdefault("gate_floor", []).append(floor.as_dict())
+        gate_floors(results, s, conc, args.duration, args.processes)
     finally:
         finish(results, s, args.out, "triton.log", ("gpuhost-graph-ms ", "gpuhost-execute-ms "))
     return results
@@ -615,11 +671,9 @@ def _cell(p: Optional[dict]) -> str:
     return f"{p['p50_ms']:.2f} / {p['p95_ms']:.2f} / {p['p99_ms']:.2f} ms, {p['throughput_rps']:.0f}/s{bad}"
 
 
-def table(results: dict) -> str:
-    m = results["machine"]
+def _main_model(results: dict) -> tuple[dict, str]:
+    """The main table's model (the preset's, else the first window's from the arguments) and its one-line text."""
     a = results["args"]
-    conc = [int(c) for c in a["concurrency"].split(",")]
-    windows = [int(w) for w in a["windows"].split(",")]
     main = results.get("main") or {
         "instances": a["instances"],
         "max_batch": a["max_batch"],
@@ -628,7 +682,13 @@ def table(results: dict) -> str:
     main_text = f"{main['instances']} instances, max batch {main['max_batch']}, window {main['window_us']} µs" + (
         f" (gpuhost's {results['gpu_model']} preset)" if results.get("main") else ""
     )
-    lines = [
+    return main, main_text
+
+
+def _header(results: dict, main_text: str) -> list[str]:
+    """Machine, command and model, then the head of the main table."""
+    m = results["machine"]
+    return [
         f"Machine: {', '.join(m.get('gpus') or ['no GPU'])}; {m.get('cpus')} CPUs; Python {m.get('python')}, "
         f"torch {m.get('torch')} (CUDA {m.get('torch_cuda')}), numpy {m.get('numpy')}, "
         f"Triton {results.get('triton', {}).get('version')} (nvidia-pytriton {m.get('nvidia_pytriton')}), "
@@ -650,7 +710,11 @@ def table(results: dict) -> str:
         "Seed target |",
         "|---|---|---|---|---|---|",
     ]
-    w0 = windows[0]
+
+
+def _main_rows(results: dict, conc: list[int]) -> list[str]:
+    """One row per concurrency: the four paths and the seed's target."""
+    lines = []
     for c in conc:
         target = "p95 ≤ 6 ms (seed 000: < 8 ms)" if c == 1 else "≥ 1,000 images/s, p95 < 25 ms" if c == 16 else "–"
         lines.append(
@@ -658,7 +722,12 @@ def table(results: dict) -> str:
             f"| {_cell(_pt(results, f'nginx-grpc c={c}'))} | {_cell(_pt(results, f'direct-grpc c={c}'))} "
             f"| {target} |"
         )
-    lines += [
+    return lines
+
+
+def _window_rows(results: dict, conc: list[int], windows: list[int], main: dict) -> list[str]:
+    """The batching window sweep through nginx and the gate."""
+    lines = [
         "",
         f"Batching window sweep (through nginx and the gate, HTTP; {main['instances']} instances, max batch "
         f"{main['max_batch']}): p95 ms / images per s, Triton queue µs, average batch, GPU utilisation",
@@ -666,6 +735,7 @@ def table(results: dict) -> str:
         "| Window | " + " | ".join(f"c={c}" for c in conc) + " |",
         "|---|" + "---|" * len(conc),
     ]
+    w0 = windows[0]
     for w in windows:
         cells = []
         for c in conc:
@@ -682,7 +752,12 @@ def table(results: dict) -> str:
                 f"batch {t.get('avg_batch')}{util}"
             )
         lines.append(f"| {w} µs | " + " | ".join(cells) + " |")
-    lines += [
+    return lines
+
+
+def _time_rows(results: dict, conc: list[int]) -> list[str]:
+    """Where the main model's time goes: Triton's per-request phases and what is outside Triton."""
+    lines = [
         "",
         "Where the time goes (main model through nginx, HTTP; Triton's per-request averages over each run, µs):",
         "",
@@ -703,6 +778,13 @@ def table(results: dict) -> str:
             if outside is not None
             else "|"
         )
+    return lines
+
+
+def _variant_rows(results: dict, conc: list[int], main_text: str) -> list[str]:
+    """The extra instance/window/batch points, nginx's worker counts and the old preset, where they ran."""
+    a = results["args"]
+    lines: list[str] = []
     extras = _extras(a.get("extra", ""))
     if extras:
         lines += [
@@ -746,6 +828,12 @@ def table(results: dict) -> str:
         "through nginx: "
         + "; ".join(f"c={c}: raw {_cell(p)} vs NMS {_cell(_pt(results, f'nginx-http c={c}'))}" for c, p in raw),
     ]
+    return lines
+
+
+def _floor_lines(results: dict) -> list[str]:
+    """The floors: the GPU alone, the python backend's execute, the gate against nginx's health page."""
+    lines: list[str] = []
     fl = results.get("gpu_floor") or {}
     if fl:
         lines += [
@@ -777,6 +865,20 @@ def table(results: dict) -> str:
             "`/nginx-health`): "
             + "; ".join(f"c={f['concurrency']}: p50 {f['p50_ms']:.3f} / p95 {f['p95_ms']:.3f} ms" for f in floors),
         ]
+    return lines
+
+
+def table(results: dict) -> str:
+    a = results["args"]
+    conc = [int(c) for c in a["concurrency"].split(",")]
+    windows = [int(w) for w in a["windows"].split(",")]
+    main, main_text = _main_model(results)
+    lines = _header(results, main_text)
+    lines += _main_rows(results, conc)
+    lines += _window_rows(results, conc, windows, main)
+    lines += _time_rows(results, conc)
+    lines += _variant_rows(results, conc, main_text)
+    lines += _floor_lines(results)
     return "\n".join(lines) + "\n"
 
 
