@@ -446,6 +446,23 @@ def test_vfs_come_from_a_pf_on_the_vms_node():
     assert len(vfs) == 1 and vfs[0].startswith("0000:41:")  # the GPU (and VM) sit on node 0
 
 
+def test_the_program_is_listed_once_then_checked_and_declared(monkeypatch):
+    """The loader lists the components once (`stacks.program.build` behind `plan`), checks that list and declares
+    it: no second run of the program between the check and the registrations."""
+    import stacks.program
+
+    runs: list[str] = []
+    build = stacks.program.build
+
+    def counted(fleet, *args, **kwargs):
+        runs.append(fleet.hosts[0].name)
+        return build(fleet, *args, **kwargs)
+
+    monkeypatch.setattr(stacks.program, "build", counted)
+    rec = run_program(*stack_config("dev"), stack="dev")
+    assert runs == ["emulated-gpu-01"] and rec.of_type("gpuhost:host:PassthroughHost")
+
+
 @pytest.mark.parametrize("stack", ["hk-prod", "dev"])
 def test_children_functions_are_the_wiring_and_every_resource_is_under_a_component(stack, hk, dev):
     """What each component registers is exactly its pure `children(name, args)` list (which tests, the bench and
