@@ -120,13 +120,32 @@ def trtexec_args(b: EngineBuild) -> list[str]:
 def key_inputs(b: EngineBuild) -> dict:
     """The values that decide the engine, one per input so a preview names the one that changed."""
     return {
-        "onnxSha256": b.onnx_sha256,
+        "onnx_sha256": b.onnx_sha256,
         "shapes": {n: b.shapes[n].model_dump() for n in sorted(b.shapes)},
         "precision": b.precision,
-        "calibSha256": b.calib_sha256 or "",
-        "gpuModel": b.gpu_model,
-        "tensorrtVersion": b.tensorrt_version,
+        "calib_sha256": b.calib_sha256 or "",
+        "gpu_model": b.gpu_model,
+        "tensorrt_version": b.tensorrt_version,
     }
+
+
+# Up to TensorRTEngine VERSION 2 these keys were camelCase, in the stack's state and in the guest's <plan>.key.
+OLD_KEYS = {
+    "onnxSha256": "onnx_sha256",
+    "calibSha256": "calib_sha256",
+    "gpuModel": "gpu_model",
+    "tensorrtVersion": "tensorrt_version",
+}
+
+
+def current_keys(d: dict) -> dict:
+    """``d`` with the camelCase keys written before renamed (a key already in snake_case wins): an engine built
+    then is still the same engine, and state written then still diffs value by value."""
+    out = {k: v for k, v in d.items() if k not in OLD_KEYS}
+    for old, new in OLD_KEYS.items():
+        if old in d and new not in out:
+            out[new] = d[old]
+    return out
 
 
 def cache_key(b: EngineBuild) -> str:
@@ -149,6 +168,8 @@ def plan_rebuild(stored_key_json: Optional[str], b: EngineBuild, *, plan_exists:
         stored = json.loads(stored_key_json)
     except json.JSONDecodeError:
         return Decision(rebuild=True, reason="build key is unreadable", changed=["key"])
+    if isinstance(stored, dict):
+        stored = current_keys(stored)
     wanted = key_inputs(b)
     changed = sorted(k for k in wanted if stored.get(k) != wanted[k])
     if not changed:

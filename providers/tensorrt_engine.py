@@ -1,7 +1,7 @@
 """TensorRTEngine: ONNX → TensorRT plan with trtexec in the TensorRT container on the guest (seed 000 §6.2).
 
 Inputs: host, build (plans.triton_engine.EngineBuild), and the values that decide the engine as separate inputs
-(onnxSha256, shapes, precision, calibSha256, gpuModel, tensorrtVersion) so `pulumi preview` names the one that
+(onnx_sha256, shapes, precision, calib_sha256, gpu_model, tensorrt_version) so `pulumi preview` names the one that
 changed; version. The guest keeps `<plan>.key` beside the plan and a timing cache that every rebuild reuses.
 Rebuilt only when the key differs; read returns the key on the guest, so a hand-replaced plan shows as drift.
 """
@@ -12,15 +12,15 @@ import json
 from typing import Optional
 
 import pulumi
-from pulumi.dynamic import CheckFailure
+from pulumi.dynamic import CheckFailure, DiffResult
 from pydantic import ValidationError
 
 from access.shell import Script, quote, sh
-from plans.triton_engine import EngineBuild, build_command, key_inputs, plan_rebuild
+from plans.triton_engine import EngineBuild, build_command, current_keys, key_inputs, plan_rebuild
 from pristine import Change
 from providers.base import HostResource, TemplateProvider, validation_failures
 
-KEYS = ("onnxSha256", "shapes", "precision", "calibSha256", "gpuModel", "tensorrtVersion")
+KEYS = ("onnx_sha256", "shapes", "precision", "calib_sha256", "gpu_model", "tensorrt_version")
 
 
 def engine_inputs(b: EngineBuild) -> dict:
@@ -28,7 +28,7 @@ def engine_inputs(b: EngineBuild) -> dict:
 
 
 class TensorRTEngineProvider(TemplateProvider):
-    VERSION = "2"  # 2: on the template
+    VERSION = "3"  # 3: key inputs in snake_case (camelCase state and <plan>.key read through OLD_KEYS)
     KIND = "engine"
     INPUTS = ("host", "build", *KEYS)
     OUTPUT_ONLY = ("decision",)
@@ -36,6 +36,9 @@ class TensorRTEngineProvider(TemplateProvider):
     @classmethod
     def writes(cls, inputs: dict) -> list:
         return [(inputs.get("build") or {}).get("plan_path")]
+
+    def diff(self, _id: str, olds: dict, news: dict) -> DiffResult:
+        return super().diff(_id, current_keys(olds), news)
 
     def validate(self, news: dict) -> list[CheckFailure]:
         try:
@@ -65,7 +68,7 @@ class TensorRTEngineProvider(TemplateProvider):
 
     def observe(self, props: dict) -> dict:
         key, exists = self._state(self.conn(props), EngineBuild.model_validate(props["build"]))
-        stored = json.loads(key) if key and exists else {}
+        stored = current_keys(json.loads(key)) if key and exists else {}
         return {k: stored.get(k) for k in KEYS}
 
     def restore(self, props: dict) -> Change:

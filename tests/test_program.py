@@ -194,7 +194,7 @@ def test_mig_layout_and_engine_builds_declared(hk):
     assert eng.inputs["shapes"] == {
         "images": {"min": [1, 3, 640, 640], "opt": [8, 3, 640, 640], "max": [16, 3, 640, 640]}  # L40S preset: 16
     }
-    assert eng.inputs["precision"] == "fp16" and eng.inputs["gpuModel"] == "L40S"
+    assert eng.inputs["precision"] == "fp16" and eng.inputs["gpu_model"] == "L40S"
     # built inside the service, after its ONNX artifact arrived and before the repository changes
     assert eng.parent == hk.by_name("yolo-rt").urn
     assert hk.by_name("yolo-rt-yolov8n-artifact").urn in eng.dependencies
@@ -202,7 +202,7 @@ def test_mig_layout_and_engine_builds_declared(hk):
 
 
 def test_new_onnx_shows_as_that_input_changing_only():
-    """What preview would show for an engine after a new ONNX export: onnxSha256 differs, nothing else."""
+    """What preview would show for an engine after a new ONNX export: onnx_sha256 differs, nothing else."""
     cfg, secret = stack_config("hk-prod")
     base = run_program(cfg, secret, stack="hk-prod").by_name("yolo-rt-yolov8n-engine").inputs
     fleet = json.loads(cfg["gpuhost:fleet"])
@@ -210,7 +210,7 @@ def test_new_onnx_shows_as_that_input_changing_only():
     cfg["gpuhost:fleet"] = json.dumps(fleet)
     new = run_program(cfg, secret, stack="hk-prod").by_name("yolo-rt-yolov8n-engine").inputs
     changed = sorted(k for k in set(base) | set(new) if base.get(k) != new.get(k))
-    assert changed == ["build", "onnxSha256"]
+    assert changed == ["build", "onnx_sha256"]
 
 
 def test_each_reboot_waits_for_all_host_prep_and_the_previous_hosts_verified_reboot(hk):

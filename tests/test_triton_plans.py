@@ -65,10 +65,10 @@ def test_int8_without_calibration_and_bad_shapes_are_refused():
 @pytest.mark.parametrize(
     "change, field",
     [
-        (dict(onnx_sha256="b" * 64), "onnxSha256"),
+        (dict(onnx_sha256="b" * 64), "onnx_sha256"),
         (dict(precision="int8", calib_dir="/c"), "precision"),
-        (dict(gpu_model="NVIDIA L40S"), "gpuModel"),
-        (dict(image="nvcr.io/nvidia/tensorrt:24.08-py3"), "tensorrtVersion"),
+        (dict(gpu_model="NVIDIA L40S"), "gpu_model"),
+        (dict(image="nvcr.io/nvidia/tensorrt:24.08-py3"), "tensorrt_version"),
         (
             dict(shapes={"images": ShapeRange(min=[1, 3, 640, 640], opt=[8, 3, 640, 640], max=[16, 3, 640, 640])}),
             "shapes",
@@ -85,6 +85,25 @@ def test_rebuild_only_when_a_key_input_changes_and_says_which(change, field):
     assert decision.rebuild and field in decision.changed and field in decision.reason
     assert cache_key(changed) != cache_key(built)
     assert plan_rebuild(stored, built, plan_exists=False).rebuild
+
+
+def test_an_engine_keyed_in_camel_case_before_is_neither_rebuilt_nor_changed():
+    """TensorRTEngine up to VERSION 2 wrote camelCase keys, in state and in the guest's <plan>.key: an engine built
+    then is the same engine, and its state diffs value by value against the snake_case inputs."""
+    from plans.triton_engine import OLD_KEYS, key_inputs
+    from providers.tensorrt_engine import TensorRTEngineProvider, engine_inputs
+
+    camel = {new: old for old, new in OLD_KEYS.items()}
+    built = _build()
+    old_key = json.dumps({camel.get(k, k): v for k, v in key_inputs(built).items()}, sort_keys=True)
+    assert "onnxSha256" in old_key and not plan_rebuild(old_key, built).rebuild
+    other = plan_rebuild(old_key, _build(gpu_model="NVIDIA L40S"))
+    assert other.rebuild and other.changed == ["gpu_model"]
+    news = {"host": {"name": "h"}, **engine_inputs(built), "version": "3"}
+    olds = {**{camel.get(k, k): v for k, v in news.items()}, "version": "2", "decision": "built"}
+    assert "gpuModel" in olds and TensorRTEngineProvider().diff("e", olds, news).changes is False
+    d = TensorRTEngineProvider().diff("e", olds, {**news, "gpu_model": "NVIDIA L40S"})
+    assert d.changes and d.replaces == []
 
 
 def test_server_args_turn_on_rate_limit_and_cache_when_models_need_them():
