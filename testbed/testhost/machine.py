@@ -140,30 +140,25 @@ def hmp(qmp_sock: Path, command_line: str) -> dict:
         return reply
 
 
-def machine_args(
-    *,
-    disk: Path,
-    vars_fd: Path,
-    serial_log: Path,
-    port: int,
-    iommu: bool = True,
-    fw_cfg: dict[str, Path] | None = None,
-    qmp: Optional[Path] = None,
-) -> list[str]:
-    """The full QEMU command line of the emulated GPU server (see the module docstring for the layout)."""
-    a = [QEMU, "-name", "gpuhost-testhost", "-nodefaults", "-display", "none", "-no-user-config"]
+def _cpu_args(iommu: bool) -> list[str]:
+    """Accelerator, CPU model and machine type (KVM when the host has it, else TCG), the IOMMU when asked."""
     if accel() == "kvm":
-        a += ["-accel", "kvm", "-cpu", "host"]
+        a = ["-accel", "kvm", "-cpu", "host"]
     else:
         # An Intel model: with QEMU's default AMD-flavoured TCG CPUs the guest sees no SMT siblings (no topoext).
         # Single-threaded TCG by default: with one host thread per vCPU (thread=multi) on a loaded 2-core host we saw
         # a halted vCPU miss its timer wakeup after a reboot (RCU stall, boot hung in the initramfs).
         thread = os.environ.get("GPUHOST_TESTHOST_TCG_THREAD", "single")
-        a += ["-accel", f"tcg,thread={thread},tb-size=256", "-cpu", "Nehalem"]
+        a = ["-accel", f"tcg,thread={thread},tb-size=256", "-cpu", "Nehalem"]
     a += ["-machine", "q35,kernel-irqchip=split" if accel() == "kvm" or iommu else "q35"]
     if iommu:
         a += ["-device", "intel-iommu,intremap=on"]
-    a += [
+    return a
+
+
+def _topology_args() -> list[str]:
+    """2 sockets × 2 cores × 2 threads over two NUMA nodes of NODE_MEM_MIB each."""
+    return [
         "-smp",
         "8,sockets=2,cores=2,threads=2",
         "-m",
@@ -176,7 +171,12 @@ def machine_args(
         "node,nodeid=0,cpus=0-3,memdev=mem0",
         "-numa",
         "node,nodeid=1,cpus=4-7,memdev=mem1",
-        *_firmware_and_serial(vars_fd, serial_log),
+    ]
+
+
+def _root_complex_args(disk: Path) -> list[str]:
+    """The boot display and the root disk on the root complex."""
+    return [
         # The boot display on the root complex, so one VGA-class device reports boot_vga=1. Cirrus, not QEMU's
         # std VGA: that shares 1234:1111 with the bochs-display GPU stand-in, and on a real server the BMC's
         # display never has the GPU's vendor:device either (binding by ids must not take the console).
@@ -186,7 +186,12 @@ def machine_args(
         f"if=none,id=root,file={disk},format=qcow2,cache=unsafe,discard=unmap",
         "-device",
         "virtio-blk-pci,drive=root,bus=pcie.0,addr=0x3,bootindex=0",
-        # NUMA node 0: the SSH NIC and the dirty group.
+    ]
+
+
+def _node0_args(port: int) -> list[str]:
+    """NUMA node 0: the SSH NIC (forwarded from ``port`` on loopback) and the dirty IOMMU group."""
+    return [
         "-device",
         "pxb-pcie,id=pxb0,bus_nr=64,numa_node=0,bus=pcie.0,addr=0x4",
         "-device",
@@ -207,7 +212,12 @@ def machine_args(
         "pci-serial,bus=pcibr0,addr=0x1",
         "-device",
         "pci-testdev,bus=pcibr0,addr=0x2",
-        # NUMA node 1: the GPU stand-in (display fn 0 + HDA audio fn 1 of one slot) and the SR-IOV PF.
+    ]
+
+
+def _node1_args() -> list[str]:
+    """NUMA node 1: the GPU stand-in (display fn 0 + HDA audio fn 1 of one slot) and the SR-IOV NVMe PF."""
+    return [
         "-device",
         "pxb-pcie,id=pxb1,bus_nr=128,numa_node=1,bus=pcie.0,addr=0x5",
         "-device",
@@ -230,6 +240,26 @@ def machine_args(
             f"msix_qsize={SRIOV_MAX_VFS + 2}"
         ),
     ]
+
+
+def machine_args(
+    *,
+    disk: Path,
+    vars_fd: Path,
+    serial_log: Path,
+    port: int,
+    iommu: bool = True,
+    fw_cfg: dict[str, Path] | None = None,
+    qmp: Optional[Path] = None,
+) -> list[str]:
+    """The full QEMU command line of the emulated GPU server (see the module docstring for the layout)."""
+    a = [QEMU, "-name", "gpuhost-testhost", "-nodefaults", "-display", "none", "-no-user-config"]
+    a += _cpu_args(iommu)
+    a += _topology_args()
+    a += _firmware_and_serial(vars_fd, serial_log)
+    a += _root_complex_args(disk)
+    a += _node0_args(port)
+    a += _node1_args()
     for name, path in (fw_cfg or {}).items():
         a += ["-fw_cfg", f"name=opt/gpuhost/{name},file={path}"]
     if qmp:
