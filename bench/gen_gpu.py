@@ -380,8 +380,8 @@ def part2(a: argparse.Namespace, gpu: bool, base: Path, out: Path, result: dict)
     from plans.triton_repo import repository_files, sdxl_generator
     from serving.models import sdxl_generator_files
     from serving.queue import JobQueue, QueueConfig
-    from tests.servers import free_port
-    from tests.servers.gateway import spawn_worker
+    from testbed.servers import free_port
+    from testbed.servers.gateway import spawn_worker
 
     g = result["gpu"]
     spec = sdxl_generator(

@@ -330,7 +330,7 @@ class Redis:
     """redis-server on a loopback port with its data in ``workdir``; AOF on (appendfsync everysec) when asked."""
 
     def __init__(self, binary: str, workdir: Path, io_threads: int, cpus: Optional[set[int]] = None):
-        from tests.servers import free_port
+        from testbed.servers import free_port
 
         self.binary, self.workdir, self.io_threads, self.cpus = binary, workdir, io_threads, cpus
         self.port = free_port()
@@ -338,7 +338,7 @@ class Redis:
         workdir.mkdir(parents=True, exist_ok=True)
 
     def start(self, aof: bool) -> float:
-        from tests.servers.redis import wait_ping
+        from testbed.servers.redis import wait_ping
 
         t0 = time.monotonic()
         cmd = [self.binary, "--bind", "127.0.0.1", "--port", str(self.port), "--save", "", "--dir", str(self.workdir)]
@@ -778,7 +778,7 @@ def front_run(cfg: dict, base: Path, arrays: list[np.ndarray], refs: list, conf:
     import urllib.request
 
     from bench.window_gpu import check
-    from tests.servers import free_port
+    from testbed.servers import free_port
 
     path = base / "front.json"
     path.write_text(json.dumps(cfg))
@@ -935,7 +935,7 @@ def main(argv: Optional[list[str]] = None) -> int:
 
     from bench.window_gpu import detector_weights, machine_line
     from serving.queue import JobQueue, QueueConfig
-    from tests.servers.gateway import spawn_worker
+    from testbed.servers.gateway import spawn_worker
 
     gpu_name, machine = machine_line(gpu)
     base = Path(os.environ.get("TMPDIR", "/tmp")) / f"gpuhost-queue-gpu-{os.getpid()}"
@@ -962,7 +962,7 @@ def main(argv: Optional[list[str]] = None) -> int:
             pin_tree(b.proc.pid, pin.get("triton"))  # the server and its python-backend stubs
         log(f"Tritons ready after {time.monotonic() - t_main:.1f} s: {[(b.name, b.grpc) for b in backends.values()]}")
         cfg = gateway_config(rs.port, backends, a)
-        from tests.servers import free_port
+        from testbed.servers import free_port
 
         metrics_ports = {f"w{i}": free_port() for i in range(a.workers)}
 
@@ -1184,7 +1184,7 @@ class Bench:
         """The gateway at ``rate`` with fault ``f`` (worker, redis, backend) a third into the run; the killed worker
         is started again after it, Redis's AOF turned off again. The fault's event and the run."""
         a, r, q = self.a, self.r, self.q
-        from tests.servers.gateway import spawn_worker
+        from testbed.servers.gateway import spawn_worker
 
         ev: dict[str, Any] = {"fault": f}
         if f == "redis":
