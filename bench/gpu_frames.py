@@ -259,11 +259,12 @@ def measure(s: Servers, name: str, model: str, via: str, c: int, duration: float
     return point(s, name, model, via, load)
 
 
-def run(args) -> dict:
-    nginx_bin = args.nginx or shutil.which("nginx") or "/usr/sbin/nginx"
-    gpu = not args.cpu
-    conc = [int(c) for c in args.concurrency.split(",")]
-    gpu_name = preset_key(machine(nginx_bin), args.gpu_model)
+def _variant_name(m: str, n: int, b: int, w: int, least: int) -> str:
+    return f"det_{m}_i{n}_b{b}_w{w}_p{least}"
+
+
+def frame_specs(args, gpu: bool, gpu_name: str, jpeg_variants: list, raw_variants: list) -> list:
+    """The models of one run: the preset's JPEG and raw detectors, then each variant of either."""
 
     def model(name, input, n=None, b=None, w=None, least=1):
         batching = dict(
@@ -273,18 +274,15 @@ def run(args) -> dict:
         spec = yolov8n_torch(name=name, input=input, gpu=gpu, weights=WEIGHTS_FILE, **decoding, **batching)
         return on_preset(spec, gpu_name) if gpu else spec
 
-    def vname(m, n, b, w, least):
-        return f"det_{m}_i{n}_b{b}_w{w}_p{least}"
-
     specs = [model("det_jpeg", "jpeg"), model("det_raw", "raw")]
-    jpeg_variants, raw_variants = _settings(args.jpeg_variants), _settings(args.raw_variants)
-    specs += [model(vname("jpeg", *v), "jpeg", *v) for v in jpeg_variants]
-    specs += [model(vname("raw", *v), "raw", *v) for v in raw_variants]
-    specs = [with_parameters(x, report_every=str(args.report_every), conf=str(CONF)) for x in specs]
-    weights = weights_file()
-    files = repository(specs, weights, gpu)
-    frames = make_frames(args.per_size)
-    results: dict = {
+    specs += [model(_variant_name("jpeg", *v), "jpeg", *v) for v in jpeg_variants]
+    specs += [model(_variant_name("raw", *v), "raw", *v) for v in raw_variants]
+    return [with_parameters(x, report_every=str(args.report_every), conf=str(CONF)) for x in specs]
+
+
+def run_header(args, nginx_bin: str, gpu_name: str, specs: list, frames: list[dict]) -> dict:
+    """The results' head: machine, arguments, goals, every model's settings and the bytes on the wire."""
+    return {
         "mode": "frames",
         "machine": machine(nginx_bin),
         "args": vars(args),
@@ -313,15 +311,12 @@ def run(args) -> dict:
             },
         },
     }
-    log(json.dumps(results["machine"]))
-    results["reference"] = references(frames, gpu, weights, args.jpeg_decoder)
-    results["reference"]["counts"] = [f["count"] for f in frames]
-    log(f"reference answers: {results['reference']}; wire bytes {results['wire_bytes']}")
-    workers = tuple(w for w in args.nginx_workers.split(",") if w)
-    s = serve(results, "gpuhost-frames-bench-", specs, files, nginx_bin, args)
-    pl = {m: payloads(frames, m) for m in ("jpeg", "raw")}
-    hd = {m: payloads(frames, m, only=(1280, 720)) for m in ("jpeg", "raw")}
-    d = args.duration
+
+
+def load_plan(
+    conc: list[int], jpeg_variants: list, raw_variants: list, workers: tuple[str, ...], pl: dict, hd: dict
+) -> list[tuple]:
+    """Every point of a run in order: (name, model, via, concurrency, payloads); c=1 sends 1280×720 frames only."""
     plan = []
     for m in ("jpeg", "raw"):
         for c in conc:
@@ -336,7 +331,7 @@ def run(args) -> dict:
                     (
                         f"{m} {n} inst, batch {b}, {w} us, preferred from {least} c={c}"
                         + (" 1280x720" if c == 1 else ""),
-                        vname(m, n, b, w, least),
+                        _variant_name(m, n, b, w, least),
                         "nginx",
                         c,
                         hd[m] if c == 1 else pl[m],
@@ -345,10 +340,33 @@ def run(args) -> dict:
     for wk in workers:
         for c in conc[-2:]:
             plan.append((f"jpeg nginx workers {wk} c={c}", "det_jpeg", f"nginx-w{wk}", c, pl["jpeg"]))
+    return plan
+
+
+def run(args) -> dict:
+    nginx_bin = args.nginx or shutil.which("nginx") or "/usr/sbin/nginx"
+    gpu = not args.cpu
+    conc = [int(c) for c in args.concurrency.split(",")]
+    gpu_name = preset_key(machine(nginx_bin), args.gpu_model)
+    jpeg_variants, raw_variants = _settings(args.jpeg_variants), _settings(args.raw_variants)
+    specs = frame_specs(args, gpu, gpu_name, jpeg_variants, raw_variants)
+    weights = weights_file()
+    files = repository(specs, weights, gpu)
+    frames = make_frames(args.per_size)
+    results = run_header(args, nginx_bin, gpu_name, specs, frames)
+    log(json.dumps(results["machine"]))
+    results["reference"] = references(frames, gpu, weights, args.jpeg_decoder)
+    results["reference"]["counts"] = [f["count"] for f in frames]
+    log(f"reference answers: {results['reference']}; wire bytes {results['wire_bytes']}")
+    workers = tuple(w for w in args.nginx_workers.split(",") if w)
+    s = serve(results, "gpuhost-frames-bench-", specs, files, nginx_bin, args)
+    pl = {m: payloads(frames, m) for m in ("jpeg", "raw")}
+    hd = {m: payloads(frames, m, only=(1280, 720)) for m in ("jpeg", "raw")}
+    plan = load_plan(conc, jpeg_variants, raw_variants, workers, pl, hd)
     try:
         for name, target, via, c, p in plan:
             row = {"model": target, "via": via, "concurrency": c}
-            point_ = partial(measure, s, name, target, via, c, d, p, args.processes)
+            point_ = partial(measure, s, name, target, via, c, args.duration, p, args.processes)
             results["points"].append(guarded(name, row, point_))
     finally:
         prefixes = ("gpuhost-graph-ms ", "gpuhost-execute-ms ", "gpuhost-frames ")
@@ -421,15 +439,13 @@ def _cell(p: Optional[dict]) -> str:
     )
 
 
-def table(results: dict) -> str:
-    m = results["machine"]
-    a = results["args"]
-    conc = [int(c) for c in a["concurrency"].split(",")]
-    pts = {p["name"]: p for p in results["points"]}
+def _header(results: dict) -> list[str]:
+    """Machine, command, bytes on the wire, the main rows' setting, then the head of the main table."""
+    m, a = results["machine"], results["args"]
     main = results["settings"]["det_jpeg"]
     wb = results["wire_bytes"]
     chosen = f", jpeg_decoder {results['reference']['jpeg_decoder']}" if "jpeg_decoder" in results["reference"] else ""
-    lines = [
+    return [
         f"Machine: {', '.join(m.get('gpus') or ['no GPU'])}; {m.get('cpus')} CPUs; Python {m.get('python')}, torch "
         f"{m.get('torch')} (CUDA {m.get('torch_cuda')}), Triton {results.get('triton', {}).get('version')}, "
         f"{m.get('nginx')}; commit {results.get('commit')}; {results.get('started')}. Decoder: "
@@ -451,6 +467,12 @@ def table(results: dict) -> str:
         "| Concurrency | JPEG frames (decode + letterbox on the GPU) | raw uint8 640×640 |",
         "|---|---|---|",
     ]
+
+
+def _point_rows(results: dict, conc: list[int], pts: dict) -> list[str]:
+    """The main rows, the instance/batch/window sweep, nginx's worker counts, and where the main models' time
+    goes."""
+    lines = []
     for c in conc:
         suffix = " 1280x720" if c == 1 else ""
         lines.append(f"| {c} | {_cell(pts.get(f'jpeg c={c}{suffix}'))} | {_cell(pts.get(f'raw c={c}{suffix}'))} |")
@@ -475,23 +497,35 @@ def table(results: dict) -> str:
                 f"| {name} | {p['mean_ms']:.2f} | {t.get('success_us')} | {t.get('queue_us')} | "
                 f"{t.get('compute_input_us')} | {t.get('compute_infer_us')} | {t.get('compute_output_us')} |"
             )
+    return lines
+
+
+def _cpu_rows(results: dict) -> list[str]:
+    """CPU cores each part of the run used over each point, where measured."""
     cpu = [p for p in results["points"] if p.get("cpu_cores")]
-    if cpu:
-        groups = ("client", "nginx", "tritonserver", "python_stubs", "other")
-        lines += [
-            "",
-            f"CPU cores used over each point (of {m.get('cpus')}; /proc, client = the gate's processes):",
-            "",
-            "| Point | " + " | ".join(groups) + " | machine busy |",
-            "|---|" + "---|" * (len(groups) + 1),
-        ]
-        for p in cpu:
-            c = p["cpu_cores"]
-            lines.append(
-                f"| {p['name']} | " + " | ".join(str(c.get(g, 0)) for g in groups) + f" | {p.get('cpu_busy_pct')} % |"
-            )
+    if not cpu:
+        return []
+    groups = ("client", "nginx", "tritonserver", "python_stubs", "other")
+    lines = [
+        "",
+        f"CPU cores used over each point (of {results['machine'].get('cpus')}; /proc, client = the gate's processes):",
+        "",
+        "| Point | " + " | ".join(groups) + " | machine busy |",
+        "|---|" + "---|" * (len(groups) + 1),
+    ]
+    for p in cpu:
+        c = p["cpu_cores"]
+        lines.append(
+            f"| {p['name']} | " + " | ".join(str(c.get(g, 0)) for g in groups) + f" | {p.get('cpu_busy_pct')} % |"
+        )
+    return lines
+
+
+def _backend_rows(results: dict) -> list[str]:
+    """The backend's own phases per execute, by model and lone or batched frames."""
     reps = [r for r in results.get("backend_reports", []) if "respond_ms" in r]
     order = ("decode_ms", "launch_ms", "letterbox_ms", "gather_ms", "gpu_ms", "respond_ms")
+    lines: list[str] = []
     if reps:
         lines += [
             "",
@@ -512,8 +546,13 @@ def table(results: dict) -> str:
         fpe = sum(r["frames_per_execute"] for r in mine) / len(mine)
         cells = " | ".join(f"{mean[k]:.3f}" if k in mean else "" for k in order)
         lines.append(f"| {model} | {load} | {len(mine)} | {fpe:.2f} | {cells} |")
+    return lines
+
+
+def _best_rows(results: dict) -> list[str]:
+    """Per setting: c=1 p95 and the most frames/s at p95 < 25 ms; then JPEG against raw, goals, the proposal."""
     b = results.get("best") or {}
-    lines += [
+    lines = [
         "",
         "Per setting (through nginx): c=1 p95 with 1280×720 frames, and the most frames/s at p95 < 25 ms:",
         "",
@@ -533,6 +572,17 @@ def table(results: dict) -> str:
         f"{json.dumps(b.get('nginx_workers_frames_per_s'))}; proposal for the preset: "
         f"`{json.dumps(b.get('proposal'), sort_keys=True)}`.",
     ]
+    return lines
+
+
+def table(results: dict) -> str:
+    conc = [int(c) for c in results["args"]["concurrency"].split(",")]
+    pts = {p["name"]: p for p in results["points"]}
+    lines = _header(results)
+    lines += _point_rows(results, conc, pts)
+    lines += _cpu_rows(results)
+    lines += _backend_rows(results)
+    lines += _best_rows(results)
     return "\n".join(lines) + "\n"
 
 
