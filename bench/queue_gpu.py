@@ -58,8 +58,9 @@ import subprocess
 import sys
 import threading
 import time
+from functools import partial
 from pathlib import Path
-from typing import Any, Optional
+from typing import Any, Callable, Optional
 
 import numpy as np
 
@@ -426,139 +427,164 @@ def load_main(conn: Any, setup: dict, k: int) -> None:
             conn.send({"crash": f"{type(e).__name__}: {e}"})
 
 
-def run_spec(spec: dict, setup: dict, k: int, wl: Any) -> dict:
-    import redis
-    import tritonclient.grpc as grpcclient
+class SpecLoad:
+    """One load process's share of one run: its threads take job numbers ``k``, ``k + procs``, ... and send each
+    straight to a Triton (``direct``) or through the queue (``queued``), open loop at the scheduled times or closed
+    loop until the duration ends; every answer is checked after the timed part."""
 
-    from serving import triton_wire
-    from serving.bytes_rows import wire_inputs
-    from serving.queue import JobQueue, QueueConfig, QueueFull, QueueShed, ResultTimeout
+    def __init__(self, spec: dict, setup: dict, k: int, wl: Any):
+        import redis
+        import tritonclient.grpc as grpcclient
 
-    procs, threads, duration = spec["procs"], spec["threads"], spec["duration"]
-    start, open_loop = spec["start"], spec["mode"] == "open"
-    give_up = start + duration + spec["drain_s"]
-    r = redis.Redis(port=setup["redis_port"], socket_timeout=10, socket_connect_timeout=2)
-    q = JobQueue(r, QueueConfig(max_depth=setup["max_depth"], shed_wait_ms=spec.get("shed_wait_ms", 0.0)))
-    clients = {n: grpcclient.InferenceServerClient(u, channel_args=GRPC_OPTS) for n, u in setup["grpc"].items()}
-    calls = {n: triton_wire.model_infer(c._channel) for n, c in clients.items()}
-    rr = WeightedRoundRobin(dict(WEIGHTS))
-    lock = threading.Lock()
-    nxt = [k]
-    rows: list[list] = []
-    answers: list[tuple[int, dict[str, np.ndarray]]] = []
-    counters = {"submit_retries": 0, "refused": 0, "result_retries": 0}
-    parts = threading.local()  # the gateway's parts of the current job, ms: submit, to dispatch, service, stored
+        from serving import triton_wire
+        from serving.queue import JobQueue, QueueConfig
 
-    def direct(j: int, inputs: dict[str, np.ndarray]) -> tuple[str, Any, str, int, bool]:
-        name = rr.next()
+        self.spec, self.setup, self.wl = spec, setup, wl
+        self.procs, self.duration = spec["procs"], spec["duration"]
+        self.start, self.open_loop = spec["start"], spec["mode"] == "open"
+        self.give_up = self.start + self.duration + spec["drain_s"]
+        self.r = redis.Redis(port=setup["redis_port"], socket_timeout=10, socket_connect_timeout=2)
+        self.q = JobQueue(self.r, QueueConfig(max_depth=setup["max_depth"], shed_wait_ms=spec.get("shed_wait_ms", 0.0)))
+        self.clients = {
+            n: grpcclient.InferenceServerClient(u, channel_args=GRPC_OPTS) for n, u in setup["grpc"].items()
+        }
+        self.calls = {n: triton_wire.model_infer(c._channel) for n, c in self.clients.items()}
+        self.rr = WeightedRoundRobin(dict(WEIGHTS))
+        self.lock = threading.Lock()
+        self.nxt = [k]
+        self.rows: list[list] = []
+        self.answers: list[tuple[int, dict[str, np.ndarray]]] = []
+        self.counters = {"submit_retries": 0, "refused": 0, "result_retries": 0}
+        self.parts = (
+            threading.local()
+        )  # the gateway's parts of the current job, ms: submit, to dispatch, service, stored
+        self.call = self.direct if spec["path"] == "direct" else self.queued
+        self.times = spec.get("arrivals_s") or []
+
+    def direct(self, j: int, inputs: dict[str, np.ndarray]) -> tuple[str, Any, str, int, bool]:
+        from serving import triton_wire
+        from serving.bytes_rows import wire_inputs
+
+        name = self.rr.next()
         t0 = time.time()
         # The request as the worker builds it (serving.triton_wire: one copy of the frame), over the same gRPC.
-        request = triton_wire.tensors_request(spec["model"], wire_inputs(inputs))
-        out = triton_wire.outputs(calls[name](request, timeout=setup.get("call_timeout_s", 30)))
-        parts.times = (0.0, 0.0, (time.time() - t0) * 1000, 0.0)
+        request = triton_wire.tensors_request(self.spec["model"], wire_inputs(inputs))
+        out = triton_wire.outputs(self.calls[name](request, timeout=self.setup.get("call_timeout_s", 30)))
+        self.parts.times = (0.0, 0.0, (time.time() - t0) * 1000, 0.0)
         return "ok", out, name, 1, False
 
-    def queued(j: int, inputs: dict[str, np.ndarray]) -> tuple[str, Any, str, int, bool]:
-        key = f"{spec['key_prefix']}-{j}"
+    def _count(self, counter: str) -> None:
+        with self.lock:
+            self.counters[counter] += 1
+
+    def queued(self, j: int, inputs: dict[str, np.ndarray]) -> tuple[str, Any, str, int, bool]:
+        import redis
+
+        from serving.queue import QueueFull, QueueShed, ResultTimeout
+
+        key = f"{self.spec['key_prefix']}-{j}"
         t0 = time.time()
         while True:  # accepted once submit returns; a retry with the same key is never queued twice
-            if time.time() > give_up:
+            if time.time() > self.give_up:
                 return "unaccepted", None, "", 0, False
             try:
-                q.submit(spec["model"], inputs, key=key)
+                self.q.submit(self.spec["model"], inputs, key=key)
                 submitted = time.time()
                 break
             except QueueShed:  # answered at once (the front's 503): not retried, counted apart
-                parts.times = ((time.time() - t0) * 1000, 0.0, 0.0, 0.0)
+                self.parts.times = ((time.time() - t0) * 1000, 0.0, 0.0, 0.0)
                 return "shed", None, "", 0, False
             except QueueFull:
-                with lock:
-                    counters["refused"] += 1
+                self._count("refused")
                 time.sleep(0.01)
             except redis.RedisError:
-                with lock:
-                    counters["submit_retries"] += 1
+                self._count("submit_retries")
                 time.sleep(0.05)
         while True:
-            left = give_up - time.time()
+            left = self.give_up - time.time()
             if left <= 0:
                 return "lost", None, "", 0, False
             try:
-                res = q.result(key, timeout_s=min(5.0, max(1.0, left)))
+                res = self.q.result(key, timeout_s=min(5.0, max(1.0, left)))
                 break
             except ResultTimeout:
                 continue
             except redis.RedisError:
-                with lock:
-                    counters["result_retries"] += 1
+                self._count("result_retries")
                 time.sleep(0.05)
-        parts.times = ((submitted - t0) * 1000, res.queue_ms, res.service_ms, res.latency_ms)
+        self.parts.times = ((submitted - t0) * 1000, res.queue_ms, res.service_ms, res.latency_ms)
         if res.status != "ok":
             return "error:" + res.error[:200], None, res.backend, res.attempts, res.reclaimed
         return "ok", res.outputs, res.backend, res.attempts, res.reclaimed
 
-    call = direct if spec["path"] == "direct" else queued
-    times = spec.get("arrivals_s") or []
-    n_open = len(times)
+    def _next_job(self) -> Optional[tuple[int, float]]:
+        """The next job number and its scheduled time (open loop: waited for), or None when this thread is done."""
+        with self.lock:
+            j = self.nxt[0]
+            self.nxt[0] += self.procs
+        if self.open_loop:
+            if j >= len(self.times):
+                return None
+            t_sched = self.start + self.times[j]
+            wait = t_sched - time.time()
+            if wait > 0:
+                time.sleep(wait)
+        else:
+            t_sched = time.time()
+            if t_sched >= self.start + self.duration:
+                return None
+        return j, t_sched
 
-    def thread_main() -> None:
-        while True:
-            with lock:
-                j = nxt[0]
-                nxt[0] += procs
-            if open_loop:
-                if j >= n_open:
-                    return
-                t_sched = start + times[j]
-                wait = t_sched - time.time()
-                if wait > 0:
-                    time.sleep(wait)
-            else:
-                t_sched = time.time()
-                if t_sched >= start + duration:
-                    return
+    def thread_main(self) -> None:
+        while (job := self._next_job()) is not None:
+            j, t_sched = job
             t_issue = time.time()
-            parts.times = (0.0, 0.0, 0.0, 0.0)
+            self.parts.times = (0.0, 0.0, 0.0, 0.0)
             try:
-                status, out, backend, attempts, reclaimed = call(j, wl.inputs(j))
+                status, out, backend, attempts, reclaimed = self.call(j, self.wl.inputs(j))
             except Exception as e:  # noqa: BLE001 - a failed call is counted, the loop goes on
                 status, out, backend, attempts, reclaimed = f"error:{type(e).__name__}: {e}"[:200], None, "", 0, False
             t_end = time.time()
-            with lock:
-                rows.append(
+            with self.lock:
+                self.rows.append(
                     [
                         j,
-                        t_sched - start,
+                        t_sched - self.start,
                         (t_end - t_sched) * 1000,
                         (t_issue - t_sched) * 1000,
                         status,
                         backend,
                         attempts,
                         reclaimed,
-                        t_end - start,
+                        t_end - self.start,
                         (t_end - t_issue) * 1000,
-                        *parts.times,
+                        *self.parts.times,
                     ]
                 )
                 if out is not None:
-                    answers.append((len(rows) - 1, out))
+                    self.answers.append((len(self.rows) - 1, out))
 
-    pool = [threading.Thread(target=thread_main, daemon=True) for _ in range(threads)]
-    time.sleep(max(0.0, start - time.time()))
-    for t in pool:
-        t.start()
-    for t in pool:
-        t.join(duration + spec["drain_s"] + 60)
-    first_wrong = ""
-    for idx, out in answers:  # after the timed part: checking costs no load time
-        problem = wl.check(rows[idx][0], out)
-        if problem:
-            rows[idx][4] = "wrong"
-            first_wrong = first_wrong or f"job {rows[idx][0]}: {problem}"
-    for c in clients.values():
-        c.close()
-    r.close()
-    return {"rows": rows, "first_wrong": first_wrong, **counters}
+    def run(self) -> dict:
+        pool = [threading.Thread(target=self.thread_main, daemon=True) for _ in range(self.spec["threads"])]
+        time.sleep(max(0.0, self.start - time.time()))
+        for t in pool:
+            t.start()
+        for t in pool:
+            t.join(self.duration + self.spec["drain_s"] + 60)
+        rows, first_wrong = self.rows, ""
+        for idx, out in self.answers:  # after the timed part: checking costs no load time
+            problem = self.wl.check(rows[idx][0], out)
+            if problem:
+                rows[idx][4] = "wrong"
+                first_wrong = first_wrong or f"job {rows[idx][0]}: {problem}"
+        for c in self.clients.values():
+            c.close()
+        self.r.close()
+        return {"rows": rows, "first_wrong": first_wrong, **self.counters}
+
+
+def run_spec(spec: dict, setup: dict, k: int, wl: Any) -> dict:
+    return SpecLoad(spec, setup, k, wl).run()
 
 
 class LoadPool:
@@ -832,7 +858,7 @@ def front_run(cfg: dict, base: Path, arrays: list[np.ndarray], refs: list, conf:
 # ---------------------------------------------------------------- main
 
 
-def main(argv: Optional[list[str]] = None) -> int:
+def arg_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--out", required=True)
     p.add_argument("--cpu", action="store_true", help="no GPU: KIND_CPU, FP32, a few jobs/s (the proof run)")
@@ -886,39 +912,41 @@ def main(argv: Optional[list[str]] = None) -> int:
         default="",
         help="CPUs per role, e.g. load:0-5,gateway:6-9,triton:10-15 (default: none; the same for both paths)",
     )
-    a = p.parse_args(argv)
-    pin = parse_pin(a.pin_cpus, os.cpu_count() or 1)
-    gpu = not a.cpu
-    d = (
-        {
-            "rates": "3",
-            "concurrency": "2,4",
-            "duration": 8.0,
-            "images": 4,
-            "procs": 2,
-            "threads": 4,
-            "workers": 2,
-            "slots": 4,
-            "redis_io_threads": 1,
-            "fault_duration": 8.0,
-            "input": "raw",
-        }
-        if a.cpu
-        else {
-            "rates": "1000",
-            "concurrency": "32,64,128",
-            "duration": 15.0,
-            "images": 64,
-            "procs": 8,
-            "threads": 24,
-            "workers": 6,
-            "slots": 24,
-            "redis_io_threads": 4,
-            "fault_duration": 10.0,
-            "input": "jpeg",
-        }
-    )
-    for k, v in d.items():
+    return p
+
+
+CPU_DEFAULTS = {
+    "rates": "3",
+    "concurrency": "2,4",
+    "duration": 8.0,
+    "images": 4,
+    "procs": 2,
+    "threads": 4,
+    "workers": 2,
+    "slots": 4,
+    "redis_io_threads": 1,
+    "fault_duration": 8.0,
+    "input": "raw",
+}
+GPU_DEFAULTS = {
+    "rates": "1000",
+    "concurrency": "32,64,128",
+    "duration": 15.0,
+    "images": 64,
+    "procs": 8,
+    "threads": 24,
+    "workers": 6,
+    "slots": 24,
+    "redis_io_threads": 4,
+    "fault_duration": 10.0,
+    "input": "jpeg",
+}
+
+
+def settle(a: argparse.Namespace) -> tuple[list[float], list[str], list[int], list[str]]:
+    """The defaults of ``--cpu`` or the GPU filled in, the lists parsed and checked: (rates, arrival kinds,
+    concurrencies, faults)."""
+    for k, v in (CPU_DEFAULTS if a.cpu else GPU_DEFAULTS).items():
         if getattr(a, k) is None:
             setattr(a, k, v)
     rates = parse_list("--rates", a.rates, float)
@@ -927,19 +955,14 @@ def main(argv: Optional[list[str]] = None) -> int:
     faults = [] if a.faults == "none" else a.faults.split(",")
     if any(f not in ("worker", "redis", "backend") for f in faults):
         raise SystemExit("--faults: worker, redis, backend (comma-separated) or none")
-    out = Path(a.out)
-    out.mkdir(parents=True, exist_ok=True)
-    t_main = time.monotonic()
+    return rates, kinds, concurrency, faults
 
-    import redis as redispy
 
-    from bench.window_gpu import detector_weights, machine_line
-    from serving.queue import JobQueue, QueueConfig
-    from testbed.servers.gateway import spawn_worker
+def prepare_frames(a: argparse.Namespace, gpu: bool, base: Path) -> tuple[bytes, list, list, list[int]]:
+    """The test weights, ``--images`` frames and their references (saved for the load processes): (weights, the
+    frames, their references, their sizes in bytes)."""
+    from bench.window_gpu import detector_weights
 
-    gpu_name, machine = machine_line(gpu)
-    base = Path(os.environ.get("TMPDIR", "/tmp")) / f"gpuhost-queue-gpu-{os.getpid()}"
-    base.mkdir(parents=True, exist_ok=True)
     log(f"test weights, {a.images} {a.input} frames and their references")
     t_refs = time.monotonic()
     model, weights = detector_weights()
@@ -948,84 +971,103 @@ def main(argv: Optional[list[str]] = None) -> int:
     save_frames(base / "frames.npz", arrays, refs)
     frame_bytes = [x.nbytes for x in arrays]
     log(f"{len(arrays)} frames, {min(frame_bytes)}-{max(frame_bytes)} bytes, in {time.monotonic() - t_refs:.1f} s")
-    spec = model_spec(gpu, a.gpu_model or gpu_name, a.input)
-    specs = backend_specs(spec, a.instances_by_weight)
-    rs = Redis(a.redis_server, base / "redis", a.redis_io_threads, pin.get("gateway"))
-    rs.start(aof=False)
-    backends: dict[str, Backend] = {}
-    workers: dict[str, subprocess.Popen] = {}
-    pool: Optional[LoadPool] = None
-    result: dict[str, Any] = {"runs": [], "faults": []}
-    try:
-        backends = start_backends(base, specs, weights, gpu)
-        for b in backends.values():
-            pin_tree(b.proc.pid, pin.get("triton"))  # the server and its python-backend stubs
-        log(f"Tritons ready after {time.monotonic() - t_main:.1f} s: {[(b.name, b.grpc) for b in backends.values()]}")
-        cfg = gateway_config(rs.port, backends, a)
-        from testbed.servers import free_port
+    return weights, arrays, refs, frame_bytes
 
-        metrics_ports = {f"w{i}": free_port() for i in range(a.workers)}
 
-        def worker_cfg(consumer: str) -> dict:
-            return {**cfg, "metrics_port": metrics_ports[consumer]}
+def start_workers(
+    a: argparse.Namespace, cfg: dict, rs: Redis, base: Path, workers: dict, pin: dict
+) -> tuple[Any, Any, dict[str, int], Callable[[str], dict]]:
+    """The gateway's workers (into ``workers`` as each starts), each with a metrics port, waited for until each
+    is a consumer: (the Redis client, the JobQueue, the metrics ports, a consumer's config)."""
+    import redis as redispy
 
-        r = redispy.Redis(port=rs.port, socket_timeout=10)
-        q = JobQueue(r, QueueConfig(max_depth=a.max_depth))
-        q.ensure_group()
-        for i in range(a.workers):
-            workers[f"w{i}"] = spawn_worker(worker_cfg(f"w{i}"), f"w{i}", base)
-        wait_consumers(r, q, a.workers)
-        for w in workers.values():
-            pin_tree(w.pid, pin.get("gateway"))
-        setup = {
-            "frames": str(base / "frames.npz"),
-            "conf": CONF[a.input],
-            "redis_port": rs.port,
-            "grpc": {b.name: b.grpc for b in backends.values()},
-            "max_depth": a.max_depth,
-            "cpus": pin.get("load"),
-        }
-        pool = LoadPool(a.procs, setup)
-        bench = Bench(pool, r, q, backends, workers, metrics_ports, worker_cfg, base, MODEL, a, pin)
-        go = bench.run
-        log("warm-up")
-        for path in ("direct", "gateway"):
-            go(path, "open", rate=rates[0] / 4, duration=3.0)
-        if "rate" not in a.skip:
-            for rate in rates:
-                for kind in kinds:  # the same arrival times on both paths, one right after the other
-                    for path in ("direct", "gateway"):
-                        result["runs"].append(strip(go(path, "open", rate=rate, kind=kind)))
-        if "saturation" not in a.skip:
-            for conc in concurrency:
+    from serving.queue import JobQueue, QueueConfig
+    from testbed.servers import free_port
+    from testbed.servers.gateway import spawn_worker
+
+    metrics_ports = {f"w{i}": free_port() for i in range(a.workers)}
+
+    def worker_cfg(consumer: str) -> dict:
+        return {**cfg, "metrics_port": metrics_ports[consumer]}
+
+    r = redispy.Redis(port=rs.port, socket_timeout=10)
+    q = JobQueue(r, QueueConfig(max_depth=a.max_depth))
+    q.ensure_group()
+    for i in range(a.workers):
+        workers[f"w{i}"] = spawn_worker(worker_cfg(f"w{i}"), f"w{i}", base)
+    wait_consumers(r, q, a.workers)
+    for w in workers.values():
+        pin_tree(w.pid, pin.get("gateway"))
+    return r, q, metrics_ports, worker_cfg
+
+
+def run_all(
+    bench: Bench,
+    a: argparse.Namespace,
+    rates: list[float],
+    kinds: list[str],
+    concurrency: list[int],
+    faults: list[str],
+    front: Callable[[], dict],
+    rs: Redis,
+    result: dict,
+) -> None:
+    """Warm-up, then the open-loop rates, the closed-loop saturation, the front and the faults, into ``result``
+    as each ends (what was measured stays when a later run fails)."""
+    go = bench.run
+    log("warm-up")
+    for path in ("direct", "gateway"):
+        go(path, "open", rate=rates[0] / 4, duration=3.0)
+    if "rate" not in a.skip:
+        for rate in rates:
+            for kind in kinds:  # the same arrival times on both paths, one right after the other
                 for path in ("direct", "gateway"):
-                    result["runs"].append(strip(go(path, "closed", conc=conc)))
-            result["saturation"] = saturation(result["runs"])
-        if "front" not in a.skip:
-            result["front"] = front_run(cfg, base, arrays, refs, CONF[a.input], a.front_requests)
-            log(f"front: {json.dumps(result['front'])}")
-        for f in faults:
-            result["faults"].append(bench.fault_run(f, rs, rate=a.fault_rate or rates[0], kind=kinds[0]))
-    except Exception:  # noqa: BLE001 - what was measured is still written, with the error
-        import traceback
+                    result["runs"].append(strip(go(path, "open", rate=rate, kind=kind)))
+    if "saturation" not in a.skip:
+        for conc in concurrency:
+            for path in ("direct", "gateway"):
+                result["runs"].append(strip(go(path, "closed", conc=conc)))
+        result["saturation"] = saturation(result["runs"])
+    if "front" not in a.skip:
+        result["front"] = front()
+        log(f"front: {json.dumps(result['front'])}")
+    for f in faults:
+        result["faults"].append(bench.fault_run(f, rs, rate=a.fault_rate or rates[0], kind=kinds[0]))
 
-        result["error"] = traceback.format_exc()
-        log("FAILED:\n" + result["error"])
-    finally:
-        if pool is not None:
-            pool.close()
-        for w in workers.values():
-            kill_group(w, signal.SIGTERM)
-        for b in backends.values():
-            kill_group(b.proc, signal.SIGTERM)
-        rs.stop()
-        for f in base.glob("w*.log"):
-            shutil.copy2(f, out / f.name)
-        for b in backends.values():
-            (out / f"triton-{b.name}.log").write_bytes((b.workdir / "triton.log").read_bytes()[-1_000_000:])
-        if (base / "redis" / "redis.log").exists():
-            shutil.copy2(base / "redis" / "redis.log", out / "redis.log")
-    result["meta"] = {
+
+def stop_and_collect(pool: Optional[LoadPool], workers: dict, backends: dict, rs: Redis, base: Path, out: Path) -> None:
+    """Everything started stopped; the workers', Tritons' and Redis's logs copied to ``out``."""
+    if pool is not None:
+        pool.close()
+    for w in workers.values():
+        kill_group(w, signal.SIGTERM)
+    for b in backends.values():
+        kill_group(b.proc, signal.SIGTERM)
+    rs.stop()
+    for f in base.glob("w*.log"):
+        shutil.copy2(f, out / f.name)
+    for b in backends.values():
+        (out / f"triton-{b.name}.log").write_bytes((b.workdir / "triton.log").read_bytes()[-1_000_000:])
+    if (base / "redis" / "redis.log").exists():
+        shutil.copy2(base / "redis" / "redis.log", out / "redis.log")
+
+
+def run_meta(
+    a: argparse.Namespace,
+    argv: Optional[list[str]],
+    machine: str,
+    spec: Any,
+    specs: dict,
+    pin: dict,
+    frame_bytes: list[int],
+    t_main: float,
+) -> dict:
+    """What ran, where and how (the JSON's ``meta``; the markdown's header)."""
+    import redis as redispy
+
+    from serving.queue import QueueConfig
+
+    return {
         "machine": machine,
         "when": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
         "commit": subprocess.run(
@@ -1067,15 +1109,73 @@ def main(argv: Optional[list[str]] = None) -> int:
         },
         "wall_s": round(time.monotonic() - t_main, 1),
     }
-    (out / "queue_gpu.json").write_text(json.dumps(result, indent=2) + "\n")
-    md = markdown(result)
-    (out / "queue_gpu.md").write_text(md)
-    print(md)
+
+
+def exit_code(result: dict) -> int:
+    """1 when the run stopped early or any answer was wrong, failed, lost or given twice; else 0."""
     bad = 1 if "error" in result else 0
     bad += result["front"]["wrong"] + result["front"]["failed"] if result.get("front") else 0
     bad += sum(x["wrong"] + x["errors"] + x["lost"] for x in result["runs"])
     bad += sum(f["run"]["wrong"] + f["run"]["lost"] + f["run"]["redis"]["answered_twice"] for f in result["faults"])
     return 1 if bad else 0
+
+
+def main(argv: Optional[list[str]] = None) -> int:
+    a = arg_parser().parse_args(argv)
+    pin = parse_pin(a.pin_cpus, os.cpu_count() or 1)
+    gpu = not a.cpu
+    rates, kinds, concurrency, faults = settle(a)
+    out = Path(a.out)
+    out.mkdir(parents=True, exist_ok=True)
+    t_main = time.monotonic()
+    import redis  # noqa: F401 - missing, it fails here and not after the servers' start
+
+    from bench.window_gpu import machine_line
+
+    gpu_name, machine = machine_line(gpu)
+    base = Path(os.environ.get("TMPDIR", "/tmp")) / f"gpuhost-queue-gpu-{os.getpid()}"
+    base.mkdir(parents=True, exist_ok=True)
+    weights, arrays, refs, frame_bytes = prepare_frames(a, gpu, base)
+    spec = model_spec(gpu, a.gpu_model or gpu_name, a.input)
+    specs = backend_specs(spec, a.instances_by_weight)
+    rs = Redis(a.redis_server, base / "redis", a.redis_io_threads, pin.get("gateway"))
+    rs.start(aof=False)
+    backends: dict[str, Backend] = {}
+    workers: dict[str, subprocess.Popen] = {}
+    pool: Optional[LoadPool] = None
+    result: dict[str, Any] = {"runs": [], "faults": []}
+    try:
+        backends = start_backends(base, specs, weights, gpu)
+        for b in backends.values():
+            pin_tree(b.proc.pid, pin.get("triton"))  # the server and its python-backend stubs
+        log(f"Tritons ready after {time.monotonic() - t_main:.1f} s: {[(b.name, b.grpc) for b in backends.values()]}")
+        cfg = gateway_config(rs.port, backends, a)
+        r, q, metrics_ports, worker_cfg = start_workers(a, cfg, rs, base, workers, pin)
+        setup = {
+            "frames": str(base / "frames.npz"),
+            "conf": CONF[a.input],
+            "redis_port": rs.port,
+            "grpc": {b.name: b.grpc for b in backends.values()},
+            "max_depth": a.max_depth,
+            "cpus": pin.get("load"),
+        }
+        pool = LoadPool(a.procs, setup)
+        bench = Bench(pool, r, q, backends, workers, metrics_ports, worker_cfg, base, MODEL, a, pin)
+        front = partial(front_run, cfg, base, arrays, refs, CONF[a.input], a.front_requests)
+        run_all(bench, a, rates, kinds, concurrency, faults, front, rs, result)
+    except Exception:  # noqa: BLE001 - what was measured is still written, with the error
+        import traceback
+
+        result["error"] = traceback.format_exc()
+        log("FAILED:\n" + result["error"])
+    finally:
+        stop_and_collect(pool, workers, backends, rs, base, out)
+    result["meta"] = run_meta(a, argv, machine, spec, specs, pin, frame_bytes, t_main)
+    (out / "queue_gpu.json").write_text(json.dumps(result, indent=2) + "\n")
+    md = markdown(result)
+    (out / "queue_gpu.md").write_text(md)
+    print(md)
+    return exit_code(result)
 
 
 VICTIM_WORKER = "w0"
@@ -1307,7 +1407,9 @@ def wait_aof(r: Any, timeout: float = 60) -> None:
 # ---------------------------------------------------------------- report
 
 
-def markdown(result: dict) -> str:
+def _header(result: dict) -> list[str]:
+    """A stopped run's error, the machine, the command, both Tritons, the gateway and the load; then the head of the
+    runs' table."""
     m = result["meta"]
     s = m["setup"]
     fb = m.get("frame_bytes", {"min": 0, "max": 0, "median": 0, "inline": 0})
@@ -1320,7 +1422,7 @@ def markdown(result: dict) -> str:
     lines = (
         [f"**The run stopped early:** `{result['error'].strip().splitlines()[-1]}`", ""] if "error" in result else []
     )
-    lines += [
+    return lines + [
         f"Machine: {m['machine']}; commit {m['commit']}; {m['when']}.",
         "",
         f"Command: `{m['command']}`. Two Tritons on the one GPU, each `{MODEL}` (yolov8n_torch, test weights; "
@@ -1344,15 +1446,24 @@ def markdown(result: dict) -> str:
         "split a:b |",
         "|---|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|",
     ]
-    for x in result["runs"]:
+
+
+def _run_rows(runs: list[dict]) -> list[str]:
+    lines = []
+    for x in runs:
         a, b = x["split"].get("triton-a", 0), x["split"].get("triton-b", 0)
         cells = [x["path"], load_label(x), arrivals_of(x)]
         cells += [x[k] for k in ("jobs_per_s", "p50_ms", "p95_ms", "p99_ms", "sent", "answered_right", "wrong")]
         cells += [x["errors"], x["lost"], f"{a}:{b}" + (f" ({a / b:.2f})" if b else "")]
         lines.append("| " + " | ".join(str(c) for c in cells) + " |")
-    lines.append("")
-    lines += overhead_table(result["runs"])
-    lines += ["", "Where the time goes (medians of the answered jobs, ms; client total from the call's issue):", ""]
+    return lines
+
+
+def _time_lines(result: dict) -> list[str]:
+    """Per run: where the time goes, Redis's commands per job, Triton's phases, the CPUs busy by role, the
+    backends as the workers saw them."""
+    given = result["meta"].get("pinned") or {}
+    lines = ["", "Where the time goes (medians of the answered jobs, ms; client total from the call's issue):", ""]
     for x in result["runs"]:
         load = load_label(x) + (f", {arrivals_of(x)} arrivals" if x["mode"] == "open" else "")
         lines.append(f"- {x['path']} {load}: " + ", ".join(f"{k} {v}" for k, v in x["parts_ms_p50"].items()))
@@ -1365,7 +1476,6 @@ def markdown(result: dict) -> str:
         if x.get("triton"):
             lines.append("  Inside Triton (per request, µs): " + triton_line(x["triton"]))
         if x.get("cpus_busy"):
-            given = m.get("pinned") or {}
             lines.append(
                 "  CPUs busy by role (CPU seconds ÷ the run's wall seconds, drain included): "
                 + ", ".join(f"{k} {v}" + (f" of {given[k]}" if k in given else "") for k, v in x["cpus_busy"].items())
@@ -1374,42 +1484,61 @@ def markdown(result: dict) -> str:
             lines.append(
                 "  Backends as the workers saw them (0.5 s samples): " + json.dumps(x["backends_seen_by_workers"])
             )
+    return lines
+
+
+def _front_lines(fr: dict) -> list[str]:
+    """The requests through the whole gateway (serving.front)."""
+    return [
+        "",
+        f"Through the whole gateway (serving.front, KServe v2 JSON over HTTP, {fr.get('body_bytes', 0):,} bytes a "
+        f"request; one at a time): {fr['requests']} requests, {fr['right']} right, {fr['wrong']} wrong, "
+        f"{fr['failed']} failed; p50 {fr['p50_ms']} ms, max {fr['max_ms']} ms (mostly JSON)."
+        + (f" First problem: {fr['first_problem']}" if fr["first_problem"] else ""),
+    ]
+
+
+def _fault_lines(faults: list[dict]) -> list[str]:
+    """One row per injected fault, then each fault's details."""
+    lines = [
+        "",
+        "| fault | at s | sent | accepted | answered once, right | wrong | lost (no answer by the client's deadline) "
+        "| of those answered late | answered twice | completions dropped as duplicates | in flight at the fault | "
+        "jobs moved | moved done by (s after fault) | p99 ms after fault |",
+        "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
+    ]
+    for f in faults:
+        x = f["run"]
+        red = x["redis"]
+        lines.append(
+            f"| {fault_label(f)} | {f.get('at_s', 0):.1f} | {x['sent']} | {x['sent'] - x['unaccepted']} | "
+            f"{x['answered_right']} | {x['wrong']} | {x['lost']} | {red.get('answered_after_client_gave_up', 0)} | "
+            f"{red['answered_twice']} | "
+            f"{red['duplicate_completions_dropped']} | {f['in_flight_at_fault']} | {f['jobs_moved']} | {f['moved_done_by_s_after_fault']} | "
+            f"{f['after_fault_p99_ms']} |"
+        )
+    lines.append("")
+    for f in faults:
+        x = f["run"]
+        extra = {k: v for k, v in f.items() if k not in ("run", "fault")}
+        lines.append(
+            f"- {fault_label(f)}: {json.dumps(extra)}; submit retries {x['submit_retries']}, result retries "
+            f"{x['result_retries']}, stream depth after {x['redis']['stream_depth_after']}, pending after "
+            f"{x['redis']['pending_after']}."
+        )
+    return lines
+
+
+def markdown(result: dict) -> str:
+    lines = _header(result)
+    lines += _run_rows(result["runs"])
+    lines.append("")
+    lines += overhead_table(result["runs"])
+    lines += _time_lines(result)
     if result.get("front"):
-        fr = result["front"]
-        lines += [
-            "",
-            f"Through the whole gateway (serving.front, KServe v2 JSON over HTTP, {fr.get('body_bytes', 0):,} bytes a "
-            f"request; one at a time): {fr['requests']} requests, {fr['right']} right, {fr['wrong']} wrong, "
-            f"{fr['failed']} failed; p50 {fr['p50_ms']} ms, max {fr['max_ms']} ms (mostly JSON)."
-            + (f" First problem: {fr['first_problem']}" if fr["first_problem"] else ""),
-        ]
+        lines += _front_lines(result["front"])
     if result["faults"]:
-        lines += [
-            "",
-            "| fault | at s | sent | accepted | answered once, right | wrong | lost (no answer by the client's deadline) "
-            "| of those answered late | answered twice | completions dropped as duplicates | in flight at the fault | "
-            "jobs moved | moved done by (s after fault) | p99 ms after fault |",
-            "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
-        ]
-        for f in result["faults"]:
-            x = f["run"]
-            red = x["redis"]
-            lines.append(
-                f"| {fault_label(f)} | {f.get('at_s', 0):.1f} | {x['sent']} | {x['sent'] - x['unaccepted']} | "
-                f"{x['answered_right']} | {x['wrong']} | {x['lost']} | {red.get('answered_after_client_gave_up', 0)} | "
-                f"{red['answered_twice']} | "
-                f"{red['duplicate_completions_dropped']} | {f['in_flight_at_fault']} | {f['jobs_moved']} | {f['moved_done_by_s_after_fault']} | "
-                f"{f['after_fault_p99_ms']} |"
-            )
-        lines.append("")
-        for f in result["faults"]:
-            x = f["run"]
-            extra = {k: v for k, v in f.items() if k not in ("run", "fault")}
-            lines.append(
-                f"- {fault_label(f)}: {json.dumps(extra)}; submit retries {x['submit_retries']}, result retries "
-                f"{x['result_retries']}, stream depth after {x['redis']['stream_depth_after']}, pending after "
-                f"{x['redis']['pending_after']}."
-            )
+        lines += _fault_lines(result["faults"])
     return "\n".join(lines) + "\n"
 
 
