@@ -104,6 +104,73 @@ def worker_main(redis_port: int, consumer: str, slots: int, conn: Any, round_tri
     conn.send((t1.user - t0.user + t1.system - t0.system, dict(counts)))
 
 
+def start_floor_workers(port: int, a: argparse.Namespace, r: Any, q: Any) -> list[tuple[Any, Any]]:
+    """``--workers`` stand-in worker processes (spawned), each with the pipe it reports on, waited for until each
+    is a consumer of the stream."""
+    ctx = multiprocessing.get_context("spawn")
+    procs = []
+    for i in range(a.workers):
+        parent, child = ctx.Pipe()
+        p = ctx.Process(target=worker_main, args=(port, f"w{i}", a.slots, child, a.round_trips), daemon=True)
+        p.start()
+        procs.append((p, parent))
+    deadline = time.monotonic() + 60
+    while int((r.xinfo_groups(q.cfg.stream) or [{"consumers": 0}])[0]["consumers"]) < a.workers:
+        if time.monotonic() > deadline:
+            raise TimeoutError("workers did not join the group")
+        time.sleep(0.05)
+    return procs
+
+
+def timed_jobs(q: Any, inputs: list[np.ndarray], a: argparse.Namespace) -> tuple[list[tuple[float, ...]], float, float]:
+    """``--jobs`` jobs from ``--clients`` threads, one job at a time each: per job (total, submit call, submit →
+    dispatch, dispatch → stored, stored → caller) in ms; the wall seconds; the client's CPU seconds."""
+    rows: list[tuple[float, ...]] = []
+    lock, nxt = threading.Lock(), [0]
+
+    def client() -> None:
+        while True:
+            with lock:
+                j = nxt[0]
+                nxt[0] += 1
+            if j >= a.jobs:
+                return
+            t0 = time.time()
+            key = q.submit("m", {"images": inputs[j % 16]})
+            t1 = time.time()
+            res = q.result(key, timeout_s=30, submitted_at=t0)
+            t2 = time.time()
+            if res.status != "ok" or int(res.outputs["num_detections"][0, 0]) != 7:
+                raise RuntimeError(f"job {j}: {res.status} {res.error}")
+            with lock:  # total, submit call, submit -> dispatch, dispatch -> stored, stored -> caller
+                rows.append(
+                    ((t2 - t0) * 1000, (t1 - t0) * 1000, res.queue_ms, res.latency_ms - res.queue_ms,
+                     (t2 - t0) * 1000 - res.latency_ms)
+                )  # fmt: skip
+
+    c0, t0 = os.times(), time.perf_counter()
+    threads = [threading.Thread(target=client) for _ in range(a.clients)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    seconds, c1 = time.perf_counter() - t0, os.times()
+    return rows, seconds, c1.user - c0.user + c1.system - c0.system
+
+
+def stop_floor_workers(procs: list[tuple[Any, Any]]) -> tuple[float, collections.Counter]:
+    """SIGTERM each worker; what they report: their CPU seconds together and their round trips by command."""
+    worker_cpu = 0.0
+    worker_counts: collections.Counter = collections.Counter()
+    for p, conn in procs:
+        p.terminate()  # SIGTERM: the worker stops and reports its CPU and round trips
+        cpu, counts = conn.recv() if conn.poll(30) else (float("nan"), {})
+        worker_cpu += cpu
+        worker_counts.update(counts)
+        p.join(10)
+    return worker_cpu, worker_counts
+
+
 def run(a: argparse.Namespace) -> dict:
     import redis
 
@@ -114,63 +181,16 @@ def run(a: argparse.Namespace) -> dict:
         r = redis.Redis(port=h.port, socket_timeout=10)
         q = JobQueue(r, QueueConfig(max_depth=10_000, inline_max_bytes=a.inline_max_bytes))
         q.ensure_group()
-        ctx = multiprocessing.get_context("spawn")
-        procs = []
-        for i in range(a.workers):
-            parent, child = ctx.Pipe()
-            p = ctx.Process(target=worker_main, args=(h.port, f"w{i}", a.slots, child, a.round_trips), daemon=True)
-            p.start()
-            procs.append((p, parent))
-        deadline = time.monotonic() + 60
-        while int((r.xinfo_groups(q.cfg.stream) or [{"consumers": 0}])[0]["consumers"]) < a.workers:
-            if time.monotonic() > deadline:
-                raise TimeoutError("workers did not join the group")
-            time.sleep(0.05)
+        procs = start_floor_workers(h.port, a, r, q)
         inputs = [np.random.default_rng(i).integers(0, 256, (1, a.bytes), dtype=np.uint8) for i in range(16)]
         for i in range(20):  # warm: scripts loaded, connections open, probes done
             q.call("m", {"images": inputs[i % 16]}, timeout_s=30)
         r.config_resetstat()
         caller = count_round_trips() if a.round_trips else collections.Counter()
-        rows: list[tuple[float, ...]] = []
-        lock, nxt = threading.Lock(), [0]
-
-        def client() -> None:
-            while True:
-                with lock:
-                    j = nxt[0]
-                    nxt[0] += 1
-                if j >= a.jobs:
-                    return
-                t0 = time.time()
-                key = q.submit("m", {"images": inputs[j % 16]})
-                t1 = time.time()
-                res = q.result(key, timeout_s=30, submitted_at=t0)
-                t2 = time.time()
-                if res.status != "ok" or int(res.outputs["num_detections"][0, 0]) != 7:
-                    raise RuntimeError(f"job {j}: {res.status} {res.error}")
-                with lock:  # total, submit call, submit -> dispatch, dispatch -> stored, stored -> caller
-                    rows.append(
-                        ((t2 - t0) * 1000, (t1 - t0) * 1000, res.queue_ms, res.latency_ms - res.queue_ms,
-                         (t2 - t0) * 1000 - res.latency_ms)
-                    )  # fmt: skip
-
-        c0, t0 = os.times(), time.perf_counter()
-        threads = [threading.Thread(target=client) for _ in range(a.clients)]
-        for t in threads:
-            t.start()
-        for t in threads:
-            t.join()
-        seconds, c1 = time.perf_counter() - t0, os.times()
+        rows, seconds, client_cpu = timed_jobs(q, inputs, a)
         caller_counts = dict(caller)
         stats = r.info("commandstats")
-        worker_cpu = 0.0
-        worker_counts: collections.Counter = collections.Counter()
-        for p, conn in procs:
-            p.terminate()  # SIGTERM: the worker stops and reports its CPU and round trips
-            cpu, counts = conn.recv() if conn.poll(30) else (float("nan"), {})
-            worker_cpu += cpu
-            worker_counts.update(counts)
-            p.join(10)
+        worker_cpu, worker_counts = stop_floor_workers(procs)
         r.close()
     names = ("total", "submit call", "submit to dispatch (from the call)", "dispatch to stored", "stored to caller")
     cols = [sorted(c) for c in zip(*rows)]
@@ -185,7 +205,7 @@ def run(a: argparse.Namespace) -> dict:
         "jobs_per_s": round(a.jobs / seconds, 1),
         "p50_ms": {n: round(pct(c, 50), 3) for n, c in zip(names, cols)},
         "p95_ms": round(pct(cols[0], 95), 3),
-        "client_cpu_us_per_job": round((c1.user - c0.user + c1.system - c0.system) / a.jobs * 1e6),
+        "client_cpu_us_per_job": round(client_cpu / a.jobs * 1e6),
         "worker_cpu_us_per_job": round(worker_cpu / (a.jobs + 20) * 1e6),
         "redis_us_per_job": round(sum(v["usec"] for k, v in stats.items() if k != "cmdstat_config") / a.jobs, 1),
         "redis_per_job": {
