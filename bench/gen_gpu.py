@@ -371,19 +371,10 @@ def write(out: Path, result: dict) -> None:
     (out / "gen_gpu.md").write_text(markdown(result))
 
 
-def part2(a: argparse.Namespace, gpu: bool, base: Path, out: Path, result: dict) -> None:
-    """Parts 2-5: the Tritons, Redis, the workers, the load processes; the runs; the costs."""
-    import shutil
+def generator_specs(a: argparse.Namespace, gpu: bool) -> dict:
+    """The generator on two backends (instances by weight): SDXL's size on a GPU, the tiny one on CPU."""
+    from plans.triton_repo import sdxl_generator
 
-    import redis as redispy
-
-    from plans.triton_repo import repository_files, sdxl_generator
-    from serving.models import sdxl_generator_files
-    from serving.queue import JobQueue, QueueConfig
-    from testbed.servers import free_port
-    from testbed.servers.gateway import spawn_worker
-
-    g = result["gpu"]
     spec = sdxl_generator(
         size="sdxl" if gpu else "tiny",
         gpu=gpu,
@@ -393,7 +384,94 @@ def part2(a: argparse.Namespace, gpu: bool, base: Path, out: Path, result: dict)
         width=a.size,
         steps=a.steps,
     )
-    specs = qg.backend_specs(spec, by_weight=True)
+    return qg.backend_specs(spec, by_weight=True)
+
+
+def gen_gateway_config(a: argparse.Namespace, port: int, backends: dict) -> dict:
+    """The workers' config: Redis, both backends by weight, slots, and the generator's long timeouts."""
+    return {
+        "redis": {"host": "127.0.0.1", "port": port},
+        "queue": {"max_depth": a.max_depth},
+        "backends": [{"name": b.name, "weight": b.weight, "grpc": b.grpc, "http": b.http} for b in backends.values()],
+        "slots": a.slots,
+        "claim_idle_ms": a.claim_idle_ms,
+        "models": [MODEL],
+        "call_timeout_s": 300.0,
+        "job_timeout_s": 600.0,
+    }
+
+
+def load_setup(a: argparse.Namespace, g: dict, base: Path, port: int, backends: dict) -> dict:
+    """What each load process needs: the prompts, seeds, references and their tolerance, Redis and the backends."""
+    return {
+        "workload": "bench.gen_gpu",
+        "refs": str(base / "refs.npz"),
+        "prompts": g["prompts"],
+        "seeds": g["seeds"],
+        "tolerance": g["tolerance"],
+        "redis_port": port,
+        "grpc": {b.name: b.grpc for b in backends.values()},
+        "max_depth": a.max_depth,
+        "call_timeout_s": 300.0,
+        "cpus": None,
+    }
+
+
+def costed_gateway_run(bench: Any, r: Any, workers: dict, rate: float, a: argparse.Namespace) -> dict:
+    """The gateway's run at ``rate`` with what it cost per job: the workers' and Redis's CPU, Redis's main
+    thread, the scheduler's pick."""
+    pids = [w.pid for w in workers.values()]
+    cpu0, redis0 = cpu_seconds(pids), r.info("cpu")
+    res = bench.run("gateway", "open", rate=rate, kind=a.arrivals)
+    cpu1, redis1 = cpu_seconds(pids), r.info("cpu")
+    jobs = max(1, res["sent"])
+    res["cost"] = {
+        "workers_cpu_ms_per_job": round((cpu1 - cpu0) * 1000 / jobs, 2),
+        "redis_cpu_ms_per_job": round(
+            sum(float(redis1[k]) - float(redis0[k]) for k in ("used_cpu_sys", "used_cpu_user")) * 1000 / jobs, 3
+        ),
+        "redis_main_thread_us_per_job": round(sum(v["usec"] for v in res["redis"]["per_job"].values()), 1),
+        "scheduler_us_per_job": scheduler_pick_us(),
+    }
+    return res
+
+
+def gen_runs(bench: Any, r: Any, workers: dict, rs: Any, a: argparse.Namespace, out: Path, result: dict) -> None:
+    """Warm-up, direct then gateway at the load's rate, the shedding run, the faults; ``result`` written after
+    each."""
+    g = result["gpu"]
+    rate = a.rate or round(a.load * g["images_per_s_batch1"], 3)
+    result["meta"]["rate"] = rate
+    log(f"warm-up; then {rate:g} jobs/s ({a.load:g} x {g['images_per_s_batch1']} images/s at batch 1)")
+    for path in ("direct", "gateway"):
+        bench.run(path, "open", rate=rate, kind=a.arrivals, duration=max(4.0, 2 / rate))
+    if "gateway" not in a.skip:
+        result["runs"].append(bench.run("direct", "open", rate=rate, kind=a.arrivals))
+        write(out, result)
+        result["runs"].append(costed_gateway_run(bench, r, workers, rate, a))
+        write(out, result)
+    if "shed" not in a.skip and result["runs"]:
+        gw = result["runs"][-1]
+        shed_ms = round(max(100.0, a.slo_ms - service_p95_ms(gw)), 0)
+        res = bench.run("gateway", "open", rate=round(a.shed_load * rate, 3), kind=a.arrivals, shed_wait_ms=shed_ms)
+        result["runs"].append(res)
+        write(out, result)
+    for f in faults_of(a):
+        ev = bench.fault_run(f, rs, rate=rate, kind=a.arrivals)
+        result["faults"].append(ev)
+        write(out, result)
+
+
+def part2(a: argparse.Namespace, gpu: bool, base: Path, out: Path, result: dict) -> None:
+    """Parts 2-5: the Tritons, Redis, the workers, the load processes; the runs; the costs."""
+    import shutil
+
+    import redis  # noqa: F401 - missing, it fails here and not after the servers' start
+
+    from plans.triton_repo import repository_files
+    from serving.models import sdxl_generator_files
+
+    specs = generator_specs(a, gpu)
     files = lambda s: repository_files([s], gpu_count=1 if gpu else 0, model_files=sdxl_generator_files(s.name))  # noqa: E731
     rs = qg.Redis(a.redis_server, base / "redis", 1)
     rs.start(aof=False)
@@ -407,76 +485,11 @@ def part2(a: argparse.Namespace, gpu: bool, base: Path, out: Path, result: dict)
             f"Tritons ready in {time.monotonic() - t0:.1f} s: {[(n, s.instance_group[0].count) for n, s in specs.items()]}"
         )
         result["meta"]["instances"] = {n: s.instance_group[0].count for n, s in specs.items()}
-        metrics_ports = {f"w{i}": free_port() for i in range(a.workers)}
-        cfg = {
-            "redis": {"host": "127.0.0.1", "port": rs.port},
-            "queue": {"max_depth": a.max_depth},
-            "backends": [
-                {"name": b.name, "weight": b.weight, "grpc": b.grpc, "http": b.http} for b in backends.values()
-            ],
-            "slots": a.slots,
-            "claim_idle_ms": a.claim_idle_ms,
-            "models": [MODEL],
-            "call_timeout_s": 300.0,
-            "job_timeout_s": 600.0,
-        }
-
-        def worker_cfg(consumer: str) -> dict:
-            return {**cfg, "metrics_port": metrics_ports[consumer]}
-
-        r = redispy.Redis(port=rs.port, socket_timeout=10)
-        q = JobQueue(r, QueueConfig(max_depth=a.max_depth))
-        q.ensure_group()
-        for i in range(a.workers):
-            workers[f"w{i}"] = spawn_worker(worker_cfg(f"w{i}"), f"w{i}", base)
-        qg.wait_consumers(r, q, a.workers)
-        setup = {
-            "workload": "bench.gen_gpu",
-            "refs": str(base / "refs.npz"),
-            "prompts": g["prompts"],
-            "seeds": g["seeds"],
-            "tolerance": g["tolerance"],
-            "redis_port": rs.port,
-            "grpc": {b.name: b.grpc for b in backends.values()},
-            "max_depth": a.max_depth,
-            "call_timeout_s": 300.0,
-            "cpus": None,
-        }
-        pool = qg.LoadPool(a.procs, setup)
+        cfg = gen_gateway_config(a, rs.port, backends)
+        r, q, metrics_ports, worker_cfg = qg.start_workers(a, cfg, rs, base, workers, {})
+        pool = qg.LoadPool(a.procs, load_setup(a, result["gpu"], base, rs.port, backends))
         bench = qg.Bench(pool, r, q, backends, workers, metrics_ports, worker_cfg, base, MODEL, a, {})
-        rate = a.rate or round(a.load * g["images_per_s_batch1"], 3)
-        result["meta"]["rate"] = rate
-        log(f"warm-up; then {rate:g} jobs/s ({a.load:g} x {g['images_per_s_batch1']} images/s at batch 1)")
-        for path in ("direct", "gateway"):
-            bench.run(path, "open", rate=rate, kind=a.arrivals, duration=max(4.0, 2 / rate))
-        if "gateway" not in a.skip:
-            result["runs"].append(bench.run("direct", "open", rate=rate, kind=a.arrivals))
-            write(out, result)
-            pids = [w.pid for w in workers.values()]
-            cpu0, redis0 = cpu_seconds(pids), r.info("cpu")
-            res = bench.run("gateway", "open", rate=rate, kind=a.arrivals)
-            cpu1, redis1 = cpu_seconds(pids), r.info("cpu")
-            jobs = max(1, res["sent"])
-            res["cost"] = {
-                "workers_cpu_ms_per_job": round((cpu1 - cpu0) * 1000 / jobs, 2),
-                "redis_cpu_ms_per_job": round(
-                    sum(float(redis1[k]) - float(redis0[k]) for k in ("used_cpu_sys", "used_cpu_user")) * 1000 / jobs, 3
-                ),
-                "redis_main_thread_us_per_job": round(sum(v["usec"] for v in res["redis"]["per_job"].values()), 1),
-                "scheduler_us_per_job": scheduler_pick_us(),
-            }
-            result["runs"].append(res)
-            write(out, result)
-        if "shed" not in a.skip and result["runs"]:
-            gw = result["runs"][-1]
-            shed_ms = round(max(100.0, a.slo_ms - service_p95_ms(gw)), 0)
-            res = bench.run("gateway", "open", rate=round(a.shed_load * rate, 3), kind=a.arrivals, shed_wait_ms=shed_ms)
-            result["runs"].append(res)
-            write(out, result)
-        for f in faults_of(a):
-            ev = bench.fault_run(f, rs, rate=rate, kind=a.arrivals)
-            result["faults"].append(ev)
-            write(out, result)
+        gen_runs(bench, r, workers, rs, a, out, result)
     finally:
         if pool is not None:
             pool.close()
