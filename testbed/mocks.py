@@ -351,8 +351,8 @@ def lean_runtime() -> Iterator[None]:
     - per-resource work of the SDK whose answer is the same every time or cheaper to reach (`_SHORTCUTS`: the
       unknowns check, the dependency-cycle check, a resource class's output types and unwrapped annotations, a
       stateless provider's pickle, debug messages nobody logs, the pending-output bookkeeping) and the loop's
-      debug-mode question. The registrations are the same byte for byte (docs/benchmarks.md says how that was
-      checked).
+      debug-mode question. The registrations are the same byte for byte (docs/benchmarks-history.md says how that
+      was checked).
     """
     enabled = gc.isenabled()
     stack_trace = sdk_resource._get_stack_trace
