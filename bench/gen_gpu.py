@@ -388,17 +388,8 @@ def generator_specs(a: argparse.Namespace, gpu: bool) -> dict:
 
 
 def gen_gateway_config(a: argparse.Namespace, port: int, backends: dict) -> dict:
-    """The workers' config: Redis, both backends by weight, slots, and the generator's long timeouts."""
-    return {
-        "redis": {"host": "127.0.0.1", "port": port},
-        "queue": {"max_depth": a.max_depth},
-        "backends": [{"name": b.name, "weight": b.weight, "grpc": b.grpc, "http": b.http} for b in backends.values()],
-        "slots": a.slots,
-        "claim_idle_ms": a.claim_idle_ms,
-        "models": [MODEL],
-        "call_timeout_s": 300.0,
-        "job_timeout_s": 600.0,
-    }
+    """The detector bench's workers' config with the generator's model and its long timeouts."""
+    return {**qg.gateway_config(port, backends, a), "models": [MODEL], "call_timeout_s": 300.0, "job_timeout_s": 600.0}
 
 
 def load_setup(a: argparse.Namespace, g: dict, base: Path, port: int, backends: dict) -> dict:
