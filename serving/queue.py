@@ -311,19 +311,8 @@ class JobQueue:
             fields += ["payload", payload]
             keys.append(payload)
             args = [*head, *fields]
-            pipe = self.r.pipeline(transaction=False)
             # NX: a retry of a job still waiting keeps the inputs it was accepted with
-            pipe.set(payload, b"".join(blobs), ex=c.result_ttl_s, nx=True)
-            # EVALSHA itself: a pipeline's script call would first ask SCRIPT EXISTS, one more round trip a job.
-            pipe.evalsha(self._submit.sha, len(keys), *keys, *args)
-            got = pipe.execute(raise_on_error=False)
-            if isinstance(got[0], Exception):
-                raise got[0]
-            if isinstance(got[1], redis.exceptions.NoScriptError):  # a restarted Redis: load it, run it once
-                got[1] = self._submit(keys=keys, args=args)
-            elif isinstance(got[1], Exception):
-                raise got[1]
-            status, value = got[1]
+            status, value = self._set_then_script(payload, b"".join(blobs), self._submit, keys, args)
         if status == b"full":
             raise QueueFull(c.stream, int(value), c.max_depth)
         if status == b"shed":
@@ -349,10 +338,7 @@ class JobQueue:
             for reply in (got, large):
                 if isinstance(reply, Exception):
                     raise reply
-            if isinstance(read, redis.exceptions.NoScriptError):  # a restarted Redis: load it, run it once
-                read = self._read(keys=keys, args=[self.cfg.read_ttl_s])
-            elif isinstance(read, Exception):
-                raise read
+            self._script_reply(self._read, read, keys, [self.cfg.read_ttl_s])
             if got is not None:
                 break
             if left <= 1.0:
@@ -472,17 +458,28 @@ class JobQueue:
             return bool(first)
         out = c.key("out", job.key)
         args: list[Any] = [c.group, job.id, c.result_ttl_s, result.backend or "-", _REF + out.encode(), counter]
+        # NX: a second completion keeps the first one's bytes
+        return bool(self._set_then_script(out, data, self._complete, keys, args))
+
+    def _set_then_script(self, key: str, data: bytes, script: Any, keys: list, args: list) -> Any:
+        """One round trip: SET ``key`` NX with the result TTL, then ``script`` (in that order on the server)."""
         pipe = self.r.pipeline(transaction=False)
-        pipe.set(out, data, ex=c.result_ttl_s, nx=True)  # NX: a second completion keeps the first one's bytes
-        pipe.evalsha(self._complete.sha, len(keys), *keys, *args)
-        got = pipe.execute(raise_on_error=False)
-        if isinstance(got[0], Exception):
-            raise got[0]
-        if isinstance(got[1], redis.exceptions.NoScriptError):  # a restarted Redis: load it, run it once
-            got[1] = self._complete(keys=keys, args=args)
-        elif isinstance(got[1], Exception):
-            raise got[1]
-        return bool(got[1])
+        pipe.set(key, data, ex=self.cfg.result_ttl_s, nx=True)
+        # EVALSHA itself: a pipeline's script call would first ask SCRIPT EXISTS, one more round trip a job.
+        pipe.evalsha(script.sha, len(keys), *keys, *args)
+        stored, reply = pipe.execute(raise_on_error=False)
+        if isinstance(stored, Exception):
+            raise stored
+        return self._script_reply(script, reply, keys, args)
+
+    @staticmethod
+    def _script_reply(script: Any, reply: Any, keys: list, args: list) -> Any:
+        """A pipelined EVALSHA's reply; where a restarted Redis lost the script, load it and run it once."""
+        if isinstance(reply, redis.exceptions.NoScriptError):
+            return script(keys=keys, args=args)
+        if isinstance(reply, Exception):
+            raise reply
+        return reply
 
     # -------------------------------------------------------------- state
 
