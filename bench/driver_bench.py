@@ -7,7 +7,7 @@ Each phase boots a fresh copy-on-write overlay of the cached base image (testbed
 (the same PassthroughHost values as bench/run.py, testbed/testhost/passthrough.py::host_config) run by
 `tools.driver.Driver.up()`, as `pulumi up` would: the program registers every resource, each step runs as soon as
 its dependencies are done. Every step's start and duration come from the driver's own step records
-(`Plan.steps`); "excluding the reboot" is the time from the start of the `up` to the start of the HostReboot step
+(`Outcome.steps`); "excluding the reboot" is the time from the start of the `up` to the start of the HostReboot step
 (the reboot decision), as bench/run.py takes Ansible's time from its reboot-decision task. A no-op `up` follows.
 Ansible: bench/run.py's ansible phase (first apply of bench/ansible/host_prep.yml only); with `--only gpuhost` and
 no Ansible phase in the results, Ansible's first apply is taken from bench/run.py's bench/results/results.json (the
@@ -253,10 +253,10 @@ def lock_account(
     }
 
 
-def step_records(plan, t_start: float) -> list[dict]:
+def step_records(outcome, t_start: float) -> list[dict]:
     """Every custom resource's step: offset from the start of the `up`, duration, operation."""
     out = []
-    for s in plan.steps:
+    for s in outcome.steps:
         if not s.started:
             continue
         out.append(

@@ -17,7 +17,7 @@ from typing import Any
 
 import pytest
 
-from tools.driver import Driver, Plan, StackConfig
+from tools.driver import Driver, Outcome, StackConfig
 from tools.driver.engine import SECRET_SIG, UNKNOWN, is_secret, plain
 
 PROJECT = Path(__file__).resolve().parent / "fixtures" / "driver_project"
@@ -55,27 +55,27 @@ BASE: list[dict[str, Any]] = [
 
 
 def test_preview_checks_only_and_shows_unknowns(tmp_path):
-    plan = driver(tmp_path, BASE).preview()
-    assert not plan.errors, plan.errors
-    assert plan.counts() == {"create": 4}  # 3 files + the stack
-    c = plan.step("c")
+    outcome = driver(tmp_path, BASE).preview()
+    assert not outcome.errors, outcome.errors
+    assert outcome.counts() == {"create": 4}  # 3 files + the stack
+    c = outcome.step("c")
     # c's content is computed from a's output-only digest: unknown in preview, and shown as such
     assert c.new is not None and c.new["content"] == "04da6b54-80e4-46f7-96ec-b56ff0331ba9"
-    assert re.search(r"^ {8}content +: \[unknown\]$", plan.render(), re.M)  # the CLI's justified key, no mark
+    assert re.search(r"^ {8}content +: \[unknown\]$", outcome.render(), re.M)  # the CLI's justified key, no mark
     assert calls(tmp_path) == [] and not (tmp_path / "a").exists()  # no Create during preview
     assert not (tmp_path / "state.json").exists()
 
 
 def test_up_runs_independent_steps_in_parallel_and_dependents_after(tmp_path):
     d = driver(tmp_path, BASE)
-    plan = d.up()
-    assert not plan.errors, plan.errors
+    outcome = d.up()
+    assert not outcome.errors, outcome.errors
     log = {n: (a, b) for m, n, a, b in calls(tmp_path) if m == "create"}
     assert set(log) == {"a", "b", "c"}
     # a and b overlap (each sleeps 1 s); c starts only after both (its input and its depends_on)
     assert log["a"][0] < log["b"][1] and log["b"][0] < log["a"][1]
     assert log["c"][0] >= max(log["a"][1], log["b"][1])
-    digest_a = plan.outputs["a"]
+    digest_a = outcome.outputs["a"]
     assert (tmp_path / "c").read_text() == f"digest={digest_a}|hello-secret"  # the secret config reached Configure
     state = (tmp_path / "state.json").read_text()
     assert "hello-secret" not in state and '"secure"' in state  # stored sealed, for refresh/destroy
@@ -88,11 +88,11 @@ def test_refresh_reads_drift_then_up_converges_and_a_vanished_resource_is_droppe
     d.up()
     (tmp_path / "b").write_text("edited by hand|x")
     (tmp_path / "c").unlink()
-    plan = d.refresh()
-    assert not plan.errors, plan.errors
-    drift = {s.name: s for s in plan.of("refresh")}
+    outcome = d.refresh()
+    assert not outcome.errors, outcome.errors
+    drift = {s.name: s for s in outcome.of("refresh")}
     assert set(drift) == {"b"} and drift["b"].keys == ["content"]
-    assert [s.name for s in plan.of("delete")] == ["c"]  # Read returned an empty id
+    assert [s.name for s in outcome.of("delete")] == ["c"]  # Read returned an empty id
     stored = {r.name: r for r in d.resources()}
     assert "c" not in stored and stored["b"].inputs["content"] == "edited by hand"  # returned inputs replace
     pv = d.preview()
@@ -116,8 +116,8 @@ def test_delete_before_replace_deletes_the_dependents_that_would_be_replaced_fir
     pv = d2.preview()
     assert {s.name: s.op for s in pv.steps if s.op != "same"} == {"a": "replace", "c": "replace"}
     assert pv.step("a").replace_keys == ["name"]
-    plan = d2.up()
-    assert not plan.errors, plan.errors
+    outcome = d2.up()
+    assert not outcome.errors, outcome.errors
     order = [(m, n) for m, n, _, _ in calls(tmp_path)]
     # c's `ref` comes from a: with it unknown, c's Diff says replace, so c goes before a; e (depends_on only) stays
     assert order == [("delete", "c"), ("delete", "a"), ("create", "a2"), ("create", "c")]
@@ -127,8 +127,8 @@ def test_destroy_goes_in_reverse_dependency_order_in_parallel(tmp_path):
     d = driver(tmp_path, BASE)
     d.up()
     (tmp_path / "calls.log").unlink()
-    plan = d.destroy()
-    assert not plan.errors, plan.errors
+    outcome = d.destroy()
+    assert not outcome.errors, outcome.errors
     log = {n: (a, b) for m, n, a, b in calls(tmp_path) if m == "delete"}
     assert log["c"][1] <= min(log["a"][0], log["b"][0])  # c first: it depends on both
     assert log["a"][0] < log["b"][1] and log["b"][0] < log["a"][1]  # a and b together
@@ -136,8 +136,8 @@ def test_destroy_goes_in_reverse_dependency_order_in_parallel(tmp_path):
 
 
 def test_check_failure_stops_before_any_create(tmp_path):
-    plan = driver(tmp_path, [{"name": "a", "content": "A"}, {"name": "b", "content": "bad", "after": ["a"]}]).up()
-    assert any("must not contain 'bad'" in e for e in plan.errors), plan.errors
+    outcome = driver(tmp_path, [{"name": "a", "content": "A"}, {"name": "b", "content": "bad", "after": ["a"]}]).up()
+    assert any("must not contain 'bad'" in e for e in outcome.errors), outcome.errors
     assert [n for m, n, _, _ in calls(tmp_path) if m == "create"] == ["a"]
     assert not (tmp_path / "b").exists()
 
@@ -153,11 +153,11 @@ def test_refresh_and_destroy_configure_the_provider_from_the_config_of_the_last_
         stored = {r.name: r for r in later.resources()}
         assert stored["a"].outputs["digest"]  # kept from the up
     else:
-        plan = later.destroy()
-        assert not plan.errors and later.resources() == []
+        outcome = later.destroy()
+        assert not outcome.errors and later.resources() == []
 
 
-def reading(tmp: Path) -> tuple[Plan, Driver]:
+def reading(tmp: Path) -> tuple[Outcome, Driver]:
     other = driver(tmp, [{"name": "a", "content": "A"}], stack="other").up()
     assert not other.errors, other.errors
     d = driver(
@@ -182,10 +182,10 @@ def test_reads_stack_references_and_invokes_follow_the_engine(tmp_path):
     assert "  >  pulumi:pulumi:StackReference  ref  (read)" in pv.render()
     assert pv.outputs["ref"] == {"a": other.outputs["a"]}
     assert pv.outputs["inv"] == UNKNOWN and pv.outputs["lb"] == UNKNOWN
-    plan = d.up()
-    assert not plan.errors, plan.errors
-    assert plan.outputs["inv"] == {"name": "other", "outputs": {"a": other.outputs["a"]}, "secretOutputNames": []}
-    assert plan.outputs["lb"] == plan.outputs["b"] and plan.outputs["g"] == "A"
+    outcome = d.up()
+    assert not outcome.errors, outcome.errors
+    assert outcome.outputs["inv"] == {"name": "other", "outputs": {"a": other.outputs["a"]}, "secretOutputNames": []}
+    assert outcome.outputs["lb"] == outcome.outputs["b"] and outcome.outputs["g"] == "A"
     stored = {r.name: r for r in d.resources()}
     assert stored["g"].external and stored["ref"].external and not stored["b"].external
     assert d.preview().changes() == 0
@@ -207,10 +207,10 @@ def test_read_resources_are_refreshed_and_leave_the_state_on_destroy_without_a_d
 
 
 def test_an_unknown_function_and_a_missing_stack_fail_the_run_clearly(tmp_path):
-    plan = driver(tmp_path, [], invokes=[{"name": "x", "stack": "s", "tok": "pulumi:pulumi:nope"}]).preview()
-    assert any("unrecognized function name: 'pulumi:pulumi:nope'" in e for e in plan.errors), plan.errors
-    plan = driver(tmp_path, [], stackref="nosuch").preview()
-    assert any('unknown stack "nosuch"' in e for e in plan.errors), plan.errors
+    outcome = driver(tmp_path, [], invokes=[{"name": "x", "stack": "s", "tok": "pulumi:pulumi:nope"}]).preview()
+    assert any("unrecognized function name: 'pulumi:pulumi:nope'" in e for e in outcome.errors), outcome.errors
+    outcome = driver(tmp_path, [], stackref="nosuch").preview()
+    assert any('unknown stack "nosuch"' in e for e in outcome.errors), outcome.errors
 
 
 def test_an_unknown_diff_is_the_engine_s_own_comparison_of_the_inputs(tmp_path):
@@ -228,9 +228,9 @@ def test_an_unknown_diff_is_the_engine_s_own_comparison_of_the_inputs(tmp_path):
     assert (tmp_path / "u").read_text().startswith("U2|")
 
 
-def _replace_a_under_d(tmp_path: Path, d_content: str) -> tuple[list[dict[str, Any]], Driver, Plan]:
+def _replace_a_under_d(tmp_path: Path, d_content: str) -> tuple[list[dict[str, Any]], Driver, Outcome]:
     """File a and file d that comes after it, up; then a renamed to a2 (a replacement, created before the old a is
-    deleted) and d's content set to `d_content`, up again: the files, that driver and its plan (calls.log holds
+    deleted) and d's content set to `d_content`, up again: the files, that driver and its outcome (calls.log holds
     only the second up's calls)."""
     files: list[dict[str, Any]] = [{"name": "a", "content": "A"}, {"name": "d", "content": "D", "after": ["a"]}]
     driver(tmp_path, files).up()
@@ -241,8 +241,8 @@ def _replace_a_under_d(tmp_path: Path, d_content: str) -> tuple[list[dict[str, A
 
 
 def test_create_before_delete_replacement_deletes_the_old_one_at_the_end_of_the_run(tmp_path):
-    files, d, plan = _replace_a_under_d(tmp_path, "D2")
-    assert not plan.errors, plan.errors
+    files, d, outcome = _replace_a_under_d(tmp_path, "D2")
+    assert not outcome.errors, outcome.errors
     # the new a first, then what depends on it, the old a last (step_generator.go: pending delete at the end)
     assert [(m, n) for m, n, _, _ in calls(tmp_path)] == [("create", "a2"), ("update", "d"), ("delete", "a")]
     stored = [r for r in d.resources() if r.name == "a"]
@@ -250,8 +250,8 @@ def test_create_before_delete_replacement_deletes_the_old_one_at_the_end_of_the_
 
 
 def test_the_old_half_of_a_replacement_outlives_a_failed_run_and_goes_at_the_next_up(tmp_path):
-    files, d, plan = _replace_a_under_d(tmp_path, "please fail")
-    assert any("refusing to write d" in e for e in plan.errors), plan.errors
+    files, d, outcome = _replace_a_under_d(tmp_path, "please fail")
+    assert any("refusing to write d" in e for e in outcome.errors), outcome.errors
     assert [(m, n) for m, n, _, _ in calls(tmp_path)] == [("create", "a2")]  # no delete after a failed step
     halves = sorted((r.inputs["name"], r.pending_delete) for r in d.resources() if r.name == "a")
     assert halves == [("a", True), ("a2", False)] and (tmp_path / "a").exists()
@@ -276,14 +276,14 @@ FAILING: list[dict[str, Any]] = [
 def test_a_failed_step(tmp_path, continue_on_error):
     d = driver(tmp_path, FAILING)
     d.continue_on_error = continue_on_error
-    plan = d.up()
-    assert any("refusing to write f" in e for e in plan.errors), plan.errors
+    outcome = d.up()
+    assert any("refusing to write f" in e for e in outcome.errors), outcome.errors
     created = sorted(n for m, n, _, _ in calls(tmp_path) if m == "create")
     stored = sorted(r.name for r in d.resources() if r.custom)
     if continue_on_error:
         # `up --continue-on-error`: only f's dependents are skipped; independent steps go on, even later ones
         assert created == stored == ["a", "b", "e"]
-        assert [s.name for s in plan.of("skip")] == ["c"]
+        assert [s.name for s in outcome.of("skip")] == ["c"]
     else:
         # step_executor.go cancelDueToError: steps in flight finish and are saved, no step starts after
         assert created == stored == ["a", "b"]
@@ -294,8 +294,8 @@ def test_a_failed_step(tmp_path, continue_on_error):
 
 def test_program_and_provider_are_launched_and_configured_as_the_engine_does(tmp_path, monkeypatch):
     monkeypatch.setenv("PYTHONPATH", str(tmp_path / "not-the-project"))
-    plan = driver(tmp_path, [{"name": f"p{i}", "content": "P", "sleep": 2} for i in range(6)]).up()
-    assert not plan.errors, plan.errors
+    outcome = driver(tmp_path, [{"name": f"p{i}", "content": "P", "sleep": 2} for i in range(6)]).up()
+    assert not outcome.errors, outcome.errors
     prov = json.loads((tmp_path / "provider.json").read_text())
     prog = json.loads((tmp_path / "program.json").read_text())
     # cwd is the project root and imports work through it (fileprov), not through PYTHONPATH, which is dropped
@@ -345,8 +345,8 @@ def test_secrets_stay_secret_through_the_provider_and_are_encrypted_in_the_state
     d = driver(tmp_path, files, stack="w")
     pv = d.preview()
     assert not pv.errors and "hello-secret" not in pv.render() and "[secret]" in pv.render()
-    plan = d.up()
-    assert not plan.errors, plan.errors
+    outcome = d.up()
+    assert not outcome.errors, outcome.errors
     assert (tmp_path / "s").read_text() == "hello-secret|hello-secret"  # the provider got the plain value
     stored = {r.name: r for r in d.resources()}
     # provider_plugin.go annotateSecrets: an output named like a secret input is secret again
@@ -354,7 +354,7 @@ def test_secrets_stay_secret_through_the_provider_and_are_encrypted_in_the_state
     assert stored["s"].inputs["content"]["value"] == "hello-secret"
     # additionalSecretOutputs: h's digest is secret, so is the stack output made from it
     digest = stored["h"].outputs["digest"]
-    assert is_secret(digest) and is_secret(plan.outputs["h"]) and not is_secret(plan.outputs["s"])
+    assert is_secret(digest) and is_secret(outcome.outputs["h"]) and not is_secret(outcome.outputs["s"])
     text = (tmp_path / "w.json").read_text()
     assert "hello-secret" not in text and digest["value"] not in text and '"ciphertext"' in text
     assert d.preview().changes() == 0
@@ -381,8 +381,8 @@ def test_what_the_program_no_longer_declares_is_deleted_at_the_end_dependents_fi
         ("update", "a"),
     ]
     assert not (tmp_path / "calls.log").exists() and (tmp_path / "b").exists()  # a preview deletes nothing
-    plan = d.up()
-    assert not plan.errors, plan.errors
+    outcome = d.up()
+    assert not outcome.errors, outcome.errors
     # step_generator.go GenerateDeletes after the program is done; c depends on b, so c goes first
     assert [(m, n) for m, n, _, _ in calls(tmp_path)] == [("update", "a"), ("delete", "c"), ("delete", "b")]
     assert sorted(r.name for r in d.resources() if r.custom) == ["a"]
@@ -398,11 +398,11 @@ def test_resource_references_reach_the_provider_as_ids_and_unimplemented_options
     assert not d.up().errors
     assert {r.name: r for r in d.resources()}["r"].inputs["ref"] == "a"  # the provider got a's id
     # source_eval.go says yes to deletedWith; the driver does not implement it, so it says no and the SDK refuses
-    plan = driver(tmp_path, [{"name": "a", "content": "A"}, {"name": "w", "content": "W", "deleted_with": "a"}]).up()
-    assert any("does not support the DeletedWith option" in e for e in plan.errors), plan.errors
+    outcome = driver(tmp_path, [{"name": "a", "content": "A"}, {"name": "w", "content": "W", "deleted_with": "a"}]).up()
+    assert any("does not support the DeletedWith option" in e for e in outcome.errors), outcome.errors
     # options the SDK sends regardless are refused by the driver before any step, not ignored
-    plan = driver(tmp_path, [{"name": "a", "content": "A", "protect": True, "ignore_changes": ["content"]}]).up()
-    assert any("does not implement the resource option(s) protect, ignoreChanges" in e for e in plan.errors)
+    outcome = driver(tmp_path, [{"name": "a", "content": "A", "protect": True, "ignore_changes": ["content"]}]).up()
+    assert any("does not implement the resource option(s) protect, ignoreChanges" in e for e in outcome.errors)
     assert not any(m == "update" for m, _, _, _ in calls(tmp_path))
 
 
@@ -436,8 +436,8 @@ def test_reading_a_managed_resource_s_urn_with_another_id_relinquishes_and_delet
     d = driver(tmp_path, [], gets=[{"name": "x", "id": "y"}])
     pv = d.preview()
     assert [(s.op, s.name) for s in pv.steps if s.op not in ("same", "create")] == [("read", "x"), ("delete", "x")]
-    plan = d.up()
-    assert not plan.errors, plan.errors
+    outcome = d.up()
+    assert not outcome.errors, outcome.errors
     # step_generator.go GenerateReadSteps: read-replacement; the managed x is deleted at the end, y only read
     assert [(m, n) for m, n, _, _ in calls(tmp_path)] == [("read", "y"), ("read", "y"), ("delete", "x")]
     (x,) = [r for r in d.resources() if r.name == "x"]

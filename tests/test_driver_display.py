@@ -1,9 +1,9 @@
-"""The driver's plan prints property values as `pulumi preview --diff` does (tools/driver/display.py), pure."""
+"""The driver's outcome prints property values as `pulumi preview --diff` does (tools/driver/display.py), pure."""
 
 from __future__ import annotations
 
 from tools.driver.display import primitive, print_object, print_object_diff
-from tools.driver.engine import Plan, Step
+from tools.driver.engine import Outcome, Step
 from tools.driver.values import SECRET_SIG, SIG, UNKNOWN
 
 SECRET = {SIG: SECRET_SIG, "value": "hunter2"}
@@ -68,9 +68,11 @@ def test_primitives_as_the_cli_prints_them():
     ]
 
 
-def test_the_plan_shows_an_update_s_nested_diff_and_its_changed_keys():
+def test_a_preview_shows_an_update_s_nested_diff_and_its_changed_keys():
     urn = "urn:pulumi:dev::gpuhost::gpuhost:host:Sysctl::gpu-a-sysctls"
-    plan = Plan("preview", steps=[Step("update", urn, "gpuhost:host:Sysctl", old=OLD, new=NEW, keys=["host", "name"])])
-    text = plan.render()
+    outcome = Outcome(
+        "preview", steps=[Step("update", urn, "gpuhost:host:Sysctl", old=OLD, new=NEW, keys=["host", "name"])]
+    )
+    text = outcome.render()
     assert "  ~  gpuhost:host:Sysctl  gpu-a-sysctls  (update)  [diff: ~host, ~name]" in text
     assert "          ~ port   : 22 => 2222" in text and LONG in text and "hunter2" not in text

@@ -3,7 +3,7 @@
 With the Pulumi CLI on PATH it runs the real thing (`pulumi preview --diff`, `pulumi up`; state in `.pulumi-state/`,
 file backend). Without it, it says so in one line and runs the same program through the deployment driver
 (tools/driver: the engine's semantics, state in `.pulumi-state/driver/dev.json`), so a new machine still shows the
-emulated server prepared, the plan, the diff and the outcome. The dev stack's passphrase is "gpuhost-dev".
+emulated server prepared, the preview, the diff and the outcome. The dev stack's passphrase is "gpuhost-dev".
 """
 
 from __future__ import annotations
@@ -79,8 +79,8 @@ def with_driver(st: dict) -> int:
 
     passphrase = os.environ.get("PULUMI_CONFIG_PASSPHRASE", PASSPHRASE)
     d = Driver(ROOT, "dev", passphrase=passphrase, config=dev_config(st, passphrase))
-    plan = d.preview()
-    if plan.errors:
+    outcome = d.preview()
+    if outcome.errors:
         return 1
     return 1 if d.up().errors else 0
 

@@ -16,8 +16,8 @@ def main() -> int:
     ap.add_argument("--continue-on-error", action="store_true", help="a failed step skips only its dependents")
     a = ap.parse_args()
     d = Driver(stack=a.stack, parallel=a.parallel, continue_on_error=a.continue_on_error)
-    plan = getattr(d, a.operation)()
-    return 1 if plan.errors else 0
+    outcome = getattr(d, a.operation)()
+    return 1 if outcome.errors else 0
 
 
 if __name__ == "__main__":

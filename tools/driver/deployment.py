@@ -12,9 +12,9 @@ from pulumi.runtime.proto import (
 )
 
 from tools.driver.config import StackConfig
-from tools.driver.plan import SYMBOLS, Plan, Step
 from tools.driver.provider import DynamicProvider, ProviderError
 from tools.driver.state import Resource
+from tools.driver.steps import SYMBOLS, Outcome, Step
 from tools.driver.values import (
     STACK_REFERENCE,
     STACK_TYPE,
@@ -53,7 +53,7 @@ class Driver(Protocol):
     def read_stack_resource_outputs(self, args: dict) -> dict: ...
 
     def _delete_all(
-        self, resources: list[Resource], prov: DynamicProvider, plan: Plan, done: Callable[[Resource], None]
+        self, resources: list[Resource], prov: DynamicProvider, outcome: Outcome, done: Callable[[Resource], None]
     ) -> None: ...
 
 
@@ -66,8 +66,10 @@ class Deployment:
     parallel as the program allows (pkg/resource/deploy/step_executor.go runs chains in parallel the same way).
     """
 
-    def __init__(self, driver: Driver, plan: Plan, old: dict[str, Resource], prov: DynamicProvider, dry_run: bool):
-        self.d, self.plan, self.old, self.prov, self.dry_run = driver, plan, old, prov, dry_run
+    def __init__(
+        self, driver: Driver, outcome: Outcome, old: dict[str, Resource], prov: DynamicProvider, dry_run: bool
+    ):
+        self.d, self.outcome, self.old, self.prov, self.dry_run = driver, outcome, old, prov, dry_run
         self.new: dict[str, Resource] = {}
         self.order: list[str] = []
         self.pending_deletes: list[Resource] = []  # old halves of create-before-delete replacements
@@ -127,7 +129,7 @@ class Deployment:
             return
         with self.lock:
             self.failed = True
-            self.plan.errors.append(
+            self.outcome.errors.append(
                 f"{req.name}: the driver does not implement the resource option(s) {', '.join(unsupported)}; "
                 "run this program with the pulumi CLI"
             )
@@ -142,7 +144,7 @@ class Deployment:
             blocked = sorted(({*deps, req.parent, *(u for v in pdeps.values() for u in v)} - {""}) & self.skipped)
             if blocked:
                 self.skipped.add(urn)
-                self.plan.steps.append(
+                self.outcome.steps.append(
                     Step("skip", urn, req.type, new=goal, keys=[b.rsplit("::", 1)[-1] for b in blocked])
                 )
         if blocked:
@@ -162,7 +164,7 @@ class Deployment:
             if req.type == STACK_TYPE:
                 self.root_urn = urn
             op = "same" if urn in self.old else "create"
-            self.plan.steps.append(Step(op, urn, req.type, new=goal))
+            self.outcome.steps.append(Step(op, urn, req.type, new=goal))
         return resource_pb2.RegisterResourceResponse(urn=urn, object=to_struct({}))
 
     def _step_failed(self, urn: str, req, goal: dict, e: ProviderError) -> bool:
@@ -177,8 +179,8 @@ class Deployment:
                 self.skipped.add(urn)
             else:
                 self.failed = True
-            self.plan.errors.append(str(e) + ("\n" + e.details if e.method != "Check" else ""))
-            self.plan.steps.append(
+            self.outcome.errors.append(str(e) + ("\n" + e.details if e.method != "Check" else ""))
+            self.outcome.steps.append(
                 Step("create" if urn not in self.old else "update", urn, req.type, new=goal, error=str(e))
             )
         self.d.emit(f"  ✗  {req.type}  {req.name}: {e}")
@@ -189,7 +191,7 @@ class Deployment:
         with self.lock:
             self.new[urn] = res
             self.order.append(urn)
-            self.plan.steps.append(step)
+            self.outcome.steps.append(step)
             if not self.dry_run:
                 self.save()
         if step.op != "same" and not self.dry_run:
@@ -328,10 +330,10 @@ class Deployment:
             step.seconds, step.started = time.monotonic() - t0, t0
             self.new[urn] = res
             self.order.append(urn)
-            self.plan.steps.append(step)
+            self.outcome.steps.append(step)
             if old is not None and not old.external and old.id != res.id:
                 self.pending_deletes.append(old)
-                self.plan.steps.append(Step("delete", urn, old.type, old=old.inputs))
+                self.outcome.steps.append(Step("delete", urn, old.type, old=old.inputs))
             if not self.dry_run:
                 self.save()
         outs = res.outputs if req.acceptSecrets else plain(res.outputs)
@@ -400,7 +402,7 @@ class Deployment:
             return
         if self.dry_run:
             for r in gone + [r for r in self.pending_deletes if id(r) in self.prior_pending]:
-                self.plan.steps.append(Step("delete", r.urn, r.type, old=r.inputs))
+                self.outcome.steps.append(Step("delete", r.urn, r.type, old=r.inputs))
             return
 
         def done(r: Resource) -> None:
@@ -411,11 +413,11 @@ class Deployment:
                 self.save()
 
         shown = {r.urn for r in gone} | {r.urn for r in self.pending_deletes if id(r) in self.prior_pending}
-        plan = Plan("delete")
-        self.d._delete_all(doomed, self.prov, plan, done)
+        deletes = Outcome("delete")
+        self.d._delete_all(doomed, self.prov, deletes, done)
         # Deletes of this run's replaced resources' old halves are part of their replace step, not steps of their own.
-        self.plan.steps += [s for s in plan.steps if s.urn in shown]
-        self.plan.errors += plan.errors
+        self.outcome.steps += [s for s in deletes.steps if s.urn in shown]
+        self.outcome.errors += deletes.errors
 
     def save(self) -> None:
         with self.lock:

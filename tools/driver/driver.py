@@ -23,9 +23,9 @@ from pulumi.runtime.proto import (
 from tools.driver.config import StackConfig
 from tools.driver.deployment import BuiltinError, Deployment
 from tools.driver.monitor import Engine, Monitor
-from tools.driver.plan import Plan, Step
 from tools.driver.provider import DiffResult, DynamicProvider, ProviderError, project_python
 from tools.driver.state import Resource
+from tools.driver.steps import Outcome, Step
 from tools.driver.values import (
     ROOT,
     STACK_REFERENCE,
@@ -48,7 +48,7 @@ class Driver:
         stack: stack name; config from Pulumi.<stack>.yaml unless `config` is given.
         passphrase: the stack's secrets passphrase (default: PULUMI_CONFIG_PASSPHRASE).
         state: state file (default <root>/.pulumi-state/driver/<stack>.json).
-        out: where the plan and progress go (None: silent).
+        out: where the progress and the outcome go (None: silent).
         parallel: the program's parallelism (the CLI's --parallel).
         continue_on_error: the CLI's `up --continue-on-error`: a failed step skips only its dependents.
     """
@@ -200,18 +200,18 @@ class Driver:
             self.emit(f"     {STACK_TYPE}  {self.project}-{self.stack}  {line}")
 
     # -- operations --------------------------------------------------------------------------------------------
-    def preview(self) -> Plan:
+    def preview(self) -> Outcome:
         return self._run_program(dry_run=True)
 
-    def up(self) -> Plan:
+    def up(self) -> Outcome:
         return self._run_program(dry_run=False)
 
-    def refresh(self) -> Plan:
+    def refresh(self) -> Outcome:
         """pkg/resource/deploy/step.go RefreshStep.Apply: Read(id, old inputs, old outputs); an empty id means the
         resource is gone (dropped from state); returned inputs replace the stored ones. The drift shown is what the
         provider's Diff says between the refreshed outputs and the (refreshed) inputs, as `pulumi refresh --diff`."""
         t0 = time.monotonic()
-        plan = Plan("refresh")
+        outcome = Outcome("refresh")
         self.emit(f"Refreshing ({self.stack}):")
         resources = self.resources()
         cfg = self._stored_config()
@@ -231,7 +231,7 @@ class Driver:
                 with self._lock:
                     if not id_:
                         by_urn.pop(r.urn, None)
-                        plan.steps.append(Step("delete", r.urn, r.type, old=r.inputs, seconds=time.monotonic() - t))
+                        outcome.steps.append(Step("delete", r.urn, r.type, old=r.inputs, seconds=time.monotonic() - t))
                         return
                 old_outputs, old_inputs = r.outputs, r.inputs
                 r.id, r.outputs = id_, outs
@@ -270,22 +270,22 @@ class Driver:
                     seconds=time.monotonic() - t,
                 )
                 with self._lock:
-                    plan.steps.append(st)
+                    outcome.steps.append(st)
 
-            self._parallel([r for r in resources if r.custom], one, plan)
+            self._parallel([r for r in resources if r.custom], one, outcome)
             self._save([r for r in resources if r.urn in by_urn], self.load_state().get("config"))
         finally:
             prov.stop()
-        plan.seconds = time.monotonic() - t0
-        self.emit(plan.render())
-        return plan
+        outcome.seconds = time.monotonic() - t0
+        self.emit(outcome.render())
+        return outcome
 
-    def destroy(self) -> Plan:
+    def destroy(self) -> Outcome:
         """Delete every resource, dependents before what they depend on, independent ones in parallel
         (pkg/resource/deploy/deployment_executor.go with the step executor's parallel chains; the dependency graph
         of pkg/resource/graph)."""
         t0 = time.monotonic()
-        plan = Plan("destroy")
+        outcome = Outcome("destroy")
         self.emit(f"Destroying ({self.stack}):")
         resources = self.resources()
         state_cfg = self.load_state().get("config")
@@ -298,16 +298,16 @@ class Driver:
                     remaining.discard(id(r))
                     self._save([x for x in resources if id(x) in remaining], state_cfg)
 
-            self._delete_all(resources, prov, plan, done)
+            self._delete_all(resources, prov, outcome, done)
         finally:
             prov.stop()
-        plan.seconds = time.monotonic() - t0
-        self.emit(plan.render())
-        return plan
+        outcome.seconds = time.monotonic() - t0
+        self.emit(outcome.render())
+        return outcome
 
     # -- deletes in reverse dependency order, in parallel ------------------------------------------------------
     def _delete_all(
-        self, resources: list[Resource], prov: DynamicProvider, plan: Plan, done: Callable[[Resource], None]
+        self, resources: list[Resource], prov: DynamicProvider, outcome: Outcome, done: Callable[[Resource], None]
     ) -> None:
         # Keyed by position: a resource pending deletion (the old half of a replacement) shares its URN with the
         # live one. r may go once nothing left depends on it (dependencies, property dependencies or parent).
@@ -337,11 +337,11 @@ class Driver:
                 err = str(e)
             st = Step("delete", r.urn, r.type, old=r.inputs, seconds=time.monotonic() - t, error=err)
             with cond:
-                plan.steps.append(st)
+                outcome.steps.append(st)
                 running.discard(i)
                 if err:
                     failed.append(err)
-                    plan.errors.append(err)
+                    outcome.errors.append(err)
                 else:
                     pending.discard(i)
                     done(r)
@@ -362,24 +362,24 @@ class Driver:
                 while running:
                     cond.wait()
 
-    def _parallel(self, items: list, fn: Callable[[Any], None], plan: Plan) -> None:
+    def _parallel(self, items: list, fn: Callable[[Any], None], outcome: Outcome) -> None:
         with futures.ThreadPoolExecutor(max_workers=self.parallel) as pool:
             for f in [pool.submit(fn, x) for x in items]:
                 try:
                     f.result()
                 except (ProviderError, BuiltinError) as e:
-                    plan.errors.append(str(e))
+                    outcome.errors.append(str(e))
 
     # -- preview / up: run the program against our resource monitor -------------------------------------------
-    def _run_program(self, dry_run: bool) -> Plan:
+    def _run_program(self, dry_run: bool) -> Outcome:
         t0 = time.monotonic()
-        plan = Plan("preview" if dry_run else "update")
+        outcome = Outcome("preview" if dry_run else "update")
         self.emit(f"{'Previewing update' if dry_run else 'Updating'} ({self.stack}):")
         cfg = self.config()
         stored = self.resources()
         old = {r.urn: r for r in stored if not r.pending_delete}
         prov = DynamicProvider(self.root, self.project, cfg, self.plugin_line).start()
-        dep = Deployment(self, plan, old, prov, dry_run)
+        dep = Deployment(self, outcome, old, prov, dry_run)
         dep.pending_deletes = [r for r in stored if r.pending_delete]
         dep.prior_pending = {id(r) for r in dep.pending_deletes}
         server = grpc.server(futures.ThreadPoolExecutor(max_workers=256))
@@ -418,21 +418,21 @@ class Driver:
                 ".",
             ]
             p = subprocess.run(cmd, cwd=self.root, env=env, capture_output=True, text=True, check=False)
-            if p.returncode != 0 and not plan.errors:
-                plan.errors.append(f"the program failed (exit {p.returncode}):\n{(p.stderr or p.stdout)[-4000:]}")
+            if p.returncode != 0 and not outcome.errors:
+                outcome.errors.append(f"the program failed (exit {p.returncode}):\n{(p.stderr or p.stdout)[-4000:]}")
             elif p.returncode != 0 and self.out is not None:
                 tail = "\n".join(ln for ln in (p.stderr or "").splitlines()[-8:])
                 self.emit(f"  program: {tail}")
             # deletes of what the program no longer declares, and replaced resources' old halves; with
             # continue-on-error they run after failed steps too (deployment_executor.go performPostSteps)
-            if not plan.errors or (self.continue_on_error and p.returncode == 0 and not dep.failed):
+            if not outcome.errors or (self.continue_on_error and p.returncode == 0 and not dep.failed):
                 dep.finish()
         finally:
             server.stop(0)
             prov.stop()
         if not dry_run:
             dep.save()
-        plan.outputs = dep.stack_outputs
-        plan.seconds = time.monotonic() - t0
-        self.emit(plan.render())
-        return plan
+        outcome.outputs = dep.stack_outputs
+        outcome.seconds = time.monotonic() - t0
+        self.emit(outcome.render())
+        return outcome

@@ -9,9 +9,9 @@ github.com/pulumi/pulumi, commit 1b5949891b); each rule cites the file it comes 
 Usage::
 
     d = Driver(stack="dev", passphrase="gpuhost-dev")          # state: .pulumi-state/driver/dev.json
-    plan = d.preview()                                           # prints a `pulumi preview --diff`-like plan
+    outcome = d.preview()                                        # prints what `pulumi preview --diff` prints
     d.up(); d.refresh(); d.destroy()
-    plan.counts()   # {"create": 12, "same": 3, ...}
+    outcome.counts()   # {"create": 12, "same": 3, ...}
 
     python -m tools.driver preview|up|refresh|destroy --stack dev
 
@@ -40,7 +40,7 @@ Where each part lives (one responsibility a module):
 - `config.py`: `StackConfig`, the stack's config as the CLI hands it to the program and the providers.
 - `provider.py`: `DynamicProvider`, the `python -m pulumi.dynamic` process and its gRPC calls.
 - `state.py`: `Resource`, one resource as the state file stores it.
-- `plan.py`: `Step` and `Plan`, and how they are printed.
+- `steps.py`: `Step` and `Outcome` (an operation's steps, outputs and errors), and how they are printed.
 - `deployment.py`: `Deployment`, registrations turned into steps that run as soon as their dependencies are done.
 - `monitor.py`: the gRPC services the program talks to (ResourceMonitor, Engine).
 - `driver.py`: `Driver`: preview, up, refresh and destroy of one stack; its state file.
@@ -53,8 +53,8 @@ This module is the package's front: the names callers and the conformance tests 
 from tools.driver.config import StackConfig
 from tools.driver.deployment import Deployment
 from tools.driver.driver import Driver
-from tools.driver.plan import Plan, Step
 from tools.driver.provider import DynamicProvider, ProviderError
+from tools.driver.steps import Outcome, Step
 from tools.driver.values import SECRET_SIG, SIG, UNKNOWN, is_secret, plain
 
 __all__ = [
@@ -64,7 +64,7 @@ __all__ = [
     "Deployment",
     "Driver",
     "DynamicProvider",
-    "Plan",
+    "Outcome",
     "ProviderError",
     "StackConfig",
     "Step",

@@ -57,7 +57,7 @@ class Monitor(resource_pb2_grpc.ResourceMonitorServicer):
         except Exception as e:  # noqa: BLE001 -- a driver bug must not hang the program
             import traceback
 
-            self.dep.plan.errors.append(f"driver: {e}\n{traceback.format_exc()}")
+            self.dep.outcome.errors.append(f"driver: {e}\n{traceback.format_exc()}")
             self.dep.failed = True
             context.abort(grpc.StatusCode.INTERNAL, str(e))
 
@@ -79,7 +79,7 @@ class Monitor(resource_pb2_grpc.ResourceMonitorServicer):
         except (BuiltinError, ProviderError) as e:
             with self.dep.lock:  # a failed read fails the run like any step (step_executor.go cancelDueToError)
                 self.dep.failed = True
-                self.dep.plan.errors.append(f"{request.name}: read failed: {e}")
+                self.dep.outcome.errors.append(f"{request.name}: read failed: {e}")
             context.abort(grpc.StatusCode.UNKNOWN, str(e))
 
     def SignalAndWaitForShutdown(self, request, context):
@@ -105,7 +105,7 @@ class Engine(engine_pb2_grpc.EngineServicer):
         self.dep.d.logs.append(f"{sev}: {msg}")
         if sev == "error":
             with self.dep.lock:
-                self.dep.plan.errors.append(msg)
+                self.dep.outcome.errors.append(msg)
         if sev in ("warning", "error", "info"):
             self.dep.d.emit(f"  {sev}: {msg}")
         return empty_pb2.Empty()

@@ -1,4 +1,8 @@
-"""Steps and the plan they make up, printed as `pulumi preview --diff` prints them."""
+"""The steps of one operation (preview, update, refresh, destroy) and its outcome, printed as the CLI prints them.
+
+An `Outcome` is what `Driver.preview/up/refresh/destroy` return: each step the engine took (or, in a preview, would
+take), the stack's outputs, the errors and the duration. It is not a plan: `plans/` holds the pure action lists.
+"""
 
 from __future__ import annotations
 
@@ -6,7 +10,7 @@ from dataclasses import dataclass, field
 
 from tools.driver.display import print_object, print_object_diff
 
-# ---- steps and the plan -----------------------------------------------------------------------------------------
+# ---- steps and the outcome --------------------------------------------------------------------------------------
 
 SYMBOLS = {
     "create": "+",
@@ -39,7 +43,10 @@ class Step:
 
 
 @dataclass
-class Plan:
+class Outcome:
+    """One operation's steps, outputs and errors. `kind`: "preview", "update", "refresh" or "destroy" (or "delete":
+    the deletes an update runs after the program, folded into its own outcome)."""
+
     kind: str
     steps: list[Step] = field(default_factory=list)
     outputs: dict = field(default_factory=dict)
