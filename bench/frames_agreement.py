@@ -50,8 +50,8 @@ if str(ROOT) not in sys.path:
 
 from bench.report import git_commit, md_table  # noqa: E402
 from bench.yolo_check import agreement, parse_response  # noqa: E402
-from serving import sample_frames  # noqa: E402
-from serving.loadgate import binary_request  # noqa: E402
+from gate import sample_frames  # noqa: E402
+from gate.loadgate import binary_request  # noqa: E402
 
 CONF, IOU, MAX_DET = 0.25, 0.45, 100  # the served model's defaults (serving/yolov8n_model.py), given to predict too
 WEIGHTS = "yolov8n.pt"  # Ultralytics' own checkpoint (YOLO.save), shipped unchanged as the model's weights file

@@ -2,7 +2,7 @@
 
 Everything is gpuhost's own: the model repository from ``plans.triton_repo`` (python backend on the fast path,
 ``serving/yolov8n_model.py``), the server arguments from ``plans.triton_runtime``, ``nginx.conf`` from
-``plans.nginx``, the load from ``serving.loadgate`` (binary bodies, every response's outputs checked against the
+``plans.nginx``, the load from ``gate.loadgate`` (binary bodies, every response's outputs checked against the
 model config Triton reports). Triton is the real ``tritonserver`` of the nvidia-pytriton wheel.
 
 Per point it records p50/p95/p99, throughput, errors and wrong outputs, GPU utilisation (NVML samples), and
@@ -39,9 +39,9 @@ sys.path.insert(0, str(ROOT))
 from bench.report import Report, git_commit  # noqa: E402
 from bench.servers import Servers, get_json, log, model_stats, start_servers, stats_delta  # noqa: E402
 from bench.yolo_check import WEIGHTS_FILE, repository, weights_file, with_parameters  # noqa: E402
+from gate import loadgate  # noqa: E402
 from plans.presets import apply_preset  # noqa: E402
 from plans.triton_repo import yolov8n_torch  # noqa: E402
-from serving import loadgate  # noqa: E402
 
 IMAGE_SHAPE = [1, 640, 640, 3]
 TARGETS = {"c1_p95_ms": 6.0, "c16_images_per_s": 1000.0, "c16_p95_ms": 25.0, "seed000_p95_ms": 8.0}

@@ -5,7 +5,7 @@ Command (on the GPU machine; ≤ 4 minutes; writes OUT/gpu_c1.json and OUT/gpu_c
     GPUHOST_BENCH=bench.gpu_c1 bash bench/gpu_device.sh OUT
     python -m bench.gpu_c1 --cpu --quick --out /tmp/c1     # the same pipeline here, on CPU (no CUDA parts)
 
-Three parts, each for the same 1280×720 frame (``serving.sample_frames``, seed 100, ~108 KB):
+Three parts, each for the same 1280×720 frame (``gate.sample_frames``, seed 100, ~108 KB):
 
 1. ``stages``: in this process, no Triton, batch 1, on the device: bytes → tensor, header check, decode (the
    product's ``Decoder``, torchvision's single-tensor and list forms of ``decode_jpeg(device="cuda")``, libjpeg on the
@@ -53,10 +53,10 @@ from bench.gpu import get_json, log, machine, model_stats, start_servers, stats_
 from bench.gpu_frames import CONF, MAX_DET, make_frames, payloads, references  # noqa: E402
 from bench.report import git_commit, invalid_banner, wrong_answers  # noqa: E402
 from bench.yolo_check import WEIGHTS_FILE, set_problem, weights_file  # noqa: E402
+from gate import loadgate  # noqa: E402
 from plans.presets import apply_preset  # noqa: E402
 from plans.triton_model import RateLimiter  # noqa: E402
 from plans.triton_repo import repository_files, yolov8n_torch  # noqa: E402
-from serving import loadgate  # noqa: E402
 from serving.models import yolov8n_files  # noqa: E402
 
 HD = (1280, 720)

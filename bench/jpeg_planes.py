@@ -28,7 +28,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from bench.report import git_commit  # noqa: E402
-from serving import sample_frames  # noqa: E402
+from gate import sample_frames  # noqa: E402
 
 SIZES = [(327, 245), (1280, 720), (1281, 719)]
 

@@ -149,7 +149,7 @@ def make_payloads(
 ) -> tuple[list[np.ndarray], list[tuple[np.ndarray, np.ndarray]]]:
     """``n`` distinct requests' ``images`` (with their batch dimension) and each one's reference answer.
 
-    jpeg: structured camera frames (``serving.sample_frames``) of the gate's sizes in turn (1280x720 ~107 KB,
+    jpeg: structured camera frames (``gate.sample_frames``) of the gate's sizes in turn (1280x720 ~107 KB,
     1920x1080 ~230 KB, 640x480 ~40 KB: both of the queue's input paths, a key of its own and inline), as
     UINT8 [1, bytes]; the reference is the served pipeline run eagerly on the device (decode, letterbox, the model,
     NMS, boxes back to the frame: ``bench.gpu_frames.references``), frames with fewer than 3 boxes skipped.
@@ -161,7 +161,7 @@ def make_payloads(
         return [np.ascontiguousarray(x[None]) for x in images], picked
     from bench.gpu_frames import CONF as FRAMES_CONF
     from bench.gpu_frames import references
-    from serving.sample_frames import GATE_SIZES, jpeg
+    from gate.sample_frames import GATE_SIZES, jpeg
 
     arrays: list[np.ndarray] = []
     refs: list[tuple[np.ndarray, np.ndarray]] = []

@@ -40,9 +40,9 @@ import urllib.request
 from pathlib import Path
 from typing import Any, Callable, Mapping, Optional, Self, Sequence
 
+from gate.health import http_status
 from plans.nginx import NginxSpec, render
 from plans.triton_runtime import ServerOptions, server_args
-from serving.health import http_status
 
 
 def log(msg: str) -> None:

@@ -31,7 +31,7 @@ from typing import Any, Optional, Sequence
 
 import numpy as np
 
-from serving.loadgate import binary_request
+from gate.loadgate import binary_request
 
 WEIGHTS_FILE = "weights.pt"
 _NP = {"FP32": np.float32, "FP16": np.float16, "INT32": np.int32, "UINT8": np.uint8}

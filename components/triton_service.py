@@ -42,6 +42,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from access.ssh import HostSpec
 from components.wiring import Child, DockerEngine, Later, Wired, present, suffixes
+from gate.kserve import signature
 from plans.adaptive_window import SCRIPT_PATH as WINDOW_SCRIPT_PATH
 from plans.adaptive_window import UNIT_NAME as WINDOW_UNIT_NAME
 from plans.adaptive_window import UNIT_PATH as WINDOW_UNIT_PATH
@@ -77,7 +78,6 @@ from providers.systemd_service import ServiceState, SystemdService
 from providers.tensorrt_engine import TensorRTEngine, engine_inputs
 from providers.triton_gate import AcceptanceGate
 from providers.triton_repository import TritonModelRepository, repository_inputs
-from serving.kserve import signature
 from serving.models import yolov8n_files
 
 UNIT_PATH = "/etc/systemd/system/gpuhost-triton.service"

@@ -3,13 +3,13 @@ puts the previous deploy back and fails ``up`` with the numbers.
 
 Runs from where Pulumi runs, against ``url`` (the nginx front). The request is built here from ``request``, the
 model's own signature (input names, datatypes, shapes; STRING inputs for a prompt), as a KServe binary-extension
-body (``serving.kserve``): no multi-megabyte JSON in state or on the wire. Steps:
+body (``gate.kserve``): no multi-megabyte JSON in state or on the wire. Steps:
 
 1. ``expect_digest``: the guest must serve the repository this deploy wrote (a marker the repository provider
    keeps); otherwise a previous gate rolled it back and `pulumi up --refresh` is needed.
 2. ``/v2/health/ready`` and every model's ready; then ``check_requests`` answers, each checked against the model's
    outputs (names, datatypes, shapes, byte sizes): a 200 with wrong or empty outputs fails the gate.
-3. Warmup, the load tool's own floor on ``/nginx-health``, then the load (``serving.loadgate``; open loop at
+3. Warmup, the load tool's own floor on ``/nginx-health``, then the load (``gate.loadgate``; open loop at
    ``rate`` when set, every answer checked by the Python client) against p95/p99, error rate and throughput.
 
 On any failure with ``rollback`` set, the snapshot taken before this deploy (``providers.serving_snapshot``) goes
@@ -38,11 +38,11 @@ from typing import Optional
 import pulumi
 from pulumi.dynamic import CheckFailure, CheckResult, CreateResult, DiffResult
 
+from gate import kserve, loadgate
+from gate.health import NotReady, wait_ready
 from providers.base import HostProvider, HostResource, Provider
 from providers.effects import Effect, host_name
 from providers.progress import resource_label, ticking
-from serving import kserve, loadgate
-from serving.health import NotReady, wait_ready
 
 
 def request_body(props: dict) -> tuple[bytes, dict[str, str]]:

@@ -14,9 +14,5 @@ Runs on the serving hosts (installed there by the components; each keeps to what
     sdxl_generator_model.py  Triton python-backend model: seed 001's text-to-image generator at SDXL's shape
     models/             the model code shipped into Triton repositories (YOLOv8n, its weights loader, the generator)
 
-Runs on the runner (the machine running Pulumi: the AcceptanceGate provider, the benchmarks):
-    loadgate.py         the acceptance gate's bounded load run, percentiles and SLO check (standard library only:
-                        also piped to ``python3 -`` on a guest)
-    kserve.py           KServe v2 binary requests built from a model's signature, and the answer check
-    health.py           health gate and warmup for a Triton endpoint
+The acceptance gate's client, which runs on the runner (the machine running Pulumi), is ``gate/``.
 """

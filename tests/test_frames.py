@@ -17,7 +17,7 @@ PIL = pytest.importorskip("PIL")
 
 from PIL import Image, ImageDraw  # noqa: E402
 
-from serving import sample_frames  # noqa: E402
+from gate import sample_frames  # noqa: E402
 from serving.models import frames  # noqa: E402
 
 BG, PAD = (60, 60, 60), (114, 114, 114)

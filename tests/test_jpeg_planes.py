@@ -19,7 +19,7 @@ PIL = pytest.importorskip("PIL")
 
 from PIL import Image  # noqa: E402
 
-from serving import sample_frames  # noqa: E402
+from gate import sample_frames  # noqa: E402
 from serving.models import jpeg_planes  # noqa: E402
 
 # TurboJPEG's TJSAMP_* by Pillow's ``subsampling`` (0: 4:4:4, 1: 4:2:2, 2: 4:2:0), and the (h, v) factors of each.

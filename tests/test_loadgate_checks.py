@@ -8,8 +8,9 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from serving import adaptive_window, loadgate
-from serving.loadgate import ExpectedOutput, ResponseCheck, binary_request, check_response
+from gate import loadgate
+from gate.loadgate import ExpectedOutput, ResponseCheck, binary_request, check_response
+from serving import adaptive_window
 
 CHECK = ResponseCheck(
     (ExpectedOutput("detections", "FP32", (1, 100, 6)), ExpectedOutput("num_detections", "INT32", (1, 1)))

@@ -13,8 +13,8 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from serving import kserve, loadgate
-from serving.loadgate import ExpectedOutput, LoadSpec, ResponseCheck, Slo, check_response
+from gate import kserve, loadgate
+from gate.loadgate import ExpectedOutput, LoadSpec, ResponseCheck, Slo, check_response
 from tests.hostile import HostileServer, live_threads, threads_left
 
 CHECK = ResponseCheck((ExpectedOutput("scores", "FP32", (1, 4)), ExpectedOutput("label", "BYTES", (1, 2))))

@@ -29,9 +29,9 @@ from pathlib import Path
 
 import pytest
 
+from gate.kserve import signature_request
 from plans.triton_model import DynamicBatching, InstanceGroup, ModelSpec, Tensor
 from plans.triton_runtime import CONTROL_KEY_PATH, ProcessRuntime, ServerOptions
-from serving.kserve import signature_request
 from testbed.mocks import EchoMocks, RecordingMonitor
 from testbed.provider_server import ProviderError, ProviderServer
 from testbed.servers.triton import STANDIN_MODEL, triton_available

@@ -20,9 +20,9 @@ import tritonclient.grpc as grpcclient
 import tritonclient.http as httpclient
 
 from bench.servers import write_repository
+from gate import loadgate
+from gate.health import NotReady, wait_ready, warmup
 from plans.triton_repo import repository_files, resnet50_fp16, sdxl, standin, yolov8n
-from serving import loadgate
-from serving.health import NotReady, wait_ready, warmup
 from testbed.servers.nginx import front_triton_fixture
 from testbed.servers.triton import (
     STANDIN_MODEL,
@@ -281,8 +281,8 @@ def test_binary_request_from_the_models_config_is_answered_through_nginx(nginx, 
     """The gate's request for each seed model (stand-in with the same config): binary tensors in, every output
     back with the config's names, datatypes, shapes and byte sizes (SDXL: STRING prompt in, 1024x1024x3 out)."""
     from components.triton_service import gate_signature
+    from gate.kserve import signature_request
     from providers.triton_gate import checked_request
-    from serving.kserve import signature_request
 
     sig = gate_signature(real)
     body, headers = signature_request(sig)
@@ -397,8 +397,8 @@ def test_acceptance_gate_provider_binary_body_and_checked_outputs(nginx):
 
 def test_answer_problems_flags_a_200_without_the_models_outputs():
     """Pure: what a broken model can answer with status 200 (captured shapes of Triton's binary answers)."""
-    from serving.kserve import answer_problems
-    from serving.loadgate import HEADER_LENGTH
+    from gate.kserve import answer_problems
+    from gate.loadgate import HEADER_LENGTH
 
     sig = {"inputs": [], "outputs": [{"name": "logits", "datatype": "FP16", "shape": [1, 1000]}]}
 

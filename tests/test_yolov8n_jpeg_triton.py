@@ -19,8 +19,8 @@ import pytest
 torch = pytest.importorskip("torch")
 pytest.importorskip("PIL")
 
+from gate import loadgate, sample_frames  # noqa: E402
 from plans.triton_repo import repository_files, yolov8n_torch  # noqa: E402
-from serving import loadgate, sample_frames  # noqa: E402
 from serving.models import frames, yolov8n_files  # noqa: E402
 from testbed.servers.nginx import front_triton_fixture  # noqa: E402
 from testbed.servers.redis import redis_fixture  # noqa: E402
@@ -265,7 +265,7 @@ def test_frames_too_thin_too_large_or_disguised_fail_alone_in_their_batch(triton
 def test_a_phone_frame_answers_boxes_in_its_upright_frame(triton, reference):
     """A portrait phone frame (stored 1280×720, EXIF orientation 6): the answer is the reference's (the frame
     turned upright, then letterboxed) and every box lies in the upright 720×1280 frame, as the gate checks it."""
-    from serving.kserve import BoxesInFrame
+    from gate.kserve import BoxesInFrame
 
     data = sample_frames.phone_jpeg(720, 1280, seed=32)
     assert frames.jpeg_size(data) == (720, 1280)
@@ -405,7 +405,7 @@ def test_the_gate_sends_jpeg_frames_of_three_sizes_through_nginx_and_checks_each
 def test_boxes_in_frame_check_tells_a_right_answer_from_a_wrong_one():
     import struct
 
-    from serving.kserve import BoxesInFrame
+    from gate.kserve import BoxesInFrame
 
     def answer(count, rows):
         det = b"".join(struct.pack("<6f", *r) for r in rows)

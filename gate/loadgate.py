@@ -235,7 +235,7 @@ class ResponseCheck:
 
     @classmethod
     def from_signature(cls, sig: dict) -> "ResponseCheck":
-        """From a request signature (``serving.kserve.signature``): its outputs, datatypes and shapes."""
+        """From a request signature (``gate.kserve.signature``): its outputs, datatypes and shapes."""
         return cls(
             tuple(ExpectedOutput(o["name"], o["datatype"], tuple(int(d) for d in o["shape"])) for o in sig["outputs"])
         )

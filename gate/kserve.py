@@ -1,6 +1,6 @@
 """KServe v2 inference requests with the binary tensor extension, built from a model's own signature, and the check
 that an answer really carries the model's outputs. Standard library only (it runs wherever the gate runs). The
-codec itself (encode, decode, check) is ``serving.loadgate``'s; this module speaks in signatures.
+codec itself (encode, decode, check) is ``gate.loadgate``'s; this module speaks in signatures.
 
 A 640×640 FP32 image is 1.2 M numbers: as JSON that is ~6 MB of text per request, which alone blows an 8 ms p95.
 With the binary extension the body is a small JSON header followed by the raw tensor bytes (4.9 MB for that image,
@@ -21,7 +21,7 @@ import math
 import struct
 from typing import Mapping
 
-from serving import loadgate
+from gate import loadgate
 
 # What a STRING input carries in the gate's requests (a short prompt: the SDXL pipeline's `prompt`).
 DEFAULT_TEXT = "a lighthouse on a rocky coast at dawn"
@@ -45,7 +45,7 @@ def _tensor_bytes(datatype: str, shape: list[int], text: str) -> bytes:
 
 def signature_request(sig: dict, *, text: str = DEFAULT_TEXT, frame: bytes = b"") -> tuple[bytes, dict[str, str]]:
     """(body, headers) of an infer request for every input of ``sig`` with binary data, asking for every output
-    in binary too (the encoding is ``serving.loadgate.binary_request``'s). An input whose ``content`` is ``jpeg``
+    in binary too (the encoding is ``gate.loadgate.binary_request``'s). An input whose ``content`` is ``jpeg``
     carries ``frame`` (one encoded frame: UINT8 [1, bytes])."""
     tensors = [
         (t["name"], t["datatype"], [1, len(frame)], frame)
@@ -64,7 +64,7 @@ def signature_request(sig: dict, *, text: str = DEFAULT_TEXT, frame: bytes = b""
 
 def answer_problems(sig: dict, headers: Mapping[str, str], data: bytes) -> list[str]:
     """Why an answer does not carry the outputs of ``sig`` (names, datatypes, shapes, sizes, not empty), as
-    ``serving.loadgate.check_response`` judges every answer of a load run; [] when it does."""
+    ``gate.loadgate.check_response`` judges every answer of a load run; [] when it does."""
     lower = {k.lower(): v for k, v in headers.items()}
     problem = loadgate.check_response(
         data, lower.get(loadgate.HEADER_LENGTH.lower()), loadgate.ResponseCheck.from_signature(sig)
@@ -100,10 +100,10 @@ def takes_frames(sig: dict) -> bool:
 
 def frame_payloads(sig: dict) -> list[loadgate.Payload]:
     """The requests a gate sends a model that takes frames: one structured synthetic JPEG frame of each size
-    cameras send (``serving.sample_frames.GATE_SIZES``) and a phone's portrait frame (stored landscape, EXIF
+    cameras send (``gate.sample_frames.GATE_SIZES``) and a phone's portrait frame (stored landscape, EXIF
     orientation 6), each answer checked for boxes inside its own upright frame (the size the client sees, not the
     stored grid: a server that ignores the orientation answers boxes outside it)."""
-    from serving import sample_frames
+    from gate import sample_frames
 
     out = []
     for w, h, data in sample_frames.gate_frames():
