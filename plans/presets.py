@@ -2,7 +2,7 @@
 
 Seed 004 (A10/L40S): L40S takes bigger preferred batches (2/4/8/16) with fewer instances (2); A10
 smaller batches (1/2/4) with more instances (3); the queue window starts at 500–1000 µs for low
-latency. Seed 001 (SDXL): diffusion batches are 1–2, the window 2–6 ms, 2 instances per MIG slice
+latency. Seed 001 (SDXL): diffusion batches are 1–2, the window 2–6 ms, 2 instances per MIG instance
 or GPU when memory allows (1 when it is tight); 4090s run 2–3 instances under CUDA MPS with the
 active thread percentage split between them (60/40 or 50/50). Seed 000: low-latency windows stay
 ≤ 2 ms. A100 sits between, with MIG available.
@@ -26,6 +26,7 @@ from typing import Literal, Optional
 
 from pydantic import BaseModel, ConfigDict
 
+from plans import mig
 from plans.triton_model import DynamicBatching, InstanceGroup, ModelSpec
 
 GpuModel = Literal["A10", "L40S", "A100", "H100", "H200", "4090"]
@@ -47,15 +48,8 @@ class Preset(BaseModel):
     memory_gib: int
 
 
-# GPU: memory GiB, MIG-capable.
-_GPUS: dict[str, tuple[int, bool]] = {
-    "L40S": (48, False),
-    "A10": (24, False),
-    "A100": (80, True),
-    "H100": (80, True),
-    "H200": (141, True),
-    "4090": (24, False),
-}
+# GPU: memory GiB (which models have MIG is plans.mig's).
+_MEMORY_GIB: dict[str, int] = {"L40S": 48, "A10": 24, "A100": 80, "H100": 80, "H200": 141, "4090": 24}
 # (gpu, workload): max batch, preferred batch sizes, queue delay µs, instances, MPS split per instance.
 _ROWS: dict[tuple[str, str], tuple[int, list[int], int, int, list[int]]] = {
     ("L40S", "low_latency"): (16, [2, 4, 8, 16], 800, 2, []),
@@ -89,8 +83,8 @@ PRESETS: dict[tuple[str, str], Preset] = {
         instance_count=count,
         mps=bool(split),
         mps_split=split,
-        mig_capable=_GPUS[gpu][1],
-        memory_gib=_GPUS[gpu][0],
+        mig_capable=mig.has_mig(gpu),
+        memory_gib=_MEMORY_GIB[gpu],
     )
     for (gpu, workload), (batch, preferred, delay, count, split) in _ROWS.items()
 }

@@ -22,6 +22,8 @@ from __future__ import annotations
 import ipaddress
 import re
 
+from plans import mig
+
 # Kernel command-line words: what real arguments use (isolcpus=2-7,34-39, video=efifb:off, console=ttyS0,115200n8,
 # root=UUID=..., vfio-pci.ids=10de:2684, rd.lvm.lv=vg/root). No quotes, spaces, $, backticks, ;, |, &, \, <, >.
 KERNEL_ARG_RE = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.,:/=+@%-]*$")
@@ -42,7 +44,6 @@ IMAGE_RE = re.compile(
     r"^[a-z0-9]+([._-][a-z0-9]+)*(:[0-9]{1,5})?(/[a-z0-9]+([._-]{1,2}[a-z0-9]+)*)*"
     r"(:[A-Za-z0-9_][A-Za-z0-9_.-]{0,127})?(@sha256:[0-9a-f]{64})?$"
 )
-MIG_PROFILE_RE = re.compile(r"^[1-8]g\.[0-9]+gb(\+me)?$")
 CONFIG_KEY_RE = re.compile(r"^[A-Za-z][A-Za-z0-9_]{0,63}$")
 GPU_MODEL_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9 ._-]{0,63}$")
 
@@ -204,7 +205,7 @@ def image_ref(v: object) -> str:
 def mig_profile(v: object) -> str:
     return _match(
         v,
-        MIG_PROFILE_RE,
+        mig.PROFILE_RE,
         "MIG profile",
         "a profile name as `nvidia-smi mig -lgip` prints it, e.g. 3g.40gb or 1g.10gb+me",
     )

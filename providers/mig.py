@@ -1,9 +1,10 @@
-"""MigLayout: MIG partitions declared per GPU, applied assert-then-apply like mig-parted (seed 001 route A).
+"""MigLayout: a MIG layout per GPU, applied assert-then-apply like mig-parted (seed 001 route A).
 
-Inputs: host, layout ({"0": ["2g.20gb", "2g.20gb", "1g.10gb"]}), version. Check reads the GPUs (one round trip) and
-refuses a profile this GPU model does not offer, naming the ones it does. Create/update apply only the difference
-(enable MIG, destroy/create GPU+compute instances by profile ID); a mode change that needs a GPU reset is reported
-in `pending_reset`. Outputs: mig_uuids per GPU (for Triton instances), prior layout; delete restores it.
+Inputs: host, layout ({"0": ["2g.20gb", "2g.20gb", "1g.10gb"]}: profiles per GPU index), version. Check reads the
+GPUs (one round trip) and refuses a profile this GPU model does not offer, naming the ones it does. Create/update
+apply only the difference (``plans.mig.plan_layout``: MIG mode on, instances destroyed and created by profile ID);
+a mode change that needs a GPU reset is reported in `pending_reset`. Outputs: `mig_uuids`, the MIG UUIDs of each
+GPU's instances (for Triton), and the prior layout; delete restores it. The words are plans/mig.py's.
 """
 
 from __future__ import annotations
@@ -13,7 +14,7 @@ from typing import Optional
 import pulumi
 from pulumi.dynamic import CheckFailure
 
-from plans import triton_mig as mig
+from plans import mig
 from pristine import Change, Record
 from providers.base import HostResource, TemplateProvider
 from providers.effects import Effect, host_name
@@ -49,7 +50,7 @@ class MigLayoutProvider(TemplateProvider):
         if self.check_host(news):
             return []
         try:
-            mig.plan(self._state(news), _layout(news))
+            mig.plan_layout(self._state(news), _layout(news))
         except ValueError as e:
             return [CheckFailure("layout", str(e))]
         return []
@@ -73,14 +74,14 @@ class MigLayoutProvider(TemplateProvider):
                 str(g.index): (list(g.instances) if g.mig_current else []) for g in was if g.index in _layout(props)
             }
         gpus = self._state(props)
-        actions = mig.plan(gpus, _layout(props))
+        actions = mig.plan_layout(gpus, _layout(props))
         if actions:
             self._run(props, actions)
             gpus = self._state(props)
         return {
             "prior_layout": found,
             "pending_reset": [g.index for g in gpus if g.mig_pending and not g.mig_current],
-            "mig_uuids": {str(i): mig.mig_uuids(gpus, i) for i in _layout(props)},
+            "mig_uuids": {str(i): mig.instance_uuids(gpus, i) for i in _layout(props)},
         }
 
     def observe(self, props: dict) -> dict:
@@ -89,7 +90,7 @@ class MigLayoutProvider(TemplateProvider):
 
     def restore(self, props: dict) -> Change:
         prior = {int(k): v for k, v in (props.get("prior_layout") or {}).items()}
-        actions = mig.plan(self._state(props), prior)
+        actions = mig.plan_layout(self._state(props), prior)
         return Change(self.owner(props)).add(a.command for a in actions).forget(self._record(props))
 
 

@@ -16,7 +16,7 @@ from typing import Iterator, Optional
 from plans import values as val
 from plans.cmdline import UNSAFE, owned_by
 from plans.gateway import is_loopback
-from plans.mig_fit import layout_problems
+from plans.mig import layout_problems
 from stacks.args import cmdline_args
 from stacks.errors import ConfigError, Problem
 from stacks.program import model_spec, place_vms

@@ -1,4 +1,4 @@
-"""Engine build, runtime and MIG plans: facts in → actions out (pure; no GPU, no Docker, no MIG here)."""
+"""Engine build and runtime plans: facts in → actions out (pure; no GPU, no Docker here). MIG: tests/test_mig.py."""
 
 import json
 import shlex
@@ -10,7 +10,6 @@ from pathlib import Path
 import pytest
 from pydantic import ValidationError
 
-from plans import triton_mig as mig
 from plans.presets import mps_environment, preset_for
 from plans.triton_engine import EngineBuild, ShapeRange, build_command, cache_key, plan_rebuild, trtexec_args
 from plans.triton_repo import resnet50_fp16, sdxl, yolov8n
@@ -200,67 +199,6 @@ def test_systemd_unit_execstart_really_starts_triton_here(tmp_path):
     finally:
         proc.terminate()
         proc.wait(timeout=30)
-
-
-# ---------------------------------------------------------------- MIG
-
-
-def _state(mode, lgi, listing):
-    text = "\n".join(
-        [
-            "@@MODE",
-            (FIX / "triton" / mode).read_text(),
-            "@@LGIP",
-            (FIX / "nvidia" / "nvidia-smi-mig-lgip.txt").read_text(),
-            "@@LGI",
-            (FIX / "triton" / lgi).read_text(),
-            "@@LIST",
-            listing.read_text(),
-        ]
-    )
-    return mig.parse_state(text)
-
-
-def test_parsers_read_the_real_h200_captures():
-    profiles = mig.parse_lgip((FIX / "nvidia" / "nvidia-smi-mig-lgip.txt").read_text())
-    assert profiles[0]["1g.18gb"] == 19 and profiles[0]["3g.71gb"] == 9 and profiles[0]["7g.141gb"] == 0
-    assert profiles[0]["1g.18gb+me"] == 20
-    devices = mig.parse_list((FIX / "nvidia" / "nvidia-smi-L.txt").read_text())
-    assert devices == {0: []}
-
-
-LAYOUT = {0: ["3g.71gb", "2g.35gb", "1g.18gb", "1g.18gb"]}
-
-
-def test_mig_plan_from_mig_off_enables_then_creates_by_profile_id():
-    gpus = _state("nvidia-smi-mode-h200-off.csv", "nvidia-smi-mig-lgi-none.txt", FIX / "nvidia" / "nvidia-smi-L.txt")
-    actions = mig.plan(gpus, LAYOUT)
-    assert [a.command for a in actions] == ["nvidia-smi -i 0 -mig 1", "nvidia-smi mig -i 0 -cgi 9,14,19,19 -C"]
-    assert actions[0].needs_reset
-
-
-def test_mig_plan_is_a_noop_when_layout_matches_and_binds_by_uuid():
-    gpus = _state(
-        "nvidia-smi-mode-h200-on.csv", "nvidia-smi-mig-lgi-h200.txt", FIX / "triton" / "nvidia-smi-L-h200-mig.txt"
-    )
-    assert mig.plan(gpus, {0: ["1g.18gb", "3g.71gb", "1g.18gb", "2g.35gb"]}) == []
-    assert mig.mig_uuids(gpus, 0)[0] == "MIG-1f4c6b1e-3c1a-5d55-9a3e-0b8d2f6a7c10" and len(mig.mig_uuids(gpus, 0)) == 4
-
-
-def test_mig_plan_changes_layout_by_destroying_then_creating():
-    gpus = _state(
-        "nvidia-smi-mode-h200-on.csv", "nvidia-smi-mig-lgi-h200.txt", FIX / "triton" / "nvidia-smi-L-h200-mig.txt"
-    )
-    actions = mig.plan(gpus, {0: ["3g.71gb", "3g.71gb"]})
-    assert [a.command for a in actions] == [
-        "nvidia-smi mig -i 0 -dci",
-        "nvidia-smi mig -i 0 -dgi",
-        "nvidia-smi mig -i 0 -cgi 9,9 -C",
-    ]
-    off = mig.plan(gpus, {0: []})
-    assert off[-1].command == "nvidia-smi -i 0 -mig 0" and off[-1].needs_reset
-    with pytest.raises(ValueError, match="2g.20gb"):
-        mig.plan(gpus, {0: ["2g.20gb"]})  # an A100 profile name does not exist on an H200
 
 
 # ------------------------------------------------------------------ where Triton listens, and its restricted APIs
