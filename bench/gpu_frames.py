@@ -3,8 +3,8 @@
 One Triton serves the same detector twice at the GPU's preset: ``input: jpeg`` (an encoded frame of any size per
 request, decoded with nvJPEG, letterboxed on the GPU, boxes answered in the frame's own pixels) and ``input: raw``
 (the client's own letterboxed 640×640×3 uint8, 1,228,800 B), plus a sweep of instance count, max batch and window
-for JPEG (and two for raw), and nginx ``worker_processes`` variants. The client is the gate's (``serving.loadgate``,
-binary bodies, through nginx). Frames: ``--per-size`` distinct structured synthetic frames (``serving.sample_frames``)
+for JPEG (and two for raw), and nginx ``worker_processes`` variants. The client is the gate's (``gate.loadgate``,
+binary bodies, through nginx). Frames: ``--per-size`` distinct structured synthetic frames (``gate.sample_frames``)
 of 1280×720, 1920×1080 and 640×480, sent in turn; the raw model gets the same frames letterboxed.
 
 Every answer is checked: the outputs against the model config, then the boxes against an eager reference computed
@@ -48,8 +48,8 @@ from bench.gpu import finish, guarded, http_load, machine, on_preset, point, pre
 from bench.report import Report, git_commit  # noqa: E402
 from bench.servers import Servers, log  # noqa: E402
 from bench.yolo_check import WEIGHTS_FILE, repository, set_problem, weights_file, with_parameters  # noqa: E402
+from gate import kserve, loadgate, sample_frames  # noqa: E402
 from plans.triton_repo import yolov8n_torch  # noqa: E402
-from serving import kserve, loadgate, sample_frames  # noqa: E402
 
 RAW_BYTES = 640 * 640 * 3
 GOALS = {"c1_hd_p95_ms": 4.0, "frames_per_s": 2000.0, "at_p95_ms": 25.0, "vs_raw": 1.6}
