@@ -33,11 +33,11 @@ from pulumi.runtime import rpc
 from pydantic import ValidationError
 
 from access.errors import HostError
-from access.shell import quote, sh
+from access.shell import Script, quote, sh
 from facts.cpulist import parse_cpulist
 from facts.files import FileState
 from facts.host import facts_script, parse_host_facts, read_host_facts, split_sections
-from facts.model import HostFacts, normalize_pci
+from facts.model import HostFacts, PciDevice, normalize_pci
 from plans import irq as irq_plan
 from plans import sriov as plan
 from pristine import Change, Record
@@ -102,6 +102,107 @@ def _wants(pf: str) -> str:
 def _affinity_now(irqs: list[str]) -> str:
     """Prints "<irq> <cpus>" per PF vector, in vector order (IRQ numbers are digits: int() keeps them so)."""
     return "; ".join(f'echo "{int(q)} $(cat /proc/irq/{int(q)}/smp_affinity_list 2>/dev/null)"' for q in irqs) or "true"
+
+
+def _refuse_unready(name: str, p: plan.SriovPlan, want: plan.SriovWant, facts: HostFacts) -> None:
+    """Raise, before any record or change, for a plan with errors or a host that cannot bind VFs to vfio-pci."""
+    if p.errors:
+        raise HostError(name, p.sentence, fix="change the inputs (see `pulumi preview`)")
+    if want.vfio and want.num_vfs:
+        if not facts.iommu.active:
+            raise HostError(
+                name,
+                "the IOMMU is not active (no /sys/kernel/iommu_groups), so vfio-pci cannot take the VFs",
+                fix="enable it first (PassthroughHost, seed 002 §3)",
+            )
+        if "driverctl" not in facts.tools:
+            raise HostError(name, "binding VFs to vfio-pci needs driverctl (seed 002 §4/§5)", fix="install it")
+
+
+def _bind(s: Script, pf: str, vfs: Optional[list[str]]) -> None:
+    """vfio-pci overrides for `vfs` (None: every VF the PF has once the count is written), then a wait for them."""
+    s.add("modprobe", "vfio-pci")
+    if vfs is not None:
+        for vf_addr in vfs:
+            s.add("driverctl", "set-override", vf_addr, "vfio-pci")
+    else:
+        # No offset/stride in sysfs: the VFs' addresses are known only now that they exist.
+        s.raw(
+            f"for v in {quote(f'/sys/bus/pci/devices/{pf}')}/virtfn*; do "
+            'driverctl set-override "$(basename "$(readlink "$v")")" vfio-pci; done'
+        )
+    # driverctl@pci-<vf>.service (its udev rule, for VFs whose override file already existed) may be
+    # re-probing the same VFs right now: wait until every VF is on vfio-pci before reading back.
+    s.raw(
+        f"for v in {quote(f'/sys/bus/pci/devices/{pf}')}/virtfn*; do j=0; while [ $j -lt 300 ]; do "
+        '[ "$(basename "$(readlink "$v/driver" 2>/dev/null)" 2>/dev/null)" = vfio-pci ] && break; '
+        "sleep 0.1; j=$((j+1)); done; done"
+    )
+
+
+def _check_applied(
+    name: str, pf: str, want: plan.SriovWant, numvfs: Optional[int], drivers: dict[str, Optional[str]]
+) -> None:
+    """Raise (the host changed) when the read-back count or the VFs' drivers are not what the plan set."""
+    if numvfs != want.num_vfs:
+        raise HostError(
+            name,
+            f"sriov_numvfs of {pf} is {numvfs} after writing {want.num_vfs}",
+            fix="see dmesg",
+            changed=True,
+        )
+    if want.vfio and any(d != plan.VFIO for d in drivers.values()):
+        bad = {a: d for a, d in drivers.items() if d != plan.VFIO}
+        raise HostError(name, f"vfio-pci did not take {bad}", fix="check dmesg (IOMMU group of the VF?)", changed=True)
+
+
+def _unmovable(applied: str, kinds: list[str], olds: dict, irqs: list[str]) -> list[str]:
+    """The PF IRQs the kernel refused to move: from this run's output, else (nothing re-pinned) as recorded before."""
+    unmovable = irq_plan.unmovable(applied)
+    if "irq" not in kinds and olds.get("irq_movable") is not None:
+        # Nothing was re-pinned this time: what refused before (kernel-managed) still refuses.
+        was = olds["irq_movable"]
+        unmovable = [i for pos, i in enumerate(irqs) if pos < len(was) and not was[pos]]
+    return unmovable
+
+
+def _vf_config(want: plan.SriovWant, dev: PciDevice, applied: str) -> dict[str, str]:
+    """Per VF index with settings: "applied: <ip link args>", or why the PF's driver does not support them."""
+    failed_cfg = {}
+    for ln in applied.splitlines():
+        if ln.startswith("vfcfg-fail "):
+            _, vf, rest = ln.split(" ", 2)
+            failed_cfg[int(vf)] = rest.strip()
+    vf_config: dict[str, str] = {}
+    for i, st in enumerate(want.vfs):
+        if st.empty:
+            continue
+        if not dev.net:
+            vf_config[str(i)] = f"not supported by {dev.driver}: the PF has no network interface"
+        elif i in failed_cfg:
+            vf_config[str(i)] = f"not supported by {dev.driver}: {failed_cfg[i]}"
+        else:
+            vf_config[str(i)] = "applied: " + " ".join(st.ip_args())
+    return vf_config
+
+
+def _priors(
+    olds: dict, pristine: dict[str, FileState], firsts: dict[str, str], p: plan.SriovPlan, want: plan.SriovWant
+) -> tuple[dict, dict, list]:
+    """What delete restores: (files, driverctl overrides, IRQ affinities by vector position), from the host's
+    records (first attempt wins, across re-runs and updates)."""
+    prior_files = {k: v.model_dump() for k, v in pristine.items()}
+    prior_files.update(olds.get("prior") or {})
+    prior_overrides = dict(olds.get("prior_overrides") or {})
+    for a in p.vf_addresses if want.vfio else []:
+        if a not in prior_overrides:
+            was = pristine.get(plan.driverctl_file(a))
+            prior_overrides[a] = was.text.strip() if was is not None and was.exists else None
+    prior_affinity = olds.get("prior_affinity")
+    if not prior_affinity:
+        first = [ln.split(" ", 1) for ln in firsts.get("irq-affinity", "").splitlines() if ln.strip()]
+        prior_affinity = [[q, parse_cpulist(c[0]) if c else []] for q, *c in first] if want.irq_cpus else []
+    return prior_files, prior_overrides, prior_affinity
 
 
 class SriovVfsProvider(TemplateProvider):
@@ -182,28 +283,61 @@ class SriovVfsProvider(TemplateProvider):
         return CreateResult(f"{self.spec(props).name}:sriov:{out['pf_address']}", out)
 
     def apply(self, props: dict, prior: Optional[dict]) -> dict:
+        """Read the PF (facts), plan, record the originals, change the host in one script, read it back."""
         conn = self.conn(props)
         name = conn.spec.name
         want = want_of(props)
         facts, detail, unit_text, pf = read_state(conn, want.pf)
         p = plan.plan_sriov(facts, detail, want, unit_text)
-        if p.errors:
-            raise HostError(name, p.sentence, fix="change the inputs (see `pulumi preview`)")
-        if want.vfio and want.num_vfs:
-            if not facts.iommu.active:
-                raise HostError(
-                    name,
-                    "the IOMMU is not active (no /sys/kernel/iommu_groups), so vfio-pci cannot take the VFs",
-                    fix="enable it first (PassthroughHost, seed 002 §3)",
-                )
-            if "driverctl" not in facts.tools:
-                raise HostError(name, "binding VFs to vfio-pci needs driverctl (seed 002 §4/§5)", fix="install it")
+        _refuse_unready(name, p, want, facts)
         dev = facts.pci[pf]
         olds = prior or {}
         rec = self._record(props, pf, [plan.driverctl_file(a) for a in p.vf_addresses if want.vfio], detail.irqs)
         _, pristine, values = self.record_and_read(conn, props, rec, "")
         firsts = {k.rsplit("/", 1)[1]: v for k, v in values.items()}
 
+        ch = self._change(props, p, want, facts, pf, unit_text)
+        applied = ""
+        if not ch.empty:
+            self.guarded(conn, p.sentence, lambda: ch.run(conn), changing=True)
+            applied = ch.last_stdout
+
+        after, adetail, _, _ = read_state(conn, pf)
+        adev = after.pci[pf]
+        vfs = list(adev.vfs)
+        drivers = {a: (after.pci[a].driver if a in after.pci else None) for a in vfs}
+        _check_applied(name, pf, want, adev.sriov_numvfs, drivers)
+        unmovable = _unmovable(applied, p.kinds(), olds, adetail.irqs)
+        prior_files, prior_overrides, prior_affinity = _priors(olds, pristine, firsts, p, want)
+        aff_now = {q.irq: q.affinity for q in after.interrupts}
+        autoprobe = firsts.get("autoprobe")
+        return {
+            "plan": p.sentence,
+            "pf_address": pf,
+            "vf_addresses": vfs,
+            "numvfs": adev.sriov_numvfs,
+            "drivers": drivers,
+            "unit": plan.unit_name(pf),
+            "pinned": {i: aff_now.get(i, []) for i in p.irq_targets if i not in unmovable},
+            "unmovable": unmovable,
+            "irq_movable": [i in p.irq_targets and i not in unmovable for i in adetail.irqs],
+            "vf_config": _vf_config(want, dev, applied),
+            "unsupported": p.unsupported,
+            "warnings": p.warnings,
+            "prior_numvfs": int(firsts.get("numvfs") or 0),
+            "prior_autoprobe": autoprobe == "1" if autoprobe in ("0", "1") else None,
+            "prior_overrides": prior_overrides,
+            "prior_affinity": prior_affinity,
+            "prior_unit_enabled": FileState.model_validate(prior_files[_wants(pf)]).exists,
+            "prior": prior_files,
+        }
+
+    def _change(
+        self, props: dict, p: plan.SriovPlan, want: plan.SriovWant, facts: HostFacts, pf: str, unit_text: Optional[str]
+    ) -> Change:
+        """The plan's actions as one script: the count (through 0), autoprobe, vfio-pci overrides, the boot unit,
+        per-VF settings (a refusal printed as `vfcfg-fail <vf> <why>`, not fatal) and the PF IRQs' affinity."""
+        dev = facts.pci[pf]
         bind_vfs: list[str] = next((a.data["vfs"] for a in p.actions if a.kind == "bind"), [])
         ch = Change(self.owner(props))
         s = ch.script
@@ -218,23 +352,7 @@ class SriovVfsProvider(TemplateProvider):
             s.raw(_write_numvfs(pf, want.num_vfs))
             s.raw("udevadm settle -t 30 || true")
         if "bind" in kinds:
-            s.add("modprobe", "vfio-pci")
-            if p.vf_addresses:
-                for vf_addr in bind_vfs:
-                    s.add("driverctl", "set-override", vf_addr, "vfio-pci")
-            else:
-                # No offset/stride in sysfs: the VFs' addresses are known only now that they exist.
-                s.raw(
-                    f"for v in {quote(f'/sys/bus/pci/devices/{pf}')}/virtfn*; do "
-                    'driverctl set-override "$(basename "$(readlink "$v")")" vfio-pci; done'
-                )
-            # driverctl@pci-<vf>.service (its udev rule, for VFs whose override file already existed) may be
-            # re-probing the same VFs right now: wait until every VF is on vfio-pci before reading back.
-            s.raw(
-                f"for v in {quote(f'/sys/bus/pci/devices/{pf}')}/virtfn*; do j=0; while [ $j -lt 300 ]; do "
-                '[ "$(basename "$(readlink "$v/driver" 2>/dev/null)" 2>/dev/null)" = vfio-pci ] && break; '
-                "sleep 0.1; j=$((j+1)); done; done"
-            )
+            _bind(s, pf, bind_vfs if p.vf_addresses else None)
         if "persist" in kinds:
             if unit_text != p.unit_text:
                 ch.write(plan.unit_path(pf), p.unit_text.encode(), "0644", "0:0")
@@ -246,82 +364,7 @@ class SriovVfsProvider(TemplateProvider):
                 f"if ! out=$({cmd} 2>&1); then echo \"vfcfg-fail {int(act.data['vf'])} $out\" | tr '\\n' ' '; echo; fi"
             )
         s.extend(_affinity_lines(p.irq_targets) if "irq" in kinds else [])
-        applied = ""
-        if not ch.empty:
-            self.guarded(conn, p.sentence, lambda: ch.run(conn), changing=True)
-            applied = ch.last_stdout
-
-        after, adetail, _, _ = read_state(conn, pf)
-        adev = after.pci[pf]
-        vfs = list(adev.vfs)
-        drivers = {a: (after.pci[a].driver if a in after.pci else None) for a in vfs}
-        if adev.sriov_numvfs != want.num_vfs:
-            raise HostError(
-                name,
-                f"sriov_numvfs of {pf} is {adev.sriov_numvfs} after writing {want.num_vfs}",
-                fix="see dmesg",
-                changed=True,
-            )
-        if want.vfio and any(d != plan.VFIO for d in drivers.values()):
-            bad = {a: d for a, d in drivers.items() if d != plan.VFIO}
-            raise HostError(
-                name, f"vfio-pci did not take {bad}", fix="check dmesg (IOMMU group of the VF?)", changed=True
-            )
-        unmovable = irq_plan.unmovable(applied)
-        if "irq" not in kinds and olds.get("irq_movable") is not None:
-            # Nothing was re-pinned this time: what refused before (kernel-managed) still refuses.
-            was = olds["irq_movable"]
-            unmovable = [i for pos, i in enumerate(adetail.irqs) if pos < len(was) and not was[pos]]
-        failed_cfg = {}
-        for ln in applied.splitlines():
-            if ln.startswith("vfcfg-fail "):
-                _, vf, rest = ln.split(" ", 2)
-                failed_cfg[int(vf)] = rest.strip()
-        vf_config: dict[str, str] = {}
-        for i, st in enumerate(want.vfs):
-            if st.empty:
-                continue
-            if not dev.net:
-                vf_config[str(i)] = f"not supported by {dev.driver}: the PF has no network interface"
-            elif i in failed_cfg:
-                vf_config[str(i)] = f"not supported by {dev.driver}: {failed_cfg[i]}"
-            else:
-                vf_config[str(i)] = "applied: " + " ".join(st.ip_args())
-
-        # What delete restores: the host's records (first attempt wins, across re-runs and updates).
-        prior_files = {k: v.model_dump() for k, v in pristine.items()}
-        prior_files.update(olds.get("prior") or {})
-        prior_overrides = dict(olds.get("prior_overrides") or {})
-        for a in p.vf_addresses if want.vfio else []:
-            if a not in prior_overrides:
-                was = pristine.get(plan.driverctl_file(a))
-                prior_overrides[a] = was.text.strip() if was is not None and was.exists else None
-        prior_affinity = olds.get("prior_affinity")
-        if not prior_affinity:
-            first = [ln.split(" ", 1) for ln in firsts.get("irq-affinity", "").splitlines() if ln.strip()]
-            prior_affinity = [[q, parse_cpulist(c[0]) if c else []] for q, *c in first] if want.irq_cpus else []
-        aff_now = {q.irq: q.affinity for q in after.interrupts}
-        autoprobe = firsts.get("autoprobe")
-        return {
-            "plan": p.sentence,
-            "pf_address": pf,
-            "vf_addresses": vfs,
-            "numvfs": adev.sriov_numvfs,
-            "drivers": drivers,
-            "unit": plan.unit_name(pf),
-            "pinned": {i: aff_now.get(i, []) for i in p.irq_targets if i not in unmovable},
-            "unmovable": unmovable,
-            "irq_movable": [i in p.irq_targets and i not in unmovable for i in adetail.irqs],
-            "vf_config": vf_config,
-            "unsupported": p.unsupported,
-            "warnings": p.warnings,
-            "prior_numvfs": int(firsts.get("numvfs") or 0),
-            "prior_autoprobe": autoprobe == "1" if autoprobe in ("0", "1") else None,
-            "prior_overrides": prior_overrides,
-            "prior_affinity": prior_affinity,
-            "prior_unit_enabled": FileState.model_validate(prior_files[_wants(pf)]).exists,
-            "prior": prior_files,
-        }
+        return ch
 
     # -- read: what the host really has, in the inputs' terms, so refresh shows drift ---------------------------
     def observe(self, props: dict) -> dict:
