@@ -514,143 +514,147 @@ class Front:
         return 200, headers, Binary(head, tuple(parts)) if parts else head
 
     def server(self, address: str, port: int) -> "BoundedServer":
-        front, limits = self, self.limits
+        """A server answering with this front, bounded by its limits (a handler class bound to both)."""
+        handler = type("Handler", (FrontHandler,), {"front": self, "limits": self.limits})
+        return BoundedServer((address, port), handler, self.limits.max_connections)
 
-        class Handler(http.server.BaseHTTPRequestHandler):
-            protocol_version = "HTTP/1.1"
-            # An answer always has a status line and headers, also to a request line that is not HTTP/1.x.
-            default_request_version = "HTTP/1.1"
 
-            def send_error(self, code: int, message: Optional[str] = None, explain: Optional[str] = None) -> None:
-                self._refuse(code, message or self.responses.get(code, ("error",))[0])
+class FrontHandler(http.server.BaseHTTPRequestHandler):
+    """One connection of a front: http.server's request loop with deadlines on the request line, the headers and
+    the body, and an answer (never a silent close) to every refusal. `Front.server` binds `front` and `limits`."""
 
-            def setup(self) -> None:
-                super().setup()
-                self.rfile.close()  # the plain socket file: reads go through the deadline instead
-                self._raw = _DeadlineReader(self.connection)
-                self.rfile = io.BufferedReader(self._raw, 64 * 1024)
+    front: Front
+    limits: Limits
+    protocol_version = "HTTP/1.1"
+    # An answer always has a status line and headers, also to a request line that is not HTTP/1.x.
+    default_request_version = "HTTP/1.1"
 
-            def handle_one_request(self) -> None:
-                # http.server's own, with a deadline over the request line and headers and an answer on timeout
-                self._raw.deadline = time.monotonic() + limits.header_timeout_s
-                self._raw.received = 0
-                self._answered = False
-                self.requestline, self.request_version, self.command = "", self.default_request_version, ""
-                try:
-                    self.raw_requestline = self.rfile.readline(65537)
-                    if len(self.raw_requestline) > 65536:
-                        self._refuse(414, "request line longer than 64 KiB")
-                        return
-                    if not self.raw_requestline:
-                        self.close_connection = True
-                        return
-                    if not self.parse_request():  # it answered (400, 431, 505, ...)
-                        self.close_connection = True
-                        return
-                    method = getattr(self, f"do_{self.command}", None)
-                    if method is None:
-                        self._refuse(501, f"method {self.command[:20]!r} not supported")
-                        return
-                    method()
-                    self.wfile.flush()
-                except (TimeoutError, socket.timeout):
-                    # Idle keep-alive with nothing sent: close. Part of a request sent: it gets its 408.
-                    if self._raw.received and not self._answered:
-                        self._refuse(408, "request not received in time")
-                    self.close_connection = True
-                except (ConnectionError, BrokenPipeError):
-                    self.close_connection = True
+    def send_error(self, code: int, message: Optional[str] = None, explain: Optional[str] = None) -> None:
+        self._refuse(code, message or self.responses.get(code, ("error",))[0])
 
-            def _refuse(self, status: int, why: str) -> None:
+    def setup(self) -> None:
+        super().setup()
+        self.rfile.close()  # the plain socket file: reads go through the deadline instead
+        self._raw = _DeadlineReader(self.connection)
+        self.rfile = io.BufferedReader(self._raw, 64 * 1024)
+
+    def handle_one_request(self) -> None:
+        # http.server's own, with a deadline over the request line and headers and an answer on timeout
+        self._raw.deadline = time.monotonic() + self.limits.header_timeout_s
+        self._raw.received = 0
+        self._answered = False
+        self.requestline, self.request_version, self.command = "", self.default_request_version, ""
+        try:
+            self.raw_requestline = self.rfile.readline(65537)
+            if len(self.raw_requestline) > 65536:
+                self._refuse(414, "request line longer than 64 KiB")
+                return
+            if not self.raw_requestline:
                 self.close_connection = True
-                try:
-                    self._send(status, {"Connection": "close"}, {"error": why})
-                except OSError:
-                    pass
+                return
+            if not self.parse_request():  # it answered (400, 431, 505, ...)
+                self.close_connection = True
+                return
+            method = getattr(self, f"do_{self.command}", None)
+            if method is None:
+                self._refuse(501, f"method {self.command[:20]!r} not supported")
+                return
+            method()
+            self.wfile.flush()
+        except (TimeoutError, socket.timeout):
+            # Idle keep-alive with nothing sent: close. Part of a request sent: it gets its 408.
+            if self._raw.received and not self._answered:
+                self._refuse(408, "request not received in time")
+            self.close_connection = True
+        except (ConnectionError, BrokenPipeError):
+            self.close_connection = True
 
-            def _send(self, status: int, headers: dict[str, str], doc: "dict[str, Any] | Binary") -> None:
-                if isinstance(doc, Binary):
-                    data, extra = doc.body()
-                    headers = {**headers, **extra}
-                else:
-                    data = json.dumps(doc).encode()
-                self.connection.settimeout(limits.body_timeout_s)
-                self.send_response(status)
-                self.send_header(
-                    "Content-Type", "application/octet-stream" if isinstance(doc, Binary) else "application/json"
-                )
-                self.send_header("Content-Length", str(len(data)))
-                for k, v in headers.items():
-                    self.send_header(k, v)
-                if self.close_connection:
-                    self.send_header("Connection", "close")
-                self.end_headers()
-                self.wfile.write(data)
-                self._answered = True
+    def _refuse(self, status: int, why: str) -> None:
+        self.close_connection = True
+        try:
+            self._send(status, {"Connection": "close"}, {"error": why})
+        except OSError:
+            pass
 
-            def _length(self, cap: int) -> Optional[int]:
-                """The body's length from the one Content-Length header, or None after refusing the request."""
-                if self.headers.get("Transfer-Encoding") is not None:
-                    self._refuse(411, "Transfer-Encoding is not accepted: send the body with a Content-Length")
-                    return None
-                values = self.headers.get_all("Content-Length") or []
-                if not values:
-                    self._refuse(411, "Content-Length required")
-                    return None
-                if len(set(values)) != 1 or not re.fullmatch(r"[0-9]{1,19}", values[0].strip()):
-                    self._refuse(400, f"Content-Length {', '.join(values)[:60]!r} is not one non-negative integer")
-                    return None
-                n = int(values[0].strip())
-                if n > cap:
-                    self._refuse(413, f"body of {n} bytes is over this model's limit of {cap} bytes")
-                    return None
-                return n
+    def _send(self, status: int, headers: dict[str, str], doc: "dict[str, Any] | Binary") -> None:
+        if isinstance(doc, Binary):
+            data, extra = doc.body()
+            headers = {**headers, **extra}
+        else:
+            data = json.dumps(doc).encode()
+        self.connection.settimeout(self.limits.body_timeout_s)
+        self.send_response(status)
+        self.send_header("Content-Type", "application/octet-stream" if isinstance(doc, Binary) else "application/json")
+        self.send_header("Content-Length", str(len(data)))
+        for k, v in headers.items():
+            self.send_header(k, v)
+        if self.close_connection:
+            self.send_header("Connection", "close")
+        self.end_headers()
+        self.wfile.write(data)
+        self._answered = True
 
-            def do_POST(self):  # noqa: N802
-                m = _PATH.fullmatch(self.path.split("?")[0])
-                cap = front.body_cap(m.group(1)) if m else 0
-                n = self._length(cap if m else limits.max_header_bytes)
-                if n is None:
-                    return
-                self._raw.deadline = time.monotonic() + limits.body_timeout_s
-                body = self.rfile.read(n) if n else b""
-                if len(body) != n:
-                    self._refuse(400, f"body ended after {len(body)} of {n} bytes")
-                    return
-                if not m:
-                    self._send(404, {}, {"error": f"no such endpoint: {self.path[:200]}"})
-                    return
-                if m.group(2):
-                    self._send(
-                        404,
-                        {},
-                        {
-                            "error": f"model {m.group(1)} version {m.group(2).rsplit('/', 1)[1]} is not served here: "
-                            f"the queue runs the served version; call /v2/models/{m.group(1)}/infer"
-                        },
-                    )
-                    return
-                self._send(*front.handle(m.group(1), body, self.headers.get("Idempotency-Key"), self._caller()))
+    def _length(self, cap: int) -> Optional[int]:
+        """The body's length from the one Content-Length header, or None after refusing the request."""
+        if self.headers.get("Transfer-Encoding") is not None:
+            self._refuse(411, "Transfer-Encoding is not accepted: send the body with a Content-Length")
+            return None
+        values = self.headers.get_all("Content-Length") or []
+        if not values:
+            self._refuse(411, "Content-Length required")
+            return None
+        if len(set(values)) != 1 or not re.fullmatch(r"[0-9]{1,19}", values[0].strip()):
+            self._refuse(400, f"Content-Length {', '.join(values)[:60]!r} is not one non-negative integer")
+            return None
+        n = int(values[0].strip())
+        if n > cap:
+            self._refuse(413, f"body of {n} bytes is over this model's limit of {cap} bytes")
+            return None
+        return n
 
-            def _caller(self) -> str:
-                return str(self.client_address[0])
+    def do_POST(self):  # noqa: N802
+        m = _PATH.fullmatch(self.path.split("?")[0])
+        cap = self.front.body_cap(m.group(1)) if m else 0
+        n = self._length(cap if m else self.limits.max_header_bytes)
+        if n is None:
+            return
+        self._raw.deadline = time.monotonic() + self.limits.body_timeout_s
+        body = self.rfile.read(n) if n else b""
+        if len(body) != n:
+            self._refuse(400, f"body ended after {len(body)} of {n} bytes")
+            return
+        if not m:
+            self._send(404, {}, {"error": f"no such endpoint: {self.path[:200]}"})
+            return
+        if m.group(2):
+            self._send(
+                404,
+                {},
+                {
+                    "error": f"model {m.group(1)} version {m.group(2).rsplit('/', 1)[1]} is not served here: "
+                    f"the queue runs the served version; call /v2/models/{m.group(1)}/infer"
+                },
+            )
+            return
+        self._send(*self.front.handle(m.group(1), body, self.headers.get("Idempotency-Key"), self._caller()))
 
-            def do_GET(self):  # noqa: N802
-                if self.headers.get("Transfer-Encoding") or (self.headers.get("Content-Length") or "0").strip() != "0":
-                    self.close_connection = True  # a body nobody reads must not be taken for the next request
-                if self.path.split("?")[0] not in ("/v2/health/ready", "/v2/health/live"):
-                    self._send(404, {}, {"error": f"no such endpoint: {self.path[:200]}"})
-                    return
-                try:
-                    front.queue.r.ping()
-                    self._send(200, {}, {"ready": True})
-                except redis.RedisError as e:
-                    self._send(503, {}, {"ready": False, "error": type(e).__name__})
+    def _caller(self) -> str:
+        return str(self.client_address[0])
 
-            def log_message(self, *a):
-                pass
+    def do_GET(self):  # noqa: N802
+        if self.headers.get("Transfer-Encoding") or (self.headers.get("Content-Length") or "0").strip() != "0":
+            self.close_connection = True  # a body nobody reads must not be taken for the next request
+        if self.path.split("?")[0] not in ("/v2/health/ready", "/v2/health/live"):
+            self._send(404, {}, {"error": f"no such endpoint: {self.path[:200]}"})
+            return
+        try:
+            self.front.queue.r.ping()
+            self._send(200, {}, {"ready": True})
+        except redis.RedisError as e:
+            self._send(503, {}, {"ready": False, "error": type(e).__name__})
 
-        return BoundedServer((address, port), Handler, limits.max_connections)
+    def log_message(self, *a):
+        pass
 
 
 class BoundedServer(http.server.ThreadingHTTPServer):
