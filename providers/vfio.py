@@ -15,7 +15,8 @@ from typing import Optional
 import pulumi
 from pulumi.dynamic import CheckFailure, CheckResult, DiffResult, ReadResult
 
-from access.shell import quote, sh
+from access.shell import Script, quote, sh
+from access.ssh import Conn
 from facts.files import FileState
 from facts.host import facts_script, parse_host_facts, read_host_facts
 from facts.model import HostFacts, normalize_pci
@@ -154,6 +155,78 @@ def expand_functions(facts: HostFacts, addresses: list[str]) -> list[str]:
     return out
 
 
+def _split_host_read(props: dict) -> tuple[dict, Optional[str]]:
+    """HostPreflight's read comes as "<the guarded read> <the initramfs listing>" (base64 each): (props with the
+    guarded read alone, the listing or None)."""
+    hint, listing = props.get("host_read"), None
+    if isinstance(hint, str) and " " in hint:
+        guarded_b64, _, listing_b64 = hint.partition(" ")
+        props = {**props, "host_read": guarded_b64}
+        try:
+            listing = base64.b64decode(listing_b64, validate=True).decode(errors="replace")
+        except ValueError:
+            listing = None
+    return props, listing
+
+
+def _bindable(name: str, props: dict, facts: HostFacts) -> list[str]:
+    """Every function to bind (each device's whole slot); raises, nothing changed, for an unknown address, a device
+    the safety checks refuse, or binding by address without driverctl."""
+    unknown = [normalize_pci(a) for a in props["devices"] if normalize_pci(a) not in facts.pci]
+    if unknown:
+        raise RuntimeError(f"{name}: unknown PCI address(es) {', '.join(unknown)}; nothing changed")
+    devices = expand_functions(facts, props["devices"])
+    # The safety checks on the read that the guard compares again under the lock, right before binding.
+    refused = binding_refusals(facts, devices)
+    if refused:
+        raise RuntimeError(f"{name}: refusing to bind to vfio-pci; nothing changed:\n" + report(refused))
+    if props.get("mode", "address") == "address" and "driverctl" not in facts.tools:
+        raise RuntimeError(
+            f"{name}: binding by address needs driverctl (seed 002 §4): install it, or use mode 'ids'; nothing changed"
+        )
+    return devices
+
+
+def _file_steps(ch: Change, wanted: dict[str, bytes], facts: HostFacts, pristine: Optional[dict]) -> Optional[bool]:
+    """Write the wanted module files, remove one no longer wanted if gpuhost made it. Whether a file changes; None
+    when one would be removed before the records are read (the caller plans again with them)."""
+    changed_files = False
+    for path in FILES:
+        cur = facts.files.get(path)
+        if path in wanted:
+            if not (cur and cur.exists and cur.content == wanted[path]):
+                ch.write(path, wanted[path], "0644", "0:0")
+                changed_files = True
+        elif cur and cur.exists:
+            if pristine is None:
+                return None
+            if not pristine[path].exists:
+                ch.script.raw(sh("rm", "-f", path))
+                changed_files = True
+    return changed_files
+
+
+def _bind_steps(s: Script, props: dict, facts: HostFacts, devices: list[str], live: bool) -> None:
+    """Each device not yet on vfio-pci (with its override): a driverctl override, or a sysfs rebind in ids mode."""
+    for a in devices:
+        if facts.pci[a].driver == "vfio-pci" and facts.driverctl_overrides.get(a) == "vfio-pci":
+            continue
+        if props.get("mode", "address") == "address":
+            # Without an active IOMMU vfio-pci cannot probe: persist the override, bind at next boot.
+            s.add("driverctl", *([] if live else ["--nobind"]), "set-override", a, "vfio-pci")
+        elif live:
+            s.extend(_sysfs_rebind(a, "vfio-pci"))
+
+
+def _drivers_after(out: str, drivers: dict[str, Optional[str]]) -> dict[str, Optional[str]]:
+    """`drivers` (as read before the change) updated from the change's "@@driver <address> <link>" lines."""
+    for ln in out.splitlines():
+        parts = ln.split()
+        if len(parts) >= 2 and parts[0] == "@@driver" and parts[1] in drivers:
+            drivers[parts[1]] = parts[2].rsplit("/", 1)[-1] if len(parts) > 2 else None
+    return drivers
+
+
 class VfioBindingProvider(HostProvider):
     # 6: an initramfs rebuild says every 5 s what it waits for (providers.progress);
     # 5: planned from HostPreflight's read (the initramfs listed once), record, check and change in one round trip;
@@ -202,89 +275,17 @@ class VfioBindingProvider(HostProvider):
         return {"sections": READ_SECTIONS, "files": FILES, "pci_slots": sorted(_slots(inputs["devices"]))}
 
     def _converge(self, props: dict, olds: Optional[dict]) -> dict:
+        """HostPreflight's read (facts) → the plan (`_plan_change`) → record, check and change in one round trip
+        (`converge`) → the drivers as the change left them, and what delete restores."""
         conn = self.conn(props)
         rec = self._record(props)
         slots = _slots(props["devices"])
-        # HostPreflight's read comes as "<the guarded read> <the initramfs listing>" (base64 each).
-        hint, listing = props.get("host_read"), None
-        if isinstance(hint, str) and " " in hint:
-            guarded_b64, _, listing_b64 = hint.partition(" ")
-            props = {**props, "host_read": guarded_b64}
-            try:
-                listing = base64.b64decode(listing_b64, validate=True).decode(errors="replace")
-            except ValueError:
-                listing = None
-        made: dict = {}
+        props, listing = _split_host_read(props)
+        # What the last plan was made from (the initramfs listing is kept for the next plan while it holds).
+        made: dict = {"listing": listing}
 
         def plan_from(read: bytes, pristine: Optional[dict], _values) -> Optional[Change]:
-            nonlocal listing
-            text = read.decode(errors="replace")
-            facts = parse_host_facts(text)
-            unknown = [normalize_pci(a) for a in props["devices"] if normalize_pci(a) not in facts.pci]
-            if unknown:
-                raise RuntimeError(f"{conn.spec.name}: unknown PCI address(es) {', '.join(unknown)}; nothing changed")
-            devices = expand_functions(facts, props["devices"])
-            # The safety checks on the read that the guard compares again under the lock, right before binding.
-            refused = binding_refusals(facts, devices)
-            if refused:
-                raise RuntimeError(
-                    f"{conn.spec.name}: refusing to bind to vfio-pci; nothing changed:\n" + report(refused)
-                )
-            if props.get("mode", "address") == "address" and "driverctl" not in facts.tools:
-                raise RuntimeError(
-                    f"{conn.spec.name}: binding by address needs driverctl (seed 002 §4): "
-                    "install it, or use mode 'ids'; nothing changed"
-                )
-            wanted = render_files(props, facts)
-            ch = Change(self.owner(props))
-            s = ch.script
-            changed_files = False
-            for path in FILES:
-                cur = facts.files.get(path)
-                if path in wanted:
-                    if not (cur and cur.exists and cur.content == wanted[path]):
-                        ch.write(path, wanted[path], "0644", "0:0")
-                        changed_files = True
-                elif cur and cur.exists:
-                    if pristine is None:
-                        return None  # removed only if gpuhost made it: read the records first
-                    if not pristine[path].exists:
-                        s.raw(sh("rm", "-f", path))
-                        changed_files = True
-            live = facts.iommu.active
-            for a in devices:
-                if facts.pci[a].driver == "vfio-pci" and facts.driverctl_overrides.get(a) == "vfio-pci":
-                    continue
-                if props.get("mode", "address") == "address":
-                    # Without an active IOMMU vfio-pci cannot probe: persist the override, bind at next boot.
-                    s.add("driverctl", *([] if live else ["--nobind"]), "set-override", a, "vfio-pci")
-                elif live:
-                    s.extend(_sysfs_rebind(a, "vfio-pci"))
-            # The listing holds while the images' stamp in this read is the one it was made with (else: list again).
-            if listing is None or stamp(listing) != stamp(text):
-                listing = self.guarded(conn, "listing the initramfs", lambda: conn.run(initramfs_read(slots)).stdout)
-            # The initramfs is rebuilt only when a driver inside it would claim a device before vfio-pci (plans.vfio).
-            claimers = parse_claimers(listing)
-            initramfs = plan_initramfs(
-                parse_initramfs(listing),
-                {a: claimers.get(a, set()) for a in devices},
-                blacklisted=["nouveau"] if BLACKLIST in wanted else [],
-                wanted=[p.rsplit("/", 1)[1] for p in wanted if "/modprobe.d/" in p],
-                files_changed=changed_files,
-                command=initramfs_cmd(facts.os.family),
-            ).plan
-            for action in initramfs.actions:
-                s.raw(action.command)
-            # The PCI drivers (and the modprobe/driverctl files) are the vfio class's; an initramfs rebuild is the
-            # boot class's too (update-grub lists /boot while update-initramfs writes it).
-            ch.classes = ("boot", "vfio") if initramfs.actions else ("vfio",)
-            if not ch.empty:
-                # The drivers as they are after the change, printed by the change itself (no second read).
-                for a in devices:
-                    link = quote(f"/sys/bus/pci/devices/{a}/driver")
-                    s.raw(f"printf '@@driver %s %s\\n' {quote(a)} \"$(readlink {link} 2>/dev/null || true)\"")
-            made.update(facts=facts, devices=devices, initramfs=initramfs, live=live)
-            return ch
+            return self._plan_change(conn, props, slots, read.decode(errors="replace"), pristine, made)
 
         read = facts_script(files=FILES, sections=READ_SECTIONS)
         out, pristine, values, _, _ = self.converge(conn, props, rec, read, plan_from)
@@ -292,11 +293,7 @@ class VfioBindingProvider(HostProvider):
         first = {a: v for text in values.values() for a, v in _parse_slot_drivers(text).items()}
         prior_drivers = {a: (first[a][0] if a in first else facts.pci[a].driver) for a in devices}
         prior_overrides = {a: (first[a][1] if a in first else facts.driverctl_overrides.get(a)) for a in devices}
-        drivers = {a: facts.pci[a].driver for a in devices if a in facts.pci}
-        for ln in out.splitlines():
-            parts = ln.split()
-            if len(parts) >= 2 and parts[0] == "@@driver" and parts[1] in drivers:
-                drivers[parts[1]] = parts[2].rsplit("/", 1)[-1] if len(parts) > 2 else None
+        drivers = _drivers_after(out, {a: facts.pci[a].driver for a in devices if a in facts.pci})
         pending = not live or any(d != "vfio-pci" for d in drivers.values())
         if live and pending:
             bad = {a: d for a, d in drivers.items() if d != "vfio-pci"}
@@ -313,6 +310,51 @@ class VfioBindingProvider(HostProvider):
             pending_reboot=pending,
             initramfs=initramfs.sentences[0],
         )
+
+    def _plan_change(
+        self, conn: Conn, props: dict, slots: set[str], text: str, pristine: Optional[dict], made: dict
+    ) -> Optional[Change]:
+        """The change for one read of the host: the module files, the bindings, an initramfs rebuild when one is
+        needed, and the drivers printed after it. None: a file is to be removed, so the records are read first.
+        `made` gets what the plan was made from (and keeps the initramfs listing for the next plan)."""
+        facts = parse_host_facts(text)
+        devices = _bindable(conn.spec.name, props, facts)
+        wanted = render_files(props, facts)
+        ch = Change(self.owner(props))
+        s = ch.script
+        changed_files = _file_steps(ch, wanted, facts, pristine)
+        if changed_files is None:
+            return None  # removed only if gpuhost made it: read the records first
+        live = facts.iommu.active
+        _bind_steps(s, props, facts, devices, live)
+        # The listing holds while the images' stamp in this read is the one it was made with (else: list again).
+        if made["listing"] is None or stamp(made["listing"]) != stamp(text):
+            made["listing"] = self.guarded(
+                conn, "listing the initramfs", lambda: conn.run(initramfs_read(slots)).stdout
+            )
+        listing = made["listing"]
+        # The initramfs is rebuilt only when a driver inside it would claim a device before vfio-pci (plans.vfio).
+        claimers = parse_claimers(listing)
+        initramfs = plan_initramfs(
+            parse_initramfs(listing),
+            {a: claimers.get(a, set()) for a in devices},
+            blacklisted=["nouveau"] if BLACKLIST in wanted else [],
+            wanted=[p.rsplit("/", 1)[1] for p in wanted if "/modprobe.d/" in p],
+            files_changed=changed_files,
+            command=initramfs_cmd(facts.os.family),
+        ).plan
+        for action in initramfs.actions:
+            s.raw(action.command)
+        # The PCI drivers (and the modprobe/driverctl files) are the vfio class's; an initramfs rebuild is the
+        # boot class's too (update-grub lists /boot while update-initramfs writes it).
+        ch.classes = ("boot", "vfio") if initramfs.actions else ("vfio",)
+        if not ch.empty:
+            # The drivers as they are after the change, printed by the change itself (no second read).
+            for a in devices:
+                link = quote(f"/sys/bus/pci/devices/{a}/driver")
+                s.raw(f"printf '@@driver %s %s\\n' {quote(a)} \"$(readlink {link} 2>/dev/null || true)\"")
+        made.update(facts=facts, devices=devices, initramfs=initramfs, live=live)
+        return ch
 
     def diff_known(self, _id: str, olds: dict, news: dict) -> DiffResult:
         drivers = olds.get("drivers") or {}
