@@ -636,14 +636,47 @@ class LibvirtDomainProvider(HostProvider):
 
     # -- update ---------------------------------------------------------------------------------------------------
     def update(self, id_: str, olds: dict, news: dict) -> UpdateResult:
+        """Record the paths this resource had not written before, then rewrite the seed and make the disk, redefine
+        (pins live, else a restart; the previous definition back on failure), set autostart, and put a seed ISO
+        path or disk the domain no longer uses back as found."""
         old = DomainInputs.model_validate(olds)
         new = DomainInputs.model_validate(news)
         lv = open_libvirt(new)
         dom = lv.lookupByUUIDString(id_)
-        spec = new.domain
         (old_seed, old_disk), (seed, disk) = self._paths(old), self._paths(new)
         new_seed, new_disk = (seed if seed != old_seed else None), (disk if disk != old_disk else None)
         conn = self.conn(news) if self._on_host(new) else None
+        found, disk_created, disk_there = self._found_new(conn, olds, news, new, new_seed, new_disk, disk)
+        pristine.changing()
+        seed_uploaded = bool(olds.get("seed_uploaded"))
+        if seed and (new_seed or new.cloud_init != old.cloud_init):
+            seed_uploaded = self._rewrite_seed(lv, dom, news, new, conn)
+        if disk and not disk_there:
+            made = ensure_overlay(lv, disk, new.storage)
+            if conn is None:
+                disk_created = made or (disk_created and not new_disk)
+        dom, xml = _redefine(lv, dom, new, news.get("owner_tag"))
+        if bool(dom.autostart()) != new.autostart:
+            dom.setAutostart(1 if new.autostart else 0)
+        self._release_unused(lv, olds, (old_seed, old_disk), (seed, disk))
+        if not seed:
+            found["seed_found"] = None
+        if not disk:
+            found["disk_found"], disk_created = None, False
+        return UpdateResult(self._outs(news, dom, disk_created, seed_uploaded, xml, **found))
+
+    def _found_new(
+        self,
+        conn: Optional[Conn],
+        olds: dict,
+        news: dict,
+        new: DomainInputs,
+        new_seed: Optional[str],
+        new_disk: Optional[str],
+        disk: Optional[str],
+    ) -> tuple[dict, bool, bool]:
+        """Record the seed ISO path and the disk this update starts to use (through `host` only; the first record
+        wins). Returns (seed_found, disk_found and made_dirs for state, disk_created, whether the disk is there)."""
         found = {k: olds.get(k) for k in ("seed_found", "disk_found", "made_dirs")}
         disk_created = bool(olds.get("disk_created"))
         disk_there = False
@@ -661,62 +694,36 @@ class LibvirtDomainProvider(HostProvider):
                 found["seed_found"] = seed_found
             if new_disk:
                 found["disk_found"], disk_created = disk_found, disk_found == "absent"
-        pristine.changing()
-        seed_uploaded = bool(olds.get("seed_uploaded"))
-        if seed and (new_seed or new.cloud_init != old.cloud_init):
-            was = dom.isActive()
-            if was:
-                shutdown(dom, new.shutdown_timeout)
-            seed_uploaded = self._write_seed(lv, news, new, conn)
-            if was:
-                dom.create()
-        if disk and not disk_there:
-            made = ensure_overlay(lv, disk, new.storage)
-            if conn is None:
-                disk_created = made or (disk_created and not new_disk)
-        live_xml = parse(dom.XMLDesc(0))
-        changed = {f for f in DomainSpec.model_fields if getattr(live_xml, f) != getattr(spec, f)}
-        xml = domain_xml(spec, news.get("owner_tag"), uuid=dom.UUIDString())
-        previous = dom.XMLDesc(libvirt.VIR_DOMAIN_XML_INACTIVE | libvirt.VIR_DOMAIN_XML_SECURE)
-        running = bool(dom.isActive())
-        if not changed:
-            pass
-        elif running and changed <= LIVE_FIELDS and _same_shape(live_xml, spec):
-            lv.defineXML(xml)
-            try:
-                _live_pins(dom, lv.getCPUMap(0)[0], spec)
-            except libvirt.libvirtError as e:
-                lv.defineXML(previous)
-                raise UpdateFailed(f"live pinning of {spec.name!r} failed ({e}); previous definition restored") from e
-        else:
-            if running:
-                shutdown(dom, new.shutdown_timeout)
-            try:
-                dom = lv.defineXML(xml)
-                if running or new.start:
-                    dom.create()
-            except libvirt.libvirtError as e:
-                dom = lv.defineXML(previous)
-                if running:
-                    dom.create()
-                raise UpdateFailed(
-                    f"update of {spec.name!r} failed: {e.get_error_message()}; previous definition restored"
-                    + (" and started" if running else "")
-                ) from e
-        if bool(dom.autostart()) != new.autostart:
-            dom.setAutostart(1 if new.autostart else 0)
-        # a seed ISO path or disk the domain no longer uses goes back as found (a disk's data is never deleted here)
+        return found, disk_created, disk_there
+
+    def _rewrite_seed(
+        self, lv: libvirt.virConnect, dom: libvirt.virDomain, news: dict, new: DomainInputs, conn: Optional[Conn]
+    ) -> bool:
+        """Write the new cloud-init seed with the domain shut down, then start it again if it ran."""
+        was = dom.isActive()
+        if was:
+            shutdown(dom, new.shutdown_timeout)
+        seed_uploaded = self._write_seed(lv, news, new, conn)
+        if was:
+            dom.create()
+        return seed_uploaded
+
+    def _release_unused(
+        self,
+        lv: libvirt.virConnect,
+        olds: dict,
+        old_paths: tuple[Optional[str], Optional[str]],
+        paths: tuple[Optional[str], Optional[str]],
+    ) -> None:
+        """A seed ISO path or disk the domain no longer uses goes back as found (a disk's data is never deleted
+        here). `old_paths`, `paths`: (seed ISO, disk) before and after the update."""
+        (old_seed, old_disk), (seed, disk) = old_paths, paths
         gone_seed, gone_disk = old_seed is not None and old_seed != seed, old_disk is not None and old_disk != disk
         if gone_seed or gone_disk:
             gone = {**olds, "cloud_init": olds.get("cloud_init") if gone_seed else None}
             if not gone_disk:
                 gone["storage"] = {**(olds.get("storage") or {}), "base_image": None}
             self._release(lv, gone, delete_disk=False, gone=False)
-        if not seed:
-            found["seed_found"] = None
-        if not disk:
-            found["disk_found"], disk_created = None, False
-        return UpdateResult(self._outs(news, dom, disk_created, seed_uploaded, xml, **found))
 
     # -- delete ---------------------------------------------------------------------------------------------------
     def delete(self, id_: str, props: dict) -> None:
@@ -761,6 +768,45 @@ def _settle(dom: libvirt.virDomain, timeout: float) -> None:
         libvirt.VIR_DOMAIN_PAUSED_STARTING_UP,
     ]:
         time.sleep(0.5)
+
+
+def _redefine(
+    lv: libvirt.virConnect, dom: libvirt.virDomain, new: DomainInputs, owner: Optional[str]
+) -> tuple[libvirt.virDomain, str]:
+    """(the domain, its new XML) after defining `new.domain`: nothing when the live definition already matches;
+    pins alone on a running domain of the same shape apply live; else shut down, define and start again. On a
+    libvirt error the previous definition goes back (started again if it ran) and UpdateFailed says so."""
+    spec = new.domain
+    live_xml = parse(dom.XMLDesc(0))
+    changed = {f for f in DomainSpec.model_fields if getattr(live_xml, f) != getattr(spec, f)}
+    xml = domain_xml(spec, owner, uuid=dom.UUIDString())
+    previous = dom.XMLDesc(libvirt.VIR_DOMAIN_XML_INACTIVE | libvirt.VIR_DOMAIN_XML_SECURE)
+    running = bool(dom.isActive())
+    if not changed:
+        pass
+    elif running and changed <= LIVE_FIELDS and _same_shape(live_xml, spec):
+        lv.defineXML(xml)
+        try:
+            _live_pins(dom, lv.getCPUMap(0)[0], spec)
+        except libvirt.libvirtError as e:
+            lv.defineXML(previous)
+            raise UpdateFailed(f"live pinning of {spec.name!r} failed ({e}); previous definition restored") from e
+    else:
+        if running:
+            shutdown(dom, new.shutdown_timeout)
+        try:
+            dom = lv.defineXML(xml)
+            if running or new.start:
+                dom.create()
+        except libvirt.libvirtError as e:
+            dom = lv.defineXML(previous)
+            if running:
+                dom.create()
+            raise UpdateFailed(
+                f"update of {spec.name!r} failed: {e.get_error_message()}; previous definition restored"
+                + (" and started" if running else "")
+            ) from e
+    return dom, xml
 
 
 def _same_shape(a: DomainSpec, b: DomainSpec) -> bool:
