@@ -98,8 +98,15 @@ def present(*children: Optional[Child]) -> list[Child]:
     return [c for c in children if c is not None]
 
 
+# Leaf types that hold no Ref or Later: most of a fleet's input leaves, answered before the isinstance chain (a
+# Mapping check is an ABC lookup; the 100-host program walks some 90,000 leaves twice).
+_PLAIN = frozenset({str, int, float, bool, type(None), bytes})
+
+
 def refs(value: Any) -> Iterator[Ref]:
     """Every Ref inside an input value (dicts, lists and tuples at any depth)."""
+    if type(value) in _PLAIN:
+        return
     if isinstance(value, Ref):
         yield value
     elif isinstance(value, Mapping):
@@ -112,6 +119,8 @@ def refs(value: Any) -> Iterator[Ref]:
 
 def resolve(value: Any, output_of: Callable[[Ref], Any], later: Callable[[Later], Any]) -> Any:
     """`value` with every Ref and Later replaced (by `output_of` and `later`), at any depth."""
+    if type(value) in _PLAIN:
+        return value
     if isinstance(value, Ref):
         return output_of(value)
     if isinstance(value, Later):
@@ -184,10 +193,20 @@ class Wired(pulumi.ComponentResource):
         cls.TYPE, cls.CHILDREN = type_name, staticmethod(children)
         Wired.BY_TYPE[type_name] = cls
 
-    def __init__(self, name: str, args: Any, opts: Optional[pulumi.ResourceOptions] = None):
+    def __init__(
+        self,
+        name: str,
+        args: Any,
+        opts: Optional[pulumi.ResourceOptions] = None,
+        *,
+        children: Optional[list[Child]] = None,
+    ):
+        """`children`: the list ``CHILDREN(name, args)`` already returned for these very args (the stack loader
+        builds it to check the fleet before anything is registered); built here when not given."""
         super().__init__(self.TYPE, name, None, opts)
         self.component_name = name
-        self.register_outputs(self.wire(args, declare(self, name, self.CHILDREN(name, args))))
+        kids = self.CHILDREN(name, args) if children is None else children
+        self.register_outputs(self.wire(args, declare(self, name, kids)))
 
     def wire(self, args: Any, made: dict[str, Any]) -> dict[str, Any]:
         raise NotImplementedError

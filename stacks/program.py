@@ -418,7 +418,9 @@ class Program:
             waiting = {k: real(v) for k in type(p.args).model_fields if _waits(v := getattr(p.args, k))}
             args = p.args.model_copy(update=waiting) if waiting else p.args
             after = [real(a) for a in p.after]
-            made[id(p)] = p.cls(p.name, args, ResourceOptions(depends_on=after) if after else None)
+            # the children `add` listed are these args' own unless a Pending arg was made real
+            kids = None if waiting else p.children
+            made[id(p)] = p.cls(p.name, args, ResourceOptions(depends_on=after) if after else None, children=kids)
         return real(self.exports)
 
 
