@@ -13,7 +13,8 @@ Phases (each host phase boots a fresh copy-on-write overlay of the same cached b
            drift after a hand edit of /etc/default/grub.
   ansible  host B: first apply of bench/ansible/host_prep.yml, no-op runs, drift (`--check --diff`); then the files
            both tools wrote are compared.
-  pure     the placement solver on 1,000 hosts x 8 VMs; the whole program under Pulumi mocks for 100 hosts.
+  pure     the placement solver on 1,000 hosts x 8 VMs; the whole program under Pulumi mocks for 100 hosts, beside
+           the SDK's mock runtime alone (bench/mocks_floor.py).
 """
 
 from __future__ import annotations
@@ -464,6 +465,9 @@ def pure_phase(out: dict, n: int) -> dict:
 
     patched = hasattr(ts, "infer_body")  # older TritonService built gate request bodies at program time
     walls, cpus, loads, bodies = [], [], [], []
+    # the SDK's own floor, interleaved with the program's runs so that each round sees the same load
+    floors = _mocks_floors(cfg, secret) if _has_floor() else {}
+    floor_cpus: dict[str, list[float]] = {k: [] for k in floors}
     with mock.patch.object(ts, "infer_body", timed) if patched else contextlib.nullcontext():
         for _ in range(n):
             body_time[0] = 0.0
@@ -473,6 +477,10 @@ def pure_phase(out: dict, n: int) -> dict:
             walls.append(time.perf_counter() - t0)
             cpus.append(time.process_time() - c0)
             bodies.append(body_time[0])
+            for k, body in floors.items():
+                c0 = time.process_time()
+                run_program(cfg, secret, stack="bench-100", body=body)
+                floor_cpus[k].append(time.process_time() - c0)
     types = rec.types()
     gate_inputs = [len(json.dumps(r.inputs)) for r in rec.registrations if r.type.endswith(":AcceptanceGate")]
     out["mocks"] = {
@@ -485,8 +493,26 @@ def pure_phase(out: dict, n: int) -> dict:
         "infer_body_s": stats(bodies) if patched else {},
         "acceptance_gates": len(gate_inputs),
         "largest_gate_inputs_bytes": max(gate_inputs) if gate_inputs else 0,
+        "floor_cpu": {k: stats(v) for k, v in floor_cpus.items()},
     }
     return out
+
+
+def _has_floor() -> bool:
+    return (ROOT / "bench" / "mocks_floor.py").exists()  # an older commit measured has none
+
+
+def _mocks_floors(cfg: dict, secret: list) -> dict:
+    """The SDK's mock runtime alone (bench/mocks_floor.py): the same number of plain resources, and the program's
+    own registrations declared again from plain values."""
+    from bench.mocks_floor import record_with_outputs, replay_body, trivial_body
+
+    rec, outputs = record_with_outputs(cfg, secret, stack="bench-100")
+    components = sum(1 for r in rec.registrations if not r.custom)
+    return {
+        "trivial": trivial_body(len(rec.registrations), components),
+        "replay": replay_body(rec, outputs),
+    }
 
 
 # ------------------------------------------------------------------------------------------------- report
@@ -626,6 +652,13 @@ def _pure_rows(rows: list, p: dict) -> None:
             + (
                 f"; of which building acceptance-gate request bodies {fmt(mk['infer_body_s'])}"
                 if mk.get("infer_body_s")
+                else ""
+            )
+            + (
+                f"; SDK mock runtime alone, same rounds: {mk['resources']} plain resources CPU "
+                f"{fmt(mk['floor_cpu']['trivial'])}, the program's own registrations from plain values CPU "
+                f"{fmt(mk['floor_cpu']['replay'])}"
+                if mk.get("floor_cpu")
                 else ""
             )
             + " | – | – | < 5 s |"
