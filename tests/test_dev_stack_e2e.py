@@ -26,7 +26,19 @@ from access.shell import sh
 from providers.libvirt_domain import AUTOSTART_DIR
 from testbed.servers import free_port
 from testbed.testhost.fixtures import kernel_starts
-from testbed.testhost.machine import hmp
+from testbed.testhost.host import (
+    Domains,
+    DomainState,
+    FileContent,
+    Host,
+    Hugepages,
+    KernelCmdline,
+    PciDriver,
+    Probe,
+    SriovNumvfs,
+    Sysctl,
+)
+from testbed.testhost.machine import GPU_FN0, GPU_FN1, NVME_PF, hmp
 from testbed.testhost.passthrough import snapshot
 from tests.hostmanifest import differences, manifest
 from tests.progress_lines import Display, dones, tail, waits
@@ -36,7 +48,6 @@ from tools.driver import Driver, StackConfig
 pytestmark = [pytest.mark.testhost, pytest.mark.devstack]
 
 ROOT = Path(__file__).resolve().parent.parent
-NVME_PF = "0000:82:00.0"
 TENANT = "gpuhost-e2e-running-tenant"
 TENANT_XML = f"""<domain type='qemu'>
   <name>{TENANT}</name>
@@ -47,27 +58,42 @@ TENANT_XML = f"""<domain type='qemu'>
 </domain>"""
 
 
-def runtime(th) -> dict:
-    """The runtime values the stack changes, once the host has finished booting (tuned, for one, settles its profile
-    minutes after sshd answers under TCG). One value per line, whatever a file holds (an empty active_profile too)."""
+# The runtime values the stack changes, read in one round trip (after the boot-settle wait: see runtime()).
+RUNTIME: list[Probe] = [
+    KernelCmdline(),
+    PciDriver(GPU_FN0),
+    PciDriver(GPU_FN1),
+    Hugepages(node=1),
+    Sysctl("net.core.somaxconn"),
+    Sysctl("net.ipv4.tcp_fin_timeout"),
+    SriovNumvfs(NVME_PF),
+    FileContent("/etc/tuned/active_profile"),
+    FileContent("/etc/tuned/profile_mode"),
+    FileContent("/etc/default/irqbalance"),
+    Domains(),
+]
+
+
+def runtime(th) -> Host:
+    """RUNTIME, once the host has finished booting (tuned, for one, settles its profile minutes after sshd answers
+    under TCG)."""
     th.ssh("systemctl is-system-running --wait >/dev/null 2>&1 || true", timeout=900)
-    out = th.ssh(
-        'line() { printf "%s\\n" "$(echo $("$@" 2>/dev/null))"; }; '
-        "line cat /proc/cmdline; "
-        "for d in 0000:81:00.0 0000:81:00.1; do line basename $(readlink /sys/bus/pci/devices/$d/driver); done; "
-        "line cat /sys/devices/system/node/node1/hugepages/hugepages-2048kB/nr_hugepages; "
-        "line sysctl -n net.core.somaxconn; line sysctl -n net.ipv4.tcp_fin_timeout; "
-        f"line cat /sys/bus/pci/devices/{NVME_PF}/sriov_numvfs; "
-        "line cat /etc/tuned/active_profile; line cat /etc/tuned/profile_mode; "
-        "line grep -h ^IRQBALANCE_BANNED_CPULIST= /etc/default/irqbalance; "
-        "line virsh list --all --name"
-    ).stdout.splitlines()
-    keys = ["cmdline", "gpu", "audio", "hugepages1", "somaxconn", "fin_timeout", "numvfs", "tuned", "tuned_mode"]
-    keys += ["irqbalance", "domains"]
-    assert len(out) == len(keys), out
-    rt = dict(zip(keys, out, strict=True))
-    rt["domains"] = " ".join(sorted(rt["domains"].split()))
-    return rt
+    return Host(th.ssh).read(*RUNTIME)
+
+
+def assert_deployed(now: Host) -> None:
+    """The dev stack's host settings, as the running host shows them."""
+    assert {"intel_iommu=on", "iommu=pt"} <= set(now.kernel_cmdline)
+    assert now.pci_device(GPU_FN0).driver == "vfio-pci"
+    assert now.pci_device(GPU_FN1).driver == "vfio-pci"
+    assert now.hugepages(node=1) == 64
+    assert now.sysctl("net.core.somaxconn") == 4096
+    assert now.sysctl("net.ipv4.tcp_fin_timeout") == 10
+    assert now.pci_device(NVME_PF).sriov_numvfs == 2
+    assert now.file("/etc/tuned/active_profile").content_string.strip() == "latency-performance"
+    assert now.file("/etc/tuned/profile_mode").content_string.strip() == "manual"
+    irqbalance = now.file("/etc/default/irqbalance")
+    assert irqbalance.lines_starting("IRQBALANCE_BANNED_CPULIST=") == ["IRQBALANCE_BANNED_CPULIST=2-7"]
 
 
 def dev_config(th, port: int) -> StackConfig:
@@ -90,6 +116,7 @@ def initrds(th) -> str:
 
 def test_dev_stack_preview_up_drift_port_change_destroy(testhost, tmp_path):
     th = testhost
+    host = Host(th.ssh)
     times: dict[str, float] = {}
     pristine_files, pristine_rt, pristine_initrd = snapshot(th), runtime(th), initrds(th)
     t = time.monotonic()
@@ -140,8 +167,9 @@ def test_dev_stack_preview_up_drift_port_change_destroy(testhost, tmp_path):
         reboot = next(r for r in d.resources() if r.type.endswith("HostReboot"))
         assert reboot.outputs["rebooted"] is True and reboot.outputs["drained"] == [TENANT]
         # the tenant was shut down before the reboot and runs again after it
-        assert th.ssh(sh("virsh", "domstate", TENANT)).stdout.strip() == "running"
-        qlog = th.ssh(sh("cat", f"/var/log/libvirt/qemu/{TENANT}.log")).stdout
+        tenant = host.read(DomainState(TENANT), FileContent(f"/var/log/libvirt/qemu/{TENANT}.log"))
+        assert tenant.domain(TENANT).state == "running"
+        qlog = tenant.file(f"/var/log/libvirt/qemu/{TENANT}.log").content_string
         assert qlog.count("shutting down") >= 1 and qlog.rfind("starting up") > qlog.find("shutting down")
         # the reboot ran after every host-prep step had finished
         steps = {s.name: s for s in up.steps}
@@ -149,12 +177,7 @@ def test_dev_stack_preview_up_drift_port_change_destroy(testhost, tmp_path):
         for prep in ("cmdline", "vfio", "hugepages", "sysctls", "tuning"):
             s = steps[f"emulated-gpu-01-{prep}"]
             assert s.started + s.seconds <= rb.started + 0.01, prep
-        rt = runtime(th)
-        assert {"intel_iommu=on", "iommu=pt"} <= set(rt["cmdline"].split())
-        assert (rt["gpu"], rt["audio"]) == ("vfio-pci", "vfio-pci")
-        assert (rt["hugepages1"], rt["somaxconn"], rt["fin_timeout"]) == ("64", "4096", "10")
-        assert rt["irqbalance"] == "IRQBALANCE_BANNED_CPULIST=2-7" and rt["tuned_mode"] == "manual"
-        assert (rt["numvfs"], rt["tuned"]) == ("2", "latency-performance")
+        assert_deployed(runtime(th))
         # No driver that claims the GPU or its audio function is in this host's initramfs (MODULES=dep): vfio-pci
         # binds from the root filesystem; the initramfs is not rebuilt, byte for byte as found.
         vfio = next(r for r in d.resources() if r.type.endswith("VfioBinding"))
@@ -185,8 +208,10 @@ def test_dev_stack_preview_up_drift_port_change_destroy(testhost, tmp_path):
         assert not fix.errors, fix.errors
         assert {"emulated-gpu-01-cmdline", "emulated-gpu-01-sysctls"} <= {s.name for s in fix.of("update")}
         assert kernel_starts(th) == boots + 1  # the running kernel already matched: no reboot
-        assert 'intel_iommu=on iommu=pt"' in th.ssh("grep ^GRUB_CMDLINE_LINUX= /etc/default/grub").stdout
-        assert th.ssh("sysctl -n net.core.somaxconn").stdout.strip() == "4096"
+        fixed = host.read(FileContent("/etc/default/grub"), Sysctl("net.core.somaxconn"))
+        grub = fixed.file("/etc/default/grub").lines_starting("GRUB_CMDLINE_LINUX=")
+        assert any('intel_iommu=on iommu=pt"' in ln for ln in grub), grub
+        assert fixed.sysctl("net.core.somaxconn") == 4096
 
         # The SSH port changes (the host now also answers there): every resource on it updates, none is replaced.
         new_port = free_port()
@@ -228,4 +253,4 @@ def test_dev_stack_preview_up_drift_port_change_destroy(testhost, tmp_path):
         file=sys.stderr,
     )
     assert diff == []
-    assert runtime(th) == pristine_rt
+    assert runtime(th).values == pristine_rt.values
