@@ -483,7 +483,9 @@ def served(args, gpu: bool, weights: bytes, frame: dict) -> dict:
         s = yolov8n_torch(name=name, input="jpeg", gpu=gpu, weights=WEIGHTS_FILE, **kw)
         with contextlib.suppress(KeyError):  # a GPU without a preset keeps the defaults
             s = apply_preset(s, gpu_name) if gpu else s
-        return s.model_copy(update={"parameters": {**s.parameters, "report_every": "100", "conf": str(CONF)}})
+        # Square, set: the references (bench.gpu_frames.references) letterbox 640×640; a state_dict's default is rect.
+        params = {"report_every": "100", "conf": str(CONF), "letterbox": "square"}
+        return s.model_copy(update={"parameters": {**s.parameters, **params}})
 
     # The preset's instance count against fewer (each request of a c=1 run lands on the instance that has waited
     # longest: the coldest process and GPU context), same batching otherwise; and the lone-frame graphs off.

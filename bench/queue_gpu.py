@@ -136,7 +136,9 @@ def model_spec(gpu: bool, gpu_name: str, input: str) -> Any:
         spec = yolov8n_torch(
             name=MODEL, gpu=False, instances=1, window_us=200, max_batch_size=8, weights=WEIGHTS_FILE, input=input
         )
-    return with_parameters(spec, conf=str(CONF[input]))
+    # Square, set: the references (bench.gpu_frames.references) letterbox 640×640; a state_dict's default is rect.
+    square = {"letterbox": "square"} if input == "jpeg" else {}
+    return with_parameters(spec, conf=str(CONF[input]), **square)
 
 
 # The detector's score threshold per input: the test detector, calibrated on 640x640 images, is less sure of

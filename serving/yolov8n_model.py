@@ -4,8 +4,13 @@ Beside it in the version directory lies ``yolov8n.py`` (``serving/models/yolov8n
 
 * FP16 weights, Conv+BN fused, channels_last, cuDNN autotuned; the input is uint8 NHWC and is cast and
   scaled on the GPU (``Preprocess``), so the wire carries 1.2 MB per 640×640 image instead of 2.4 (FP16);
-* one CUDA graph per batch size (1–8, then multiples of 8 up to ``max_batch_size``); a batch is padded to
-  the next captured size;
+* one CUDA graph per input shape and batch size (1–8, then multiples of 8 up to ``max_batch_size``); a batch is
+  padded to the next captured size. Shapes: 640×640, and with ``letterbox: rect`` the rect shape of each
+  ``frame_graphs`` size (1280×720 and 1920×1080 → 384×640, 640×480 → 480×640): 24 graphs at max batch 8, all in
+  one memory pool (replays run one at a time and each answer is copied out before the next, so their scratch
+  overlaps: on the H200 228 MiB for warm-up and all 24, as for the 8 square graphs alone). Any other shape runs
+  eagerly, with cuDNN's autotuner turned off after initialize: it would tune each new shape in a request's path
+  (on the H200 before these graphs, 1280×720 frames at c=32 answered in 1.4–4.1 s while it tuned);
 * the requests of a dynamic batch are gathered into one pinned host buffer and go to the GPU in one copy;
   outputs come back in one copy per output into pinned buffers;
 * tensors move through DLPack only, never ``as_numpy``/``Tensor(name, ndarray)``: with NumPy 2 beside the
@@ -45,12 +50,14 @@ instance), ``max_frame_pixels``, ``max_frame_side``, ``frame_graphs`` (jpeg inpu
 launches between them; default 1280x720,1920x1080,640x480), ``letterbox`` (jpeg input: ``square`` pads every frame
 to 640×640, ``rect`` only to the next multiple of 32 around the resized frame, 1280×720 → 640×384, as Ultralytics'
 ``LetterBox(auto=True)``, which ``YOLO(checkpoint).predict`` uses for a checkpoint, state_dict or safetensors and a
-dynamic ONNX export, while a static ONNX export gets 640×640; default ``square`` for every artifact: on a GPU a rect
-shape other than 640×640 runs eagerly (the batch graphs are captured at 640×640), and on the H200 a 3 s run of
-1280×720 frames at c=32 answered in 1.4–4.1 s while cuDNN tuned each new shape; a batch of frames of several rect
-shapes runs one forward per shape), ``report_every`` (print the mean time of each execute's
-phases every N executes to Triton's log, and the frames each decoder served, 0 = never). At start each instance
-prints the GPU time of one graph replay per batch size (``gpuhost-graph-ms``).
+dynamic ONNX export, while a static ONNX export gets 640×640; default what ``predict`` does with the artifact:
+``rect`` for a checkpoint, state_dict, safetensors or dynamic ONNX export, ``square`` for a static ONNX export and
+random weights; a batch of frames of several rect shapes runs one graph per shape: on the H200 (preset, through
+nginx) rect serves 12 % more frames/s than square when a stream's frames share one size, 7–12 % fewer when every
+batch mixes 1280×720 and 640×480, c=1 alike: bench/results/gpu_frames_rect_graphs_*.md), ``report_every`` (print
+the mean time of each execute's phases every N executes to Triton's log, and the frames each decoder served, 0 =
+never). At start each instance prints the GPU time of one graph replay per shape and batch size
+(``gpuhost-graph-ms``).
 """
 
 import gc
@@ -111,6 +118,30 @@ def graph_sizes(max_batch):
 class TritonPythonModel:
     def initialize(self, args):
         config = json.loads(args["model_config"])
+        gpu = self._settings(args, config)
+        shape = self._input_setup(config, gpu)
+        self._model_setup(config, gpu, shape)
+        if gpu:
+            self._gpu_setup(config)
+        self._phases = [0.0, 0.0, 0.0]
+        self._frames = 0
+        self._executes = 0
+        self._report_every = int(_param(config, "report_every", "0"))
+        self._report_served = {}
+        out_shapes = {n: t.shape[1:] for n, t in zip(self.outputs, self._forward(self.gpu_in[:1]))}
+        self.host_out = {
+            n: torch.empty((self.max_batch, *s), dtype=self._out_dtype(n), pin_memory=gpu)
+            for n, s in out_shapes.items()
+        }
+        # Row views of the host outputs by (first, count): made once, not sliced again in every execute.
+        self._rows = {}
+        # What initialize built (torch, the model, the graphs: ~170,000 objects) leaves the collector's generations:
+        # a full collection that falls in an execute would walk all of it (tens of ms on a fast core).
+        gc.collect()
+        gc.freeze()
+
+    def _settings(self, args, config):
+        """Names, batch, output mode, device and precision, NMS settings; True on a GPU instance."""
         self.name = args.get("model_instance_name", "?")
         self.model_name = args.get("model_name", "?")
         self.max_batch = max(1, int(config.get("max_batch_size", 0)))
@@ -126,94 +157,113 @@ class TritonPythonModel:
             iou=float(_param(config, "iou", "0.45")),
         )
         self.outputs = [o["name"] for o in config["output"]]
-        self.input_mode = _param(config, "input", "raw")
-        if self.input_mode == "jpeg":
-            h, w, c = frames.SIZE, frames.SIZE, 3
-            # The frames nvJPEG cannot decode as libjpeg does go to libjpeg on the host: several at once in a batch.
-            threads = int(_param(config, "decode_threads", str(min(4, os.cpu_count() or 1) if gpu else 1)))
-            self.decoder = frames.Decoder(
-                self.device,
-                _param(config, "decode", "auto"),
-                cpu_threads=threads,
-                jpeg_decoder=_param(config, "jpeg_decoder", "exact"),
-            )
-            self.frame_limits = dict(
-                max_pixels=int(_param(config, "max_frame_pixels", str(frames.MAX_PIXELS))),
-                max_side=int(_param(config, "max_frame_side", str(frames.MAX_SIDE))),
-            )
-            self.geo = torch.zeros((self.max_batch, 6), dtype=torch.float32, pin_memory=gpu)
-            self._decoded = _decoded_family()
-            self._decoded_metrics = {}
-            self._decoded_seen = {}
-            started = {"instance": self.name, "decoder": self.decoder.name, "jpeg_decoder": self.decoder.jpeg_decoder}
-            if self.decoder.planes_error:  # 4:2:0 / 4:2:2 frames then decode on the host (libjpeg)
-                started["planes_error"] = self.decoder.planes_error
-            if self.decoder.planes_info:
-                started["planes"] = self.decoder.planes_info
-            print(f"gpuhost-frames {json.dumps(started)}", flush=True)
-        else:
-            h, w, c = (int(d) for d in config["input"][0]["dims"])
         self.input_name = config["input"][0]["name"]
+        self.input_mode = _param(config, "input", "raw")
+        return gpu
+
+    def _input_setup(self, config, gpu):
+        """The model input's (H, W, C): 640×640×3 for JPEG frames (with their decoder, limits and metrics), else the
+        config's dims."""
+        if self.input_mode != "jpeg":
+            return tuple(int(d) for d in config["input"][0]["dims"])
+        # The frames nvJPEG cannot decode as libjpeg does go to libjpeg on the host: several at once in a batch.
+        threads = int(_param(config, "decode_threads", str(min(4, os.cpu_count() or 1) if gpu else 1)))
+        self.decoder = frames.Decoder(
+            self.device,
+            _param(config, "decode", "auto"),
+            cpu_threads=threads,
+            jpeg_decoder=_param(config, "jpeg_decoder", "exact"),
+        )
+        self.frame_limits = dict(
+            max_pixels=int(_param(config, "max_frame_pixels", str(frames.MAX_PIXELS))),
+            max_side=int(_param(config, "max_frame_side", str(frames.MAX_SIDE))),
+        )
+        self.geo = torch.zeros((self.max_batch, 6), dtype=torch.float32, pin_memory=gpu)
+        self._decoded = _decoded_family()
+        self._decoded_metrics = {}
+        self._decoded_seen = {}
+        started = {"instance": self.name, "decoder": self.decoder.name, "jpeg_decoder": self.decoder.jpeg_decoder}
+        if self.decoder.planes_error:  # 4:2:0 / 4:2:2 frames then decode on the host (libjpeg)
+            started["planes_error"] = self.decoder.planes_error
+        if self.decoder.planes_info:
+            started["planes"] = self.decoder.planes_info
+        print(f"gpuhost-frames {json.dumps(started)}", flush=True)
+        return frames.SIZE, frames.SIZE, 3
+
+    def _model_setup(self, config, gpu, shape):
+        """The weights into the fused model on the device, the letterbox mode, the input buffers, the frame sizes
+        that get graphs."""
         self.artifact_format = "random"
+        self.onnx_dynamic = False
         model = yolo.fuse(self._load(config)).to(self.device, self.dtype)
         self.rect = self._letterbox_mode(config) == "rect"
         if self.input_mode == "jpeg":
             print(f"gpuhost-letterbox {json.dumps({'instance': self.name, 'rect': self.rect})}", flush=True)
         self.model = model.to(memory_format=torch.channels_last) if gpu else model
         self.pre = yolo.Preprocess(self.dtype)
-        pin = gpu
-        self.staging = torch.empty((self.max_batch, h, w, c), dtype=torch.uint8, pin_memory=pin)
-        self.gpu_in = torch.empty((self.max_batch, h, w, c), dtype=torch.uint8, device=self.device)
+        self.staging = torch.empty((self.max_batch, *shape), dtype=torch.uint8, pin_memory=gpu)
+        self.gpu_in = torch.empty((self.max_batch, *shape), dtype=torch.uint8, device=self.device)
+        self.in_shape = (int(shape[0]), int(shape[1]))
+        self.buckets = graph_sizes(self.max_batch)
+        # (H, W, batch) → graph and its outputs: the model (and NMS) on ``_slot(batch, (H, W))`` (``_gpu_setup``).
         self.graphs = {}
         self.graph_out = {}
         # (w, h) → (graph, its source frame buffer, its geometry, its outputs): a lone frame of a size here runs
         # letterbox, the model, NMS and the boxes' mapping back as one graph replay (``frames.letterboxed_forward``).
         self.frame_graphs = {}
-        frame_sizes = (
+        self.frame_sizes = (
             frames.frame_sizes(_param(config, "frame_graphs", DEFAULT_FRAME_GRAPHS))
             if self.input_mode == "jpeg"
             else []
         )
-        if gpu:
-            torch.backends.cudnn.benchmark = True
-            self.stream = torch.cuda.Stream(self.device)
-            use_graphs = _param(config, "cuda_graphs", "true") == "true"
-            sizes = graph_sizes(self.max_batch)
-            with torch.cuda.stream(self.stream), torch.no_grad():
+
+    def graph_shapes(self):
+        """Input shapes (H, W) that get a graph per batch size: the model's input (640×640) and, for rect, the rect
+        shape of each ``frame_graphs`` size (1280×720 and 1920×1080 → 384×640, 640×480 → 480×640)."""
+        shapes = [self.in_shape]
+        if self.input_mode == "jpeg" and self.rect:
+            for fw, fh in self.frame_sizes:
+                s = frames.letterbox_shape(fw, fh, rect=True)
+                if s not in shapes:
+                    shapes.append(s)
+        return shapes
+
+    def _gpu_setup(self, config):
+        """Warm-up, the batch graphs (``graph_shapes`` × ``graph_sizes``, one shared memory pool), the decoder's
+        warm-up and the lone-frame graphs; then cuDNN's autotuner off, so a shape without a graph runs eagerly with
+        cuDNN's heuristics instead of tuning in a request's path."""
+        torch.backends.cudnn.benchmark = True
+        self.stream = torch.cuda.Stream(self.device)
+        use_graphs = _param(config, "cuda_graphs", "true") == "true"
+        sizes = self.buckets
+        before = torch.cuda.memory_reserved(self.device)
+        with torch.cuda.stream(self.stream), torch.no_grad():
+            for shape in self.graph_shapes():
                 for b in sizes:
                     for _ in range(3):  # warm up cuDNN's autotuner and lazy inits off the graph
-                        self._forward(self.gpu_in[:b])
-                self.stream.synchronize()
-                if use_graphs:
+                        self._forward(self._slot(b, shape))
+            self.stream.synchronize()
+            if use_graphs:
+                # One pool for all of them: replays run one at a time on this stream and each answer is copied out
+                # before the next replay, so their scratch may overlap (the largest graph's, not the sum).
+                pool = torch.cuda.graph_pool_handle()
+                for shape in self.graph_shapes():
                     for b in sizes:
                         g = torch.cuda.CUDAGraph()
-                        with torch.cuda.graph(g, stream=self.stream):
-                            self.graph_out[b] = self._forward(self.gpu_in[:b])
-                        self.graphs[b] = g
+                        with torch.cuda.graph(g, pool=pool, stream=self.stream):
+                            self.graph_out[(*shape, b)] = self._forward(self._slot(b, shape))
+                        self.graphs[(*shape, b)] = g
+        self.stream.synchronize()
+        self._graph_mib = round((torch.cuda.memory_reserved(self.device) - before) / 2**20)
+        self._report_graph_times()
+        if self.input_mode == "jpeg":
+            with torch.cuda.stream(self.stream), torch.no_grad():
+                self.decoder.warm((1, min(8, self.max_batch)))
+                if use_graphs:
+                    for fw, fh in self.frame_sizes:
+                        self.frame_graphs[(fw, fh)] = self._capture_frame(fw, fh)
             self.stream.synchronize()
-            self._report_graph_times()
-            if self.input_mode == "jpeg":
-                with torch.cuda.stream(self.stream), torch.no_grad():
-                    self.decoder.warm((1, min(8, self.max_batch)))
-                    if use_graphs:
-                        for fw, fh in frame_sizes:
-                            self.frame_graphs[(fw, fh)] = self._capture_frame(fw, fh)
-        self._phases = [0.0, 0.0, 0.0]
-        self._frames = 0
-        self._executes = 0
-        self._report_every = int(_param(config, "report_every", "0"))
-        self._report_served = {}
-        out_shapes = {n: t.shape[1:] for n, t in zip(self.outputs, self._forward(self.gpu_in[:1]))}
-        self.host_out = {
-            n: torch.empty((self.max_batch, *s), dtype=self._out_dtype(n), pin_memory=pin)
-            for n, s in out_shapes.items()
-        }
-        # Row views of the host outputs by (first, count): made once, not sliced again in every execute.
-        self._rows = {}
-        # What initialize built (torch, the model, the graphs: ~170,000 objects) leaves the collector's generations:
-        # a full collection that falls in an execute would walk all of it (tens of ms on a fast core).
-        gc.collect()
-        gc.freeze()
+        torch.backends.cudnn.benchmark = False
 
     def _load(self, config):
         """The model with the ``weights`` file's weights (eval, FP32, CPU); see the module docstring."""
@@ -230,12 +280,16 @@ class TritonPythonModel:
         data = yolov8n_weights.read_artifact(path)  # a regular file of bounded size, read in chunks
         model = yolov8n_weights.load_model(data, trusted=True, what=path)
         self.artifact_format = yolov8n_weights.detect_format(data)
+        self.onnx_dynamic = yolov8n_weights.onnx_dynamic(data)
         print(f"gpuhost-weights {json.dumps({'instance': self.name, 'file': path, 'bytes': len(data)})}", flush=True)
         return model
 
     def _letterbox_mode(self, config):
-        """``letterbox`` parameter, default ``square`` (module docstring: rect has no CUDA graphs yet)."""
-        mode = _param(config, "letterbox", "square")
+        """``letterbox`` parameter, else what ``YOLO(artifact).predict`` does with the artifact: ``rect`` for a
+        checkpoint, state_dict, safetensors or dynamic ONNX export, ``square`` for a static ONNX export (its input
+        is 640×640) and for random weights."""
+        predicts_rect = self.artifact_format in ("torch", "safetensors") or self.onnx_dynamic
+        mode = _param(config, "letterbox", "rect" if predicts_rect else "square")
         if mode not in ("square", "rect"):
             raise ValueError(f"{self.name}: parameter letterbox: {mode!r}; write square or rect")
         return mode
@@ -247,11 +301,14 @@ class TritonPythonModel:
         return self.gpu_in.view(-1)[: n * shape[0] * shape[1] * 3].view(n, shape[0], shape[1], 3)
 
     def _report_graph_times(self):
-        """GPU time of one graph replay per batch size (CUDA events, median of 20), printed to Triton's log."""
+        """GPU time of one graph replay per batch size (CUDA events, median of 20), printed to Triton's log:
+        ``graph_ms`` at the model's input shape, ``rect_graph_ms`` per other shape, ``graph_pool_mib`` what
+        warm-up and capture reserved on the device."""
         if not self.graphs:
             return
-        times = {}
-        for b, g in self.graphs.items():
+        times: dict = {}
+        rect: dict = {}
+        for (h, w, b), g in self.graphs.items():
             runs = []
             for _ in range(20):
                 start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
@@ -261,8 +318,15 @@ class TritonPythonModel:
                     end.record(self.stream)
                 end.synchronize()
                 runs.append(start.elapsed_time(end))
-            times[b] = round(sorted(runs)[len(runs) // 2], 3)
-        print("gpuhost-graph-ms " + json.dumps({"instance": self.name, "graph_ms": times}), flush=True)
+            ms = round(sorted(runs)[len(runs) // 2], 3)
+            if (h, w) == self.in_shape:
+                times[b] = ms
+            else:
+                rect.setdefault(f"{h}x{w}", {})[b] = ms
+        report = {"instance": self.name, "graph_ms": times, "graph_pool_mib": self._graph_mib}
+        if rect:
+            report["rect_graph_ms"] = rect
+        print("gpuhost-graph-ms " + json.dumps(report), flush=True)
 
     def _out_dtype(self, name):
         return torch.int32 if name == "num_detections" else (self.dtype if name == "output0" else torch.float32)
@@ -291,14 +355,9 @@ class TritonPythonModel:
             off += a.shape[0]
         t1 = time.perf_counter()
         if self.device.type == "cuda":
-            size = next(b for b in sorted(self.graphs) if b >= total) if self.graphs else total
             with torch.cuda.stream(self.stream):
                 self.gpu_in[:total].copy_(self.staging[:total], non_blocking=True)
-                if self.graphs:
-                    self.graphs[size].replay()
-                    outs = self.graph_out[size]
-                else:
-                    outs = self._forward(self.gpu_in[:size])
+                outs = self._run(total, self.in_shape)
                 for name, t in zip(self.outputs, outs):
                     self.host_out[name][:total].copy_(t[:total], non_blocking=True)
             self.stream.synchronize()
@@ -319,13 +378,18 @@ class TritonPythonModel:
             self._account(t0, t1, t2, time.perf_counter(), frames=total)
         return responses
 
-    def _run(self, total):
-        """The model on ``gpu_in[:total]`` (a graph replay on a GPU): the outputs, still on the device."""
-        if self.device.type == "cuda" and self.graphs:
-            size = next(b for b in sorted(self.graphs) if b >= total)
-            self.graphs[size].replay()
-            return self.graph_out[size]
-        return self._forward(self.gpu_in[:total])
+    def _run(self, total, shape):
+        """The model on ``_slot(total, shape)``: the outputs (rows past ``total`` are padding), still on the device.
+
+        A replay of the graph of the shape and the next captured batch size where there is one (``graph_shapes``),
+        else eagerly (on a GPU with cuDNN's heuristics: ``_gpu_setup`` turned its autotuner off)."""
+        if self.graphs:
+            size = next(b for b in self.buckets if b >= total)
+            graph = self.graphs.get((*shape, size))
+            if graph is not None:
+                graph.replay()
+                return self.graph_out[(*shape, size)]
+        return self._forward(self._slot(total, shape))
 
     def _capture_frame(self, w, h):
         """One CUDA graph of ``frames.letterboxed_forward`` for a w×h frame at batch 1 (warmed up eagerly first)."""
@@ -381,7 +445,9 @@ class TritonPythonModel:
             counts.append(count[: len(idx)].clone())
             first += len(idx)
         order = [i for idx in groups.values() for i in idx]
-        back = torch.tensor(sorted(range(total), key=order.__getitem__), device=self.device)
+        back = torch.tensor(sorted(range(total), key=order.__getitem__))
+        if self.device.type == "cuda":  # from pinned memory: a pageable copy would wait for the replays above
+            back = back.pin_memory().to(self.device, non_blocking=True)
         return torch.cat(dets)[back], torch.cat(counts)[back]
 
     def _shape_forward(self, images, shape, first):
@@ -390,10 +456,7 @@ class TritonPythonModel:
         n = len(images)
         slot = self._slot(n, shape)
         self.geo[first : first + n] = torch.tensor(frames.letterbox_batch(images, slot, rect=self.rect))
-        if tuple(shape) == tuple(self.gpu_in.shape[1:3]):
-            det, count = self._run(n)
-        else:
-            det, count = self._forward(slot)
+        det, count = self._run(n, tuple(shape))
         geo = self.geo[first : first + n].to(self.device, non_blocking=True)
         return frames.unletterbox(det[:n], geo), count
 

@@ -9,11 +9,11 @@ saved; Ultralytics 8.4 answers the same files by their paths (``tests/ultralytic
 of these weights, measured in the same run.
 
 Per class, asserted: the product's decoder gives Pillow's upright pixels within a level (as does what Ultralytics
-read); the boxes of the model served on the checkpoint with ``letterbox: rect`` (as ``predict`` does for a
-checkpoint: 1280×720 → 640×384) agree with ``predict`` as users call it (class + IoU ≥ 0.5, matched ÷ max(served,
+read); the boxes of the model served on the checkpoint with its default letterbox (``rect``, as ``predict`` does
+for a checkpoint: 1280×720 → 640×384) agree with ``predict`` as users call it (class + IoU ≥ 0.5, matched ÷ max(served,
 reference)) at least as well as ``predict`` agrees with itself under ±1-level noise, less ``MARGIN``; and the same
-checkpoint served with ``letterbox: square`` (the model's default; Ultralytics letterboxes a static 640×640 ONNX
-export so too) agrees so with ``predict(..., rect=False)``.
+checkpoint served with ``letterbox: square`` (the served default for a static 640×640 ONNX export, which
+Ultralytics letterboxes so too) agrees so with ``predict(..., rect=False)``.
 """
 
 from __future__ import annotations
@@ -63,9 +63,9 @@ def triton(made_frames, tmp_path_factory):
     out = made_frames[0]
     spec = yolov8n_torch(name="det", gpu=False, input="jpeg", weights=fa.WEIGHTS, instances=1, max_batch_size=4)
     spec = spec.model_copy(update={"parameters": {**spec.parameters, "torch_threads": "2"}})
-    # The same checkpoint letterboxed to 640×640 (the default; a static ONNX export's letterbox in predict).
+    # The same checkpoint letterboxed to 640×640 (a static ONNX export's letterbox, in predict and served).
     square = spec.model_copy(update={"name": "det_square", "parameters": {**spec.parameters, "letterbox": "square"}})
-    spec = spec.model_copy(update={"parameters": {**spec.parameters, "letterbox": "rect"}})  # predict's for a .pt
+    # det: no letterbox set, so the served default for a checkpoint (rect, as predict's) is what is asserted.
     weights = (out / fa.WEIGHTS).read_bytes()  # Ultralytics' checkpoint, unchanged
     model_files = {
         **yolov8n_files("det", 1, weights, fa.WEIGHTS),

@@ -96,7 +96,10 @@ def reference(weights):
         try:
             img = frames.prepare([torch.frombuffer(bytearray(data), dtype=torch.uint8)], decoder)[0]
             assert isinstance(img, torch.Tensor), img
-            batch = torch.zeros((1, 640, 640, 3), dtype=torch.uint8)  # the model's default letterbox, square
+            # The rect letterbox: the model's default for a state_dict, as predict's for a checkpoint.
+            batch = torch.zeros(
+                (1, *frames.letterbox_shape(img.shape[2], img.shape[1], rect=True), 3), dtype=torch.uint8
+            )
             geo = frames.letterbox(img, batch[0])
             with torch.no_grad():
                 det, count = yolo.fast_nms(model(pre(batch)), max_det=MAX_DET, conf=CONF)

@@ -87,6 +87,10 @@ def test_an_ultralytics_export_loads_unchanged_and_answers_as_onnxruntime(made, 
     measured(f"{name}: product model vs onnxruntime, FP32, 3 frames: max box diff {box:.2e} px, score {score:.2e}")
     assert box <= BOX_PX and score <= SCORE
     assert float((ref[0] - ref[1]).abs().max()) > 1.0  # the reference depends on the frame
+    # Ultralytics' own test for a dynamic export (its ONNX backend), which makes predict letterbox rect: the served
+    # model's default letterbox follows the loader's reading of it.
+    dynamic = isinstance(sess.get_outputs()[0].shape[0], str)
+    assert yw.onnx_dynamic(data) == dynamic == (name == "dynamic.onnx")
 
 
 def test_the_checkpoint_its_state_dict_and_safetensors_load_to_the_same_model(made, measured):

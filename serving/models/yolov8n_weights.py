@@ -767,6 +767,30 @@ def detect_format(data: bytes) -> str:
     raise WeightsError("unknown weights format (expected ONNX, a PyTorch .pt or safetensors)")
 
 
+def _first(msg: bytes, field: int) -> Optional[bytes]:
+    """The first length-delimited ``field`` of a protobuf message, or None."""
+    return next((v for f, w, v in _fields(msg) if f == field and w == 2 and isinstance(v, bytes)), None)
+
+
+def onnx_dynamic(data: bytes) -> bool:
+    """Whether an ONNX file's first output has a named (not fixed) first dimension: Ultralytics' own test for an
+    export made with ``dynamic=True`` (its ONNX backend: ``isinstance(session.get_outputs()[0].shape[0], str)``),
+    for which ``predict`` letterboxes rect as for a checkpoint; False for a static export or another format.
+
+    >>> onnx_dynamic(open("yolov8n_dynamic.onnx", "rb").read()), onnx_dynamic(open("yolov8n.onnx", "rb").read())
+    (True, False)
+    """
+    if detect_format(data) != "onnx":
+        return False
+    graph = _first(data, 7)  # ModelProto.graph
+    output = _first(graph, 12) if graph is not None else None  # GraphProto.output[0], a ValueInfoProto
+    shape = None
+    if output is not None and (typ := _first(output, 2)) is not None and (tensor := _first(typ, 1)) is not None:
+        shape = _first(tensor, 2)  # TypeProto.tensor_type.shape
+    dim = _first(shape, 1) if shape is not None else None  # TensorShapeProto.dim[0]
+    return dim is not None and any(f == 2 for f, _, _ in _fields(dim))  # Dimension.dim_param
+
+
 def load_model(data: bytes, *, trusted: bool = False, what: str = "weights") -> nn.Module:
     """A YOLOv8n (eval, FP32, CPU) with the weights in ``data``; fused when they came fused (ONNX, a fused state).
 
