@@ -162,6 +162,8 @@ def secret_param(name: str) -> bool:
 
 
 def is_ipv6(addr: str) -> bool:
+    if ":" not in addr:  # every IPv6 text has one; an IPv4 address or a name is settled without parsing it
+        return False
     try:
         return isinstance(ipaddress.ip_address(addr.strip("[]")), ipaddress.IPv6Address)
     except ValueError:
