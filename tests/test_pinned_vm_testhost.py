@@ -29,6 +29,7 @@ from plans.domain_xml import DomainSpec
 from plans.placement import VmRequest, from_facts, place
 from providers.libvirt_domain import LibvirtDomainProvider
 from testbed.provider_server import ProviderError, ProviderServer
+from testbed.testhost.host import Domains, FileStat, Host, Hugepages, PciDriver, SysfsValue
 from testbed.testhost.machine import GPU_FN0, GPU_FN1
 
 pytestmark = pytest.mark.testhost
@@ -56,13 +57,10 @@ HP = "/sys/devices/system/node/node1/hugepages/hugepages-2048kB/nr_hugepages"
 def prepared(testhost):
     """Host set up for the domain; everything restored after the module."""
     conn = testhost.conn()
-    prior_hp = conn.run(sh("cat", HP)).stdout.strip()
-    prior_drv = {
-        a: conn.run(
-            f'basename "$(readlink {sh("/sys/bus/pci/devices/" + a + "/driver")})" 2>/dev/null || true'
-        ).stdout.strip()
-        for a in (GPU_FN0, GPU_FN1)
-    }
+    host = Host(conn.run)
+    prior = host.read(Hugepages(node=1), PciDriver(GPU_FN0), PciDriver(GPU_FN1))
+    prior_hp = prior.hugepages(node=1)
+    assert isinstance(prior_hp, int), prior_hp
     setup = Script().raw("set -e").add("modprobe", "vfio-pci")
     for a in (GPU_FN0, GPU_FN1):
         setup.lines += rebind(a, "vfio-pci").lines
@@ -75,11 +73,9 @@ def prepared(testhost):
     setup.raw("virsh pool-start gpuhost >/dev/null 2>&1 || true")
     setup.add("qemu-img", "create", "-q", "-f", "qcow2", f"{POOL_DIR}/base.qcow2", "64M")
     conn.run(setup.render())
-    drivers = {
-        a: conn.run(f'basename "$(readlink {sh("/sys/bus/pci/devices/" + a + "/driver")})"').stdout.strip()
-        for a in (GPU_FN0, GPU_FN1)
-    }
-    assert drivers == {GPU_FN0: "vfio-pci", GPU_FN1: "vfio-pci"}, drivers
+    bound = host.read(PciDriver(GPU_FN0), PciDriver(GPU_FN1))
+    assert bound.pci_device(GPU_FN0).driver == "vfio-pci"
+    assert bound.pci_device(GPU_FN1).driver == "vfio-pci"
     yield conn
     undo = Script()
     undo.raw(f"virsh destroy {sh(NAME)} >/dev/null 2>&1 || true")
@@ -97,13 +93,10 @@ def prepared(testhost):
         f"{POOL_DIR}/{NAME}-seed.iso",
     )
     conn.run(undo.render(), check=False)
-    after = {
-        a: conn.run(
-            f'basename "$(readlink {sh("/sys/bus/pci/devices/" + a + "/driver")})" 2>/dev/null || true'
-        ).stdout.strip()
-        for a in (GPU_FN0, GPU_FN1)
-    }
-    assert after == prior_drv, f"GPU stand-in drivers not restored: {after} != {prior_drv}"
+    # the GPU stand-in's own drivers took its functions back
+    after = host.read(PciDriver(GPU_FN0), PciDriver(GPU_FN1))
+    assert after.pci_device(GPU_FN0).driver == prior.pci_device(GPU_FN0).driver
+    assert after.pci_device(GPU_FN1).driver == prior.pci_device(GPU_FN1).driver
 
 
 def test_pinned_domain_on_node1_with_gpu_hostdevs_lifecycle(testhost, prepared):
@@ -133,8 +126,9 @@ def test_pinned_domain_on_node1_with_gpu_hostdevs_lifecycle(testhost, prepared):
         "shutdown_timeout": 2,
         "version": LibvirtDomainProvider.VERSION,
     }
-    free_hp = "/sys/devices/system/node/node1/hugepages/hugepages-2048kB/free_hugepages"
-    free_before = int(conn.run(sh("cat", free_hp)).stdout)
+    free_hp = SysfsValue("/sys/devices/system/node/node1/hugepages/hugepages-2048kB/free_hugepages")
+    free_before = Host(conn.run).get(free_hp)
+    assert isinstance(free_before, int), free_before
     with ProviderServer(config={"gpuhost:sshPrivateKey": testhost.private_key_pem}) as srv:
         r = srv.resource(LibvirtDomainProvider(), TYPE, NAME)
         t0 = time.monotonic()
@@ -173,7 +167,7 @@ def test_pinned_domain_on_node1_with_gpu_hostdevs_lifecycle(testhost, prepared):
             ["numa_mode", ":", "strict"],
             ["numa_nodeset", ":", "1"],
         ], numatune
-        taken = free_before - int(conn.run(sh("cat", free_hp)).stdout)
+        taken = free_before - Host(conn.run).get(free_hp)
         print(f"2M pages taken on node 1: {taken}")
         live = conn.run(sh("virsh", "vcpupin", NAME)).stdout
         for i, cpu in enumerate(vm.vcpupin):
@@ -196,11 +190,13 @@ def test_pinned_domain_on_node1_with_gpu_hostdevs_lifecycle(testhost, prepared):
         # delete stops the guest (destroyed once the ACPI request went unanswered), then leaves no domain; its
         # hugepages are free again; the disk stays (keep_disk default), the seed goes
         r.destroy()
-        names = conn.run(sh("virsh", "list", "--all", "--name")).stdout.split()
-        assert NAME not in names
-        assert int(conn.run(sh("cat", free_hp)).stdout) == free_before
-        left = conn.run(sh("ls", POOL_DIR)).stdout.split()
-        assert f"{NAME}.qcow2" in left and f"{NAME}-seed.iso" not in left
+        gone = Host(conn.run).read(
+            Domains(), free_hp, FileStat(f"{POOL_DIR}/{NAME}.qcow2"), FileStat(f"{POOL_DIR}/{NAME}-seed.iso")
+        )
+        assert NAME not in gone.domains
+        assert gone.get(free_hp) == free_before
+        assert gone.file(f"{POOL_DIR}/{NAME}.qcow2").is_file
+        assert not gone.file(f"{POOL_DIR}/{NAME}-seed.iso").exists
 
 
 def test_guest_bootstrap_is_idempotent_with_nvidia_steps_absent(testhost):

@@ -25,6 +25,7 @@ from providers.irq import IrqIsolationProvider
 from providers.libvirt_domain import LibvirtDomainProvider
 from providers.sriov import SriovVfsProvider
 from testbed.provider_server import ProviderError, ProviderServer
+from testbed.testhost.host import BootId, Host, Output, PciDriver, ServiceState, SriovNumvfs
 from testbed.testhost.machine import GPU_FN0, NVME_PF
 
 pytestmark = pytest.mark.testhost
@@ -33,6 +34,7 @@ TYPE = "gpuhost:host:SriovVfs"
 SYS = f"/sys/bus/pci/devices/{NVME_PF}"
 UNIT = "gpuhost-sriov-0000-82-00.0.service"
 DOMAIN = "tenant-vf"
+OVERRIDES = sh("driverctl", "list-overrides")
 
 # Everything SriovVfs may touch, as one listing: files with hash and mode/owner, symlinks with their target, the
 # PF's VF count and autoprobe, and the affinity of each of the PF's IRQs by position.
@@ -72,12 +74,6 @@ def inputs(spec, **over) -> dict:
         "version": SriovVfsProvider.VERSION,
     }
     return {**base, **over}
-
-
-def driver(conn, addr: str) -> str:
-    return conn.run(
-        f'basename "$(readlink {quote(f"/sys/bus/pci/devices/{addr}/driver")})" 2>/dev/null || true'
-    ).stdout.strip()
 
 
 class Stack:
@@ -179,16 +175,19 @@ def test_two_vfs_on_vfio_survive_a_reboot_and_the_next_run_plans_no_change(testh
     # nvme's I/O queue vector is kernel-managed (it refuses a new affinity); the admin queue's moves.
     assert outs["unmovable"] and outs["pinned"] and all(set(c) <= {0, 1} for c in outs["pinned"].values())
     assert all(set(c) <= {0, 1} for c, movable in zip(pf_irq_affinities(conn), outs["irq_movable"]) if movable)
-    on_host = conn.run("driverctl list-overrides; systemctl is-enabled " + quote(UNIT)).stdout
-    assert f"{vfs[0]} vfio-pci" in on_host and f"{vfs[1]} vfio-pci" in on_host and "enabled" in on_host
+    created = Host(testhost.ssh).read(Output(OVERRIDES), ServiceState(UNIT), BootId())
+    overrides = created.check_output(OVERRIDES)
+    assert f"{vfs[0]} vfio-pci" in overrides
+    assert f"{vfs[1]} vfio-pci" in overrides
+    assert created.service(UNIT).is_enabled
 
-    boot = conn.run("cat /proc/sys/kernel/random/boot_id").stdout
     stack.timings["reboot_s"] = testhost.reboot()
-    conn = testhost.conn()
-    assert conn.run("cat /proc/sys/kernel/random/boot_id").stdout != boot
-    assert conn.run(sh("cat", f"{SYS}/sriov_numvfs")).stdout.strip() == "2"
-    assert {a: driver(conn, a) for a in vfs} == {a: "vfio-pci" for a in vfs}
-    assert conn.run(sh("systemctl", "is-active", UNIT)).stdout.strip() == "active"
+    rebooted = Host(testhost.ssh).read(BootId(), SriovNumvfs(NVME_PF), *map(PciDriver, vfs), ServiceState(UNIT))
+    assert rebooted.boot_id != created.boot_id
+    assert rebooted.pci_device(NVME_PF).sriov_numvfs == 2
+    assert rebooted.pci_device(vfs[0]).driver == "vfio-pci"
+    assert rebooted.pci_device(vfs[1]).driver == "vfio-pci"
+    assert rebooted.service(UNIT).is_running
 
     def second_run(r):
         refreshed = r.refresh()
@@ -224,8 +223,9 @@ def test_two_to_three_previews_as_a_count_change_and_goes_through_zero(testhost,
     assert any("0000:82:00.1" in ln for ln in gone) and any("0000:82:00.2" in ln for ln in gone), log
     assert log.index("0000:82:00.2: Removing") < log.index("0000:82:00.3: Adding"), log
     assert len(added) == 3, log
-    assert "ExecStart" in conn.run(sh("cat", f"/etc/systemd/system/{UNIT}")).stdout
-    assert "echo 3 > $$d/sriov_numvfs" in conn.run(sh("cat", f"/etc/systemd/system/{UNIT}")).stdout
+    unit = Host(testhost.ssh).file(f"/etc/systemd/system/{UNIT}").content_string
+    assert "ExecStart" in unit
+    assert "echo 3 > $$d/sriov_numvfs" in unit
 
 
 def test_pinned_vm_domain_gets_a_vf_from_the_output_as_hostdev(testhost, stack):
