@@ -261,13 +261,15 @@ def kill_group(proc: subprocess.Popen, sig: int = signal.SIGKILL) -> None:
         proc.wait(10)
 
 
-PIN_ROLES = ("load", "gateway", "triton")
+PIN_ROLES = ("load", "gateway", "triton", "redis")
 
 
 def parse_pin(text: str, cpu_count: int) -> dict[str, set[int]]:
     """``--pin-cpus`` ("load:0-5,gateway:6-9,triton:10-15"; "" none) → {role: CPUs}. The roles: the load processes
     (the clients: on their own machines in a deployment), the gateway (Redis and the workers) and the Tritons (with
-    their python-backend stubs). Refused with the fix: an unknown role, a CPU this machine lacks, a role twice."""
+    their python-backend stubs); ``redis``, optional, gives Redis CPUs of its own, apart from the workers' (every job
+    crosses Redis's one thread three times, and the scheduler may run a worker thread Redis woke on Redis's CPU). Refused
+    with the fix: an unknown role, a CPU this machine lacks, a role twice."""
     out: dict[str, set[int]] = {}
     for item in filter(None, (x.strip() for x in text.split(","))):
         role, sep, span = item.partition(":")
@@ -912,7 +914,8 @@ def arg_parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--pin-cpus",
         default="",
-        help="CPUs per role, e.g. load:0-5,gateway:6-9,triton:10-15 (default: none; the same for both paths)",
+        help="CPUs per role, e.g. load:0-5,gateway:6-9,triton:10-15 (default: none; the same for both paths); "
+        "redis:N gives Redis CPUs apart from the workers' (default: the gateway's)",
     )
     return p
 
@@ -1140,7 +1143,7 @@ def main(argv: Optional[list[str]] = None) -> int:
     weights, arrays, refs, frame_bytes = prepare_frames(a, gpu, base)
     spec = model_spec(gpu, a.gpu_model or gpu_name, a.input)
     specs = backend_specs(spec, a.instances_by_weight)
-    rs = Redis(a.redis_server, base / "redis", a.redis_io_threads, pin.get("gateway"))
+    rs = Redis(a.redis_server, base / "redis", a.redis_io_threads, pin.get("redis") or pin.get("gateway"))
     rs.start(aof=False)
     backends: dict[str, Backend] = {}
     workers: dict[str, subprocess.Popen] = {}
@@ -1274,13 +1277,18 @@ class Bench:
         return res
 
     def role_cpu(self) -> dict[str, float]:
-        """CPU seconds so far by role (``PIN_ROLES``): the load processes; Redis and the workers; the Tritons."""
+        """CPU seconds so far by role (``PIN_ROLES``): the load processes; Redis and the workers (the workers alone
+        where Redis has CPUs of its own, and Redis apart); the Tritons."""
         redis_pid = int(self.r.info("server")["process_id"])
-        return {
+        apart = "redis" in self.pin
+        out = {
             "load": cpu_seconds([p.pid for p in self.pool.procs if p.pid]),
-            "gateway": cpu_seconds([redis_pid, *(w.pid for w in self.workers.values())]),
+            "gateway": cpu_seconds([*([] if apart else [redis_pid]), *(w.pid for w in self.workers.values())]),
             "triton": cpu_seconds([b.proc.pid for b in self.backends.values()]),
         }
+        if apart:
+            out["redis"] = cpu_seconds([redis_pid])
+        return out
 
     def fault_run(self, f: str, rs: "Redis", *, rate: float, kind: str) -> dict:
         """The gateway at ``rate`` with fault ``f`` (worker, redis, backend) a third into the run; the killed worker

@@ -22,6 +22,7 @@ def test_roles_and_ranges_are_read():
         "triton": {10, 11, 13, 14, 15},
     }
     assert parse_pin("triton:3", 4) == {"triton": {3}}
+    assert parse_pin("gateway:4-7,redis:8", 16) == {"gateway": {4, 5, 6, 7}, "redis": {8}}  # Redis apart
 
 
 @pytest.mark.parametrize(
