@@ -147,8 +147,8 @@ class ServiceState:
         return f"{sh('systemctl', 'is-active', self.name)}; {sh('systemctl', 'is-enabled', self.name)}"
 
     def parse(self, out: str, rc: int) -> tuple[str, str]:
-        words = out.split()
-        return (words + ["", ""])[0], (words + ["", ""])[1]
+        active, enabled = (out.split() + ["", ""])[:2]
+        return active, enabled
 
 
 @dataclass(frozen=True)
