@@ -91,26 +91,28 @@ def references(
         model = model.to(memory_format=torch.channels_last)  # type: ignore[call-overload]
     pre = yolo.Preprocess(dtype)
     decoder = fr.Decoder(device, jpeg_decoder=jpeg_decoder)
+
+    def eager(img, rect: bool):
+        """``img`` letterboxed (square or rect), the model, NMS: (input, detections in its space, count, geometry)."""
+        shape = fr.letterbox_shape(int(img.shape[2]), int(img.shape[1]), rect=rect)
+        batch = torch.zeros((1, *shape, 3), dtype=torch.uint8, device=device)
+        geo = fr.letterbox(img, batch[0])
+        det, count = yolo.fast_nms(model(pre(batch)), max_det=MAX_DET, conf=CONF)
+        return batch, det.float(), int(count[0, 0]), torch.tensor([geo])
+
     t0 = time.perf_counter()
     with torch.no_grad():
         for f in frames:
             img = decoder.decode([torch.frombuffer(bytearray(f["jpeg"]), dtype=torch.uint8)])[0]
             assert isinstance(img, torch.Tensor), img
-            batch = torch.zeros((1, 640, 640, 3), dtype=torch.uint8, device=device)
-            geo = fr.letterbox(img, batch[0])
-            det, count = yolo.fast_nms(model(pre(batch)), max_det=MAX_DET, conf=CONF)
-            f["count"] = int(count[0, 0])
-            f["det640"] = det[0].float().cpu().tolist()
-            f["det"] = fr.unletterbox(det.float(), torch.tensor([geo]))[0].cpu().tolist()
+            batch, det, f["count"], geo = eager(img, rect=False)
+            f["det640"] = det[0].cpu().tolist()
+            f["det"] = fr.unletterbox(det, geo)[0].cpu().tolist()
             f["raw"] = batch[0].cpu().numpy().tobytes()
             f["scale"] = max(f["w"], f["h"]) / 640
             if "rect" in letterbox:
-                shape = fr.letterbox_shape(f["w"], f["h"], rect=True)
-                rect = torch.zeros((1, *shape, 3), dtype=torch.uint8, device=device)
-                geo = fr.letterbox(img, rect[0])
-                det, count = yolo.fast_nms(model(pre(rect)), max_det=MAX_DET, conf=CONF)
-                f["count_rect"] = int(count[0, 0])
-                f["det_rect"] = fr.unletterbox(det.float(), torch.tensor([geo]))[0].cpu().tolist()
+                _, det, f["count_rect"], geo = eager(img, rect=True)
+                f["det_rect"] = fr.unletterbox(det, geo)[0].cpu().tolist()
     seconds = round(time.perf_counter() - t0, 2)
     return {"decoder": decoder.name, "jpeg_decoder": jpeg_decoder, "served": dict(decoder.served), "seconds": seconds}
 
