@@ -21,7 +21,6 @@ import contextlib
 import importlib
 import io
 import json
-import shutil
 import sys
 import tempfile
 import time
@@ -49,16 +48,19 @@ def load(letterbox: str, workdir: Path, weights: bytes):
     """The backend's TritonPythonModel, initialized on cuda:0 (else the CPU) with ``letterbox``."""
     import torch
 
-    version = workdir / letterbox
-    version.mkdir()
-    for f in ("frames.py", "jpeg_planes.py", "yolov8n.py", "yolov8n_weights.py"):
-        shutil.copy(ROOT / "serving" / "models" / f, version / f)
-    shutil.copy(ROOT / "serving" / "yolov8n_model.py", version / f"model_{letterbox}.py")
-    (version / "weights.pt").write_bytes(weights)
+    from bench.yolo_check import WEIGHTS_FILE
+    from serving.models import yolov8n_files
+
+    # The version directory a repository ships (``bench.yolo_check.repository``), model.py under its own module name.
+    for rel, data in yolov8n_files(letterbox, 1, weights, WEIGHTS_FILE).items():
+        (workdir / rel).parent.mkdir(parents=True, exist_ok=True)
+        (workdir / rel).write_bytes(data)
+    version = workdir / letterbox / "1"
+    (version / "model.py").rename(version / f"model_{letterbox}.py")
     sys.modules.setdefault("triton_python_backend_utils", types.ModuleType("triton_python_backend_utils"))
     sys.path.insert(0, str(version))
     module = importlib.import_module(f"model_{letterbox}")
-    params = {"input": "jpeg", "weights": "weights.pt", "conf": "0.1", "letterbox": letterbox}
+    params = {"input": "jpeg", "weights": WEIGHTS_FILE, "conf": "0.1", "letterbox": letterbox}
     config = {
         "max_batch_size": 8,
         "input": [{"name": "images", "dims": [-1]}],
