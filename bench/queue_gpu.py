@@ -455,13 +455,12 @@ class SpecLoad:
         self.calls = {n: triton_wire.model_infer(c._channel) for n, c in self.clients.items()}
         self.rr = WeightedRoundRobin(dict(WEIGHTS))
         self.lock = threading.Lock()
-        self.nxt = [k]
+        self.nxt = k  # the next job number any of this process's threads takes (under ``lock``)
         self.rows: list[list] = []
         self.answers: list[tuple[int, dict[str, np.ndarray]]] = []
         self.counters = {"submit_retries": 0, "refused": 0, "result_retries": 0}
-        self.parts = (
-            threading.local()
-        )  # the gateway's parts of the current job, ms: submit, to dispatch, service, stored
+        # The gateway's parts of the current job, ms: submit, to dispatch, service, stored.
+        self.parts = threading.local()
         self.call = self.direct if spec["path"] == "direct" else self.queued
         self.times = spec.get("arrivals_s") or []
 
@@ -524,8 +523,8 @@ class SpecLoad:
     def _next_job(self) -> Optional[tuple[int, float]]:
         """The next job number and its scheduled time (open loop: waited for), or None when this thread is done."""
         with self.lock:
-            j = self.nxt[0]
-            self.nxt[0] += self.procs
+            j = self.nxt
+            self.nxt += self.procs
         if self.open_loop:
             if j >= len(self.times):
                 return None
