@@ -158,6 +158,10 @@ class RecordingMonitor(pm.MockMonitor):
 class EchoMocks(pulumi.runtime.Mocks):
     """Outputs are the inputs, plus what providers compute that the program reads back."""
 
+    # The types (by the end of their type token) whose computed outputs `computed` derives from their inputs; the
+    # one list `reads_inputs` answers from too, so a type added here gets its inputs deserialized.
+    SRIOV, VFIO, MIG = ":SriovVfs", "/host:VfioBinding", "/gpu:MigLayout"
+
     def new_resource(self, args: pulumi.runtime.MockResourceArgs):
         return [f"{args.name}-id", {**args.inputs, **self.computed(args)}]
 
@@ -166,22 +170,22 @@ class EchoMocks(pulumi.runtime.Mocks):
         reads every type's)."""
         if type(self).computed is not EchoMocks.computed:
             return True
-        return typ.endswith((":SriovVfs", "/host:VfioBinding", "/gpu:MigLayout"))
+        return typ.endswith((self.SRIOV, self.VFIO, self.MIG))
 
     def computed(self, args: pulumi.runtime.MockResourceArgs) -> dict:
         """The outputs that are not inputs."""
         outs: dict = {}
         if args.typ == "docker:index/remoteImage:RemoteImage":
             outs["imageId"] = "sha256:" + "0" * 64
-        if args.typ == "gpuhost:net:SriovVfs" or args.typ.endswith(":SriovVfs"):
+        if args.typ.endswith(self.SRIOV):
             pf = str(args.inputs.get("pf", "0000:41:00.0"))
             n = int(args.inputs.get("num_vfs", 0) or 0)
             base = pf.rsplit(":", 1)[0]
             outs["vf_addresses"] = [f"{base}:{(i + 1) // 8:02x}.{(i + 1) % 8}" for i in range(n)]
-        if args.typ.endswith("/host:VfioBinding"):
+        if args.typ.endswith(self.VFIO):
             # the drivers the provider reads back once bound (HostReboot's expected running state comes from them)
             outs["drivers"] = {a: "vfio-pci" for a in args.inputs.get("devices") or []}
-        if args.typ.endswith("/gpu:MigLayout"):
+        if args.typ.endswith(self.MIG):
             # nvidia-smi -L's MIG UUIDs, one per instance of the layout (what the real provider reads back)
             outs["mig_uuids"] = {
                 gpu: [
