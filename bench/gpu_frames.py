@@ -315,7 +315,8 @@ def frame_specs(args, gpu: bool, gpu_name: str, jpeg_variants: list, raw_variant
             instances=n, max_batch_size=b, window_us=w, preferred_batch_size=_preferred(b, least) if b else None
         )
         decoding = dict(jpeg_decoder=args.jpeg_decoder) if input == "jpeg" else {}
-        spec = yolov8n_torch(name=name, input=input, gpu=gpu, weights=WEIGHTS_FILE, **decoding, **batching)
+        compiling = dict(compile=args.compile) if gpu else {}
+        spec = yolov8n_torch(name=name, input=input, gpu=gpu, weights=WEIGHTS_FILE, **decoding, **compiling, **batching)
         spec = on_preset(spec, gpu_name) if gpu else spec
         # Set, not left to the default: the reference each answer is checked against letterboxes so too.
         return with_parameters(spec, letterbox=lb) if input == "jpeg" else spec
@@ -345,6 +346,7 @@ def run_header(args, nginx_bin: str, gpu_name: str, specs: list, frames: list[di
                 "input": x.parameters["input"],
                 "jpeg_decoder": x.parameters.get("jpeg_decoder", "exact") if x.parameters["input"] == "jpeg" else None,
                 "letterbox": x.parameters.get("letterbox") if x.parameters["input"] == "jpeg" else "square",
+                "compile": x.parameters.get("compile", "auto"),
                 "instances": x.instance_group[0].count,
                 "max_batch": x.max_batch_size,
                 "window_us": x.dynamic_batching.max_queue_delay_microseconds if x.dynamic_batching else None,
@@ -425,7 +427,7 @@ def run(args) -> dict:
             point_ = partial(measure, s, name, target, via, c, args.duration, p, args.processes)
             results["points"].append(guarded(name, row, point_))
     finally:
-        prefixes = ("gpuhost-graph-ms ", "gpuhost-execute-ms ", "gpuhost-frames ")
+        prefixes = ("gpuhost-graph-ms ", "gpuhost-execute-ms ", "gpuhost-frames ", "gpuhost-compile ")
         finish(results, s, args.out, "triton_frames.log", prefixes)
     results["best"] = best(results)
     return results
@@ -689,6 +691,12 @@ def main(argv=None) -> int:
         "--sizes",
         default=",".join(f"{w}x{h}" for w, h in sample_frames.GATE_SIZES),
         help="frame sizes WxH sent in turn (one size: every batch letterboxes to one rect shape)",
+    )
+    ap.add_argument(
+        "--compile",
+        choices=("auto", "inductor", "none"),
+        default="auto",
+        help="every GPU model's compile parameter: auto (inductor where it works), inductor (or fail), none (eager)",
     )
     ap.add_argument("--cpu", action="store_true", help="KIND_CPU instances, FP32, CPU decode (pipeline check)")
     ap.add_argument("--quick", action="store_true", help="1 s per point, 1 frame per size, c=1,2, one variant each")

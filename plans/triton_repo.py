@@ -196,6 +196,7 @@ def yolov8n_torch(
     max_det: int = 100,
     input: str = "raw",
     jpeg_decoder: str = "exact",
+    compile: str = "auto",
     weights: Optional[str] = None,
     random_weights_for_benchmarks: bool = False,
 ) -> ModelSpec:
@@ -207,7 +208,10 @@ def yolov8n_torch(
     ``input="raw"``: ``images`` UINT8 [640, 640, 3] (NHWC, RGB, letterboxed by the client, boxes in that 640×640
     space; 1.2 MB per frame on the wire). ``jpeg_decoder`` (jpeg input, ``ServiceModel.jpeg_decoder``): ``exact``
     (the model's default, no parameter written) decodes each frame to libjpeg's pixels, ``nvjpeg`` (the
-    ``jpeg_decoder`` parameter) gives nvJPEG every frame it can decode on a GPU (``frames.route``).
+    ``jpeg_decoder`` parameter) gives nvJPEG every frame it can decode on a GPU (``frames.route``). ``compile``
+    (``ServiceModel.compile``, GPU only): ``auto`` (the model's default, no parameter written) compiles the model with
+    torch's inductor where the stub's environment can and runs eagerly where not, ``inductor`` fails the load where
+    it cannot, ``none`` never compiles.
     ``output="nms"``: ``detections`` FP32 [max_det, 6] (x1 y1 x2 y2 score class) and ``num_detections``
     INT32 [1], NMS on the GPU inside the CUDA graph; ``output="raw"``: ``output0`` [84, 8400] (FP16 on a
     GPU). ``window_us`` is the dynamic batcher's ``max_queue_delay_microseconds`` (0 still batches what is
@@ -222,6 +226,8 @@ def yolov8n_torch(
     config) asks for the seeded random model, whose answers do not depend on the image.
     """
     _check_yolov8n_torch(output, input, jpeg_decoder)
+    if compile not in ("auto", "inductor", "none") or (compile != "auto" and not gpu):
+        raise ValueError(f"compile must be 'auto', 'inductor' or 'none' (a GPU model's), not {compile!r}")
     batch = 8 if max_batch_size is None else max_batch_size
     preferred = (
         preferred_batch_size if preferred_batch_size is not None else [b for b in (1, 2, 4, 8, 16, 32) if b <= batch]
@@ -243,6 +249,7 @@ def yolov8n_torch(
             "input": input,
             # exact is the model's own default: left out, so a stack that does not choose keeps its config.pbtxt.
             **({"jpeg_decoder": jpeg_decoder} if jpeg_decoder != "exact" else {}),
+            **({"compile": compile} if compile != "auto" else {}),
             **({"weights": weights} if weights else {}),
             **({"random_weights_for_benchmarks": "true"} if random_weights_for_benchmarks else {}),
         },

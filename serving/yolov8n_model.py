@@ -2,7 +2,8 @@
 
 Beside it in the version directory lies ``yolov8n.py`` (``serving/models/yolov8n.py``). Per instance:
 
-* FP16 weights, Conv+BN fused, channels_last, cuDNN autotuned; the input is uint8 NHWC and is cast and
+* FP16 weights, Conv+BN fused, channels_last, cuDNN autotuned, compiled by torch's inductor where it works
+  (``compile``: the model's graph in half the GPU time at batch 1, bit-equal answers); the input is uint8 NHWC and is cast and
   scaled on the GPU (``Preprocess``), so the wire carries 1.2 MB per 640×640 image instead of 2.4 (FP16);
 * one CUDA graph per input shape and batch size (1–8, then multiples of 8 up to ``max_batch_size``); a batch is
   padded to the next captured size. Shapes: 640×640, and with ``letterbox: rect`` the rect shape of each
@@ -57,7 +58,10 @@ nginx) rect serves 12 % more frames/s than square when a stream's frames share o
 batch mixes 1280×720 and 640×480, c=1 alike: bench/results/gpu_frames_rect_graphs_*.md), ``report_every`` (print
 the mean time of each execute's phases every N executes to Triton's log, and the frames each decoder served, 0 =
 never). At start each instance prints the GPU time of one graph replay per shape and batch size
-(``gpuhost-graph-ms``).
+(``gpuhost-graph-ms``). ``compile`` (GPU instances with ``cuda_graphs``): ``auto`` (default) compiles the model with
+torch's inductor during initialize (on the H200 about a minute per instance, less once inductor's cache under /tmp
+holds its kernels) and stays eager where that fails (no C compiler or Triton package beside the stub), ``inductor``
+fails initialize instead, ``none`` never compiles; ``gpuhost-compile`` in Triton's log says which and why.
 """
 
 import gc
@@ -110,6 +114,10 @@ def _decoded_family():
 DEFAULT_FRAME_GRAPHS = "1280x720,1920x1080,640x480"
 
 
+# ``compile`` parameter: inductor where it works (auto), inductor or fail (inductor), never (none).
+COMPILE_MODES = ("auto", "inductor", "none")
+
+
 def graph_sizes(max_batch):
     """Batch sizes that get a CUDA graph: 1..8, then every multiple of 8 up to ``max_batch``."""
     return sorted({b for b in range(1, min(8, max_batch) + 1)} | set(range(8, max_batch + 1, 8)) | {max_batch})
@@ -159,6 +167,9 @@ class TritonPythonModel:
         self.outputs = [o["name"] for o in config["output"]]
         self.input_name = config["input"][0]["name"]
         self.input_mode = _param(config, "input", "raw")
+        self.compile_mode = _param(config, "compile", "auto")  # used on a GPU instance (``_gpu_setup``)
+        if self.compile_mode not in COMPILE_MODES:
+            raise ValueError(f"{self.name}: parameter compile: {self.compile_mode!r}; write auto, inductor or none")
         return gpu
 
     def _input_setup(self, config, gpu):
@@ -200,6 +211,9 @@ class TritonPythonModel:
         if self.input_mode == "jpeg":
             print(f"gpuhost-letterbox {json.dumps({'instance': self.name, 'rect': self.rect})}", flush=True)
         self.model = model.to(memory_format=torch.channels_last) if gpu else model
+        # What ``_forward`` runs: the model, or during a GPU instance's warm-up and captures its compiled form.
+        self._net = self.model
+        self._compiled = None
         self.pre = yolo.Preprocess(self.dtype)
         self.staging = torch.empty((self.max_batch, *shape), dtype=torch.uint8, pin_memory=gpu)
         self.gpu_in = torch.empty((self.max_batch, *shape), dtype=torch.uint8, device=self.device)
@@ -229,20 +243,19 @@ class TritonPythonModel:
         return shapes
 
     def _gpu_setup(self, config):
-        """Warm-up, the batch graphs (``graph_shapes`` × ``graph_sizes``, one shared memory pool), the decoder's
-        warm-up and the lone-frame graphs; then cuDNN's autotuner off, so a shape without a graph runs eagerly with
-        cuDNN's heuristics instead of tuning in a request's path."""
+        """Warm-up (and with ``compile`` inductor's compile of each graph shape), the batch graphs (``graph_shapes``
+        × ``graph_sizes``, one shared memory pool), the decoder's warm-up and the lone-frame graphs; then cuDNN's
+        autotuner off and the eager model back, so a shape without a graph runs eagerly with cuDNN's heuristics
+        instead of tuning or compiling in a request's path."""
         torch.backends.cudnn.benchmark = True
         self.stream = torch.cuda.Stream(self.device)
         use_graphs = _param(config, "cuda_graphs", "true") == "true"
         sizes = self.buckets
         before = torch.cuda.memory_reserved(self.device)
+        compile_mode = self.compile_mode
+        self._compiled = self._compile(compile_mode, sizes) if use_graphs and compile_mode != "none" else None
         with torch.cuda.stream(self.stream), torch.no_grad():
-            for shape in self.graph_shapes():
-                for b in sizes:
-                    for _ in range(3):  # warm up cuDNN's autotuner and lazy inits off the graph
-                        self._forward(self._slot(b, shape))
-            self.stream.synchronize()
+            self._warm_up(sizes)
             if use_graphs:
                 # One pool for all of them: replays run one at a time on this stream and each answer is copied out
                 # before the next replay, so their scratch may overlap (the largest graph's, not the sum).
@@ -264,6 +277,60 @@ class TritonPythonModel:
                         self.frame_graphs[(fw, fh)] = self._capture_frame(fw, fh)
             self.stream.synchronize()
         torch.backends.cudnn.benchmark = False
+        self._net = self.model
+
+    def _warm_up(self, sizes):
+        """Each graph shape at each batch size, three times: cuDNN's autotuner, lazy inits (and a compile) off the
+        graphs."""
+        for shape in self.graph_shapes():
+            for b in sizes:
+                for _ in range(3):
+                    self._forward(self._slot(b, shape))
+        self.stream.synchronize()
+
+    def _compile(self, mode, sizes):
+        """``compile`` = ``auto`` or ``inductor``: the model compiled by torch's inductor (convolutions stay cuDNN's,
+        the element-wise work around them is fused: on the H200 one graph replay at batch 1 0.50 ms against 0.95
+        eager, at batch 8 0.76–1.00 against 1.44–1.86, outputs bit-equal; bench/results/compile_probe_*.md),
+        compiled here during warm-up: per graph shape once at batch 1 and once for batches 2..max_batch (the batch
+        a dynamic dimension). Returns the compile's report; a failure (no C compiler or no Triton package in the
+        stub's environment, an op inductor cannot take) fails initialize for ``inductor`` and leaves the model
+        eager for ``auto``; both print ``gpuhost-compile`` to Triton's log."""
+        import torch._dynamo as dynamo
+
+        t0 = time.perf_counter()
+        report = {"instance": self.name, "compile": mode}
+        # Only the batch is dynamic (marked in ``_forward``): a new (H, W) is a static compile of its own. Two per
+        # graph shape are expected; on the H200 three shapes took eight entries, torch's default limit, and the
+        # third shape's batches ran eagerly without a word (480×640 at batch 2..8 as slow as eager). So: room to
+        # spare, a hard error at the limit (``auto`` then runs all of it eagerly and says so), and the guards that
+        # failed printed to Triton's log while compiling.
+        graphs = dynamo.utils.counters["stats"]["unique_graphs"]
+        try:
+            dynamo.config.automatic_dynamic_shapes = False
+            dynamo.config.recompile_limit = max(int(dynamo.config.recompile_limit), 4 * len(self.graph_shapes()) + 8)
+            dynamo.config.fail_on_recompile_limit_hit = True
+            torch._logging.set_logs(recompiles=True)
+            self._net = torch.compile(self.model, mode="default")
+            with torch.cuda.stream(self.stream), torch.no_grad():
+                self._warm_up(sizes)
+        except Exception as e:  # noqa: BLE001 - auto falls back to the eager model; inductor refuses below
+            self._net = self.model
+            dynamo.reset()
+            report.update(compiled=False, error=f"{type(e).__name__}: {str(e)[:400]}")
+            print(f"gpuhost-compile {json.dumps(report)}", flush=True)
+            if mode == "inductor":
+                raise RuntimeError(
+                    f"{self.name}: compile inductor failed ({report['error']}); set the model's compile to auto "
+                    "(eager where inductor fails) or none"
+                ) from e
+            return report
+        finally:
+            torch._logging.set_logs(recompiles=False)
+        graphs = dynamo.utils.counters["stats"]["unique_graphs"] - graphs
+        report.update(compiled=True, graphs=graphs, seconds=round(time.perf_counter() - t0, 1))
+        print(f"gpuhost-compile {json.dumps(report)}", flush=True)
+        return report
 
     def _load(self, config):
         """The model with the ``weights`` file's weights (eval, FP32, CPU); see the module docstring."""
@@ -324,6 +391,7 @@ class TritonPythonModel:
             else:
                 rect.setdefault(f"{h}x{w}", {})[b] = ms
         report = {"instance": self.name, "graph_ms": times, "graph_pool_mib": self._graph_mib}
+        report["compiled"] = bool(self._compiled and self._compiled.get("compiled"))
         if rect:
             report["rect_graph_ms"] = rect
         print("gpuhost-graph-ms " + json.dumps(report), flush=True)
@@ -333,7 +401,11 @@ class TritonPythonModel:
 
     @torch.no_grad()
     def _forward(self, images):
-        raw = self.model(self.pre(images))
+        x = self.pre(images)
+        if self._net is not self.model and x.shape[0] > 1 and self.max_batch > 2:
+            # One compile for batches 2..max_batch (1 is specialised by torch anyway).
+            torch._dynamo.mark_dynamic(x, 0, min=2, max=self.max_batch)
+        raw = self._net(x)
         if self.output_mode == "raw":
             return (raw,)
         det, count = yolo.fast_nms(raw, **self.nms)

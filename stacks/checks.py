@@ -420,7 +420,8 @@ def _service_machine(
 
 
 def _model_problems(at: str, s: Service) -> list[Problem]:
-    """Each model's artifact (gpuhost ships no stand-in), and input/jpeg_decoder only where the preset takes them."""
+    """Each model's artifact (gpuhost ships no stand-in), and input/jpeg_decoder/compile only where the preset takes
+    them."""
     out = []
     for k, mdl in enumerate(s.models):
         if mdl.artifact is None and mdl.preset in WEIGHTS_ONLY:
@@ -446,6 +447,14 @@ def _model_problems(at: str, s: Service) -> list[Problem]:
                     f"{at}.models[{k}].input",
                     f"only preset yolov8n_torch takes frames as jpeg or raw; preset "
                     f"{mdl.preset} has its own input signature (remove input)",
+                )
+            )
+        if "compile" in mdl.model_fields_set and mdl.preset != "yolov8n_torch":
+            out.append(
+                Problem(
+                    f"{at}.models[{k}].compile",
+                    f"only preset yolov8n_torch is compiled by gpuhost; preset {mdl.preset} runs as its artifact "
+                    "is (remove compile)",
                 )
             )
         if "jpeg_decoder" in mdl.model_fields_set and (mdl.preset, mdl.input) != ("yolov8n_torch", "jpeg"):

@@ -76,7 +76,7 @@ def _with_weights(spec: ModelSpec, m: ServiceModel) -> ModelSpec:
 def model_spec(m: ServiceModel, gpu_model: str) -> ModelSpec:
     """The model's signature from its preset, batching from the GPU's preset, and what config sets on top."""
     base = (
-        yolov8n_torch(input=m.input, jpeg_decoder=m.jpeg_decoder)
+        yolov8n_torch(input=m.input, jpeg_decoder=m.jpeg_decoder, compile=m.compile)
         if m.preset == "yolov8n_torch"
         else PRESETS[m.preset]()
     )

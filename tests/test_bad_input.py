@@ -110,6 +110,14 @@ BAD = [
         ],
     ),
     (
+        "compile on a model gpuhost does not compile",
+        _set(lambda f: f["services"][0]["models"][0], "compile", "none"),
+        [
+            "fleet.services[0].models[0].compile: only preset yolov8n_torch is compiled by gpuhost; preset yolov8n "
+            "runs as its artifact is (remove compile)"
+        ],
+    ),
+    (
         "hugepages beyond memory",
         _set(lambda f: H(f)["hugepages"], "count", 4000),
         [

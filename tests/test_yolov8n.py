@@ -182,3 +182,24 @@ def test_stack_config_input_field_picks_jpeg_or_raw_frames():
     assert (jpeg.inputs[0].dims, jpeg.inputs[0].allow_ragged_batch, jpeg.parameters["input"]) == ([-1], True, "jpeg")
     assert (raw.inputs[0].dims, raw.parameters["input"]) == ([640, 640, 3], "raw")
     assert jpeg.instance_group[0].count == raw.instance_group[0].count  # the preset applies to both
+
+
+def test_stack_config_compile_field_reaches_the_backend_parameter():
+    """``models[].compile``: auto is the backend's own default (no parameter written, a stack that does not choose
+    keeps its config.pbtxt); inductor and none are written for the backend (``serving/yolov8n_model.py``), which
+    reads them in ``_gpu_setup``; the CPU form takes none of them."""
+    from stacks.program import model_spec
+    from stacks.schema import ServiceModel
+
+    params = {
+        c: model_spec(ServiceModel(name="det", preset="yolov8n_torch", compile=c), "NVIDIA H200").parameters
+        for c in ("auto", "inductor", "none")
+    }
+    assert "compile" not in params["auto"]
+    assert (params["inductor"]["compile"], params["none"]["compile"]) == ("inductor", "none")
+    files = repository_files([yolov8n_torch(compile="none")], gpu_count=1, model_files=yolov8n_files("yolov8n"))
+    assert parse_config(files["yolov8n/config.pbtxt"].decode()).parameters["compile"].string_value == "none"
+    with pytest.raises(ValueError, match="compile"):
+        yolov8n_torch(compile="tensorrt")
+    with pytest.raises(ValueError, match="GPU"):
+        yolov8n_torch(gpu=False, compile="inductor")
