@@ -291,7 +291,7 @@ class TritonPythonModel:
     def _compile(self, mode, sizes):
         """``compile`` = ``auto`` or ``inductor``: the model compiled by torch's inductor (convolutions stay cuDNN's,
         the element-wise work around them is fused: on the H200 one graph replay at batch 1 0.50 ms against 0.95
-        eager, at batch 8 0.76–1.00 against 1.44–1.86, outputs bit-equal; bench/results/compile_probe_*.md),
+        eager, at batch 8 0.76–1.00 against 1.44–1.86, outputs bit-equal; bench/results/gpu_frames_compile_c244dfe.md),
         compiled here during warm-up: per graph shape once at batch 1 and once for batches 2..max_batch (the batch
         a dynamic dimension). Returns the compile's report; a failure (no C compiler or no Triton package in the
         stub's environment, an op inductor cannot take) fails initialize for ``inductor`` and leaves the model

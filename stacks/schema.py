@@ -467,9 +467,10 @@ class ServiceModel(Strict):
     jpeg_decoder: Literal["exact", "nvjpeg"] = Field(
         "exact",
         description="yolov8n_torch with input jpeg, on a GPU: exact decodes every frame to libjpeg's pixels, the "
-        "boxes users validated with Pillow/OpenCV/Ultralytics (4:2:0 camera frames on the CPU: H200 c=1 p95 9-11 ms, "
-        "at most 925 frames/s); nvjpeg decodes on the GPU every frame nvJPEG can (c=1 p95 about 4 ms, 2,150-2,200 "
-        "frames/s at p95 < 25 ms) but 4:2:0 pixels land up to 48-73 levels off libjpeg's, so boxes may differ",
+        "boxes users validated with Pillow/OpenCV/Ultralytics (baseline camera frames on the GPU from nvJPEG's planes, "
+        "upsampled as libjpeg does; progressive, RGB-coded and CMYK frames with libjpeg on the host); nvjpeg gives "
+        "nvJPEG every frame it decodes at all (progressive ones too), 4:2:0 pixels up to 48-73 levels off libjpeg's, "
+        "so boxes may differ",
     )
     compile: Literal["auto", "inductor", "none"] = Field(
         "auto",
