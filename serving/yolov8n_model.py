@@ -301,10 +301,10 @@ class TritonPythonModel:
         t0 = time.perf_counter()
         report = {"instance": self.name, "compile": mode}
         # Only the batch is dynamic (marked in ``_forward``): a new (H, W) is a static compile of its own. Two per
-        # graph shape are expected; on the H200 three shapes took eight entries, torch's default limit, and the
-        # third shape's batches ran eagerly without a word (480×640 at batch 2..8 as slow as eager). So: room to
-        # spare, a hard error at the limit (``auto`` then runs all of it eagerly and says so), and the guards that
-        # failed printed to Triton's log while compiling.
+        # graph shape are expected; on the H200 three shapes took eight entries, torch's default limit (the anchor
+        # cache, below), and the third shape's batches ran eagerly without a word (480×640 at batch 2..8 as slow as
+        # eager). So: room to spare, a hard error at the limit (``auto`` then runs all of it eagerly and says so),
+        # and the guards that failed printed to Triton's log while compiling.
         graphs = dynamo.utils.counters["stats"]["unique_graphs"]
         try:
             dynamo.config.automatic_dynamic_shapes = False
@@ -313,6 +313,11 @@ class TritonPythonModel:
             torch._logging.set_logs(recompiles=True)
             self._net = torch.compile(self.model, mode="default")
             with torch.cuda.stream(self.stream), torch.no_grad():
+                # The head's anchors for every shape made eagerly first: a compiled call that adds a shape to their
+                # cache changes the dict the earlier graphs guard on, and each shape compiled once more (H200: 9
+                # graphs for the rect model's 3 shapes, 3 for square's 1).
+                for shape in self.graph_shapes():
+                    self.model(self.pre(self._slot(1, shape)))
                 self._warm_up(sizes)
         except Exception as e:  # noqa: BLE001 - auto falls back to the eager model; inductor refuses below
             self._net = self.model
