@@ -89,16 +89,14 @@ PRESETS: dict[tuple[str, str], Preset] = {
     for (gpu, workload), (batch, preferred, delay, count, split) in _ROWS.items()
 }
 
-_ALIASES = {"L40S": "L40S", "A10": "A10", "A100": "A100", "H100": "H100", "H200": "H200", "4090": "4090"}
-
 
 def gpu_key(name: str) -> str:
     """Map a marketing or ``nvidia-smi`` name ("NVIDIA H200", "NVIDIA GeForce RTX 4090") to a preset key."""
     upper = name.upper().replace("NVIDIA", "").replace("GEFORCE", "").replace("RTX", "").strip()
     for token in upper.replace("-", " ").split():
-        if token in _ALIASES:
-            return _ALIASES[token]
-    raise KeyError(f"no preset for GPU {name!r}; known: {sorted(_ALIASES)}")
+        if token in _MEMORY_GIB:  # the GPUs with presets, by the token nvidia-smi names them with
+            return token
+    raise KeyError(f"no preset for GPU {name!r}; known: {sorted(_MEMORY_GIB)}")
 
 
 def preset_for(gpu: str, workload: str = "low_latency") -> Preset:
