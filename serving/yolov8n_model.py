@@ -114,6 +114,17 @@ def _decoded_family():
 DEFAULT_FRAME_GRAPHS = "1280x720,1920x1080,640x480"
 
 
+def _stop_compile_workers():
+    """inductor's compile subprocesses (up to 32 per instance, each with torch imported) outlive the compile; once
+    the graphs are captured nothing compiles again (``_net`` is the eager model), so they go now."""
+    try:
+        from torch._inductor.async_compile import shutdown_compile_workers
+
+        shutdown_compile_workers()
+    except Exception as e:  # noqa: BLE001 - a torch without it: its workers go idle on their own
+        print(f"gpuhost-compile compile workers left running: {type(e).__name__}: {e}", flush=True)
+
+
 # ``compile`` parameter: inductor where it works (auto), inductor or fail (inductor), never (none).
 COMPILE_MODES = ("auto", "inductor", "none")
 
@@ -278,6 +289,8 @@ class TritonPythonModel:
             self.stream.synchronize()
         torch.backends.cudnn.benchmark = False
         self._net = self.model
+        if self._compiled and self._compiled.get("compiled"):
+            _stop_compile_workers()
 
     def _warm_up(self, sizes):
         """Each graph shape at each batch size, three times: cuDNN's autotuner, lazy inits (and a compile) off the
