@@ -225,9 +225,7 @@ def yolov8n_torch(
     Without it the backend refuses to load, unless ``random_weights_for_benchmarks`` (never reachable from stack
     config) asks for the seeded random model, whose answers do not depend on the image.
     """
-    _check_yolov8n_torch(output, input, jpeg_decoder)
-    if compile not in ("auto", "inductor", "none") or (compile != "auto" and not gpu):
-        raise ValueError(f"compile must be 'auto', 'inductor' or 'none' (a GPU model's), not {compile!r}")
+    _check_yolov8n_torch(output, input, jpeg_decoder, compile, gpu)
     batch = 8 if max_batch_size is None else max_batch_size
     preferred = (
         preferred_batch_size if preferred_batch_size is not None else [b for b in (1, 2, 4, 8, 16, 32) if b <= batch]
@@ -265,7 +263,7 @@ def yolov8n_torch(
     return spec
 
 
-def _check_yolov8n_torch(output: str, input: str, jpeg_decoder: str) -> None:
+def _check_yolov8n_torch(output: str, input: str, jpeg_decoder: str, compile: str, gpu: bool) -> None:
     if output not in ("nms", "raw"):
         raise ValueError(f"output must be 'nms' or 'raw', not {output!r}")
     if input not in ("jpeg", "raw"):
@@ -274,6 +272,8 @@ def _check_yolov8n_torch(output: str, input: str, jpeg_decoder: str) -> None:
         raise ValueError("input 'jpeg' answers boxes in the frame's pixels: it needs output 'nms'")
     if jpeg_decoder not in ("exact", "nvjpeg") or (jpeg_decoder != "exact" and input != "jpeg"):
         raise ValueError(f"jpeg_decoder must be 'exact' or 'nvjpeg' (nvjpeg with input 'jpeg'), not {jpeg_decoder!r}")
+    if compile not in ("auto", "inductor", "none") or (compile != "auto" and not gpu):
+        raise ValueError(f"compile must be 'auto', 'inductor' or 'none' (a GPU model's), not {compile!r}")
 
 
 def _yolov8n_image(input: str) -> Tensor:

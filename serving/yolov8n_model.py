@@ -224,7 +224,7 @@ class TritonPythonModel:
         self.model = model.to(memory_format=torch.channels_last) if gpu else model
         # What ``_forward`` runs: the model, or during a GPU instance's warm-up and captures its compiled form.
         self._net = self.model
-        self._compiled = None
+        self.compiled = False
         self.pre = yolo.Preprocess(self.dtype)
         self.staging = torch.empty((self.max_batch, *shape), dtype=torch.uint8, pin_memory=gpu)
         self.gpu_in = torch.empty((self.max_batch, *shape), dtype=torch.uint8, device=self.device)
@@ -263,10 +263,10 @@ class TritonPythonModel:
         use_graphs = _param(config, "cuda_graphs", "true") == "true"
         sizes = self.buckets
         before = torch.cuda.memory_reserved(self.device)
-        compile_mode = self.compile_mode
-        self._compiled = self._compile(compile_mode, sizes) if use_graphs and compile_mode != "none" else None
+        self.compiled = use_graphs and self.compile_mode != "none" and self._compile(self.compile_mode, sizes)
         with torch.cuda.stream(self.stream), torch.no_grad():
-            self._warm_up(sizes)
+            if not self.compiled:  # a compile warms up as it goes
+                self._warm_up(sizes)
             if use_graphs:
                 # One pool for all of them: replays run one at a time on this stream and each answer is copied out
                 # before the next replay, so their scratch may overlap (the largest graph's, not the sum).
@@ -289,7 +289,7 @@ class TritonPythonModel:
             self.stream.synchronize()
         torch.backends.cudnn.benchmark = False
         self._net = self.model
-        if self._compiled and self._compiled.get("compiled"):
+        if self.compiled:
             _stop_compile_workers()
 
     def _warm_up(self, sizes):
@@ -306,7 +306,7 @@ class TritonPythonModel:
         the element-wise work around them is fused: on the H200 one graph replay at batch 1 0.50 ms against 0.95
         eager, at batch 8 0.76–1.00 against 1.44–1.86, outputs bit-equal; bench/results/gpu_frames_compile_c244dfe.md),
         compiled here during warm-up: per graph shape once at batch 1 and once for batches 2..max_batch (the batch
-        a dynamic dimension). Returns the compile's report; a failure (no C compiler or no Triton package in the
+        a dynamic dimension). True when it compiled; a failure (no C compiler or no Triton package in the
         stub's environment, an op inductor cannot take) fails initialize for ``inductor`` and leaves the model
         eager for ``auto``; both print ``gpuhost-compile`` to Triton's log."""
         import torch._dynamo as dynamo
@@ -342,13 +342,13 @@ class TritonPythonModel:
                     f"{self.name}: compile inductor failed ({report['error']}); set the model's compile to auto "
                     "(eager where inductor fails) or none"
                 ) from e
-            return report
+            return False
         finally:
             torch._logging.set_logs(recompiles=False)
         graphs = dynamo.utils.counters["stats"]["unique_graphs"] - graphs
         report.update(compiled=True, graphs=graphs, seconds=round(time.perf_counter() - t0, 1))
         print(f"gpuhost-compile {json.dumps(report)}", flush=True)
-        return report
+        return True
 
     def _load(self, config):
         """The model with the ``weights`` file's weights (eval, FP32, CPU); see the module docstring."""
@@ -409,7 +409,7 @@ class TritonPythonModel:
             else:
                 rect.setdefault(f"{h}x{w}", {})[b] = ms
         report = {"instance": self.name, "graph_ms": times, "graph_pool_mib": self._graph_mib}
-        report["compiled"] = bool(self._compiled and self._compiled.get("compiled"))
+        report["compiled"] = self.compiled
         if rect:
             report["rect_graph_ms"] = rect
         print("gpuhost-graph-ms " + json.dumps(report), flush=True)
