@@ -263,6 +263,13 @@ def yolov8n_torch(
     return spec
 
 
+# The backend's own lists (``serving/models/frames.py``'s JPEG_DECODERS, ``serving/yolov8n_model.py``'s
+# COMPILE_MODES: shipped alone into the repository, they import nothing from here) and the stack schema's Literals;
+# tests/test_yolov8n.py checks that all three agree.
+JPEG_DECODERS = ("exact", "nvjpeg")
+COMPILE_MODES = ("auto", "inductor", "none")
+
+
 def _check_yolov8n_torch(output: str, input: str, jpeg_decoder: str, compile: str, gpu: bool) -> None:
     if output not in ("nms", "raw"):
         raise ValueError(f"output must be 'nms' or 'raw', not {output!r}")
@@ -270,9 +277,9 @@ def _check_yolov8n_torch(output: str, input: str, jpeg_decoder: str, compile: st
         raise ValueError(f"input must be 'jpeg' or 'raw', not {input!r}")
     if input == "jpeg" and output != "nms":
         raise ValueError("input 'jpeg' answers boxes in the frame's pixels: it needs output 'nms'")
-    if jpeg_decoder not in ("exact", "nvjpeg") or (jpeg_decoder != "exact" and input != "jpeg"):
+    if jpeg_decoder not in JPEG_DECODERS or (jpeg_decoder != "exact" and input != "jpeg"):
         raise ValueError(f"jpeg_decoder must be 'exact' or 'nvjpeg' (nvjpeg with input 'jpeg'), not {jpeg_decoder!r}")
-    if compile not in ("auto", "inductor", "none") or (compile != "auto" and not gpu):
+    if compile not in COMPILE_MODES or (compile != "auto" and not gpu):
         raise ValueError(f"compile must be 'auto', 'inductor' or 'none' (a GPU model's), not {compile!r}")
 
 

@@ -184,6 +184,32 @@ def test_stack_config_input_field_picks_jpeg_or_raw_frames():
     assert jpeg.instance_group[0].count == raw.instance_group[0].count  # the preset applies to both
 
 
+def test_mode_lists_agree_in_the_backend_the_plan_and_the_stack_schema():
+    """``compile`` and ``jpeg_decoder`` are listed three times: by the backend (shipped alone into the repository,
+    so it imports nothing of gpuhost's), by the plan that checks a model's parameters, and by the stack schema's
+    Literals. A mode added to one list only would be accepted by the loader and refused by Triton at load, or the
+    reverse."""
+    import ast
+    import typing
+    from pathlib import Path
+
+    from plans import triton_repo
+    from serving.models import frames
+    from stacks.schema import ServiceModel
+
+    backend = ast.parse((Path(__file__).parents[1] / "serving" / "yolov8n_model.py").read_text())
+    assigned = {
+        t.id: ast.literal_eval(node.value)
+        for node in backend.body
+        if isinstance(node, ast.Assign)
+        for t in node.targets
+        if isinstance(t, ast.Name)
+    }
+    fields = ServiceModel.model_fields
+    assert assigned["COMPILE_MODES"] == triton_repo.COMPILE_MODES == typing.get_args(fields["compile"].annotation)
+    assert frames.JPEG_DECODERS == triton_repo.JPEG_DECODERS == typing.get_args(fields["jpeg_decoder"].annotation)
+
+
 def test_stack_config_compile_field_reaches_the_backend_parameter():
     """``models[].compile``: auto is the backend's own default (no parameter written, a stack that does not choose
     keeps its config.pbtxt); inductor and none are written for the backend (``serving/yolov8n_model.py``), which
