@@ -58,9 +58,10 @@ def read_state(conn, pf_ref: str) -> tuple[HostFacts, plan.PfDetail, Optional[st
     """(facts, PF detail, boot unit text or None, PF address) in one round trip (two for an interface name)."""
     addr = normalize_pci(pf_ref) if plan.PCI_RE.match(normalize_pci(pf_ref)) else None
     if addr is None:
-        dev, _ = plan.resolve_pf(read_host_facts(conn), pf_ref)
-        if dev is None:
-            return read_host_facts(conn), plan.PfDetail(), None, pf_ref
+        named = read_host_facts(conn)
+        dev, _ = plan.resolve_pf(named, pf_ref)
+        if dev is None:  # no such interface: what was read is the answer (the plan refuses it by name)
+            return named, plan.PfDetail(), None, pf_ref
         addr = dev.address
     out = conn.run(facts_script(files=[plan.unit_path(addr)]) + plan.pf_detail_script(addr)).stdout
     facts = parse_host_facts(out)

@@ -42,6 +42,23 @@ def test_bad_inputs_fail_in_check_without_touching_the_host(local_sshd, provider
     assert "host: missing" in e.value.details
 
 
+def test_reading_a_pf_is_one_round_trip_by_address_or_by_an_unknown_name(conn):
+    """``read_state``: facts, the PF's detail and its boot unit in one round trip for a PCI address; a name is
+    resolved from a facts read first, and a name no interface has is answered from that one read (it was read twice
+    before)."""
+    from access import ssh
+    from providers.sriov import read_state
+
+    def hits() -> int:
+        return ssh.ROUNDTRIPS.by_host.get(conn.spec.name, 0)
+
+    for pf in ("0000:ff:1f.7", "gpuhostnone0"):
+        n = hits()
+        facts, detail, unit, addr = read_state(conn, pf)
+        assert hits() - n == 1 and addr == pf and unit is None and not detail.irqs, pf
+        assert facts.kernel and facts.boot_id and pf not in facts.pci
+
+
 def test_unknown_pf_fails_after_one_real_read_and_unknowns_skip_the_host(local_sshd, provider_server_for):
     srv = provider_server_for()
     r = srv.resource(SriovVfsProvider(), TYPE, "unknown-pf")
