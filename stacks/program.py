@@ -39,7 +39,7 @@ from plans.monitoring.model import GatewayTarget, HostTarget, MonitoringGraph, S
 from plans.presets import apply_preset, gpu_key, preset_for
 from plans.triton_engine import EngineBuild, ShapeRange
 from plans.triton_model import DynamicBatching, InstanceGroup, ModelSpec
-from plans.triton_repo import resnet50_fp16, sdxl, yolov8n, yolov8n_torch
+from plans.triton_repo import compiles_at_load, resnet50_fp16, sdxl, yolov8n, yolov8n_torch
 from plans.triton_runtime import DockerRuntime, ProcessRuntime, ServerOptions
 from plans.values import host_port
 from stacks.args import host_spec, passthrough_args, same_fields
@@ -98,6 +98,19 @@ def model_spec(m: ServiceModel, gpu_model: str) -> ModelSpec:
     if spec.warmup and spec.max_batch_size and any(w.batch_size > spec.max_batch_size for w in spec.warmup):
         spec = spec.model_copy(update={"warmup": []})
     return spec
+
+
+# How long the acceptance gate waits for Triton and every model to be ready (``acceptance.ready_timeout_s`` unset):
+# a load that compiles (``plans.triton_repo.compiles_at_load``) gets about five times the longest measured.
+READY_TIMEOUT_S = 300.0
+COMPILE_READY_TIMEOUT_S = 900.0
+
+
+def ready_timeout_s(s: Service, specs: list[ModelSpec]) -> float:
+    """The gate's readiness wait for service ``s`` serving ``specs``: the stack's, else the default for its models."""
+    if s.acceptance.ready_timeout_s is not None:
+        return s.acceptance.ready_timeout_s
+    return COMPILE_READY_TIMEOUT_S if any(compiles_at_load(x) for x in specs) else READY_TIMEOUT_S
 
 
 def mig_devices(h: Host, s: Service, layout: Planned) -> Pending:
@@ -729,6 +742,7 @@ def build_services(
                 gate_rate=s.acceptance.rate,
                 gate_concurrency=s.acceptance.concurrency,
                 gate_duration_s=s.acceptance.duration_s,
+                gate_ready_timeout_s=ready_timeout_s(s, specs),
             ),
             deps,
             f"fleet.services[{si}]",

@@ -413,6 +413,14 @@ class Acceptance(Strict):
     concurrency: int = Field(8, ge=1, le=1024)
     duration_s: float = Field(10, gt=0, le=600)
     rate: Optional[float] = Field(None, gt=0, le=1_000_000, description="requests/s; open loop when set")
+    ready_timeout_s: Optional[float] = Field(
+        None,
+        gt=0,
+        le=3600,
+        description="how long the gate waits for Triton and each model to be ready after a deploy before it fails "
+        "`up` and puts the previous deploy back; default 300 s, or 900 s when a model compiles at load "
+        "(yolov8n_torch on a GPU, compile auto or inductor: 2-3 minutes on an H200 host with an empty cache)",
+    )
 
 
 class Artifact(Strict):

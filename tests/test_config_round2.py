@@ -132,6 +132,17 @@ NUMBER_FIELDS = [
         600,
         False,
     ),
+    (
+        lambda d, v: (
+            d["services"][0]["acceptance"].__setitem__("ready_timeout_s", v)
+            if "acceptance" in d["services"][0]
+            else d["services"][0].__setitem__("acceptance", {"ready_timeout_s": v})
+        ),
+        "fleet.services[0].acceptance.ready_timeout_s",
+        0,
+        3600,
+        False,
+    ),
 ]
 
 _numbers = st.one_of(
@@ -150,8 +161,8 @@ def test_numbers_are_strict_finite_and_bounded(k, v):
     is_number = not isinstance(v, (bool, str)) and (isinstance(v, int) or (not whole and math.isfinite(v)))
     if whole and isinstance(v, float):
         is_number = False
-    # lower bounds: p95_ms / duration_s are > 0, the others >= 0
-    strict_low = path.endswith(("p95_ms", "duration_s"))
+    # lower bounds: p95_ms / duration_s / ready_timeout_s are > 0, the others >= 0
+    strict_low = path.endswith(("p95_ms", "duration_s", "ready_timeout_s"))
     in_range = is_number and (v > lo if strict_low else v >= lo) and v <= hi
     if in_range:
         assert lines == [], (v, lines)

@@ -6,7 +6,7 @@ matter, secrets and URNs.
 """
 
 import json
-from typing import Any
+from typing import Any, Optional
 
 import pytest
 
@@ -367,6 +367,27 @@ def test_gates_carry_every_slo_field_and_a_rollback(hk):
     assert y["expect_digest"] == base64.b64decode(marker).decode()
     snap = hk.by_name("yolo-rt-snapshot")
     assert snap.urn in hk.by_name("yolo-rt-yolov8n-artifact").dependencies
+
+
+def test_the_gates_readiness_wait_allows_for_a_model_that_compiles_at_load(hk):
+    """A deploy whose model compiles when Triton loads it (yolov8n_torch on a GPU, compile auto: 2-3 minutes on an
+    H200 host) must not be failed and rolled back by the gate's 300 s wait for readiness; the stack's own
+    ``acceptance.ready_timeout_s`` wins over either default."""
+    assert {g.inputs["ready_timeout_s"] for g in hk.of_type("pulumi-python:dynamic/serving:AcceptanceGate")} == {300}
+
+    def gate_wait(acceptance: Optional[dict] = None, **model) -> float:
+        def mutate(f, c, s):
+            f["services"][0]["models"][0].update(preset="yolov8n_torch", **model)
+            f["services"][0]["acceptance"].update(acceptance or {})
+
+        cfg, secret = _broken(mutate)
+        return run_program(cfg, secret, stack="hk-prod").by_name("yolo-rt-yolov8n-gate").inputs["ready_timeout_s"]
+
+    assert gate_wait() == 900  # compile auto, the default
+    assert gate_wait(compile="inductor") == 900
+    assert gate_wait(compile="none") == 300
+    assert gate_wait(compile="none", acceptance={"ready_timeout_s": 45}) == 45
+    assert gate_wait(acceptance={"ready_timeout_s": 1800}) == 1800
 
 
 def test_mig_service_bound_to_its_mig_uuid_and_the_mig_host_has_dcgm(hk):
