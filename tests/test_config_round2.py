@@ -90,6 +90,12 @@ def test_base_loads():
 
 # -- numbers: strict, finite, bounded --------------------------------------------------------------------------
 
+
+def _acceptance(field: str):
+    """A setter of the first service's ``acceptance.<field>`` (the section made when the stack has none)."""
+    return lambda d, v: d["services"][0].setdefault("acceptance", {}).__setitem__(field, v)
+
+
 NUMBER_FIELDS = [
     # (setter, config path, lowest allowed, highest allowed, whole numbers only)
     (
@@ -122,22 +128,14 @@ NUMBER_FIELDS = [
         True,
     ),
     (
-        lambda d, v: (
-            d["services"][0]["acceptance"].__setitem__("duration_s", v)
-            if "acceptance" in d["services"][0]
-            else d["services"][0].__setitem__("acceptance", {"duration_s": v})
-        ),
+        _acceptance("duration_s"),
         "fleet.services[0].acceptance.duration_s",
         0,
         600,
         False,
     ),
     (
-        lambda d, v: (
-            d["services"][0]["acceptance"].__setitem__("ready_timeout_s", v)
-            if "acceptance" in d["services"][0]
-            else d["services"][0].__setitem__("acceptance", {"ready_timeout_s": v})
-        ),
+        _acceptance("ready_timeout_s"),
         "fleet.services[0].acceptance.ready_timeout_s",
         0,
         3600,
