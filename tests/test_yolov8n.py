@@ -198,15 +198,13 @@ def test_mode_lists_agree_in_the_backend_the_plan_and_the_stack_schema():
     from stacks.schema import ServiceModel
 
     backend = ast.parse((Path(__file__).parents[1] / "serving" / "yolov8n_model.py").read_text())
-    assigned = {
-        t.id: ast.literal_eval(node.value)
+    (modes,) = [
+        ast.literal_eval(node.value)
         for node in backend.body
-        if isinstance(node, ast.Assign)
-        for t in node.targets
-        if isinstance(t, ast.Name)
-    }
+        if isinstance(node, ast.Assign) and any(getattr(t, "id", None) == "COMPILE_MODES" for t in node.targets)
+    ]
     fields = ServiceModel.model_fields
-    assert assigned["COMPILE_MODES"] == triton_repo.COMPILE_MODES == typing.get_args(fields["compile"].annotation)
+    assert modes == triton_repo.COMPILE_MODES == typing.get_args(fields["compile"].annotation)
     assert frames.JPEG_DECODERS == triton_repo.JPEG_DECODERS == typing.get_args(fields["jpeg_decoder"].annotation)
 
 
