@@ -101,8 +101,9 @@ def model_spec(m: ServiceModel, gpu_model: str) -> ModelSpec:
 
 
 # How long the acceptance gate waits for Triton and every model to be ready (``acceptance.ready_timeout_s`` unset):
-# a load that compiles (``plans.triton_repo.compiles_at_load``) gets about five times the longest measured.
-READY_TIMEOUT_S = 300.0
+# the component's default, and for a load that compiles (``plans.triton_repo.compiles_at_load``) about five times the
+# longest measured.
+READY_TIMEOUT_S: float = TritonServiceArgs.model_fields["gate_ready_timeout_s"].default
 COMPILE_READY_TIMEOUT_S = 900.0
 
 
