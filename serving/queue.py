@@ -33,6 +33,12 @@ there and a GET of the key a large result is kept in (nil for a small one). Redi
 order, so the two after BLMOVE wait for it; the GET is a plain command, not in the script, so an image's bytes are
 not copied through Lua. The worker's are its XREADGROUP, a large input's MGET and the complete script.
 
+These five go through ``_RoundTrips``, not redis-py's client: commands packed by hiredis, written in one send on a
+redis-py connection of the queue's own, replies read in order. redis-py's command and pipeline layers (its
+serializer's per-argument checks, the pool's checkout and observability hooks, response callbacks) cost ~220 µs of
+the caller's ~410 µs CPU a job here (cProfile, ``bench.queue_floor``); the connection itself (AUTH, timeouts,
+reconnect, the client's retry policy) is still redis-py's.
+
 Why large inputs are not in the stream entry: passed through the submit script, every byte is copied into a Lua
 string and back (a 1.2 MB image cost Redis ~8x what a plain SET of the same bytes does, which Redis keeps without a
 copy), and Redis's one thread is the gateway's ceiling. So the inputs go in a SET pipelined in the same round trip
@@ -59,6 +65,7 @@ import time
 import uuid
 from typing import Any, Optional
 
+import hiredis
 import numpy as np
 import redis
 
@@ -143,6 +150,53 @@ return 1
 """
 
 
+class _RoundTrips:
+    """Round trips on connections of the queue's own: ``trip((cmd, arg, ...), ...)`` writes every command in one
+    send and returns their replies in order (RESP2, undecoded), an error reply as its exception in its place.
+
+    Connections are redis-py's (made from the client's pool settings: host, password, timeouts, retry policy) in a
+    free list, one per thread in a round trip at the moment. A round trip that fails on the connection (reset,
+    timeout) is retried under the client's retry policy on a fresh connection, as redis-py's own commands are; every
+    round trip here may run twice (the submit and complete scripts and the result wait are idempotent by job key,
+    and a read whose reply was lost leaves its entry pending, reclaimed after ``claim_idle_ms``)."""
+
+    def __init__(self, r: Any):
+        pool = r.connection_pool
+        # RESP2 and bytes whatever the client speaks (redis-py 8 defaults to RESP3): the replies are parsed here
+        self._kwargs = {**pool.connection_kwargs, "protocol": 2, "decode_responses": False}
+        self._class = pool.connection_class
+        self._retry = self._kwargs.get("retry") or r.get_retry()
+        self._idle: list[Any] = []  # list.pop and list.append are atomic: no lock
+
+    def __call__(self, *commands: tuple) -> list[Any]:
+        try:
+            conn = self._idle.pop()
+        except IndexError:
+            conn = self._class(**self._kwargs)
+        try:
+            return self._retry.call_with_retry(lambda: self._once(conn, commands), lambda _e: conn.disconnect())
+        except BaseException:
+            conn.disconnect()  # a reply may be half read: the next round trip starts on a new connection
+            raise
+        finally:
+            self._idle.append(conn)
+
+    @staticmethod
+    def _once(conn: Any, commands: tuple) -> list[Any]:
+        conn.send_packed_command([b"".join([hiredis.pack_command(c) for c in commands])], check_health=False)
+        replies: list[Any] = []
+        for _ in commands:
+            try:
+                replies.append(conn.read_response(disable_decoding=True))
+            except redis.ResponseError as e:  # the connection is in step: the next reply follows
+                replies.append(e)
+        return replies
+
+    def close(self) -> None:
+        while self._idle:
+            self._idle.pop().disconnect()
+
+
 class QueueFull(RuntimeError):
     """The queue holds ``max_depth`` jobs; the job was not queued. Retry later (HTTP 429)."""
 
@@ -215,6 +269,10 @@ def _unpack_tensors(meta: list[dict], blobs: list[Any]) -> dict[str, np.ndarray]
     return {m["name"]: np.frombuffer(b, dtype=np.dtype(m["dtype"])).reshape(m["shape"]) for m, b in zip(meta, blobs)}
 
 
+def _fields(kv: Optional[list]) -> dict[bytes, bytes]:
+    return dict(zip(kv[::2], kv[1::2])) if kv else {}
+
+
 @dataclasses.dataclass
 class Job:
     id: str  # stream entry id
@@ -276,6 +334,7 @@ class JobQueue:
         # redis-py's return types are unions over RESP2/3 and sync/async; this module knows which it gets.
         self.r: Any = r
         self.cfg = config
+        self._trip = _RoundTrips(r)
         self._submit = r.register_script(_SUBMIT)
         self._complete = r.register_script(_COMPLETE)
         self._read = r.register_script(_READ)
@@ -305,7 +364,7 @@ class JobQueue:
         if sum(len(b) for b in blobs) < c.inline_max_bytes:
             for m, b in zip(meta, blobs):
                 fields += [f"in:{m['name']}", b]
-            status, value = self._submit(keys=keys, args=[*head, *fields])
+            status, value = self._script(self._submit, keys, [*head, *fields])
         else:  # one round trip: the inputs' SET, then the script (in order on the server)
             payload = c.key("in", key)
             fields += ["payload", payload]
@@ -329,12 +388,11 @@ class JobQueue:
         deadline = time.monotonic() + timeout_s
         while True:
             left = deadline - time.monotonic()
-            pipe = self.r.pipeline(transaction=False)  # one round trip (the module docstring)
-            pipe.blmove(rkey, rkey, max(0.01, min(1.0, left)), "LEFT", "RIGHT")
-            # EVALSHA itself: a pipeline's script call would first ask SCRIPT EXISTS, one more round trip.
-            pipe.evalsha(self._read.sha, len(keys), *keys, self.cfg.read_ttl_s)
-            pipe.get(out)
-            got, read, large = pipe.execute(raise_on_error=False)
+            got, read, large = self._trip(  # one round trip (the module docstring)
+                ("BLMOVE", rkey, rkey, "LEFT", "RIGHT", max(0.01, min(1.0, left))),
+                ("EVALSHA", self._read.sha, len(keys), *keys, self.cfg.read_ttl_s),
+                ("GET", out),
+            )
             for reply in (got, large):
                 if isinstance(reply, Exception):
                     raise reply
@@ -365,7 +423,7 @@ class JobQueue:
         (expired) is a job with no inputs: the backend refuses it and the caller gets that error."""
         entries = [(i, f) for i, f in entries if f]
         names = [f[b"payload"] for _, f in entries if b"payload" in f]
-        payloads = dict(zip(names, self.r.mget(names))) if names else {}
+        payloads = dict(zip(names, self._one("MGET", *names))) if names else {}
         return [self._job(i, f, reclaimed, payloads.get(f.get(b"payload", b""))) for i, f in entries]
 
     def _job(
@@ -417,8 +475,12 @@ class JobQueue:
 
     def read(self, consumer: str, *, count: int = 8, block_ms: int = 50) -> list[Job]:
         """New jobs for this consumer (seed 001: XREADGROUP … COUNT 8 BLOCK 50; a worker slot reads COUNT 1)."""
-        got = self.r.xreadgroup(self.cfg.group, consumer, {self.cfg.stream: ">"}, count=count, block=block_ms)
-        return self._jobs([e for _, entries in (got or []) for e in entries])
+        c = self.cfg
+        got = self._one(
+            "XREADGROUP", "GROUP", c.group, consumer, "COUNT", count, "BLOCK", block_ms, "STREAMS", c.stream, ">"
+        )
+        # RESP2: [[stream, [[id, [field, value, ...]], ...]]]; an entry deleted while pending has no fields
+        return self._jobs([(i, _fields(kv)) for _, entries in (got or []) for i, kv in entries])
 
     def autoclaim(self, consumer: str, *, min_idle_ms: int, count: int = 8) -> list[Job]:
         """Take over jobs another consumer has held longer than ``min_idle_ms`` (it died, or hung)."""
@@ -452,8 +514,8 @@ class JobQueue:
             keys.append(job.payload)
         data = result.encode()
         if len(data) < c.inline_max_bytes:
-            first = self._complete(
-                keys=keys, args=[c.group, job.id, c.result_ttl_s, result.backend or "-", data, counter]
+            first = self._script(
+                self._complete, keys, [c.group, job.id, c.result_ttl_s, result.backend or "-", data, counter]
             )
             return bool(first)
         out = c.key("out", job.key)
@@ -463,14 +525,26 @@ class JobQueue:
 
     def _set_then_script(self, key: str, data: bytes, script: Any, keys: list, args: list) -> Any:
         """One round trip: SET ``key`` NX with the result TTL, then ``script`` (in that order on the server)."""
-        pipe = self.r.pipeline(transaction=False)
-        pipe.set(key, data, ex=self.cfg.result_ttl_s, nx=True)
-        # EVALSHA itself: a pipeline's script call would first ask SCRIPT EXISTS, one more round trip a job.
-        pipe.evalsha(script.sha, len(keys), *keys, *args)
-        stored, reply = pipe.execute(raise_on_error=False)
+        stored, reply = self._trip(
+            ("SET", key, data, "EX", self.cfg.result_ttl_s, "NX"), ("EVALSHA", script.sha, len(keys), *keys, *args)
+        )
         if isinstance(stored, Exception):
             raise stored
         return self._script_reply(script, reply, keys, args)
+
+    def _script(self, script: Any, keys: list, args: list) -> Any:
+        """A script's reply in one round trip (EVALSHA; loaded first where Redis lacks it)."""
+        return self._script_reply(script, self._trip(("EVALSHA", script.sha, len(keys), *keys, *args))[0], keys, args)
+
+    def _one(self, *command: Any) -> Any:
+        reply = self._trip(command)[0]
+        if isinstance(reply, Exception):
+            raise reply
+        return reply
+
+    def close(self) -> None:
+        """Close the queue's own connections (the client's are the caller's to close)."""
+        self._trip.close()
 
     @staticmethod
     def _script_reply(script: Any, reply: Any, keys: list, args: list) -> Any:

@@ -402,7 +402,7 @@ class Worker:
     def _slot(self) -> None:
         """One job at a time, on a connection of its own: a reclaimed job waiting for a slot, else the next entry
         (XREADGROUP COUNT 1 BLOCK ``block_ms``) and its inputs, run and completed. Stops between jobs."""
-        r = self._redis(single_connection_client=True)
+        r = self._redis()  # the slot's round trips are on the queue's own connection (one: one thread)
         queue = JobQueue(r, self.cfg.queue)
         try:
             while not self.stop.is_set():
@@ -421,6 +421,7 @@ class Worker:
                     self._hold(job)
                 self._process(job, queue)
         finally:
+            queue.close()
             r.close()
 
     def _reclaimer(self) -> None:
