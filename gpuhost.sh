@@ -112,7 +112,8 @@ case "${1:-}" in
     #   [rollout]  the two-host rollout (two servers) ... then [emulated]: the emulated-server tests (one server)
     #   [rest]     every test without an emulated server ... then, once [rollout] is done, [devstack]: the dev stack end
     #              to end and the tests marked second_session (tests/test_testhost.py: one server at a time)
-    #   ... and after [emulated], [models]: two model files of [rest] (about 4 minutes), which keeps the chains even
+    #   ... and after [emulated], [models]: five files of [rest] (the two model files, the plan diff, the Ultralytics
+    #   export and the JPEG diagnosis: about 5 minutes under CI's load), which keeps the chains even
     # The rollout's two servers overlap only [rest], which boots none. GPUHOST_TEST_SERIAL=1: one session.
     run_part() {  # name, pytest arguments
       local name=$1 t0=$SECONDS
@@ -124,7 +125,8 @@ case "${1:-}" in
       echo "$rc" > "/tmp/gpuhost-pytest-$name.rc"
     }
     parts=(rollout emulated models rest devstack)
-    models=(tests/test_yolov8n_triton.py tests/test_yolov8n_frames_ultralytics.py)
+    models=(tests/test_yolov8n_triton.py tests/test_yolov8n_frames_ultralytics.py tests/test_plan_diff.py
+      tests/test_yolov8n_ultralytics.py tests/test_jpeg_diag.py)
     for p in "${parts[@]}"; do rm -f "/tmp/gpuhost-pytest-$p.rc"; done
     {
       run_part rollout -m devstack tests/test_rollout_testhost.py
