@@ -15,7 +15,7 @@ pipeline run eagerly on the device; ``raw`` (the ``--cpu`` default): letterboxed
 Paths compared:
   * direct:  the load process calls a Triton over gRPC (the request as the worker builds it: serving.triton_wire, one
     copy of the frame; tritonclient's channel and InferResult), the backend by smooth
-    weighted round robin 3:2;
+    weighted round robin 3:2 over the job numbers (``direct_order``: consecutive arrivals alternate);
   * gateway: ``JobQueue.submit`` (the submit script's XADD with the depth check; a frame of 64 KiB or more SET
     beside it in the same round trip) and ``JobQueue.result`` (BLMOVE, the TTL script and a large result's GET in
     one round trip),
@@ -431,6 +431,17 @@ def load_main(conn: Any, setup: dict, k: int) -> None:
             conn.send({"crash": f"{type(e).__name__}: {e}"})
 
 
+def direct_order(weights: dict[str, int]) -> list[str]:
+    """Direct call ``j`` goes to ``order[j % len(order)]``: smooth weighted round robin over the job numbers (3:2
+    gives a, b, a, b, a), so consecutive arrivals alternate between the Tritons whichever load process sends them, as
+    the gateway's picks do. A round robin of each process's own (before 2026-12-04) advanced once per call in every
+    process alike: the n-th jobs of all ``--procs`` processes, ``procs`` consecutive arrivals, went to one Triton,
+    and the Tritons took turns in runs of 8 ms at 1,000 jobs/s, which a time-shared GPU serves faster than
+    interleaved arrivals (bench/results/queue_gpu_direct_order_*.md)."""
+    rr = WeightedRoundRobin(dict(weights))
+    return [rr.next() for _ in range(sum(weights.values()))]
+
+
 class SpecLoad:
     """One load process's share of one run: its threads take job numbers ``k``, ``k + procs``, ... and send each
     straight to a Triton (``direct``) or through the queue (``queued``), open loop at the scheduled times or closed
@@ -453,7 +464,7 @@ class SpecLoad:
             n: grpcclient.InferenceServerClient(u, channel_args=GRPC_OPTS) for n, u in setup["grpc"].items()
         }
         self.calls = {n: triton_wire.model_infer(c._channel) for n, c in self.clients.items()}
-        self.rr = WeightedRoundRobin(dict(WEIGHTS))
+        self.order = direct_order(WEIGHTS)
         self.lock = threading.Lock()
         self.nxt = k  # the next job number any of this process's threads takes (under ``lock``)
         self.rows: list[list] = []
@@ -468,7 +479,7 @@ class SpecLoad:
         from serving import triton_wire
         from serving.bytes_rows import wire_inputs
 
-        name = self.rr.next()
+        name = self.order[j % len(self.order)]
         t0 = time.time()
         # The request as the worker builds it (serving.triton_wire: one copy of the frame), over the same gRPC.
         request = triton_wire.tensors_request(self.spec["model"], wire_inputs(inputs))

@@ -4,11 +4,12 @@ arrivals, with saturation read as each path's best closed-loop jobs/s."""
 
 from __future__ import annotations
 
+import itertools
 import statistics
 
 import pytest
 
-from bench.queue_gpu import arrivals, overhead_table, parse_list, saturation
+from bench.queue_gpu import WEIGHTS, arrivals, direct_order, overhead_table, parse_list, saturation
 
 
 def test_poisson_arrivals_are_one_schedule_per_seed_at_the_asked_mean_rate():
@@ -128,3 +129,18 @@ def test_instances_by_weight_give_each_backend_capacity_in_proportion_to_its_wei
     b = by_weight["triton-b"]
     assert b.model_copy(update={"instance_group": three.instance_group}) == three
     assert three.instance_group[0].count == 3  # the preset's spec itself is not changed
+
+
+def test_direct_calls_alternate_between_tritons_at_every_arrival_whatever_process_sends_them():
+    """Consecutive job numbers (consecutive arrivals) go 3:2 in the finest interleaving, as the gateway's picks do;
+    no run of jobs to one Triton longer than the weights make (a, a at the wrap: 2), and every frame size (job % 3)
+    reaches each Triton in the 3:2 split."""
+    order = direct_order(WEIGHTS)
+    assert order == ["triton-a", "triton-b", "triton-a", "triton-b", "triton-a"]
+    jobs = [order[j % len(order)] for j in range(15_000)]
+    assert jobs.count("triton-a") == 9_000 and jobs.count("triton-b") == 6_000
+    longest = max(len(list(g)) for _, g in itertools.groupby(jobs))
+    assert longest == 2
+    for size in range(3):  # the bench's frames cycle through three sizes by job number
+        sent = [b for j, b in enumerate(jobs) if j % 3 == size]
+        assert sent.count("triton-a") * 2 == sent.count("triton-b") * 3
