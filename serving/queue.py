@@ -61,6 +61,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import math
+import os
 import time
 import uuid
 from typing import Any, Optional
@@ -167,8 +168,11 @@ class _RoundTrips:
         self._class = pool.connection_class
         self._retry = self._kwargs.get("retry") or r.get_retry()
         self._idle: list[Any] = []  # list.pop and list.append are atomic: no lock
+        self._pid = os.getpid()
 
     def __call__(self, *commands: tuple) -> list[Any]:
+        if self._pid != os.getpid():  # a forked child: the parent's sockets are the parent's (redis-py's pool too)
+            self._idle, self._pid = [], os.getpid()
         try:
             conn = self._idle.pop()
         except IndexError:

@@ -8,6 +8,8 @@ reply to be read as the next round trip's; the queue speaks RESP2 bytes whatever
 
 from __future__ import annotations
 
+import os
+
 import numpy as np
 import pytest
 
@@ -79,4 +81,25 @@ def test_the_queue_reads_resp2_bytes_whatever_the_client_speaks(redis_srv):
     q.ensure_group()
     one_job(q, 4, 100)
     one_job(q, 5, 100_000)
+    q.close()
+
+
+def test_a_forked_child_opens_its_own_connection_and_leaves_the_parents_alone(redis_srv):
+    """A queue used before a fork: the child must not write on the parent's socket (their replies would cross)."""
+    q = JobQueue(redis.Redis(port=redis_srv.port), QueueConfig())
+    (parent_id,) = q._trip(("CLIENT", "ID"))
+    read, write = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # the child: report the connection id its round trip ran on
+        try:
+            (child_id,) = q._trip(("CLIENT", "ID"))
+            os.write(write, str(child_id).encode())
+        finally:
+            os._exit(0)
+    os.close(write)
+    os.waitpid(pid, 0)
+    child_id = int(os.read(read, 64) or 0)
+    os.close(read)
+    assert child_id and child_id != parent_id
+    assert q._trip(("CLIENT", "ID")) == [parent_id]  # the parent's connection, open and in step
     q.close()
