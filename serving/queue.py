@@ -35,9 +35,9 @@ not copied through Lua. The worker's are its XREADGROUP, a large input's MGET an
 
 These five go through ``_RoundTrips``, not redis-py's client: commands packed by hiredis, written in one send on a
 redis-py connection of the queue's own, replies read in order. redis-py's command and pipeline layers (its
-serializer's per-argument checks, the pool's checkout and observability hooks, response callbacks) cost ~220 µs of
-the caller's ~410 µs CPU a job here (cProfile, ``bench.queue_floor``); the connection itself (AUTH, timeouts,
-reconnect, the client's retry policy) is still redis-py's.
+serializer's per-argument checks, the pool's checkout and observability hooks, response callbacks) were ~115 µs of
+the caller's ~365 µs CPU a job and ~85 µs of a worker's ~390 µs (``bench.queue_floor``, one client); the connection
+itself (AUTH, timeouts, reconnect, the client's retry policy) is still redis-py's.
 
 Why large inputs are not in the stream entry: passed through the submit script, every byte is copied into a Lua
 string and back (a 1.2 MB image cost Redis ~8x what a plain SET of the same bytes does, which Redis keeps without a
@@ -550,11 +550,11 @@ class JobQueue:
         """Close the queue's own connections (the client's are the caller's to close)."""
         self._trip.close()
 
-    @staticmethod
-    def _script_reply(script: Any, reply: Any, keys: list, args: list) -> Any:
-        """A pipelined EVALSHA's reply; where a restarted Redis lost the script, load it and run it once."""
+    def _script_reply(self, script: Any, reply: Any, keys: list, args: list) -> Any:
+        """A pipelined EVALSHA's reply; where a restarted Redis lost the script, load it and run it once (one round
+        trip, the queue's own: its replies are RESP2 bytes whatever the client was made with)."""
         if isinstance(reply, redis.exceptions.NoScriptError):
-            return script(keys=keys, args=args)
+            _, reply = self._trip(("SCRIPT", "LOAD", script.script), ("EVALSHA", script.sha, len(keys), *keys, *args))
         if isinstance(reply, Exception):
             raise reply
         return reply

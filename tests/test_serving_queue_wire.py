@@ -13,7 +13,7 @@ import os
 import numpy as np
 import pytest
 
-from serving.queue import JobQueue, QueueConfig, Result
+from serving.queue import JobQueue, QueueConfig, QueueFull, Result
 from testbed.servers import redis as redis_server
 
 redis = pytest.importorskip("redis")
@@ -77,10 +77,14 @@ def test_a_round_trip_cut_short_leaves_no_late_reply_behind(redis_srv):
 def test_the_queue_reads_resp2_bytes_whatever_the_client_speaks(redis_srv):
     """redis-py 8 defaults to RESP3; a client set up with decode_responses too: the queue's replies are its own."""
     r = redis.Redis(port=redis_srv.port, protocol=3, decode_responses=True)
-    q = JobQueue(r, QueueConfig())
+    q = JobQueue(r, QueueConfig(max_depth=1))
     q.ensure_group()
     one_job(q, 4, 100)
     one_job(q, 5, 100_000)
+    q.submit("m", {"x": np.zeros(4, np.float32)})  # the one job the queue holds
+    r.script_flush()  # the scripts are loaded again by the queue, and their replies read as the queue reads them
+    with pytest.raises(QueueFull):
+        q.submit("m", {"x": np.ones(4, np.float32)})
     q.close()
 
 
