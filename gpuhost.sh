@@ -113,7 +113,7 @@ case "${1:-}" in
     #   [rest]     every test without an emulated server ... then, once [rollout] is done, [devstack]: the dev stack end
     #              to end and the tests marked second_session (tests/test_testhost.py: one server at a time)
     #   ... and after [emulated], [models]: five files of [rest] (the two model files, the plan diff, the Ultralytics
-    #   export and the JPEG diagnosis: about 5 minutes under CI's load), which keeps the chains even
+    #   export and the JPEG diagnosis: about 7 minutes under a fresh run's load), which keeps the chains even
     # The rollout's two servers overlap only [rest], which boots none. GPUHOST_TEST_SERIAL=1: one session.
     run_part() {  # name, pytest arguments
       local name=$1 t0=$SECONDS
