@@ -119,7 +119,8 @@ case "${1:-}" in
       local name=$1 t0=$SECONDS
       shift
       set +e
-      .venv/bin/python -m pytest -ra --durations=25 --basetemp="/tmp/gpuhost-pytest-$name" "$@" 2>&1 | sed -u "s/^/[$name] /"
+      .venv/bin/python -m pytest -ra --durations=25 --basetemp="/tmp/gpuhost-pytest-$name" "$@" 2>&1 |
+        tee "/tmp/gpuhost-pytest-$name.log" | sed -u "s/^/[$name] /"
       local rc=${PIPESTATUS[0]}
       echo "== [$name] exit $rc after $((SECONDS - t0)) s (load: $(cut -d' ' -f1-3 /proc/loadavg))"
       echo "$rc" > "/tmp/gpuhost-pytest-$name.rc"
@@ -143,6 +144,13 @@ case "${1:-}" in
     wait "$first" "$second"
     rcs=$(for p in "${parts[@]}"; do cat "/tmp/gpuhost-pytest-$p.rc"; done | tr '\n' ' ')
     echo "== exit status of ${parts[*]}: $rcs"
+    # A failed session's lines are far up in the interleaved output: say them again last, where a tail shows them.
+    for p in "${parts[@]}"; do
+      [ "$(cat "/tmp/gpuhost-pytest-$p.rc")" = 0 ] && continue
+      echo "== [$p] failed; its errors (E lines) and short summary again:"
+      grep -E '^E ' "/tmp/gpuhost-pytest-$p.log" | cut -c1-300 | head -40
+      sed -n '/short test summary info/,$p' "/tmp/gpuhost-pytest-$p.log" | grep -vE '^(SKIPPED|XFAIL)' | cut -c1-300 | head -30
+    done
     [ "$rcs" = "0 0 0 0 0 " ]
     ;;
   lint)
