@@ -9,6 +9,7 @@ reply to be read as the next round trip's; the queue speaks RESP2 bytes whatever
 from __future__ import annotations
 
 import os
+import time
 
 import numpy as np
 import pytest
@@ -67,7 +68,14 @@ def test_a_round_trip_cut_short_leaves_no_late_reply_behind(redis_srv):
     r = redis.Redis(port=redis_srv.port, socket_timeout=0.3, retry=Retry(NoBackoff(), 0))
     q = JobQueue(r, QueueConfig())
     with pytest.raises(redis.TimeoutError):
-        q._trip(("BLPOP", "late", 2))
+        q._trip(("BLPOP", "late", 30))
+    # The dropped socket's pop leaves the server when it reads the close; a push sent before that (a busy machine's
+    # Redis may see both in one wake-up, in either order) would be taken by the pop. A kept connection would hold the
+    # pop for its 30 s: wait for the server to let it go, well inside that.
+    deadline = time.monotonic() + 10
+    while r.info("clients")["blocked_clients"] and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert r.info("clients")["blocked_clients"] == 0, "the timed-out connection still holds its pop on the server"
     r.rpush("late", "x")  # a pop still blocked on the server would take it
     assert q._trip(("PING",)) == [b"PONG"]
     assert r.lrange("late", 0, -1) == [b"x"]
