@@ -373,6 +373,7 @@ def gateway_config(redis_port: int, backends: dict[str, Backend], a: argparse.Na
         "queue": {"max_depth": a.max_depth},
         "backends": [{"name": b.name, "weight": b.weight, "grpc": b.grpc, "http": b.http} for b in backends.values()],
         "slots": a.slots,
+        **({"block_ms": a.block_ms} if a.block_ms is not None else {}),
         "claim_idle_ms": a.claim_idle_ms,
         "models": [MODEL],
         "call_timeout_s": 30.0,
@@ -911,6 +912,12 @@ def arg_parser() -> argparse.ArgumentParser:
     )
     by_weight = "each backend's instances in proportion to its weight (triton-b 2 of the preset's 3; default: equal)"
     p.add_argument("--instances-by-weight", action="store_true", help=by_weight)
+    p.add_argument(
+        "--block-ms",
+        type=int,
+        default=None,
+        help="how long a worker's idle slot waits in XREADGROUP before it asks again (default: the worker's)",
+    )
     p.add_argument("--claim-idle-ms", type=int, default=2000, help="a pending entry idle this long is reclaimed")
     p.add_argument("--max-depth", type=int, default=4000, help="queue depth at which submits are refused")
     p.add_argument("--fault-rate", type=float, default=None, help="jobs/s of the fault runs (default: the first rate)")
@@ -1109,6 +1116,7 @@ def run_meta(
                 "seed",
                 "concurrency",
                 "claim_idle_ms",
+                "block_ms",
                 "max_depth",
                 "images",
                 "input",
