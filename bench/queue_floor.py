@@ -85,7 +85,9 @@ def count_round_trips() -> collections.Counter:
     return counts
 
 
-def worker_main(redis_port: int, consumer: str, slots: int, conn: Any, round_trips: bool = False) -> None:
+def worker_main(
+    redis_port: int, consumer: str, slots: int, conn: Any, round_trips: bool = False, block_ms: Optional[int] = None
+) -> None:
     from serving.scheduler import Signals
     from serving.worker import Worker, WorkerConfig
 
@@ -94,7 +96,10 @@ def worker_main(redis_port: int, consumer: str, slots: int, conn: Any, round_tri
             self.sched.observe(b.name, Signals(ready=True), time.monotonic())  # the stand-in is always ready
 
     backends = [{"name": n, "weight": w, "grpc": "-", "http": "-"} for n, w in (("a", 3), ("b", 2))]
-    cfg = WorkerConfig.from_dict({"redis": {"port": redis_port}, "backends": backends, "slots": slots})
+    cfg = WorkerConfig.from_dict(
+        {"redis": {"port": redis_port}, "backends": backends, "slots": slots}
+        | ({"block_ms": block_ms} if block_ms is not None else {})
+    )
     w = StandInWorker(cfg, consumer, backend_factory=AtOnce)
     signal.signal(signal.SIGTERM, lambda *_: w.stop.set())
     counts = count_round_trips() if round_trips else collections.Counter()
@@ -111,7 +116,9 @@ def start_floor_workers(port: int, a: argparse.Namespace, r: Any, q: Any) -> lis
     procs = []
     for i in range(a.workers):
         parent, child = ctx.Pipe()
-        p = ctx.Process(target=worker_main, args=(port, f"w{i}", a.slots, child, a.round_trips), daemon=True)
+        p = ctx.Process(
+            target=worker_main, args=(port, f"w{i}", a.slots, child, a.round_trips, a.block_ms), daemon=True
+        )
         p.start()
         procs.append((p, parent))
     deadline = time.monotonic() + 60
@@ -229,6 +236,7 @@ def main(argv: Optional[list[str]] = None) -> int:
     p.add_argument("--clients", type=int, default=1, help="client threads, each one job at a time")
     p.add_argument("--workers", type=int, default=1, help="serving.worker processes")
     p.add_argument("--slots", type=int, default=12)
+    p.add_argument("--block-ms", type=int, default=None, help="an idle slot's XREADGROUP wait (default: the worker's)")
     p.add_argument("--bytes", type=int, default=106_805, help="input bytes a job (a 1280x720 JPEG frame's)")
     p.add_argument("--inline-max-bytes", type=int, default=64 * 1024)
     p.add_argument("--round-trips", action="store_true", help="count each side's round trips to Redis per job")
@@ -237,7 +245,7 @@ def main(argv: Optional[list[str]] = None) -> int:
 
     out = run(a)
     parser = "hiredis" if redis.utils.HIREDIS_AVAILABLE else "redis-py's Python parser"
-    print(f"{a.bytes} bytes a job, {a.clients} clients, {a.workers} workers x {a.slots} slots, {parser}, "
+    print(f"{a.bytes} bytes a job, {a.clients} clients, {a.workers} workers x {a.slots} slots (block_ms {a.block_ms or 'default'}), {parser}, "
           f"inline below {a.inline_max_bytes} bytes; load average {os.getloadavg()[0]:.2f}")  # fmt: skip
     for k, v in out.items():
         print(f"  {k}: {v}")
