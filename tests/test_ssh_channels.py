@@ -62,11 +62,22 @@ def _background(conn, command: str) -> tuple[threading.Thread, dict]:
     return t, box
 
 
+def _started(conn, tmp_path, command: str) -> tuple[threading.Thread, dict]:
+    """``command`` in the background, returned once it runs on the host (it holds its session then): a fixed sleep
+    would let a busy machine's slower session start the test's next command first."""
+    flag = tmp_path / "started"
+    t, box = _background(conn, f"touch {sh(str(flag))}; {command}")
+    deadline = time.monotonic() + 30
+    while not flag.exists():
+        assert time.monotonic() < deadline and "error" not in box, box.get("error", "the command did not start")
+        time.sleep(0.02)
+    return t, box
+
+
 def test_a_channel_refused_while_another_command_runs_is_retried_and_runs_once(one_session_sshd, tmp_path):
     conn = ssh.connect(one_session_sshd.host_spec())
     mark = tmp_path / "ran"
-    t, box = _background(conn, "sleep 2; echo first")
-    time.sleep(0.5)  # the first command holds the one session
+    t, box = _started(conn, tmp_path, "sleep 2; echo first")  # it holds the one session
     res = conn.run(f"echo x >> {sh(str(mark))}; echo second")
     t.join()
     assert box["result"].stdout.strip() == "first"
@@ -80,8 +91,7 @@ def test_a_channel_that_never_opens_says_nothing_was_run_and_spares_the_other_co
     monkeypatch.setattr(ssh, "CHANNEL_OPEN_WAIT", 1.5)
     conn = ssh.connect(one_session_sshd.host_spec())
     mark = tmp_path / "ran"
-    t, box = _background(conn, "sleep 4; echo first")
-    time.sleep(0.5)
+    t, box = _started(conn, tmp_path, "sleep 4; echo first")
     with pytest.raises(ssh.NothingRan, match="nothing was run"):
         conn.run(f"touch {sh(str(mark))}")
     t.join()
@@ -122,13 +132,12 @@ def test_a_channel_open_that_times_out_on_a_stalled_sshd_is_retried(local_sshd, 
     ssh.close_all()
 
 
-def test_drop_while_a_command_runs_lets_it_finish(local_sshd):
+def test_drop_while_a_command_runs_lets_it_finish(local_sshd, tmp_path):
     keys.set_private_key(local_sshd.key_name, local_sshd.client_key_pem)
     ssh.close_all()
     spec = local_sshd.host_spec()
     conn = ssh.connect(spec)
-    t, box = _background(conn, "sleep 1.5; echo finished")
-    time.sleep(0.5)
+    t, box = _started(conn, tmp_path, "sleep 1.5; echo finished")
     ssh.drop(spec)  # e.g. another resource's reboot wait forgetting the host's connection
     t.join()
     assert "error" not in box, box.get("error")
