@@ -25,7 +25,7 @@ import sys
 import tempfile
 import time
 from pathlib import Path
-from typing import Any, Optional
+from typing import Any, Callable, Optional
 
 ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:
@@ -47,6 +47,22 @@ def _echo(sock: socket.socket, cpu: Optional[int]) -> None:
         sock.sendall(b)
 
 
+def _timed(step: Callable[[], Any], n: int, gap_ms: float, scale: float) -> dict[str, float]:
+    """``step`` run ``n`` times after 200 unrecorded ones, each ``gap_ms`` after the last (this process spins
+    meanwhile; only the other side sleeps): p50, p95, p99 of its time in µs, times ``scale``."""
+    times = []
+    for i in range(n + 200):
+        if gap_ms:
+            end = time.perf_counter() + gap_ms / 1000
+            while time.perf_counter() < end:
+                pass
+        t0 = time.perf_counter()
+        step()
+        if i >= 200:
+            times.append((time.perf_counter() - t0) * scale * 1e6)
+    return {f"p{q}_us": round(_pct(times, q), 1) for q in (50, 95, 99)}
+
+
 def ping_pong(cpus: tuple[Optional[int], Optional[int]], n: int, gap_ms: float) -> dict[str, float]:
     """One-way hand-off (round trip ÷ 2) in µs between two pinned processes: p50, p95, p99."""
     a, b = socket.socketpair()
@@ -54,24 +70,15 @@ def ping_pong(cpus: tuple[Optional[int], Optional[int]], n: int, gap_ms: float) 
     p.start()
     if cpus[0] is not None:
         os.sched_setaffinity(0, {cpus[0]})
-    times = []
-    for i in range(n + 200):
-        if gap_ms:
-            end = time.perf_counter() + gap_ms / 1000
-            while time.perf_counter() < end:  # the pinger spins; only the echo side sleeps in recv
-                pass
-        t0 = time.perf_counter()
+
+    def step() -> None:
         a.sendall(b"x")
         a.recv(1)
-        if i >= 200:
-            times.append((time.perf_counter() - t0) / 2 * 1e6)
+
+    out = _timed(step, n, gap_ms, 0.5)
     a.sendall(b"q")
     p.join(5)
-    return {
-        "p50_us": round(_pct(times, 50), 1),
-        "p95_us": round(_pct(times, 95), 1),
-        "p99_us": round(_pct(times, 99), 1),
-    }
+    return out
 
 
 def redis_pings(port: int, cpu: Optional[int], n: int, gap_ms: float) -> dict[str, float]:
@@ -83,22 +90,9 @@ def redis_pings(port: int, cpu: Optional[int], n: int, gap_ms: float) -> dict[st
     if cpu is not None:
         os.sched_setaffinity(0, {cpu})
     q = JobQueue(redis.Redis(port=port), QueueConfig())
-    times = []
-    for i in range(n + 200):
-        if gap_ms:
-            end = time.perf_counter() + gap_ms / 1000
-            while time.perf_counter() < end:
-                pass
-        t0 = time.perf_counter()
-        q._trip(("PING",))
-        if i >= 200:
-            times.append((time.perf_counter() - t0) * 1e6)
+    out = _timed(lambda: q._trip(("PING",)), n, gap_ms, 1.0)
     q.close()
-    return {
-        "p50_us": round(_pct(times, 50), 1),
-        "p95_us": round(_pct(times, 95), 1),
-        "p99_us": round(_pct(times, 99), 1),
-    }
+    return out
 
 
 def main(argv: Optional[list[str]] = None) -> int:
