@@ -79,7 +79,7 @@ def test_reboot_wait_keeps_its_deadline(local_sshd):
     t0 = time.monotonic()
     with pytest.raises(ssh.HostUnreachable, match="did not come back within 4s"):
         wait_for_new_boot(spec, "old-boot", timeout=4)
-    assert time.monotonic() - t0 < 7
+    assert time.monotonic() - t0 < 20  # the 4 s deadline, not connect_timeout's 30 s a try
 
 
 def test_reboot_wait_stops_at_a_host_key_mismatch(local_sshd):

@@ -53,11 +53,11 @@ def test_jobs_waiting_times_the_dispatch_interval_sheds_before_the_oldest_is_tha
 
 
 def test_the_oldest_waiting_job_s_age_sheds_and_nothing_refused_is_queued(queue):
-    q = queue(shed_wait_ms=150)
+    q = queue(shed_wait_ms=1500)  # not less: a stalled test between the first two submits would shed the second
     q.submit("m", job(0))
     assert q.submit("m", job(1))  # the queue is young: accepted
-    time.sleep(0.3)
-    with pytest.raises(QueueShed, match=r"a new job would wait about \d+ ms for a worker, over the 150 ms allowed"):
+    time.sleep(1.8)
+    with pytest.raises(QueueShed, match=r"a new job would wait about \d+ ms for a worker, over the 1500 ms allowed"):
         q.submit("m", job(2), key="refused")
     assert q.depth() == 2 and q.stats() == {"accepted": 2, "shed": 1}
     assert q.r.get(q.cfg.key("job", "refused")) is None

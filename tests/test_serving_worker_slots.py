@@ -102,7 +102,9 @@ def test_a_job_left_pending_by_another_consumer_is_reclaimed_by_a_free_slot(q, r
     [gone] = q.read("dead", count=1, block_ms=100)  # a consumer that read and died
     assert gone.key == keys[0]
     Gated.gate.set()
-    w = worker(redis_srv.port, slots=2, claim_idle_ms=200)
+    # 2 s, not less: the worker's own job between its read and its hold (MGET, decode) must not look idle on a
+    # stalled machine, or the worker reclaims it from itself
+    w = worker(redis_srv.port, slots=2, claim_idle_ms=2000)
     t = threading.Thread(target=w.run)
     t.start()
     try:

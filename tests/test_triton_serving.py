@@ -266,8 +266,9 @@ def test_gate_fails_below_and_passes_above_the_slo(nginx):
     with pytest.raises(loadgate.GateFailed) as e:
         loadgate.check_slo(result, loadgate.Slo(p95_ms=SLEEP_MS / 2))
     assert "p95" in str(e.value) and f"{result.p95_ms:.3f}" in str(e.value)
-    # Generous upper SLO: the sleep is 20 ms; a shared 2-core machine can add tail latency.
-    assert loadgate.check_slo(result, loadgate.Slo(p95_ms=SLEEP_MS * 10)) is result
+    # Generous upper SLO: the sleep is 20 ms; a shared 2-core machine adds tail latency (a 1 s stall of nginx or
+    # Triton puts two of ~30 requests' times over 200 ms: with so few, p95 is the second largest).
+    assert loadgate.check_slo(result, loadgate.Slo(p95_ms=SLEEP_MS * 100)) is result
 
 
 SLEEP_SIG = {

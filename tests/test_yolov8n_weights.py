@@ -308,7 +308,7 @@ def test_malformed_files_are_one_weights_error_naming_the_artifact(weights):
         t0 = time.monotonic()
         with pytest.raises(yw.WeightsError, match=r"^artifact\.bin\b") as e:
             yw.load_model(blob, what="artifact.bin")
-        assert time.monotonic() - t0 < 5, what
+        assert time.monotonic() - t0 < 30, what  # refused, not parsed for ever (a bound, not a benchmark)
         seen.append(f"{what}: {e.value}")
     print("\n".join(seen))
     for what, why in [
