@@ -63,7 +63,8 @@ class Deployment:
     The program registers a resource only once its inputs are resolved (and, through the SDK's dependency
     handling, once its depends_on resources are registered, which here means their steps are done): so executing
     each step inside its RegisterResource call runs every step as soon as its dependencies are done, as many in
-    parallel as the program allows (pkg/resource/deploy/step_executor.go runs chains in parallel the same way).
+    parallel as the program allows, at most ``parallel`` at once (pkg/resource/deploy/step_executor.go runs chains
+    in parallel the same way, on DegreeOfParallelism() workers: the CLI's --parallel).
     """
 
     def __init__(
@@ -81,6 +82,7 @@ class Deployment:
         self.skipped: set[str] = set()  # continue-on-error: URNs whose step failed or was skipped
         self.prior_pending: set[int] = set()  # pending deletes left by an earlier run (by identity)
         self._sealed: dict | None = None
+        self.workers = threading.BoundedSemaphore(max(1, driver.parallel))  # the step executor's workers
 
     # -- urns --------------------------------------------------------------------------------------------------
     def urn(self, parent: str, type_: str, name: str) -> str:
@@ -105,9 +107,10 @@ class Deployment:
             return resource_pb2.RegisterResourceResponse(urn=urn, result=resource_pb2.Result.FAIL)
         if not req.custom:
             return self._register_component(urn, req, goal, deps, pdeps)
-        t0 = time.monotonic()
         try:
-            step, res = self._custom(urn, req, goal, deps, pdeps)
+            with self.workers:
+                t0 = time.monotonic()
+                step, res = self._custom(urn, req, goal, deps, pdeps)
         except ProviderError as e:
             if self._step_failed(urn, req, goal, e):
                 return resource_pb2.RegisterResourceResponse(urn=urn, result=resource_pb2.Result.FAIL)

@@ -2,9 +2,10 @@
 
 It is a conformance driver, not a product engine: users run the real `pulumi` CLI. It exists so that the whole
 program (stack config → `__main__.py` → components → dynamic providers) is exercised the way the engine exercises
-it: resources registered concurrently, steps run as soon as their dependencies are done, unknowns during preview,
-replacements, refresh and destroy order. Everything below is reproduced from the pulumi/pulumi source (read at
-github.com/pulumi/pulumi, commit 1b5949891b); each rule cites the file it comes from.
+it: resources registered concurrently, steps run as soon as their dependencies are done (at most `parallel` at
+once, the CLI's --parallel), unknowns during preview, replacements, refresh and destroy order. Everything below is
+reproduced from the pulumi/pulumi source (read at github.com/pulumi/pulumi, commit 1b5949891b); each rule cites
+the file it comes from.
 
 Usage::
 
