@@ -48,8 +48,8 @@ def driver(tmp: Path, files: list[dict[str, Any]], greeting: str = "hello-secret
 
 
 BASE: list[dict[str, Any]] = [
-    {"name": "a", "content": "A", "sleep": 1},
-    {"name": "b", "content": "B", "sleep": 1},
+    {"name": "a", "content": "A", "meet": ["b"], "sleep": 0.2},  # a's create and delete wait for b's to start
+    {"name": "b", "content": "B", "meet": ["a"], "sleep": 0.2},
     {"name": "c", "content_from": "a", "after": ["b"]},
 ]
 
@@ -72,7 +72,7 @@ def test_up_runs_independent_steps_in_parallel_and_dependents_after(tmp_path):
     assert not outcome.errors, outcome.errors
     log = {n: (a, b) for m, n, a, b in calls(tmp_path) if m == "create"}
     assert set(log) == {"a", "b", "c"}
-    # a and b overlap (each sleeps 1 s); c starts only after both (its input and its depends_on)
+    # a and b overlap (each waits for the other's start); c starts only after both (its input and its depends_on)
     assert log["a"][0] < log["b"][1] and log["b"][0] < log["a"][1]
     assert log["c"][0] >= max(log["a"][1], log["b"][1])
     digest_a = outcome.outputs["a"]
@@ -264,9 +264,9 @@ def test_the_old_half_of_a_replacement_outlives_a_failed_run_and_goes_at_the_nex
 
 
 FAILING: list[dict[str, Any]] = [
-    {"name": "a", "content": "A", "sleep": 2.5},  # in flight when f fails
-    {"name": "b", "content": "B", "sleep": 2},
-    {"name": "f", "content": "please fail", "sleep": 1},  # its create raises after 1 s
+    {"name": "a", "content": "A", "wait_for": ["failed-f"], "sleep": 0.5},  # in flight when f fails
+    {"name": "b", "content": "B", "wait_for": ["failed-f"], "sleep": 2},  # done 2 s after f failed
+    {"name": "f", "content": "please fail", "meet": ["a", "b"]},  # raises once a and b have started
     {"name": "c", "content": "C", "after": ["f"]},  # depends on f
     {"name": "e", "content": "E", "after": ["b"]},  # independent of f, registered after f failed
 ]
@@ -294,7 +294,9 @@ def test_a_failed_step(tmp_path, continue_on_error):
 
 def test_program_and_provider_are_launched_and_configured_as_the_engine_does(tmp_path, monkeypatch):
     monkeypatch.setenv("PYTHONPATH", str(tmp_path / "not-the-project"))
-    outcome = driver(tmp_path, [{"name": f"p{i}", "content": "P", "sleep": 2} for i in range(6)]).up()
+    six = [f"p{i}" for i in range(6)]
+    # each create waits until four have started, then 2 s: four at once whatever the machine's load
+    outcome = driver(tmp_path, [{"name": n, "content": "P", "meet": six, "quorum": 4, "sleep": 2} for n in six]).up()
     assert not outcome.errors, outcome.errors
     prov = json.loads((tmp_path / "provider.json").read_text())
     prog = json.loads((tmp_path / "program.json").read_text())
@@ -307,6 +309,17 @@ def test_program_and_provider_are_launched_and_configured_as_the_engine_does(tmp
     # the SDK's provider server has 4 worker threads: six independent 2 s creates, at most four at once
     spans = [(a, b) for m, _, a, b in calls(tmp_path) if m == "create"]
     assert len(spans) == 6 and max(sum(1 for a, b in spans if a <= t < b) for t, _ in spans) == 4
+
+
+def test_parallel_bounds_the_steps_applied_at_once(tmp_path):
+    # step_executor.go: DegreeOfParallelism() workers apply the steps (the CLI's --parallel); 1 is one at a time,
+    # though the program registers all three at once
+    three = [f"q{i}" for i in range(3)]
+    d = driver(tmp_path, [{"name": n, "content": "Q", "sleep": 0.5} for n in three])
+    d.parallel = 1
+    assert not d.up().errors
+    spans = sorted((a, b) for m, _, a, b in calls(tmp_path) if m == "create")
+    assert len(spans) == 3 and all(end <= start for (_, end), (start, _) in zip(spans, spans[1:])), spans
 
 
 class Display(io.StringIO):
