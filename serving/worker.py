@@ -3,10 +3,11 @@
 One process is one consumer of the group. Threads: ``slots`` job threads, each a loop on a Redis connection of its
 own (XREADGROUP … COUNT 1 BLOCK ``block_ms`` under the process's one consumer name, the job's inputs, the call, the
 complete script, again: a slot reads only when it is free, so jobs it cannot start stay in the stream for other
-workers, and no job waits for a hand-off between threads), the prober (``/v2/health/ready`` and the model's ready endpoint every ``probe_interval_s``; Triton's queue time and DCGM's XID
-from their metrics endpoints every ``metrics_interval_s``), the reclaimer (XAUTOCLAIM of jobs idle longer than
-``claim_idle_ms``: a dead worker's pending jobs) with a heartbeat that keeps this worker's own slow jobs from
-looking idle, and an optional Prometheus endpoint.
+workers, and no job waits for a hand-off between threads), the prober (``/v2/health/ready`` and the model's ready
+endpoint every ``probe_interval_s``; Triton's queue time and DCGM's XID from their metrics endpoints every
+``metrics_interval_s``), the reclaimer (XAUTOCLAIM of jobs idle longer than ``claim_idle_ms``: a dead worker's
+pending jobs) with a heartbeat that keeps this worker's own slow jobs from looking idle, and an optional Prometheus
+endpoint.
 
 A failed call (backend down, unavailable, deadline) drains that backend in the scheduler and the job goes to
 another at once; a job error Triton answers (bad input) is delivered to the caller as an error result, and so is a
