@@ -446,7 +446,15 @@ def serve(results: dict, prefix: str, specs: list, files: dict[str, bytes], ngin
     workdir = Path(tempfile.mkdtemp(prefix=prefix))
     t0 = time.monotonic()
     workers = tuple(w for w in args.nginx_workers.split(",") if w)
-    s = start_servers(workdir, specs, files, nginx_bin, http_threads=args.http_threads, nginx_workers=workers)
+    s = start_servers(
+        workdir,
+        specs,
+        files,
+        nginx_bin,
+        http_threads=args.http_threads,
+        nginx_workers=workers,
+        nginx_timing=getattr(args, "nginx_timing", False),
+    )
     results["startup_s"] = round(time.monotonic() - t0, 1)
     results["triton"] = get_json(f"{s.http}/v2")
     results["config_pbtxt"] = files[f"{specs[0].name}/config.pbtxt"].decode()

@@ -46,7 +46,7 @@ sys.path.insert(0, str(ROOT))
 
 from bench.gpu import finish, guarded, http_load, machine, on_preset, point, preset_key, serve  # noqa: E402
 from bench.report import Report, git_commit  # noqa: E402
-from bench.servers import Servers, log  # noqa: E402
+from bench.servers import Servers, log, read_timing  # noqa: E402
 from bench.yolo_check import WEIGHTS_FILE, repository, set_problem, weights_file, with_parameters  # noqa: E402
 from gate import kserve, loadgate, sample_frames  # noqa: E402
 from plans.triton_repo import yolov8n_torch  # noqa: E402
@@ -268,7 +268,12 @@ def _preferred(b: int, least: int) -> list[int]:
 def measure(s: Servers, name: str, model: str, via: str, c: int, duration: float, pl, processes: int) -> dict:
     def load(check: loadgate.ResponseCheck) -> tuple[loadgate.LoadResult, dict]:
         spec = http_load(s, via, model, check, c, duration, max(1, min(processes, c)), warmup=3, timeout_s=60)
-        return loadgate.run(spec(payloads=pl)), {"request_bytes": round(sum(len(p.body) for p in pl) / len(pl))}
+        t0 = time.time()
+        r = loadgate.run(spec(payloads=pl))
+        extra: dict = {"request_bytes": round(sum(len(p.body) for p in pl) / len(pl))}
+        if s.nginx_timing is not None and via == "nginx":
+            extra["nginx_timing"] = read_timing(s.nginx_timing, t0, time.time())
+        return r, extra
 
     return point(s, name, model, via, load)
 
@@ -620,6 +625,79 @@ def _backend_rows(results: dict) -> list[str]:
     return lines
 
 
+STAGES = (
+    ("client ↔ nginx", "the client's own time, its HTTP and loopback to nginx: client mean − nginx's request time"),
+    (
+        "nginx",
+        "nginx outside its exchange with Triton: its request time − its upstream time (the body streams "
+        "through while the upstream exchange runs: proxy_request_buffering off)",
+    ),
+    (
+        "nginx ↔ Triton HTTP",
+        "the body and the answer relayed, Triton's HTTP front outside its request statistics: "
+        "nginx's upstream time − Triton's request time",
+    ),
+    ("queue", "Triton's queue"),
+    ("input", "Triton's compute input"),
+    ("stub", "the python backend's stub round trip: compute infer − the execute's phases"),
+    ("decode", "execute: header checks and the decoder"),
+    ("launch", "execute: letterbox, graph and copies issued"),
+    ("GPU", "execute: the wait for the GPU"),
+    ("respond", "execute: responses built"),
+    ("output", "Triton's compute output"),
+)
+
+
+def stages(p: dict, execute: Optional[dict]) -> Optional[list[float]]:
+    """A point's mean ms per stage (``STAGES``), from the client's mean, nginx's timing log, Triton's per-request
+    statistics and ``execute`` (the backend's phases per execute, ms); None without nginx's times or the execute's
+    phases. At c > 1 a request waits its whole execute, so per-execute phases are per-request times too."""
+    nt, t = p.get("nginx_timing") or {}, p.get("triton") or {}
+    if not nt.get("requests") or not execute or "decode_ms" not in execute:
+        return None
+    us = {k: float(t.get(f"{k}_us") or 0) / 1000 for k in ("success", "queue", "compute_input", "compute_infer")}
+    phases = [execute[k] for k in ("decode_ms", "launch_ms", "gpu_ms", "respond_ms")]
+    return [
+        p["mean_ms"] - nt["request_ms"],
+        nt["request_ms"] - nt["upstream_response_ms"],
+        nt["upstream_response_ms"] - us["success"],
+        us["queue"],
+        us["compute_input"],
+        us["compute_infer"] - sum(phases),
+        *phases,
+        float(t.get("compute_output_us") or 0) / 1000,
+    ]
+
+
+def _stage_rows(results: dict) -> list[str]:
+    """Where a JPEG request's time goes, stage by stage, for each point with nginx's times (``--nginx-timing``)."""
+    by: dict = {}
+    for r in results.get("backend_reports", []):
+        if "decode_ms" in r:
+            key = (str(r.get("instance", "?")).rsplit("_", 2)[0], r["frames_per_execute"] <= 1.0)
+            by.setdefault(key, []).append(r)
+    execute = {k: {f: sum(r[f] for r in v) / len(v) for f in v[0] if f.endswith("_ms")} for k, v in by.items()}
+    rows = []
+    for p in results["points"]:
+        got = stages(p, execute.get((p.get("model"), p.get("concurrency") == 1))) if "failed" not in p else None
+        if got:
+            rows.append(f"| {p['name']} | {p['mean_ms']:.2f} | " + " | ".join(f"{x:.3f}" for x in got) + " |")
+    if not rows:
+        return []
+    return [
+        "",
+        "Where a request's time goes, stage by stage (means, ms; nginx's times at its ms resolution averaged over the "
+        "point's requests; the execute's phases from the instances' reports over the run, lone frames for c=1, "
+        "batches for the others):",
+        "",
+        "| Point | client mean | " + " | ".join(name for name, _ in STAGES) + " |",
+        "|---|---|" + "---|" * len(STAGES),
+        *rows,
+        "",
+        "Stages: " + "; ".join(f"{name}: {what}" for name, what in STAGES) + ".",
+    ]
+
+
 def _best_rows(results: dict) -> list[str]:
     """Per setting: c=1 p95 and the most frames/s at p95 < 25 ms; then JPEG against raw, goals, the proposal."""
     b = results.get("best") or {}
@@ -653,6 +731,7 @@ def table(results: dict) -> str:
     lines += _point_rows(results, conc, pts)
     lines += _cpu_rows(results)
     lines += _backend_rows(results)
+    lines += _stage_rows(results)
     lines += _best_rows(results)
     return "\n".join(lines) + "\n"
 
@@ -674,6 +753,11 @@ def main(argv=None) -> int:
     ap.add_argument("--nginx-workers", default="4,8", help="more nginx fronts with these worker_processes")
     ap.add_argument("--processes", type=int, default=8, help="client processes at most")
     ap.add_argument("--http-threads", type=int, default=32)
+    ap.add_argument(
+        "--nginx-timing",
+        action="store_true",
+        help="log nginx's times per request (an access log the product's config does not have) for the stage table",
+    )
     ap.add_argument("--report-every", type=int, default=200)
     ap.add_argument(
         "--jpeg-decoder",

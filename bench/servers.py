@@ -8,7 +8,9 @@ goes first there. Runs on the GPU device machine too: only the standard library,
 * ``start_triton``: a repository's files written, Triton with gpuhost's own server arguments (``plans.triton_runtime``)
   on free ports, ready;
 * ``start_servers``: that Triton and nginx with gpuhost's rendered config in front (``plans.nginx``), plus more nginx
-  fronts by ``worker_processes``;
+  fronts by ``worker_processes``; ``nginx_timing``: the first front also logs nginx's own times per request
+  (``with_timing_log``, ``read_timing``), a benchmark's addition to the rendered config, which logs nothing per
+  request;
 * ``launch_triton`` / ``wait_ready`` / ``stop_process``: the parts, for a caller with its own arguments
   (``testbed/servers/triton.py``);
 * ``worker_backends``: ``serving.worker``'s backends config for such Tritons;
@@ -297,11 +299,59 @@ def front_conf(
     return render(spec), listen_http, listen_grpc
 
 
+# nginx's clock for one request (ms resolution): when it was logged, its time from the first byte read from the
+# client to the last byte sent, and the upstream's connect, response-header and whole-response times.
+TIMING_FORMAT = (
+    "log_format gpuhost_timing '$msec $request_time $upstream_connect_time $upstream_header_time "
+    "$upstream_response_time $status';"
+)
+
+
+def with_timing_log(conf: str, path: Path) -> str:
+    """``conf`` (gpuhost's rendered nginx.conf) with nginx's times of every request logged to ``path``."""
+    off = "    access_log off;\n"  # the http block's, the first in the rendered config
+    if off not in conf:
+        raise ValueError("the rendered nginx.conf has no http-level 'access_log off;' to replace")
+    return conf.replace(off, f"    {TIMING_FORMAT}\n    access_log {path} gpuhost_timing;\n", 1)
+
+
+def read_timing(path: Path, t0: float, t1: float) -> dict:
+    """Means (ms) of nginx's times for the answered (200) requests it logged between wall-clock ``t0`` and ``t1``:
+    ``request`` (client's first byte in to the last byte out), ``upstream_connect``, ``upstream_header``,
+    ``upstream_response`` (Triton, from nginx's side of the connection), and ``requests``."""
+    keys = ("request", "upstream_connect", "upstream_header", "upstream_response")
+    sums, n = dict.fromkeys(keys, 0.0), 0
+    for line in path.read_text(errors="replace").splitlines() if path.exists() else []:
+        f = line.split()
+        if len(f) != 6 or f[5] != "200":
+            continue
+        try:
+            when, vals = float(f[0]), [float(v) for v in f[1:5]]
+        except ValueError:  # "-": no upstream; "a, b": a retried upstream (neither is a plain answer)
+            continue
+        if t0 <= when <= t1:
+            n += 1
+            for k, v in zip(keys, vals):
+                sums[k] += v
+    return {"requests": n, **{f"{k}_ms": round(sums[k] / n * 1000, 3) if n else None for k in keys}}
+
+
 def start_nginx(
-    prefix: Path, nginx_bin: str, model: str, http_port: int, grpc_port: int, workers: str, models: tuple[str, ...] = ()
+    prefix: Path,
+    nginx_bin: str,
+    model: str,
+    http_port: int,
+    grpc_port: int,
+    workers: str,
+    models: tuple[str, ...] = (),
+    *,
+    timing: bool = False,
 ) -> tuple[subprocess.Popen, str, str]:
-    """nginx with gpuhost's rendered config in front of Triton; returns (process, http URL, gRPC target)."""
+    """nginx with gpuhost's rendered config in front of Triton; returns (process, http URL, gRPC target).
+    ``timing``: nginx's times of every request logged to ``prefix/timing.log`` (``with_timing_log``)."""
     conf, listen_http, listen_grpc = front_conf(prefix, model, http_port, grpc_port, workers, models)
+    if timing:
+        conf = with_timing_log(conf, prefix / "timing.log")
     prefix.mkdir(exist_ok=True)
     (prefix / "nginx.conf").write_text(conf)
     cmd = [nginx_bin, "-p", str(prefix), "-c", str(prefix / "nginx.conf"), "-e", str(prefix / "error.log")]
@@ -327,6 +377,7 @@ class Servers:
     workdir: Path
     # More nginx fronts by worker_processes (A/B of the rendered config's one knob that depends on the host).
     extra: dict = dataclasses.field(default_factory=dict)
+    nginx_timing: Optional[Path] = None  # the first front's timing log (start_servers' nginx_timing)
 
     def base(self, via: str) -> str:
         """The HTTP URL of ``via``: ``nginx``, ``direct`` (Triton) or ``nginx-w<workers>``."""
@@ -363,16 +414,19 @@ def start_servers(
     http_threads: int,
     nginx_workers: Sequence[str] = (),
     server_extra: Sequence[str] = (),
+    nginx_timing: bool = False,
 ) -> Servers:
     """``start_triton`` (``http_threads`` HTTP threads, then the flags ``server_extra``) and nginx
     (``worker_processes auto``, default model ``specs[0]``) in front of it, plus one more nginx per ``nginx_workers``
-    entry."""
+    entry; ``nginx_timing``: the first nginx logs its times per request (``Servers.nginx_timing``)."""
     extra = [f"--http-thread-count={http_threads}", "--log-verbose=0", *server_extra]
     t = start_triton(workdir, specs, files, extra=extra)
     http, grpc = t.ports["http"], t.ports["grpc"]
     served = tuple(sp.name for sp in specs)
     try:
-        nginx, nhttp, ngrpc = start_nginx(workdir / "nginx", nginx_bin, specs[0].name, http, grpc, "auto", served)
+        nginx, nhttp, ngrpc = start_nginx(
+            workdir / "nginx", nginx_bin, specs[0].name, http, grpc, "auto", served, timing=nginx_timing
+        )
         fronts = {
             w: start_nginx(workdir / f"nginx-{w}", nginx_bin, specs[0].name, http, grpc, w, served)
             for w in nginx_workers
@@ -380,7 +434,8 @@ def start_servers(
     except BaseException:
         t.stop()
         raise
-    return Servers(t, nginx, t.http, t.grpc, nhttp, ngrpc, workdir, fronts)
+    timing = workdir / "nginx" / "timing.log" if nginx_timing else None
+    return Servers(t, nginx, t.http, t.grpc, nhttp, ngrpc, workdir, fronts, timing)
 
 
 # ---------------------------------------------------------------- Triton's statistics
