@@ -323,33 +323,42 @@ def test_parallel_bounds_the_steps_applied_at_once(tmp_path):
 
 
 class Display(io.StringIO):
-    """The driver's display, each line kept with the time it was shown."""
+    """The driver's display, each line kept with the time it was shown; a line containing a key of ``marks`` leaves
+    that mark for the fixture provider (its ``wait_for``): a call can wait until the display has shown its line."""
 
-    def __init__(self) -> None:
+    def __init__(self, marks: dict[str, Path] | None = None) -> None:
         super().__init__()
         self.lines: list[tuple[float, str]] = []
+        self.marks = marks or {}
 
     def write(self, s: str) -> int:
         self.lines += [(time.monotonic(), ln) for ln in s.splitlines() if ln]
+        for text, mark in self.marks.items():
+            if text in s:
+                mark.parent.mkdir(exist_ok=True)
+                mark.touch()
         return super().write(s)
 
 
 def test_what_the_provider_writes_to_stderr_is_shown_as_it_arrives_in_preview_and_up(tmp_path):
     # plugin.go runtrace: each line of the provider plugin's stderr reaches the display as an info of the stack; the
     # progress lines of long steps (providers/progress.py) rely on it
-    files = [{"name": "a", "content": "A", "sleep": 2, "say": "waiting for a: 5 s of 60 s"}]
+    # a's create says its line, then waits (30 s at most) until the display has shown it
+    files = [{"name": "a", "content": "A", "say": "waiting for a: 5 s of 60 s", "wait_for": ["shown-a"]}]
     d = driver(tmp_path, files)
     d.out = Display()
     stack = "     pulumi:pulumi:Stack  drivertest-t  "
     assert not d.preview().errors
     assert (stack + "drivertest: a: check: waiting for a: 5 s of 60 s") in [ln for _, ln in d.out.lines]
-    d.out = Display()
+    d.out = Display({"a: create: waiting for a": tmp_path / "marks" / "shown-a"})
+    t0 = time.monotonic()
     assert not d.up().errors
     shown = {ln: t for t, ln in d.out.lines}
     said = shown[stack + "drivertest: a: create: waiting for a: 5 s of 60 s"]
     created = next((t for ln, t in shown.items() if ":File  a  created" in ln), None)
     assert created, list(shown)
-    assert said < created  # shown while the create still ran (it sleeps 2 s after saying it), not at the end
+    # shown while the create still ran, not at its end: a driver that showed it only then kept a waiting 30 s
+    assert said < created and time.monotonic() - t0 < 25
     assert "info: drivertest: a: create: waiting for a: 5 s of 60 s" in d.logs
 
 
