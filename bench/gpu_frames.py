@@ -597,12 +597,21 @@ def _cpu_rows(results: dict) -> list[str]:
     return lines
 
 
+def _reports_by_load(results: dict) -> dict[tuple[str, bool], list[dict]]:
+    """The backend's execute reports by (model, lone: one frame per execute)."""
+    by: dict[tuple[str, bool], list[dict]] = {}
+    for r in results.get("backend_reports", []):
+        if "respond_ms" in r:
+            by.setdefault((str(r.get("instance", "?")).rsplit("_", 2)[0], r["frames_per_execute"] <= 1.0), []).append(r)
+    return by
+
+
 def _backend_rows(results: dict) -> list[str]:
     """The backend's own phases per execute, by model and lone or batched frames."""
-    reps = [r for r in results.get("backend_reports", []) if "respond_ms" in r]
+    by = _reports_by_load(results)
     order = ("decode_ms", "launch_ms", "letterbox_ms", "gather_ms", "gpu_ms", "respond_ms")
     lines: list[str] = []
-    if reps:
+    if by:
         lines += [
             "",
             "Inside the backend's execute (means of the instances' reports, ms per execute; lone = the reports of "
@@ -613,15 +622,11 @@ def _backend_rows(results: dict) -> list[str]:
             + " |",
             "|---|---|---|---|" + "---|" * len(order),
         ]
-    by: dict = {}
-    for r in reps:
-        model = str(r.get("instance", "?")).rsplit("_", 2)[0]
-        by.setdefault((model, "lone" if r["frames_per_execute"] <= 1.0 else "batched"), []).append(r)
-    for (model, load), mine in sorted(by.items()):
+    for (model, lone), mine in sorted(by.items(), key=lambda kv: (kv[0][0], "lone" if kv[0][1] else "batched")):
         mean = {k: sum(r[k] for r in mine) / len(mine) for k in order if k in mine[0]}
         fpe = sum(r["frames_per_execute"] for r in mine) / len(mine)
         cells = " | ".join(f"{mean[k]:.3f}" if k in mean else "" for k in order)
-        lines.append(f"| {model} | {load} | {len(mine)} | {fpe:.2f} | {cells} |")
+        lines.append(f"| {model} | {'lone' if lone else 'batched'} | {len(mine)} | {fpe:.2f} | {cells} |")
     return lines
 
 
@@ -671,11 +676,7 @@ def stages(p: dict, execute: Optional[dict]) -> Optional[list[float]]:
 
 def _stage_rows(results: dict) -> list[str]:
     """Where a JPEG request's time goes, stage by stage, for each point with nginx's times (``--nginx-timing``)."""
-    by: dict = {}
-    for r in results.get("backend_reports", []):
-        if "decode_ms" in r:
-            key = (str(r.get("instance", "?")).rsplit("_", 2)[0], r["frames_per_execute"] <= 1.0)
-            by.setdefault(key, []).append(r)
+    by = _reports_by_load(results)
     execute = {k: {f: sum(r[f] for r in v) / len(v) for f in v[0] if f.endswith("_ms")} for k, v in by.items()}
     rows = []
     for p in results["points"]:

@@ -307,6 +307,9 @@ TIMING_FORMAT = (
 )
 
 
+TIMING_LOG = "timing.log"  # in the nginx front's prefix directory
+
+
 def with_timing_log(conf: str, path: Path) -> str:
     """``conf`` (gpuhost's rendered nginx.conf) with nginx's times of every request logged to ``path``."""
     off = "    access_log off;\n"  # the http block's, the first in the rendered config
@@ -348,10 +351,10 @@ def start_nginx(
     timing: bool = False,
 ) -> tuple[subprocess.Popen, str, str]:
     """nginx with gpuhost's rendered config in front of Triton; returns (process, http URL, gRPC target).
-    ``timing``: nginx's times of every request logged to ``prefix/timing.log`` (``with_timing_log``)."""
+    ``timing``: nginx's times of every request logged to ``prefix/TIMING_LOG`` (``with_timing_log``)."""
     conf, listen_http, listen_grpc = front_conf(prefix, model, http_port, grpc_port, workers, models)
     if timing:
-        conf = with_timing_log(conf, prefix / "timing.log")
+        conf = with_timing_log(conf, prefix / TIMING_LOG)
     prefix.mkdir(exist_ok=True)
     (prefix / "nginx.conf").write_text(conf)
     cmd = [nginx_bin, "-p", str(prefix), "-c", str(prefix / "nginx.conf"), "-e", str(prefix / "error.log")]
@@ -434,7 +437,7 @@ def start_servers(
     except BaseException:
         t.stop()
         raise
-    timing = workdir / "nginx" / "timing.log" if nginx_timing else None
+    timing = workdir / "nginx" / TIMING_LOG if nginx_timing else None
     return Servers(t, nginx, t.http, t.grpc, nhttp, ngrpc, workdir, fronts, timing)
 
 
